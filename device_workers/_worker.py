@@ -1,0 +1,298 @@
+"""The loop of one emulated processor, running in its own OS process.
+
+::
+
+    supervisor ──ring+doorbell──▶ [take command] ─▶ wait input fences ─▶ run kernel in
+                                                    (deadline, cancel)   chunks, then hold
+                                                                         the modeled time
+    client ◀──fence semaphore── signal output fences (at once, or after the hand-off delay)
+    supervisor ◀──ring+eventfd── completion record (seq, epoch, error code, timestamps)
+
+The device trusts nothing it reads: a malformed command is answered with a ``BadPacket``
+completion and the loop goes on. It publishes heartbeat, progress and state in the shared
+state table, sees a cancel between chunks, and exits on its own when its supervisor dies
+(``PR_SET_PDEATHSIG``, plus a parent check on every idle wake-up).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+import posix_ipc
+
+from ipc import FenceTable, Ring, Segment, SegmentCache, decode, errors
+
+from . import _faults
+from ._hold import hold_until, set_timer_slack_ns
+from ._kernels import run_kernel
+from ._state import DeviceState, StateSlot
+
+S = StateSlot
+_NO_FAULT: dict = {}
+IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
+_PR_SET_PDEATHSIG = 1
+
+_BUF = (list,)
+COMMAND_SCHEMAS = {
+    "exec": {"seq": int, "cid": int, "kernel": str, "params": dict, "ins": list, "outs": list,
+             "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
+             "dep_timeout_ns": int, "fault?": dict},
+    "stop": {},
+}
+
+
+@dataclass(frozen=True)
+class DeviceBoot:
+    """Everything a device process needs, handed over at fork time."""
+
+    name: str
+    index: int
+    prefix: str
+    epoch: int
+    fence_segment: str
+    state_segment: str
+    device_count: int
+    ring_segment: str
+    ring_slots: int
+    ring_slot_bytes: int
+    doorbell: str
+    completion_fd: int
+    parent_pid: int
+    trace_segment: str = ""
+
+
+class DeviceWorker:
+    def __init__(self, boot: DeviceBoot) -> None:
+        self.boot = boot
+        self.cache = SegmentCache()
+        fseg = self.cache.get(boot.fence_segment)
+        self.fences = FenceTable(boot.prefix, fseg, create=False)
+        self.slot = StateSlot(self.cache.get(boot.state_segment).map, boot.index)
+        self.u32, self.u64 = self.slot.u32, self.slot.u64
+        rseg = self.cache.get(boot.ring_segment)
+        half = Ring.nbytes(boot.ring_slots, boot.ring_slot_bytes)
+        mem = memoryview(rseg.map)
+        self.commands = Ring(mem[:half], slots=boot.ring_slots, slot_bytes=boot.ring_slot_bytes,
+                             create=False)
+        self.completions = Ring(mem[half:2 * half], slots=boot.ring_slots,
+                                slot_bytes=boot.ring_slot_bytes, create=False)
+        self.doorbell = posix_ipc.Semaphore(boot.doorbell)
+        self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
+        self.seq = 0
+        self.heartbeat_frozen = False
+        self.running = True
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        u32 = self.u32
+        u32[S.PID], u32[S.EPOCH], u32[S.STATE] = os.getpid(), self.boot.epoch, DeviceState.IDLE
+        self.beat()
+        while self.running:
+            if os.getppid() != self.boot.parent_pid:
+                break  # the supervisor is gone: nobody can reclaim for us, so stop
+            try:
+                self.doorbell.acquire(self._idle_timeout())
+            except posix_ipc.BusyError:
+                pass
+            self.fire_due_signals()
+            self.beat()
+            self.drain()
+        self.u32[S.STATE] = DeviceState.STOPPED
+
+    def _idle_timeout(self) -> float:
+        if not self.delayed:
+            return IDLE_WAKE_S
+        return max(0.0, min(IDLE_WAKE_S, (self.delayed[0][0] - time.monotonic_ns()) / 1e9))
+
+    def drain(self) -> None:
+        while self.running and self.u32[S.PARK] == 0:
+            try:
+                data = self.commands.get()
+            except errors.BadPacket as exc:
+                self.complete(0, 0, exc.code, str(exc))
+                continue
+            if data is None:
+                return
+            self.handle(data)
+
+    def handle(self, data: bytes) -> None:
+        try:
+            cmd = decode(data, COMMAND_SCHEMAS)
+        except errors.BadPacket as exc:
+            seq = _best_effort_seq(data)
+            self.complete(seq, 0, exc.code, str(exc))
+            return
+        if cmd["op"] == "stop":
+            self.running = False
+            return
+        self.execute(cmd)
+
+    # -- one command ------------------------------------------------------------------
+
+    def execute(self, cmd: dict[str, Any]) -> None:
+        seq, cid = cmd["seq"], cmd["cid"]
+        self.seq = seq
+        u32, u64 = self.u32, self.u64
+        u64[S.CURRENT_SEQ], u64[S.CURRENT_CID] = seq, cid
+        t_start = time.monotonic_ns()
+        fault = cmd.get("fault") or _NO_FAULT
+        try:
+            if seq <= u64[S.CANCEL_SEQ]:
+                raise errors.Cancelled("cancelled before it started")
+            if cmd["wait"]:
+                u32[S.STATE] = DeviceState.WAITING
+                self.wait_inputs(cmd)
+            u32[S.STATE] = DeviceState.BUSY
+            t_start = time.monotonic_ns()
+            u64[S.STARTED] = t_start
+            ins = [self.view(b) for b in cmd["ins"]]
+            outs = [self.view(b) for b in cmd["outs"]]
+            _faults.before_kernel(self, fault)
+            if cmd["kernel"] != "work":  # "work" only holds time: skip the kernel machinery
+                run_kernel(cmd["kernel"], ins, outs, cmd["params"], self.between_chunks)
+            hold_until(t_start + cmd["hold_ns"], self.between_chunks)
+            _faults.after_kernel(self, fault, outs)
+        except errors.HetprocError as exc:
+            self.finish(cmd, t_start, exc.code, str(exc))
+        except Exception as exc:  # a kernel bug must fail the request, never the device
+            self.finish(cmd, t_start, errors.DeviceFault.code, f"{type(exc).__name__}: {exc}")
+        else:
+            if fault.get("kind") == "lost_fence":
+                self.finish(cmd, t_start, 0, "", signal=False)
+            else:
+                self.finish(cmd, t_start, 0, "")
+        finally:
+            u64[S.CURRENT_SEQ] = 0
+            u32[S.STATE] = DeviceState.IDLE
+
+    def wait_inputs(self, cmd: dict[str, Any]) -> None:
+        deadline = time.monotonic_ns() + cmd["dep_timeout_ns"]
+        for handle in cmd["wait"]:
+            while True:
+                self.between_chunks()
+                remaining = (deadline - time.monotonic_ns()) / 1e9
+                if remaining <= 0:
+                    raise errors.DependencyTimeout(f"input fence {handle:#x} did not signal in time")
+                try:
+                    # Never sleep past a pending hand-off signal: the consumer of an earlier
+                    # command must not wait for this command's producer.
+                    code = self.fences.wait(handle, min(remaining, self._idle_timeout()))
+                except errors.FenceTimeout:
+                    continue
+                except errors.InvalidHandle as exc:
+                    raise errors.DependencyFailed(f"input fence unusable: {exc}") from None
+                if code:
+                    raise errors.DependencyFailed(
+                        f"input fence {handle:#x} failed with {errors.error_class(code).__name__}",
+                        detail={"upstream_code": code})
+                break
+
+    def view(self, desc: list) -> np.ndarray:
+        try:
+            seg, offset, shape, dtype, strides = desc
+            return self.cache.get(seg).view(offset, shape, dtype, strides or None)
+        except (ValueError, TypeError, posix_ipc.ExistentialError) as exc:
+            raise errors.IommuFault(f"buffer descriptor {desc!r} is not mappable: {exc}") from None
+
+    def between_chunks(self) -> None:
+        """Called between kernel chunks and hold slices: heartbeat, progress, cancel."""
+        u64 = self.u64
+        if not self.heartbeat_frozen:
+            u64[S.PROGRESS] += 1
+            u64[S.HEARTBEAT] = time.monotonic_ns()
+        if self.delayed:
+            self.fire_due_signals()
+        if self.seq and self.seq <= u64[S.CANCEL_SEQ]:
+            raise errors.Cancelled("cancelled while running")
+
+    def finish(self, cmd: dict[str, Any], t_start: int, code: int, msg: str,
+               signal: bool = True) -> None:
+        t_end = time.monotonic_ns()
+        u64 = self.u64
+        u64[S.BUSY] += t_end - t_start
+        u64[S.DONE] += 1
+        record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
+                  "t_start": t_start, "t_end": t_end}
+        if code == errors.Cancelled.code:
+            u64[S.ACK_SEQ] = max(u64[S.ACK_SEQ], cmd["seq"])
+        if not signal:
+            record["lost"] = True
+            self.post(record)
+            return
+        if code == 0 and cmd["delay_ns"] > 0:
+            heapq.heappush(self.delayed, (t_end + cmd["delay_ns"], cmd["seq"], cmd["signal"], record))
+            return
+        self.signal_all(cmd["signal"], code)
+        record["t_signal"] = time.monotonic_ns()
+        self.post(record)
+
+    def fire_due_signals(self) -> None:
+        now = time.monotonic_ns()
+        while self.delayed and self.delayed[0][0] <= now:
+            _, _, handles, record = heapq.heappop(self.delayed)
+            self.signal_all(handles, 0)
+            record["t_signal"] = time.monotonic_ns()
+            self.post(record)
+
+    def signal_all(self, handles: list[int], code: int) -> None:
+        for handle in handles:
+            self.fences.signal(handle, code, signaller=self.boot.index + 1)
+
+    def complete(self, seq: int, t_start: int, code: int, msg: str) -> None:
+        self.post({"seq": seq, "epoch": self.boot.epoch, "code": code, "msg": msg,
+                   "t_start": t_start, "t_end": time.monotonic_ns()})
+
+    def post(self, record: dict[str, Any]) -> None:
+        payload = msgpack.packb(record)
+        # The supervisor drains completions as fast as we post them; a full ring means it
+        # is stalled, and it owns the recovery of that. Wait briefly and re-check the parent.
+        while not self.completions.try_put(payload):
+            if os.getppid() != self.boot.parent_pid:
+                return
+            time.sleep(0.0005)
+        try:
+            os.eventfd_write(self.boot.completion_fd, 1)
+        except OSError:
+            pass
+
+    def beat(self) -> None:
+        if not self.heartbeat_frozen:
+            self.u64[S.HEARTBEAT] = time.monotonic_ns()
+
+
+def _best_effort_seq(data: bytes) -> int:
+    try:
+        msg = msgpack.unpackb(data, raw=False)
+        seq = msg.get("seq", 0) if isinstance(msg, dict) else 0
+        return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+    except Exception:
+        return 0
+
+
+def device_main(boot: DeviceBoot) -> int:
+    """Entry point in the forked device process; returns the exit status."""
+    _die_with_parent(boot.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the owner, not to us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    set_timer_slack_ns(1)
+    DeviceWorker(boot).run()
+    return 0
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)

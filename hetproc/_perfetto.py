@@ -1,0 +1,215 @@
+"""Turn trace-ring records into Chrome Trace Event JSON, which the Perfetto UI opens.
+
+Mapping (one record array in, one JSON object out)::
+
+    record.pid                 -> "pid"  (a process row, named by process_names)
+    record.track               -> "tid"  = tid_for(track, lane) (a thread row, track_names)
+    BEGIN .. END               -> "X" complete slice, matched per (pid, track, stage, cid)
+    INSTANT                    -> "i" with "s": "t"
+    COUNTER (value in a0)      -> "C" named "<stage> <track name>": one counter per pair
+    slices sharing a cid != 0  -> one flow chain "s" -> "t"... -> "f" in time order
+
+Three choices differ from the obvious and have reasons:
+
+* ``tid = track + 1``: the Perfetto UI merged thread 0 into thread 1 in JSON traces
+  (thoren-d/tracing-chrome#32, fixed upstream in google/perfetto#2278, still in older UIs),
+  so track 0 never becomes tid 0. Use ``tid_for`` rather than repeating the formula.
+* Lanes: slices on one thread row must nest, but a device queue with depth > 1 has
+  overlapping QUEUED slices. Such a slice moves to an extra row of the same track
+  (``"npu0 queue #1"``), instead of being cut or mis-nested by the viewer.
+* Timestamps are rebased to the earliest record (``otherData.origin_monotonic_ns`` keeps
+  the origin), so microsecond floats stay exact; pass ``origin_ns=0`` to keep them raw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from ipc._trace import BEGIN, COUNTER, END, INSTANT, stage_name
+
+__all__ = ["to_chrome_trace", "write_chrome_trace", "tid_for", "CATEGORY", "FLOW_NAME"]
+
+CATEGORY = "hetproc"
+# Perfetto keys a v1 flow by (id, cat, name): every event of one chain must share them.
+FLOW_NAME = "request"
+_LANE_SHIFT = 17  # track + 1 <= 65536 < 2**17, so lanes never collide with tracks
+
+
+def tid_for(track: int, lane: int = 0) -> int:
+    """The JSON ``tid`` of a track's row (``lane`` > 0: an overflow row for overlaps)."""
+    return (lane << _LANE_SHIFT) | (track + 1)
+
+
+def _us(ns: int) -> float:
+    return ns / 1000.0
+
+
+def to_chrome_trace(
+    records: np.ndarray,
+    *,
+    track_names: Mapping[int, str],
+    process_names: Mapping[int, str],
+    stage_names: Mapping[int, str] | None = None,
+    origin_ns: int | None = None,
+) -> dict[str, Any]:
+    """Build ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``.
+
+    ``records`` is a RECORD_DTYPE array in any order (a ``merge``/``freeze`` result).
+    ``stage_names`` overrides or extends the Stage names. A BEGIN without its END becomes a
+    slice to the last record's time with ``args.unfinished = true``; an END without its
+    BEGIN (its BEGIN was overwritten, or fell outside the window) is dropped and counted in
+    ``otherData.dropped_ends``.
+    """
+    names: dict[int, str] = {}
+
+    def sname(stage: int) -> str:
+        got = names.get(stage)
+        if got is None:
+            got = names[stage] = (
+                stage_names[stage] if stage_names and stage in stage_names else stage_name(stage)
+            )
+        return got
+
+    recs = records[np.argsort(records["t_ns"], kind="stable")] if len(records) else records
+    rows = recs.tolist()  # tuples of Python ints: far faster to walk than numpy scalars
+    if rows:
+        t_first, t_last = rows[0][0], rows[-1][0]
+    else:
+        t_first = t_last = 0
+    t0 = t_first if origin_ns is None else origin_ns
+
+    # -- pair BEGIN/END into slices -------------------------------------------------------
+    # slice: [t_begin, t_end, pid, track, stage, cid, args]
+    open_: dict[tuple[int, int, int, int], list[tuple[int, dict]]] = {}
+    slices: list[list[Any]] = []
+    points: list[tuple[int, int, dict]] = []  # (t_ns, order, event) for "i" and "C"
+    dropped_ends = 0
+    for t, cid, a0, a1, a2, pid, track, stage, phase in rows:
+        if phase == BEGIN:
+            args = {"cid": cid, "a0": a0, "a1": a1, "a2": a2}
+            open_.setdefault((pid, track, stage, cid), []).append((t, args))
+        elif phase == END:
+            stack = open_.get((pid, track, stage, cid))
+            if not stack:
+                dropped_ends += 1
+                continue
+            tb, args = stack.pop()  # LIFO: a re-entered stage closes its innermost slice
+            if a0 or a1 or a2:
+                # END may carry the outcome (bytes moved, error code): keep it apart.
+                args.update(end_a0=a0, end_a1=a1, end_a2=a2)
+            slices.append([tb, t, pid, track, stage, cid, args])
+        elif phase == INSTANT:
+            points.append((t, len(points), {
+                "name": sname(stage), "cat": CATEGORY, "ph": "i", "s": "t",
+                "ts": _us(t - t0), "pid": pid, "tid": tid_for(track),
+                "args": {"cid": cid, "a0": a0, "a1": a1, "a2": a2},
+            }))
+        elif phase == COUNTER:
+            points.append((t, len(points), {
+                "name": f"{sname(stage)} {track_names.get(track, f'track {track}')}",
+                "cat": CATEGORY, "ph": "C", "ts": _us(t - t0), "pid": pid,
+                "tid": tid_for(track), "args": {"value": a0},
+            }))
+    unfinished = 0
+    for (pid, track, stage, cid), stack in open_.items():
+        for tb, args in stack:
+            args["unfinished"] = True
+            slices.append([tb, t_last, pid, track, stage, cid, args])
+            unfinished += 1
+
+    # -- place slices on rows so that each row nests properly ------------------------------
+    # Longest first among equal starts, so a parent precedes its children.
+    slices.sort(key=lambda s: (s[0], s[0] - s[1]))
+    lanes: dict[tuple[int, int], list[list[int]]] = {}  # (pid, track) -> per-lane end stacks
+    used_tids: set[tuple[int, int, int, int]] = set()
+    for s in slices:
+        tb, te, pid, track = s[0], s[1], s[2], s[3]
+        stacks = lanes.setdefault((pid, track), [])
+        for lane, ends in enumerate(stacks):
+            while ends and ends[-1] <= tb:
+                ends.pop()
+            if not ends or te <= ends[-1]:
+                break
+        else:
+            lane, ends = len(stacks), []
+            stacks.append(ends)
+        ends.append(te)
+        s.append(tid_for(track, lane))
+        used_tids.add((pid, track, lane, s[-1]))
+
+    # -- events: each flow step right after the slice it binds to -------------------------
+    timed: list[tuple[int, int, int, dict]] = []  # (t_ns, -dur, order, event)
+    by_cid: dict[int, list[int]] = {}
+    for i, (tb, te, pid, track, stage, cid, args, tid) in enumerate(slices):
+        timed.append((tb, tb - te, 2 * i, {
+            "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
+            "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
+        }))
+        if cid:
+            by_cid.setdefault(cid, []).append(i)
+    flows = 0
+    for cid, idxs in by_cid.items():
+        if len(idxs) < 2:
+            continue  # a single slice has nothing to point at
+        flows += 1
+        last = len(idxs) - 1
+        for k, i in enumerate(idxs):  # already in time order: slices were sorted
+            tb, te, pid, _, _, _, _, tid = slices[i]
+            ev = {"name": FLOW_NAME, "cat": CATEGORY, "id": cid,
+                  "ph": "s" if k == 0 else ("f" if k == last else "t"),
+                  "ts": _us(tb - t0), "pid": pid, "tid": tid}
+            if k == last:
+                ev["bp"] = "e"  # bind the finish to the enclosing slice, not the next one
+            # ts equal to the slice start binds to that slice only if the flow event comes
+            # after it among equal timestamps: same sort key, odd order right after it.
+            timed.append((tb, tb - te, 2 * i + 1, ev))
+    for t, order, ev in points:
+        # Points sort after every slice starting at the same time (so they nest inside).
+        timed.append((t, 0, 2 * len(slices) + order, ev))
+    timed.sort(key=lambda x: (x[0], x[1], x[2]))
+
+    # -- metadata: name every process and every row ----------------------------------------
+    meta: list[dict] = []
+    pids = sorted({r[5] for r in rows})
+    for pid in pids:
+        meta.append({"name": "process_name", "ph": "M", "ts": 0, "pid": pid, "tid": 0,
+                     "args": {"name": process_names.get(pid, f"pid {pid}")}})
+    rows_named = {(r[5], r[6], 0, tid_for(r[6])) for r in rows} | used_tids
+    for pid, track, lane, tid in sorted(rows_named):
+        label = track_names.get(track, f"track {track}")
+        meta.append({"name": "thread_name", "ph": "M", "ts": 0, "pid": pid, "tid": tid,
+                     "args": {"name": label if lane == 0 else f"{label} #{lane}"}})
+        # Chrome's viewer orders rows by this; keeps a track's lanes together.
+        meta.append({"name": "thread_sort_index", "ph": "M", "ts": 0, "pid": pid,
+                     "tid": tid, "args": {"sort_index": (track << 8) | min(lane, 255)}})
+
+    return {
+        "traceEvents": meta + [ev for _, _, _, ev in timed],
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "origin_monotonic_ns": t0,
+            "records": len(rows),
+            "slices": len(slices),
+            "unfinished_slices": unfinished,
+            "dropped_ends": dropped_ends,
+            "flows": flows,
+        },
+    }
+
+
+def write_chrome_trace(path: str | os.PathLike[str], trace: Mapping[str, Any]) -> str:
+    """Write ``trace`` as JSON; atomic (temp file + rename), so a viewer never sees half."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(trace, f, separators=(",", ":"))
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -1,0 +1,161 @@
+"""Starting and stopping a platform: the supervisor process and its devices.
+
+The supervisor is started with ``subprocess`` (a clean interpreter: the caller may be
+multi-threaded, and forking a multi-threaded process is unsafe); it then forks the
+devices itself. The owner's control connection doubles as a lifeline: if the owner dies,
+the supervisor sees EOF and tears the platform down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ipc import cleanup_prefix, errors, socket_address
+
+from ._client import Client
+from ._config import PlatformSpec, load_platform
+
+START_TIMEOUT = 20.0
+
+
+class Platform:
+    """A running emulated SoC. Use as a context manager::
+
+        with hetproc.Platform() as plat:
+            npu = plat.client.context("npu0")
+    """
+
+    def __init__(self, platform_file: str | Path | None = None, *,
+                 time_scale: float | None = None, spec: PlatformSpec | None = None,
+                 name: str = "owner") -> None:
+        self.spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
+        self._raw = _raw_of(self.spec)
+        self.prefix = ""
+        self.proc: subprocess.Popen | None = None
+        self.client: Client | None = None
+        self._name = name
+
+    @property
+    def address(self) -> str:
+        return socket_address(self.prefix)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+    def start(self) -> "Platform":
+        read_fd, write_fd = os.pipe()
+        self.prefix = "pending"
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hetproc._supervisor", "--spec", json.dumps(self._raw),
+                 "--ready-fd", str(write_fd)],
+                pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
+                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+            )
+        finally:
+            os.close(write_fd)
+        try:
+            ready = _read_ready(read_fd, self.proc, START_TIMEOUT)
+        finally:
+            os.close(read_fd)
+        self.prefix = ready["prefix"]
+        self.client = Client(self.address, self._name, owner=True)
+        return self
+
+    def connect(self, name: str = "") -> Client:
+        """Another client in this process (other processes use ``hetproc.connect(address)``)."""
+        return Client(self.address, name)
+
+    def metrics(self) -> dict[str, Any]:
+        assert self.client is not None
+        return self.client.metrics()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop devices and supervisor; remove every named object. Safe to call twice."""
+        if self.proc is None:
+            return
+        if self.client is not None:
+            try:
+                self.client._request("shutdown")
+            except errors.HetprocError:
+                pass
+            self.client.close()
+            self.client = None
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+        cleanup_prefix(self.prefix)  # a supervisor killed mid-way leaves this to us
+        self.proc = None
+
+    def kill_supervisor(self) -> None:
+        """SIGKILL the supervisor (for drills): devices follow, objects stay until cleanup."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(5.0)
+
+    def __enter__(self) -> "Platform":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _read_ready(fd: int, proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
+    """Read the supervisor's two start lines (prefix, then ready) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    lines: list[dict[str, Any]] = []
+    while len(lines) < 2:
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(0.0, remaining))
+        if not ready:
+            proc.kill()
+            proc.wait(5)
+            raise errors.PlatformError(f"platform did not start within {timeout} s")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            proc.wait(5)
+            if lines:
+                cleanup_prefix(lines[0]["prefix"])
+            raise errors.PlatformError(f"supervisor exited during start (status {proc.returncode})")
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            lines.append(json.loads(line))
+    if not lines[1].get("ok"):
+        proc.wait(5)
+        cleanup_prefix(lines[0]["prefix"])
+        raise errors.PlatformError(f"platform failed to start: {lines[1].get('error')}")
+    return {"prefix": lines[0]["prefix"], "pid": lines[1]["pid"]}
+
+
+def _raw_of(spec: PlatformSpec) -> dict[str, Any]:
+    d = spec.to_dict()
+    devices = []
+    for dev in d.pop("devices"):
+        devices.append(dev)
+    raw = {k: v for k, v in d.items() if k not in ("source", "faults")}
+    raw["device"] = devices
+    raw["fault"] = list(spec.faults)
+    return {"raw": raw, "source": spec.source}
+
+
+def connect(platform: str, name: str = "") -> Client:
+    """Connect to a running platform from any process.
+
+    ``platform`` is its prefix (as ``hetproc status`` prints it, ``Platform.prefix``) or
+    its socket address (``Platform.address``).
+    """
+    address = platform if platform.startswith("\0") else socket_address(platform)
+    return Client(address, name)

@@ -1,0 +1,27 @@
+"""Packets of the control channel (client <-> supervisor). Data never travels here:
+tensors stay in shared memory and packets carry handles."""
+
+from __future__ import annotations
+
+_L = list
+_I = int
+_NUM = (int, float)
+
+REQUESTS = {
+    "hello": {"id": _I, "name": str, "pid": _I, "owner?": bool},
+    "ping": {"id": _I},
+    "context_create": {"id": _I, "device": str, "priority?": _I, "name?": str},
+    "context_destroy": {"id": _I, "ctx": _I},
+    "alloc": {"id": _I, "shape": _L, "dtype": str, "strides?": _L, "align?": _I},
+    "free": {"id": _I, "buf": _I},
+    "fence_create": {"id": _I, "count?": _I},
+    "fence_release": {"id": _I, "fences": _L},
+    "fence_error": {"id": _I, "fence": _I},
+    "submit": {"id": _I, "ctx": _I, "cmds": _L},
+    "cancel": {"id": _I, "ctx": _I},
+    "metrics": {"id": _I},
+    "shutdown": {"id": _I},
+}
+
+COMMAND = {"kernel": str, "signal?": _I, "ins?": _L, "outs?": _L, "wait?": _L, "params?": dict,
+           "ms?": _NUM, "handoff_ms?": _NUM, "cid?": _I, "timeout_ms?": _NUM}

@@ -1,0 +1,75 @@
+"""What the supervisor knows about clients, contexts, buffers and fences.
+
+Lifetimes (seed §1): a buffer or fence is referenced by its client and by every command
+that may still touch it; it is reclaimed only when the client let go *and* no such command
+remains. ``refs`` counts the commands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ipc import Block, errors
+
+
+@dataclass(eq=False)
+class ClientRec:
+    id: int
+    name: str
+    pid: int
+    owner: bool
+    conn: Any
+    contexts: set[int] = field(default_factory=set)
+    buffers: set[int] = field(default_factory=set)
+    fences: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class ContextRec:
+    handle: int
+    client: ClientRec
+    device: str
+    priority: int
+    name: str
+    lost: errors.HetprocError | None = None
+    inflight: int = 0
+    submitted: int = 0
+
+
+@dataclass(eq=False)
+class BufferRec:
+    handle: int
+    block: Block
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...] | None
+    nbytes: int
+    client: ClientRec
+    refs: int = 0
+    released: bool = False  # the client freed it; reclaim when refs drop to 0
+    trusted: bool = True
+
+    def descriptor(self) -> list:
+        return [self.block.segment, self.block.offset, list(self.shape), self.dtype,
+                list(self.strides) if self.strides else None]
+
+    def spec(self) -> tuple[tuple[int, ...], str]:
+        return self.shape, self.dtype
+
+
+@dataclass(eq=False)
+class FenceRec:
+    handle: int
+    client: ClientRec | None
+    refs: int = 0
+    released: bool = False
+    bound: bool = False  # some command will signal it; no second command may
+    error: dict | None = None
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:
+    from ipc import span_bytes
+    return span_bytes(shape, np.dtype(dtype).itemsize, strides)

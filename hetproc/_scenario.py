@@ -1,0 +1,197 @@
+"""Running a scenario script and reporting what it measured and checked.
+
+A scenario is a Python file with ``run(s: Scenario) -> None``. The runner starts the
+platform, hands the scenario a ``Scenario`` to record metrics and checks on, stops the
+platform, then looks for anything left behind (named objects, processes) and writes the
+report. The run passes only if every check held and nothing leaked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+import psutil
+
+from ipc import entries_with_prefix, errors
+
+from ._config import load_platform
+from ._platform import Platform
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class Scenario:
+    """What a scenario script gets: the running platform and a place to put results."""
+
+    platform: Platform
+    options: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def client(self):
+        return self.platform.client
+
+    @property
+    def time_scale(self) -> float:
+        return self.platform.spec.time_scale
+
+    def option(self, name: str, default: Any) -> Any:
+        value = self.options.get(name, default)
+        return type(default)(value) if default is not None and value is not None else value
+
+    def metric(self, name: str, value: Any) -> Any:
+        self.metrics[name] = _plain(value)
+        return value
+
+    def check(self, name: str, passed: bool, detail: str = "") -> bool:
+        self.checks.append(Check(name, bool(passed), detail))
+        return bool(passed)
+
+    def check_near(self, name: str, measured: float, expected: float, *,
+                   rel: float = 0.1, abs_ms: float = 0.5) -> bool:
+        """``measured`` within ``rel`` of ``expected`` plus an absolute allowance (the fixed
+        per-hop cost of real processes, which does not shrink with the time scale)."""
+        tol = expected * rel + abs_ms
+        return self.check(name, abs(measured - expected) <= tol,
+                          f"measured {measured:.3f} ms, expected {expected:.3f} ± {tol:.3f} ms")
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def find_scenario(name: str) -> Path:
+    """A path, or the name of a script in the ``scenarios`` package."""
+    path = Path(name)
+    if path.suffix == ".py" and path.exists():
+        return path
+    import scenarios
+    candidate = Path(scenarios.__file__).parent / f"{name.replace('-', '_')}.py"
+    if candidate.exists():
+        return candidate
+    known = sorted(p.stem for p in Path(scenarios.__file__).parent.glob("[!_]*.py"))
+    raise errors.InvalidRequest(f"no scenario {name!r} (known: {', '.join(known)})")
+
+
+def load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"hetproc_scenario_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise errors.InvalidRequest(f"cannot load scenario {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "run", None)):
+        raise errors.InvalidRequest(f"scenario {path} has no run(s) function")
+    return module
+
+
+def run_scenario(name: str, *, platform_file: str | None = None,
+                 time_scale: float | None = None, options: dict[str, Any] | None = None,
+                 on_platform: Callable[[Platform], None] | None = None) -> dict[str, Any]:
+    """Run one scenario on a fresh platform; returns the report (see ``report_ok``)."""
+    path = find_scenario(name)
+    module = load_module(path)
+    spec = load_platform(platform_file).with_time_scale(time_scale)
+    t0 = time.monotonic()
+    plat = Platform(spec=spec)
+    plat.start()
+    s = Scenario(plat, dict(options or {}))
+    error = None
+    pids: list[int] = []
+    try:
+        pids = _platform_pids(plat)
+        if on_platform:
+            on_platform(plat)
+        module.run(s)
+        s.metrics.setdefault("platform_metrics", _plain(plat.metrics()))
+    except Exception as exc:  # the report must say what broke, not just crash
+        error = f"{type(exc).__name__}: {exc}"
+        s.check("scenario ran to the end", False, error)
+    finally:
+        plat.stop()
+    left = _left_behind(plat.prefix, pids)
+    s.check("nothing left behind", not left["objects"] and not left["processes"],
+            json.dumps(left))
+    return {
+        "scenario": path.stem, "description": (module.__doc__ or "").strip().splitlines()[0]
+        if module.__doc__ else "",
+        "platform": {"name": spec.name, "source": spec.source, "time_scale": spec.time_scale,
+                     "devices": [d.name for d in spec.devices]},
+        "options": s.options, "metrics": s.metrics,
+        "checks": [c.__dict__ for c in s.checks], "notes": s.notes,
+        "left_behind": left, "error": error,
+        "duration_s": round(time.monotonic() - t0, 3),
+        "ok": all(c.passed for c in s.checks),
+    }
+
+
+def _platform_pids(plat: Platform) -> list[int]:
+    m = plat.metrics()
+    return [plat.pid] + [d["pid"] for d in m["devices"].values() if d["pid"]]
+
+
+def _left_behind(prefix: str, pids: list[int]) -> dict[str, list]:
+    alive = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return {"objects": entries_with_prefix(prefix), "processes": alive}
+
+
+def print_report(report: dict[str, Any], out=sys.stdout) -> None:
+    print(f"scenario {report['scenario']} on {report['platform']['name']} "
+          f"(time scale {report['platform']['time_scale']}, {report['duration_s']} s)", file=out)
+    for key, value in report["metrics"].items():
+        if not isinstance(value, dict):
+            print(f"  {key:38s} {_fmt(value)}", file=out)
+    for c in report["checks"]:
+        mark = "PASS" if c["passed"] else "FAIL"
+        print(f"  [{mark}] {c['name']}" + (f": {c['detail']}" if c["detail"] else ""), file=out)
+    for note in report["notes"]:
+        print(f"  note: {note}", file=out)
+    print("OK" if report["ok"] else "FAILED", file=out)
+
+
+def write_report(report: dict[str, Any], path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: numpy scalars and arrays become Python numbers and lists."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value

@@ -1,0 +1,62 @@
+"""``hetproc status``: the live platforms of this machine, like ``nvidia-smi`` would.
+
+The manifests in ``/dev/shm`` say which platforms exist and their pids; a live platform is
+also asked for its metrics over its control socket (briefly, with a deadline).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ipc import Manifest, errors, platform_is_alive, platform_prefixes, socket_address
+
+
+def live_platforms(query: bool = True) -> list[dict[str, Any]]:
+    out = []
+    for prefix in sorted(platform_prefixes()):
+        manifest = Manifest.load(prefix)
+        if manifest is None or not platform_is_alive(prefix):
+            continue
+        procs = manifest.data.get("processes", {})
+        entry: dict[str, Any] = {
+            "prefix": prefix, "platform": manifest.data.get("platform"),
+            "supervisor_pid": procs.get("supervisor", [None])[0],
+            "owner_pid": manifest.data.get("owner_pid"),
+            "devices": {name: {"pid": pid} for name, pid in manifest.data.get("devices", {}).items()},
+        }
+        if query:
+            entry["metrics"] = _query(prefix)
+            for name, dev in (entry["metrics"] or {}).get("devices", {}).items():
+                entry["devices"].setdefault(name, {}).update(
+                    pid=dev["pid"], state=dev["state"], queue_depth=dev["queue_depth"],
+                    completed=dev["completed"], failed=dev["failed"], epoch=dev["epoch"])
+        out.append(entry)
+    return out
+
+
+def _query(prefix: str) -> dict[str, Any] | None:
+    from ._client import Client
+    try:
+        with Client(socket_address(prefix), "hetproc-status", timeout=2.0) as c:
+            return c.metrics()
+    except (errors.HetprocError, OSError):
+        return None
+
+
+def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
+    if not platforms:
+        print("no live hetproc platforms", file=out)
+        return
+    for p in platforms:
+        m = p.get("metrics") or {}
+        print(f"{p['prefix']}  {p['platform']}  supervisor pid {p['supervisor_pid']}  "
+              f"owner pid {p['owner_pid']}  clients {m.get('clients', '?')}  "
+              f"contexts {m.get('contexts', '?')}  buffers {m.get('registered_buffers', '?')}",
+              file=out)
+        print(f"  {'device':8s} {'pid':>8s} {'state':10s} {'epoch':>5s} {'queue':>6s} "
+              f"{'done':>8s} {'failed':>6s}", file=out)
+        for name, d in p["devices"].items():
+            print(f"  {name:8s} {d.get('pid', 0):>8} {d.get('state', '?'):10s} "
+                  f"{d.get('epoch', '?'):>5} {d.get('queue_depth', '?'):>6} "
+                  f"{d.get('completed', '?'):>8} {d.get('failed', '?'):>6}", file=out)

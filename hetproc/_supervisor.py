@@ -1,0 +1,762 @@
+"""The supervisor process: owner of every named object, router, reaper.
+
+Data flow::
+
+    client A ─┐ control socket (length-prefixed msgpack, one per client; EOF = client died)
+    client B ─┼──────────────▶ ┌────────────────────────────── supervisor ─┐
+    client C ─┘                │ validate (handles, generations, shapes,     │
+                               │ dtypes, ops) -> Command -> device queue     │
+                               │ (priority heap) -> pump into ring           │
+                               └──┬───────────────────▲───────────────▲────┘
+                  command ring +  │     completion     │ eventfd       │ pidfd readable
+                  doorbell sem    ▼     ring           │               │ = device died
+                               device process: wait input fences, run, hold, signal
+                                          │ fence semaphore (the "interrupt")
+                                          ▼
+                               the waiting client wakes directly; no supervisor hop
+
+The loop is single-threaded (``selectors``): client sockets, one eventfd and one pidfd
+per device, and a periodic tick for timers. Single-threaded is what makes forking a
+device (reset in a few ms) safe. Nothing here blocks without a deadline.
+
+Ownership: only the supervisor creates named objects, and it records each in the
+manifest before use, so ``hetproc cleanup`` can remove everything if it is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any, Callable
+
+import posix_ipc
+
+from device_workers import state_table, STATE_DTYPE
+from device_workers._kernels import validate as validate_kernel
+from ipc._packets import check_fields
+from ipc import (PENDING, new_prefix, BlockPool, FenceTable, FrameReader, Manifest, Segment, SlotMap, decode,
+                 encode, errors, pack_frame, socket_address)
+
+from . import _protocol
+from ._config import PlatformSpec, parse_platform
+from ._devices import Command, DeviceHandle, device_state_name
+from ._records import BufferRec, ClientRec, ContextRec, FenceRec, nbytes_of
+
+TICK_S = 0.005
+FENCE_CAPACITY = 8192
+MAX_SHAPE_ELEMENTS = 1 << 31
+
+
+class Supervisor:
+    def __init__(self, spec: PlatformSpec, prefix: str) -> None:
+        self.spec = spec
+        self.prefix = prefix
+        self.manifest = Manifest(prefix)
+        self.manifest.data.update(platform=spec.name, owner_pid=os.getppid(),
+                                  created=time.time(), time_scale=spec.time_scale,
+                                  devices={})
+        self.manifest.set_process("supervisor", os.getpid())
+        self.manifest.write()
+        self.sel = selectors.DefaultSelector()
+        self.clients: dict[socket.socket, ClientRec] = {}
+        self.contexts: SlotMap[ContextRec] = SlotMap("context")
+        self.buffers: SlotMap[BufferRec] = SlotMap("buffer")
+        self.fence_recs: dict[int, FenceRec] = {}
+        self.devices: dict[str, DeviceHandle] = {}
+        self.seq = 0
+        self.next_client = 1
+        self.running = True
+        self.last_error: dict | None = None
+        self.stats = {"submitted": 0, "completed": 0, "failed": 0, "bad_packets": 0,
+                      "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0}
+        self._segments: list[Segment] = []
+        self._setup_memory()
+        self._setup_socket()
+
+    # -- setup ------------------------------------------------------------------------
+
+    def _new_segment(self, suffix: str, size: int) -> Segment:
+        name = self.prefix + suffix
+        self.manifest.add_object("shm", name)
+        self.manifest.write()  # recorded before it exists: cleanup never misses it
+        seg = Segment.create(name, size)
+        self._segments.append(seg)
+        return seg
+
+    def _record_semaphores(self, names: list[str]) -> None:
+        for name in names:
+            self.manifest.add_object("sem", name)
+        self.manifest.write()
+
+    def _record_object(self, kind: str, name: str) -> None:
+        self.manifest.add_object(kind, name)
+        self.manifest.write()
+
+    def _setup_memory(self) -> None:
+        fseg = self._new_segment("fences", FenceTable.segment_bytes(FENCE_CAPACITY))
+        self.fences = FenceTable(self.prefix, fseg, create=True,
+                                 on_new_semaphores=self._record_semaphores)
+        n = len(self.spec.devices)
+        self.state_seg = self._new_segment("state", n * STATE_DTYPE.itemsize)
+        self.state = state_table(self.state_seg.map, n)
+        self.state[:] = 0
+        self.pool = BlockPool(self.prefix, limit=self.spec.memory_mib << 20,
+                              on_new_segment=lambda s: self._record_object("shm", s.name))
+        for index, dspec in enumerate(self.spec.devices):
+            ring = self._new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
+            bell_name = f"{self.prefix}bell.{dspec.name}"
+            self._record_object("sem", bell_name)
+            bell = posix_ipc.Semaphore(bell_name, posix_ipc.O_CREX, initial_value=0)
+            efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd)
+            self.devices[dspec.name] = dev
+            self.sel.register(efd, selectors.EVENT_READ, ("completion", dev))
+
+    def _setup_socket(self) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(socket_address(self.prefix))
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+
+    def start_devices(self) -> None:
+        for dev in self.devices.values():
+            self.spawn(dev)
+
+    def spawn(self, dev: DeviceHandle) -> None:
+        boot = {"fence_segment": self.fences.segment.name, "state_segment": self.state_seg.name,
+                "device_count": len(self.devices)}
+        self.state[dev.index]["cancel_seq"] = 0
+        self.state[dev.index]["park"] = 0
+        dev.spawn(boot, keep_fds=set)
+        self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
+        self.manifest.set_process(dev.name, dev.pid)
+        self.manifest.data["devices"][dev.name] = dev.pid
+        self.manifest.write()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while self.running:
+            for key, _ in self.sel.select(TICK_S):
+                kind, obj = key.data
+                if kind == "completion":
+                    self.on_completions(obj)
+                elif kind == "accept":
+                    self.on_accept()
+                elif kind == "client":
+                    self.on_client_readable(key.fileobj)
+                elif kind == "death":
+                    self.on_device_death(obj)
+            self.tick()
+
+    def tick(self) -> None:
+        """Timers: subclasses and later layers hook the watchdog in here."""
+
+    # -- clients ----------------------------------------------------------------------
+
+    def on_accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        conn.setblocking(False)
+        rec = ClientRec(id=0, name="?", pid=0, owner=False, conn=conn)
+        rec.reader = FrameReader()  # type: ignore[attr-defined]
+        self.clients[conn] = rec
+        self.sel.register(conn, selectors.EVENT_READ, ("client", None))
+
+    def on_client_readable(self, conn: socket.socket) -> None:
+        client = self.clients.get(conn)
+        if client is None:
+            return
+        try:
+            data = conn.recv(1 << 16)
+        except (ConnectionError, OSError):
+            data = b""
+        if not data:
+            self.on_client_gone(client)
+            return
+        try:
+            frames = client.reader.feed(data)  # type: ignore[attr-defined]
+        except errors.BadPacket as exc:
+            # The framing itself is broken: we cannot find the next packet. Answer, then
+            # drop this client only; everyone else keeps running.
+            self.stats["bad_packets"] += 1
+            self.reply(client, 0, error=exc)
+            self.on_client_gone(client)
+            return
+        for frame in frames:
+            self.on_request(client, frame)
+            if conn not in self.clients:
+                return
+
+    def on_request(self, client: ClientRec, frame: bytes) -> None:
+        req_id = -1  # unknown until the packet decodes
+        try:
+            msg = decode(frame, _protocol.REQUESTS)
+            req_id = msg["id"]
+            if client.id == 0 and msg["op"] != "hello":
+                raise errors.InvalidRequest("say hello first")
+            handler: Callable[[ClientRec, dict], dict] = getattr(self, "op_" + msg["op"])
+            result = handler(client, msg)
+        except errors.HetprocError as exc:
+            if isinstance(exc, errors.BadPacket):
+                self.stats["bad_packets"] += 1
+            self.refuse(client, req_id, exc, frame)
+        except Exception as exc:  # a supervisor bug must fail one request, not the platform
+            err = errors.HetprocError(f"internal error: {type(exc).__name__}: {exc}")
+            self.refuse(client, req_id, err, frame)
+        else:
+            if req_id:  # id 0 is a notification: the sender does not wait for an answer
+                self.reply(client, req_id, result=result)
+
+    def refuse(self, client: ClientRec, req_id: int, exc: errors.HetprocError,
+               frame: bytes) -> None:
+        """Answer an error; a notification's error goes to the fences it named instead.
+
+        A packet too broken to carry an id is answered with id 0, which clients take as an
+        unsolicited notice rather than the answer to a request.
+        """
+        self.note_error(exc)
+        if req_id:
+            self.reply(client, max(req_id, 0), error=exc)
+            if req_id > 0:
+                return
+        for handle in _signal_fences_of(frame):
+            rec = self.fence_recs.get(handle)
+            if rec is not None and rec.client is client and self.fences.signal(handle, exc.code):
+                rec.error = exc.to_dict()
+
+    def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
+              error: errors.HetprocError | None = None) -> None:
+        msg: dict[str, Any] = {"op": "reply", "id": req_id, "ok": error is None}
+        if error is not None:
+            msg["error"] = error.to_dict()
+        else:
+            msg.update(result or {})
+        try:
+            client.conn.setblocking(True)
+            client.conn.settimeout(2.0)  # a client that stops reading must not stall us
+            client.conn.sendall(pack_frame(encode(msg)))
+            client.conn.setblocking(False)
+        except OSError:
+            self.on_client_gone(client)
+
+    def on_client_gone(self, client: ClientRec) -> None:
+        """A client closed or died: tear down what it owned; the owner takes the platform."""
+        if client.conn not in self.clients:
+            return
+        del self.clients[client.conn]
+        try:
+            self.sel.unregister(client.conn)
+        except (KeyError, ValueError):
+            pass
+        client.conn.close()
+        for ctx_handle in list(client.contexts):
+            self.destroy_context(self.contexts.get(ctx_handle), reason="client gone")
+        for buf in list(client.buffers):
+            self.release_buffer(self.buffers.get(buf))
+        for fence in list(client.fences):
+            self.release_fence(fence)
+        if client.owner:
+            self.running = False
+
+    def note_error(self, exc: errors.HetprocError) -> None:
+        self.last_error = {**exc.to_dict(), "t": time.time()}
+
+    # -- requests ---------------------------------------------------------------------
+
+    def op_hello(self, client: ClientRec, msg: dict) -> dict:
+        client.id, self.next_client = self.next_client, self.next_client + 1
+        client.name, client.pid = msg["name"], msg["pid"]
+        client.owner = bool(msg.get("owner")) and not any(c.owner for c in self.clients.values())
+        return {"client_id": client.id, "prefix": self.prefix, "platform": self.spec.name,
+                "supervisor_pid": os.getpid(), "fence_segment": self.fences.segment.name,
+                "state_segment": self.state_seg.name, "time_scale": self.spec.time_scale,
+                "devices": [d.name for d in self.spec.devices],
+                "spec": self.spec.to_dict()}
+
+    def op_ping(self, client: ClientRec, msg: dict) -> dict:
+        return {}
+
+    def op_shutdown(self, client: ClientRec, msg: dict) -> dict:
+        if not client.owner:
+            raise errors.InvalidRequest("only the platform's owner may shut it down")
+        self.running = False
+        return {}
+
+    def op_context_create(self, client: ClientRec, msg: dict) -> dict:
+        device = self.spec.device(msg["device"]).name
+        ctx = ContextRec(0, client, device, int(msg.get("priority", 0)), msg.get("name", ""))
+        ctx.handle = self.contexts.insert(ctx)
+        client.contexts.add(ctx.handle)
+        return {"ctx": ctx.handle}
+
+    def op_context_destroy(self, client: ClientRec, msg: dict) -> dict:
+        ctx = self.context_of(client, msg["ctx"], allow_lost=True)
+        self.destroy_context(ctx, reason="destroyed by its client")
+        return {}
+
+    def op_alloc(self, client: ClientRec, msg: dict) -> dict:
+        shape, dtype, strides = self.check_layout(msg["shape"], msg["dtype"], msg.get("strides"))
+        nbytes = nbytes_of(shape, dtype, strides)
+        try:
+            block = self.pool.allocate(nbytes)
+        except MemoryError as exc:
+            raise errors.OutOfMemory(str(exc)) from None
+        buf = BufferRec(0, block, shape, dtype, strides, nbytes, client)
+        buf.handle = self.buffers.insert(buf)
+        client.buffers.add(buf.handle)
+        return {"buf": buf.handle, "segment": block.segment, "offset": block.offset,
+                "nbytes": nbytes, "shape": list(shape), "dtype": dtype,
+                "strides": list(strides) if strides else None}
+
+    def op_free(self, client: ClientRec, msg: dict) -> dict:
+        buf = self.buffer_of(client, msg["buf"])
+        client.buffers.discard(buf.handle)
+        return {"reclaimed": self.release_buffer(buf)}
+
+    def op_fence_create(self, client: ClientRec, msg: dict) -> dict:
+        count = int(msg.get("count", 1))
+        if not 1 <= count <= 4096:
+            raise errors.InvalidRequest(f"fence count {count} out of range 1..4096")
+        return {"fences": [self.new_fence(client) for _ in range(count)]}
+
+    def op_fence_release(self, client: ClientRec, msg: dict) -> dict:
+        for handle in msg["fences"]:
+            rec = self.fence_recs.get(handle) if isinstance(handle, int) else None
+            if rec is not None and rec.client is client:
+                client.fences.discard(handle)
+                self.release_fence(handle)
+        return {}
+
+    def op_fence_error(self, client: ClientRec, msg: dict) -> dict:
+        rec = self.fence_recs.get(msg["fence"])
+        if rec is None:
+            raise errors.StaleHandle(f"fence {msg['fence']:#x} is not live")
+        return {"error": rec.error}
+
+    def op_metrics(self, client: ClientRec, msg: dict) -> dict:
+        return {"metrics": self.metrics()}
+
+    def op_submit(self, client: ClientRec, msg: dict) -> dict:
+        t0 = time.perf_counter()
+        ctx = self.context_of(client, msg["ctx"])
+        if not msg["cmds"] or len(msg["cmds"]) > 4096:
+            raise errors.InvalidRequest(f"a submit carries 1..4096 commands, got {len(msg['cmds'])}")
+        cmds = [self.build_command(ctx, c) for c in msg["cmds"]]  # all valid, or none runs
+        dev = self.devices[ctx.device]
+        out = []
+        for cmd in cmds:
+            self.commit(cmd)
+            dev.enqueue(cmd)
+            out.append([cmd.seq, cmd.cid, cmd.signal[0]])
+        dev.pump()
+        self.note_submit_time(time.perf_counter() - t0, len(cmds))
+        return {"cmds": out}
+
+    def op_cancel(self, client: ClientRec, msg: dict) -> dict:
+        ctx = self.context_of(client, msg["ctx"], allow_lost=True)
+        return {"cancelled": self.cancel_queued(ctx, errors.Cancelled("cancelled by its client"))}
+
+    # -- validation -------------------------------------------------------------------
+
+    def context_of(self, client: ClientRec, handle: Any, allow_lost: bool = False) -> ContextRec:
+        ctx = self.contexts.get(handle)
+        if ctx.client is not client:
+            raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
+        if ctx.lost is not None and not allow_lost:
+            raise errors.ContextLost(f"context {handle:#x} was lost: {ctx.lost}",
+                                     detail={"cause": ctx.lost.to_dict()})
+        return ctx
+
+    def buffer_of(self, client: ClientRec, handle: Any) -> BufferRec:
+        buf = self.buffers.get(handle)
+        if buf.client is not client:
+            raise errors.ForeignHandle(f"buffer {handle:#x} belongs to another client")
+        if buf.released:
+            raise errors.StaleHandle(f"buffer {handle:#x} was freed")
+        return buf
+
+    def check_layout(self, shape: list, dtype: str, strides: list | None):
+        import numpy as np
+        if len(shape) > 8 or not all(isinstance(s, int) and 0 < s < MAX_SHAPE_ELEMENTS for s in shape):
+            raise errors.ShapeError(f"shape {shape!r}: up to 8 positive dimensions")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise errors.DtypeError(f"unknown dtype {dtype!r}") from None
+        if dt.kind not in "biuf" or dt.itemsize > 8:
+            raise errors.DtypeError(f"dtype {dtype!r} is not a plain numeric type")
+        if strides is not None:
+            if len(strides) != len(shape) or not all(isinstance(s, int) and s > 0 for s in strides):
+                raise errors.ShapeError(f"strides {strides!r} do not fit shape {shape!r}")
+        total = 1
+        for s in shape:
+            total *= s
+        if total * dt.itemsize > self.spec.memory_mib << 20:
+            raise errors.OutOfMemory(f"{total * dt.itemsize} bytes exceed the platform budget")
+        return tuple(shape), dt.name, tuple(strides) if strides else None
+
+    def build_command(self, ctx: ContextRec, c: Any) -> Command:
+        if not isinstance(c, dict):
+            raise errors.BadPacket("a command must be a map")
+        check_fields(c, _protocol.COMMAND, where="command")
+        dev = self.devices[ctx.device]
+        kernel = c["kernel"]
+        if kernel not in dev.spec.ops:
+            raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
+                                       f"(it runs: {', '.join(dev.spec.ops)})")
+        ins = [self.buffer_of(ctx.client, h) for h in c.get("ins", [])]
+        outs = [self.buffer_of(ctx.client, h) for h in c.get("outs", [])]
+        for b in ins + outs:
+            if b.dtype not in dev.spec.dtypes:
+                raise errors.DtypeError(f"{dev.name} does not take {b.dtype} "
+                                        f"(it takes: {', '.join(dev.spec.dtypes)})")
+        params = c.get("params", {})
+        validate_kernel(kernel, [b.spec() for b in ins], [b.spec() for b in outs], params)
+        wait = [self.check_fence(ctx.client, h) for h in c.get("wait", [])]
+        signal = [self.check_signal_fence(ctx.client, c["signal"])] if "signal" in c else []
+        return Command(
+            seq=0, cid=int(c.get("cid", 0)), ctx=ctx, device=dev, kernel=kernel, params=params,
+            ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=self.hold_ns(dev, c, ins, outs),
+            delay_ns=self.scaled_ns(c.get("handoff_ms", 0.0)),
+            dep_timeout_ns=self.scaled_ns(self.spec.dependency_timeout_ms),
+            priority=ctx.priority, t_submit=time.monotonic_ns(),
+            timeout_ns=self.scaled_ns(c.get("timeout_ms", self.spec.watchdog_ms)))
+
+    def check_fence(self, client: ClientRec, handle: Any) -> int:
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise errors.InvalidHandle(f"fence handle {handle!r} is not a handle")
+        rec = self.fence_recs.get(handle)
+        if rec is None:
+            self.fences.check(handle)  # says stale or invalid precisely
+            raise errors.InvalidHandle(f"fence {handle:#x} is not live")
+        if rec.client is not client:
+            raise errors.ForeignHandle(f"fence {handle:#x} belongs to another client")
+        if rec.released:
+            raise errors.StaleHandle(f"fence {handle:#x} was released by its client")
+        return handle
+
+    def check_signal_fence(self, client: ClientRec, handle: Any) -> int:
+        """A client-chosen output fence must be its own, pending, and not bound already."""
+        self.check_fence(client, handle)
+        rec = self.fence_recs[handle]
+        if rec.bound or self.fences.poll(handle)[0] != PENDING:
+            raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
+        return handle
+
+    def scaled_ns(self, ms: float) -> int:
+        if ms < 0:
+            raise errors.InvalidRequest(f"negative duration {ms} ms")
+        return int(ms * self.spec.time_scale * 1e6)
+
+    def hold_ns(self, dev: DeviceHandle, c: dict, ins: list, outs: list) -> int:
+        if "ms" in c:
+            return self.scaled_ns(float(c["ms"]))
+        nbytes = sum(b.nbytes for b in ins + outs)
+        return self.scaled_ns(dev.spec.timing.duration_ms(c["kernel"], nbytes))
+
+    # -- lifetimes --------------------------------------------------------------------
+
+    def new_fence(self, client: ClientRec | None, cid: int = 0) -> int:
+        handle = self.fences.allocate(cid)
+        self.fence_recs[handle] = FenceRec(handle, client)
+        if client is not None:
+            client.fences.add(handle)
+        return handle
+
+    def commit(self, cmd: Command) -> None:
+        """Give a validated command its seq and output fence, and take its references."""
+        self.seq += 1
+        cmd.seq = self.seq
+        if not cmd.cid:
+            cmd.cid = (cmd.ctx.client.id << 40) | self.seq
+        if not cmd.signal:
+            cmd.signal = [self.new_fence(cmd.ctx.client, cmd.cid)]
+        for h in cmd.signal:
+            self.fence_recs[h].bound = True
+        for b in cmd.ins + cmd.outs:
+            b.refs += 1
+        for h in cmd.wait + cmd.signal:
+            self.fence_recs[h].refs += 1
+        cmd.ctx.inflight += 1
+        cmd.ctx.submitted += 1
+        self.stats["submitted"] += 1
+
+    def retire(self, cmd: Command) -> None:
+        """Drop a finished (or failed) command's references; reclaim what nobody holds."""
+        if cmd.state == "done":
+            return
+        cmd.state = "done"
+        cmd.ctx.inflight -= 1
+        for b in cmd.ins + cmd.outs:
+            b.refs -= 1
+            if b.released and b.refs == 0:
+                self.reclaim_buffer(b)
+        for h in cmd.wait + cmd.signal:
+            rec = self.fence_recs.get(h)
+            if rec is not None:
+                rec.refs -= 1
+                if rec.released and rec.refs == 0:
+                    self.drop_fence(rec)
+
+    def release_buffer(self, buf: BufferRec) -> bool:
+        """The client let go; the memory goes back to the pool once no command holds it."""
+        if buf.released:
+            return False
+        buf.released = True
+        buf.client.buffers.discard(buf.handle)
+        if buf.refs == 0:
+            self.reclaim_buffer(buf)
+            return True
+        return False
+
+    def reclaim_buffer(self, buf: BufferRec) -> None:
+        self.buffers.remove(buf.handle)
+        self.pool.free(buf.block)
+
+    def release_fence(self, handle: int) -> None:
+        rec = self.fence_recs.get(handle)
+        if rec is None or rec.released:
+            return
+        rec.released = True
+        if rec.client is not None:
+            rec.client.fences.discard(handle)
+        if rec.refs == 0:
+            self.drop_fence(rec)
+
+    def drop_fence(self, rec: FenceRec) -> None:
+        del self.fence_recs[rec.handle]
+        self.fences.release(rec.handle)
+
+    def fail_command(self, cmd: Command, exc: errors.HetprocError) -> None:
+        """Fail a command that will never run (or was stopped): error first, then wake."""
+        exc.correlation_id = cmd.cid
+        for h in cmd.signal:
+            rec = self.fence_recs.get(h)
+            if rec is not None and self.fences.signal(h, exc.code, signaller=0):
+                rec.error = exc.to_dict()
+        self.stats["failed"] += 1
+        cmd.device.failed += 1
+        self.note_error(exc)
+        self.retire(cmd)
+
+    def cancel_queued(self, ctx: ContextRec, exc_factory: errors.HetprocError) -> int:
+        """Fail every command of ``ctx`` still waiting in the supervisor (not yet pushed)."""
+        dev = self.devices[ctx.device]
+        keep, dropped = [], []
+        for item in dev.queue:
+            (dropped if item[2].ctx is ctx else keep).append(item)
+        if dropped:
+            import heapq
+            heapq.heapify(keep)
+            dev.queue[:] = keep
+            for _, _, cmd in sorted(dropped):
+                self.fail_command(cmd, errors.error_class(exc_factory.code)(
+                    exc_factory.message, scope=exc_factory.scope))
+        return len(dropped)
+
+    def destroy_context(self, ctx: ContextRec, reason: str) -> None:
+        self.cancel_queued(ctx, errors.Cancelled(f"context destroyed ({reason})"))
+        ctx.client.contexts.discard(ctx.handle)
+        self.contexts.remove(ctx.handle)
+
+    # -- device events ----------------------------------------------------------------
+
+    def on_completions(self, dev: DeviceHandle) -> None:
+        try:
+            os.eventfd_read(dev.completion_fd)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                data = dev.completions.get()
+            except errors.BadPacket as exc:
+                self.note_error(exc)
+                continue
+            if data is None:
+                break
+            self.on_completion(dev, data)
+        dev.pump()
+
+    def on_completion(self, dev: DeviceHandle, data: bytes) -> None:
+        import msgpack
+        try:
+            rec = msgpack.unpackb(data, raw=False)
+            seq, epoch, code = rec["seq"], rec["epoch"], rec["code"]
+        except Exception as exc:
+            self.note_error(errors.BadPacket(f"{dev.name}: bad completion record: {exc}"))
+            return
+        if epoch != dev.epoch:
+            return  # a completion from before a reset: the command was already failed
+        cmd = dev.pushed.pop(seq, None)
+        if cmd is None:
+            if code:
+                self.note_error(errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}"))
+            return
+        self.on_command_done(dev, cmd, rec)
+
+    def on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
+        code = rec["code"]
+        if code:
+            exc = errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}",
+                                         correlation_id=cmd.cid)
+            for h in cmd.signal:
+                frec = self.fence_recs.get(h)
+                if frec is not None:
+                    frec.error = exc.to_dict()
+            self.note_error(exc)
+            dev.failed += 1
+            self.stats["failed"] += 1
+        else:
+            dev.completed += 1
+            self.stats["completed"] += 1
+        self.retire(cmd)
+
+    def on_device_death(self, dev: DeviceHandle) -> None:
+        """The device process ended. Reaped = confirmed stopped: its buffers are safe."""
+        try:
+            self.sel.unregister(dev.pidfd)
+        except (KeyError, ValueError):
+            pass
+        status = dev.reap(block=True)
+        self.state[dev.index]["state"] = 5
+        if not self.running:
+            return
+        exc_msg = f"{dev.name} process died (exit status {status})"
+        for cmd in dev.take_all():
+            self.fail_command(cmd, errors.DeviceCrashed(exc_msg))
+        dev.restarts += 1
+        self.spawn(dev)
+
+    # -- reports ----------------------------------------------------------------------
+
+    def note_submit_time(self, seconds: float, n: int) -> None:
+        us = seconds * 1e6 / n
+        if self.stats["first_submit_us"] is None:
+            self.stats["first_submit_us"] = us
+        else:
+            self.stats["submit_us_total"] += us
+            self.stats["submit_count"] += 1
+
+    def metrics(self) -> dict[str, Any]:
+        devices = {}
+        for dev in self.devices.values():
+            st = self.state[dev.index]
+            devices[dev.name] = {
+                "pid": dev.pid, "epoch": dev.epoch, "state": device_state_name(int(st["state"])),
+                "queue_depth": dev.queue_depth(), "in_flight": len(dev.pushed),
+                "completed": dev.completed, "failed": dev.failed, "restarts": dev.restarts,
+                "busy_ms": int(st["busy_ns"]) / 1e6, "heartbeat_age_ms":
+                    (time.monotonic_ns() - int(st["heartbeat_ns"])) / 1e6 if st["heartbeat_ns"] else None,
+            }
+        steady = (self.stats["submit_us_total"] / self.stats["submit_count"]
+                  if self.stats["submit_count"] else None)
+        return {
+            "platform": self.spec.name, "prefix": self.prefix, "supervisor_pid": os.getpid(),
+            "clients": len([c for c in self.clients.values() if c.id]),
+            "contexts": len(self.contexts), "registered_buffers": len(self.buffers),
+            "live_fences": self.fences.live_count(),
+            "in_flight": sum(len(d.pushed) for d in self.devices.values()),
+            "queue_depth": {d.name: d.queue_depth() for d in self.devices.values()},
+            "devices": devices, "last_error": self.last_error,
+            "submitted": self.stats["submitted"], "completed": self.stats["completed"],
+            "failed": self.stats["failed"], "bad_packets": self.stats["bad_packets"],
+            "first_submit_us": self.stats["first_submit_us"], "steady_submit_us": steady,
+            "pool": {"segments": len(self.pool.segments), "reserved_bytes": self.pool.reserved_bytes,
+                     "used_bytes": self.pool.used_bytes, "live_blocks": self.pool.live_blocks},
+        }
+
+    # -- shutdown ---------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop devices (kill after a grace), fail every pending fence, remove everything."""
+        self.running = False
+        for dev in self.devices.values():
+            if dev.pid:
+                dev.stop_request()
+        deadline = time.monotonic() + 1.0
+        for dev in self.devices.values():
+            if dev.pid and not dev.wait_exit(max(0.0, deadline - time.monotonic())):
+                os.kill(dev.pid, signal.SIGKILL)
+                dev.wait_exit(2.0)
+        for dev in self.devices.values():
+            for cmd in dev.take_all():
+                self.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+        for client in list(self.clients.values()):
+            client.conn.close()
+        self.listener.close()
+        self.fences.close(unlink=True)
+        self.pool.close(unlink=True)
+        for dev in self.devices.values():
+            dev.doorbell.unlink()
+            dev.doorbell.close()
+            os.close(dev.completion_fd)
+        for seg in self._segments:
+            seg.close()
+            seg.unlink()
+        self.manifest.remove()
+        from ipc import cleanup_prefix
+        cleanup_prefix(self.prefix)  # anything recorded late or never recorded
+
+
+def _signal_fences_of(frame: bytes) -> list[int]:
+    """The client-chosen signal fences of a refused submit, read as leniently as possible."""
+    import msgpack
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        cmds = msg.get("cmds") if isinstance(msg, dict) else None
+        return [c["signal"] for c in cmds or () if isinstance(c, dict)
+                and isinstance(c.get("signal"), int) and not isinstance(c.get("signal"), bool)]
+    except Exception:
+        return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="hetproc-supervisor")
+    ap.add_argument("--spec", required=True, help="platform spec as JSON")
+    ap.add_argument("--prefix", help="default: a new one carrying this process's pid")
+    ap.add_argument("--ready-fd", type=int, required=True)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
+    spec_arg = json.loads(args.spec)
+    spec = parse_platform(spec_arg["raw"], spec_arg["source"])
+    args.prefix = args.prefix or new_prefix(os.getpid())
+    # First line: the prefix, so the owner can clean up even if the start fails later.
+    os.write(args.ready_fd, (json.dumps({"prefix": args.prefix}) + "\n").encode())
+    sup = None
+    try:
+        sup = Supervisor(spec, args.prefix)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "running", False))
+        sup.start_devices()
+        os.write(args.ready_fd, (json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())
+        os.close(args.ready_fd)
+        sup.serve()
+    except BaseException as exc:
+        try:
+            os.write(args.ready_fd, (json.dumps({"ok": False, "error": repr(exc)}) + "\n").encode())
+        except OSError:
+            pass
+        if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            import traceback
+            traceback.print_exc()
+    finally:
+        if sup is not None:
+            sup.shutdown()
+        else:
+            from ipc import cleanup_prefix
+            cleanup_prefix(args.prefix)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

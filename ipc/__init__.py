@@ -1,0 +1,36 @@
+"""The inter-process core of hetproc: names, shared segments, fences, rings, packets.
+
+This layer knows nothing about devices: it moves bytes and wake-ups between processes
+with deadlines, and says clearly what went wrong. ``device_workers`` and ``hetproc`` are
+built on it; nothing here imports them.
+"""
+
+from . import errors
+from ._channel import Channel, FrameReader, pack_frame
+from ._fences import FAILED, PENDING, SIGNALLED, FenceTable, make_handle, split_handle
+from ._names import (
+    Manifest,
+    cleanup_dead,
+    cleanup_prefix,
+    entries_with_prefix,
+    new_prefix,
+    platform_is_alive,
+    platform_prefixes,
+    socket_address,
+)
+from ._packets import VERSION, decode, encode
+from ._ring import Ring
+from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
+from ._slotmap import SlotMap
+
+__all__ = [
+    "errors",
+    "Channel", "FrameReader", "pack_frame",
+    "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
+    "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
+    "platform_is_alive", "platform_prefixes", "socket_address",
+    "VERSION", "encode", "decode",
+    "Ring",
+    "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
+    "SlotMap",
+]

@@ -1,0 +1,90 @@
+"""The control channel: length-prefixed msgpack frames over a Unix stream socket.
+
+A stream socket tells each side at once when the other dies (EOF or ECONNRESET), which is
+how the supervisor notices a crashed client and a client notices a crashed supervisor.
+``FrameReader`` is the non-blocking half the supervisor's selector feeds; ``Channel`` is
+the blocking, deadline-bound half a client uses.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from typing import Any, Mapping
+
+from . import errors
+from ._packets import MAX_PACKET, encode
+
+_HDR = struct.Struct("<I")
+
+
+def pack_frame(body: bytes) -> bytes:
+    """Length-prefix one encoded packet (see ``ipc.encode``)."""
+    return _HDR.pack(len(body)) + body
+
+
+class FrameReader:
+    """Splits a byte stream into frames; an oversize length means the stream is garbage."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buf += data
+        frames = []
+        while len(self._buf) >= _HDR.size:
+            (n,) = _HDR.unpack_from(self._buf, 0)
+            if n > MAX_PACKET:
+                raise errors.BadPacket(f"frame length {n} exceeds {MAX_PACKET}: stream is corrupt")
+            if len(self._buf) < _HDR.size + n:
+                break
+            frames.append(bytes(self._buf[_HDR.size:_HDR.size + n]))
+            del self._buf[:_HDR.size + n]
+        return frames
+
+
+class Channel:
+    """Blocking request/response client side; every receive has a deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._reader = FrameReader()
+        self._pending: list[bytes] = []
+
+    @classmethod
+    def connect(cls, address: str, timeout: float = 5.0) -> "Channel":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(address)
+        return cls(sock)
+
+    def send_bytes(self, frame: bytes) -> None:
+        self.sock.settimeout(None)
+        self.sock.sendall(frame)
+
+    def send(self, msg: Mapping[str, Any]) -> None:
+        self.send_bytes(pack_frame(encode(msg)))
+
+    def recv(self, timeout: float) -> bytes:
+        """One frame; ``TimeoutError`` past the deadline, ``ConnectionError`` on EOF."""
+        deadline = time.monotonic() + timeout
+        while not self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no reply on the control channel")
+            self.sock.settimeout(remaining)
+            try:
+                data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                raise TimeoutError("no reply on the control channel") from None
+            if not data:
+                raise ConnectionError("control channel closed by the other side")
+            self._pending.extend(self._reader.feed(data))
+        return self._pending.pop(0)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

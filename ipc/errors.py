@@ -1,0 +1,352 @@
+"""The one error hierarchy of hetproc.
+
+It lives in the lowest layer on purpose: error *codes* cross process boundaries (a device
+writes one into a fence's state word, the supervisor puts one into a reply packet), so every
+layer -- ``ipc``, ``device_workers`` and ``hetproc`` -- must speak the same vocabulary.
+``hetproc`` re-exports every class here.
+
+Every error answers the questions a runtime must answer after a failure (seed §8, §20):
+
+``code``
+    a stable small integer (and ``name``), the same in every process and in reports.
+``scope``
+    how far the damage goes: ``request`` (only this command failed), ``context`` (the
+    context is lost, later submits on it fail at once), ``process`` (a client or the
+    supervisor is gone), ``device`` (the device was reset; every context on it was touched).
+``retryable``
+    whether submitting the same request again may succeed.
+``buffers_trusted``
+    whether the buffers the request touched still hold what they held before (inputs) or
+    valid results (outputs). ``False`` means: do not read them, reallocate or rewrite.
+``correlation_id``
+    the request's id, to find it in the trace; 0 when there is no request.
+``fallback``
+    the device a fallback ran on, or ``None``.
+
+The tree is small and flat on purpose: callers catch a branch (``InvalidRequest``,
+``DeviceFault``, ``ResourceError``, ``Timeout``, ``PlatformError``) or one leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "HetprocError",
+    "InvalidRequest",
+    "BadPacket",
+    "InvalidHandle",
+    "StaleHandle",
+    "ForeignHandle",
+    "ShapeError",
+    "DtypeError",
+    "UnsupportedOp",
+    "IommuFault",
+    "Timeout",
+    "FenceTimeout",
+    "DeviceTimeout",
+    "DependencyTimeout",
+    "DeviceFault",
+    "Cancelled",
+    "DependencyFailed",
+    "DeviceCrashed",
+    "WrongOutput",
+    "ContextLost",
+    "ResourceError",
+    "OutOfMemory",
+    "AllocationFailed",
+    "MapFailed",
+    "CompileTimeout",
+    "PlatformError",
+    "PlatformClosed",
+    "SupervisorLost",
+    "error_class",
+    "error_from_code",
+    "SCOPES",
+]
+
+SCOPES = ("request", "context", "process", "device")
+
+_BY_CODE: dict[int, type["HetprocError"]] = {}
+
+
+class HetprocError(Exception):
+    """Base of every error hetproc raises on purpose.
+
+    Subclasses set the class-level defaults; an instance may override any of them (a
+    cancelled command on a reset device has scope ``device``, one cancelled by its own
+    client has scope ``request``).
+    """
+
+    code = 1
+    scope = "request"
+    retryable = False
+    buffers_trusted = True
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        scope: str | None = None,
+        retryable: bool | None = None,
+        buffers_trusted: bool | None = None,
+        correlation_id: int = 0,
+        fallback: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message or self.__class__.__doc__.strip().splitlines()[0])
+        if scope is not None:
+            if scope not in SCOPES:
+                raise ValueError(f"unknown error scope {scope!r}")
+            self.scope = scope
+        if retryable is not None:
+            self.retryable = retryable
+        if buffers_trusted is not None:
+            self.buffers_trusted = buffers_trusted
+        self.correlation_id = correlation_id
+        self.fallback = fallback
+        self.detail = detail or {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.code in _BY_CODE and _BY_CODE[cls.code] is not cls:
+            raise TypeError(f"error code {cls.code} used twice")
+        _BY_CODE[cls.code] = cls
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire and report form; ``error_from_dict`` reverses it."""
+        return {
+            "code": self.code,
+            "name": self.name,
+            "message": self.message,
+            "scope": self.scope,
+            "retryable": self.retryable,
+            "buffers_trusted": self.buffers_trusted,
+            "correlation_id": self.correlation_id,
+            "fallback": self.fallback,
+            "detail": self.detail,
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "HetprocError":
+        cls = error_class(int(d.get("code", 1)))
+        return cls(
+            str(d.get("message", "")),
+            scope=d.get("scope"),
+            retryable=d.get("retryable"),
+            buffers_trusted=d.get("buffers_trusted"),
+            correlation_id=int(d.get("correlation_id") or 0),
+            fallback=d.get("fallback"),
+            detail=d.get("detail") or {},
+        )
+
+
+_BY_CODE[HetprocError.code] = HetprocError
+
+
+def error_class(code: int) -> type[HetprocError]:
+    """The class for a wire code; unknown codes map to the base class, never raise."""
+    return _BY_CODE.get(code, HetprocError)
+
+
+def error_from_code(code: int, message: str = "", **kw: Any) -> HetprocError:
+    return error_class(code)(message, **kw)
+
+
+# -- the request was wrong: fix the caller, retrying the same thing cannot help ----------
+
+
+class InvalidRequest(HetprocError):
+    """The request was malformed or not allowed; nothing was executed, buffers untouched."""
+
+    code = 10
+
+
+class BadPacket(InvalidRequest):
+    """A packet failed its version, length or schema check; it was dropped, the reader lives."""
+
+    code = 11
+
+
+class InvalidHandle(InvalidRequest):
+    """A handle names no live object."""
+
+    code = 12
+
+
+class StaleHandle(InvalidHandle):
+    """A handle's generation is old: the object it named was released and its slot reused."""
+
+    code = 13
+
+
+class ForeignHandle(InvalidHandle):
+    """A handle belongs to another context, client or platform."""
+
+    code = 14
+
+
+class ShapeError(InvalidRequest):
+    """A shape, stride or size is out of range for the op, the buffer or the device."""
+
+    code = 15
+
+
+class DtypeError(InvalidRequest):
+    """A dtype is not the one the op or the device accepts."""
+
+    code = 16
+
+
+class UnsupportedOp(InvalidRequest):
+    """The device does not implement the op (the delegate should not have picked it)."""
+
+    code = 17
+
+
+class IommuFault(InvalidRequest):
+    """An access outside the context's mappings or against their permissions; refused."""
+
+    code = 18
+
+
+# -- a deadline passed ------------------------------------------------------------------
+
+
+class Timeout(HetprocError):
+    """A deadline passed."""
+
+    code = 20
+    retryable = True
+
+
+class FenceTimeout(Timeout):
+    """A wait's own deadline passed; the fence itself is still pending (nothing failed)."""
+
+    code = 21
+
+
+class DeviceTimeout(Timeout):
+    """The watchdog fired on a running command; its context is lost, its outputs untrusted."""
+
+    code = 22
+    scope = "context"
+    buffers_trusted = False
+
+
+class DependencyTimeout(Timeout):
+    """An input fence did not signal before the command's dependency deadline."""
+
+    code = 23
+    buffers_trusted = False
+
+
+# -- the device or an upstream command failed --------------------------------------------
+
+
+class DeviceFault(HetprocError):
+    """Execution failed on the device."""
+
+    code = 30
+    buffers_trusted = False
+
+
+class Cancelled(DeviceFault):
+    """The command was cancelled before it finished (by its client or by a device reset)."""
+
+    code = 31
+    retryable = True
+
+
+class DependencyFailed(DeviceFault):
+    """An input fence failed, so this command never ran; its outputs were not written."""
+
+    code = 32
+    retryable = True
+
+
+class DeviceCrashed(DeviceFault):
+    """The device process died while the command was queued or running."""
+
+    code = 33
+    scope = "device"
+    retryable = True
+
+
+class WrongOutput(DeviceFault):
+    """The output failed its integrity check (bit flips)."""
+
+    code = 34
+    retryable = True
+
+
+class ContextLost(DeviceFault):
+    """The context was invalidated by an earlier failure; make a new one."""
+
+    code = 35
+    scope = "context"
+
+
+# -- memory and assets -------------------------------------------------------------------
+
+
+class ResourceError(HetprocError):
+    """A resource could not be obtained; nothing was executed."""
+
+    code = 40
+    retryable = True
+
+
+class OutOfMemory(ResourceError):
+    """The device or the platform's memory budget is exhausted."""
+
+    code = 41
+
+
+class AllocationFailed(ResourceError):
+    """An allocation failed (injected or real)."""
+
+    code = 42
+
+
+class MapFailed(ResourceError):
+    """A buffer could not be mapped into a context."""
+
+    code = 43
+
+
+class CompileTimeout(ResourceError):
+    """Preparing the device asset took longer than its deadline."""
+
+    code = 44
+
+
+# -- the platform itself ------------------------------------------------------------------
+
+
+class PlatformError(HetprocError):
+    """The platform cannot serve this client any more."""
+
+    code = 50
+    scope = "process"
+
+
+class PlatformClosed(PlatformError):
+    """The platform was stopped, or this client closed its connection."""
+
+    code = 51
+
+
+class SupervisorLost(PlatformError):
+    """The supervisor process died; every pending wait fails with this."""
+
+    code = 52
+    buffers_trusted = False

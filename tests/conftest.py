@@ -1,0 +1,60 @@
+"""Shared fixtures: real platforms, and a guard that every test leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+import hetproc
+from ipc import entries_with_prefix, platform_prefixes
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fail any test after which a platform it started left objects or processes."""
+    before = platform_prefixes()
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    new = platform_prefixes() - before
+    leftovers = {p: entries_with_prefix(p) for p in new}
+    children = [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in children_before and _ours(p)]
+    for child in children:  # do not let one broken test poison the next
+        child.kill()
+    assert not any(leftovers.values()), f"named objects left behind: {leftovers}"
+    assert not children, f"child processes left alive: {[c.pid for c in children]}"
+
+
+def _ours(proc: psutil.Process) -> bool:
+    """A live child that is not Python's own multiprocessing resource tracker."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return "resource_tracker" not in " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.fixture
+def platform():
+    """A fresh platform at real time scale, stopped after the test."""
+    with hetproc.Platform(time_scale=1.0) as plat:
+        yield plat
+
+
+@pytest.fixture
+def client(platform):
+    return platform.client
+
+
+def wait_for(predicate, timeout=5.0, interval=0.005):
+    """Poll ``predicate`` until true or the deadline passes; returns its last value."""
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)

@@ -1,0 +1,231 @@
+"""The ipc core across real processes: fences, rings, packets, pools, names."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import msgpack
+import numpy as np
+import pytest
+
+from ipc import (BlockPool, FenceTable, Ring, Segment, decode, encode, entries_with_prefix,
+                 errors, new_prefix, cleanup_prefix)
+from ipc._fences import FAILED, PENDING, SIGNALLED
+
+CTX = mp.get_context("fork")
+
+
+@pytest.fixture
+def table():
+    prefix = new_prefix()
+    seg = Segment.create(prefix + "fences", FenceTable.segment_bytes(256))
+    ft = FenceTable(prefix, seg, create=True)
+    yield ft
+    ft.close(unlink=True)
+    seg.close()
+    seg.unlink()
+    cleanup_prefix(prefix)
+    assert entries_with_prefix(prefix) == []
+
+
+def _waiter(prefix, seg_name, handle, timeout, out):
+    ft = FenceTable(prefix, Segment.attach(seg_name), create=False)
+    try:
+        out.put(("ok", ft.wait(handle, timeout), time.monotonic_ns()))
+    except errors.HetprocError as exc:
+        out.put((exc.name, exc.code, time.monotonic_ns()))
+
+
+def _spawn_waiters(ft, handle, n, timeout=5.0):
+    out = CTX.Queue()
+    procs = [CTX.Process(target=_waiter, args=(ft.prefix, ft.segment.name, handle, timeout, out))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    return procs, out
+
+
+def _collect(procs, out, n):
+    results = [out.get(timeout=10) for _ in range(n)]
+    for p in procs:
+        p.join(5)
+        assert p.exitcode == 0
+    return results
+
+
+def test_many_waiters_in_other_processes_all_wake(table):
+    h = table.allocate()
+    procs, out = _spawn_waiters(table, h, 6)
+    time.sleep(0.1)  # let them block on the semaphore
+    t_signal = time.monotonic_ns()
+    assert table.signal(h)
+    results = _collect(procs, out, 6)
+    assert [r[:2] for r in results] == [("ok", 0)] * 6
+    assert all(r[2] >= t_signal for r in results)
+
+
+def test_error_signal_wakes_every_waiter_with_the_code(table):
+    h = table.allocate()
+    procs, out = _spawn_waiters(table, h, 4)
+    time.sleep(0.1)
+    table.signal(h, errors.DeviceTimeout.code)
+    assert [r[:2] for r in _collect(procs, out, 4)] == [("ok", errors.DeviceTimeout.code)] * 4
+    assert table.poll(h) == (FAILED, errors.DeviceTimeout.code)
+
+
+def test_wait_times_out_and_the_fence_stays_pending(table):
+    h = table.allocate()
+    procs, out = _spawn_waiters(table, h, 2, timeout=0.05)
+    assert [r[0] for r in _collect(procs, out, 2)] == ["FenceTimeout"] * 2
+    assert table.poll(h) == (PENDING, 0)
+
+
+def test_first_outcome_is_final(table):
+    h = table.allocate()
+    assert table.signal(h, errors.Cancelled.code)
+    assert not table.signal(h, 0)  # a late success never overrides the failure
+    assert table.poll(h) == (FAILED, errors.Cancelled.code)
+
+
+def test_late_signal_on_recycled_slot_touches_nothing(table):
+    old = table.allocate()
+    table.release(old)
+    new = table.allocate()
+    assert new & 0xFFFFFFFF == old & 0xFFFFFFFF, "the slot is reused"
+    assert not table.signal(old), "a stale handle must not signal the new fence"
+    assert table.poll(new) == (PENDING, 0)
+    with pytest.raises(errors.StaleHandle):
+        table.wait(old, 0.01)
+    with pytest.raises(errors.InvalidHandle):
+        table.poll(12345 << 32 | 999999)
+
+
+def test_recycled_slot_starts_without_leftover_tokens(table):
+    h = table.allocate()
+    table.signal(h)
+    table.wait(h, 1.0)  # leaves the passed-on token in the semaphore
+    table.release(h)
+    h2 = table.allocate()
+    with pytest.raises(errors.FenceTimeout):
+        table.wait(h2, 0.05)
+
+
+def test_fence_semaphores_come_from_a_pool(table):
+    handles = [table.allocate() for _ in range(10)]
+    for h in handles:
+        table.release(h)
+    created = len(table._sems)
+    for _ in range(50):
+        table.release(table.allocate())
+    assert len(table._sems) == created, "steady-state fences must not sem_open"
+
+
+def test_ring_wraps_and_reports_full():
+    buf = memoryview(bytearray(Ring.nbytes(4, 64)))
+    ring = Ring(buf, slots=4, slot_bytes=64, create=True)
+    for round_ in range(5):
+        for i in range(4):
+            assert ring.try_put(f"{round_}:{i}".encode())
+        assert not ring.try_put(b"x"), "full ring refuses, never overwrites"
+        assert [ring.get() for _ in range(4)] == [f"{round_}:{i}".encode() for i in range(4)]
+        assert ring.get() is None
+
+
+def test_ring_rejects_oversize_and_survives_corrupt_length():
+    buf = memoryview(bytearray(Ring.nbytes(4, 64)))
+    ring = Ring(buf, slots=4, slot_bytes=64, create=True)
+    with pytest.raises(errors.BadPacket):
+        ring.try_put(b"x" * 61)
+    ring.try_put(b"good")
+    buf[128:132] = (10_000).to_bytes(4, "little")  # a corrupt length in the slot
+    ring.try_put(b"next")
+    with pytest.raises(errors.BadPacket):
+        ring.get()
+    assert ring.get() == b"next", "the reader skips the bad slot and goes on"
+
+
+def _ring_consumer(name, n, out):
+    seg = Segment.attach(name)
+    ring = Ring(memoryview(seg.map), slots=64, slot_bytes=64, create=False)
+    got, deadline = [], time.monotonic() + 10
+    while len(got) < n and time.monotonic() < deadline:
+        data = ring.get()
+        if data is not None:
+            got.append(int(data))
+    out.put(got)
+
+
+def test_ring_carries_every_message_in_order_across_processes():
+    prefix = new_prefix()
+    seg = Segment.create(prefix + "ring", Ring.nbytes(64, 64))
+    try:
+        ring = Ring(memoryview(seg.map), slots=64, slot_bytes=64, create=True)
+        out = CTX.Queue()
+        p = CTX.Process(target=_ring_consumer, args=(seg.name, 5000, out))
+        p.start()
+        i = 0
+        while i < 5000:
+            if ring.try_put(str(i).encode()):
+                i += 1
+        assert out.get(timeout=15) == list(range(5000))
+        p.join(5)
+    finally:
+        seg.unlink()
+
+
+SCHEMAS = {"exec": {"seq": int, "name?": str}}
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"\xc1garbage", "undecodable"),
+    (msgpack.packb([1, 2, 3]), "not a map"),
+    (msgpack.packb({"v": 99, "op": "exec", "seq": 1}), "version"),
+    (msgpack.packb({"v": 1, "op": "nope"}), "unknown packet op"),
+    (msgpack.packb({"v": 1, "op": "exec"}), "missing field"),
+    (msgpack.packb({"v": 1, "op": "exec", "seq": "1"}), "must be int"),
+    (msgpack.packb({"v": 1, "op": "exec", "seq": True}), "got bool"),
+    (msgpack.packb({"v": 1, "op": "exec", "seq": 1, "name": 5}), "must be str"),
+])
+def test_malformed_packets_get_a_clear_error(data, why):
+    with pytest.raises(errors.BadPacket, match=why):
+        decode(data, SCHEMAS)
+
+
+def test_packet_round_trip():
+    assert decode(encode({"op": "exec", "seq": 3}), SCHEMAS)["seq"] == 3
+
+
+def test_pool_reuses_memory_without_new_segments():
+    prefix = new_prefix()
+    pool = BlockPool(prefix, limit=64 << 20)
+    try:
+        blocks = [pool.allocate(100_000) for _ in range(8)]
+        assert all(b.offset % 4096 == 0 for b in blocks)
+        segs = len(pool.segments)
+        for _ in range(20):
+            for b in blocks:
+                pool.free(b)
+            blocks = [pool.allocate(100_000) for _ in range(8)]
+        assert len(pool.segments) == segs, "steady-state allocation must not create segments"
+        with pytest.raises(MemoryError):
+            pool.allocate(128 << 20)
+    finally:
+        pool.close(unlink=True)
+    assert entries_with_prefix(prefix) == []
+
+
+def test_segment_views_are_bounds_checked():
+    prefix = new_prefix()
+    seg = Segment.create(prefix + "s", 4096)
+    try:
+        v = seg.view(0, (16, 16), "float32")
+        v[:] = 1.5
+        assert Segment.attach(seg.name).view(0, (16, 16), "float32").sum() == 384
+        with pytest.raises(ValueError):
+            seg.view(4000, (100,), "float32")
+        with pytest.raises(ValueError):
+            seg.view(0, (4, 4), "float32", strides=(-16, 4))
+    finally:
+        seg.unlink()

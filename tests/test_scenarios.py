@@ -1,0 +1,63 @@
+"""Scenario scripts and the CLI, end to end (the way users and CI run them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import hetproc
+from hetproc._scenario import run_scenario
+
+
+def test_video_pipeline_meets_the_seed_figures(tmp_path):
+    report_path = tmp_path / "report.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetproc", "run", "video_pipeline", "--frames", "60",
+         "--report", str(report_path)], capture_output=True, text=True, timeout=120)
+    report = json.loads(report_path.read_text())
+    assert out.returncode == (0 if report["ok"] else 1)
+    assert report["scenario"] == "video_pipeline"
+    assert set(report) >= {"scenario", "platform", "metrics", "checks", "left_behind", "ok"}
+    assert report["left_behind"] == {"objects": [], "processes": []}
+    m = report["metrics"]
+    # Shape of the result, which no timing noise can flip: pipelining overlaps stages.
+    assert m["pipelined_period_p50_ms"] < m["serial_latency_p50_ms"] * 0.8
+    assert m["free_running_latency_p50_ms"] > m["serial_latency_p50_ms"]
+    checks = {c["name"]: c["passed"] for c in report["checks"]}
+    assert checks["every frame's output is correct (fences ordered every write)"]
+    assert "platform_metrics" in m and m["platform_metrics"]["in_flight"] == 0
+
+
+def test_a_failing_check_makes_a_nonzero_exit(tmp_path):
+    script = tmp_path / "always_fails.py"
+    script.write_text("def run(s):\n    s.check('impossible', False, 'by design')\n")
+    out = subprocess.run([sys.executable, "-m", "hetproc", "run", str(script)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "[FAIL] impossible" in out.stdout
+
+
+def test_a_crashing_scenario_is_reported_not_raised(tmp_path):
+    script = tmp_path / "crashes.py"
+    script.write_text("def run(s):\n    s.client.context('npu0')\n    raise RuntimeError('oops')\n")
+    report = run_scenario(str(script))
+    assert not report["ok"] and "oops" in report["error"]
+    assert report["left_behind"] == {"objects": [], "processes": []}
+
+
+def test_unknown_scenario_is_a_usage_error():
+    out = subprocess.run([sys.executable, "-m", "hetproc", "run", "no_such_thing"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "video_pipeline" in out.stderr
+
+
+def test_platform_file_is_honoured(tmp_path):
+    toml = tmp_path / "tiny.toml"
+    toml.write_text(
+        'name = "tiny"\ntime_scale = 0.5\n[[device]]\nname = "npu7"\nkind = "npu"\n'
+        'ops = ["relu", "work"]\ndtypes = ["float32"]\n')
+    with hetproc.Platform(toml) as plat:
+        assert plat.client.devices == ["npu7"]
+        assert plat.client.time_scale == 0.5
+        plat.client.context("npu7").submit("work", ms=1).wait(5)
