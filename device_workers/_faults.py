@@ -1,25 +1,107 @@
-"""Device-side behaviour of injected faults (which command gets which fault is decided by
-the supervisor, deterministically; the device only acts it out)."""
+"""Device-side behaviour of injected faults.
+
+Which command gets which fault is decided by the supervisor, deterministically (by seed
+and command index); the command packet carries ``{"kind": ..., ...}`` and the device only
+acts it out here. Each behaviour is the *device's* half of a drill: the supervisor's
+watchdog, reset and reclamation are what the drill tests.
+
+=================  =====================================================================
+kind               what the device does
+=================  =====================================================================
+timeout            hangs but honours cancel: beats its heart, makes no progress
+hang               hangs and ignores cancel: no heartbeat, no progress (must be killed)
+late_writer        ignores cancel and keeps writing its outputs (must be killed; reclaiming
+                   its buffers before that corrupts their next owner)
+crash              exits at ``step``: before_kernel, in_kernel or before_signal
+wrong_output       flips bits in its outputs after the kernel
+lost_fence         completes but never signals its fences
+heartbeat_stall    stops its heartbeat while still making progress (a healthy slow job)
+oom                fails the command: device memory exhausted
+=================  =====================================================================
+"""
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any, Sequence
 
 import numpy as np
 
+from ipc import errors
 
-def before_kernel(worker: Any, fault: dict[str, Any]) -> None:
+CRASH_EXIT_STATUS = 70
+LATE_WRITE_BYTE = 0xAB
+_FOREVER_S = 120.0  # "forever" is bounded too: the supervisor acts long before this
+
+
+def before_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
     kind = fault.get("kind")
-    if kind == "heartbeat_stall":
+    if not kind:
+        return
+    if kind == "crash" and fault.get("step", "before_kernel") == "before_kernel":
+        os._exit(CRASH_EXIT_STATUS)
+    if kind == "crash" and fault.get("step") == "in_kernel":
+        _hold_then_crash(worker, fault)
+    elif kind == "oom":
+        raise errors.OutOfMemory("device memory exhausted (injected)")
+    elif kind == "timeout":
+        _hang_honouring_cancel(worker)
+    elif kind == "hang":
+        _sleep_ignoring_everything(float(fault.get("seconds", _FOREVER_S)))
+    elif kind == "late_writer":
+        _write_late(outs, float(fault.get("seconds", _FOREVER_S)))
+    elif kind == "heartbeat_stall":
         worker.heartbeat_frozen = True
+        worker.progress_while_frozen = True
 
 
 def after_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
     kind = fault.get("kind")
     if kind == "heartbeat_stall":
         worker.heartbeat_frozen = False
+        worker.progress_while_frozen = False
     elif kind == "wrong_output":
-        for out in outs:
-            flat = out.reshape(-1).view(np.uint8) if out.flags.c_contiguous else None
-            if flat is not None and flat.size:
-                flat[:: max(1, flat.size // 8)] ^= 0x40
+        corrupt(fault, outs)
+    elif kind == "crash" and fault.get("step") == "before_signal":
+        os._exit(CRASH_EXIT_STATUS)
+
+
+def corrupt(fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
+    """Flip one bit in every eighth of each output (idempotent per call site)."""
+    if fault.get("kind") != "wrong_output" or fault.get("_done"):
+        return
+    fault["_done"] = True
+    for out in outs:
+        if out.size and out.flags.c_contiguous:
+            raw = out.reshape(-1).view(np.uint8)
+            raw[:: max(1, raw.size // 8)] ^= 0x40
+
+
+def _hang_honouring_cancel(worker: Any) -> None:
+    deadline = time.monotonic() + _FOREVER_S
+    while time.monotonic() < deadline:
+        worker.beat()
+        worker.check_cancel()  # raises Cancelled when asked: the supervisor sees the stop
+        time.sleep(0.001)
+
+
+def _sleep_ignoring_everything(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _write_late(outs: Sequence[np.ndarray], seconds: float) -> None:
+    """Keep storing into the outputs, as a DMA engine that missed the reset would."""
+    deadline = time.monotonic() + seconds
+    raw = [o.reshape(-1).view(np.uint8) for o in outs if o.size and o.flags.c_contiguous]
+    while time.monotonic() < deadline:
+        for r in raw:
+            r[:] = LATE_WRITE_BYTE
+        time.sleep(0.0005)
+
+
+def _hold_then_crash(worker: Any, fault: dict[str, Any]) -> None:
+    time.sleep(float(fault.get("after_s", 0.005)))
+    os._exit(CRASH_EXIT_STATUS)

@@ -1,7 +1,7 @@
 """The heartbeat / state table: one 128-byte slot per device in shared memory.
 
 The device writes its own fields (pid, state, heartbeat, progress, what it runs); the
-supervisor writes only the request fields (``cancel_seq``, ``park``). Each field has one
+supervisor writes only the request fields (``cancel_pidx``, ``park``). Each field has one
 writer, so no locks are needed; readers may see a value one update old, never a torn one
 (aligned 4- and 8-byte stores).
 """
@@ -17,11 +17,11 @@ STATE_DTYPE = np.dtype([
     # written by the device
     ("pid", "<u4"), ("epoch", "<u4"), ("state", "<u4"), ("fault_flags", "<u4"),
     ("heartbeat_ns", "<u8"), ("progress", "<u8"), ("current_seq", "<u8"),
-    ("current_cid", "<u8"), ("started_ns", "<u8"), ("ack_seq", "<u8"),
-    ("done", "<u8"), ("busy_ns", "<u8"),
+    ("current_cid", "<u8"), ("started_ns", "<u8"), ("ack_pidx", "<u8"),
+    ("done", "<u8"), ("busy_ns", "<u8"), ("current_pidx", "<u8"),
     # written by the supervisor
-    ("cancel_seq", "<u8"), ("park", "<u4"), ("_pad", "<u4"),
-    ("_reserved", "<u8", (4,)),
+    ("cancel_pidx", "<u8"), ("park", "<u4"), ("_pad", "<u4"),
+    ("_reserved", "<u8", (3,)),
 ])
 assert STATE_DTYPE.itemsize == SLOT_BYTES, STATE_DTYPE.itemsize
 
@@ -49,12 +49,13 @@ class StateSlot:
 
     # u32 indexes
     PID, EPOCH, STATE, FAULT_FLAGS = 0, 1, 2, 3
-    PARK = 88 // 4
+    PARK = STATE_DTYPE.fields["park"][1] // 4
     # u64 indexes
-    HEARTBEAT, PROGRESS, CURRENT_SEQ, CURRENT_CID, STARTED, ACK_SEQ, DONE, BUSY, CANCEL_SEQ = (
+    (HEARTBEAT, PROGRESS, CURRENT_SEQ, CURRENT_CID, STARTED, ACK_PIDX, DONE, BUSY,
+     CURRENT_PIDX, CANCEL_PIDX) = (
         STATE_DTYPE.fields[name][1] // 8 for name in (
-            "heartbeat_ns", "progress", "current_seq", "current_cid", "started_ns", "ack_seq",
-            "done", "busy_ns", "cancel_seq"))
+            "heartbeat_ns", "progress", "current_seq", "current_cid", "started_ns", "ack_pidx",
+            "done", "busy_ns", "current_pidx", "cancel_pidx"))
 
     def __init__(self, buf, index: int) -> None:
         raw = memoryview(buf).cast("B")[index * SLOT_BYTES:(index + 1) * SLOT_BYTES]
@@ -65,5 +66,3 @@ class StateSlot:
         self.u32.release()
         self.u64.release()
 
-
-assert STATE_DTYPE.fields["park"][1] == StateSlot.PARK * 4

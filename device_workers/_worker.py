@@ -42,7 +42,7 @@ _PR_SET_PDEATHSIG = 1
 
 _BUF = (list,)
 COMMAND_SCHEMAS = {
-    "exec": {"seq": int, "cid": int, "kernel": str, "params": dict, "ins": list, "outs": list,
+    "exec": {"seq": int, "pidx": int, "cid": int, "kernel": str, "checked?": bool, "params": dict, "ins": list, "outs": list,
              "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
              "dep_timeout_ns": int, "fault?": dict},
     "stop": {},
@@ -86,8 +86,9 @@ class DeviceWorker:
                                 slot_bytes=boot.ring_slot_bytes, create=False)
         self.doorbell = posix_ipc.Semaphore(boot.doorbell)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
-        self.seq = 0
+        self.pidx = 0
         self.heartbeat_frozen = False
+        self.progress_while_frozen = False
         self.running = True
 
     # -- the loop ---------------------------------------------------------------------
@@ -139,14 +140,17 @@ class DeviceWorker:
     # -- one command ------------------------------------------------------------------
 
     def execute(self, cmd: dict[str, Any]) -> None:
-        seq, cid = cmd["seq"], cmd["cid"]
-        self.seq = seq
+        """Run one command. A cancelled command does not signal its fences: the
+        supervisor, which knows *why* it was cancelled (watchdog, reset, client), fails
+        them with the right error once this device has acknowledged the stop."""
+        pidx = cmd["pidx"]
+        self.pidx = pidx
         u32, u64 = self.u32, self.u64
-        u64[S.CURRENT_SEQ], u64[S.CURRENT_CID] = seq, cid
+        u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = cmd["seq"], cmd["cid"], pidx
         t_start = time.monotonic_ns()
         fault = cmd.get("fault") or _NO_FAULT
         try:
-            if seq <= u64[S.CANCEL_SEQ]:
+            if pidx <= u64[S.CANCEL_PIDX]:
                 raise errors.Cancelled("cancelled before it started")
             if cmd["wait"]:
                 u32[S.STATE] = DeviceState.WAITING
@@ -156,23 +160,36 @@ class DeviceWorker:
             u64[S.STARTED] = t_start
             ins = [self.view(b) for b in cmd["ins"]]
             outs = [self.view(b) for b in cmd["outs"]]
-            _faults.before_kernel(self, fault)
+            _faults.before_kernel(self, fault, outs)
             if cmd["kernel"] != "work":  # "work" only holds time: skip the kernel machinery
                 run_kernel(cmd["kernel"], ins, outs, cmd["params"], self.between_chunks)
+                if cmd.get("checked"):
+                    self.verify(cmd, ins, outs, fault)
             hold_until(t_start + cmd["hold_ns"], self.between_chunks)
             _faults.after_kernel(self, fault, outs)
+        except errors.Cancelled as exc:
+            u64[S.ACK_PIDX] = max(u64[S.ACK_PIDX], pidx)  # the confirmed stop
+            self.finish(cmd, t_start, exc.code, str(exc), signal=False)
         except errors.HetprocError as exc:
             self.finish(cmd, t_start, exc.code, str(exc))
         except Exception as exc:  # a kernel bug must fail the request, never the device
             self.finish(cmd, t_start, errors.DeviceFault.code, f"{type(exc).__name__}: {exc}")
         else:
-            if fault.get("kind") == "lost_fence":
-                self.finish(cmd, t_start, 0, "", signal=False)
-            else:
-                self.finish(cmd, t_start, 0, "")
+            self.finish(cmd, t_start, 0, "", signal=fault.get("kind") != "lost_fence")
         finally:
+            self.pidx = 0
             u64[S.CURRENT_SEQ] = 0
             u32[S.STATE] = DeviceState.IDLE
+
+    def verify(self, cmd: dict[str, Any], ins: list, outs: list, fault: dict) -> None:
+        """Checked execution: run the kernel a second time into scratch memory and compare
+        (dual modular redundancy), so a corrupted output is reported, not delivered."""
+        scratch = [np.empty_like(o) for o in outs]
+        run_kernel(cmd["kernel"], ins, scratch, cmd["params"], self.between_chunks)
+        _faults.corrupt(fault, outs)
+        for i, (a, b) in enumerate(zip(outs, scratch)):
+            if not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
+                raise errors.WrongOutput(f"output {i} differs from its checked re-execution")
 
     def wait_inputs(self, cmd: dict[str, Any]) -> None:
         deadline = time.monotonic_ns() + cmd["dep_timeout_ns"]
@@ -204,14 +221,20 @@ class DeviceWorker:
             raise errors.IommuFault(f"buffer descriptor {desc!r} is not mappable: {exc}") from None
 
     def between_chunks(self) -> None:
-        """Called between kernel chunks and hold slices: heartbeat, progress, cancel."""
-        u64 = self.u64
+        """Called between kernel chunks and hold slices: progress, heartbeat, cancel."""
         if not self.heartbeat_frozen:
+            u64 = self.u64
             u64[S.PROGRESS] += 1
             u64[S.HEARTBEAT] = time.monotonic_ns()
+        elif self.progress_while_frozen:
+            self.u64[S.PROGRESS] += 1
+        self.check_cancel()
+
+    def check_cancel(self) -> None:
+        """Hand-off signals that are due, then the cancel request (no progress counted)."""
         if self.delayed:
             self.fire_due_signals()
-        if self.seq and self.seq <= u64[S.CANCEL_SEQ]:
+        if self.pidx and self.pidx <= self.u64[S.CANCEL_PIDX]:
             raise errors.Cancelled("cancelled while running")
 
     def finish(self, cmd: dict[str, Any], t_start: int, code: int, msg: str,
@@ -222,10 +245,8 @@ class DeviceWorker:
         u64[S.DONE] += 1
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
                   "t_start": t_start, "t_end": t_end}
-        if code == errors.Cancelled.code:
-            u64[S.ACK_SEQ] = max(u64[S.ACK_SEQ], cmd["seq"])
         if not signal:
-            record["lost"] = True
+            record["unsignalled"] = True
             self.post(record)
             return
         if code == 0 and cmd["delay_ns"] > 0:

@@ -149,6 +149,29 @@ class Client:
     def metrics(self) -> dict[str, Any]:
         return self._request("metrics")["metrics"]
 
+    def inject(self, kind: str, *, device: str | None = None, at: int | None = None,
+               every: int | None = None, probability: float = 0.0, count: int = 1,
+               **params: Any) -> dict[str, Any]:
+        """Arm a fault (see ``hetproc._faultplan``): e.g. ``inject("hang", device="npu0")``
+        makes the next command on npu0 hang. Deterministic by index, or seeded."""
+        fault: dict[str, Any] = {"kind": kind, "count": count, **params}
+        for key, value in (("device", device), ("at", at), ("every", every)):
+            if value is not None:
+                fault[key] = value
+        if probability:
+            fault["probability"] = probability
+        return self._request("inject", fault=fault)["rule"]
+
+    def clear_faults(self) -> None:
+        self._request("faults_clear")
+
+    def incidents(self) -> dict[str, Any]:
+        """Recoveries (finished and running), watchdog verdicts, events, faults fired."""
+        return self._request("incidents")
+
+    def dumps(self) -> list[dict[str, Any]]:
+        return self._request("dumps")["dumps"]
+
     def ping(self) -> None:
         self._request("ping")
 
@@ -184,10 +207,11 @@ class Context:
     def submit(self, kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (),
                *, wait: Iterable["Fence"] = (), params: dict | None = None,
                ms: float | None = None, handoff_ms: float = 0.0,
-               timeout_ms: float | None = None) -> "Fence":
+               timeout_ms: float | None = None, checked: bool = False) -> "Fence":
         """Queue one command; returns the fence it signals when done (or fails)."""
         return self.submit_many([command(kernel, ins, outs, wait=wait, params=params, ms=ms,
-                                         handoff_ms=handoff_ms, timeout_ms=timeout_ms)])[0]
+                                         handoff_ms=handoff_ms, timeout_ms=timeout_ms,
+                                         checked=checked)])[0]
 
     def submit_nowait(self, kernel: str, ins: Iterable["Buffer"] = (),
                       outs: Iterable["Buffer"] = (), **kw: Any) -> "Fence":
@@ -213,6 +237,13 @@ class Context:
         client._notify("submit", ctx=self.handle, cmds=list(cmds))
         return [Fence(client, h, cid=c["cid"]) for c, h in zip(cmds, handles)]
 
+    def prepare(self, kernel: str) -> str | None:
+        """Compile ``kernel`` for this context's device. Returns the fallback device if the
+        compile overran and the platform fell back (the context now runs there)."""
+        reply = self.client._request("prepare", ctx=self.handle, kernel=kernel)
+        self.device = reply["device"]
+        return reply["fallback"]
+
     def cancel(self) -> int:
         """Fail this context's commands that have not reached the device yet."""
         return self.client._request("cancel", ctx=self.handle)["cancelled"]
@@ -223,8 +254,10 @@ class Context:
 
 def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (), *,
             wait: Iterable["Fence"] = (), params: dict | None = None, ms: float | None = None,
-            handoff_ms: float = 0.0, timeout_ms: float | None = None) -> dict[str, Any]:
-    """One command for ``Context.submit_many``."""
+            handoff_ms: float = 0.0, timeout_ms: float | None = None,
+            checked: bool = False) -> dict[str, Any]:
+    """One command for ``Context.submit_many``. ``timeout_ms`` overrides the watchdog;
+    ``checked`` re-executes the kernel and compares, so corrupt output fails the request."""
     c: dict[str, Any] = {"kernel": kernel, "ins": [b.handle for b in ins],
                          "outs": [b.handle for b in outs], "wait": [f.handle for f in wait]}
     if params:
@@ -235,6 +268,8 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
         c["handoff_ms"] = float(handoff_ms)
     if timeout_ms is not None:
         c["timeout_ms"] = float(timeout_ms)
+    if checked:
+        c["checked"] = True
     return c
 
 

@@ -49,6 +49,8 @@ class PlatformSpec:
     dependency_timeout_ms: float = 2000.0
     source: str = "<built-in>"
     faults: tuple[dict[str, Any], ...] = ()
+    fault_seed: int = 0
+    recovery: dict[str, Any] = field(default_factory=dict)
 
     def device(self, name: str) -> DeviceSpec:
         for dev in self.devices:
@@ -101,6 +103,8 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
         dependency_timeout_ms=float(raw.get("dependency_timeout_ms", 2000.0)),
         source=source,
         faults=tuple(raw.get("fault", [])),
+        fault_seed=int(raw.get("fault_seed", 0)),
+        recovery=dict(raw.get("recovery", {})),
     )
     return spec.with_time_scale(spec.time_scale)
 

@@ -49,10 +49,28 @@ class Command:
     t_submit: int
     fault: dict | None = None
     timeout_ns: int = 0
+    checked: bool = False
     state: str = "queued"  # queued -> pushed -> done
+    pidx: int = 0          # position in the device's ring order (what a cancel names)
+    failure: Any = None    # the error recovery decided for it, if any
+    watch_deadline: int = 0
+    watch_progress: int = 0
+    rearms: int = 0
+    probe_of: Any = None   # the incident this no-op probes for
+
+    def outs_untrusted(self) -> None:
+        for b in self.outs:
+            b.trusted = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"seq": self.seq, "cid": self.cid, "kernel": self.kernel, "state": self.state,
+                "pidx": self.pidx, "device": self.device.name,
+                "context": self.ctx.name or hex(self.ctx.handle),
+                "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
 
     def packet(self) -> bytes:
-        msg = {"op": "exec", "seq": self.seq, "cid": self.cid, "kernel": self.kernel,
+        msg = {"op": "exec", "seq": self.seq, "pidx": self.pidx, "cid": self.cid,
+               "kernel": self.kernel, "checked": self.checked,
                "params": self.params, "ins": [b.descriptor() for b in self.ins],
                "outs": [b.descriptor() for b in self.outs], "wait": self.wait,
                "signal": self.signal, "hold_ns": self.hold_ns, "delay_ns": self.delay_ns,
@@ -83,6 +101,8 @@ class DeviceHandle:
     completed: int = 0
     failed: int = 0
     restarts: int = 0
+    pushes: int = 0
+    paused: bool = False  # during an incident nothing new reaches the device
 
     def __post_init__(self) -> None:
         half = Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
@@ -108,10 +128,12 @@ class DeviceHandle:
     def pump(self) -> int:
         """Move queued commands into the ring while it has room; ring the doorbell once."""
         moved = 0
-        while self.queue and len(self.pushed) < MAX_IN_RING:
+        while self.queue and len(self.pushed) < MAX_IN_RING and not self.paused and self.pid:
             cmd = self.queue[0][2]
+            cmd.pidx = self.pushes + 1
             if not self.commands.try_put(cmd.packet()):
                 break
+            self.pushes += 1
             heapq.heappop(self.queue)
             cmd.state = "pushed"
             self.pushed[cmd.seq] = cmd
@@ -119,6 +141,12 @@ class DeviceHandle:
         if moved:
             self.doorbell.release()
         return moved
+
+    def take_pushed(self) -> list[Command]:
+        """The commands the device held when it died, in ring order; queued ones stay."""
+        cmds = [self.pushed[s] for s in sorted(self.pushed)]
+        self.pushed.clear()
+        return cmds
 
     def take_all(self) -> list[Command]:
         """Every command not yet completed (pushed first, in order), emptying the queues."""

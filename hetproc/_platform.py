@@ -145,7 +145,8 @@ def _raw_of(spec: PlatformSpec) -> dict[str, Any]:
     devices = []
     for dev in d.pop("devices"):
         devices.append(dev)
-    raw = {k: v for k, v in d.items() if k not in ("source", "faults")}
+    raw = {k: v for k, v in d.items() if k not in ("source", "faults", "recovery")}
+    raw["recovery"] = dict(spec.recovery)
     raw["device"] = devices
     raw["fault"] = list(spec.faults)
     return {"raw": raw, "source": spec.source}

@@ -21,7 +21,13 @@ REQUESTS = {
     "cancel": {"id": _I, "ctx": _I},
     "metrics": {"id": _I},
     "shutdown": {"id": _I},
+    "inject": {"id": _I, "fault": dict},
+    "faults_clear": {"id": _I},
+    "incidents": {"id": _I},
+    "dumps": {"id": _I},
+    "prepare": {"id": _I, "ctx": _I, "kernel": str},
 }
 
 COMMAND = {"kernel": str, "signal?": _I, "ins?": _L, "outs?": _L, "wait?": _L, "params?": dict,
-           "ms?": _NUM, "handoff_ms?": _NUM, "cid?": _I, "timeout_ms?": _NUM}
+           "ms?": _NUM, "handoff_ms?": _NUM, "cid?": _I, "timeout_ms?": _NUM,
+           "checked?": bool}

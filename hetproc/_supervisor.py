@@ -37,7 +37,10 @@ from typing import Any, Callable
 
 import posix_ipc
 
-from device_workers import state_table, STATE_DTYPE
+import collections
+
+from device_workers import STATE_DTYPE, state_table
+from device_workers._state import StateSlot
 from device_workers._kernels import validate as validate_kernel
 from ipc._packets import check_fields
 from ipc import (PENDING, new_prefix, BlockPool, FenceTable, FrameReader, Manifest, Segment, SlotMap, decode,
@@ -46,7 +49,9 @@ from ipc import (PENDING, new_prefix, BlockPool, FenceTable, FrameReader, Manife
 from . import _protocol
 from ._config import PlatformSpec, parse_platform
 from ._devices import Command, DeviceHandle, device_state_name
+from ._faultplan import FaultPlan
 from ._records import BufferRec, ClientRec, ContextRec, FenceRec, nbytes_of
+from ._recovery import Policy, Recovery
 
 TICK_S = 0.005
 FENCE_CAPACITY = 8192
@@ -76,6 +81,13 @@ class Supervisor:
         self.stats = {"submitted": 0, "completed": 0, "failed": 0, "bad_packets": 0,
                       "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0}
         self._segments: list[Segment] = []
+        self.events: collections.deque[dict] = collections.deque(maxlen=256)
+        self.dumps: collections.deque[dict] = collections.deque(maxlen=16)
+        self.faults = FaultPlan(list(spec.faults), seed=spec.fault_seed)
+        self.recovery = Recovery(self, Policy.from_dict(spec.recovery))
+        # The supervisor's own client: owner of probe commands after a recovery.
+        self.system = ClientRec(id=0, name="supervisor", pid=os.getpid(), owner=False, conn=None)
+        self.system_contexts: dict[str, ContextRec] = {}
         self._setup_memory()
         self._setup_socket()
 
@@ -106,6 +118,7 @@ class Supervisor:
         self.state_seg = self._new_segment("state", n * STATE_DTYPE.itemsize)
         self.state = state_table(self.state_seg.map, n)
         self.state[:] = 0
+        self.slots = [StateSlot(self.state_seg.map, i) for i in range(n)]
         self.pool = BlockPool(self.prefix, limit=self.spec.memory_mib << 20,
                               on_new_segment=lambda s: self._record_object("shm", s.name))
         for index, dspec in enumerate(self.spec.devices):
@@ -132,7 +145,7 @@ class Supervisor:
     def spawn(self, dev: DeviceHandle) -> None:
         boot = {"fence_segment": self.fences.segment.name, "state_segment": self.state_seg.name,
                 "device_count": len(self.devices)}
-        self.state[dev.index]["cancel_seq"] = 0
+        self.state[dev.index]["cancel_pidx"] = 0
         self.state[dev.index]["park"] = 0
         dev.spawn(boot, keep_fds=set)
         self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
@@ -157,7 +170,8 @@ class Supervisor:
             self.tick()
 
     def tick(self) -> None:
-        """Timers: subclasses and later layers hook the watchdog in here."""
+        """Timers: the watchdog and the grace periods of running incidents."""
+        self.recovery.tick(time.monotonic_ns())
 
     # -- clients ----------------------------------------------------------------------
 
@@ -307,6 +321,10 @@ class Supervisor:
     def op_alloc(self, client: ClientRec, msg: dict) -> dict:
         shape, dtype, strides = self.check_layout(msg["shape"], msg["dtype"], msg.get("strides"))
         nbytes = nbytes_of(shape, dtype, strides)
+        rule = self.faults.draw("alloc")
+        if rule is not None:
+            cls = errors.OutOfMemory if rule.kind == "oom" else errors.AllocationFailed
+            raise cls(f"allocation of {nbytes} bytes failed (injected {rule.kind})")
         try:
             block = self.pool.allocate(nbytes)
         except MemoryError as exc:
@@ -361,6 +379,43 @@ class Supervisor:
         dev.pump()
         self.note_submit_time(time.perf_counter() - t0, len(cmds))
         return {"cmds": out}
+
+    def op_inject(self, client: ClientRec, msg: dict) -> dict:
+        rule = self.faults.add(msg["fault"])
+        return {"rule": rule.describe()}
+
+    def op_faults_clear(self, client: ClientRec, msg: dict) -> dict:
+        self.faults.clear()
+        return {}
+
+    def op_incidents(self, client: ClientRec, msg: dict) -> dict:
+        return {"history": list(self.recovery.history),
+                "active": [i.summary() for i in self.recovery.active.values()],
+                "verdicts": dict(self.recovery.verdicts), "events": list(self.events),
+                "faults": list(self.faults.log)}
+
+    def op_dumps(self, client: ClientRec, msg: dict) -> dict:
+        return {"dumps": list(self.dumps)}
+
+    def op_prepare(self, client: ClientRec, msg: dict) -> dict:
+        """Compile a kernel for the context's device (the delegate's asset). A compile that
+        overruns its deadline falls back to the policy's fallback device, if any."""
+        ctx = self.context_of(client, msg["ctx"])
+        kernel = msg["kernel"]
+        dev = self.devices[ctx.device]
+        if kernel not in dev.spec.ops:
+            raise errors.UnsupportedOp(f"{dev.name} cannot compile {kernel!r}")
+        rule = self.faults.draw("compile", dev.name)
+        if rule is None:
+            return {"device": ctx.device, "fallback": None}
+        fb = self.recovery.policy.fallback_device
+        exc = errors.CompileTimeout(f"compiling {kernel!r} for {dev.name} overran its deadline")
+        self.note_error(exc)
+        if fb and fb in self.devices and kernel in self.devices[fb].spec.ops:
+            ctx.device = fb
+            self.note_event("fallback", device=dev.name, to=fb, kernel=kernel, reason="compile_timeout")
+            return {"device": fb, "fallback": fb, "error": exc.to_dict()}
+        raise exc
 
     def op_cancel(self, client: ClientRec, msg: dict) -> dict:
         ctx = self.context_of(client, msg["ctx"], allow_lost=True)
@@ -424,13 +479,16 @@ class Supervisor:
         validate_kernel(kernel, [b.spec() for b in ins], [b.spec() for b in outs], params)
         wait = [self.check_fence(ctx.client, h) for h in c.get("wait", [])]
         signal = [self.check_signal_fence(ctx.client, c["signal"])] if "signal" in c else []
+        if self.faults.rules and self.faults.draw("map", dev.name, c.get("cid", 0)):
+            raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
         return Command(
             seq=0, cid=int(c.get("cid", 0)), ctx=ctx, device=dev, kernel=kernel, params=params,
             ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=self.hold_ns(dev, c, ins, outs),
             delay_ns=self.scaled_ns(c.get("handoff_ms", 0.0)),
             dep_timeout_ns=self.scaled_ns(self.spec.dependency_timeout_ms),
             priority=ctx.priority, t_submit=time.monotonic_ns(),
-            timeout_ns=self.scaled_ns(c.get("timeout_ms", self.spec.watchdog_ms)))
+            timeout_ns=self.scaled_ns(c.get("timeout_ms", self.spec.watchdog_ms)),
+            checked=bool(c.get("checked", False)))
 
     def check_fence(self, client: ClientRec, handle: Any) -> int:
         if not isinstance(handle, int) or isinstance(handle, bool):
@@ -490,6 +548,8 @@ class Supervisor:
         cmd.ctx.inflight += 1
         cmd.ctx.submitted += 1
         self.stats["submitted"] += 1
+        if self.faults.rules and cmd.ctx.client.id:
+            cmd.fault = self.faults.device_fault(cmd.device.name, cmd.cid)
 
     def retire(self, cmd: Command) -> None:
         """Drop a finished (or failed) command's references; reclaim what nobody holds."""
@@ -542,8 +602,9 @@ class Supervisor:
         exc.correlation_id = cmd.cid
         for h in cmd.signal:
             rec = self.fence_recs.get(h)
-            if rec is not None and self.fences.signal(h, exc.code, signaller=0):
-                rec.error = exc.to_dict()
+            if rec is not None and self.fences.poll(h)[0] == PENDING:
+                rec.error = exc.to_dict()  # the detail is there before anyone can wake
+                self.fences.signal(h, exc.code, signaller=0)
         self.stats["failed"] += 1
         cmd.device.failed += 1
         self.note_error(exc)
@@ -606,20 +667,42 @@ class Supervisor:
 
     def on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]
+        if code == errors.Cancelled.code and self.recovery.on_cancel_acknowledged(dev, cmd):
+            return
         if code:
-            exc = errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}",
-                                         correlation_id=cmd.cid)
-            for h in cmd.signal:
-                frec = self.fence_recs.get(h)
-                if frec is not None:
-                    frec.error = exc.to_dict()
-            self.note_error(exc)
-            dev.failed += 1
-            self.stats["failed"] += 1
+            # The device signalled the error itself, except for a cancel: then the fences
+            # are still pending and we fail them with the reason we know.
+            exc = cmd.failure or errors.error_from_code(
+                code, f"{dev.name}: {rec.get('msg', '')}", correlation_id=cmd.cid)
+            exc.correlation_id = cmd.cid
+            if code == errors.Cancelled.code:
+                self.fail_command(cmd, exc)
+            else:
+                for h in cmd.signal:
+                    frec = self.fence_recs.get(h)
+                    if frec is not None:
+                        frec.error = exc.to_dict()
+                self.note_error(exc)
+                dev.failed += 1
+                self.stats["failed"] += 1
+                if not exc.buffers_trusted:
+                    cmd.outs_untrusted()
+            self.recovery.note_failure(cmd)
         else:
+            if rec.get("unsignalled"):
+                self.repair_lost_fences(dev, cmd)
             dev.completed += 1
             self.stats["completed"] += 1
         self.retire(cmd)
+        if cmd.probe_of is not None:
+            self.recovery.on_probe_done(cmd.probe_of, dev.name, ok=not code)
+
+    def repair_lost_fences(self, dev: DeviceHandle, cmd: Command) -> None:
+        """The device finished but its fence signal never came (a lost interrupt): the
+        completion record proves the work is done, so the supervisor signals for it."""
+        for h in cmd.signal:
+            if self.fences.signal(h, 0, signaller=0):
+                self.note_event("lost_fence_repaired", device=dev.name, cid=cmd.cid, fence=h)
 
     def on_device_death(self, dev: DeviceHandle) -> None:
         """The device process ended. Reaped = confirmed stopped: its buffers are safe."""
@@ -628,14 +711,98 @@ class Supervisor:
         except (KeyError, ValueError):
             pass
         status = dev.reap(block=True)
-        self.state[dev.index]["state"] = 5
         if not self.running:
             return
-        exc_msg = f"{dev.name} process died (exit status {status})"
-        for cmd in dev.take_all():
-            self.fail_command(cmd, errors.DeviceCrashed(exc_msg))
         dev.restarts += 1
-        self.spawn(dev)
+        self.recovery.on_device_death(dev, status)  # reads what the slot says it ran
+
+    # -- helpers of recovery --------------------------------------------------------------
+
+    def note_event(self, kind: str, **detail: Any) -> None:
+        self.events.append({"event": kind, "t": time.time(), **detail})
+
+    def fail_dependants(self, cmd: Command, exc: errors.HetprocError) -> int:
+        """Step 1: fail the queued commands that wait, directly or not, on ``cmd``."""
+        doomed = set(cmd.signal)
+        failed = 0
+        changed = True
+        while changed:
+            changed = False
+            for dev in self.devices.values():
+                for _, _, other in list(dev.queue):
+                    if other.state == "queued" and doomed.intersection(other.wait):
+                        dev.queue.remove((-other.priority, other.seq, other))
+                        import heapq
+                        heapq.heapify(dev.queue)
+                        doomed.update(other.signal)
+                        self.fail_command(other, errors.DependencyFailed(
+                            f"depends on {cmd.cid:#x}, which failed: {exc.name}",
+                            detail={"upstream_cid": cmd.cid}))
+                        failed += 1
+                        changed = True
+        return failed
+
+    def fail_context_queue(self, ctx: ContextRec) -> int:
+        return self.cancel_queued(ctx, errors.ContextLost(f"context {ctx.name or hex(ctx.handle)} was lost"))
+
+    def quarantine_count(self) -> int:
+        """Buffers their client freed that a command may still touch: not reusable yet."""
+        return sum(1 for _, b in self.buffers.items() if b.released and b.refs > 0)
+
+    def can_run_on(self, cmd: Command, dev: DeviceHandle) -> bool:
+        return cmd.kernel in dev.spec.ops and all(
+            b.dtype in dev.spec.dtypes for b in cmd.ins + cmd.outs)
+
+    def reroute(self, cmd: Command, target: DeviceHandle) -> None:
+        cmd.device, cmd.state, cmd.fault, cmd.failure = target, "queued", None, None
+        cmd.watch_deadline = cmd.rearms = 0
+        target.enqueue(cmd)
+
+    def requeue(self, cmd: Command) -> None:
+        cmd.state, cmd.fault, cmd.watch_deadline, cmd.rearms = "queued", None, 0, 0
+        cmd.device.enqueue(cmd)
+
+    def pump_all(self) -> None:
+        for dev in self.devices.values():
+            dev.pump()
+
+    def contexts_of_other_clients(self, inc) -> list[ContextRec]:
+        guilty_client = inc.guilty.ctx.client if inc.guilty else None
+        return [c for _, c in self.contexts.items() if c.client is not guilty_client]
+
+    def system_context(self, device: str) -> ContextRec:
+        ctx = self.system_contexts.get(device)
+        if ctx is None:
+            ctx = self.system_contexts[device] = ContextRec(0, self.system, device, 100, "probe")
+        return ctx
+
+    def submit_probe(self, dev: DeviceHandle, inc) -> None:
+        ctx = self.system_context(dev.name)
+        cmd = Command(seq=0, cid=0, ctx=ctx, device=dev, kernel="work", params={}, ins=[],
+                      outs=[], wait=[], signal=[], hold_ns=0, delay_ns=0,
+                      dep_timeout_ns=self.scaled_ns(self.spec.dependency_timeout_ms),
+                      priority=100, t_submit=time.monotonic_ns(),
+                      timeout_ns=self.scaled_ns(self.spec.watchdog_ms), probe_of=inc)
+        self.commit(cmd)
+        for h in cmd.signal:
+            self.release_fence(h)  # nobody waits on a probe's fence: recycle after it
+        dev.enqueue(cmd)
+
+    def device_state(self, dev: DeviceHandle) -> dict[str, Any]:
+        st = self.state[dev.index]
+        return {name: (st[name].tolist() if hasattr(st[name], "tolist") else st[name])
+                for name in STATE_DTYPE.names if not name.startswith("_")}
+
+    def buffer_ownership(self, cmd: Command | None) -> list[dict[str, Any]]:
+        mine = {id(b) for b in (cmd.ins + cmd.outs)} if cmd else set()
+        return [{"handle": h, "client": b.client.name, "refs": b.refs, "released": b.released,
+                 "trusted": b.trusted, "segment": b.block.segment, "offset": b.block.offset,
+                 "nbytes": b.nbytes, "of_guilty": id(b) in mine}
+                for h, b in self.buffers.items() if id(b) in mine or (b.released and b.refs)]
+
+    def freeze_window(self, reason: str, cid: int) -> list:
+        """The timeline around an event (filled in by the trace layer when present)."""
+        return []
 
     # -- reports ----------------------------------------------------------------------
 
@@ -671,6 +838,10 @@ class Supervisor:
             "submitted": self.stats["submitted"], "completed": self.stats["completed"],
             "failed": self.stats["failed"], "bad_packets": self.stats["bad_packets"],
             "first_submit_us": self.stats["first_submit_us"], "steady_submit_us": steady,
+            "quarantined_buffers": self.quarantine_count(),
+            "incidents": {"active": len(self.recovery.active),
+                          "recovered": len(self.recovery.history),
+                          "watchdog_verdicts": dict(self.recovery.verdicts)},
             "pool": {"segments": len(self.pool.segments), "reserved_bytes": self.pool.reserved_bytes,
                      "used_bytes": self.pool.used_bytes, "live_blocks": self.pool.live_blocks},
         }
@@ -700,6 +871,8 @@ class Supervisor:
             dev.doorbell.unlink()
             dev.doorbell.close()
             os.close(dev.completion_fd)
+        for slot in self.slots:
+            slot.release()
         for seg in self._segments:
             seg.close()
             seg.unlink()

@@ -299,9 +299,11 @@ def test_device_crash_fails_in_flight_work_and_the_device_comes_back(platform, c
     with pytest.raises(hetproc.DeviceCrashed) as exc:
         f.wait(5)
     assert exc.value.scope == "device" and exc.value.retryable
-    dev = client.metrics()["devices"]["npu0"]
-    assert dev["pid"] != pid and dev["epoch"] == 2
-    assert npu.submit("work", ms=0).wait(5) is None
+    assert wait_for(lambda: client.metrics()["devices"]["npu0"]["epoch"] == 2)
+    assert client.metrics()["devices"]["npu0"]["pid"] != pid
+    with pytest.raises(hetproc.ContextLost):
+        npu.submit("work", ms=0)  # the context whose command was running is lost
+    assert client.context("npu0").submit("work", ms=0).wait(5) is None
 
 
 def test_status_lists_the_platform_with_its_pids(platform):

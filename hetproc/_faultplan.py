@@ -1,0 +1,103 @@
+"""Fault injection as a first-class, named, deterministic thing (seed §15).
+
+A rule says which fault, where (a device, or any), and when: the ``at``-th matching
+event (1-based, counted per rule), every ``every``-th, or with ``probability`` drawn from
+the plan's seeded generator. Same seed, same submissions -> same faults, so a failing
+drill or stress run can be replayed exactly.
+
+Device faults ride in the command packet and are acted out by the device
+(``device_workers._faults``); platform faults (allocation, mapping, compilation) are
+raised by the supervisor itself.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipc import errors
+
+DEVICE_FAULTS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
+                 "heartbeat_stall")
+PLATFORM_FAULTS = ("alloc_fail", "map_fail", "compile_timeout", "oom")
+FAULTS = DEVICE_FAULTS + PLATFORM_FAULTS
+_EVENT_OF = {"alloc_fail": "alloc", "oom": "alloc", "map_fail": "map",
+             "compile_timeout": "compile"}
+
+
+@dataclass
+class FaultRule:
+    kind: str
+    device: str | None = None
+    at: int | None = None
+    every: int | None = None
+    probability: float = 0.0
+    count: int = 1  # how many times it may fire; 0 = no limit
+    params: dict[str, Any] = field(default_factory=dict)
+    seen: int = 0
+    fired: int = 0
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> "FaultRule":
+        raw = dict(raw)
+        kind = str(raw.pop("kind", "")).replace("-", "_")
+        if kind not in FAULTS:
+            raise errors.InvalidRequest(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
+        known = {"device", "at", "every", "probability", "count"}
+        rule = cls(kind=kind, **{k: raw.pop(k) for k in list(raw) if k in known})
+        rule.params = raw  # the rest goes to the device (step, seconds, ...)
+        if rule.at is None and rule.every is None and not rule.probability:
+            rule.at = 1
+        return rule
+
+    @property
+    def event(self) -> str:
+        return _EVENT_OF.get(self.kind, "command")
+
+    def matches(self, event: str, device: str | None, rng: random.Random) -> bool:
+        if event != self.event or (self.device and device and self.device != device):
+            return False
+        if self.count and self.fired >= self.count:
+            return False
+        self.seen += 1
+        hit = ((self.at is not None and self.seen == self.at)
+               or (self.every is not None and self.seen % self.every == 0)
+               or (self.probability > 0 and rng.random() < self.probability))
+        if hit:
+            self.fired += 1
+        return hit
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "device": self.device, "at": self.at, "every": self.every,
+                "probability": self.probability, "count": self.count, "fired": self.fired,
+                **self.params}
+
+
+class FaultPlan:
+    def __init__(self, rules: list[dict[str, Any]] = (), seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.rules = [FaultRule.parse(r) for r in rules]
+        self.log: list[dict[str, Any]] = []
+
+    def add(self, raw: dict[str, Any]) -> FaultRule:
+        rule = FaultRule.parse(raw)
+        self.rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        self.rules.clear()
+
+    def draw(self, event: str, device: str | None = None, cid: int = 0) -> FaultRule | None:
+        """The first rule that fires for this event, or None (the common, cheap case)."""
+        if not self.rules:
+            return None
+        for rule in self.rules:
+            if rule.matches(event, device, self.rng):
+                self.log.append({"kind": rule.kind, "device": device, "cid": cid})
+                return rule
+        return None
+
+    def device_fault(self, device: str, cid: int) -> dict[str, Any] | None:
+        rule = self.draw("command", device, cid)
+        return {"kind": rule.kind, **rule.params} if rule else None
