@@ -1,8 +1,10 @@
 """The ``hetproc`` command.
 
     hetproc run SCENARIO [--platform FILE] [--time-scale X] [--report FILE] [--set K=V ...]
+    hetproc drill NAME [--report FILE] [--unsafe-reclaim] | hetproc drill --list
+    hetproc acceptance [--report FILE] [--quick]
     hetproc status [--json]
-    hetproc cleanup [--dry-run]
+    hetproc cleanup [--json]
 
 Exit status: 0 when every check of the run held, 1 when a check failed, 2 on bad usage.
 """
@@ -45,6 +47,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="scenario option, e.g. --set frames=100")
     run.add_argument("--frames", type=int, help="shorthand for --set frames=N")
     run.set_defaults(func=cmd_run)
+
+    dr = sub.add_parser("drill", help="run a crash/reset drill")
+    dr.add_argument("name", nargs="?", help="drill name (see --list)")
+    dr.add_argument("--list", action="store_true", help="list the drills")
+    _platform_args(dr)
+    dr.add_argument("--report", metavar="FILE", help="write the JSON report here")
+    dr.add_argument("--unsafe-reclaim", action="store_true",
+                    help="debug policy: reclaim buffers before the device confirmed its stop")
+    dr.set_defaults(func=cmd_drill)
+
+    acc = sub.add_parser("acceptance", help="the acceptance matrix: every drill and scenario")
+    _platform_args(acc)
+    acc.add_argument("--report", metavar="FILE", help="write the JSON matrix here")
+    acc.add_argument("--quick", action="store_true", help="short scenarios")
+    acc.set_defaults(func=cmd_acceptance)
 
     status = sub.add_parser("status", help="list the live platforms on this machine")
     status.add_argument("--json", action="store_true")
@@ -90,6 +107,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_report(report, args.report)
         print(f"report written to {args.report}")
     return 0 if report["ok"] else 1
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from ._drills import DRILLS, run_drill
+    if args.list or not args.name:
+        for name, (_, doc, _) in DRILLS.items():
+            print(f"{name:18s} {doc}")
+        return 0 if args.list else 2
+    report = run_drill(args.name, platform_file=args.platform, time_scale=args.time_scale,
+                       unsafe_reclaim=args.unsafe_reclaim)
+    print_report(report)
+    if args.report:
+        write_report(report, args.report)
+    return 0 if report["ok"] else 1
+
+
+def cmd_acceptance(args: argparse.Namespace) -> int:
+    from ._acceptance import print_matrix, run_matrix
+    matrix = run_matrix(platform_file=args.platform, time_scale=args.time_scale,
+                        quick=args.quick)
+    print_matrix(matrix)
+    if args.report:
+        write_report(matrix, args.report)
+    return 0 if matrix["ok"] else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:

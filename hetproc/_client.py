@@ -358,8 +358,15 @@ class Fence:
                                          signaller=0xFFFF)
 
     def release(self) -> None:
-        """Let the platform recycle this fence (batched into the next request)."""
+        """Let the platform recycle this fence (batched into the next request). Dropping
+        the last reference to a Fence does the same."""
         if not self._released:
+            self._released = True
+            self.client._to_release.append(self.handle)
+
+    def __del__(self) -> None:
+        # Only a list append: safe in a finalizer; the message goes with the next request.
+        if not getattr(self, "_released", True):
             self._released = True
             self.client._to_release.append(self.handle)
 

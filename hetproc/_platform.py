@@ -25,6 +25,10 @@ from ._config import PlatformSpec, load_platform
 
 START_TIMEOUT = 20.0
 
+# Prefixes of the platforms this process started: lets a test suite check its own
+# platforms for leftovers while other suites run beside it on the same machine.
+started_prefixes: list[str] = []
+
 
 class Platform:
     """A running emulated SoC. Use as a context manager::
@@ -68,6 +72,7 @@ class Platform:
         finally:
             os.close(read_fd)
         self.prefix = ready["prefix"]
+        started_prefixes.append(self.prefix)
         self.client = Client(self.address, self._name, owner=True)
         return self
 
@@ -79,24 +84,27 @@ class Platform:
         assert self.client is not None
         return self.client.metrics()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         """Stop devices and supervisor; remove every named object. Safe to call twice."""
         if self.proc is None:
             return
-        if self.client is not None:
-            try:
-                self.client._request("shutdown")
-            except errors.HetprocError:
-                pass
-            self.client.close()
-            self.client = None
         try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout)
-        cleanup_prefix(self.prefix)  # a supervisor killed mid-way leaves this to us
-        self.proc = None
+            if self.client is not None:
+                try:
+                    self.client._request("shutdown")
+                except errors.HetprocError:
+                    pass
+                self.client.close()
+        finally:
+            self.client = None
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+            finally:
+                cleanup_prefix(self.prefix)  # whatever a supervisor killed mid-way left
+                self.proc = None
 
     def kill_supervisor(self) -> None:
         """SIGKILL the supervisor (for drills): devices follow, objects stay until cleanup."""

@@ -107,7 +107,8 @@ class Recovery:
     def __init__(self, sup: "Supervisor", policy: Policy) -> None:
         self.sup = sup
         self.policy = policy
-        self.active: dict[str, Incident] = {}
+        self.active: dict[str, Incident] = {}   # by device, until the stop is confirmed
+        self.probing: dict[int, Incident] = {}  # by id, after: waiting for the probes
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
         self.verdicts: collections.Counter[str] = collections.Counter()
         self._ids = 0
@@ -310,6 +311,10 @@ class Recovery:
     def probe(self, dev: "DeviceHandle", inc: Incident) -> None:
         targets = {dev.name} | {c.device for c in self.sup.contexts_of_other_clients(inc)}
         inc.probes = len(targets)
+        # The device is serving again: release it to the watchdog (a probe stuck behind
+        # another hang must not keep this incident, and so the device, unwatched).
+        self.active.pop(dev.name, None)
+        self.probing[inc.id] = inc
         for name in sorted(targets):
             self.sup.submit_probe(self.sup.devices[name], inc)
         inc.step("probe", devices=sorted(targets))
@@ -323,13 +328,12 @@ class Recovery:
         if inc.probes == 0:
             inc.done_ns = time.monotonic_ns()
             inc.step("done")
-            self.active.pop(inc.device, None)
+            self.probing.pop(inc.id, None)
             self.history.append(inc.summary())
-            self.sup.pump_all()
 
     def note_failure(self, cmd: "Command") -> None:
         """A command of another client failed during an incident: it was affected."""
-        for inc in self.active.values():
+        for inc in list(self.active.values()) + list(self.probing.values()):
             if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                 if cmd.ctx.client.id:
                     inc.affected_clients.add(cmd.ctx.client.name)

@@ -23,7 +23,7 @@ import psutil
 
 from ipc import entries_with_prefix, errors
 
-from ._config import load_platform
+from ._config import PlatformSpec, load_platform
 from ._platform import Platform
 
 
@@ -43,6 +43,8 @@ class Scenario:
     metrics: dict[str, Any] = field(default_factory=dict)
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    extra_pids: list[int] = field(default_factory=list)  # processes it started itself
 
     @property
     def client(self):
@@ -102,39 +104,51 @@ def load_module(path: Path) -> ModuleType:
 
 def run_scenario(name: str, *, platform_file: str | None = None,
                  time_scale: float | None = None, options: dict[str, Any] | None = None,
-                 on_platform: Callable[[Platform], None] | None = None) -> dict[str, Any]:
-    """Run one scenario on a fresh platform; returns the report (see ``report_ok``)."""
+                 spec: PlatformSpec | None = None) -> dict[str, Any]:
+    """Run one scenario script on a fresh platform; returns its report."""
     path = find_scenario(name)
     module = load_module(path)
-    spec = load_platform(platform_file).with_time_scale(time_scale)
+    spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
+    doc = (module.__doc__ or "").strip()
+    return run_on_platform(module.run, path.stem, doc.splitlines()[0] if doc else "", spec,
+                           options or {})
+
+
+def run_on_platform(func: Callable[[Scenario], None], name: str, description: str,
+                    spec: PlatformSpec, options: dict[str, Any]) -> dict[str, Any]:
+    """Start a platform, run ``func`` on it, stop it, look for leftovers, report.
+
+    The report says what ran (scenario, platform), what was measured (metrics), what was
+    checked (checks with pass/fail) and what was left behind (objects, processes).
+    """
     t0 = time.monotonic()
     plat = Platform(spec=spec)
     plat.start()
-    s = Scenario(plat, dict(options or {}))
+    s = Scenario(plat, dict(options))
     error = None
     pids: list[int] = []
     try:
         pids = _platform_pids(plat)
-        if on_platform:
-            on_platform(plat)
-        module.run(s)
-        s.metrics.setdefault("platform_metrics", _plain(plat.metrics()))
+        func(s)
+        try:
+            s.metrics.setdefault("platform_metrics", _plain(plat.metrics()))
+        except errors.HetprocError:
+            pass  # a drill may have killed the supervisor on purpose
     except Exception as exc:  # the report must say what broke, not just crash
         error = f"{type(exc).__name__}: {exc}"
-        s.check("scenario ran to the end", False, error)
+        s.check("ran to the end", False, error)
     finally:
         plat.stop()
-    left = _left_behind(plat.prefix, pids)
+    left = _left_behind(plat.prefix, pids + s.extra_pids)
     s.check("nothing left behind", not left["objects"] and not left["processes"],
             json.dumps(left))
     return {
-        "scenario": path.stem, "description": (module.__doc__ or "").strip().splitlines()[0]
-        if module.__doc__ else "",
+        "scenario": name, "description": description,
         "platform": {"name": spec.name, "source": spec.source, "time_scale": spec.time_scale,
                      "devices": [d.name for d in spec.devices]},
         "options": s.options, "metrics": s.metrics,
         "checks": [c.__dict__ for c in s.checks], "notes": s.notes,
-        "left_behind": left, "error": error,
+        "timeline": s.timeline, "left_behind": left, "error": error,
         "duration_s": round(time.monotonic() - t0, 3),
         "ok": all(c.passed for c in s.checks),
     }
@@ -168,6 +182,13 @@ def print_report(report: dict[str, Any], out=sys.stdout) -> None:
         print(f"  [{mark}] {c['name']}" + (f": {c['detail']}" if c["detail"] else ""), file=out)
     for note in report["notes"]:
         print(f"  note: {note}", file=out)
+    for inc in report.get("timeline") or []:
+        print(f"  recovery timeline: incident {inc['id']} ({inc['kind']}) on {inc['device']}, "
+              f"stop {inc['confirmed_stop']}, recovered in {inc['recovery_ms']} ms", file=out)
+        for step in inc["steps"]:
+            extra = {k: v for k, v in step.items() if k not in ("step", "t_ms")}
+            print(f"    {step['t_ms']:9.3f} ms  {step['step']:22s} "
+                  f"{json.dumps(extra) if extra else ''}", file=out)
     print("OK" if report["ok"] else "FAILED", file=out)
 
 

@@ -390,7 +390,8 @@ class Supervisor:
 
     def op_incidents(self, client: ClientRec, msg: dict) -> dict:
         return {"history": list(self.recovery.history),
-                "active": [i.summary() for i in self.recovery.active.values()],
+                "active": [i.summary() for i in list(self.recovery.active.values())
+                           + list(self.recovery.probing.values())],
                 "verdicts": dict(self.recovery.verdicts), "events": list(self.events),
                 "faults": list(self.faults.log)}
 
@@ -832,6 +833,7 @@ class Supervisor:
             "clients": len([c for c in self.clients.values() if c.id]),
             "contexts": len(self.contexts), "registered_buffers": len(self.buffers),
             "live_fences": self.fences.live_count(),
+            "fence_semaphores": self.fences.semaphore_count(),
             "in_flight": sum(len(d.pushed) for d in self.devices.values()),
             "queue_depth": {d.name: d.queue_depth() for d in self.devices.values()},
             "devices": devices, "last_error": self.last_error,
@@ -839,7 +841,7 @@ class Supervisor:
             "failed": self.stats["failed"], "bad_packets": self.stats["bad_packets"],
             "first_submit_us": self.stats["first_submit_us"], "steady_submit_us": steady,
             "quarantined_buffers": self.quarantine_count(),
-            "incidents": {"active": len(self.recovery.active),
+            "incidents": {"active": len(self.recovery.active) + len(self.recovery.probing),
                           "recovered": len(self.recovery.history),
                           "watchdog_verdicts": dict(self.recovery.verdicts)},
             "pool": {"segments": len(self.pool.segments), "reserved_bytes": self.pool.reserved_bytes,
@@ -853,12 +855,14 @@ class Supervisor:
         self.running = False
         for dev in self.devices.values():
             if dev.pid:
+                self.slots[dev.index].u64[StateSlot.CANCEL_PIDX] = dev.pushes  # stop work now
                 dev.stop_request()
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 0.5
         for dev in self.devices.values():
             if dev.pid and not dev.wait_exit(max(0.0, deadline - time.monotonic())):
-                os.kill(dev.pid, signal.SIGKILL)
-                dev.wait_exit(2.0)
+                os.kill(dev.pid, signal.SIGKILL)  # one that ignores cancel and stop alike
+        for dev in self.devices.values():
+            dev.wait_exit(2.0)
         for dev in self.devices.values():
             for cmd in dev.take_all():
                 self.fail_command(cmd, errors.PlatformClosed("platform stopped"))

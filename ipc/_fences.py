@@ -197,6 +197,9 @@ class FenceTable:
         return {"slot": slot, "gen": gen, "state": int(rec["state"]), "error": int(rec["error"]),
                 "signaller": int(rec["signaller"]), "t_ns": int(rec["t_ns"]), "cid": int(rec["cid"])}
 
+    def semaphore_count(self) -> int:
+        return self._sem_slots
+
     def live_count(self) -> int:
         return self._sem_slots - len(self._free)
 

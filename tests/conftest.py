@@ -8,17 +8,18 @@ import psutil
 import pytest
 
 import hetproc
-from ipc import entries_with_prefix, platform_prefixes
+from hetproc import _platform
+from ipc import entries_with_prefix
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail any test after which a platform it started left objects or processes."""
-    before = platform_prefixes()
+    started = len(_platform.started_prefixes)
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
     yield
-    new = platform_prefixes() - before
-    leftovers = {p: entries_with_prefix(p) for p in new}
+    mine = _platform.started_prefixes[started:]  # not other suites' platforms beside us
+    leftovers = {p: entries_with_prefix(p) for p in mine}
     children = [p for p in psutil.Process().children(recursive=True)
                 if p.pid not in children_before and _ours(p)]
     for child in children:  # do not let one broken test poison the next
