@@ -169,13 +169,13 @@ class DeviceWorker:
             _faults.after_kernel(self, fault, outs)
         except errors.Cancelled as exc:
             u64[S.ACK_PIDX] = max(u64[S.ACK_PIDX], pidx)  # the confirmed stop
-            self.finish(cmd, t_start, exc.code, str(exc), signal=False)
+            self.finish(cmd, t_start, exc, signal=False)
         except errors.HetprocError as exc:
-            self.finish(cmd, t_start, exc.code, str(exc))
+            self.finish(cmd, t_start, exc)
         except Exception as exc:  # a kernel bug must fail the request, never the device
-            self.finish(cmd, t_start, errors.DeviceFault.code, f"{type(exc).__name__}: {exc}")
+            self.finish(cmd, t_start, errors.DeviceFault(f"{type(exc).__name__}: {exc}"))
         else:
-            self.finish(cmd, t_start, 0, "", signal=fault.get("kind") != "lost_fence")
+            self.finish(cmd, t_start, None, signal=fault.get("kind") != "lost_fence")
         finally:
             self.pidx = 0
             u64[S.CURRENT_SEQ] = 0
@@ -208,9 +208,10 @@ class DeviceWorker:
                 except errors.InvalidHandle as exc:
                     raise errors.DependencyFailed(f"input fence unusable: {exc}") from None
                 if code:
+                    upstream = errors.error_class(code & 0xFFFF)
                     raise errors.DependencyFailed(
-                        f"input fence {handle:#x} failed with {errors.error_class(code).__name__}",
-                        detail={"upstream_code": code})
+                        f"input fence {handle:#x} failed with {upstream.__name__}",
+                        detail={"upstream_code": upstream.code})
                 break
 
     def view(self, desc: list) -> np.ndarray:
@@ -237,8 +238,9 @@ class DeviceWorker:
         if self.pidx and self.pidx <= self.u64[S.CANCEL_PIDX]:
             raise errors.Cancelled("cancelled while running")
 
-    def finish(self, cmd: dict[str, Any], t_start: int, code: int, msg: str,
+    def finish(self, cmd: dict[str, Any], t_start: int, exc: errors.HetprocError | None,
                signal: bool = True) -> None:
+        code, msg = (exc.code, str(exc)) if exc else (0, "")
         t_end = time.monotonic_ns()
         u64 = self.u64
         u64[S.BUSY] += t_end - t_start
@@ -252,7 +254,7 @@ class DeviceWorker:
         if code == 0 and cmd["delay_ns"] > 0:
             heapq.heappush(self.delayed, (t_end + cmd["delay_ns"], cmd["seq"], cmd["signal"], record))
             return
-        self.signal_all(cmd["signal"], code)
+        self.signal_all(cmd["signal"], exc.wire if exc else 0)
         record["t_signal"] = time.monotonic_ns()
         self.post(record)
 
@@ -264,9 +266,9 @@ class DeviceWorker:
             record["t_signal"] = time.monotonic_ns()
             self.post(record)
 
-    def signal_all(self, handles: list[int], code: int) -> None:
+    def signal_all(self, handles: list[int], word: int) -> None:
         for handle in handles:
-            self.fences.signal(handle, code, signaller=self.boot.index + 1)
+            self.fences.signal(handle, word, signaller=self.boot.index + 1)
 
     def complete(self, seq: int, t_start: int, code: int, msg: str) -> None:
         self.post({"seq": seq, "epoch": self.boot.epoch, "code": code, "msg": msg,

@@ -340,21 +340,24 @@ class Fence:
 
     def error(self) -> errors.HetprocError | None:
         """The error this fence failed with, None if pending or successful."""
-        state, code = self.client.fences.poll(self.handle)
-        return self._error(code) if code else None
+        state, word = self.client.fences.poll(self.handle)
+        return self._error(word) if word else None
 
-    def _error(self, code: int) -> errors.HetprocError:
-        try:
-            detail = self.client._request("fence_error", fence=self.handle)["error"]
-        except errors.HetprocError:
-            detail = None
-        if detail:
-            return errors.HetprocError.from_dict(detail)
-        return errors.error_from_code(code, f"fence {self.handle:#x} failed", correlation_id=self.cid)
+    def _error(self, word: int) -> errors.HetprocError:
+        # Built from the fence's own error word: no round trip on the failure path, so a
+        # waiter knows scope, retryability and buffer trust the moment it wakes.
+        name = errors.error_class(word & 0xFFFF).__name__
+        return errors.error_from_word(
+            word, f"{name}: request {self.cid:#x} failed (Fence.error_detail() has the "
+                  f"supervisor's record)", correlation_id=self.cid)
+
+    def error_detail(self) -> dict[str, Any] | None:
+        """The supervisor's full record of this fence's failure (message, detail)."""
+        return self.client._request("fence_error", fence=self.handle)["error"]
 
     def signal(self, error: type[errors.HetprocError] | None = None) -> bool:
         """Signal a user fence (or fail it with an error class): wakes every waiter."""
-        return self.client.fences.signal(self.handle, error.code if error else 0,
+        return self.client.fences.signal(self.handle, error().wire if error else 0,
                                          signaller=0xFFFF)
 
     def release(self) -> None:

@@ -245,7 +245,7 @@ class Supervisor:
                 return
         for handle in _signal_fences_of(frame):
             rec = self.fence_recs.get(handle)
-            if rec is not None and rec.client is client and self.fences.signal(handle, exc.code):
+            if rec is not None and rec.client is client and self.fences.signal(handle, exc.wire):
                 rec.error = exc.to_dict()
 
     def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
@@ -605,7 +605,7 @@ class Supervisor:
             rec = self.fence_recs.get(h)
             if rec is not None and self.fences.poll(h)[0] == PENDING:
                 rec.error = exc.to_dict()  # the detail is there before anyone can wake
-                self.fences.signal(h, exc.code, signaller=0)
+                self.fences.signal(h, exc.wire, signaller=0)
         self.stats["failed"] += 1
         cmd.device.failed += 1
         self.note_error(exc)

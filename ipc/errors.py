@@ -62,6 +62,7 @@ __all__ = [
     "SupervisorLost",
     "error_class",
     "error_from_code",
+    "error_from_word",
     "SCOPES",
 ]
 
@@ -118,6 +119,11 @@ class HetprocError(Exception):
         return type(self).__name__
 
     @property
+    def wire(self) -> int:
+        """The 32-bit word a failed fence carries: code plus scope and flags."""
+        return _pack(self)
+
+    @property
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
 
@@ -159,6 +165,26 @@ def error_class(code: int) -> type[HetprocError]:
 
 def error_from_code(code: int, message: str = "", **kw: Any) -> HetprocError:
     return error_class(code)(message, **kw)
+
+
+# A fence's 32-bit error word carries the code and the answers a waiter needs first, so
+# that it can raise the right error the moment it wakes, with no round trip:
+#   bits 0-15 code | 16-17 scope | 18 retryable | 19 buffers trusted | 20 flags present
+_FLAGS = 1 << 20
+
+
+def _pack(exc: "HetprocError") -> int:
+    return (exc.code | SCOPES.index(exc.scope) << 16 | int(exc.retryable) << 18
+            | int(exc.buffers_trusted) << 19 | _FLAGS)
+
+
+def error_from_word(word: int, message: str = "", correlation_id: int = 0) -> HetprocError:
+    """The error a fence's error word describes (see ``HetprocError.wire``)."""
+    cls = error_class(word & 0xFFFF)
+    if not word & _FLAGS:
+        return cls(message, correlation_id=correlation_id)
+    return cls(message, scope=SCOPES[word >> 16 & 3], retryable=bool(word >> 18 & 1),
+               buffers_trusted=bool(word >> 19 & 1), correlation_id=correlation_id)
 
 
 # -- the request was wrong: fix the caller, retrying the same thing cannot help ----------
