@@ -120,3 +120,37 @@ def test_stress_random_faults_and_kills(platform):
     m = client.metrics()
     assert m["quarantined_buffers"] == 0, m
     assert all(d["pid"] for d in m["devices"].values())
+
+
+def test_faults_from_the_platform_file(tmp_path):
+    toml = tmp_path / "faulty.toml"
+    toml.write_text(
+        'name = "faulty"\n[recovery]\nmax_rearm = 0\n'
+        '[[device]]\nname = "npu0"\nkind = "npu"\nops = ["work", "relu"]\ndtypes = ["float32"]\n'
+        '[[fault]]\nkind = "wrong_output"\ndevice = "npu0"\nat = 2\n')
+    with hetproc.Platform(toml) as plat:
+        ctx = plat.client.context("npu0")
+        x, y = plat.client.alloc(64), plat.client.alloc(64)
+        x.array()[:] = 1
+        ctx.submit("relu", [x], [y], checked=True).wait(5)  # the 1st: clean
+        with pytest.raises(hetproc.WrongOutput):
+            ctx.submit("relu", [x], [y], checked=True).wait(5)  # the 2nd: as the file says
+        ctx.submit("relu", [x], [y], checked=True).wait(5)
+
+
+def test_timeout_falls_back_to_another_device_when_configured():
+    import dataclasses
+    spec = hetproc.load_platform()
+    spec = dataclasses.replace(spec, recovery={"fallback_device": "cpu0"})
+    with hetproc.Platform(spec=spec) as plat:
+        c = plat.client
+        ctx = c.context("gpu0")
+        x, y = c.alloc(64), c.alloc(64)
+        x.array()[:] = -3
+        c.inject("timeout", device="gpu0")
+        ctx.submit("relu", [x], [y]).wait(5)  # succeeds: re-run on cpu0
+        assert (y.array() == 0).all()
+        history = c.incidents()["history"]
+        assert history[-1]["fallback"] == "cpu0"
+        with pytest.raises(hetproc.ContextLost):
+            ctx.submit("relu", [x], [y])  # the gpu0 context itself is still lost
