@@ -37,7 +37,8 @@ from ._state import DeviceState, StateSlot
 
 S = StateSlot
 _NO_FAULT: dict = {}
-IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
+IDLE_WAKE_S = 0.05
+OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB  # how often an idle device re-checks its parent and beats its heart
 _PR_SET_PDEATHSIG = 1
 
 _BUF = (list,)
@@ -87,6 +88,7 @@ class DeviceWorker:
         self.doorbell = posix_ipc.Semaphore(boot.doorbell)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
         self.pidx = 0
+        self.outbox: list[dict[str, Any]] = []
         self.heartbeat_frozen = False
         self.progress_while_frozen = False
         self.running = True
@@ -122,6 +124,7 @@ class DeviceWorker:
                 self.complete(0, 0, exc.code, str(exc))
                 continue
             if data is None:
+                self.flush()
                 return
             self.handle(data)
 
@@ -152,6 +155,8 @@ class DeviceWorker:
         try:
             if pidx <= u64[S.CANCEL_PIDX]:
                 raise errors.Cancelled("cancelled before it started")
+            if cmd["wait"] or cmd["hold_ns"]:
+                self.flush()  # about to block: the supervisor must not wait for our news
             if cmd["wait"]:
                 u32[S.STATE] = DeviceState.WAITING
                 self.wait_inputs(cmd)
@@ -275,7 +280,19 @@ class DeviceWorker:
                    "t_start": t_start, "t_end": time.monotonic_ns()})
 
     def post(self, record: dict[str, Any]) -> None:
-        payload = msgpack.packb(record)
+        """Queue a completion record. Successes are batched while more commands wait in
+        the ring (one message and one eventfd write per batch, not per command); errors
+        and the last record before the device would block go out at once."""
+        self.outbox.append(record)
+        if (record["code"] or len(self.outbox) >= OUTBOX_MAX or self.commands.depth() == 0
+                or record.get("unsignalled")):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.outbox:
+            return
+        payload = msgpack.packb(self.outbox)
+        self.outbox = []
         # The supervisor drains completions as fast as we post them; a full ring means it
         # is stalled, and it owns the recovery of that. Wait briefly and re-check the parent.
         while not self.completions.try_put(payload):

@@ -25,7 +25,7 @@ from ipc import Channel, FenceTable, PENDING, Segment, SegmentCache, decode, err
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
-_REPLY = {"reply": {"id": int, "ok": bool}}
+_REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
 
 class Client:

@@ -73,7 +73,11 @@ class Platform:
             os.close(read_fd)
         self.prefix = ready["prefix"]
         started_prefixes.append(self.prefix)
-        self.client = Client(self.address, self._name, owner=True)
+        try:
+            self.client = Client(self.address, self._name, owner=True)
+        except BaseException:
+            self.stop()  # a half-started platform must not outlive the failed start
+            raise
         return self
 
     def connect(self, name: str = "") -> Client:

@@ -81,6 +81,8 @@ class Supervisor:
         self.stats = {"submitted": 0, "completed": 0, "failed": 0, "bad_packets": 0,
                       "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0}
         self._segments: list[Segment] = []
+        self.dep_timeout_ns = self.scaled_ns(spec.dependency_timeout_ms)
+        self.watchdog_ns = self.scaled_ns(spec.watchdog_ms)
         self.events: collections.deque[dict] = collections.deque(maxlen=256)
         self.dumps: collections.deque[dict] = collections.deque(maxlen=16)
         self.faults = FaultPlan(list(spec.faults), seed=spec.fault_seed)
@@ -462,6 +464,8 @@ class Supervisor:
         return tuple(shape), dt.name, tuple(strides) if strides else None
 
     def build_command(self, ctx: ContextRec, c: Any) -> Command:
+        """Validate one command of a submit: every handle, generation, owner, op, dtype and
+        shape is checked here, before anything reaches a device (seed §20)."""
         if not isinstance(c, dict):
             raise errors.BadPacket("a command must be a map")
         check_fields(c, _protocol.COMMAND, where="command")
@@ -470,26 +474,28 @@ class Supervisor:
         if kernel not in dev.spec.ops:
             raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
                                        f"(it runs: {', '.join(dev.spec.ops)})")
-        ins = [self.buffer_of(ctx.client, h) for h in c.get("ins", [])]
-        outs = [self.buffer_of(ctx.client, h) for h in c.get("outs", [])]
+        client = ctx.client
+        ins = [self.buffer_of(client, h) for h in c["ins"]] if c.get("ins") else []
+        outs = [self.buffer_of(client, h) for h in c["outs"]] if c.get("outs") else []
         for b in ins + outs:
             if b.dtype not in dev.spec.dtypes:
                 raise errors.DtypeError(f"{dev.name} does not take {b.dtype} "
                                         f"(it takes: {', '.join(dev.spec.dtypes)})")
-        params = c.get("params", {})
-        validate_kernel(kernel, [b.spec() for b in ins], [b.spec() for b in outs], params)
-        wait = [self.check_fence(ctx.client, h) for h in c.get("wait", [])]
-        signal = [self.check_signal_fence(ctx.client, c["signal"])] if "signal" in c else []
+        params = c.get("params") or {}
+        if kernel != "work":  # "work" only holds time: it accepts any operands
+            validate_kernel(kernel, [b.spec() for b in ins], [b.spec() for b in outs], params)
+        wait = [self.check_fence(client, h) for h in c["wait"]] if c.get("wait") else []
+        signal = [self.check_signal_fence(client, c["signal"])] if "signal" in c else []
         if self.faults.rules and self.faults.draw("map", dev.name, c.get("cid", 0)):
             raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
         return Command(
-            seq=0, cid=int(c.get("cid", 0)), ctx=ctx, device=dev, kernel=kernel, params=params,
+            seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
             ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=self.hold_ns(dev, c, ins, outs),
-            delay_ns=self.scaled_ns(c.get("handoff_ms", 0.0)),
-            dep_timeout_ns=self.scaled_ns(self.spec.dependency_timeout_ms),
-            priority=ctx.priority, t_submit=time.monotonic_ns(),
-            timeout_ns=self.scaled_ns(c.get("timeout_ms", self.spec.watchdog_ms)),
-            checked=bool(c.get("checked", False)))
+            delay_ns=self.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
+            dep_timeout_ns=self.dep_timeout_ns, priority=ctx.priority,
+            t_submit=time.monotonic_ns(),
+            timeout_ns=self.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else self.watchdog_ns,
+            checked=c.get("checked", False))
 
     def check_fence(self, client: ClientRec, handle: Any) -> int:
         if not isinstance(handle, int) or isinstance(handle, bool):
@@ -652,19 +658,20 @@ class Supervisor:
     def on_completion(self, dev: DeviceHandle, data: bytes) -> None:
         import msgpack
         try:
-            rec = msgpack.unpackb(data, raw=False)
-            seq, epoch, code = rec["seq"], rec["epoch"], rec["code"]
+            batch = msgpack.unpackb(data, raw=False)
+            records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
         except Exception as exc:
-            self.note_error(errors.BadPacket(f"{dev.name}: bad completion record: {exc}"))
+            self.note_error(errors.BadPacket(f"{dev.name}: bad completion batch: {exc}"))
             return
-        if epoch != dev.epoch:
-            return  # a completion from before a reset: the command was already failed
-        cmd = dev.pushed.pop(seq, None)
-        if cmd is None:
-            if code:
-                self.note_error(errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}"))
-            return
-        self.on_command_done(dev, cmd, rec)
+        for rec, seq, epoch, code in records:
+            if epoch != dev.epoch:
+                continue  # from before a reset: that command was already failed
+            cmd = dev.pushed.pop(seq, None)
+            if cmd is None:
+                if code:
+                    self.note_error(errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}"))
+                continue
+            self.on_command_done(dev, cmd, rec)
 
     def on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]

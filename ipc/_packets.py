@@ -45,28 +45,36 @@ def decode(data: bytes, schemas: Mapping[str, Schema]) -> dict[str, Any]:
 
 
 # Compiled once per schema object; the cache keeps a reference so an id is never reused.
-_compiled: dict[int, tuple[Schema, list[tuple[str, tuple[type, ...], bool]]]] = {}
+_compiled: dict[int, tuple[Schema, dict[str, tuple[type, ...]], tuple[str, ...]]] = {}
 
 
-def _compile(schema: Schema) -> list[tuple[str, tuple[type, ...], bool]]:
+def _compile(schema: Schema) -> tuple[dict[str, tuple[type, ...]], tuple[str, ...]]:
     entry = _compiled.get(id(schema))
     if entry is None or entry[0] is not schema:
-        fields = [(f.rstrip("?"), _as_tuple(t), f.endswith("?")) for f, t in schema.items()]
-        entry = _compiled[id(schema)] = (schema, fields)
-    return entry[1]
+        types = {f.rstrip("?"): _as_tuple(t) for f, t in schema.items()}
+        required = tuple(f for f in schema if not f.endswith("?") and f != "*")
+        entry = _compiled[id(schema)] = (schema, types, required)
+    return entry[1], entry[2]
 
 
 def check_fields(msg: Mapping[str, Any], schema: Schema, where: str) -> None:
-    """Every required field present, every present field of its type (bool is not int)."""
-    for key, types, optional in _compile(schema):
-        value = msg.get(key, _MISSING)
-        if value is _MISSING:
-            if optional:
+    """Every required field present; every field known and of its type (bool is not int).
+
+    Unknown fields are refused too: a misspelt option must not be silently ignored.
+    """
+    types, required = _compile(schema)
+    for key, value in msg.items():
+        allowed = types.get(key)
+        if allowed is None:
+            if key == "v" or key == "op" or "*" in types:  # "*": the schema is open
                 continue
-            raise errors.BadPacket(f"{where}: missing field {key!r}")
-        if type(value) not in types and (type(value) is bool or not isinstance(value, types)):
+            raise errors.BadPacket(f"{where}: unknown field {key!r}")
+        if type(value) not in allowed and (type(value) is bool or not isinstance(value, allowed)):
             raise errors.BadPacket(
-                f"{where}: field {key!r} must be {_names(types)}, got {type(value).__name__}")
+                f"{where}: field {key!r} must be {_names(allowed)}, got {type(value).__name__}")
+    for key in required:
+        if key not in msg:
+            raise errors.BadPacket(f"{where}: missing field {key!r}")
 
 
 _MISSING = object()
