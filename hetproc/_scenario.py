@@ -67,7 +67,7 @@ class Scenario:
         return bool(passed)
 
     def check_near(self, name: str, measured: float, expected: float, *,
-                   rel: float = 0.1, abs_ms: float = 0.5) -> bool:
+                   rel: float = 0.15, abs_ms: float = 0.5) -> bool:
         """``measured`` within ``rel`` of ``expected`` plus an absolute allowance (the fixed
         per-hop cost of real processes, which does not shrink with the time scale)."""
         tol = expected * rel + abs_ms
