@@ -89,9 +89,9 @@ _SIZES = {
     "tput_batches": (6, 40),       # batches per throughput round
     "tput_batch": (512, 512),
     "tput_depth": (3, 3),          # batches in flight
-    "handoff_n": (12, 80),         # hand-offs per size
-    "timing_rounds": (2, 4),
-    "timing_n": (15, 60),          # 10 ms kernels per round, sequential and back to back
+    "handoff_n": (12, 150),        # hand-offs per size
+    "timing_rounds": (2, 5),
+    "timing_n": (15, 80),          # 10 ms kernels per round, sequential and back to back
 }
 
 TPUT_TARGET = 50_000.0
