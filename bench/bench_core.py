@@ -672,6 +672,9 @@ def kernel_periods(ctx: hetproc.Context, n: int, ms: float) -> list[int]:
     fences = ctx.submit_many([hetproc.command("work", ms=ms) for _ in range(n + 1)],
                              nowait=True)
     _wait(fences[-1], None, "back-to-back kernels", timeout=WAIT_S + (n + 1) * ms / 1e3 * 3)
+    failed = [f for f in fences if not f.done() or f.error() is not None]
+    if failed:
+        raise BenchError(f"{len(failed)} back-to-back kernels did not succeed")
     stamps = [ctx.client.fences.info(f.handle)["t_ns"] for f in fences]
     for f in fences:
         f.release()
