@@ -1,8 +1,8 @@
 """Smoke run of bench/bench_core.py: every product benchmark end to end, tiny sizes.
 
 No timing thresholds (the box is shared and noisy): each benchmark must run, return rows
-with numbers, and leave no platform, child process or named object behind (the
-``no_leaks`` fixture in conftest checks platforms and children).
+with numbers, and leave no platform or child process behind (the ``no_leaks`` fixture
+in conftest checks), nor this process pinned to one CPU.
 """
 
 import math
@@ -49,5 +49,3 @@ def test_bench_core_smoke(monkeypatch):
         assert any(row.get("target") for row in rows), name
     assert _raw._start is start_before  # the placement patch was undone
     assert os.sched_getaffinity(0) == cpus_before
-    leftovers = [p.name for p in Path("/dev/shm").iterdir() if _raw.name_prefix() in p.name]
-    assert leftovers == []
