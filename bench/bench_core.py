@@ -119,6 +119,10 @@ def placements() -> dict[str, tuple[int, int]]:
 
 
 def _pin(pid: int, cpus: set[int] | int) -> None:
+    """Pin another process. A pid of 0 (a device not yet started) would mean *this*
+    process to the kernel: never that."""
+    if pid <= 0:
+        return
     try:
         os.sched_setaffinity(pid, {cpus} if isinstance(cpus, int) else cpus)
     except (OSError, ValueError):
@@ -138,12 +142,12 @@ def _pinned(here: int, children: int) -> Iterator[None]:
         return proc
 
     _raw._start = pinned_start
-    _pin(0, here)
+    os.sched_setaffinity(0, {here})
     try:
         yield
     finally:
         _raw._start = start
-        _pin(0, before)
+        os.sched_setaffinity(0, before)
 
 
 # ------------------------------------------------------------------- helpers --

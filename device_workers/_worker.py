@@ -37,7 +37,7 @@ from ._state import DeviceState, StateSlot
 
 S = StateSlot
 _NO_FAULT: dict = {}
-IDLE_WAKE_S = 0.05
+IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
 OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB  # how often an idle device re-checks its parent and beats its heart
 _PR_SET_PDEATHSIG = 1
 
@@ -163,10 +163,12 @@ class DeviceWorker:
             u32[S.STATE] = DeviceState.BUSY
             t_start = time.monotonic_ns()
             u64[S.STARTED] = t_start
-            ins = [self.view(b) for b in cmd["ins"]]
-            outs = [self.view(b) for b in cmd["outs"]]
+            ins, outs = [], []
+            if cmd["kernel"] != "work" or fault:  # "work" only holds time: no views needed
+                ins = [self.view(b) for b in cmd["ins"]]
+                outs = [self.view(b) for b in cmd["outs"]]
             _faults.before_kernel(self, fault, outs)
-            if cmd["kernel"] != "work":  # "work" only holds time: skip the kernel machinery
+            if cmd["kernel"] != "work":
                 run_kernel(cmd["kernel"], ins, outs, cmd["params"], self.between_chunks)
                 if cmd.get("checked"):
                     self.verify(cmd, ins, outs, fault)

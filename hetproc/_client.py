@@ -92,9 +92,9 @@ class Client:
 
     def _take_fences(self, n: int) -> list[int]:
         """Output fences from this client's pool, refilled in batches (one round trip
-        per 64 fences instead of one per command)."""
+        per 256 fences instead of one per command)."""
         while len(self._fence_pool) < n:
-            want = min(4096, max(64, n - len(self._fence_pool)))
+            want = min(4096, max(256, n - len(self._fence_pool)))
             self._fence_pool += self._request("fence_create", count=want)["fences"]
         taken, self._fence_pool = self._fence_pool[:n], self._fence_pool[n:]
         return taken
@@ -144,7 +144,7 @@ class Client:
     def fence(self) -> "Fence":
         """A user fence: the caller signals it (for example a camera frame's acquire fence)."""
         (handle,) = self._request("fence_create")["fences"]
-        return Fence(self, handle)
+        return Fence(self, handle, owned=True)
 
     def metrics(self) -> dict[str, Any]:
         return self._request("metrics")["metrics"]
@@ -230,12 +230,13 @@ class Context:
             c.setdefault("cid", client.next_cid())
         if not nowait:
             reply = client._request("submit", ctx=self.handle, cmds=list(cmds))
-            return [Fence(client, sig, cid=cid, seq=seq) for seq, cid, sig in reply["cmds"]]
+            return [Fence(client, sig, cid=cid, seq=seq, owned=True)
+                    for seq, cid, sig in reply["cmds"]]
         handles = client._take_fences(len(cmds))
         for c, h in zip(cmds, handles):
             c["signal"] = h
         client._notify("submit", ctx=self.handle, cmds=list(cmds))
-        return [Fence(client, h, cid=c["cid"]) for c, h in zip(cmds, handles)]
+        return [Fence(client, h, cid=c["cid"], owned=True) for c, h in zip(cmds, handles)]
 
     def prepare(self, kernel: str) -> str | None:
         """Compile ``kernel`` for this context's device. Returns the fallback device if the
@@ -305,12 +306,15 @@ class Buffer:
 class Fence:
     """A completion event. ``wait()`` raises the error the command failed with."""
 
-    def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0) -> None:
+    def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0,
+                 owned: bool = False) -> None:
         self.client = client
         self.handle = handle
         self.cid = cid
         self.seq = seq
-        self._released = False
+        # Only the object the client got at creation releases the fence when dropped; a
+        # Fence built around a known handle (e.g. one shared by another process) never does.
+        self._released = not owned
 
     def done(self) -> bool:
         state, _ = self.client.fences.poll(self.handle)
@@ -369,7 +373,7 @@ class Fence:
 
     def __del__(self) -> None:
         # Only a list append: safe in a finalizer; the message goes with the next request.
-        if not getattr(self, "_released", True):
+        if not getattr(self, "_released", True):  # an owned fence nobody released
             self._released = True
             self.client._to_release.append(self.handle)
 

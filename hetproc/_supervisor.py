@@ -182,7 +182,9 @@ class Supervisor:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        conn.setblocking(False)
+        # Readable sockets are read once per wake-up, so a timeout here only bounds how long
+        # a client that stopped reading can stall a reply: never forever.
+        conn.settimeout(2.0)
         rec = ClientRec(id=0, name="?", pid=0, owner=False, conn=conn)
         rec.reader = FrameReader()  # type: ignore[attr-defined]
         self.clients[conn] = rec
@@ -258,10 +260,7 @@ class Supervisor:
         else:
             msg.update(result or {})
         try:
-            client.conn.setblocking(True)
-            client.conn.settimeout(2.0)  # a client that stops reading must not stall us
             client.conn.sendall(pack_frame(encode(msg)))
-            client.conn.setblocking(False)
         except OSError:
             self.on_client_gone(client)
 

@@ -102,7 +102,7 @@ class FenceTable:
         # signal between now and the next allocate() touches nothing.
         self._u32[slot * 8] = (gen + 1) & 0xFFFFFFFF
         sem = self._sem(slot)
-        while True:  # drain tokens passed between waiters, so the next fence starts at 0
+        while sem.value > 0:  # drain tokens passed between waiters: the next fence starts at 0
             try:
                 sem.acquire(0)
             except posix_ipc.BusyError:
@@ -149,11 +149,12 @@ class FenceTable:
         u32, i = self._u32, slot * 8
         if not (0 <= slot < self.capacity and gen and u32[i] == gen and u32[i + 1] == PENDING):
             return False
+        sem = self._sem(slot)  # first: a cold sem_open must not sit between stamp and wake
         u32[i + 2] = error
         u32[i + 3] = signaller
         self._u64[slot * 4 + 2] = time.monotonic_ns()
         u32[i + 1] = FAILED if error else SIGNALLED  # the outcome is written before the wake-up
-        self._sem(slot).release()
+        sem.release()
         return True
 
     def poll(self, handle: int) -> tuple[int, int]:

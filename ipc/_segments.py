@@ -8,6 +8,7 @@ Every block is 4 KiB aligned (more than the 64 bytes a device may demand).
 
 from __future__ import annotations
 
+import math
 import mmap
 from collections import defaultdict
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ def span_bytes(shape: Sequence[int], itemsize: int, strides: Sequence[int] | Non
     if any(s == 0 for s in shape):
         return 0
     if not strides:
-        return int(np.prod(shape, dtype=np.int64)) * itemsize
+        return math.prod(shape) * itemsize  # math.prod: 0.1 us; np.prod: 6 us
     if any(st < 0 for st in strides):
         raise ValueError("negative strides are not allowed in shared buffers")
     return sum((n - 1) * st for n, st in zip(shape, strides)) + itemsize
