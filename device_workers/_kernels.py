@@ -27,7 +27,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ipc.errors import DtypeError, InvalidRequest, ShapeError, UnsupportedOp
 
-__all__ = ["OPS", "CHUNK_WORK", "validate", "run_kernel"]
+__all__ = ["OPS", "CHUNK_WORK", "validate", "run_kernel", "checksum_of", "read_checksum"]
 
 # ~0.5-1 ms of numpy work per piece on this class of core: fine-grained enough for prompt
 # cancellation, coarse enough that per-piece overhead (and BLAS efficiency) stays fine.
@@ -369,6 +369,63 @@ def _run_dequantize(ins, outs, p, between):
     _elementwise([ins[0], outs[0]], dq, between)
 
 
+def _check_transpose(ins, outs, p):
+    axes = p.get("axes")
+    shape = ins[0][0]
+    if (not isinstance(axes, (list, tuple)) or len(axes) != len(shape)
+            or sorted(axes) != list(range(len(shape)))
+            or not all(isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in axes)):
+        raise InvalidRequest(f"param 'axes' must be a permutation of 0..{len(shape) - 1}, "
+                             f"got {axes!r}")
+    _shape(outs[0], "output 0", tuple(shape[a] for a in axes))
+
+
+def _run_transpose(ins, outs, p, between):
+    # A layout reformat (NCHW <-> NHWC) and, when dtypes differ, a cast in the same pass.
+    src, o = np.transpose(ins[0], [int(a) for a in p["axes"]]), outs[0]
+    row = math.prod(o.shape[1:])
+
+    def rows(r0: int, r1: int) -> None:
+        np.copyto(o[r0:r1], src[r0:r1], casting="unsafe")
+
+    _pieces(o.shape[0], row * 2, rows, between)  # strided gathers cost ~2 copies an element
+
+
+def _check_checksum(ins, outs, p):
+    if math.prod(outs[0][0]) * outs[0][1].itemsize < 8:
+        raise ShapeError(f"output 0 has {math.prod(outs[0][0]) * outs[0][1].itemsize} bytes, "
+                         "expected at least 8 for the checksum")
+
+
+def _run_checksum(ins, outs, p, between):
+    # The sum of the input's element bytes mod 2**64, little-endian in the output's first 8
+    # bytes: exact and dtype-agnostic, so a reader of every byte can prove what it saw.
+    total = [np.uint64(0)]
+
+    def add(i: np.ndarray) -> None:
+        total[0] += np.ascontiguousarray(i).view(np.uint8).sum(dtype=np.uint64)
+
+    _elementwise([ins[0]], add, between)
+    o = outs[0]
+    raw = np.frombuffer(np.array([total[0]], "<u8").tobytes(), np.uint8)
+    if o.flags.c_contiguous:
+        o.reshape(-1).view(np.uint8)[:8] = raw
+    else:
+        tmp = np.ascontiguousarray(o)
+        tmp.reshape(-1).view(np.uint8)[:8] = raw
+        np.copyto(o, tmp)
+
+
+def checksum_of(a: np.ndarray) -> int:
+    """What ``checksum`` computes, for a reader that holds the same data."""
+    return int(np.ascontiguousarray(a).view(np.uint8).sum(dtype=np.uint64))
+
+
+def read_checksum(out: np.ndarray) -> int:
+    """The checksum a ``checksum`` command left in ``out``."""
+    return int(np.ascontiguousarray(out).reshape(-1).view("<u8")[0]) if out.nbytes >= 8 else 0
+
+
 def _nothing(*_: Any) -> None:
     """``work`` models held time only; the caller holds it."""
 
@@ -396,6 +453,9 @@ _TABLE: dict[str, _Op] = {
     "resize": _Op((1, 1), 1, frozenset({"mode"}), _check_resize, _run_resize, alias_safe=False),
     "quantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_quantize, _run_quantize),
     "dequantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_dequantize, _run_dequantize),
+    "transpose": _Op((1, 1), 1, frozenset({"axes"}), _check_transpose, _run_transpose,
+                     alias_safe=False),
+    "checksum": _Op((1, 1), 1, frozenset(), _check_checksum, _run_checksum, alias_safe=False),
     "work": _Op((0, 1 << 30), -1, None, _nothing, _nothing),
 }
 

@@ -31,6 +31,7 @@ import posix_ipc
 from ipc import FenceTable, Ring, Segment, SegmentCache, decode, errors
 
 from . import _faults
+from ._cache import DeviceMemory
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._state import DeviceState, StateSlot
@@ -45,7 +46,7 @@ _BUF = (list,)
 COMMAND_SCHEMAS = {
     "exec": {"seq": int, "pidx": int, "cid": int, "kernel": str, "checked?": bool, "params": dict, "ins": list, "outs": list,
              "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
-             "dep_timeout_ns": int, "fault?": dict},
+             "dep_timeout_ns": int, "fault?": dict, "mem?": dict},
     "stop": {},
 }
 
@@ -68,6 +69,8 @@ class DeviceBoot:
     completion_fd: int
     parent_pid: int
     trace_segment: str = ""
+    coherent: bool = True
+    cache_bytes: int = 0
 
 
 class DeviceWorker:
@@ -86,6 +89,9 @@ class DeviceWorker:
         self.completions = Ring(mem[half:2 * half], slots=boot.ring_slots,
                                 slot_bytes=boot.ring_slot_bytes, create=False)
         self.doorbell = posix_ipc.Semaphore(boot.doorbell)
+        # IOMMU check and, when not coherent, the emulated cache (device_workers._cache).
+        self.memory = DeviceMemory(self.cache, coherent=boot.coherent,
+                                   cache_bytes=boot.cache_bytes)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
         self.pidx = 0
         self.outbox: list[dict[str, Any]] = []
@@ -163,17 +169,19 @@ class DeviceWorker:
             u32[S.STATE] = DeviceState.BUSY
             t_start = time.monotonic_ns()
             u64[S.STARTED] = t_start
-            ins, outs = [], []
-            if cmd["kernel"] != "work" or fault:  # "work" only holds time: no views needed
-                ins = [self.view(b) for b in cmd["ins"]]
-                outs = [self.view(b) for b in cmd["outs"]]
-            _faults.before_kernel(self, fault, outs)
+            # "work" only holds time: its operands are checked and maintained, not viewed.
+            views = cmd["kernel"] != "work" or bool(fault)
+            ins, outs = self.memory.acquire(cmd, self.between_chunks, views=views)
+            t_kernel = time.monotonic_ns()  # after the modeled map/invalidate work
+            # Injected faults act on memory itself: a late DMA write bypasses any cache.
+            _faults.before_kernel(self, fault, self.memory.shared_outputs())
             if cmd["kernel"] != "work":
                 run_kernel(cmd["kernel"], ins, outs, cmd["params"], self.between_chunks)
                 if cmd.get("checked"):
                     self.verify(cmd, ins, outs, fault)
-            hold_until(t_start + cmd["hold_ns"], self.between_chunks)
+            hold_until(t_kernel + cmd["hold_ns"], self.between_chunks)
             _faults.after_kernel(self, fault, outs)
+            self.memory.release(cmd, self.between_chunks)
         except errors.Cancelled as exc:
             u64[S.ACK_PIDX] = max(u64[S.ACK_PIDX], pidx)  # the confirmed stop
             self.finish(cmd, t_start, exc, signal=False)
@@ -223,7 +231,7 @@ class DeviceWorker:
 
     def view(self, desc: list) -> np.ndarray:
         try:
-            seg, offset, shape, dtype, strides = desc
+            seg, offset, shape, dtype, strides = desc[:5]
             return self.cache.get(seg).view(offset, shape, dtype, strides or None)
         except (ValueError, TypeError, posix_ipc.ExistentialError) as exc:
             raise errors.IommuFault(f"buffer descriptor {desc!r} is not mappable: {exc}") from None
@@ -253,7 +261,7 @@ class DeviceWorker:
         u64[S.BUSY] += t_end - t_start
         u64[S.DONE] += 1
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
-                  "t_start": t_start, "t_end": t_end}
+                  "t_start": t_start, "t_end": t_end, "mem": self.memory.report()}
         if not signal:
             record["unsignalled"] = True
             self.post(record)
@@ -293,14 +301,14 @@ class DeviceWorker:
     def flush(self) -> None:
         if not self.outbox:
             return
-        payload = msgpack.packb(self.outbox)
-        self.outbox = []
-        # The supervisor drains completions as fast as we post them; a full ring means it
-        # is stalled, and it owns the recovery of that. Wait briefly and re-check the parent.
-        while not self.completions.try_put(payload):
-            if os.getppid() != self.boot.parent_pid:
-                return
-            time.sleep(0.0005)
+        batch, self.outbox = self.outbox, []
+        for payload in _payloads(batch, self.completions.max_payload):
+            # The supervisor drains completions as fast as we post them; a full ring means
+            # it is stalled, and it owns the recovery of that. Wait briefly, re-check the parent.
+            while not self.completions.try_put(payload):
+                if os.getppid() != self.boot.parent_pid:
+                    return
+                time.sleep(0.0005)
         try:
             os.eventfd_write(self.boot.completion_fd, 1)
         except OSError:
@@ -309,6 +317,18 @@ class DeviceWorker:
     def beat(self) -> None:
         if not self.heartbeat_frozen:
             self.u64[S.HEARTBEAT] = time.monotonic_ns()
+
+
+def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
+    """Batches of records that each fit one ring slot: records vary in size (a memory
+    report), and a batch too big for its slot must never cost the completion itself."""
+    payload = msgpack.packb(records)
+    if len(payload) <= limit:
+        return [payload]
+    if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
+        return [msgpack.packb([{k: v for k, v in records[0].items() if k != "mem"}])]
+    mid = len(records) // 2
+    return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
 
 
 def _best_effort_seq(data: bytes) -> int:

@@ -6,7 +6,8 @@ Public API::
     connect(address)  join a running platform from another process
     Client            a connection: contexts, buffers, fences, metrics
     Context           the unit of submission, isolation and failure on one device
-    Buffer, Fence     a shared tensor, a completion event
+    Buffer, Fence     a shared tensor, a completion event (export / import to share them)
+    BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
     load_platform     read a platform file (None: the built-in default)
 
@@ -16,12 +17,14 @@ Errors: every class of ``ipc.errors`` is re-exported here (``hetproc.DeviceTimeo
 from ipc.errors import *  # noqa: F401,F403  (the one error hierarchy)
 from ipc.errors import __all__ as _error_names
 
+from ._bufpool import BufferPool, PoolStatistics
 from ._client import Buffer, Client, Context, Fence, command
 from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
 from ._platform import Platform, connect
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
+    "BufferPool", "PoolStatistics",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing",
     *_error_names,
 ]

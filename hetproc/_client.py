@@ -22,13 +22,15 @@ import numpy as np
 
 from ipc import Channel, FenceTable, PENDING, Segment, SegmentCache, decode, errors
 
+from ._sharing import BufferMemory, ClientMemory, ContextMemory, FenceMemory
+
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
 _REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
 
-class Client:
+class Client(ClientMemory):
     """A connection to a platform's supervisor. Use ``hetproc.connect`` or ``Platform.client``."""
 
     def __init__(self, address: str, name: str = "", *, owner: bool = False,
@@ -127,18 +129,35 @@ class Client:
 
     # -- public API -------------------------------------------------------------------
 
-    def context(self, device: str, *, priority: int = 0, name: str = "") -> "Context":
-        """A context on ``device``: the unit of isolation and of failure (seed §7, §20)."""
-        reply = self._request("context_create", device=device, priority=priority, name=name)
+    def context(self, device: str, *, priority: int = 0, name: str = "",
+                cache_maintenance: bool | str | None = None) -> "Context":
+        """A context on ``device``: the unit of isolation and of failure (seed §7, §20).
+        ``cache_maintenance`` (default: the platform's) set to False, or to "clean" /
+        "invalidate" alone, drops what a non-coherent device needs -- to show stale reads."""
+        extra = {} if cache_maintenance is None else {"cache_maintenance": cache_maintenance}
+        reply = self._request("context_create", device=device, priority=priority, name=name,
+                              **extra)
         return Context(self, reply["ctx"], device, priority)
 
     def alloc(self, shape: Sequence[int] | int, dtype: Any = "float32", *,
-              strides: Sequence[int] | None = None) -> "Buffer":
-        """A shared buffer from the platform's pool (4 KiB aligned, zero-copy for devices)."""
+              strides: Sequence[int] | None = None, layout: str | None = None,
+              usage: Sequence[str] | None = None, align: int | None = None) -> "Buffer":
+        """A shared buffer from the platform's pool (4 KiB aligned, zero-copy for devices).
+
+        ``layout`` ("NHWC", "NCHW") and ``usage`` (the device kinds or names that will map
+        it) are checked against each device that uses it; ``align`` places it at exactly
+        that alignment, as a producer that guarantees no more would. A mismatch costs a
+        visible copy or reformat (see ``hetproc._handoff``), never a wrong result."""
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
         fields: dict[str, Any] = {"shape": list(shape), "dtype": np.dtype(dtype).name}
         if strides is not None:
             fields["strides"] = [int(s) for s in strides]
+        if layout is not None:
+            fields["layout"] = str(layout)
+        if usage is not None:
+            fields["usage"] = [str(u) for u in usage]
+        if align is not None:
+            fields["align"] = int(align)
         return Buffer(self, self._request("alloc", **fields))
 
     def fence(self) -> "Fence":
@@ -194,7 +213,7 @@ class Client:
         self.close()
 
 
-class Context:
+class Context(ContextMemory):
     def __init__(self, client: Client, handle: int, device: str, priority: int) -> None:
         self.client = client
         self.handle = handle
@@ -274,7 +293,7 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
     return c
 
 
-class Buffer:
+class Buffer(BufferMemory):
     """A tensor in shared memory. ``array()`` maps it as numpy (no copy, ever)."""
 
     def __init__(self, client: Client, desc: dict[str, Any]) -> None:
@@ -286,13 +305,19 @@ class Buffer:
         self.shape = tuple(desc["shape"])
         self.dtype = np.dtype(desc["dtype"])
         self.strides = tuple(desc["strides"]) if desc.get("strides") else None
+        self.layout: str | None = desc.get("layout")
+        self.usage = tuple(desc["usage"]) if desc.get("usage") else None
+        self.perm: str = desc.get("perm", "rw")  # "r": imported read-only
         self._freed = False
 
     def array(self) -> np.ndarray:
         """A numpy view of the shared memory. Writes are seen by devices that run later;
         reading a device's output is only safe after waiting on the fence it signals."""
         seg: Segment = self.client._segments.get(self.segment)
-        return seg.view(self.offset, self.shape, self.dtype, self.strides)
+        view = seg.view(self.offset, self.shape, self.dtype, self.strides)
+        if "w" not in self.perm:
+            view.flags.writeable = False  # a read-only import: the CPU mapping is too
+        return view
 
     def free(self) -> None:
         if not self._freed:
@@ -303,7 +328,7 @@ class Buffer:
         return f"Buffer({self.handle:#x}, shape={self.shape}, dtype={self.dtype.name})"
 
 
-class Fence:
+class Fence(FenceMemory):
     """A completion event. ``wait()`` raises the error the command failed with."""
 
     def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, asdict
+from dataclasses import dataclass, field, fields, asdict
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,35 @@ class Timing:
 
 
 @dataclass(frozen=True)
+class CacheSpec:
+    """A non-coherent device's emulated cache and the cost of maintaining it."""
+
+    kib: int = 1024                    # buffers larger than this stream past the cache
+    op_us: float = 2.0                 # fixed cost of one clean or invalidate
+    clean_us_per_mib: float = 60.0     # write-back of dirty lines
+    invalidate_us_per_mib: float = 15.0
+
+    def cost_ms(self, kind: str, nbytes: int) -> float:
+        per_mib = self.clean_us_per_mib if kind == "clean" else self.invalidate_us_per_mib
+        return (self.op_us + per_mib * nbytes / (1 << 20)) / 1000.0
+
+
+@dataclass(frozen=True)
+class IommuSpec:
+    """Per-context IOMMU: who may map what, and what a mapping costs."""
+
+    strict: bool = False          # True: an unmapped buffer is a fault, never auto-mapped
+    check_at_submit: bool = True  # False: only the device's own check stands (drills)
+    map_us: float = 15.0
+    unmap_us: float = 10.0
+    per_mib_us: float = 2.0       # page-table entries to write per MiB mapped
+
+    def cost_ms(self, kind: str, nbytes: int) -> float:
+        fixed = self.map_us if kind == "map" else self.unmap_us
+        return (fixed + self.per_mib_us * nbytes / (1 << 20)) / 1000.0
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     name: str
     kind: str
@@ -36,6 +65,9 @@ class DeviceSpec:
     coherent: bool = True
     sram_kib: int = 0
     timing: Timing = field(default_factory=Timing)
+    strided: bool = True          # False: takes only densely packed buffers
+    stride_alignment: int = 1     # every padded stride (a row pitch) must be a multiple
+    cache: CacheSpec = field(default_factory=CacheSpec)  # used when coherent is false
 
 
 @dataclass(frozen=True)
@@ -51,6 +83,9 @@ class PlatformSpec:
     faults: tuple[dict[str, Any], ...] = ()
     fault_seed: int = 0
     recovery: dict[str, Any] = field(default_factory=dict)
+    iommu: IommuSpec = field(default_factory=IommuSpec)
+    # Default for new contexts: True ("both"), False ("none"), "clean" or "invalidate".
+    cache_maintenance: bool | str = True
 
     def device(self, name: str) -> DeviceSpec:
         for dev in self.devices:
@@ -105,6 +140,8 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
         faults=tuple(raw.get("fault", [])),
         fault_seed=int(raw.get("fault_seed", 0)),
         recovery=dict(raw.get("recovery", {})),
+        iommu=_parse_iommu(raw.get("iommu", {}), source),
+        cache_maintenance=_maintenance(raw.get("cache_maintenance", True), source),
     )
     return spec.with_time_scale(spec.time_scale)
 
@@ -122,6 +159,9 @@ def _parse_device(d: dict[str, Any], source: str) -> DeviceSpec:
     alignment = int(d.get("alignment", 64))
     if alignment <= 0 or alignment & (alignment - 1):
         raise errors.InvalidRequest(f"device {name}: alignment {alignment} is not a power of two")
+    stride_alignment = int(d.get("stride_alignment", 1))
+    if stride_alignment <= 0:
+        raise errors.InvalidRequest(f"device {name}: stride_alignment must be > 0")
     return DeviceSpec(
         name=name, kind=kind,
         ops=tuple(d.get("ops", ())), dtypes=tuple(d.get("dtypes", ("float32",))),
@@ -129,4 +169,40 @@ def _parse_device(d: dict[str, Any], source: str) -> DeviceSpec:
         coherent=bool(d.get("coherent", True)), sram_kib=int(d.get("sram_kib", 0)),
         timing=Timing(float(t.get("default_ms", 0.0)), float(t.get("per_mib_ms", 0.0)),
                       {k: float(v) for k, v in t.get("ops", {}).items()}),
+        strided=bool(d.get("strided", True)), stride_alignment=stride_alignment,
+        cache=_parse_table(CacheSpec, d.get("cache", {}), f"{source}: device {name}: cache"),
     )
+
+
+def _maintenance(value: Any, source: str) -> bool | str:
+    if isinstance(value, bool) or value in ("both", "clean", "invalidate", "none"):
+        return value
+    raise errors.InvalidRequest(f"platform file {source}: cache_maintenance {value!r} is not "
+                                "a bool or one of both/clean/invalidate/none")
+
+
+def _parse_iommu(raw: Any, source: str) -> IommuSpec:
+    return _parse_table(IommuSpec, raw, f"{source}: iommu")
+
+
+def _parse_table(cls: type, raw: Any, where: str) -> Any:
+    """A small table of typed keys; an unknown key is a typo, and typos are errors."""
+    if not isinstance(raw, dict):
+        raise errors.InvalidRequest(f"platform file {where}: expected a table")
+    known = {f.name: f.type for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise errors.InvalidRequest(f"platform file {where}: unknown keys {sorted(unknown)} "
+                                    f"(known: {sorted(known)})")
+    default = cls()
+    values = {}
+    for key, value in raw.items():
+        kind = type(getattr(default, key))
+        try:
+            values[key] = kind(value)
+        except (TypeError, ValueError):
+            raise errors.InvalidRequest(f"platform file {where}: {key} = {value!r} is not "
+                                        f"a {kind.__name__}") from None
+        if kind is not bool and values[key] < 0:
+            raise errors.InvalidRequest(f"platform file {where}: {key} must be >= 0")
+    return cls(**values)

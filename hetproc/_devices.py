@@ -59,6 +59,15 @@ class Command:
     watch_progress: int = 0
     rearms: int = 0
     probe_of: Any = None   # the incident this no-op probes for
+    # Memory: the IOMMU permission granted per operand ("r", "w", "rw"; "" = none), the
+    # device-side maintenance and map work (hetproc._handoff), and what this command is.
+    in_perms: list[str] = field(default_factory=list)
+    out_perms: list[str] = field(default_factory=list)
+    mem: dict | None = None
+    role: str = "kernel"  # "kernel", or a runtime-inserted "copy" / "reformat"
+    plan: Any = None      # the hand-off plan until expanded into commands
+    maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc._iommu)
+    transients: int = 0   # buffers mapped for this command alone, unmapped at retire
 
     def outs_untrusted(self) -> None:
         for b in self.outs:
@@ -73,16 +82,27 @@ class Command:
     def packet(self) -> bytes:
         msg = {"v": VERSION, "op": "exec", "seq": self.seq, "pidx": self.pidx, "cid": self.cid,
                "kernel": self.kernel, "checked": self.checked,
-               "params": self.params, "ins": [b.descriptor() for b in self.ins],
-               "outs": [b.descriptor() for b in self.outs], "wait": self.wait,
+               "params": self.params, "ins": _descriptors(self.ins, self.in_perms, "r"),
+               "outs": _descriptors(self.outs, self.out_perms, "w"), "wait": self.wait,
                "signal": self.signal, "hold_ns": self.hold_ns, "delay_ns": self.delay_ns,
                "dep_timeout_ns": self.dep_timeout_ns}
         if self.fault:
             msg["fault"] = self.fault
+        if self.mem:
+            msg["mem"] = self.mem
         return _packb(msg)  # ipc.encode without its dict copy: this is per command
 
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.ins) + sum(b.nbytes for b in self.outs)
+
+
+def _descriptors(bufs: list, perms: list[str], default: str) -> list:
+    """``[segment, offset, shape, dtype, strides, perm, handle]`` per buffer: the device
+    checks ``perm`` against the access (its own IOMMU check) and reports ``handle`` back as
+    identity evidence. A command built without grants (none recorded) gets the minimal
+    permission its role needs."""
+    return [b.descriptor() + [perms[i] if i < len(perms) else default, b.handle]
+            for i, b in enumerate(bufs)]
 
 
 @dataclass
@@ -173,7 +193,9 @@ class DeviceHandle:
         boot = DeviceBoot(name=self.name, index=self.index, prefix=self.prefix, epoch=self.epoch,
                           ring_segment=self.ring_segment.name, ring_slots=RING_SLOTS,
                           ring_slot_bytes=RING_SLOT_BYTES, doorbell=self.doorbell.name,
-                          completion_fd=self.completion_fd, parent_pid=os.getpid(), **boot_args)
+                          completion_fd=self.completion_fd, parent_pid=os.getpid(),
+                          coherent=self.spec.coherent, cache_bytes=self.spec.cache.kib << 10,
+                          **boot_args)
         pid = os.fork()
         if pid == 0:  # child
             code = 1

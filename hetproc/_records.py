@@ -37,6 +37,9 @@ class ContextRec:
     lost: errors.HetprocError | None = None
     inflight: int = 0
     submitted: int = 0
+    # Which cache maintenance the runtime does for this context on a non-coherent device:
+    # "both" (correct), "clean" (forgets to invalidate), "invalidate", "none".
+    cache_maintenance: str = "both"
 
 
 @dataclass(eq=False)
@@ -51,9 +54,21 @@ class BufferRec:
     refs: int = 0
     released: bool = False  # the client freed it; reclaim when refs drop to 0
     trusted: bool = True
+    # Zero-copy preconditions (seed §5) and sharing; see hetproc._handoff / _iommu.
+    layout: str | None = None      # "NHWC", "NCHW"... for rank-4 tensors; None: no layout
+    usage: tuple[str, ...] | None = None  # device kinds/names that may map it; None: any
+    byte_offset: int = 0           # where the tensor starts inside its block
+    internal: bool = False         # a runtime-made reformat/copy buffer, never a client's
+    last_writer: str | None = None  # device of the last command that wrote it
+    importers: dict[int, str] = field(default_factory=dict)  # client id -> "r" / "rw"
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of the tensor's first element in its segment."""
+        return self.block.offset + self.byte_offset
 
     def descriptor(self) -> list:
-        return [self.block.segment, self.block.offset, list(self.shape), self.dtype,
+        return [self.block.segment, self.offset, list(self.shape), self.dtype,
                 list(self.strides) if self.strides else None]
 
     def spec(self) -> tuple[tuple[int, ...], str]:
@@ -68,6 +83,7 @@ class FenceRec:
     released: bool = False
     bound: bool = False  # some command will signal it; no second command may
     error: dict | None = None
+    importers: set[int] = field(default_factory=set)  # client ids that imported it
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:

@@ -50,6 +50,9 @@ from . import _protocol
 from ._config import PlatformSpec, parse_platform
 from ._devices import Command, DeviceHandle, device_state_name
 from ._faultplan import FaultPlan
+from ._handoff import Handoff
+from ._iommu import Iommu, MemoryRequests
+from ._memlog import MemLog
 from ._records import BufferRec, ClientRec, ContextRec, FenceRec, nbytes_of
 from ._recovery import Policy, Recovery
 
@@ -58,7 +61,7 @@ FENCE_CAPACITY = 8192
 MAX_SHAPE_ELEMENTS = 1 << 31
 
 
-class Supervisor:
+class Supervisor(MemoryRequests):
     def __init__(self, spec: PlatformSpec, prefix: str) -> None:
         self.spec = spec
         self.prefix = prefix
@@ -90,6 +93,10 @@ class Supervisor:
         # The supervisor's own client: owner of probe commands after a recovery.
         self.system = ClientRec(id=0, name="supervisor", pid=os.getpid(), owner=False, conn=None)
         self.system_contexts: dict[str, ContextRec] = {}
+        # Mappings, sharing, hand-off copies and cache maintenance (seed §4, §5, §12, §17).
+        self.memlog = MemLog()
+        self.iommu = Iommu(spec.iommu, self.memlog, self.scaled_ns)
+        self.handoff = Handoff(self, self.memlog)
         self._setup_memory()
         self._setup_socket()
 
@@ -280,6 +287,7 @@ class Supervisor:
             self.release_buffer(self.buffers.get(buf))
         for fence in list(client.fences):
             self.release_fence(fence)
+        self.drop_imports_of(client)
         if client.owner:
             self.running = False
 
@@ -309,7 +317,8 @@ class Supervisor:
 
     def op_context_create(self, client: ClientRec, msg: dict) -> dict:
         device = self.spec.device(msg["device"]).name
-        ctx = ContextRec(0, client, device, int(msg.get("priority", 0)), msg.get("name", ""))
+        ctx = ContextRec(0, client, device, int(msg.get("priority", 0)), msg.get("name", ""),
+                         cache_maintenance=self.handoff.maintenance(msg.get("cache_maintenance")))
         ctx.handle = self.contexts.insert(ctx)
         client.contexts.add(ctx.handle)
         return {"ctx": ctx.handle}
@@ -322,22 +331,24 @@ class Supervisor:
     def op_alloc(self, client: ClientRec, msg: dict) -> dict:
         shape, dtype, strides = self.check_layout(msg["shape"], msg["dtype"], msg.get("strides"))
         nbytes = nbytes_of(shape, dtype, strides)
+        extra = self.handoff.alloc_options(msg, shape)  # layout, usage, placement
         rule = self.faults.draw("alloc")
         if rule is not None:
             cls = errors.OutOfMemory if rule.kind == "oom" else errors.AllocationFailed
             raise cls(f"allocation of {nbytes} bytes failed (injected {rule.kind})")
         try:
-            block = self.pool.allocate(nbytes)
+            block = self.pool.allocate(nbytes + extra["byte_offset"])
         except MemoryError as exc:
             raise errors.OutOfMemory(str(exc)) from None
-        buf = BufferRec(0, block, shape, dtype, strides, nbytes, client)
+        buf = BufferRec(0, block, shape, dtype, strides, nbytes, client, **extra)
         buf.handle = self.buffers.insert(buf)
         client.buffers.add(buf.handle)
-        return {"buf": buf.handle, "segment": block.segment, "offset": block.offset,
-                "nbytes": nbytes, "shape": list(shape), "dtype": dtype,
-                "strides": list(strides) if strides else None}
+        return self.handoff.describe(buf)
 
     def op_free(self, client: ClientRec, msg: dict) -> dict:
+        dropped = self.drop_import(client, msg["buf"])  # an importer lets go of its reference
+        if dropped is not None:
+            return dropped
         buf = self.buffer_of(client, msg["buf"])
         client.buffers.discard(buf.handle)
         return {"reclaimed": self.release_buffer(buf)}
@@ -354,6 +365,8 @@ class Supervisor:
             if rec is not None and rec.client is client:
                 client.fences.discard(handle)
                 self.release_fence(handle)
+            elif rec is not None:
+                self.drop_fence_import(client, handle)
         return {}
 
     def op_fence_error(self, client: ClientRec, msg: dict) -> dict:
@@ -371,12 +384,14 @@ class Supervisor:
         if not msg["cmds"] or len(msg["cmds"]) > 4096:
             raise errors.InvalidRequest(f"a submit carries 1..4096 commands, got {len(msg['cmds'])}")
         cmds = [self.build_command(ctx, c) for c in msg["cmds"]]  # all valid, or none runs
+        chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.devices[ctx.device]
         out = []
-        for cmd in cmds:
-            self.commit(cmd)
-            dev.enqueue(cmd)
-            out.append([cmd.seq, cmd.cid, cmd.signal[0]])
+        for cmd, chain in zip(cmds, chains):
+            for part in chain:
+                self.commit(part)
+                dev.enqueue(part)
+            out.append([cmd.seq, cmd.cid, chain[-1].signal[0]])
         dev.pump()
         self.note_submit_time(time.perf_counter() - t0, len(cmds))
         return {"cmds": out}
@@ -474,15 +489,13 @@ class Supervisor:
             raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
                                        f"(it runs: {', '.join(dev.spec.ops)})")
         client = ctx.client
-        ins = [self.buffer_of(client, h) for h in c["ins"]] if c.get("ins") else []
-        outs = [self.buffer_of(client, h) for h in c["outs"]] if c.get("outs") else []
-        for b in ins + outs:
-            if b.dtype not in dev.spec.dtypes:
-                raise errors.DtypeError(f"{dev.name} does not take {b.dtype} "
-                                        f"(it takes: {', '.join(dev.spec.dtypes)})")
+        ins = [self.iommu.resolve(client, h, self.buffers) for h in c["ins"]] if c.get("ins") else []
+        outs = [self.iommu.resolve(client, h, self.buffers) for h in c["outs"]] if c.get("outs") else []
+        in_perms, out_perms = self.iommu.grant(ctx, ins, outs)  # IommuFault if not allowed
+        plan = self.handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
         params = c.get("params") or {}
         if kernel != "work":  # "work" only holds time: it accepts any operands
-            validate_kernel(kernel, [b.spec() for b in ins], [b.spec() for b in outs], params)
+            validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
         wait = [self.check_fence(client, h) for h in c["wait"]] if c.get("wait") else []
         signal = [self.check_signal_fence(client, c["signal"])] if "signal" in c else []
         if self.faults.rules and self.faults.draw("map", dev.name, c.get("cid", 0)):
@@ -494,7 +507,7 @@ class Supervisor:
             dep_timeout_ns=self.dep_timeout_ns, priority=ctx.priority,
             t_submit=time.monotonic_ns(),
             timeout_ns=self.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else self.watchdog_ns,
-            checked=c.get("checked", False))
+            checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
 
     def check_fence(self, client: ClientRec, handle: Any) -> int:
         if not isinstance(handle, int) or isinstance(handle, bool):
@@ -503,7 +516,7 @@ class Supervisor:
         if rec is None:
             self.fences.check(handle)  # says stale or invalid precisely
             raise errors.InvalidHandle(f"fence {handle:#x} is not live")
-        if rec.client is not client:
+        if rec.client is not client and client.id not in rec.importers:
             raise errors.ForeignHandle(f"fence {handle:#x} belongs to another client")
         if rec.released:
             raise errors.StaleHandle(f"fence {handle:#x} was released by its client")
@@ -556,6 +569,7 @@ class Supervisor:
         self.stats["submitted"] += 1
         if self.faults.rules and cmd.ctx.client.id:
             cmd.fault = self.faults.device_fault(cmd.device.name, cmd.cid)
+        self.handoff.on_commit(cmd)
 
     def retire(self, cmd: Command) -> None:
         """Drop a finished (or failed) command's references; reclaim what nobody holds."""
@@ -563,6 +577,7 @@ class Supervisor:
             return
         cmd.state = "done"
         cmd.ctx.inflight -= 1
+        self.handoff.on_retire(cmd)
         for b in cmd.ins + cmd.outs:
             b.refs -= 1
             if b.released and b.refs == 0:
@@ -580,12 +595,16 @@ class Supervisor:
             return False
         buf.released = True
         buf.client.buffers.discard(buf.handle)
+        self.iommu.drop_client_mappings(buf.client, buf)
         if buf.refs == 0:
             self.reclaim_buffer(buf)
             return True
         return False
 
     def reclaim_buffer(self, buf: BufferRec) -> None:
+        if buf.importers:
+            return  # imported: the last importer's free reclaims it (``drop_import``)
+        self.iommu.forget_buffer(buf)
         self.buffers.remove(buf.handle)
         self.pool.free(buf.block)
 
@@ -600,6 +619,7 @@ class Supervisor:
             self.drop_fence(rec)
 
     def drop_fence(self, rec: FenceRec) -> None:
+        self.iommu.revoke("fence", rec.handle)
         del self.fence_recs[rec.handle]
         self.fences.release(rec.handle)
 
@@ -633,6 +653,7 @@ class Supervisor:
 
     def destroy_context(self, ctx: ContextRec, reason: str) -> None:
         self.cancel_queued(ctx, errors.Cancelled(f"context destroyed ({reason})"))
+        self.iommu.drop_context(ctx)
         ctx.client.contexts.discard(ctx.handle)
         self.contexts.remove(ctx.handle)
 
@@ -674,6 +695,7 @@ class Supervisor:
 
     def on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]
+        self.handoff.on_done(dev, cmd, rec)
         if code == errors.Cancelled.code and self.recovery.on_cancel_acknowledged(dev, cmd):
             return
         if code:
@@ -762,6 +784,7 @@ class Supervisor:
 
     def reroute(self, cmd: Command, target: DeviceHandle) -> None:
         cmd.device, cmd.state, cmd.fault, cmd.failure = target, "queued", None, None
+        self.handoff.on_reroute(cmd)
         cmd.watch_deadline = cmd.rearms = 0
         target.enqueue(cmd)
 
@@ -834,7 +857,7 @@ class Supervisor:
             }
         steady = (self.stats["submit_us_total"] / self.stats["submit_count"]
                   if self.stats["submit_count"] else None)
-        return {
+        m = {
             "platform": self.spec.name, "prefix": self.prefix, "supervisor_pid": os.getpid(),
             "clients": len([c for c in self.clients.values() if c.id]),
             "contexts": len(self.contexts), "registered_buffers": len(self.buffers),
@@ -853,6 +876,8 @@ class Supervisor:
             "pool": {"segments": len(self.pool.segments), "reserved_bytes": self.pool.reserved_bytes,
                      "used_bytes": self.pool.used_bytes, "live_blocks": self.pool.live_blocks},
         }
+        m.update(self.handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
+        return m
 
     # -- shutdown ---------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ __all__ = [
     "DtypeError",
     "UnsupportedOp",
     "IommuFault",
+    "ForeignBuffer",
     "Timeout",
     "FenceTimeout",
     "DeviceTimeout",
@@ -239,9 +240,24 @@ class UnsupportedOp(InvalidRequest):
 
 
 class IommuFault(InvalidRequest):
-    """An access outside the context's mappings or against their permissions; refused."""
+    """An access outside the context's mappings or against their permissions; refused.
+
+    Raised by the supervisor at submit (nothing runs) or by the device when a descriptor's
+    permission does not cover the access (the command fails, its buffers are untouched).
+    Not raised for a stale or malformed handle: that is ``InvalidHandle``.
+    """
 
     code = 18
+
+
+class ForeignBuffer(IommuFault, ForeignHandle):
+    """A buffer of another client (or released by this one) used without an import.
+
+    Both an IOMMU fault (the access is refused, nothing is read or written) and a foreign
+    handle, so callers catching either branch see it.
+    """
+
+    code = 19
 
 
 # -- a deadline passed ------------------------------------------------------------------

@@ -90,7 +90,8 @@ def resize_ref(x, oh, ow, mode):
 
 def test_ops_listed():
     assert set(K.OPS) == {
-        "copy", "fill", "add", "scale", "matmul", "relu", "conv2d", "resize", "quantize", "dequantize", "work",
+        "copy", "fill", "add", "scale", "matmul", "relu", "conv2d", "resize", "quantize", "dequantize",
+        "transpose", "checksum", "work",
     }
 
 
@@ -355,3 +356,32 @@ def test_tiny_work_may_skip_between():
     o = np.empty(4, np.float32)
     run("add", [rand(4), rand(4)], [o], between=c)  # one chunk: never interrupted
     assert c.calls == 0
+
+
+# -- runtime-inserted reformat and the read-everything checksum ------------------------------
+
+
+def test_transpose_reformats_nchw_to_nhwc_and_casts():
+    x = rand((2, 3, 4, 5))
+    o = np.empty((2, 4, 5, 3), np.float64)
+    run("transpose", [x], [o], {"axes": [0, 2, 3, 1]}, between=nop)
+    np.testing.assert_array_equal(o, x.transpose(0, 2, 3, 1).astype(np.float64))
+
+
+def test_transpose_rejects_a_non_permutation_and_a_wrong_shape():
+    x = rand((2, 3, 4, 5))
+    with pytest.raises(InvalidRequest):
+        K.validate("transpose", [(x.shape, "float32")], [((2, 4, 5, 3), "float32")], {"axes": [0, 2, 2, 1]})
+    with pytest.raises(ShapeError):
+        K.validate("transpose", [(x.shape, "float32")], [((2, 3, 4, 5), "float32")], {"axes": [0, 2, 3, 1]})
+
+
+def test_checksum_reads_every_element_byte_even_through_strides():
+    base = np.arange(4 * 16, dtype=np.uint8).reshape(4, 16)
+    view = base[:, :10]  # a padded row stride: the padding is not part of the tensor
+    out = np.zeros(8, np.uint8)
+    calls = []
+    run("checksum", [view], [out], between=lambda: calls.append(1))
+    assert K.read_checksum(out) == K.checksum_of(view) == int(view.astype(np.uint64).sum())
+    with pytest.raises(ShapeError):
+        K.validate("checksum", [((4,), "uint8")], [((4,), "uint8")], {})

@@ -1,0 +1,300 @@
+"""A device's view of memory: its own IOMMU check and, when it is not coherent, its cache.
+
+::
+
+    exec packet ──▶ acquire()   1. IOMMU: every descriptor's permission must cover the
+                                   access (inputs need "r", outputs "w"), else IommuFault
+                                   and nothing is touched
+                                2. hold the transient map, run the invalidates asked for
+                                3. numpy views: coherent -> straight onto shared memory;
+                                   non-coherent -> onto this process's private copy
+                    kernel runs on the views
+                ──▶ release()   4. run the cleans asked for (write-back), hold the unmap
+                ──▶ report()    what happened, with timestamps, for the completion record
+
+Why a private copy: on a real SoC a non-coherent device reads through caches that do not
+snoop other agents, so after it read a buffer, later writes by others stay invisible until
+it invalidates, and its own writes sit in its cache until it cleans. Emulating that with
+real memory in the device process makes the stale read *happen* when the runtime forgets
+the maintenance, instead of being a counter that says it would have.
+
+The cache holds whole buffers (a "line" is one buffer's byte span), up to ``cache_bytes``,
+least recently used out first; evicting a dirty buffer writes it back, as a write-back
+cache does. A buffer larger than the whole cache streams past it (read and written in
+place): a real cache keeps at most its size of a large buffer, and copying 64 MiB into
+private memory would make every large hand-off look like a copy in PSS/USS.
+Only the elements of a view are written back, never the padding between strided rows:
+the padding may belong to someone else's write.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+import posix_ipc
+
+from ipc import SegmentCache, errors
+
+from ._hold import hold_until
+
+MAX_REPORTED_IDS = 8  # identity evidence per command; keeps the completion record small
+_EV_ORDER = ("map", "invalidate", "clean", "unmap")
+
+
+class _Operand:
+    __slots__ = ("key", "shared", "span", "perm", "handle", "segment", "offset", "layout")
+
+    def __init__(self, key, shared, span, perm, handle, segment, offset, layout) -> None:
+        self.key, self.shared, self.span, self.perm = key, shared, span, perm
+        self.handle, self.segment, self.offset, self.layout = handle, segment, offset, layout
+
+
+class _Line:
+    __slots__ = ("data", "dirty", "shared", "private")
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data = data
+        self.dirty = False
+        # The views last written through: a write-back copies private -> shared.
+        self.shared: np.ndarray | None = None
+        self.private: np.ndarray | None = None
+
+
+class DeviceMemory:
+    """Descriptors in, numpy views out; see the module docstring."""
+
+    def __init__(self, segments: SegmentCache, *, coherent: bool, cache_bytes: int) -> None:
+        self.segments = segments
+        self.coherent = coherent
+        self.capacity = 0 if coherent else max(0, cache_bytes)
+        self.lines: OrderedDict[tuple[str, int], _Line] = OrderedDict()
+        self.used = 0
+        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "writebacks": 0,
+                      "dropped_dirty": 0, "streamed": 0}
+        self._inodes: dict[str, int] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._ins: list[_Operand] = []
+        self._outs: list[_Operand] = []
+        self._events: dict[str, list[int]] = {}
+        self._kernel: list[int] = []
+        self._released = False
+
+    # -- the command's life ------------------------------------------------------------
+
+    def acquire(self, cmd: dict[str, Any], between: Callable[[], None], *,
+                views: bool = True) -> tuple[list, list]:
+        """Check, map, invalidate; return the (inputs, outputs) views for the kernel
+        (empty lists without ``views``: a command that only holds time reads nothing)."""
+        self._reset()
+        mem = cmd.get("mem") or {}
+        # Every operand is checked before anything is touched: a refused access leaves
+        # every buffer, and this device's cache, as it was.
+        self._ins = [self._operand(d, "r", "input", i, views) for i, d in enumerate(cmd["ins"])]
+        self._outs = [self._operand(d, "w", "output", i, views)
+                      for i, d in enumerate(cmd["outs"])]
+        t = time.monotonic_ns()
+        t = self._modeled("map", t, int(mem.get("map_ns", 0)), int(mem.get("map_bytes", 0)))
+        for idx, ns in _pairs(mem.get("inv"), len(self._ins)):
+            op = self._ins[idx]
+            self._drop(op.key)
+            t = self._modeled("invalidate", t, ns, op.span)
+        hold_until(t, between)
+        if not views:
+            self._kernel = [time.monotonic_ns()]
+            return [], []
+        ins = [self._array(op, write=False) for op in self._ins]
+        outs = [self._array(op, write=True) for op in self._outs]
+        self._kernel = [time.monotonic_ns()]
+        return ins, outs
+
+    def release(self, cmd: dict[str, Any], between: Callable[[], None]) -> None:
+        """After the kernel: clean what was asked, hold the unmap."""
+        mem = cmd.get("mem") or {}
+        self._released = True
+        t = time.monotonic_ns()
+        if len(self._kernel) == 1:
+            self._kernel.append(t)
+        for idx, ns in _pairs(mem.get("clean"), len(self._outs)):
+            op = self._outs[idx]
+            self._write_back(op.key)
+            t = self._modeled("clean", t, ns, op.span)
+        t = self._modeled("unmap", t, int(mem.get("unmap_ns", 0)), int(mem.get("map_bytes", 0)))
+        hold_until(t, between)
+
+    def shared_outputs(self) -> list[np.ndarray]:
+        """The current outputs as they are in shared memory, past any cache."""
+        return [op.shared for op in self._outs if op.shared is not None]
+
+    def report(self) -> dict[str, Any]:
+        """What this command did to memory, for the completion record; then forget it.
+
+        A command that failed before ``release`` leaves partial writes in the cache: they
+        are discarded, so a later eviction can never write a failed command's output over
+        memory someone else wrote since.
+        """
+        if not self._released:
+            for op in self._outs:
+                self._drop(op.key)
+        rep: dict[str, Any] = {
+            "ev": [[k, *self._events[k]] for k in _EV_ORDER if k in self._events],
+            "ids": [[role, op.segment, self._inode(op.segment), op.offset, op.handle]
+                    for role, ops in (("i", self._ins), ("o", self._outs)) for op in ops
+                    ][:MAX_REPORTED_IDS],
+        }
+        if len(self._kernel) == 2:
+            rep["k"] = self._kernel
+        self._reset()
+        return rep
+
+    # -- descriptors and the IOMMU check -------------------------------------------------
+
+    def _operand(self, desc: Any, need: str, role: str, index: int,
+                 view: bool = True) -> _Operand:
+        try:
+            seg, offset, shape, dtype, strides, perm, handle = desc
+            if not isinstance(perm, str) or not isinstance(handle, int):
+                raise TypeError("permission and handle fields have the wrong types")
+        except (ValueError, TypeError) as exc:
+            raise errors.IommuFault(f"{role} {index}: descriptor {desc!r} carries no "
+                                    f"mapping: {exc}") from None
+        if need not in perm:
+            raise errors.IommuFault(
+                f"{role} {index} (buffer {handle:#x}): the mapping grants {perm or 'nothing'!r}, "
+                f"the access needs {need!r}",
+                detail={"buffer": handle, "perm": perm, "need": need, "by": "device"})
+        try:
+            # Segment.view's checks, inlined: this runs for every operand of every command.
+            segment = self.segments.get(seg)
+            dt = _DTYPES.get(dtype) or _DTYPES.setdefault(dtype, np.dtype(dtype))
+            shape = tuple(shape)
+            strides = tuple(strides) if strides else None
+            span = _span(shape, dt.itemsize, strides)
+            if type(offset) is not int or offset < 0 or offset + span > segment.size:
+                raise ValueError(f"[{offset}, +{span}) is outside the segment")
+            shared = (np.ndarray(shape, dt, buffer=segment.map, offset=offset, strides=strides)
+                      if view else None)
+        except (ValueError, TypeError, posix_ipc.ExistentialError) as exc:
+            raise errors.IommuFault(f"{role} {index}: buffer descriptor {desc[:5]!r} is not "
+                                    f"mappable: {exc}") from None
+        layout = (shared.shape, shared.dtype, shared.strides) if view else None
+        return _Operand((seg, offset), shared, span, perm, handle, seg, offset, layout)
+
+    def _inode(self, segment: str) -> int:
+        """The shm object's inode: the same number in every process that maps it."""
+        ino = self._inodes.get(segment)
+        if ino is None:
+            try:
+                ino = os.stat(f"/dev/shm/{segment}").st_ino
+            except OSError:
+                ino = 0
+            self._inodes[segment] = ino
+        return ino
+
+    # -- the emulated cache --------------------------------------------------------------
+
+    def _array(self, op: _Operand, *, write: bool) -> np.ndarray:
+        if self.capacity == 0 or op.span == 0 or op.span > self.capacity:
+            if self.capacity:
+                self.stats["streamed"] += 1
+            view = op.shared
+            if not write and "w" not in op.perm:
+                view = view.view()
+                view.flags.writeable = False  # a read-only mapping: a stray write faults
+            return view
+        line = self.lines.get(op.key)
+        if line is not None and line.data.nbytes != op.span:
+            self._evict(op.key)  # the block now holds a buffer of another size
+            line = None
+        if line is None:
+            self.stats["misses"] += 1
+            line = _Line(np.empty(op.span, np.uint8))
+            # Fill on allocate, for writes too: a write-back must not replace bytes the
+            # kernel did not write with garbage.
+            line.data[:] = np.frombuffer(self.segments.get(op.segment).map, np.uint8,
+                                         op.span, op.offset)
+            self.lines[op.key] = line
+            self.used += op.span
+            while self.used > self.capacity:
+                self._evict(next(iter(self.lines)))
+        else:
+            self.stats["hits"] += 1
+            self.lines.move_to_end(op.key)
+        shape, dtype, strides = op.layout
+        view = np.ndarray(shape, dtype, buffer=line.data, offset=0, strides=strides)
+        if write:
+            line.dirty = True
+            line.shared, line.private = op.shared, view
+        elif "w" not in op.perm:
+            view.flags.writeable = False
+        return view
+
+    def _write_back(self, key: tuple[str, int]) -> int:
+        line = self.lines.get(key)
+        if line is None or not line.dirty or line.shared is None:
+            return 0
+        np.copyto(line.shared, line.private)  # elements only: strided padding stays alone
+        line.dirty = False
+        self.stats["writebacks"] += 1
+        return line.private.nbytes
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        """Invalidate: forget the lines; dirty data in them is lost, as on hardware."""
+        line = self.lines.pop(key, None)
+        if line is not None:
+            self.used -= line.data.nbytes
+            if line.dirty:
+                self.stats["dropped_dirty"] += 1
+
+    def _evict(self, key: tuple[str, int]) -> None:
+        self._write_back(key)
+        line = self.lines.pop(key)
+        self.used -= line.data.nbytes
+        self.stats["evictions"] += 1
+
+    def _modeled(self, kind: str, t: int, ns: int, nbytes: int) -> int:
+        """Account ``ns`` of modeled work starting at ``t`` (or now, if later)."""
+        if ns <= 0 and kind in ("map", "unmap"):
+            return t
+        t0 = max(t, time.monotonic_ns())
+        t1 = t0 + max(0, ns)
+        ev = self._events.get(kind)
+        if ev is None:
+            self._events[kind] = [t0, t1, nbytes, 1]
+        else:  # one slice per kind and command: the record must stay small
+            ev[1], ev[2], ev[3] = t1, ev[2] + nbytes, ev[3] + 1
+        return t1
+
+
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _span(shape: tuple, itemsize: int, strides: tuple | None) -> int:
+    """``ipc.span_bytes`` without numpy scalars (a tenth of the cost, same answer)."""
+    if not all(type(n) is int and n >= 0 for n in shape):
+        raise ValueError(f"shape {shape!r} is not non-negative ints")
+    if 0 in shape:
+        return 0
+    if not strides:
+        return math.prod(shape) * itemsize
+    if len(strides) != len(shape) or not all(type(st) is int and st >= 0 for st in strides):
+        raise ValueError(f"strides {strides!r} do not fit shape {shape!r}")
+    return sum((n - 1) * st for n, st in zip(shape, strides)) + itemsize
+
+
+def _pairs(items: Any, limit: int) -> list[tuple[int, int]]:
+    """``[[index, ns], ...]`` from a packet, checked: the device trusts nothing it reads."""
+    out = []
+    for item in items or ():
+        if (isinstance(item, list) and len(item) == 2 and all(type(v) is int for v in item)
+                and 0 <= item[0] < limit and item[1] >= 0):
+            out.append((item[0], item[1]))
+        else:
+            raise errors.BadPacket(f"bad cache maintenance entry {item!r}")
+    return out
