@@ -85,6 +85,7 @@ class DeviceMemory:
         self._events: dict[str, list[int]] = {}
         self._kernel: list[int] = []
         self._released = False
+        self._idle = False
 
     # -- the command's life ------------------------------------------------------------
 
@@ -92,6 +93,9 @@ class DeviceMemory:
                 views: bool = True) -> tuple[list, list]:
         """Check, map, invalidate; return the (inputs, outputs) views for the kernel
         (empty lists without ``views``: a command that only holds time reads nothing)."""
+        if not cmd["ins"] and not cmd["outs"] and "mem" not in cmd:
+            self._idle = True  # no buffer, no memory work: the no-op path stays short
+            return [], []
         self._reset()
         mem = cmd.get("mem") or {}
         # Every operand is checked before anything is touched: a refused access leaves
@@ -116,6 +120,8 @@ class DeviceMemory:
 
     def release(self, cmd: dict[str, Any], between: Callable[[], None]) -> None:
         """After the kernel: clean what was asked, hold the unmap."""
+        if self._idle:
+            return
         mem = cmd.get("mem") or {}
         self._released = True
         t = time.monotonic_ns()
@@ -132,13 +138,15 @@ class DeviceMemory:
         """The current outputs as they are in shared memory, past any cache."""
         return [op.shared for op in self._outs if op.shared is not None]
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> dict[str, Any] | None:
         """What this command did to memory, for the completion record; then forget it.
 
         A command that failed before ``release`` leaves partial writes in the cache: they
         are discarded, so a later eviction can never write a failed command's output over
-        memory someone else wrote since.
+        memory someone else wrote since. None when the command touched no memory.
         """
+        if self._idle:
+            return None
         if not self._released:
             for op in self._outs:
                 self._drop(op.key)

@@ -35,8 +35,10 @@ class CacheSpec:
     invalidate_us_per_mib: float = 15.0
 
     def cost_ms(self, kind: str, nbytes: int) -> float:
+        """A range larger than the cache costs what the whole cache does: at most ``kib``
+        of lines can be in it (drivers switch to a whole-cache operation there)."""
         per_mib = self.clean_us_per_mib if kind == "clean" else self.invalidate_us_per_mib
-        return (self.op_us + per_mib * nbytes / (1 << 20)) / 1000.0
+        return (self.op_us + per_mib * min(nbytes, self.kib << 10) / (1 << 20)) / 1000.0
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class IommuSpec:
     check_at_submit: bool = True  # False: only the device's own check stands (drills)
     map_us: float = 15.0
     unmap_us: float = 10.0
-    per_mib_us: float = 2.0       # page-table entries to write per MiB mapped
+    per_mib_us: float = 0.0       # page-table cost per MiB mapped (0: a fixed cost)
 
     def cost_ms(self, kind: str, nbytes: int) -> float:
         fixed = self.map_us if kind == "map" else self.unmap_us

@@ -333,20 +333,22 @@ class Handoff:
                 c, scaled = spec.cache, self.sup.scaled_ns
                 costs = self._cache_costs[spec.name] = (
                     scaled(c.op_us / 1000), scaled(c.invalidate_us_per_mib / 1000) / (1 << 20),
-                    scaled(c.op_us / 1000), scaled(c.clean_us_per_mib / 1000) / (1 << 20))
-            inv_fixed, inv_per_byte, clean_fixed, clean_per_byte = costs
+                    scaled(c.op_us / 1000), scaled(c.clean_us_per_mib / 1000) / (1 << 20),
+                    c.kib << 10)
+            inv_fixed, inv_per_byte, clean_fixed, clean_per_byte, cap = costs
             inv, seen = [], set()
             for i, b in enumerate(cmd.ins if mode in ("both", "invalidate") else ()):
                 if b.handle in seen or (b.internal and b.last_writer == spec.name):
                     continue  # the runtime's own buffer, last written here: nothing stale
                 seen.add(b.handle)
-                inv.append([i, inv_fixed + int(b.nbytes * inv_per_byte)])
+                # A range larger than the cache costs at most a whole-cache operation.
+                inv.append([i, inv_fixed + int(min(b.nbytes, cap) * inv_per_byte)])
             clean, seen = [], set()
             for j, b in enumerate(cmd.outs if mode in ("both", "clean") else ()):
                 if b.handle in seen or b.internal:
                     continue  # read next on this same device: no other agent looks
                 seen.add(b.handle)
-                clean.append([j, clean_fixed + int(b.nbytes * clean_per_byte)])
+                clean.append([j, clean_fixed + int(min(b.nbytes, cap) * clean_per_byte)])
             if inv:
                 mem["inv"] = inv
             if clean:
@@ -366,6 +368,8 @@ class Handoff:
         code = rec.get("code", 0)
         if code == errors.IommuFault.code:
             self.sup.iommu.stats["device_faults"] += 1
+        if mem is None and not cmd.ins and not cmd.outs:
+            return  # it touched no buffer: no memory step to record or count
         shared = {"device": dev.name, "ctx": cmd.ctx.handle, "cid": cmd.cid, "cmd": cmd.seq}
         log = self.log
         kernel = ids = None
