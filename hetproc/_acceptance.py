@@ -10,8 +10,10 @@ from typing import Any
 from ._drills import DRILLS, run_drill
 from ._scenario import find_scenario, run_scenario
 
-SCENARIOS = ("video_pipeline",)
-QUICK_OPTIONS = {"video_pipeline": {"frames": 40}}
+SCENARIOS = ("video_pipeline", "zero_copy_evidence", "camera_lifecycle")
+QUICK_OPTIONS = {"video_pipeline": {"frames": 40},
+                 "zero_copy_evidence": {"max_mib": 16, "pss_mib": 16, "reps": 2},
+                 "camera_lifecycle": {"frames": 20}}
 
 
 def run_matrix(*, platform_file: str | None = None, time_scale: float | None = None,

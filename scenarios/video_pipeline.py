@@ -40,6 +40,13 @@ class Pipeline:
         self.gpu = c.context("gpu0", name="post-process")
         self.sets = [{k: c.alloc(SHAPE, "float32") for k in ("frame", "pre", "feat", "out")}
                      for _ in range(BUFFERS)]
+        # Map each buffer set once, as a pipeline runtime does: a submit of an unmapped
+        # buffer would pay an IOMMU map and unmap every frame (hetproc._iommu).
+        for b in self.sets:
+            for ctx, reads, writes in ((self.cpu, "frame", "pre"), (self.npu, "pre", "feat"),
+                                       (self.gpu, "feat", "out")):
+                ctx.map(b[reads], "r")
+                ctx.map(b[writes], "w")
         self.rng = np.random.default_rng(7)
 
     def submit(self, i: int) -> tuple[int, "hetproc.Fence", np.ndarray]:
