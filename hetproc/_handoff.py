@@ -27,7 +27,9 @@ Cache maintenance (seed §4) is planned here too, at commit, in submission order
 non-coherent device reads a buffer another agent may have written it invalidates; after
 it writes a buffer anyone else may read it cleans. Only the runtime's own internal buffers,
 which no other agent ever touches, skip both. A context made with
-``cache_maintenance=False`` gets neither -- and then really reads stale data.
+``cache_maintenance=False`` gets neither ("clean" or "invalidate": only that one) -- and
+then really reads stale data. A range larger than the device's cache costs what a
+whole-cache operation does.
 
 DDR bytes are modeled, counted when a command completes: a kernel reads its inputs and
 writes its outputs (``work`` models time only and moves nothing), a copy or reformat reads
@@ -180,11 +182,13 @@ class Handoff:
         layout, axes, back = b.layout, None, None
         if b.layout and spec.layouts and b.layout not in spec.layouts:
             target = next((t for t in spec.layouts if sorted(t) == sorted(b.layout)), None)
-            if target is not None:
-                axes = [b.layout.index(ch) for ch in target]
-                back = [target.index(ch) for ch in b.layout]
-                layout = target
-                reasons.append("layout")
+            if target is None:  # no transpose reaches a layout it reads: refuse, never guess
+                raise errors.ShapeError(f"{spec.name} reads layouts {', '.join(spec.layouts)}; "
+                                        f"no reformat of {b.layout} gives one")
+            axes = [b.layout.index(ch) for ch in target]
+            back = [target.index(ch) for ch in b.layout]
+            layout = target
+            reasons.append("layout")
         dtype = b.dtype
         if dtype not in spec.dtypes:
             wider = None if output else next(

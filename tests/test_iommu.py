@@ -10,7 +10,6 @@ import select
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import hetproc
@@ -225,11 +224,12 @@ def test_a_fence_is_shared_by_export_and_import(platform, client):
         seen = other.import_fence(gate.export())
         done = npu.submit("work", wait=[seen], ms=0)
         assert not done.done()
+        gate.release()  # the owner lets go; the import is a reference of its own
+        client.ping()
+        later = npu.submit("work", wait=[seen], ms=0)
         gate.signal()
         done.wait(5)
-        gate.release()
-        client.ping()
-        seen.wait(1)  # the import still holds the completed fence
+        later.wait(5)
         seen.release()
         other.ping()
     finally:
