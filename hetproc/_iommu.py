@@ -365,6 +365,10 @@ class MemoryRequests:
     def op_map(self, client: ClientRec, msg: dict) -> dict:
         ctx = self.context_of(client, msg["ctx"])  # type: ignore[attr-defined]
         buf = self.iommu.resolve(client, msg["buf"], self.buffers)  # type: ignore[attr-defined]
+        faults = self.faults  # type: ignore[attr-defined]
+        if faults.rules and faults.draw("map", ctx.device):  # seed §15: an injected map failure
+            raise errors.MapFailed(f"mapping buffer {buf.handle:#x} into {ctx.device} failed "
+                                   "(injected)")
         m = self.iommu.map(ctx, buf, msg.get("perm", "rw"))
         return {"perm": m.perm}
 

@@ -258,3 +258,13 @@ def test_the_device_checks_the_permission_itself():
             assert (stolen.array() == 3.0).all()
         finally:
             app.close()
+
+
+def test_an_injected_map_failure_fails_the_map_and_nothing_is_mapped(client):
+    npu = client.context("npu0")
+    x = client.alloc(64)
+    client.inject("map_fail", device="npu0")
+    with pytest.raises(hetproc.MapFailed):
+        npu.map(x, "r")
+    assert client.metrics()["iommu"]["live_mappings"] == 0
+    assert npu.map(x, "r") == "r", "the next map succeeds"
