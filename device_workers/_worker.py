@@ -35,6 +35,7 @@ from ._cache import DeviceMemory
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._state import DeviceState, StateSlot
+from ._tracing import DeviceTrace
 
 S = StateSlot
 _NO_FAULT: dict = {}
@@ -92,6 +93,7 @@ class DeviceWorker:
         # IOMMU check and, when not coherent, the emulated cache (device_workers._cache).
         self.memory = DeviceMemory(self.cache, coherent=boot.coherent,
                                    cache_bytes=boot.cache_bytes)
+        self.tr = DeviceTrace.attach(boot, self.cache, self.fences)  # evidence chain (§22)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
         self.pidx = 0
         self.outbox: list[dict[str, Any]] = []
@@ -131,6 +133,7 @@ class DeviceWorker:
                 continue
             if data is None:
                 self.flush()
+                self.tr.idle()
                 return
             self.handle(data)
 
@@ -152,11 +155,13 @@ class DeviceWorker:
         """Run one command. A cancelled command does not signal its fences: the
         supervisor, which knows *why* it was cancelled (watchdog, reset, client), fails
         them with the right error once this device has acknowledged the stop."""
-        pidx = cmd["pidx"]
+        pidx, cid = cmd["pidx"], cmd["cid"]
         self.pidx = pidx
         u32, u64 = self.u32, self.u64
         u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = cmd["seq"], cmd["cid"], pidx
         t_start = time.monotonic_ns()
+        tr = self.tr
+        tr.take(t_start)
         fault = cmd.get("fault") or _NO_FAULT
         try:
             if pidx <= u64[S.CANCEL_PIDX]:
@@ -165,13 +170,16 @@ class DeviceWorker:
                 self.flush()  # about to block: the supervisor must not wait for our news
             if cmd["wait"]:
                 u32[S.STATE] = DeviceState.WAITING
+                tr.wait_begin(cid, len(cmd["wait"]))
                 self.wait_inputs(cmd)
+                tr.wait_end(cid, cmd["wait"])
             u32[S.STATE] = DeviceState.BUSY
             t_start = time.monotonic_ns()
             u64[S.STARTED] = t_start
+            tr.exec_begin(cid, t_start)
             # "work" only holds time: its operands are checked and maintained, not viewed.
             views = cmd["kernel"] != "work" or bool(fault)
-            ins, outs = self.memory.acquire(cmd, self.between_chunks, views=views)
+            ins, outs = tr.map_buffers(self.memory, cmd, self.between_chunks, views)  # traced
             t_kernel = time.monotonic_ns()  # after the modeled map/invalidate work
             # Injected faults act on memory itself: a late DMA write bypasses any cache.
             _faults.before_kernel(self, fault, self.memory.shared_outputs())
@@ -257,11 +265,15 @@ class DeviceWorker:
                signal: bool = True) -> None:
         code, msg = (exc.code, str(exc)) if exc else (0, "")
         t_end = time.monotonic_ns()
+        # Closes what the command opened; when the fences are signalled right below, the
+        # EXEC end also marks that signal (it precedes the post: a waiter wakes after it).
+        self.tr.done(cmd, code, signal and not (code == 0 and cmd["delay_ns"] > 0))
         u64 = self.u64
         u64[S.BUSY] += t_end - t_start
         u64[S.DONE] += 1
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
-                  "t_start": t_start, "t_end": t_end, "mem": self.memory.report()}
+                  "t_start": t_start, "t_end": t_end, "mem": self.memory.report(),
+                  "t_take": self.tr.t_take, "cid": cmd["cid"]}
         if not signal:
             record["unsignalled"] = True
             self.post(record)
@@ -277,6 +289,7 @@ class DeviceWorker:
         now = time.monotonic_ns()
         while self.delayed and self.delayed[0][0] <= now:
             _, _, handles, record = heapq.heappop(self.delayed)
+            self.tr.signalled(record["cid"], 0)
             self.signal_all(handles, 0)
             record["t_signal"] = time.monotonic_ns()
             self.post(record)

@@ -1,10 +1,15 @@
 """The ``hetproc`` command.
 
     hetproc run SCENARIO [--platform FILE] [--time-scale X] [--report FILE] [--set K=V ...]
+                         [--trace FILE] [--plot FILE.png] [--no-trace]
     hetproc drill NAME [--report FILE] [--unsafe-reclaim] | hetproc drill --list
     hetproc acceptance [--report FILE] [--quick]
     hetproc status [--json]
     hetproc cleanup [--json]
+    hetproc trace explain FILE [--id ID | --slowest N] [--json]
+    hetproc trace plot FILE -o FILE.png [--window A:B]
+    hetproc trace export PLATFORM FILE        (a live platform's rings, as they are now)
+    hetproc trace frozen PLATFORM [--dir DIR] (the windows frozen around its errors)
 
 Exit status: 0 when every check of the run held, 1 when a check failed, 2 on bad usage.
 """
@@ -46,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", metavar="K=V", action="append", default=[],
                      help="scenario option, e.g. --set frames=100")
     run.add_argument("--frames", type=int, help="shorthand for --set frames=N")
+    run.add_argument("--trace", metavar="FILE",
+                     help="write the run's trace as Chrome Trace Event JSON (Perfetto); "
+                          "windows frozen around errors go next to it")
+    run.add_argument("--plot", metavar="FILE.png",
+                     help="draw the run's timeline (needs the 'plot' extra: matplotlib)")
+    run.add_argument("--no-trace", action="store_true",
+                     help="run with the ring trace off (as HETPROC_TRACE=0)")
     run.set_defaults(func=cmd_run)
 
     dr = sub.add_parser("drill", help="run a crash/reset drill")
@@ -62,6 +74,30 @@ def _parser() -> argparse.ArgumentParser:
     acc.add_argument("--report", metavar="FILE", help="write the JSON matrix here")
     acc.add_argument("--quick", action="store_true", help="short scenarios")
     acc.set_defaults(func=cmd_acceptance)
+
+    trace = sub.add_parser("trace", help="read traces: attribute latency, plot, export")
+    tsub = trace.add_subparsers()
+    ex = tsub.add_parser("explain", help="break requests' latency into stages and name "
+                                         "the dominant one (seed §22)")
+    ex.add_argument("file", help="a trace written by --trace, export or a frozen window")
+    which = ex.add_mutually_exclusive_group()
+    which.add_argument("--id", metavar="ID", help="one request's correlation id (0x... or decimal)")
+    which.add_argument("--slowest", type=int, metavar="N", help="the N slowest requests")
+    ex.add_argument("--json", action="store_true")
+    ex.set_defaults(func=cmd_trace_explain)
+    pl = tsub.add_parser("plot", help="draw a trace file's timeline as PNG")
+    pl.add_argument("file")
+    pl.add_argument("-o", "--output", required=True, metavar="FILE.png")
+    pl.add_argument("--window", metavar="A:B", help="only ms A..B from the trace start")
+    pl.set_defaults(func=cmd_trace_plot)
+    exp = tsub.add_parser("export", help="write a live platform's trace as Chrome JSON")
+    exp.add_argument("platform", help="its prefix, as 'hetproc status' prints it")
+    exp.add_argument("file")
+    exp.set_defaults(func=cmd_trace_export)
+    fr = tsub.add_parser("frozen", help="list (or write) a live platform's frozen windows")
+    fr.add_argument("platform", help="its prefix, as 'hetproc status' prints it")
+    fr.add_argument("--dir", metavar="DIR", help="write each window as DIR/frozen-<id>.json")
+    fr.set_defaults(func=cmd_trace_frozen)
 
     status = sub.add_parser("status", help="list the live platforms on this machine")
     status.add_argument("--json", action="store_true")
@@ -100,8 +136,13 @@ def _number(text: str) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.plot:
+        from ._plot import _import_matplotlib
+        _import_matplotlib()  # say it is missing before the run, not after
     report = run_scenario(args.scenario, platform_file=args.platform,
-                          time_scale=args.time_scale, options=_options(args))
+                          time_scale=args.time_scale, options=_options(args),
+                          trace_path=args.trace, plot_path=args.plot,
+                          trace=False if args.no_trace else None)
     print_report(report)
     if args.report:
         write_report(report, args.report)
@@ -150,4 +191,82 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         print(f"removed {len(report['platforms'])} dead platform(s): "
               f"{len(report['removed'])} object(s), {len(report['killed'])} process(es) killed; "
               f"{len(report['live'])} live platform(s) left alone")
+    return 0
+
+
+def cmd_trace_explain(args: argparse.Namespace) -> int:
+    from . import _explain as ex
+    try:
+        trace = ex.load_trace(args.file)
+    except (OSError, ValueError) as exc:
+        raise errors.InvalidRequest(f"cannot read trace {args.file!r}: {exc}") from None
+    if args.id is not None:
+        try:
+            cid = ex.parse_cid(args.id)
+        except ValueError:
+            raise errors.InvalidRequest(f"--id takes a correlation id, got {args.id!r}") from None
+        req = ex.explain(trace, cid)
+        if req is None or not req.stages:
+            print(f"hetproc: request {cid:#x} is not in {args.file}", file=sys.stderr)
+            return 1
+        reqs = [req]
+    else:
+        frozen = trace.other.get("frozen") or {}
+        if args.slowest is None and frozen.get("cids"):
+            reqs = [r for r in (ex.explain(trace, c) for c in frozen["cids"]) if r and r.stages]
+        else:
+            reqs = ex.slowest(trace, args.slowest or 3)
+    if args.json:
+        print(json.dumps({"summary": ex.summary_lines(trace),
+                          "requests": [ex.as_dict(trace, r) for r in reqs]}, indent=2))
+        return 0
+    for line in ex.summary_lines(trace):
+        print(line)
+    for r in reqs:
+        print()
+        print(ex.format_request(trace, r))
+    return 0
+
+
+def cmd_trace_plot(args: argparse.Namespace) -> int:
+    from ._plot import plot_timeline
+    window = None
+    if args.window:
+        a, sep, b = args.window.partition(":")
+        try:
+            window = (float(a), float(b))
+        except ValueError:
+            raise errors.InvalidRequest(f"--window takes A:B in ms, got {args.window!r}") from None
+    try:
+        out = plot_timeline(args.file, args.output, window=window)
+    except (OSError, ValueError) as exc:
+        raise errors.InvalidRequest(f"cannot plot {args.file!r}: {exc}") from None
+    print(f"timeline written to {out['path']} ({out['lanes']} lanes, {out['slices']} slices, "
+          f"{out['arrows']} fence arrows)")
+    return 0
+
+
+def cmd_trace_export(args: argparse.Namespace) -> int:
+    from . import _client_trace
+    from ._platform import connect
+    with connect(args.platform, "hetproc-trace") as client:
+        out = _client_trace.export_trace(client, args.file)
+    print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
+          f"{out['flows']} request flows")
+    return 0
+
+
+def cmd_trace_frozen(args: argparse.Namespace) -> int:
+    from . import _client_trace
+    from ._platform import connect
+    with connect(args.platform, "hetproc-trace") as client:
+        if args.dir:
+            windows = _client_trace.write_frozen(client, args.dir)
+        else:
+            windows = _client_trace.frozen_windows(client, records=False)
+    if not windows:
+        print("no frozen windows")
+    for w in windows:
+        print(f"window {w['id']}: {w['reason']} (cids {', '.join(f'{c:#x}' for c in w['cids']) or '-'}, "
+              f"{w['records']} records" + (f", {w['file']}" if w.get("file") else "") + ")")
     return 0

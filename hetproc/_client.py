@@ -23,6 +23,7 @@ import numpy as np
 from ipc import Channel, FenceTable, PENDING, Segment, SegmentCache, decode, errors
 
 from ._sharing import BufferMemory, ClientMemory, ContextMemory, FenceMemory
+from ._client_trace import ClientTrace
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
@@ -57,6 +58,7 @@ class Client(ClientMemory):
         self.time_scale: float = info["time_scale"]
         self._segments = SegmentCache()
         self.fences = FenceTable(self.prefix, self._segments.get(info["fence_segment"]), create=False)
+        self.trace = ClientTrace(self, info.get("trace"))  # this process's ring (seed §22)
         try:
             self._sup_pidfd = os.pidfd_open(self.supervisor_pid)
         except OSError:
@@ -200,6 +202,7 @@ class Client(ClientMemory):
                 return
             self._closed = True
             self._chan.close()
+        self.trace.close()
         self.fences.close()
         self._segments.close()
         if self._sup_pidfd >= 0:
@@ -247,14 +250,18 @@ class Context(ContextMemory):
         client = self.client
         for c in cmds:
             c.setdefault("cid", client.next_cid())
+        t_submit = client.trace.now()
         if not nowait:
             reply = client._request("submit", ctx=self.handle, cmds=list(cmds))
+            client.trace.submitted(cmds, t_submit)
             return [Fence(client, sig, cid=cid, seq=seq, owned=True)
                     for seq, cid, sig in reply["cmds"]]
         handles = client._take_fences(len(cmds))
         for c, h in zip(cmds, handles):
             c["signal"] = h
+        client.trace.bind(cmds)  # fence slots name their producer before anyone can wait
         client._notify("submit", ctx=self.handle, cmds=list(cmds))
+        client.trace.submitted(cmds, t_submit)
         return [Fence(client, h, cid=c["cid"], owned=True) for c, h in zip(cmds, handles)]
 
     def prepare(self, kernel: str) -> str | None:
@@ -313,6 +320,7 @@ class Buffer(BufferMemory):
     def array(self) -> np.ndarray:
         """A numpy view of the shared memory. Writes are seen by devices that run later;
         reading a device's output is only safe after waiting on the fence it signals."""
+        self.client.trace.map_buffer(self)
         seg: Segment = self.client._segments.get(self.segment)
         view = seg.view(self.offset, self.shape, self.dtype, self.strides)
         if "w" not in self.perm:
@@ -349,6 +357,7 @@ class Fence(FenceMemory):
         """Block until done. Raises the command's error, ``FenceTimeout`` after ``timeout``
         seconds (default 30 s: no wait is forever), or ``SupervisorLost``."""
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        t_wait = self.client.trace.wait_begin(self.cid)
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -364,6 +373,7 @@ class Fence(FenceMemory):
                     raise errors.SupervisorLost(
                         "the supervisor died while this fence was pending",
                         correlation_id=self.cid) from None
+        self.client.trace.wait_end(self.cid, t_wait, code)
         if code:
             raise self._error(code)
 

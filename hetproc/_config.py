@@ -73,6 +73,34 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
+class TraceSpec:
+    """The always-on ring trace (seed §22): see the ``[trace]`` table of default.toml."""
+
+    enabled: bool = True
+    capacity: int = 16384      # records per process ring (48 bytes each), a power of two
+    client_slots: int = 8      # rings for clients; more clients than this go untraced
+    before_ms: float = 50.0    # a frozen window reaches this far back before the error...
+    after_ms: float = 10.0     # ...and this far after it (both scaled by time_scale)
+    keep: int = 16             # frozen windows kept (oldest dropped first)
+    dump_dir: str = ""         # when set, every frozen window is also written here as JSON
+
+
+def parse_trace(raw: dict[str, Any], source: str) -> TraceSpec:
+    t = TraceSpec(
+        enabled=bool(raw.get("enabled", True)), capacity=int(raw.get("capacity", 16384)),
+        client_slots=int(raw.get("client_slots", 8)), before_ms=float(raw.get("before_ms", 50.0)),
+        after_ms=float(raw.get("after_ms", 10.0)), keep=int(raw.get("keep", 16)),
+        dump_dir=str(raw.get("dump_dir", "")))
+    cap = t.capacity
+    if cap < 2 or cap & (cap - 1) or cap > 1 << 22:
+        raise errors.InvalidRequest(f"platform file {source}: trace capacity {cap} is not a "
+                                    f"power of two in 2..{1 << 22}")
+    if not 0 <= t.client_slots <= 1024 or t.keep < 1 or t.before_ms < 0 or t.after_ms < 0:
+        raise errors.InvalidRequest(f"platform file {source}: bad [trace] table {raw!r}")
+    return t
+
+
+@dataclass(frozen=True)
 class PlatformSpec:
     name: str
     devices: tuple[DeviceSpec, ...]
@@ -88,6 +116,7 @@ class PlatformSpec:
     iommu: IommuSpec = field(default_factory=IommuSpec)
     # Default for new contexts: True ("both"), False ("none"), "clean" or "invalidate".
     cache_maintenance: bool | str = True
+    trace: TraceSpec = field(default_factory=TraceSpec)
 
     def device(self, name: str) -> DeviceSpec:
         for dev in self.devices:
@@ -106,6 +135,13 @@ class PlatformSpec:
         if not time_scale > 0:
             raise errors.InvalidRequest(f"time scale must be > 0, got {time_scale}")
         return PlatformSpec(**{**self.__dict__, "time_scale": float(time_scale)})
+
+    def with_trace(self, **changes: Any) -> "PlatformSpec":
+        """A copy with ``[trace]`` settings changed (``enabled=False``, ``capacity=...``)."""
+        if not changes:
+            return self
+        raw = {**asdict(self.trace), **changes}
+        return PlatformSpec(**{**self.__dict__, "trace": parse_trace(raw, self.source)})
 
 
 def load_platform(path: str | Path | None = None) -> PlatformSpec:
@@ -144,6 +180,7 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
         recovery=dict(raw.get("recovery", {})),
         iommu=_parse_iommu(raw.get("iommu", {}), source),
         cache_maintenance=_maintenance(raw.get("cache_maintenance", True), source),
+        trace=parse_trace(raw.get("trace", {}), source),
     )
     return spec.with_time_scale(spec.time_scale)
 

@@ -68,6 +68,7 @@ class Command:
     plan: Any = None      # the hand-off plan until expanded into commands
     maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc._iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
+    trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
 
     def outs_untrusted(self) -> None:
         for b in self.outs:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ipc import cleanup_prefix, errors, socket_address
 
+from . import _client_trace
 from ._client import Client
 from ._config import PlatformSpec, load_platform
 
@@ -39,8 +40,14 @@ class Platform:
 
     def __init__(self, platform_file: str | Path | None = None, *,
                  time_scale: float | None = None, spec: PlatformSpec | None = None,
-                 name: str = "owner") -> None:
+                 name: str = "owner", trace: bool | None = None) -> None:
+        """``trace``: force the ring trace on or off; None keeps the platform file's
+        setting, unless ``HETPROC_TRACE=0`` (or ``1``) is set in the environment."""
         self.spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
+        if trace is None and os.environ.get("HETPROC_TRACE", "") in ("0", "1"):
+            trace = os.environ["HETPROC_TRACE"] == "1"
+        if trace is not None and trace != self.spec.trace.enabled:
+            self.spec = self.spec.with_trace(enabled=trace)
         self._raw = _raw_of(self.spec)
         self.prefix = ""
         self.proc: subprocess.Popen | None = None
@@ -87,6 +94,24 @@ class Platform:
     def metrics(self) -> dict[str, Any]:
         assert self.client is not None
         return self.client.metrics()
+
+    # -- evidence (seed §22) ---------------------------------------------------------------
+
+    def export_trace(self, path: str | Path) -> dict[str, Any]:
+        """Write every process's ring, as it is now, as Chrome Trace Event JSON (open it
+        in ui.perfetto.dev); returns counts (records, slices, flows)."""
+        assert self.client is not None
+        return _client_trace.export_trace(self.client, path)
+
+    def trace_records(self):
+        """``(records, process names, track names)``: the rings now, merged by time."""
+        assert self.client is not None
+        return _client_trace.snapshot(self.client)
+
+    def frozen_windows(self, *, records: bool = True) -> list[dict[str, Any]]:
+        """The windows frozen around errors (oldest first), each with its records."""
+        assert self.client is not None
+        return _client_trace.frozen_windows(self.client, records=records)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop devices and supervisor; remove every named object. Safe to call twice."""

@@ -34,6 +34,8 @@ REQUESTS = {
     "incidents": {"id": _I},
     "dumps": {"id": _I},
     "prepare": {"id": _I, "ctx": _I, "kernel": str},
+    "trace_info": {"id": _I},
+    "trace_frozen": {"id": _I, "window?": _I, "offset?": _I, "flush?": bool},
 }
 
 COMMAND = {"kernel": str, "signal?": _I, "ins?": _L, "outs?": _L, "wait?": _L, "params?": dict,

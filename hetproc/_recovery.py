@@ -291,11 +291,13 @@ class Recovery:
             "device_state": sup.device_state(dev),
             "in_flight": [c.describe() for c in list(dev.pushed.values()) + inc.innocent],
             "buffers": sup.buffer_ownership(inc.guilty),
-            "timeline": sup.freeze_window(f"incident {inc.id} on {dev.name}",
-                                          inc.guilty.cid if inc.guilty else 0),
+            # The timeline: a window of every process's trace ring around the incident,
+            # copied out once its aftermath is in (Platform.frozen_windows, trace frozen).
+            "trace_window": sup.freeze_window(f"incident {inc.id} on {dev.name}",
+                                              inc.guilty.cid if inc.guilty else 0),
         }
         sup.dumps.append(record)
-        inc.step("dump", records=len(record["timeline"]), in_flight=len(record["in_flight"]))
+        inc.step("dump", trace_window=record["trace_window"], in_flight=len(record["in_flight"]))
 
     def restart(self, dev: "DeviceHandle", inc: Incident, reset: bool) -> None:
         if reset:

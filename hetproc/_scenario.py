@@ -23,6 +23,7 @@ import psutil
 
 from ipc import entries_with_prefix, errors
 
+from . import _client_trace
 from ._config import PlatformSpec, load_platform
 from ._platform import Platform
 
@@ -77,6 +78,15 @@ class Scenario:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def trace(self) -> dict[str, Any]:
+        """The platform's trace now (every process's ring), as a Chrome trace dict: what
+        ``hetproc._explain.load_trace`` and ``--trace FILE`` take."""
+        return _client_trace.chrome_trace(self.client)
+
+    def frozen(self) -> list[dict[str, Any]]:
+        """The windows frozen around errors so far, with their records."""
+        return _client_trace.frozen_windows(self.client)
+
 
 def find_scenario(name: str) -> Path:
     """A path, or the name of a script in the ``scenarios`` package."""
@@ -104,36 +114,62 @@ def load_module(path: Path) -> ModuleType:
 
 def run_scenario(name: str, *, platform_file: str | None = None,
                  time_scale: float | None = None, options: dict[str, Any] | None = None,
-                 spec: PlatformSpec | None = None) -> dict[str, Any]:
-    """Run one scenario script on a fresh platform; returns its report."""
+                 spec: PlatformSpec | None = None, trace_path: str | None = None,
+                 plot_path: str | None = None, trace: bool | None = None) -> dict[str, Any]:
+    """Run one scenario script on a fresh platform; returns its report.
+
+    ``trace_path``: also write the run's trace (Chrome Trace Event JSON) and, next to it,
+    every window frozen around an error; ``plot_path``: draw the timeline as PNG;
+    ``trace``: force the ring trace on or off (None: the platform's setting).
+    """
     path = find_scenario(name)
     module = load_module(path)
     spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
     doc = (module.__doc__ or "").strip()
     return run_on_platform(module.run, path.stem, doc.splitlines()[0] if doc else "", spec,
-                           options or {})
+                           options or {}, trace_path=trace_path, plot_path=plot_path,
+                           trace=trace, strict_leaks=True)
 
 
 def run_on_platform(func: Callable[[Scenario], None], name: str, description: str,
-                    spec: PlatformSpec, options: dict[str, Any]) -> dict[str, Any]:
+                    spec: PlatformSpec, options: dict[str, Any], *,
+                    trace_path: str | None = None, plot_path: str | None = None,
+                    trace: bool | None = None, strict_leaks: bool = False) -> dict[str, Any]:
     """Start a platform, run ``func`` on it, stop it, look for leftovers, report.
 
     The report says what ran (scenario, platform), what was measured (metrics), what was
-    checked (checks with pass/fail) and what was left behind (objects, processes).
+    checked (checks with pass/fail), what was left behind (objects, processes), the leak
+    check (§15 counts before and after; with ``strict_leaks`` a command left in flight or
+    a client left connected fails the run) and the evidence (frozen windows, trace file,
+    timeline picture).
     """
+    if (trace_path or plot_path) and spec.trace.capacity < _EXPORT_CAPACITY:
+        # A whole run is wanted, not just the last moments: larger rings (memory is only
+        # touched as records are written).
+        spec = spec.with_trace(capacity=_EXPORT_CAPACITY)
     t0 = time.monotonic()
-    plat = Platform(spec=spec)
+    plat = Platform(spec=spec, trace=True if (trace_path or plot_path) and trace is None else trace)
     plat.start()
     s = Scenario(plat, dict(options))
     error = None
     pids: list[int] = []
+    evidence: dict[str, Any] = {}
+    leaks: dict[str, Any] = {}
     try:
         pids = _platform_pids(plat)
+        before = _counts(plat.metrics())
         func(s)
         try:
-            s.metrics.setdefault("platform_metrics", _plain(plat.metrics()))
+            final = plat.metrics()
         except errors.HetprocError:
-            pass  # a drill may have killed the supervisor on purpose
+            final = None  # a drill may have killed the supervisor on purpose
+        if final is not None:
+            s.metrics.setdefault("platform_metrics", _plain(final))
+            leaks = _leak_check(before, _counts(final))
+            if strict_leaks:
+                s.check("leak check: no command left in flight or queued, no client left "
+                        "connected", leaks["ok"], json.dumps(leaks["grown"]))
+            evidence = _collect_evidence(plat, trace_path, plot_path, name)
     except Exception as exc:  # the report must say what broke, not just crash
         error = f"{type(exc).__name__}: {exc}"
         s.check("ran to the end", False, error)
@@ -148,10 +184,57 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
                      "devices": [d.name for d in spec.devices]},
         "options": s.options, "metrics": s.metrics,
         "checks": [c.__dict__ for c in s.checks], "notes": s.notes,
-        "timeline": s.timeline, "left_behind": left, "error": error,
+        "timeline": s.timeline, "left_behind": left, "leak_check": leaks,
+        "evidence": evidence, "error": error,
         "duration_s": round(time.monotonic() - t0, 3),
         "ok": all(c.passed for c in s.checks),
     }
+
+
+_EXPORT_CAPACITY = 1 << 17
+# Counts that must come back to where they were when a scenario's work is done; the rest
+# (contexts, buffers, fences a scenario still holds) are reported, and freed at stop.
+_MUST_RETURN = ("in_flight", "queued", "clients")
+
+
+def _counts(m: dict[str, Any]) -> dict[str, int]:
+    """The §15 resource counts a leak shows up in."""
+    return {"clients": m["clients"], "contexts": m["contexts"],
+            "registered_buffers": m["registered_buffers"], "live_fences": m["live_fences"],
+            "in_flight": m["in_flight"], "queued": sum(m["queue_depth"].values()),
+            "buffer_blocks": m["pool"]["live_blocks"]}
+
+
+def _leak_check(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
+    grown = {k: after[k] - before[k] for k in after if after[k] > before[k]}
+    return {"before": before, "after": after, "grown": grown,
+            "ok": not any(k in grown for k in _MUST_RETURN),
+            "must_return": list(_MUST_RETURN)}
+
+
+def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | None,
+                      stem: str) -> dict[str, Any]:
+    """Frozen windows (always summarised; written next to the trace file when there is
+    one), the trace file and the timeline picture."""
+    client = plat.client
+    evidence: dict[str, Any] = {}
+    if trace_path:
+        base = os.path.splitext(trace_path)[0]
+        evidence["frozen"] = _client_trace.write_frozen(
+            client, os.path.dirname(base) or ".", f"{os.path.basename(base)}.frozen")
+    else:
+        evidence["frozen"] = _client_trace.frozen_windows(client, records=False)
+    if trace_path or plot_path:
+        doc = _client_trace.chrome_trace(client)
+        if trace_path:
+            from ._perfetto import write_chrome_trace
+            write_chrome_trace(trace_path, doc)
+            evidence["trace"] = {"path": trace_path, **{k: v for k, v in doc["otherData"].items()
+                                                         if not k.startswith("hetproc_")}}
+        if plot_path:
+            from ._plot import plot_timeline
+            evidence["plot"] = plot_timeline(doc, plot_path, title=f"hetproc: {stem}")
+    return evidence
 
 
 def _platform_pids(plat: Platform) -> list[int]:
@@ -189,6 +272,15 @@ def print_report(report: dict[str, Any], out=sys.stdout) -> None:
             extra = {k: v for k, v in step.items() if k not in ("step", "t_ms")}
             print(f"    {step['t_ms']:9.3f} ms  {step['step']:22s} "
                   f"{json.dumps(extra) if extra else ''}", file=out)
+    ev = report.get("evidence") or {}
+    for w in ev.get("frozen", []):
+        print(f"  frozen window {w['id']}: {w['reason']}"
+              + (f" -> {w['file']}" if w.get("file") else ""), file=out)
+    if ev.get("trace"):
+        print(f"  trace: {ev['trace']['path']} ({ev['trace']['records']} records, "
+              f"{ev['trace']['flows']} request flows)", file=out)
+    if ev.get("plot"):
+        print(f"  timeline: {ev['plot']['path']}", file=out)
     print("OK" if report["ok"] else "FAILED", file=out)
 
 

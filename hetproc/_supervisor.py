@@ -50,6 +50,7 @@ from . import _protocol
 from ._config import PlatformSpec, parse_platform
 from ._devices import Command, DeviceHandle, device_state_name
 from ._faultplan import FaultPlan
+from ._evidence import EvidenceMixin
 from ._handoff import Handoff
 from ._iommu import Iommu, MemoryRequests
 from ._memlog import MemLog
@@ -61,7 +62,7 @@ FENCE_CAPACITY = 8192
 MAX_SHAPE_ELEMENTS = 1 << 31
 
 
-class Supervisor(MemoryRequests):
+class Supervisor(MemoryRequests, EvidenceMixin):
     def __init__(self, spec: PlatformSpec, prefix: str) -> None:
         self.spec = spec
         self.prefix = prefix
@@ -98,6 +99,7 @@ class Supervisor(MemoryRequests):
         self.iommu = Iommu(spec.iommu, self.memlog, self.scaled_ns)
         self.handoff = Handoff(self, self.memlog)
         self._setup_memory()
+        self._setup_trace()  # rings, frozen windows, freeze_window(): hetproc._evidence
         self._setup_socket()
 
     # -- setup ------------------------------------------------------------------------
@@ -153,11 +155,12 @@ class Supervisor(MemoryRequests):
 
     def spawn(self, dev: DeviceHandle) -> None:
         boot = {"fence_segment": self.fences.segment.name, "state_segment": self.state_seg.name,
-                "device_count": len(self.devices)}
+                "device_count": len(self.devices), **self.trace_boot()}
         self.state[dev.index]["cancel_pidx"] = 0
         self.state[dev.index]["park"] = 0
         dev.spawn(boot, keep_fds=set)
         self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
+        self.trace_device_spawned(dev)
         self.manifest.set_process(dev.name, dev.pid)
         self.manifest.data["devices"][dev.name] = dev.pid
         self.manifest.write()
@@ -177,6 +180,7 @@ class Supervisor(MemoryRequests):
                 elif kind == "death":
                     self.on_device_death(obj)
             self.tick()
+            self.trace_tick()
 
     def tick(self) -> None:
         """Timers: the watchdog and the grace periods of running incidents."""
@@ -281,6 +285,7 @@ class Supervisor(MemoryRequests):
         except (KeyError, ValueError):
             pass
         client.conn.close()
+        self.trace_client_gone(client)
         for ctx_handle in list(client.contexts):
             self.destroy_context(self.contexts.get(ctx_handle), reason="client gone")
         for buf in list(client.buffers):
@@ -293,6 +298,7 @@ class Supervisor(MemoryRequests):
 
     def note_error(self, exc: errors.HetprocError) -> None:
         self.last_error = {**exc.to_dict(), "t": time.time()}
+        self.trace_on_error(exc)
 
     # -- requests ---------------------------------------------------------------------
 
@@ -304,7 +310,7 @@ class Supervisor(MemoryRequests):
                 "supervisor_pid": os.getpid(), "fence_segment": self.fences.segment.name,
                 "state_segment": self.state_seg.name, "time_scale": self.spec.time_scale,
                 "devices": [d.name for d in self.spec.devices],
-                "spec": self.spec.to_dict()}
+                "spec": self.spec.to_dict(), **self.trace_hello(client)}
 
     def op_ping(self, client: ClientRec, msg: dict) -> dict:
         return {}
@@ -380,6 +386,7 @@ class Supervisor(MemoryRequests):
 
     def op_submit(self, client: ClientRec, msg: dict) -> dict:
         t0 = time.perf_counter()
+        t0_ns = time.monotonic_ns()
         ctx = self.context_of(client, msg["ctx"])
         if not msg["cmds"] or len(msg["cmds"]) > 4096:
             raise errors.InvalidRequest(f"a submit carries 1..4096 commands, got {len(msg['cmds'])}")
@@ -392,6 +399,7 @@ class Supervisor(MemoryRequests):
                 self.commit(part)
                 dev.enqueue(part)
             out.append([cmd.seq, cmd.cid, chain[-1].signal[0]])
+        self.trace_submitted(dev, [part for chain in chains for part in chain], t0_ns)
         dev.pump()
         self.note_submit_time(time.perf_counter() - t0, len(cmds))
         return {"cmds": out}
@@ -626,6 +634,7 @@ class Supervisor(MemoryRequests):
     def fail_command(self, cmd: Command, exc: errors.HetprocError) -> None:
         """Fail a command that will never run (or was stopped): error first, then wake."""
         exc.correlation_id = cmd.cid
+        self.trace_failed(cmd, exc)
         for h in cmd.signal:
             rec = self.fence_recs.get(h)
             if rec is not None and self.fences.poll(h)[0] == PENDING:
@@ -694,6 +703,7 @@ class Supervisor(MemoryRequests):
             self.on_command_done(dev, cmd, rec)
 
     def on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
+        self.trace_done(dev, cmd, rec)
         code = rec["code"]
         self.handoff.on_done(dev, cmd, rec)
         if code == errors.Cancelled.code and self.recovery.on_cancel_acknowledged(dev, cmd):
@@ -830,10 +840,6 @@ class Supervisor(MemoryRequests):
                  "nbytes": b.nbytes, "of_guilty": id(b) in mine}
                 for h, b in self.buffers.items() if id(b) in mine or (b.released and b.refs)]
 
-    def freeze_window(self, reason: str, cid: int) -> list:
-        """The timeline around an event (filled in by the trace layer when present)."""
-        return []
-
     # -- reports ----------------------------------------------------------------------
 
     def note_submit_time(self, seconds: float, n: int) -> None:
@@ -877,7 +883,7 @@ class Supervisor(MemoryRequests):
                      "used_bytes": self.pool.used_bytes, "live_blocks": self.pool.live_blocks},
         }
         m.update(self.handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
-        return m
+        return self.evidence_metrics(m)
 
     # -- shutdown ---------------------------------------------------------------------
 
@@ -900,6 +906,7 @@ class Supervisor(MemoryRequests):
         for client in list(self.clients.values()):
             client.conn.close()
         self.listener.close()
+        self.trace_close()
         self.fences.close(unlink=True)
         self.pool.close(unlink=True)
         for dev in self.devices.values():

@@ -22,6 +22,8 @@ from ._packets import VERSION, decode, encode
 from ._ring import Ring
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
 from ._slotmap import SlotMap
+from ._trace import Stage, TraceRing
+from ._tracebank import TraceBank
 
 __all__ = [
     "errors",
@@ -33,4 +35,5 @@ __all__ = [
     "Ring",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
     "SlotMap",
+    "Stage", "TraceRing", "TraceBank",
 ]

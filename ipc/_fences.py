@@ -192,6 +192,22 @@ class FenceTable:
                 return u32[i + 2]
             # A token left from an older generation: swallow it and sleep again.
 
+    def set_cid(self, handle: int, cid: int) -> None:
+        """Stamp the correlation id of the command that will signal this fence: done by
+        whoever binds the fence to its command (the supervisor for fences it makes, the
+        client for fences it picks from its pool), so a waiter can name its producer."""
+        slot, gen = split_handle(handle)
+        if self._owns(slot, gen):
+            self._u64[slot * 4 + 3] = cid
+
+    def producer(self, handle: int) -> tuple[int, int, int]:
+        """``(cid, signaller, t_ns)`` of a fence's outcome, cheaply (no numpy): who a
+        waiter was really waiting for. Zeros for a stale handle."""
+        slot, gen = split_handle(handle)
+        if not self._owns(slot, gen):
+            return 0, 0, 0
+        return self._u64[slot * 4 + 3], self._u32[slot * 8 + 3], self._u64[slot * 4 + 2]
+
     def info(self, handle: int) -> dict:
         slot, gen = split_handle(handle)
         rec = self.slots[slot]

@@ -100,6 +100,12 @@ class SegmentCache:
             seg = self._segments[name] = Segment.attach(name)
         return seg
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._segments
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
     def add(self, seg: Segment) -> None:
         self._segments[seg.name] = seg
 

@@ -168,7 +168,7 @@ class TraceRing:
     carry the parent's pid.
 
     Writer API (single writer per ring; not thread-safe without the caller's lock):
-    ``emit``, ``begin``, ``end``, ``instant``, ``counter``. They are per-instance closures
+    ``emit``, ``begin``, ``end``, ``instant``, ``counter``, ``complete`` (a timed slice). They are per-instance closures
     bound to this ring's buffers, so a hot caller may cache ``ring.begin`` in a local; only
     ``claim`` and ``close`` rebind them. ``enabled = False`` makes them return at once.
 
@@ -340,6 +340,19 @@ class TraceRing:
             n += 1
             hq[2] = n
 
+        def complete(stage: int, cid: int, track: int, t_begin: int, t_end: int, a0: int = 0,
+                     a1: int = 0, a2: int = 0) -> None:
+            """A whole slice at once (BEGIN at ``t_begin``, END at ``t_end``), for a span
+            that was timed rather than left open: one call and one publish for two records."""
+            nonlocal n
+            if not on:
+                return
+            hq[3] = n + 2
+            pack(recs, (n & mask) * 48, t_begin, cid, a0, a1, a2, pid, track, stage, 1)
+            pack(recs, ((n + 1) & mask) * 48, t_end, cid, 0, 0, 0, pid, track, stage, 2)
+            n += 2
+            hq[2] = n
+
         # The literal 2/3/4/48 above are _W_PUBLISHED/_W_CLAIMED/COUNTER/RECORD_BYTES:
         # constants folded by hand because a global lookup per store is measurable.
         assert (_W_PUBLISHED, _W_CLAIMED, COUNTER, RECORD_BYTES) == (2, 3, 4, 48)
@@ -350,6 +363,7 @@ class TraceRing:
         self.end = phased(END)
         self.instant = phased(INSTANT)
         self.counter = counter
+        self.complete = complete
         self.begin.__doc__ = "Open a slice (matched with ``end`` on the same stage, track, cid)."
         self.end.__doc__ = "Close the slice ``begin`` opened; a0..a2 may carry a result."
         self.instant.__doc__ = "Mark a point in time."
@@ -401,7 +415,7 @@ class TraceRing:
             return
         self._closed = True
         self._on = False
-        self.emit = self.begin = self.end = self.instant = self.counter = _noop
+        self.emit = self.begin = self.end = self.instant = self.counter = self.complete = _noop
         self._set_on = lambda value: None
         self._hq.release()
         self._recs.release()

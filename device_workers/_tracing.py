@@ -1,0 +1,199 @@
+"""What one emulated processor writes into the evidence chain (seed §22).
+
+The device owns ring ``device_slot(index)`` of the platform's trace bank and writes, per
+command, on its own track::
+
+    ACQUIRE_WAIT  begin .. end   waiting on the input fences; the END says which fence
+                                 came last (a0), whose request signalled it (a1 = cid)
+                                 and which device or client did (a2 = signaller id)
+    EXEC          begin .. end   running (kernel + modeled time); END a0 = error code
+      MAP         begin .. end   mapping the command's buffers (nested in EXEC);
+                                 END a0 = bytes touched, a1 = buffers, a2 = segments imported
+    SIGNAL        instant        the fence signal: the emulated interrupt; a0 = error code.
+                                 Written only for a delayed (hand-off) signal or a command
+                                 that never ran; otherwise EXEC's END carries it (a1 = 1)
+                                 and the export draws the instant from it.
+
+plus the counters BUFFER_MAPS, DDR_BYTES (cumulative) and POWER_STATE (1 active, 0 low
+power), and it counts maps, imports, bytes, fence waits and power switches in its counter
+block so the metrics stay exact when tracing is off. The time a command was taken off the
+ring (``t_take``) goes back to the supervisor in the completion record: the queue is the
+supervisor's, so it draws the QUEUED slice.
+
+Ring slots and track numbers are fixed here because both the device and the supervisor
+(``hetproc``) must agree on them and ``hetproc`` depends on this package, not the reverse.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ipc import TraceBank
+from ipc._trace import Stage
+from ipc._tracebank import COUNTERS
+
+SLOT_SUPERVISOR = 0
+TRACK_SUPERVISOR = 0
+# An idle device drops to low power after this long without work; the next command wakes
+# it (a power-state switch). Real SoCs use a few ms of hysteresis so that back-to-back work
+# does not bounce the rails; this is not scaled, like the other fixed OS costs.
+POWER_DOWN_NS = 2_000_000
+
+_ACQ, _EXEC, _MAP, _SIGNAL = int(Stage.ACQUIRE_WAIT), int(Stage.EXEC), int(Stage.MAP), int(Stage.SIGNAL)
+_C_MAPS, _C_IMPORTS, _C_DDR = COUNTERS["maps"], COUNTERS["imports"], COUNTERS["ddr_bytes"]
+_C_POWER, _C_WAITS, _C_WAIT_NS = COUNTERS["power_switches"], COUNTERS["fence_waits"], COUNTERS["fence_wait_ns"]
+
+
+def device_slot(index: int) -> int:
+    """The trace ring a device writes (slot 0 is the supervisor's)."""
+    return 1 + index
+
+
+def device_track(index: int) -> int:
+    """The track of a device's execution lane."""
+    return 1 + index
+
+
+QUEUE_TRACK_BASE = 256
+
+
+def queue_track(index: int) -> int:
+    """The track of a device's queue, drawn by the supervisor."""
+    return QUEUE_TRACK_BASE + index
+
+
+class DeviceTrace:
+    """The device's writer: a ring, a counter block, and what is open for the current
+    command, so that a command failing half-way still closes every slice it opened."""
+
+    def __init__(self, bank: TraceBank, index: int, fences: Any, cache: Any, *,
+                 private: bool = False) -> None:
+        self.bank = bank
+        self.ring = bank.writer(device_slot(index))
+        self.c = bank.counters(device_slot(index))
+        self.track = device_track(index)
+        self.fences = fences
+        self.cache = cache
+        self._private = private
+        self.t_take = 0
+        self._open_wait = self._open_exec = self._open_map = False
+        self._t_wait = 0
+        self._active = False
+        self._idle_since = 0
+        self.ring.counter(Stage.POWER_STATE, 0, self.track)
+
+    @classmethod
+    def attach(cls, boot: Any, cache: Any, fences: Any) -> "DeviceTrace":
+        """Attach the platform's bank, or a private disabled one when there is none (a
+        device started without tracing still counts, for its own metrics)."""
+        if boot.trace_segment:
+            seg = cache.get(boot.trace_segment)
+            return cls(TraceBank(seg.map, create=False), boot.index, fences, cache)
+        bank = TraceBank(bytearray(TraceBank.nbytes(boot.index + 2, 2)), create=True,
+                         rings=boot.index + 2, capacity=2, enabled=False)
+        return cls(bank, boot.index, fences, cache, private=True)
+
+    # -- power state ------------------------------------------------------------------
+
+    def idle(self) -> None:
+        """The command ring is empty. Record when idling began; drop to low power (dated
+        when it really happened) once the hysteresis has passed."""
+        if not self._active:
+            return
+        now = time.monotonic_ns()
+        if not self._idle_since:
+            self._idle_since = now
+        elif now - self._idle_since >= POWER_DOWN_NS:
+            self._power(0, self._idle_since + POWER_DOWN_NS)
+
+    def _power(self, state: int, t_ns: int) -> None:
+        self._active = bool(state)
+        self._idle_since = 0
+        self.c[_C_POWER] += 1
+        self.ring.counter(Stage.POWER_STATE, state, self.track, t_ns=t_ns)
+
+    # -- one command ------------------------------------------------------------------
+
+    def take(self, t_ns: int) -> None:
+        """A command came off the ring at ``t_ns`` (the end of its QUEUED time)."""
+        self.t_take = t_ns
+        if self._idle_since and t_ns - self._idle_since >= POWER_DOWN_NS:
+            self._power(0, self._idle_since + POWER_DOWN_NS)
+        if not self._active:
+            self._power(1, t_ns)
+        self._idle_since = 0
+
+    def wait_begin(self, cid: int, n: int) -> None:
+        self._open_wait = True
+        self._t_wait = time.monotonic_ns()
+        self.ring.begin(_ACQ, cid, self.track, n, t_ns=self._t_wait)
+
+    def wait_end(self, cid: int, handles: list[int]) -> None:
+        """Close ACQUIRE_WAIT naming the fence that signalled last: the one really waited for."""
+        self._open_wait = False
+        last = (0, 0, 0, 0)  # t, handle, producer cid, signaller
+        for h in handles:
+            pcid, who, t = self.fences.producer(h)
+            if t >= last[0]:
+                last = (t, h, pcid, who)
+        now = time.monotonic_ns()
+        self.c[_C_WAITS] += 1
+        self.c[_C_WAIT_NS] += now - self._t_wait
+        self.ring.end(_ACQ, cid, self.track, last[1], last[2], last[3], t_ns=now)
+
+    def exec_begin(self, cid: int, t_ns: int) -> None:
+        self._open_exec = True
+        self.ring.begin(_EXEC, cid, self.track, t_ns=t_ns)
+
+    def map_buffers(self, memory: Any, cmd: dict[str, Any], between: Any,
+                    views: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """``memory.acquire`` (IOMMU check, maps, cache maintenance, numpy views), traced as
+        a MAP slice: END a0 = bytes viewed, a1 = buffers mapped, a2 = segments imported."""
+        n = len(cmd["ins"]) + len(cmd["outs"])
+        if not n:
+            return memory.acquire(cmd, between, views=views)
+        cid, ring, c = cmd["cid"], self.ring, self.c
+        self._open_map = True
+        before = len(self.cache)
+        ring.begin(_MAP, cid, self.track)
+        ins, outs = memory.acquire(cmd, between, views=views)
+        imported = len(self.cache) - before
+        nbytes = sum(a.nbytes for a in ins) + sum(a.nbytes for a in outs)
+        c[_C_MAPS] += n
+        c[_C_IMPORTS] += imported
+        c[_C_DDR] += nbytes
+        self._open_map = False
+        ring.end(_MAP, cid, self.track, nbytes, n, imported)
+        ring.counter(Stage.BUFFER_MAPS, c[_C_MAPS], self.track)
+        ring.counter(Stage.DDR_BYTES, c[_C_DDR], self.track)
+        return ins, outs
+
+    def done(self, cmd: dict[str, Any], code: int, signal_now: bool) -> None:
+        """The command finished (or failed at any point): close what it left open.
+
+        ``signal_now``: its fences are signalled right after this, with no hand-off delay.
+        The EXEC END then stands for the SIGNAL too (a1 = 1, one record fewer on the
+        device's hot path; the export draws the SIGNAL instant from it). A command that
+        never started gets its own SIGNAL instant.
+        """
+        cid, ring = cmd["cid"], self.ring
+        if self._open_map:
+            self._open_map = False
+            ring.end(_MAP, cid, self.track, 0, 0, 0)
+        if self._open_exec:
+            self._open_exec = False
+            ring.end(_EXEC, cid, self.track, code, 1 if signal_now else 0)
+        elif signal_now:
+            ring.instant(_SIGNAL, cid, self.track, code)
+        if self._open_wait:
+            self.wait_end(cid, cmd.get("wait") or [])
+
+    def signalled(self, cid: int, code: int) -> None:
+        """A delayed (hand-off) signal is being posted now."""
+        self.ring.instant(_SIGNAL, cid, self.track, code)
+
+    def close(self) -> None:
+        self.bank.close()

@@ -1,0 +1,424 @@
+"""The supervisor's side of the evidence chain (seed §22): trace rings, frozen windows.
+
+::
+
+      one shared segment <prefix>trace (a TraceBank), one ring + counter block per writer:
+      ┌─────────────┬──────────────┬─────┬──────────────┬─────────────┬─────┐
+      │ 0 supervisor│ 1 device 0   │ ... │ D device D-1 │ D+1 client  │ ... │
+      └──────▲──────┴──────▲───────┴─────┴──────────────┴──────▲──────┴─────┘
+             │ ENQUEUE,    │ ACQUIRE_WAIT, EXEC, MAP,          │ SUBMIT, WAKE,
+             │ QUEUED,     │ SIGNAL, power state               │ CALLBACK
+             │ queue depth │ (device_workers._tracing)         │ (hetproc._client_trace)
+             │
+      error ─┴─▶ freeze_window(reason, cid): when the "after" part of the window has
+                 passed (trace_tick), copy [t_error - before, t_error + after] out of every
+                 ring into an owned array, keep it (bounded), optionally dump it as JSON.
+
+Every record carries the request's correlation id (``cid``), made by the client and
+carried in the command packet and the fence slot, so one request's stages line up across
+the client, supervisor and device processes on the one CLOCK_MONOTONIC timeline.
+
+This is a mixin of ``Supervisor``: the supervisor calls a handful of ``trace_*`` hooks at
+the points where a request passes through it, and gets ``freeze_window``, the ``trace_*``
+requests and the extra metrics from here, so the evidence logic stays out of its loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psutil
+
+from device_workers._tracing import (QUEUE_TRACK_BASE, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
+                                     device_slot, device_track, queue_track)
+from ipc import TraceBank, errors
+from ipc._trace import Stage
+
+if TYPE_CHECKING:
+    from ._devices import Command, DeviceHandle
+    from ._records import ClientRec
+
+_QUEUED, _ERROR = int(Stage.QUEUED), int(Stage.ERROR)
+_DEPTH, _INFLIGHT = int(Stage.QUEUE_DEPTH), int(Stage.INFLIGHT)
+_MAX_NAMES = 4096          # process names remembered for export (oldest clients dropped)
+_FREEZES_PER_S = 10        # an error storm must not turn the supervisor into a copier
+_PAGE_RECORDS = 16000      # records per trace_frozen reply: 768 KB, under MAX_PACKET
+_SAMPLE_NS = 200_000       # counter samples per counter at most every 0.2 ms (see _sample)
+CLIENT_TRACK_BASE = 1024
+
+
+def client_track(client_id: int) -> int:
+    """The track of a client's lane (u16: client ids wrap after ~64k clients)."""
+    return CLIENT_TRACK_BASE + client_id % (0xFFFF - CLIENT_TRACK_BASE)
+
+
+def freezes_on(exc: errors.HetprocError) -> bool:
+    """Errors worth a frozen window: a runtime failure, not a caller's mistake.
+
+    A malformed or refused request (``InvalidRequest``) is the sender's bug and is answered
+    at once; a command cancelled by its own client, or a platform shutting down, is not a
+    failure. An IOMMU fault is an ``InvalidRequest`` but happens on the device: it freezes.
+    """
+    if isinstance(exc, errors.InvalidRequest) and not isinstance(exc, errors.IommuFault):
+        return False
+    if isinstance(exc, errors.Cancelled) and exc.scope == "request":
+        return False
+    return not isinstance(exc, errors.PlatformError)
+
+
+class EvidenceMixin:
+    """Trace bank, per-request hooks, frozen windows and metrics for ``Supervisor``."""
+
+    # Provided by Supervisor.
+    spec: Any
+    prefix: str
+    devices: dict
+    clients: dict
+    last_error: dict | None
+
+    # -- setup ------------------------------------------------------------------------
+
+    def _setup_trace(self) -> None:
+        t = self.spec.trace
+        rings = 1 + len(self.spec.devices) + t.client_slots
+        seg = self._new_segment("trace", TraceBank.nbytes(rings, t.capacity))  # type: ignore[attr-defined]
+        self.trace_segment = seg
+        self.trace_bank = TraceBank(seg.map, create=True, rings=rings, capacity=t.capacity,
+                                    enabled=t.enabled)
+        self.trace_ring = self.trace_bank.writer(SLOT_SUPERVISOR)
+        self._trace_free = deque(range(1 + len(self.spec.devices), rings))
+        self._trace_slot_of: dict[Any, int] = {}
+        self._trace_departed = dict.fromkeys(("maps", "imports", "fence_waits", "fence_wait_ns"), 0)
+        self.trace_names: dict[int, str] = {os.getpid(): "hetproc supervisor"}
+        self.trace_tracks: dict[int, str] = {TRACK_SUPERVISOR: "supervisor"}
+        for i, d in enumerate(self.spec.devices):
+            self.trace_tracks[device_track(i)] = d.name
+            self.trace_tracks[queue_track(i)] = f"{d.name} queue"
+        self.frozen: deque[dict[str, Any]] = deque(maxlen=t.keep)
+        self._pending_freeze: dict[str, Any] | None = None
+        self._freeze_ids = itertools.count(1)
+        self._freeze_times: deque[int] = deque(maxlen=_FREEZES_PER_S)
+        self._freezes_suppressed = 0
+        self._inflight = 0
+        self._sampled = 0                    # when counters were last written
+        self._dirty: set[int] = set()        # devices (by index) whose queue changed since
+        self._dev_at = {dev.index: dev for dev in self.devices.values()}
+        self._shown: dict[int, int] = {}     # device index (-1: in-flight) -> value written
+        scale = max(self.spec.time_scale, 0.05)
+        # Scaled like the modeled durations, floored by what the OS itself costs (a wake-up
+        # on a loaded 2-core box takes up to a few ms whatever the time scale).
+        self._before_ns = int(max(t.before_ms * scale, 5.0) * 1e6)
+        self._after_ns = int(max(t.after_ms * scale, 2.0) * 1e6)
+        self._lookback_ns = 20 * self._before_ns
+
+    def trace_boot(self) -> dict[str, str]:
+        """What a device needs to find its ring (merged into its boot arguments)."""
+        return {"trace_segment": self.trace_segment.name}
+
+    def trace_device_spawned(self, dev: "DeviceHandle") -> None:
+        self.trace_names[dev.pid] = f"{dev.name} (device, epoch {dev.epoch})"
+
+    def trace_close(self) -> None:
+        self.trace_bank.close()
+
+    # -- clients ----------------------------------------------------------------------
+
+    def trace_hello(self, client: "ClientRec") -> dict[str, Any]:
+        """Hand a ring to a new client (least recently used first, so the previous
+        occupant's records stay readable as long as possible)."""
+        slot = self._trace_free.popleft() if self._trace_free else -1
+        track = client_track(client.id)
+        if slot >= 0:
+            self._trace_slot_of[client] = slot
+            self.trace_bank.reset_counters(slot)
+        self._remember_name(client.pid, client.name)
+        self.trace_tracks[track] = f"client {client.name}"
+        return {"trace": {"segment": self.trace_segment.name, "slot": slot, "track": track,
+                          "enabled": self.trace_bank.enabled}}
+
+    def _remember_name(self, pid: int, name: str) -> None:
+        names = self.trace_names
+        old = names.pop(pid, None)
+        if old and old.startswith("client ") and name not in old[7:].split(", "):
+            names[pid] = f"{old}, {name}"  # several clients in one process share its row
+        else:
+            names[pid] = f"client {name}"
+        while len(names) > _MAX_NAMES:
+            names.pop(next(iter(names)))
+
+    def trace_client_gone(self, client: "ClientRec") -> None:
+        slot = self._trace_slot_of.pop(client, None)
+        if slot is None:
+            return
+        counts = self.trace_bank.counter_values(slot)
+        for key in self._trace_departed:
+            self._trace_departed[key] += counts[key]
+        self._trace_free.append(slot)
+
+    # -- a request passing through -----------------------------------------------------
+
+    def trace_submitted(self, dev: "DeviceHandle", cmds: list["Command"], t0_ns: int) -> None:
+        """After ``op_submit`` queued ``cmds``: one QUEUED slice per command, open until
+        the device takes the command off its ring.
+
+        The supervisor is the platform's busiest process, so each command costs it one
+        record here and one at completion: the BEGIN is stamped when the message arrived
+        (``t0_ns``) and carries in a2 how long validation and queueing took; the export
+        expands that into an ENQUEUE slice followed by QUEUED (``_trace_export``).
+        """
+        qt = QUEUE_TRACK_BASE + dev.index
+        now = time.monotonic_ns()
+        begin, enq = self.trace_ring.begin, now - t0_ns
+        for cmd in cmds:
+            begin(_QUEUED, cmd.cid, qt, cmd.seq, cmd.priority, enq, t0_ns)
+            cmd.trace_track = qt
+        self._inflight += len(cmds)
+        self._dirty.add(dev.index)
+        if now - self._sampled >= _SAMPLE_NS:
+            self._sample(now)
+
+    def trace_done(self, dev: "DeviceHandle", cmd: "Command", rec: dict) -> None:
+        """A completion arrived: QUEUED ends when the device took the command."""
+        qt = cmd.trace_track
+        if qt < 0:
+            return  # not from a client's submit (a probe), or closed already
+        cmd.trace_track = -1
+        self._inflight -= 1
+        # This runs once per command in the busiest process: no clock read (the device's
+        # end time is on the same clock and close enough to pace the samples), no calls.
+        self.trace_ring.end(_QUEUED, cmd.cid, qt, rec["code"], 0, 0, rec.get("t_take") or rec["t_end"])
+        self._dirty.add(dev.index)
+        if rec["t_end"] - self._sampled >= _SAMPLE_NS:
+            self._sample(time.monotonic_ns())
+
+    def trace_failed(self, cmd: "Command", exc: errors.HetprocError) -> None:
+        """A command failed without a completion (cancelled, device died): close QUEUED."""
+        qt = cmd.trace_track
+        if qt < 0:
+            return
+        cmd.trace_track = -1
+        now = time.monotonic_ns()
+        self._inflight -= 1
+        self.trace_ring.end(_QUEUED, cmd.cid, qt, exc.code, 0, 0, now)
+        self._dirty.add(cmd.device.index)
+        self._sample(now)
+
+    def _sample(self, now: int) -> None:
+        """Write the queue-depth counters of the devices that changed, and in-flight.
+
+        At most one round of samples per ``_SAMPLE_NS``: at 20k commands/s a sample per
+        command would cost the busiest process more than the slices themselves. Changes in
+        between mark their device dirty; ``trace_tick`` writes what is still dirty, so
+        each counter track ends on its true value.
+        """
+        self._sampled = now
+        counter = self.trace_ring.counter
+        for index in self._dirty:
+            depth = self._dev_at[index].queue_depth()
+            if self._shown.get(index) != depth:
+                self._shown[index] = depth
+                counter(_DEPTH, depth, queue_track(index), 0, now)
+        self._dirty.clear()
+        if self._shown.get(-1) != self._inflight:
+            self._shown[-1] = self._inflight
+            counter(_INFLIGHT, self._inflight, TRACK_SUPERVISOR, 0, now)
+
+    def trace_on_error(self, exc: errors.HetprocError) -> None:
+        """Every error the supervisor notes: freeze a window for the ones that matter."""
+        if freezes_on(exc):
+            wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
+                                     code=exc.code)
+            if self.last_error is not None:
+                self.last_error["trace_window"] = wid
+
+    # -- frozen windows ---------------------------------------------------------------
+
+    def freeze_window(self, reason: str, cid: int = 0, *, code: int = 0) -> int:
+        """Keep the trace around now: [now - before, now + after] from every ring.
+
+        Returns the window's id at once; the copy is taken by ``trace_tick`` once the
+        "after" part has passed (so it holds what happened next, e.g. the recovery).
+        Errors while a window is still open join it; an error storm is rate-limited and
+        counted as ``freezes_suppressed``. Safe to call from any supervisor code path.
+        """
+        now = time.monotonic_ns()
+        self.trace_ring.instant(_ERROR, cid, TRACK_SUPERVISOR, code)
+        entry = {"t_ns": now, "reason": reason, "cid": cid, "code": code}
+        p = self._pending_freeze
+        if p is not None:
+            p["errors"].append(entry)
+            if cid:
+                p["cids"].add(cid)
+            # Extend to cover this error's aftermath, but never indefinitely.
+            p["t_due"] = max(p["t_due"], min(now + self._after_ns, p["t_error_ns"] + self._before_ns))
+            return p["id"]
+        if len(self._freeze_times) == _FREEZES_PER_S and now - self._freeze_times[0] < 1_000_000_000:
+            self._freezes_suppressed += 1
+            if self.frozen:
+                self.frozen[-1]["suppressed"] += 1
+                return self.frozen[-1]["id"]
+            return 0
+        self._freeze_times.append(now)
+        wid = next(self._freeze_ids)
+        self._pending_freeze = {
+            "id": wid, "reason": reason, "cid": cid, "cids": {cid} if cid else set(),
+            "t_error_ns": now, "t_due": now + self._after_ns, "errors": [entry],
+            "last_error": dict(self.last_error) if self.last_error else None, "suppressed": 0,
+        }
+        return wid
+
+    def trace_tick(self) -> None:
+        """Called every loop turn: finish counter tracks whose last sample was skipped;
+        take the copy of a window whose "after" part has passed."""
+        now = time.monotonic_ns()
+        if (self._dirty or self._shown.get(-1) != self._inflight) and now - self._sampled >= _SAMPLE_NS:
+            self._sample(now)
+        p = self._pending_freeze
+        if p is not None and now >= p["t_due"]:
+            self._complete_freeze()
+
+    def _complete_freeze(self) -> None:
+        p, self._pending_freeze = self._pending_freeze, None
+        assert p is not None
+        t_to = max(p["t_due"], time.monotonic_ns())
+        t_from = p["t_error_ns"] - self._before_ns
+        if self.frozen:  # windows never overlap: the previous one already holds that part
+            t_from = max(t_from, self.frozen[-1]["t_to_ns"] + 1)
+        records = self.trace_bank.snapshot(t_from_ns=max(0, t_from - self._lookback_ns),
+                                           t_to_ns=t_to)
+        # Reach back to the start of each failed request (its submit may predate "before"),
+        # within the lookback bound.
+        cids = np.fromiter(p["cids"], np.uint64, len(p["cids"]))
+        if len(cids) and len(records):
+            mine = records["t_ns"][np.isin(records["cid"], cids)]
+            if len(mine):
+                t_from = min(t_from, int(mine.min()))
+        records = records[records["t_ns"] >= t_from]
+        window = {
+            "id": p["id"], "reason": p["reason"], "cid": p["cid"], "cids": sorted(p["cids"]),
+            "t_error_ns": p["t_error_ns"], "t_from_ns": t_from, "t_to_ns": t_to,
+            "errors": p["errors"], "last_error": p["last_error"], "suppressed": p["suppressed"],
+            "records": records, "names": dict(self.trace_names),
+            "tracks": dict(self.trace_tracks), "file": None,
+        }
+        self.frozen.append(window)
+        dump_dir = self.spec.trace.dump_dir
+        if dump_dir:
+            window["file"] = _dump_window(window, dump_dir, self.prefix)
+
+    def trace_flush(self) -> None:
+        """Take a pending window now (before answering about windows, or at shutdown)."""
+        if self._pending_freeze is not None:
+            self._complete_freeze()
+
+    # -- requests ---------------------------------------------------------------------
+
+    def op_trace_info(self, client: "ClientRec", msg: dict) -> dict:
+        """Where the rings are and what their pids and tracks are called: a reader maps the
+        segment and snapshots the rings itself (data never travels on the control channel)."""
+        return {"segment": self.trace_segment.name, "rings": self.trace_bank.rings,
+                "capacity": self.trace_bank.capacity, "enabled": self.trace_bank.enabled,
+                "names": [[pid, name] for pid, name in self.trace_names.items()],
+                "tracks": [[t, name] for t, name in self.trace_tracks.items()]}
+
+    def op_trace_frozen(self, client: "ClientRec", msg: dict) -> dict:
+        """Without ``window``: every kept window's summary. With it: one window, its
+        records paged from ``offset`` (raw RECORD_DTYPE bytes)."""
+        if msg.get("flush", False):
+            self.trace_flush()
+        wid = msg.get("window")
+        if wid is None:
+            return {"windows": [_summary(w) for w in self.frozen],
+                    "pending": self._pending_freeze is not None,
+                    "suppressed": self._freezes_suppressed}
+        for w in self.frozen:
+            if w["id"] == wid:
+                off = int(msg.get("offset", 0))
+                recs = w["records"][off:off + _PAGE_RECORDS]
+                return {"window": {**_summary(w), "names": [[p, n] for p, n in w["names"].items()],
+                                   "tracks": [[t, n] for t, n in w["tracks"].items()],
+                                   "errors": w["errors"], "last_error": w["last_error"]},
+                        "records": recs.tobytes(), "offset": off, "total": len(w["records"])}
+        raise errors.InvalidRequest(f"no frozen window {wid} (kept: {[w['id'] for w in self.frozen]})")
+
+    # -- metrics ----------------------------------------------------------------------
+
+    def evidence_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
+        """Add the §9/§15 figures the counters and the OS know: buffer maps, fence waits,
+        DDR bytes, power-state switches, CPU per process, trace health."""
+        bank = self.trace_bank
+        maps = imports = 0
+        dev_waits = dev_wait_ns = switches = 0
+        cpu: dict[str, float | None] = {"supervisor": _cpu_s(os.getpid())}
+        for dev in self.devices.values():
+            v = bank.counter_values(device_slot(dev.index))
+            maps += v["maps"]
+            imports += v["imports"]
+            dev_waits += v["fence_waits"]
+            dev_wait_ns += v["fence_wait_ns"]
+            switches += v["power_switches"]
+            m["devices"][dev.name].update(
+                buffer_maps=v["maps"], buffer_imports=v["imports"], ddr_bytes=v["ddr_bytes"],
+                power_switches=v["power_switches"], acquire_waits=v["fence_waits"],
+                acquire_wait_ms=v["fence_wait_ns"] / 1e6)
+            cpu[dev.name] = _cpu_s(dev.pid) if dev.pid else None
+        c_waits, c_wait_ns = self._trace_departed["fence_waits"], self._trace_departed["fence_wait_ns"]
+        c_maps = self._trace_departed["maps"]
+        imports += self._trace_departed["imports"]
+        for client, slot in self._trace_slot_of.items():
+            v = bank.counter_values(slot)
+            c_maps += v["maps"]
+            imports += v["imports"]
+            c_waits += v["fence_waits"]
+            c_wait_ns += v["fence_wait_ns"]
+        for client in self.clients.values():
+            if client.id and client.pid:
+                cpu[f"client {client.name} ({client.pid})"] = _cpu_s(client.pid)
+        m.update(
+            buffer_maps=maps + c_maps, buffer_imports=imports, power_switches=switches,
+            fence_wait={"client_waits": c_waits, "client_wait_ms": c_wait_ns / 1e6,
+                        "client_wait_ms_mean": c_wait_ns / 1e6 / c_waits if c_waits else None,
+                        "device_waits": dev_waits, "device_wait_ms": dev_wait_ns / 1e6,
+                        "device_wait_ms_mean": dev_wait_ns / 1e6 / dev_waits if dev_waits else None},
+            cpu_s=cpu,
+            trace={"enabled": bank.enabled, "capacity": bank.capacity, "rings": bank.rings,
+                   "free_client_rings": len(self._trace_free),
+                   "records_written": sum(bank.written(k) for k in range(bank.rings)),
+                   "frozen_windows": len(self.frozen), "freezes_suppressed": self._freezes_suppressed,
+                   "last_window": self.frozen[-1]["id"] if self.frozen else None},
+        )
+        return m
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process (None if it is gone)."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return round(t.user + t.system, 4)
+    except (psutil.Error, OSError):
+        return None
+
+
+def _summary(w: dict[str, Any]) -> dict[str, Any]:
+    return {"id": w["id"], "reason": w["reason"], "cid": w["cid"], "cids": w["cids"],
+            "t_error_ns": w["t_error_ns"], "t_from_ns": w["t_from_ns"], "t_to_ns": w["t_to_ns"],
+            "records": len(w["records"]), "errors": len(w["errors"]),
+            "suppressed": w["suppressed"], "file": w["file"]}
+
+
+def _dump_window(window: dict[str, Any], dump_dir: str, prefix: str) -> str | None:
+    """Write one frozen window as Chrome Trace JSON; a failure to write loses the file,
+    never the window (it stays in memory) nor the supervisor."""
+    from ._trace_export import frozen_to_chrome
+    from ._perfetto import write_chrome_trace
+    try:
+        os.makedirs(dump_dir, exist_ok=True)
+        path = os.path.join(dump_dir, f"frozen-{prefix.strip('.')}-{window['id']}.json")
+        return write_chrome_trace(path, frozen_to_chrome(window))
+    except OSError:
+        return None

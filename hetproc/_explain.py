@@ -1,0 +1,428 @@
+"""Attribution: where did one request's time go, and what does that imply (seed §22)?
+
+Input is a Chrome trace as ``hetproc`` exports it (a live export or a frozen window):
+slices and instants that carry the request's correlation id in ``args.cid``. One request's
+life is cut at the points the chain records, in this order::
+
+    SUBMIT.begin ─submit─▶ QUEUED.begin ─queued─▶ QUEUED.end ─acquire─▶ EXEC.begin
+      (client)             (supervisor:           (device took it)      (inputs ready)
+                            validated, queued)
+    EXEC.begin ─execute─▶ EXEC.end ─signal─▶ SIGNAL ─wake-up─▶ WAKE.end ─callback─▶ CALLBACK.end
+                          (device)            (the "interrupt")  (client woke)
+
+A point that is missing (a request nobody waited on has no WAKE) merges its stage into the
+next one. The longest stage is the dominant one, and each stage has its own repair path:
+the same "runtime timeout" seen from the API means very different things::
+
+    acquire   waited on an input fence: an upstream producer (ISP, buffer pool) was late,
+              the device is likely not at fault; the producer request is named
+    queued    enqueued but not started: queueing behind other work, priority, power state;
+              what the device ran meanwhile is named
+    execute   the device itself was slow: kernel, modeled time, frequency, contention
+    signal    the device finished but signalled late: hand-off delay or interrupt path
+    wake-up   the fence was signalled but the client woke late: callback thread, locks,
+              CPU scheduling in the client
+    callback  the client's own callback took the time
+    submit    the submit path: client runtime, control channel, supervisor validation
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from ipc import errors
+
+__all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest", "format_request",
+           "IMPLICATIONS", "STAGES", "summary_lines", "as_dict", "parse_cid"]
+
+STAGES = ("submit", "queued", "acquire", "execute", "signal", "wake-up", "callback")
+
+IMPLICATIONS = {
+    "submit": "the submit path itself: client runtime, control channel or supervisor "
+              "validation is slow (check the supervisor's load and the submitting thread)",
+    "queued": "enqueued but not started: queueing behind other work, priority or the "
+              "device's power state (see what the device ran meanwhile)",
+    "acquire": "the device waited on its acquire fence: an upstream producer (ISP, buffer "
+               "pool) was late; the device itself is likely not at fault",
+    "execute": "the device itself was slow: kernel, modeled time, frequency or contention "
+               "on the device",
+    "signal": "the device finished but signalled late: hand-off delay or interrupt path",
+    "wake-up": "the fence was signalled on time but the client woke late: callback "
+               "thread, lock contention or CPU scheduling in the client",
+    "callback": "the client's own callback took the time",
+}
+
+_USER_SIGNALLER = 0xFFFF
+
+
+@dataclass
+class Slice:
+    name: str
+    t0: float  # ms from the trace origin
+    t1: float
+    pid: int
+    tid: int
+    args: dict[str, Any]
+
+    @property
+    def dur(self) -> float:
+        return self.t1 - self.t0
+
+
+@dataclass
+class Span:
+    """One stage of one request: ``name`` is one of STAGES."""
+
+    name: str
+    t0: float
+    t1: float
+    where: str
+    detail: str = ""
+
+    @property
+    def dur(self) -> float:
+        return self.t1 - self.t0
+
+
+@dataclass
+class Request:
+    cid: int
+    slices: dict[str, list[Slice]] = field(default_factory=dict)
+    instants: dict[str, list[Slice]] = field(default_factory=dict)
+    stages: list[Span] = field(default_factory=list)
+    unfinished: bool = False
+
+    @property
+    def start(self) -> float:
+        return self.stages[0].t0 if self.stages else 0.0
+
+    @property
+    def end(self) -> float:
+        return self.stages[-1].t1 if self.stages else 0.0
+
+    @property
+    def total(self) -> float:
+        return self.end - self.start
+
+    @property
+    def dominant(self) -> Span | None:
+        return max(self.stages, key=lambda s: s.dur) if self.stages else None
+
+    def first(self, name: str) -> Slice | None:
+        got = self.slices.get(name)
+        return got[0] if got else None
+
+    def last(self, name: str) -> Slice | None:
+        got = self.slices.get(name)
+        return got[-1] if got else None
+
+
+class Trace:
+    """A parsed Chrome trace: slices by cid, names of processes and rows, counters."""
+
+    def __init__(self, doc: Mapping[str, Any]) -> None:
+        self.doc = doc
+        self.other = dict(doc.get("otherData") or {})
+        self.processes: dict[int, str] = {}
+        self.threads: dict[tuple[int, int], str] = {}
+        self.by_cid: dict[int, Request] = {}
+        self.execs: list[Slice] = []  # every EXEC slice, for "what ran meanwhile"
+        self.counters: dict[str, list[tuple[float, float]]] = {}
+        for ev in doc.get("traceEvents", []):
+            ph = ev.get("ph")
+            if ph == "M":
+                if ev.get("name") == "process_name":
+                    self.processes[ev["pid"]] = ev["args"]["name"]
+                elif ev.get("name") == "thread_name":
+                    self.threads[(ev["pid"], ev["tid"])] = ev["args"]["name"]
+                continue
+            if ph == "C":
+                self.counters.setdefault(ev["name"], []).append(
+                    (ev["ts"] / 1000.0, ev.get("args", {}).get("value", 0)))
+                continue
+            if ph not in ("X", "i"):
+                continue
+            args = ev.get("args") or {}
+            t0 = ev["ts"] / 1000.0
+            s = Slice(ev["name"], t0, t0 + ev.get("dur", 0.0) / 1000.0, ev["pid"], ev["tid"], args)
+            if ph == "X" and s.name == "EXEC":
+                self.execs.append(s)
+            cid = int(args.get("cid") or 0)
+            if not cid:
+                continue
+            req = self.by_cid.setdefault(cid, Request(cid))
+            bucket = req.slices if ph == "X" else req.instants
+            bucket.setdefault(s.name, []).append(s)
+            if args.get("unfinished"):
+                req.unfinished = True
+        for req in self.by_cid.values():
+            for group in (req.slices, req.instants):
+                for items in group.values():
+                    items.sort(key=lambda s: s.t0)
+
+    def row(self, pid: int, tid: int) -> str:
+        """A row's name without the overflow suffix (``"npu0 queue #1"`` -> ``"npu0 queue"``)."""
+        row = self.threads.get((pid, tid), "")
+        head, sep, tail = row.rpartition(" #")
+        return head if sep and tail.isdigit() else row
+
+    def where(self, s: Slice) -> str:
+        row = self.row(s.pid, s.tid)
+        proc = self.processes.get(s.pid, f"pid {s.pid}")
+        if row.startswith("client ") or (row and row in proc):
+            return row  # a client's own row, or a device's row in its own process
+        return f"{proc}: {row}" if row else proc
+
+    def device_of(self, req: Request) -> str:
+        s = req.first("EXEC") or req.first("ACQUIRE_WAIT")
+        if s is not None:
+            return self.row(s.pid, s.tid) or self.processes.get(s.pid, "?")
+        q = req.first("QUEUED")
+        if q is not None:
+            return self.row(q.pid, q.tid).removesuffix(" queue") or "?"
+        return "?"
+
+    def counter_at(self, name: str, t: float) -> float | None:
+        value = None
+        for ts, v in self.counters.get(name, ()):
+            if ts > t:
+                break
+            value = v
+        return value
+
+
+def load_trace(path_or_doc: str | os.PathLike[str] | Mapping[str, Any]) -> Trace:
+    if isinstance(path_or_doc, Mapping):
+        return Trace(path_or_doc)
+    with open(path_or_doc, encoding="utf-8") as f:
+        return Trace(json.load(f))
+
+
+# -- attribution ---------------------------------------------------------------------------
+
+
+def _points(req: Request) -> list[tuple[str, float, str]]:
+    """(stage ending here, time, where it ends) for each boundary this request recorded."""
+    pts: list[tuple[str, float, str]] = []
+    sub, queued, ex = req.first("SUBMIT"), req.first("QUEUED"), req.first("EXEC")
+    enq = req.first("ENQUEUE")
+    start = sub or enq or queued or req.first("ACQUIRE_WAIT") or ex
+    if start is None:
+        return []
+    pts.append(("", start.t0, ""))
+    if queued is not None:
+        pts.append(("submit", queued.t0, "queue"))
+        if not queued.args.get("unfinished"):
+            pts.append(("queued", queued.t1, "queue"))
+    if ex is not None:
+        pts.append(("acquire", ex.t0, "device"))
+        if not ex.args.get("unfinished"):
+            pts.append(("execute", ex.t1, "device"))
+    else:  # it never ran: a failed input fence, a cancel, a crash while waiting
+        w = req.last("ACQUIRE_WAIT")
+        if w is not None and not w.args.get("unfinished"):
+            pts.append(("acquire", w.t1, "device"))
+    sig = req.instants.get("SIGNAL")
+    t_sig = sig[0].t0 if sig else None
+    if t_sig is not None:
+        pts.append(("signal", t_sig, "device"))
+    wakes = [w for w in req.slices.get("WAKE", []) if not w.args.get("unfinished")]
+    if wakes:
+        wake = wakes[-1]
+        pts.append(("wake-up", wake.t1, "client"))
+    cb = req.last("CALLBACK")
+    if cb is not None and not cb.args.get("unfinished"):
+        pts.append(("callback", cb.t1, "client"))
+    # Keep the chain monotonic: a point earlier than the previous one (clock jitter across
+    # processes is nil on one CLOCK_MONOTONIC, but a client may wait before the signal)
+    # is clamped, so stages never have negative length.
+    out, t_prev = [], pts[0][1]
+    for name, t, where in pts:
+        t_prev = max(t_prev, t)
+        out.append((name, t_prev, where))
+    return out
+
+
+def explain(trace: Trace, cid: int) -> Request | None:
+    """Cut request ``cid`` into stages and describe each; None if the trace lacks it."""
+    req = trace.by_cid.get(cid)
+    if req is None:
+        return None
+    pts = _points(req)
+    req.stages = []
+    for (_, t_prev, _), (name, t, kind) in zip(pts, pts[1:]):
+        req.stages.append(Span(name, t_prev, t, _where(trace, req, name), _detail(trace, req, name, t_prev, t)))
+    return req
+
+
+def _where(trace: Trace, req: Request, stage: str) -> str:
+    pick = {"submit": ("SUBMIT", "ENQUEUE"), "queued": ("QUEUED",),
+            "acquire": ("ACQUIRE_WAIT", "EXEC"), "execute": ("EXEC",), "signal": ("EXEC",),
+            "wake-up": ("WAKE",), "callback": ("CALLBACK", "WAKE")}[stage]
+    for name in pick:
+        s = req.first(name)
+        if s is not None:
+            return trace.where(s)
+    for group in req.instants.values():  # e.g. a request that failed before it ran
+        return trace.where(group[0])
+    return "?"
+
+
+def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str:
+    if stage == "acquire":
+        w = req.last("ACQUIRE_WAIT")
+        if w is None:
+            return "no input fence: dispatch only"
+        handle = int(w.args.get("end_a0", 0))
+        pcid = int(w.args.get("end_a1", 0))
+        who = int(w.args.get("end_a2", 0))
+        text = f"waited {w.dur:.3f} ms on fence {handle:#x}"
+        if who == _USER_SIGNALLER:
+            text += ", a user fence signalled by a client"
+        elif who == 0 and handle:
+            text += ", failed by the supervisor"
+        if pcid:
+            prod = trace.by_cid.get(pcid)
+            if prod is not None:
+                explain(trace, pcid)
+                dom = prod.dominant
+                text += (f", produced by request {pcid:#x} on {trace.device_of(prod)}"
+                         + (f" (its {dom.name} {dom.dur:.3f} ms)" if dom else ""))
+            else:
+                text += f", produced by request {pcid:#x} (outside this trace)"
+        return text
+    if stage == "queued":
+        q = req.first("QUEUED")
+        dev = trace.device_of(req)
+        others: dict[int, float] = {}
+        for ex in trace.execs:
+            c = int(ex.args.get("cid") or 0)
+            if c != req.cid and ex.t0 < t1 and ex.t1 > t0 and trace.row(ex.pid, ex.tid) == dev:
+                others[c] = others.get(c, 0.0) + min(ex.t1, t1) - max(ex.t0, t0)
+        parts = []
+        if q is not None:
+            parts.append(f"priority {q.args.get('a1', 0)}")
+        depth = trace.counter_at(f"queue depth {dev} queue", t0)
+        if depth is not None:
+            parts.append(f"queue depth {int(depth)} on arrival")
+        power = trace.counter_at(f"power state {dev}", t0)
+        if power is not None:
+            parts.append("device was in low power" if power == 0 else "device was active")
+        if others:
+            top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
+            parts.append(f"{dev} ran meanwhile: " + ", ".join(
+                f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
+        return "; ".join(parts)
+    if stage == "execute":
+        m = req.first("MAP")
+        if m is not None:
+            return (f"mapped {int(m.args.get('end_a1', 0))} buffers, "
+                    f"{int(m.args.get('end_a0', 0))} bytes in {m.dur:.3f} ms")
+        return ""
+    if stage == "wake-up":
+        w = req.last("WAKE")
+        if w is not None and w.t0 > t0:
+            return f"the client started waiting {w.t0 - t0:.3f} ms after the signal"
+        if w is not None:
+            return "the client was already waiting"
+        return ""
+    if stage == "signal":
+        sig = req.instants.get("SIGNAL")
+        code = int(sig[0].args.get("a0", 0)) if sig else 0
+        if code:
+            return f"signalled the failure {errors.error_class(code).__name__}"
+        return ""
+    if stage == "submit":
+        s, e = req.first("SUBMIT"), req.first("ENQUEUE")
+        parts = []
+        if s is not None:
+            parts.append(f"client submit {s.dur:.3f} ms")
+        if e is not None:
+            parts.append(f"supervisor validation {e.dur:.3f} ms")
+        return ", ".join(parts)
+    return ""
+
+
+def _owner(trace: Trace, cid: int) -> str:
+    """`` (from client X)`` when the trace shows who submitted request ``cid``."""
+    other = trace.by_cid.get(cid)
+    sub = other.first("SUBMIT") if other else None
+    return f" from {trace.where(sub)}" if sub is not None else ""
+
+
+def requests(trace: Trace) -> list[Request]:
+    """Every request the trace saw running or queued (a cid with QUEUED or EXEC)."""
+    out = []
+    for cid, req in trace.by_cid.items():
+        if "EXEC" in req.slices or "QUEUED" in req.slices:
+            explain(trace, cid)
+            if req.stages:
+                out.append(req)
+    return out
+
+
+def slowest(trace: Trace, n: int, among: Iterable[int] | None = None) -> list[Request]:
+    reqs = requests(trace)
+    if among is not None:
+        keep = set(among)
+        reqs = [r for r in reqs if r.cid in keep]
+    return sorted(reqs, key=lambda r: -r.total)[:n]
+
+
+# -- text -------------------------------------------------------------------------------
+
+
+def format_request(trace: Trace, req: Request) -> str:
+    dom = req.dominant
+    lines = [f"request {req.cid:#x} on {trace.device_of(req)}: {req.total:.3f} ms from "
+             f"{req.stages[0].name if req.stages else '?'} start to "
+             f"{req.stages[-1].name if req.stages else '?'} end"
+             + (" (unfinished at the end of the trace)" if req.unfinished else "")]
+    lines.append(f"  {'stage':10s} {'at ms':>10s} {'ms':>10s} {'share':>6s}  where / evidence")
+    for s in req.stages:
+        share = 100.0 * s.dur / req.total if req.total > 0 else 0.0
+        mark = "*" if s is dom else " "
+        lines.append(f"{mark} {s.name:10s} {s.t0 - req.start:10.3f} {s.dur:10.3f} {share:5.1f}%  "
+                     f"{s.where}" + (f": {s.detail}" if s.detail else ""))
+    if dom is not None:
+        share = 100.0 * dom.dur / req.total if req.total > 0 else 0.0
+        lines.append(f"  dominant: {dom.name} ({dom.dur:.3f} ms, {share:.0f}%) -> "
+                     f"{IMPLICATIONS[dom.name]}")
+    return "\n".join(lines)
+
+
+def as_dict(trace: Trace, req: Request) -> dict[str, Any]:
+    dom = req.dominant
+    return {"cid": req.cid, "device": trace.device_of(req), "total_ms": req.total,
+            "unfinished": req.unfinished,
+            "stages": [{"stage": s.name, "at_ms": s.t0 - req.start, "ms": s.dur,
+                        "where": s.where, "detail": s.detail} for s in req.stages],
+            "dominant": dom.name if dom else None,
+            "implication": IMPLICATIONS[dom.name] if dom else None}
+
+
+def summary_lines(trace: Trace) -> list[str]:
+    reqs = requests(trace)
+    lines = []
+    frozen = trace.other.get("frozen")
+    if frozen:
+        lines.append(f"frozen window {frozen.get('id')}: {frozen.get('reason')} "
+                     f"({len(frozen.get('errors', []))} error(s), "
+                     f"cids {', '.join(f'{c:#x}' for c in frozen.get('cids', [])) or '-'})")
+    if reqs:
+        totals = sorted(r.total for r in reqs)
+        p50 = totals[len(totals) // 2]
+        p99 = totals[min(len(totals) - 1, int(len(totals) * 0.99))]
+        lines.append(f"{len(reqs)} requests: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
+                     f"max {totals[-1]:.3f} ms")
+    else:
+        lines.append("no requests in this trace")
+    return lines
+
+
+def parse_cid(text: str) -> int:
+    """A correlation id as printed (``0x...``) or in decimal."""
+    return int(text, 0)
