@@ -62,12 +62,15 @@ def freezes_on(exc: errors.HetprocError) -> bool:
 
     A malformed or refused request (``InvalidRequest``) is the sender's bug and is answered
     at once; a command cancelled by its own client, or a platform shutting down, is not a
-    failure. An IOMMU fault is an ``InvalidRequest`` but happens on the device: it freezes.
+    failure; ``ContextLost`` follows an earlier failure, whose window already holds it. An
+    IOMMU fault is an ``InvalidRequest`` but happens on the device: it freezes.
     """
     if isinstance(exc, errors.InvalidRequest) and not isinstance(exc, errors.IommuFault):
         return False
     if isinstance(exc, errors.Cancelled) and exc.scope == "request":
         return False
+    if isinstance(exc, errors.ContextLost):
+        return False  # a consequence: the failure that lost the context froze its window
     return not isinstance(exc, errors.PlatformError)
 
 

@@ -213,14 +213,24 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
     if start is None:
         return []
     pts.append(("", start.t0, ""))
+    on_device = [s.t0 for s in (req.first("ACQUIRE_WAIT"), ex) if s is not None]
     if queued is not None:
         pts.append(("submit", queued.t0, "queue"))
         if not queued.args.get("unfinished"):
-            pts.append(("queued", queued.t1, "queue"))
+            # A command failed while it ran (watchdog, crash) has its QUEUED slice closed
+            # at the failure, by the supervisor; the device had taken it before it started.
+            pts.append(("queued", min([queued.t1, *on_device]), "queue"))
     if ex is not None:
         pts.append(("acquire", ex.t0, "device"))
         if not ex.args.get("unfinished"):
             pts.append(("execute", ex.t1, "device"))
+        else:  # it never finished (hung, or its device died): it ran until it was failed
+            failed = [s.t0 for s in req.instants.get("ERROR", []) + req.instants.get("SIGNAL", [])
+                      if s.t0 > ex.t0]
+            if queued is not None and queued.t1 > ex.t0 and not queued.args.get("unfinished"):
+                failed.append(queued.t1)
+            if failed:
+                pts.append(("execute", min(failed), "device"))
     else:  # it never ran: a failed input fence, a cancel, a crash while waiting
         w = req.last("ACQUIRE_WAIT")
         if w is not None and not w.args.get("unfinished"):
@@ -317,6 +327,11 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
                 f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
         return "; ".join(parts)
     if stage == "execute":
+        ex = req.first("EXEC")
+        if ex is not None and ex.args.get("unfinished"):
+            errs = (trace.other.get("frozen") or {}).get("errors") or []
+            why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]
+            return "never finished: the device hung or died" + (f" ({why[0]})" if why else "")
         m = req.first("MAP")
         if m is not None:
             return (f"mapped {int(m.args.get('end_a1', 0))} buffers, "

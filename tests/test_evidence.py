@@ -268,3 +268,19 @@ def test_trace_bank_layout_counters_and_merge():
         bank.close()
     with pytest.raises(ValueError):
         TraceBank(bytearray(64), create=False)
+
+
+def test_a_hung_command_is_attributed_to_execute_in_the_incident_window():
+    """The recovery's dump names the frozen window; the window explains the hang."""
+    with hetproc.Platform() as plat:
+        c = plat.client
+        npu = c.context("npu0", name="victim")
+        c.inject("hang", device="npu0")
+        done = npu.submit_nowait("work", ms=1)
+        with pytest.raises(hetproc.DeviceTimeout):
+            done.wait(10.0)
+        dump = wait_for(lambda: c.dumps())[0]
+        window = wait_for(lambda: [w for w in plat.frozen_windows() if w["id"] == dump["trace_window"]])[0]
+        assert done.cid in window["cids"]
+        req = explain(load_trace(frozen_to_chrome(window)), done.cid)
+        assert req.dominant.name == "execute" and "never finished" in req.dominant.detail
