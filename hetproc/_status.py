@@ -54,9 +54,27 @@ def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
               f"owner pid {p['owner_pid']}  clients {m.get('clients', '?')}  "
               f"contexts {m.get('contexts', '?')}  buffers {m.get('registered_buffers', '?')}",
               file=out)
+        if m:
+            fw = m.get("fence_wait") or {}
+            tr = m.get("trace") or {}
+            print(f"  in flight {m.get('in_flight', '?')}  buffer maps {m.get('buffer_maps', '?')}  "
+                  f"fence waits {fw.get('client_waits', '?')} client / "
+                  f"{fw.get('device_waits', '?')} device  power switches "
+                  f"{m.get('power_switches', '?')}  trace {'on' if tr.get('enabled') else 'off'} "
+                  f"({tr.get('records_written', '?')} records, {tr.get('frozen_windows', '?')} "
+                  f"frozen windows)", file=out)
+            err = m.get("last_error")
+            if err:
+                print(f"  last error: {err.get('name')}: {err.get('message')}"
+                      + (f" (trace window {err['trace_window']})" if err.get("trace_window") else ""),
+                      file=out)
+        cpu = (m or {}).get("cpu_s") or {}
         print(f"  {'device':8s} {'pid':>8s} {'state':10s} {'epoch':>5s} {'queue':>6s} "
-              f"{'done':>8s} {'failed':>6s}", file=out)
+              f"{'done':>8s} {'failed':>6s} {'cpu s':>7s} {'maps':>7s} {'power':>6s}", file=out)
         for name, d in p["devices"].items():
+            dm = (m or {}).get("devices", {}).get(name, {})
             print(f"  {name:8s} {d.get('pid', 0):>8} {d.get('state', '?'):10s} "
                   f"{d.get('epoch', '?'):>5} {d.get('queue_depth', '?'):>6} "
-                  f"{d.get('completed', '?'):>8} {d.get('failed', '?'):>6}", file=out)
+                  f"{d.get('completed', '?'):>8} {d.get('failed', '?'):>6} "
+                  f"{cpu.get(name, '?')!s:>7} {dm.get('buffer_maps', '?')!s:>7} "
+                  f"{dm.get('power_switches', '?')!s:>6}", file=out)
