@@ -284,3 +284,22 @@ def test_a_hung_command_is_attributed_to_execute_in_the_incident_window():
         assert done.cid in window["cids"]
         req = explain(load_trace(frozen_to_chrome(window)), done.cid)
         assert req.dominant.name == "execute" and "never finished" in req.dominant.detail
+
+
+def test_clients_beyond_the_trace_rings_run_untraced_and_rings_are_reused():
+    spec = hetproc.load_platform().with_trace(client_slots=2)
+    with hetproc.Platform(spec=spec) as plat:
+        assert plat.client.trace.enabled  # the owner took one client ring
+        second = plat.connect("second")
+        with plat.connect("third") as third:
+            assert second.trace.enabled and not third.trace.enabled
+            third.context("cpu0").submit("work", ms=0).wait(5.0)  # works all the same
+            assert plat.metrics()["trace"]["free_client_rings"] == 0
+        second.close()
+        wait_for(lambda: plat.metrics()["clients"] == 1)
+        with plat.connect("fourth") as fourth:  # gets the ring the second gave back
+            assert fourth.trace.enabled
+            cid = fourth.context("cpu0").submit("work", ms=0).cid
+            fourth.ping()
+        records, names, _ = plat.trace_records()
+        assert cid in set(records["cid"].tolist())
