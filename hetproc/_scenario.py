@@ -164,8 +164,15 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
         except errors.HetprocError:
             final = None  # a drill may have killed the supervisor on purpose
         if final is not None:
-            s.metrics.setdefault("platform_metrics", _plain(final))
             leaks = _leak_check(before, _counts(final))
+            deadline = time.monotonic() + _SETTLE_S
+            while not leaks["ok"] and time.monotonic() < deadline:
+                # A client's goodbye and a device's completion record reach the supervisor
+                # a moment after the scenario saw its fence or closed its socket.
+                time.sleep(0.01)
+                final = plat.metrics()
+                leaks = _leak_check(before, _counts(final))
+            s.metrics.setdefault("platform_metrics", _plain(final))
             if strict_leaks:
                 s.check("leak check: no command left in flight or queued, no client left "
                         "connected", leaks["ok"], json.dumps(leaks["grown"]))
@@ -192,6 +199,7 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
 
 
 _EXPORT_CAPACITY = 1 << 17
+_SETTLE_S = 2.0  # how long the leak check lets in-flight news reach the supervisor
 # Counts that must come back to where they were when a scenario's work is done; the rest
 # (contexts, buffers, fences a scenario still holds) are reported, and freed at stop.
 _MUST_RETURN = ("in_flight", "queued", "clients")
