@@ -19,6 +19,6 @@ def test_trace_overhead_benchmark_smoke(monkeypatch):
     assert first["target"] == "<= 1.05x" and first["ok"] in (True, False)
     for row in res["rows"]:
         value = row["value_us"] if row.get("value_us") is not None else row.get("value")
-        assert value is not None and math.isfinite(value) and value > 0, row
+        assert value is not None and math.isfinite(value) and value >= 0, row  # CPU ticks are 10 ms
     assert res["records_written_on"] > 0
     assert len(res["ratios"]) == 2
