@@ -10,10 +10,11 @@ from typing import Any
 from ._drills import DRILLS, run_drill
 from ._scenario import find_scenario, run_scenario
 
-SCENARIOS = ("video_pipeline", "zero_copy_evidence", "camera_lifecycle")
+SCENARIOS = ("video_pipeline", "zero_copy_evidence", "camera_lifecycle", "intermittent_stall")
 QUICK_OPTIONS = {"video_pipeline": {"frames": 40},
                  "zero_copy_evidence": {"max_mib": 16, "pss_mib": 16, "reps": 2},
-                 "camera_lifecycle": {"frames": 20}}
+                 "camera_lifecycle": {"frames": 20},
+                 "intermittent_stall": {"frames": 60, "stalls": 4}}
 
 
 def run_matrix(*, platform_file: str | None = None, time_scale: float | None = None,
