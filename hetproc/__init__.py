@@ -11,6 +11,10 @@ Public API::
     command(...)      one entry of Context.submit_many
     load_platform     read a platform file (None: the built-in default)
 
+Evidence (seed §22): ``Platform.export_trace(path)`` (Chrome Trace JSON for Perfetto),
+``Platform.frozen_windows()``, ``Platform.trace_records()``, ``Client.trace.span(stage,
+cid)``; ``hetproc._explain`` attributes a request's latency to its stages.
+
 Errors: every class of ``ipc.errors`` is re-exported here (``hetproc.DeviceTimeout``...).
 """
 

@@ -252,15 +252,19 @@ def test_trace_bank_layout_counters_and_merge():
         for i in range(40):  # ring 0 wraps; ring 2 does not
             w0.instant(Stage.EXEC, i, 0, i, t_ns=2 * i)
         w2.instant(Stage.SIGNAL, 7, 1, t_ns=5)
+        w2.complete(Stage.SUBMIT, 8, 1, 6, 9, 2)  # a timed slice: BEGIN and END in one call
         c2[0] += 3
         reader = TraceBank(buf, create=False)
         try:
             assert (reader.rings, reader.capacity, reader.enabled) == (3, 16, True)
             assert reader.counter_values(2)["maps"] == 3 and reader.counter_values(0)["maps"] == 0
             recs = reader.snapshot()
-            assert recs.dtype == RECORD_DTYPE and len(recs) == 17
+            assert recs.dtype == RECORD_DTYPE and len(recs) == 19
             assert list(recs["t_ns"]) == sorted(recs["t_ns"])
             assert set(recs["pid"].tolist()) == {11, 22}
+            sub = recs[recs["cid"] == 8]
+            assert sub["phase"].tolist() == [1, 2] and sub["t_ns"].tolist() == [6, 9]
+            assert sub["a0"].tolist() == [2, 0]
             assert len(reader.snapshot(t_from_ns=60, t_to_ns=70)) == 6
         finally:
             reader.close()
