@@ -17,8 +17,9 @@ command, on its own track::
 plus the counters BUFFER_MAPS, DDR_BYTES (cumulative) and POWER_STATE (1 active, 0 low
 power), and it counts maps, imports, bytes, fence waits and power switches in its counter
 block so the metrics stay exact when tracing is off. The time a command was taken off the
-ring (``t_take``) goes back to the supervisor in the completion record: the queue is the
-supervisor's, so it draws the QUEUED slice.
+ring (``t_take``) rides in a2 of the command's first BEGIN (ACQUIRE_WAIT or EXEC): it ends
+the QUEUED slice the supervisor opened, which the export draws on the supervisor's queue
+track (``hetproc._trace_export.expand``); it also goes back in the completion record.
 
 Ring slots and track numbers are fixed here because both the device and the supervisor
 (``hetproc``) must agree on them and ``hetproc`` depends on this package, not the reverse.
@@ -129,7 +130,7 @@ class DeviceTrace:
     def wait_begin(self, cid: int, n: int) -> None:
         self._open_wait = True
         self._t_wait = time.monotonic_ns()
-        self.ring.begin(_ACQ, cid, self.track, n, t_ns=self._t_wait)
+        self.ring.begin(_ACQ, cid, self.track, n, 0, self.t_take, self._t_wait)
 
     def wait_end(self, cid: int, handles: list[int]) -> None:
         """Close ACQUIRE_WAIT naming the fence that signalled last: the one really waited for."""
@@ -146,7 +147,7 @@ class DeviceTrace:
 
     def exec_begin(self, cid: int, t_ns: int) -> None:
         self._open_exec = True
-        self.ring.begin(_EXEC, cid, self.track, t_ns=t_ns)
+        self.ring.begin(_EXEC, cid, self.track, 0, 0, self.t_take, t_ns)
 
     def map_buffers(self, memory: Any, cmd: dict[str, Any], between: Any,
                     views: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:

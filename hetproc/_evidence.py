@@ -6,9 +6,10 @@
       ┌─────────────┬──────────────┬─────┬──────────────┬─────────────┬─────┐
       │ 0 supervisor│ 1 device 0   │ ... │ D device D-1 │ D+1 client  │ ... │
       └──────▲──────┴──────▲───────┴─────┴──────────────┴──────▲──────┴─────┘
-             │ ENQUEUE,    │ ACQUIRE_WAIT, EXEC, MAP,          │ SUBMIT, WAKE,
-             │ QUEUED,     │ SIGNAL, power state               │ CALLBACK
-             │ queue depth │ (device_workers._tracing)         │ (hetproc._client_trace)
+             │ QUEUED (and │ ACQUIRE_WAIT, EXEC, MAP,          │ SUBMIT, WAKE,
+             │ ENQUEUE),   │ SIGNAL, power state               │ CALLBACK
+             │ queue depth,│ (device_workers._tracing)         │ (hetproc._client_trace)
+             │ in flight   │
              │
       error ─┴─▶ freeze_window(reason, cid): when the "after" part of the window has
                  passed (trace_tick), copy [t_error - before, t_error + after] out of every
@@ -48,7 +49,7 @@ _DEPTH, _INFLIGHT = int(Stage.QUEUE_DEPTH), int(Stage.INFLIGHT)
 _MAX_NAMES = 4096          # process names remembered for export (oldest clients dropped)
 _FREEZES_PER_S = 10        # an error storm must not turn the supervisor into a copier
 _PAGE_RECORDS = 16000      # records per trace_frozen reply: 768 KB, under MAX_PACKET
-_SAMPLE_NS = 200_000       # counter samples per counter at most every 0.2 ms (see _sample)
+_SAMPLE_NS = 500_000       # counter samples at most every 0.5 ms (see _sample)
 CLIENT_TRACK_BASE = 1024
 
 
@@ -107,9 +108,7 @@ class EvidenceMixin:
         self._freeze_ids = itertools.count(1)
         self._freeze_times: deque[int] = deque(maxlen=_FREEZES_PER_S)
         self._freezes_suppressed = 0
-        self._inflight = 0
         self._sampled = 0                    # when counters were last written
-        self._dirty: set[int] = set()        # devices (by index) whose queue changed since
         self._dev_at = {dev.index: dev for dev in self.devices.values()}
         self._shown: dict[int, int] = {}     # device index (-1: in-flight) -> value written
         scale = max(self.spec.time_scale, 0.05)
@@ -169,10 +168,12 @@ class EvidenceMixin:
         """After ``op_submit`` queued ``cmds``: one QUEUED slice per command, open until
         the device takes the command off its ring.
 
-        The supervisor is the platform's busiest process, so each command costs it one
-        record here and one at completion: the BEGIN is stamped when the message arrived
-        (``t0_ns``) and carries in a2 how long validation and queueing took; the export
-        expands that into an ENQUEUE slice followed by QUEUED (``_trace_export``).
+        The supervisor is the platform's busiest process, so this is the only record it
+        writes per command: the BEGIN is stamped when the message arrived (``t0_ns``) and
+        carries in a2 how long validation and queueing took (the export turns that into
+        an ENQUEUE slice); the END is the device's take time, which the device writes into
+        its own first record of the command (a2), and the export draws the END from it.
+        Only a command failed before a device took it gets an END from here.
         """
         qt = QUEUE_TRACK_BASE + dev.index
         now = time.monotonic_ns()
@@ -180,56 +181,37 @@ class EvidenceMixin:
         for cmd in cmds:
             begin(_QUEUED, cmd.cid, qt, cmd.seq, cmd.priority, enq, t0_ns)
             cmd.trace_track = qt
-        self._inflight += len(cmds)
-        self._dirty.add(dev.index)
         if now - self._sampled >= _SAMPLE_NS:
             self._sample(now)
 
-    def trace_done(self, dev: "DeviceHandle", cmd: "Command", rec: dict) -> None:
-        """A completion arrived: QUEUED ends when the device took the command."""
-        qt = cmd.trace_track
-        if qt < 0:
-            return  # not from a client's submit (a probe), or closed already
-        cmd.trace_track = -1
-        self._inflight -= 1
-        # This runs once per command in the busiest process: no clock read (the device's
-        # end time is on the same clock and close enough to pace the samples), no calls.
-        self.trace_ring.end(_QUEUED, cmd.cid, qt, rec["code"], 0, 0, rec.get("t_take") or rec["t_end"])
-        self._dirty.add(dev.index)
-        if rec["t_end"] - self._sampled >= _SAMPLE_NS:
-            self._sample(time.monotonic_ns())
-
     def trace_failed(self, cmd: "Command", exc: errors.HetprocError) -> None:
-        """A command failed without a completion (cancelled, device died): close QUEUED."""
+        """A command failed without a completion (cancelled, device died): close QUEUED
+        (if the device had taken it, its own record says when; explain takes the earlier)."""
         qt = cmd.trace_track
         if qt < 0:
             return
         cmd.trace_track = -1
-        now = time.monotonic_ns()
-        self._inflight -= 1
-        self.trace_ring.end(_QUEUED, cmd.cid, qt, exc.code, 0, 0, now)
-        self._dirty.add(cmd.device.index)
-        self._sample(now)
+        self.trace_ring.end(_QUEUED, cmd.cid, qt, exc.code, 0, 0, time.monotonic_ns())
 
     def _sample(self, now: int) -> None:
-        """Write the queue-depth counters of the devices that changed, and in-flight.
+        """Write the queue-depth counters that changed, and the in-flight total (commands
+        submitted and not yet completed: queued here or pushed to a device).
 
-        At most one round of samples per ``_SAMPLE_NS``: at 20k commands/s a sample per
-        command would cost the busiest process more than the slices themselves. Changes in
-        between mark their device dirty; ``trace_tick`` writes what is still dirty, so
-        each counter track ends on its true value.
+        Paced to one round per ``_SAMPLE_NS``, from submits and from the loop's tick, not
+        per command: at 20k commands/s a sample per command would cost the busiest process
+        more than the slices themselves, and a counter track needs no finer grain.
         """
         self._sampled = now
-        counter = self.trace_ring.counter
-        for index in self._dirty:
-            depth = self._dev_at[index].queue_depth()
-            if self._shown.get(index) != depth:
-                self._shown[index] = depth
-                counter(_DEPTH, depth, queue_track(index), 0, now)
-        self._dirty.clear()
-        if self._shown.get(-1) != self._inflight:
-            self._shown[-1] = self._inflight
-            counter(_INFLIGHT, self._inflight, TRACK_SUPERVISOR, 0, now)
+        counter, shown, total = self.trace_ring.counter, self._shown, 0
+        for index, dev in self._dev_at.items():
+            depth = dev.queue_depth()
+            total += depth
+            if shown.get(index, 0) != depth:
+                shown[index] = depth
+                counter(_DEPTH, depth, QUEUE_TRACK_BASE + index, 0, now)
+        if shown.get(-1, 0) != total:
+            shown[-1] = total
+            counter(_INFLIGHT, total, TRACK_SUPERVISOR, 0, now)
 
     def trace_on_error(self, exc: errors.HetprocError) -> None:
         """Every error the supervisor notes: freeze a window for the ones that matter."""
@@ -279,7 +261,7 @@ class EvidenceMixin:
         """Called every loop turn: finish counter tracks whose last sample was skipped;
         take the copy of a window whose "after" part has passed."""
         now = time.monotonic_ns()
-        if (self._dirty or self._shown.get(-1) != self._inflight) and now - self._sampled >= _SAMPLE_NS:
+        if now - self._sampled >= _SAMPLE_NS:
             self._sample(now)
         p = self._pending_freeze
         if p is not None and now >= p["t_due"]:

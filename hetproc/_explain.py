@@ -130,6 +130,7 @@ class Trace:
         self.threads: dict[tuple[int, int], str] = {}
         self.by_cid: dict[int, Request] = {}
         self.execs: list[Slice] = []  # every EXEC slice, for "what ran meanwhile"
+        self.queued: list[Slice] = []  # every QUEUED slice, for "queue depth on arrival"
         self.counters: dict[str, list[tuple[float, float]]] = {}
         for ev in doc.get("traceEvents", []):
             ph = ev.get("ph")
@@ -150,6 +151,8 @@ class Trace:
             s = Slice(ev["name"], t0, t0 + ev.get("dur", 0.0) / 1000.0, ev["pid"], ev["tid"], args)
             if ph == "X" and s.name == "EXEC":
                 self.execs.append(s)
+            elif ph == "X" and s.name == "QUEUED":
+                self.queued.append(s)
             cid = int(args.get("cid") or 0)
             if not cid:
                 continue
@@ -315,9 +318,13 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         parts = []
         if q is not None:
             parts.append(f"priority {q.args.get('a1', 0)}")
-        depth = trace.counter_at(f"queue depth {dev} queue", t0)
-        if depth is not None:
-            parts.append(f"queue depth {int(depth)} on arrival")
+        if q is not None:
+            # Exact, from the slices (the counter track is sampled): commands in this queue
+            # when this one arrived, itself included.
+            row = trace.row(q.pid, q.tid)
+            depth = sum(1 for o in trace.queued
+                        if o.t0 <= q.t0 < o.t1 and trace.row(o.pid, o.tid) == row)
+            parts.append(f"{max(depth, 1)} waiting to start on arrival (itself included)")
         power = trace.counter_at(f"power state {dev}", t0)
         if power is not None:
             parts.append("device was in low power" if power == 0 else "device was active")

@@ -703,7 +703,6 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             self.on_command_done(dev, cmd, rec)
 
     def on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
-        self.trace_done(dev, cmd, rec)
         code = rec["code"]
         self.handoff.on_done(dev, cmd, rec)
         if code == errors.Cancelled.code and self.recovery.on_cancel_acknowledged(dev, cmd):

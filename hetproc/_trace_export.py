@@ -18,7 +18,7 @@ from ipc._trace import BEGIN, END, INSTANT, RECORD_DTYPE, Stage, merge
 from ._perfetto import to_chrome_trace
 
 _QUEUED, _ENQUEUE = int(Stage.QUEUED), int(Stage.ENQUEUE)
-_EXEC, _SIGNAL = int(Stage.EXEC), int(Stage.SIGNAL)
+_EXEC, _SIGNAL, _ACQ = int(Stage.EXEC), int(Stage.SIGNAL), int(Stage.ACQUIRE_WAIT)
 
 # Counter tracks read better with words than with enum names; slices keep the Stage names
 # (EXEC, QUEUED...), which ``hetproc._explain`` matches on.
@@ -32,15 +32,40 @@ COUNTER_LABELS = {
 
 
 def expand(records: np.ndarray) -> np.ndarray:
-    """Undo the two compact encodings of the hot paths (fewer records where it counts):
+    """Undo the compact encodings of the hot paths (fewer records where it counts):
 
     * supervisor: a QUEUED BEGIN stamped at the message's arrival with a2 = ns spent
       validating and queueing becomes an ENQUEUE slice over that time, then QUEUED;
+    * supervisor + device: a QUEUED slice without an END ends when the device took the
+      command, which the device wrote in a2 of its first BEGIN (ACQUIRE_WAIT or EXEC);
     * device: an EXEC END with a1 = 1 (fences signalled at once) also yields the SIGNAL
       instant at the same time, with the END's error code.
     """
     if not len(records):
         return records
+    stage, phase = records["stage"], records["phase"]
+    qb = (stage == _QUEUED) & (phase == BEGIN)
+    parts = [records]
+    # QUEUED ends from the device's take time.
+    took = ((stage == _ACQ) | (stage == _EXEC)) & (phase == BEGIN) & (records["a2"] > 0)
+    if qb.any() and took.any():
+        ended = set(records["cid"][(stage == _QUEUED) & (phase == END)].tolist())
+        take: dict[int, int] = {}
+        for cid, t in zip(records["cid"][took].tolist(), records["a2"][took].tolist()):
+            if t < take.get(cid, t + 1):
+                take[cid] = t
+        opened = records[qb]
+        want = np.fromiter((c in take and c not in ended for c in opened["cid"].tolist()),
+                           bool, len(opened))
+        if want.any():
+            ends = opened[want].copy()
+            ends["phase"], ends["a0"], ends["a1"], ends["a2"] = END, 0, 0, 0
+            ends["t_ns"] = np.fromiter((take[c] for c in ends["cid"].tolist()), np.uint64, len(ends))
+            parts.append(ends)
+        records = records.copy()
+        records["a2"][took] = 0  # consumed: not an argument of the device's slice
+        parts[0] = records
+    records = merge(*parts) if len(parts) > 1 else parts[0]
     stage, phase = records["stage"], records["phase"]
     q = (stage == _QUEUED) & (phase == BEGIN) & (records["a2"] > 0)
     x = (stage == _EXEC) & (phase == END) & (records["a1"] == 1)

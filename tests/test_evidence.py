@@ -142,7 +142,7 @@ def test_frozen_window_survives_rings_that_wrapped_many_times():
         assert plat.metrics()["last_error"]["trace_window"] == listing[0]["id"]
 
         # Wrap every ring many times over with ordinary work.
-        for _ in range(10):
+        for _ in range(16):
             fences = npu.submit_many([hetproc.command("work", ms=0) for _ in range(200)], nowait=True)
             fences[-1].wait(10.0)
             for f in fences:
