@@ -17,6 +17,7 @@ def test_trace_overhead_benchmark_smoke(monkeypatch):
     res = BENCHMARKS["trace_overhead"](True)
     first = res["rows"][0]
     assert first["target"] == "<= 1.05x" and first["ok"] in (True, False)
+    assert first["unit"] == "x" and first["value"] > 0
     for row in res["rows"]:
         value = row["value_us"] if row.get("value_us") is not None else row.get("value")
         assert value is not None and math.isfinite(value) and value >= 0, row  # CPU ticks are 10 ms
