@@ -6,20 +6,24 @@ command, on its own track::
     ACQUIRE_WAIT  begin .. end   waiting on the input fences; the END says which fence
                                  came last (a0), whose request signalled it (a1 = cid)
                                  and which device or client did (a2 = signaller id)
-    EXEC          begin .. end   running (kernel + modeled time); END a0 = error code
+    EXEC          one END        running (kernel + modeled time), written whole when it
+                                 ends: a0 = error code (+ SIGNALLED_AT_END), a1 = take
+                                 time, a2 = start time (see ``done``)
       MAP         begin .. end   mapping the command's buffers (nested in EXEC);
                                  END a0 = bytes touched, a1 = buffers, a2 = segments imported
     SIGNAL        instant        the fence signal: the emulated interrupt; a0 = error code.
                                  Written only for a delayed (hand-off) signal or a command
-                                 that never ran; otherwise EXEC's END carries it (a1 = 1)
-                                 and the export draws the instant from it.
+                                 that never ran; otherwise the EXEC record carries it.
+
+A no-op command costs the device one record: every record is ~1 us of Python in a busy
+process, and the trace must stay cheap enough to leave on.
 
 plus the counters BUFFER_MAPS, DDR_BYTES (cumulative) and POWER_STATE (1 active, 0 low
 power), and it counts maps, imports, bytes, fence waits and power switches in its counter
 block so the metrics stay exact when tracing is off. The time a command was taken off the
-ring (``t_take``) rides in a2 of the command's first BEGIN (ACQUIRE_WAIT or EXEC): it ends
-the QUEUED slice the supervisor opened, which the export draws on the supervisor's queue
-track (``hetproc._trace_export.expand``); it also goes back in the completion record.
+ring (``t_take``) rides in the command's records (ACQUIRE_WAIT's BEGIN a2, EXEC's a1): it
+ends the QUEUED slice the supervisor opened, which the export draws on the supervisor's
+queue track (``hetproc._trace_export.expand``); it also goes back in the completion record.
 
 Ring slots and track numbers are fixed here because both the device and the supervisor
 (``hetproc``) must agree on them and ``hetproc`` depends on this package, not the reverse.
@@ -59,6 +63,7 @@ def device_track(index: int) -> int:
 
 
 QUEUE_TRACK_BASE = 256
+SIGNALLED_AT_END = 1 << 32  # in an EXEC record's a0: its fences were signalled at its end
 
 
 def queue_track(index: int) -> int:
@@ -81,7 +86,7 @@ class DeviceTrace:
         self._private = private
         self.t_take = 0
         self._open_wait = self._open_exec = self._open_map = False
-        self._t_wait = 0
+        self._t_wait = self._t_exec = 0
         self._active = False
         self._idle_since = 0
         self.ring.counter(Stage.POWER_STATE, 0, self.track)
@@ -146,8 +151,12 @@ class DeviceTrace:
         self.ring.end(_ACQ, cid, self.track, last[1], last[2], last[3], t_ns=now)
 
     def exec_begin(self, cid: int, t_ns: int) -> None:
+        """The command starts running. Nothing is written yet: the whole EXEC slice goes
+        out as one record when it ends (see ``done``); while it runs, the state table's
+        ``current_cid`` and ``started_ns`` say so, and that is what a window frozen
+        around a hang or a crash draws its open EXEC from."""
         self._open_exec = True
-        self.ring.begin(_EXEC, cid, self.track, 0, 0, self.t_take, t_ns)
+        self._t_exec = t_ns
 
     def map_buffers(self, memory: Any, cmd: dict[str, Any], between: Any,
                     views: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -175,10 +184,11 @@ class DeviceTrace:
     def done(self, cmd: dict[str, Any], code: int, signal_now: bool) -> None:
         """The command finished (or failed at any point): close what it left open.
 
-        ``signal_now``: its fences are signalled right after this, with no hand-off delay.
-        The EXEC END then stands for the SIGNAL too (a1 = 1, one record fewer on the
-        device's hot path; the export draws the SIGNAL instant from it). A command that
-        never started gets its own SIGNAL instant.
+        The EXEC slice is one END record: a0 = error code (| ``SIGNALLED_AT_END`` when its
+        fences are signalled right after this, with no hand-off delay: the record stands
+        for the SIGNAL too), a1 = when the command was taken off the ring (the end of its
+        QUEUED time), a2 = when it started. The export turns it back into BEGIN, END and
+        SIGNAL. A command that never started gets its own SIGNAL instant.
         """
         cid, ring = cmd["cid"], self.ring
         if self._open_map:
@@ -186,7 +196,8 @@ class DeviceTrace:
             ring.end(_MAP, cid, self.track, 0, 0, 0)
         if self._open_exec:
             self._open_exec = False
-            ring.end(_EXEC, cid, self.track, code, 1 if signal_now else 0)
+            ring.end(_EXEC, cid, self.track, code | (SIGNALLED_AT_END if signal_now else 0),
+                     self.t_take, self._t_exec)
         elif signal_now:
             ring.instant(_SIGNAL, cid, self.track, code)
         if self._open_wait:

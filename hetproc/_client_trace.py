@@ -4,7 +4,8 @@ A client gets its own ring at ``hello`` and writes, on its own track::
 
     SUBMIT    begin .. end   packing and sending a command (and, for ``submit``, waiting
                              for the supervisor's verdict); a0 = commands in the message;
-                             written whole when the send returns (``TraceRing.complete``)
+                             written whole when the send returns, as one instant record
+                             whose a2 is the start (``_trace_export.expand``)
     WAKE      begin .. end   ``Fence.wait``: from starting to wait to waking up; END a0 =
                              the fence's error code. A WAKE that ends long after the
                              device's SIGNAL means the client came late, not the device.
@@ -78,13 +79,14 @@ class ClientTrace:
 
     def submitted(self, cmds: list[dict[str, Any]], t0: int) -> None:
         """``cmds`` went out (and, for ``submit``, were accepted): one SUBMIT slice each,
-        timed from ``t0``, written as a whole (one call per command, not two)."""
+        from ``t0`` to now, written whole as one record (an instant with a2 = its start;
+        the export makes it a slice)."""
         n, track = len(cmds), self.track
         with self._lock:
-            complete = self._ring.complete
+            instant = self._ring.instant
             t = time.monotonic_ns()
             for c in cmds:
-                complete(_SUBMIT, c["cid"], track, t0, t, n)
+                instant(_SUBMIT, c["cid"], track, n, 0, t0, t)
 
     def bind(self, cmds: list[dict[str, Any]]) -> None:
         """Stamp each client-chosen output fence with its command's cid, so whoever waits
@@ -155,7 +157,13 @@ def trace_info(client: "Client") -> dict[str, Any]:
 
 
 def snapshot(client: "Client") -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
-    """Every record now in every ring, merged by time, with the pid and track names."""
+    """Every record now in every ring, merged by time, with the pid and track names. The
+    records are as the rings hold them (compact: see ``_trace_export.expand``)."""
+    records, info = _snapshot(client)
+    return records, info["names"], info["tracks"]
+
+
+def _snapshot(client: "Client") -> tuple[np.ndarray, dict[str, Any]]:
     info = trace_info(client)
     seg = client._segments.get(info["segment"])
     bank = TraceBank(seg.map, create=False)
@@ -163,12 +171,13 @@ def snapshot(client: "Client") -> tuple[np.ndarray, dict[int, str], dict[int, st
         records = bank.snapshot()
     finally:
         bank.close()
-    return records, info["names"], info["tracks"]
+    return records, info
 
 
 def chrome_trace(client: "Client") -> dict[str, Any]:
-    records, names, tracks = snapshot(client)
-    return records_to_chrome(records, names, tracks, {"prefix": client.prefix})
+    records, info = _snapshot(client)
+    return records_to_chrome(records, info["names"], info["tracks"], {"prefix": client.prefix},
+                             info.get("running", ()))
 
 
 def export_trace(client: "Client", path: str | os.PathLike[str]) -> dict[str, Any]:

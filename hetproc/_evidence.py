@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import psutil
 
+from device_workers import DeviceState
 from device_workers._tracing import (QUEUE_TRACK_BASE, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
                                      device_slot, device_track, queue_track)
 from ipc import TraceBank, errors
@@ -49,7 +50,7 @@ _DEPTH, _INFLIGHT = int(Stage.QUEUE_DEPTH), int(Stage.INFLIGHT)
 _MAX_NAMES = 4096          # process names remembered for export (oldest clients dropped)
 _FREEZES_PER_S = 10        # an error storm must not turn the supervisor into a copier
 _PAGE_RECORDS = 16000      # records per trace_frozen reply: 768 KB, under MAX_PACKET
-_SAMPLE_NS = 500_000       # counter samples at most every 0.5 ms (see _sample)
+_SAMPLE_NS = 1_000_000     # counter samples at most every 1 ms (see _sample)
 CLIENT_TRACK_BASE = 1024
 
 
@@ -239,6 +240,8 @@ class EvidenceMixin:
             p["errors"].append(entry)
             if cid:
                 p["cids"].add(cid)
+            known = {r[2] for r in p["running"]}
+            p["running"] += [r for r in self.running_execs() if r[2] not in known]
             # Extend to cover this error's aftermath, but never indefinitely.
             p["t_due"] = max(p["t_due"], min(now + self._after_ns, p["t_error_ns"] + self._before_ns))
             return p["id"]
@@ -254,6 +257,9 @@ class EvidenceMixin:
             "id": wid, "reason": reason, "cid": cid, "cids": {cid} if cid else set(),
             "t_error_ns": now, "t_due": now + self._after_ns, "errors": [entry],
             "last_error": dict(self.last_error) if self.last_error else None, "suppressed": 0,
+            # What ran at the error (a hung command has no EXEC record yet: it is written
+            # when a command ends), read now: a restarted device overwrites its state slot.
+            "running": self.running_execs(),
         }
         return wid
 
@@ -289,12 +295,23 @@ class EvidenceMixin:
             "t_error_ns": p["t_error_ns"], "t_from_ns": t_from, "t_to_ns": t_to,
             "errors": p["errors"], "last_error": p["last_error"], "suppressed": p["suppressed"],
             "records": records, "names": dict(self.trace_names),
-            "tracks": dict(self.trace_tracks), "file": None,
+            "tracks": dict(self.trace_tracks), "running": p["running"], "file": None,
         }
         self.frozen.append(window)
         dump_dir = self.spec.trace.dump_dir
         if dump_dir:
             window["file"] = _dump_window(window, dump_dir, self.prefix)
+
+    def running_execs(self) -> list[list[int]]:
+        """``[pid, track, cid, started_ns]`` of each command executing now, from the state
+        table (its EXEC record is written when it ends)."""
+        out = []
+        for dev in self.devices.values():
+            st = self.state[dev.index]  # type: ignore[attr-defined]
+            if int(st["state"]) == DeviceState.BUSY and int(st["current_seq"]) and int(st["started_ns"]):
+                out.append([int(st["pid"]), device_track(dev.index), int(st["current_cid"]),
+                            int(st["started_ns"])])
+        return out
 
     def trace_flush(self) -> None:
         """Take a pending window now (before answering about windows, or at shutdown)."""
@@ -309,7 +326,8 @@ class EvidenceMixin:
         return {"segment": self.trace_segment.name, "rings": self.trace_bank.rings,
                 "capacity": self.trace_bank.capacity, "enabled": self.trace_bank.enabled,
                 "names": [[pid, name] for pid, name in self.trace_names.items()],
-                "tracks": [[t, name] for t, name in self.trace_tracks.items()]}
+                "tracks": [[t, name] for t, name in self.trace_tracks.items()],
+                "running": self.running_execs()}
 
     def op_trace_frozen(self, client: "ClientRec", msg: dict) -> dict:
         """Without ``window``: every kept window's summary. With it: one window, its
@@ -327,7 +345,8 @@ class EvidenceMixin:
                 recs = w["records"][off:off + _PAGE_RECORDS]
                 return {"window": {**_summary(w), "names": [[p, n] for p, n in w["names"].items()],
                                    "tracks": [[t, n] for t, n in w["tracks"].items()],
-                                   "errors": w["errors"], "last_error": w["last_error"]},
+                                   "errors": w["errors"], "last_error": w["last_error"],
+                                   "running": w["running"]},
                         "records": recs.tobytes(), "offset": off, "total": len(w["records"])}
         raise errors.InvalidRequest(f"no frozen window {wid} (kept: {[w['id'] for w in self.frozen]})")
 

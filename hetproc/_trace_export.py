@@ -9,15 +9,16 @@ file is self-describing (``hetproc trace explain FILE`` needs nothing else).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from device_workers._tracing import SIGNALLED_AT_END
 from ipc._trace import BEGIN, END, INSTANT, RECORD_DTYPE, Stage, merge
 
 from ._perfetto import to_chrome_trace
 
-_QUEUED, _ENQUEUE = int(Stage.QUEUED), int(Stage.ENQUEUE)
+_QUEUED, _ENQUEUE, _SUBMIT = int(Stage.QUEUED), int(Stage.ENQUEUE), int(Stage.SUBMIT)
 _EXEC, _SIGNAL, _ACQ = int(Stage.EXEC), int(Stage.SIGNAL), int(Stage.ACQUIRE_WAIT)
 
 # Counter tracks read better with words than with enum names; slices keep the Stage names
@@ -31,64 +32,97 @@ COUNTER_LABELS = {
 }
 
 
-def expand(records: np.ndarray) -> np.ndarray:
-    """Undo the compact encodings of the hot paths (fewer records where it counts):
+def expand(records: np.ndarray, running: Iterable[Sequence[int]] = ()) -> np.ndarray:
+    """Undo the compact encodings of the hot paths (each record costs ~1 us of Python in
+    a busy process, so the hot paths write as few as they can) into plain slices:
 
+    * client: a SUBMIT instant with a2 = its start becomes a SUBMIT slice;
     * supervisor: a QUEUED BEGIN stamped at the message's arrival with a2 = ns spent
       validating and queueing becomes an ENQUEUE slice over that time, then QUEUED;
+    * device: an EXEC END with a2 = its start becomes the EXEC slice; a0's
+      ``SIGNALLED_AT_END`` bit adds the SIGNAL instant; a1 is the take time;
     * supervisor + device: a QUEUED slice without an END ends when the device took the
-      command, which the device wrote in a2 of its first BEGIN (ACQUIRE_WAIT or EXEC);
-    * device: an EXEC END with a1 = 1 (fences signalled at once) also yields the SIGNAL
-      instant at the same time, with the END's error code.
+      command (EXEC's a1, or a2 of the ACQUIRE_WAIT BEGIN).
+
+    ``running``: ``(pid, track, cid, started_ns)`` of commands still executing (from the
+    devices' state table): they get an open EXEC BEGIN, since their record comes at the end.
     """
-    if not len(records):
-        return records
-    stage, phase = records["stage"], records["phase"]
-    qb = (stage == _QUEUED) & (phase == BEGIN)
-    parts = [records]
-    # QUEUED ends from the device's take time.
-    took = ((stage == _ACQ) | (stage == _EXEC)) & (phase == BEGIN) & (records["a2"] > 0)
-    if qb.any() and took.any():
-        ended = set(records["cid"][(stage == _QUEUED) & (phase == END)].tolist())
-        take: dict[int, int] = {}
-        for cid, t in zip(records["cid"][took].tolist(), records["a2"][took].tolist()):
+    extra = []
+    st, ph = records["stage"], records["phase"]
+    # -- SUBMIT ---------------------------------------------------------------------------
+    m = (st == _SUBMIT) & (ph == INSTANT) & (records["a2"] > 0)
+    if m.any():
+        sub = records[m]
+        b, e = sub.copy(), sub.copy()
+        b["phase"], b["t_ns"], b["a2"] = BEGIN, sub["a2"].astype(np.uint64), 0
+        e["phase"], e["a0"], e["a2"] = END, 0, 0
+        extra += [b, e]
+        records = records[~m]
+        st, ph = records["stage"], records["phase"]
+    # -- EXEC -----------------------------------------------------------------------------
+    take: dict[int, int] = {}
+    m = (st == _EXEC) & (ph == END) & (records["a2"] > 0)
+    done: set[int] = set()
+    if m.any():
+        ex = records[m].copy()
+        flags = ex["a0"] & SIGNALLED_AT_END
+        ex["a0"] &= SIGNALLED_AT_END - 1
+        b = ex.copy()
+        b["phase"], b["t_ns"], b["a0"], b["a1"], b["a2"] = BEGIN, ex["a2"].astype(np.uint64), 0, 0, 0
+        for cid, t in zip(ex["cid"].tolist(), ex["a1"].tolist()):
+            if t > 0 and t < take.get(cid, t + 1):
+                take[cid] = t
+        done = set(ex["cid"].tolist())
+        sig = ex[flags != 0].copy()
+        sig["stage"], sig["phase"], sig["a1"], sig["a2"] = _SIGNAL, INSTANT, 0, 0
+        ex["a1"], ex["a2"] = 0, 0
+        extra += [b, ex, sig]
+        records = records[~m]
+        st, ph = records["stage"], records["phase"]
+    opened = [r for r in running if int(r[2]) not in done]
+    if opened:
+        run = np.zeros(len(opened), RECORD_DTYPE)
+        for i, (pid, track, cid, t0) in enumerate(opened):
+            run[i] = (t0, cid, 0, 0, 0, pid, track, _EXEC, BEGIN)
+        extra.append(run)
+    m = (st == _ACQ) & (ph == BEGIN) & (records["a2"] > 0)
+    if m.any():
+        for cid, t in zip(records["cid"][m].tolist(), records["a2"][m].tolist()):
             if t < take.get(cid, t + 1):
                 take[cid] = t
-        opened = records[qb]
-        want = np.fromiter((c in take and c not in ended for c in opened["cid"].tolist()),
-                           bool, len(opened))
-        if want.any():
-            ends = opened[want].copy()
-            ends["phase"], ends["a0"], ends["a1"], ends["a2"] = END, 0, 0, 0
-            ends["t_ns"] = np.fromiter((take[c] for c in ends["cid"].tolist()), np.uint64, len(ends))
-            parts.append(ends)
         records = records.copy()
-        records["a2"][took] = 0  # consumed: not an argument of the device's slice
-        parts[0] = records
-    records = merge(*parts) if len(parts) > 1 else parts[0]
-    stage, phase = records["stage"], records["phase"]
-    q = (stage == _QUEUED) & (phase == BEGIN) & (records["a2"] > 0)
-    x = (stage == _EXEC) & (phase == END) & (records["a1"] == 1)
-    if not q.any() and not x.any():
-        return records
-    queued = records[q].copy()
-    enq_b = queued.copy()
-    enq_b["stage"], enq_b["a2"] = _ENQUEUE, 0
-    t_enq = queued["t_ns"] + queued["a2"].astype(np.uint64)
-    enq_e = enq_b.copy()
-    enq_e["phase"], enq_e["t_ns"], enq_e["a0"], enq_e["a1"] = END, t_enq, 0, 0
-    queued["t_ns"], queued["a2"] = t_enq, 0
-    ends = records[x].copy()
-    ends["a1"] = 0
-    signals = ends.copy()
-    signals["stage"], signals["phase"] = _SIGNAL, INSTANT
-    return merge(records[~(q | x)], enq_b, enq_e, queued, ends, signals)
+        records["a2"][m] = 0  # consumed: not an argument of the wait
+    # -- QUEUED end from the take, then ENQUEUE out of QUEUED's begin ----------------------
+    qb = (st == _QUEUED) & (ph == BEGIN)
+    if take and qb.any():
+        ended = set(records["cid"][(st == _QUEUED) & (ph == END)].tolist())
+        q = records[qb]
+        want = np.fromiter((c in take and c not in ended for c in q["cid"].tolist()), bool, len(q))
+        if want.any():
+            e = q[want].copy()
+            e["phase"], e["a0"], e["a1"], e["a2"] = END, 0, 0, 0
+            e["t_ns"] = np.fromiter((take[c] for c in e["cid"].tolist()), np.uint64, len(e))
+            extra.append(e)
+    m = qb & (records["a2"] > 0)
+    if m.any():
+        q = records[m].copy()
+        b = q.copy()
+        b["stage"], b["a2"] = _ENQUEUE, 0
+        t_enq = q["t_ns"] + q["a2"].astype(np.uint64)
+        e = b.copy()
+        e["phase"], e["t_ns"], e["a0"], e["a1"] = END, t_enq, 0, 0
+        q["t_ns"], q["a2"] = t_enq, 0
+        extra += [b, e, q]
+        records = records[~m]
+    return merge(records, *extra) if extra else records
 
 
 def records_to_chrome(records: np.ndarray, names: Mapping[int, str], tracks: Mapping[int, str],
-                      other: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One Chrome trace from ``records`` (RECORD_DTYPE), pid names and track names."""
-    trace = to_chrome_trace(expand(records), track_names=tracks, process_names=names,
+                      other: Mapping[str, Any] | None = None,
+                      running: Iterable[Sequence[int]] = ()) -> dict[str, Any]:
+    """One Chrome trace from ``records`` (RECORD_DTYPE, as the rings hold them), pid
+    names, track names, and the commands still running (see ``expand``)."""
+    trace = to_chrome_trace(expand(records, running), track_names=tracks, process_names=names,
                             stage_names=COUNTER_LABELS)
     trace["otherData"].update(
         hetproc_processes={str(p): n for p, n in names.items()},
@@ -104,7 +138,7 @@ def frozen_to_chrome(window: Mapping[str, Any]) -> dict[str, Any]:
                                    "t_to_ns", "errors", "last_error", "suppressed")
             if k in window}
     return records_to_chrome(window["records"], window["names"], window["tracks"],
-                             {"frozen": meta})
+                             {"frozen": meta}, window.get("running", ()))
 
 
 def records_from_bytes(data: bytes) -> np.ndarray:
