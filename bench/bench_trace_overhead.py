@@ -26,6 +26,7 @@ import hetproc
 from hetproc import command
 
 from ._registry import benchmark, make_row
+from ._trace_bench import emit_cost_ns
 
 _SIZES = {"quick": (800, 4, 1), "full": (1500, 40, 1)}  # commands per round, rounds, batch
 _WINDOW = 256  # commands in flight before the client waits (like a bounded queue)
@@ -89,10 +90,11 @@ def measure(n: int, rounds: int, batch: int) -> dict:
                 cpu_per_cmd[side].append([(b - a) / n / 1e3 for a, b in zip(c0, c1)])
                 per_cmd[side].append(got[side])
             ratios.append(got["on"] / got["off"])
-        written = on.metrics()["trace"]["records_written"]
+        m_on = on.metrics()
+        written = m_on["trace"]["records_written"]
         assert off.metrics()["trace"]["records_written"] == 0, "trace off still wrote records"
         return {"per_cmd_us": per_cmd, "cpu_per_cmd_us": cpu_per_cmd, "ratios": ratios,
-                "records_written_on": written}
+                "records_written_on": written, "commands_on": m_on["submitted"]}
     finally:
         on.stop()
         off.stop()
@@ -111,6 +113,12 @@ def bench_trace_overhead(quick: bool) -> dict:
     best = min(r["per_cmd_us"]["on"]) / min(r["per_cmd_us"]["off"])
     cpu = {side: [statistics.median(c[k] for c in r["cpu_per_cmd_us"][side]) for k in range(3)]
            for side in ("on", "off")}
+    # A load-independent estimate beside the measurements: records the platform wrote per
+    # command, times what one record costs (best of several tight runs, enabled minus
+    # disabled), over the CPU the three processes spend per command without the trace.
+    per_record = emit_cost_ns(20_000 if quick else 100_000)
+    records_per_cmd = r["records_written_on"] / max(1, r["commands_on"])
+    share = records_per_cmd * (per_record["enabled"] - per_record["disabled"]) / (sum(cpu["off"]) * 1e3)
     rows = [
         # The headline: each round's on/off pair ran back to back, so drift of the shared
         # machine cancels within a pair; the median over pairs discards the spoiled ones.
@@ -122,6 +130,10 @@ def bench_trace_overhead(quick: bool) -> dict:
         make_row("no-op command CPU, supervisor, on vs off", cpu["on"][1], cpu["off"][1]),
         make_row("no-op command CPU, device, on vs off", cpu["on"][2], cpu["off"][2]),
         make_row("no-op command CPU, client, on vs off", cpu["on"][0], cpu["off"][0]),
+        make_row("trace records per no-op command (all processes)", None, unit="records",
+                 value=records_per_cmd),
+        make_row("estimated trace CPU share per no-op command", None, unit="%",
+                 value=100 * share, record_ns=per_record),
         make_row("no-op throughput, trace on", None, unit="cmd/s", value=1e6 / on_us),
         make_row("no-op throughput, trace off", None, unit="cmd/s", value=1e6 / off_us),
     ]
