@@ -353,8 +353,9 @@ class EvidenceMixin:
     # -- metrics ----------------------------------------------------------------------
 
     def evidence_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
-        """Add the §9/§15 figures the counters and the OS know: buffer maps, fence waits,
-        DDR bytes, power-state switches, CPU per process, trace health."""
+        """Add the §9/§15 figures the trace counters and the OS know: fence waits, buffer
+        views (what devices and clients mapped as arrays; the IOMMU's own ``buffer_maps``
+        come from ``hetproc._handoff``), power-state switches, CPU per process, trace health."""
         bank = self.trace_bank
         maps = imports = 0
         dev_waits = dev_wait_ns = switches = 0
@@ -367,9 +368,9 @@ class EvidenceMixin:
             dev_wait_ns += v["fence_wait_ns"]
             switches += v["power_switches"]
             m["devices"][dev.name].update(
-                buffer_maps=v["maps"], buffer_imports=v["imports"], ddr_bytes=v["ddr_bytes"],
-                power_switches=v["power_switches"], acquire_waits=v["fence_waits"],
-                acquire_wait_ms=v["fence_wait_ns"] / 1e6)
+                mapped_operands=v["maps"], segment_imports=v["imports"],
+                bytes_touched=v["ddr_bytes"], power_switches=v["power_switches"],
+                acquire_waits=v["fence_waits"], acquire_wait_ms=v["fence_wait_ns"] / 1e6)
             cpu[dev.name] = _cpu_s(dev.pid) if dev.pid else None
         c_waits, c_wait_ns = self._trace_departed["fence_waits"], self._trace_departed["fence_wait_ns"]
         c_maps = self._trace_departed["maps"]
@@ -384,7 +385,9 @@ class EvidenceMixin:
             if client.id and client.pid:
                 cpu[f"client {client.name} ({client.pid})"] = _cpu_s(client.pid)
         m.update(
-            buffer_maps=maps + c_maps, buffer_imports=imports, power_switches=switches,
+            buffer_views={"device_operands": maps, "client_arrays": c_maps,
+                          "segment_imports": imports},
+            power_switches=switches,
             fence_wait={"client_waits": c_waits, "client_wait_ms": c_wait_ns / 1e6,
                         "client_wait_ms_mean": c_wait_ns / 1e6 / c_waits if c_waits else None,
                         "device_waits": dev_waits, "device_wait_ms": dev_wait_ns / 1e6,

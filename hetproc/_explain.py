@@ -131,6 +131,7 @@ class Trace:
         self.by_cid: dict[int, Request] = {}
         self.execs: list[Slice] = []  # every EXEC slice, for "what ran meanwhile"
         self.queued: list[Slice] = []  # every QUEUED slice, for "queue depth on arrival"
+        self.waits: list[Slice] = []  # every ACQUIRE_WAIT, for "blocked behind whose input"
         self.counters: dict[str, list[tuple[float, float]]] = {}
         for ev in doc.get("traceEvents", []):
             ph = ev.get("ph")
@@ -153,6 +154,8 @@ class Trace:
                 self.execs.append(s)
             elif ph == "X" and s.name == "QUEUED":
                 self.queued.append(s)
+            elif ph == "X" and s.name == "ACQUIRE_WAIT":
+                self.waits.append(s)
             cid = int(args.get("cid") or 0)
             if not cid:
                 continue
@@ -210,7 +213,11 @@ def load_trace(path_or_doc: str | os.PathLike[str] | Mapping[str, Any]) -> Trace
 def _points(req: Request) -> list[tuple[str, float, str]]:
     """(stage ending here, time, where it ends) for each boundary this request recorded."""
     pts: list[tuple[str, float, str]] = []
+    # A request may run in parts on its device (a runtime-inserted copy or reformat, then
+    # the kernel: every part shares the cid): queued and acquire end where the first part
+    # starts; execute runs from there to the end of the last part.
     sub, queued, ex = req.first("SUBMIT"), req.first("QUEUED"), req.first("EXEC")
+    last = req.last("EXEC")
     enq = req.first("ENQUEUE")
     start = sub or enq or queued or req.first("ACQUIRE_WAIT") or ex
     if start is None:
@@ -225,12 +232,12 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
             pts.append(("queued", min([queued.t1, *on_device]), "queue"))
     if ex is not None:
         pts.append(("acquire", ex.t0, "device"))
-        if not ex.args.get("unfinished"):
-            pts.append(("execute", ex.t1, "device"))
+        if not last.args.get("unfinished"):
+            pts.append(("execute", last.t1, "device"))
         else:  # it never finished (hung, or its device died): it ran until it was failed
             failed = [s.t0 for s in req.instants.get("ERROR", []) + req.instants.get("SIGNAL", [])
-                      if s.t0 > ex.t0]
-            if queued is not None and queued.t1 > ex.t0 and not queued.args.get("unfinished"):
+                      if s.t0 > last.t0]
+            if queued is not None and queued.t1 > last.t0 and not queued.args.get("unfinished"):
                 failed.append(queued.t1)
             if failed:
                 pts.append(("execute", min(failed), "device"))
@@ -239,7 +246,7 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
         if w is not None and not w.args.get("unfinished"):
             pts.append(("acquire", w.t1, "device"))
     sig = req.instants.get("SIGNAL")
-    t_sig = sig[0].t0 if sig else None
+    t_sig = sig[-1].t0 if sig else None  # the last part's signal is the request's
     if t_sig is not None:
         pts.append(("signal", t_sig, "device"))
     wakes = [w for w in req.slices.get("WAKE", []) if not w.args.get("unfinished")]
@@ -271,6 +278,9 @@ def explain(trace: Trace, cid: int) -> Request | None:
     return req
 
 
+_explaining: set[int] = set()
+
+
 def _where(trace: Trace, req: Request, stage: str) -> str:
     pick = {"submit": ("SUBMIT", "ENQUEUE"), "queued": ("QUEUED",),
             "acquire": ("ACQUIRE_WAIT", "EXEC"), "execute": ("EXEC",), "signal": ("EXEC",),
@@ -286,8 +296,8 @@ def _where(trace: Trace, req: Request, stage: str) -> str:
 
 def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str:
     if stage == "acquire":
-        w = req.last("ACQUIRE_WAIT")
-        if w is None:
+        w = req.first("ACQUIRE_WAIT")  # the request's own input; later parts wait on earlier ones
+        if w is None or w.t0 >= t1:
             return "no input fence: dispatch only"
         handle = int(w.args.get("end_a0", 0))
         pcid = int(w.args.get("end_a1", 0))
@@ -297,10 +307,15 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
             text += ", a user fence signalled by a client"
         elif who == 0 and handle:
             text += ", failed by the supervisor"
-        if pcid:
+        if pcid and pcid != req.cid:
             prod = trace.by_cid.get(pcid)
             if prod is not None:
-                explain(trace, pcid)
+                if not prod.stages and pcid not in _explaining:
+                    _explaining.add(pcid)  # a chain of producers, never a cycle
+                    try:
+                        explain(trace, pcid)
+                    finally:
+                        _explaining.discard(pcid)
                 dom = prod.dominant
                 text += (f", produced by request {pcid:#x} on {trace.device_of(prod)}"
                          + (f" (its {dom.name} {dom.dur:.3f} ms)" if dom else ""))
@@ -332,9 +347,22 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
             top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
             parts.append(f"{dev} ran meanwhile: " + ", ".join(
                 f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
+        blocked: dict[int, float] = {}  # head-of-line: the device waited for another's input
+        for w in trace.waits:
+            c = int(w.args.get("cid") or 0)
+            if c != req.cid and w.t0 < t1 and w.t1 > t0 and trace.row(w.pid, w.tid) == dev:
+                blocked[c] = blocked.get(c, 0.0) + min(w.t1, t1) - max(w.t0, t0)
+        if blocked:
+            top = sorted(blocked.items(), key=lambda kv: -kv[1])[:3]
+            parts.append(f"{dev} sat waiting on the inputs of earlier requests: " + ", ".join(
+                f"{c:#x} for {ms:.3f} ms" for c, ms in top))
         return "; ".join(parts)
     if stage == "execute":
-        ex = req.first("EXEC")
+        ex = req.last("EXEC")
+        parts = req.slices.get("EXEC", [])
+        if len(parts) > 1:
+            return (f"ran in {len(parts)} parts on the device (a runtime-inserted copy or "
+                    f"reformat first): " + " + ".join(f"{p.dur:.3f}" for p in parts) + " ms")
         if ex is not None and ex.args.get("unfinished"):
             errs = (trace.other.get("frozen") or {}).get("errors") or []
             why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]

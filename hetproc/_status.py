@@ -57,7 +57,7 @@ def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
         if m:
             fw = m.get("fence_wait") or {}
             tr = m.get("trace") or {}
-            print(f"  in flight {m.get('in_flight', '?')}  buffer maps {m.get('buffer_maps', '?')}  "
+            print(f"  in flight {m.get('in_flight', '?')}  buffer maps {m.get('buffer_maps', '?')} (IOMMU)  "
                   f"fence waits {fw.get('client_waits', '?')} client / "
                   f"{fw.get('device_waits', '?')} device  power switches "
                   f"{m.get('power_switches', '?')}  trace {'on' if tr.get('enabled') else 'off'} "
@@ -76,5 +76,5 @@ def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
             print(f"  {name:8s} {d.get('pid', 0):>8} {d.get('state', '?'):10s} "
                   f"{d.get('epoch', '?'):>5} {d.get('queue_depth', '?'):>6} "
                   f"{d.get('completed', '?'):>8} {d.get('failed', '?'):>6} "
-                  f"{cpu.get(name, '?')!s:>7} {dm.get('buffer_maps', '?')!s:>7} "
+                  f"{cpu.get(name, '?')!s:>7} {dm.get('mapped_operands', '?')!s:>7} "
                   f"{dm.get('power_switches', '?')!s:>6}", file=out)

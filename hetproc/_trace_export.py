@@ -60,7 +60,7 @@ def expand(records: np.ndarray, running: Iterable[Sequence[int]] = ()) -> np.nda
         records = records[~m]
         st, ph = records["stage"], records["phase"]
     # -- EXEC -----------------------------------------------------------------------------
-    take: dict[int, int] = {}
+    takes: dict[int, list[int]] = {}  # cid -> take times (a request may run in parts)
     m = (st == _EXEC) & (ph == END) & (records["a2"] > 0)
     done: set[int] = set()
     if m.any():
@@ -70,8 +70,8 @@ def expand(records: np.ndarray, running: Iterable[Sequence[int]] = ()) -> np.nda
         b = ex.copy()
         b["phase"], b["t_ns"], b["a0"], b["a1"], b["a2"] = BEGIN, ex["a2"].astype(np.uint64), 0, 0, 0
         for cid, t in zip(ex["cid"].tolist(), ex["a1"].tolist()):
-            if t > 0 and t < take.get(cid, t + 1):
-                take[cid] = t
+            if t > 0:
+                takes.setdefault(cid, []).append(t)
         done = set(ex["cid"].tolist())
         sig = ex[flags != 0].copy()
         sig["stage"], sig["phase"], sig["a1"], sig["a2"] = _SIGNAL, INSTANT, 0, 0
@@ -88,20 +88,33 @@ def expand(records: np.ndarray, running: Iterable[Sequence[int]] = ()) -> np.nda
     m = (st == _ACQ) & (ph == BEGIN) & (records["a2"] > 0)
     if m.any():
         for cid, t in zip(records["cid"][m].tolist(), records["a2"][m].tolist()):
-            if t < take.get(cid, t + 1):
-                take[cid] = t
+            takes.setdefault(cid, []).append(t)  # the same take as its EXEC's: deduplicated
         records = records.copy()
         records["a2"][m] = 0  # consumed: not an argument of the wait
     # -- QUEUED end from the take, then ENQUEUE out of QUEUED's begin ----------------------
     qb = (st == _QUEUED) & (ph == BEGIN)
-    if take and qb.any():
-        ended = set(records["cid"][(st == _QUEUED) & (ph == END)].tolist())
+    if takes and qb.any():
+        # Each QUEUED slice of a request (one per part, begun in seq order = a0) ends at
+        # the next take of that request: one device runs one request's parts in order.
+        ended: dict[int, int] = {}
+        for c in records["cid"][(st == _QUEUED) & (ph == END)].tolist():
+            ended[c] = ended.get(c, 0) + 1
         q = records[qb]
-        want = np.fromiter((c in take and c not in ended for c in q["cid"].tolist()), bool, len(q))
-        if want.any():
-            e = q[want].copy()
+        q = q[np.argsort(q["a0"], kind="stable")]
+        order = {c: sorted(set(ts)) for c, ts in takes.items()}
+        used: dict[int, int] = {}
+        rows, times = [], []
+        for i, c in enumerate(q["cid"].tolist()):
+            k = used.get(c, 0) + ended.get(c, 0)  # parts closed explicitly go first
+            ts = order.get(c)
+            if ts is not None and k < len(ts):
+                rows.append(i)
+                times.append(ts[k])
+                used[c] = used.get(c, 0) + 1
+        if rows:
+            e = q[rows].copy()
             e["phase"], e["a0"], e["a1"], e["a2"] = END, 0, 0, 0
-            e["t_ns"] = np.fromiter((take[c] for c in e["cid"].tolist()), np.uint64, len(e))
+            e["t_ns"] = np.array(times, np.uint64)
             extra.append(e)
     m = qb & (records["a2"] > 0)
     if m.any():

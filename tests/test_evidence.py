@@ -96,9 +96,11 @@ def test_metrics_count_maps_waits_power_and_cpu(platform):
     _one_request(c)
     m = platform.metrics()
     npu = m["devices"]["npu0"]
-    assert npu["buffer_maps"] == 2 and npu["ddr_bytes"] == 2 * int(np.prod(SHAPE)) * 4
+    assert npu["mapped_operands"] == 2 and npu["bytes_touched"] == 2 * int(np.prod(SHAPE)) * 4
     assert npu["acquire_waits"] == 1 and npu["power_switches"] >= 1
-    assert m["buffer_maps"] >= 4  # the device's two, and the client's own array() calls
+    assert m["buffer_views"]["device_operands"] == 2
+    assert m["buffer_views"]["client_arrays"] >= 2  # the test's own array() calls
+    assert m["buffer_maps"] >= 2  # the IOMMU's (transient) maps of the two buffers
     assert m["fence_wait"]["client_waits"] >= 1 and m["fence_wait"]["device_waits"] == 1
     assert m["cpu_s"]["supervisor"] is not None and "npu0" in m["cpu_s"]
     assert m["trace"]["enabled"] and m["trace"]["records_written"] > 0
@@ -110,7 +112,7 @@ def test_trace_off_writes_nothing_yet_counts(tmp_path):
         _one_request(plat.client)
         m = plat.metrics()
         assert not m["trace"]["enabled"] and m["trace"]["records_written"] == 0
-        assert m["devices"]["npu0"]["buffer_maps"] == 2  # counters do not depend on it
+        assert m["devices"]["npu0"]["mapped_operands"] == 2  # counters do not depend on it
         out = plat.export_trace(tmp_path / "empty.json")
         assert out["records"] == 0
         json.loads((tmp_path / "empty.json").read_text())
@@ -307,3 +309,24 @@ def test_clients_beyond_the_trace_rings_run_untraced_and_rings_are_reused():
             fourth.ping()
         records, names, _ = plat.trace_records()
         assert cid in set(records["cid"].tolist())
+
+
+def test_a_request_run_in_parts_is_one_request_in_the_trace(platform):
+    """A stride the NPU cannot take gets a runtime-inserted copy before the kernel: both
+    parts carry the request's cid; each part's queue time ends at its own take, and the
+    attribution covers the parts as one execute stage."""
+    c = platform.client
+    pitch = 64 * 3 + 64
+    frame = c.alloc((1, 8, 64, 3), "uint8", strides=(8 * pitch, pitch, 3, 1))
+    out = c.alloc(8, "uint8")
+    done = c.context("npu0").submit("checksum", [frame], [out])
+    done.wait(5.0)
+    doc = _client_trace.chrome_trace(c)
+    mine = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["args"].get("cid") == done.cid]
+    names = sorted(e["name"] for e in mine)
+    assert names.count("EXEC") == 2 and names.count("QUEUED") == 2
+    assert not [e for e in mine if e["args"].get("unfinished")]
+    req = explain(load_trace(doc), done.cid)
+    execute = next(s for s in req.stages if s.name == "execute")
+    assert "2 parts" in execute.detail
+    assert [s.name for s in req.stages][:4] == ["submit", "queued", "acquire", "execute"]
