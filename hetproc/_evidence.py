@@ -127,6 +127,8 @@ class EvidenceMixin:
         self.trace_names[dev.pid] = f"{dev.name} (device, epoch {dev.epoch})"
 
     def trace_close(self) -> None:
+        if self.spec.trace.dump_dir:
+            self.trace_flush()  # a window still collecting its aftermath reaches its file
         self.trace_bank.close()
 
     # -- clients ----------------------------------------------------------------------

@@ -19,7 +19,6 @@ import pytest
 import hetproc
 from hetproc import _client_trace
 from hetproc._explain import explain, load_trace
-from hetproc._scenario import run_scenario
 from hetproc._trace_export import frozen_to_chrome
 from ipc import TraceBank
 from ipc._trace import RECORD_DTYPE, Stage
