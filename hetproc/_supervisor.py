@@ -26,6 +26,8 @@ manifest before use, so ``hetproc cleanup`` can remove everything if it is kille
 from __future__ import annotations
 
 import argparse
+import collections
+import heapq
 import json
 import os
 import selectors
@@ -35,15 +37,16 @@ import sys
 import time
 from typing import Any, Callable
 
+import msgpack
+import numpy as np
 import posix_ipc
-
-import collections
 
 from device_workers import STATE_DTYPE, state_table
 from device_workers._state import StateSlot
 from device_workers._kernels import validate as validate_kernel
 from ipc._packets import check_fields
-from ipc import (PENDING, new_prefix, BlockPool, FenceTable, FrameReader, Manifest, Segment, SlotMap, decode,
+from ipc import (PENDING, cleanup_prefix, new_prefix, BlockPool, FenceTable, FrameReader,
+                 Manifest, Segment, SlotMap, decode,
                  encode, errors, pack_frame, socket_address)
 
 from . import _protocol
@@ -466,7 +469,6 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         return buf
 
     def check_layout(self, shape: list, dtype: str, strides: list | None):
-        import numpy as np
         if len(shape) > 8 or not all(isinstance(s, int) and 0 < s < MAX_SHAPE_ELEMENTS for s in shape):
             raise errors.ShapeError(f"shape {shape!r}: up to 8 positive dimensions")
         try:
@@ -645,19 +647,18 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         self.note_error(exc)
         self.retire(cmd)
 
-    def cancel_queued(self, ctx: ContextRec, exc_factory: errors.HetprocError) -> int:
+    def cancel_queued(self, ctx: ContextRec, like: errors.HetprocError) -> int:
         """Fail every command of ``ctx`` still waiting in the supervisor (not yet pushed)."""
         dev = self.devices[ctx.device]
         keep, dropped = [], []
         for item in dev.queue:
             (dropped if item[2].ctx is ctx else keep).append(item)
         if dropped:
-            import heapq
             heapq.heapify(keep)
             dev.queue[:] = keep
             for _, _, cmd in sorted(dropped):
-                self.fail_command(cmd, errors.error_class(exc_factory.code)(
-                    exc_factory.message, scope=exc_factory.scope))
+                # One fresh error per command: each carries its own correlation id.
+                self.fail_command(cmd, errors.error_class(like.code)(like.message, scope=like.scope))
         return len(dropped)
 
     def destroy_context(self, ctx: ContextRec, reason: str) -> None:
@@ -685,7 +686,6 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         dev.pump()
 
     def on_completion(self, dev: DeviceHandle, data: bytes) -> None:
-        import msgpack
         try:
             batch = msgpack.unpackb(data, raw=False)
             records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
@@ -770,7 +770,6 @@ class Supervisor(MemoryRequests, EvidenceMixin):
                 for _, _, other in list(dev.queue):
                     if other.state == "queued" and doomed.intersection(other.wait):
                         dev.queue.remove((-other.priority, other.seq, other))
-                        import heapq
                         heapq.heapify(dev.queue)
                         doomed.update(other.signal)
                         self.fail_command(other, errors.DependencyFailed(
@@ -918,13 +917,11 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             seg.close()
             seg.unlink()
         self.manifest.remove()
-        from ipc import cleanup_prefix
         cleanup_prefix(self.prefix)  # anything recorded late or never recorded
 
 
 def _signal_fences_of(frame: bytes) -> list[int]:
     """The client-chosen signal fences of a refused submit, read as leniently as possible."""
-    import msgpack
     try:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
         cmds = msg.get("cmds") if isinstance(msg, dict) else None
@@ -967,7 +964,6 @@ def main(argv: list[str] | None = None) -> int:
         if sup is not None:
             sup.shutdown()
         else:
-            from ipc import cleanup_prefix
             cleanup_prefix(args.prefix)
     return 0
 
