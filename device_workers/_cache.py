@@ -105,6 +105,8 @@ class DeviceMemory:
                       for i, d in enumerate(cmd["outs"])]
         t = time.monotonic_ns()
         t = self._modeled("map", t, int(mem.get("map_ns", 0)), int(mem.get("map_bytes", 0)))
+        for seg, off in _forget_keys(mem.get("forget")):
+            self._drop((seg, off))  # a block about to be reused: its stale lines must go
         for idx, ns in _pairs(mem.get("inv"), len(self._ins)):
             op = self._ins[idx]
             self._drop(op.key)
@@ -294,6 +296,14 @@ def _span(shape: tuple, itemsize: int, strides: tuple | None) -> int:
     if len(strides) != len(shape) or not all(type(st) is int and st >= 0 for st in strides):
         raise ValueError(f"strides {strides!r} do not fit shape {shape!r}")
     return sum((n - 1) * st for n, st in zip(shape, strides)) + itemsize
+
+
+def _forget_keys(items: Any) -> list[tuple[str, int]]:
+    """The (segment, offset) keys of a purge request; malformed entries are ignored."""
+    if not isinstance(items, list):
+        return []
+    return [(s, o) for s, o in (x for x in items if isinstance(x, list) and len(x) == 2)
+            if isinstance(s, str) and type(o) is int]
 
 
 def _pairs(items: Any, limit: int) -> list[tuple[int, int]]:

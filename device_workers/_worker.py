@@ -173,9 +173,9 @@ class DeviceWorker:
                 tr.wait_begin(cid, len(cmd["wait"]))
                 self.wait_inputs(cmd)
                 tr.wait_end(cid, cmd["wait"])
-            u32[S.STATE] = DeviceState.BUSY
             t_start = time.monotonic_ns()
-            u64[S.STARTED] = t_start
+            u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
+            u32[S.STATE] = DeviceState.BUSY
             tr.exec_begin(cid, t_start)
             # "work" only holds time: its operands are checked and maintained, not viewed.
             views = cmd["kernel"] != "work" or bool(fault)

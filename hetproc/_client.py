@@ -74,8 +74,10 @@ class Client(ClientMemory):
             msg = {"op": op, "id": req_id, **fields}
             try:
                 if self._to_release:
-                    self._chan.send({"op": "fence_release", "id": 0, "fences": self._to_release})
-                    self._to_release = []
+                    # Swap first: a Fence dropped by another thread during the send must
+                    # land in the new list, not in the one already sent.
+                    pending, self._to_release = self._to_release, []
+                    self._chan.send({"op": "fence_release", "id": 0, "fences": pending})
                 self._chan.send(msg)
                 return self._drain_reply(req_id)
             except (ConnectionError, BrokenPipeError, OSError) as exc:
@@ -98,7 +100,7 @@ class Client(ClientMemory):
         """Output fences from this client's pool, refilled in batches (one round trip
         per 256 fences instead of one per command)."""
         while len(self._fence_pool) < n:
-            want = min(4096, max(256, n - len(self._fence_pool)))
+            want = min(1024, max(256, n - len(self._fence_pool)))
             self._fence_pool += self._request("fence_create", count=want)["fences"]
         taken, self._fence_pool = self._fence_pool[:n], self._fence_pool[n:]
         return taken

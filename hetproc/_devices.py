@@ -59,6 +59,7 @@ class Command:
     watch_progress: int = 0
     rearms: int = 0
     probe_of: Any = None   # the incident this no-op probes for
+    then: Any = None       # called once the command is retired (success or failure)
     # Memory: the IOMMU permission granted per operand ("r", "w", "rw"; "" = none), the
     # device-side maintenance and map work (hetproc._handoff), and what this command is.
     in_perms: list[str] = field(default_factory=list)

@@ -45,7 +45,9 @@ class FaultRule:
         if kind not in FAULTS:
             raise errors.InvalidRequest(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
         known = {"device", "at", "every", "probability", "count"}
-        rule = cls(kind=kind, **{k: raw.pop(k) for k in list(raw) if k in known})
+        fields = {k: raw.pop(k) for k in list(raw) if k in known}
+        _check_fields(kind, fields)
+        rule = cls(kind=kind, **fields)
         rule.params = raw  # the rest goes to the device (step, seconds, ...)
         if rule.at is None and rule.every is None and not rule.probability:
             rule.at = 1
@@ -72,6 +74,23 @@ class FaultRule:
         return {"kind": self.kind, "device": self.device, "at": self.at, "every": self.every,
                 "probability": self.probability, "count": self.count, "fired": self.fired,
                 **self.params}
+
+
+def _check_fields(kind: str, f: dict[str, Any]) -> None:
+    """Refuse a malformed rule when it is armed, not on the submit it would have hit."""
+    def whole(name: str, lo: int) -> None:
+        v = f.get(name)
+        if v is not None and (type(v) is not int or v < lo):
+            raise errors.InvalidRequest(f"fault {kind}: {name} must be an integer >= {lo}")
+    whole("at", 1)
+    whole("every", 1)
+    whole("count", 0)
+    p = f.get("probability", 0.0)
+    if type(p) not in (int, float) or not 0.0 <= p <= 1.0:
+        raise errors.InvalidRequest(f"fault {kind}: probability must be in [0, 1]")
+    d = f.get("device")
+    if d is not None and type(d) is not str:
+        raise errors.InvalidRequest(f"fault {kind}: device must be a device name")
 
 
 class FaultPlan:

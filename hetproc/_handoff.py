@@ -357,6 +357,10 @@ class Handoff:
                 mem["inv"] = inv
             if clean:
                 mem["clean"] = clean
+            cleaned = {cmd.outs[j].handle for j, _ in clean}
+            for b in cmd.outs:
+                if b.handle not in cleaned:
+                    b.dirty_on.add(spec.name)  # its line stays dirty in that cache
         for b in cmd.outs:
             b.last_writer = spec.name
 

@@ -61,6 +61,9 @@ class BufferRec:
     internal: bool = False         # a runtime-made reformat/copy buffer, never a client's
     last_writer: str | None = None  # device of the last command that wrote it
     importers: dict[int, str] = field(default_factory=dict)  # client id -> "r" / "rw"
+    # Non-coherent devices that may hold this buffer dirty in their cache (written, not
+    # cleaned): its block is reused only after each of them forgot those lines.
+    dirty_on: set[str] = field(default_factory=set)
 
     @property
     def offset(self) -> int:

@@ -132,6 +132,8 @@ class Recovery:
         if cmd is None or cmd.pidx != slot.u64[S.CURRENT_PIDX]:
             return
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
+            if slot.u64[S.STARTED] < cmd.t_submit:
+                return  # the previous command's start time: this one's is not written yet
             cmd.watch_deadline = slot.u64[S.STARTED] + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
             return
@@ -186,10 +188,22 @@ class Recovery:
             os.kill(dev.pid, signal.SIGKILL)
             inc.killed = True
 
-    def on_cancel_acknowledged(self, dev: "DeviceHandle", cmd: "Command") -> bool:
-        """A Cancelled completion: the device confirms it stopped. True if handled here."""
+    def on_guilty_finished(self, dev: "DeviceHandle", cmd: "Command", code: int) -> bool:
+        """The guilty command's completion record arrived: the device confirms it stopped.
+
+        A cancel acknowledgement is handled here (True). A command that ended on its own
+        between its last cancel check and its end also confirms the stop; its fences
+        already carry the device's verdict, so the normal completion path retires it
+        (False) and the incident goes on without a guilty request to fail.
+        """
         inc = self.active.get(dev.name)
         if inc is None or inc.guilty is not cmd or inc.confirmed:
+            return False
+        if code != errors.Cancelled.code:
+            inc.confirmed, inc.how = True, "finished"
+            inc.step("confirm", how="finished before the cancel took effect", code=code)
+            inc.guilty = None
+            self.after_confirmed(dev, inc)
             return False
         inc.confirmed, inc.how = True, "acknowledged"
         inc.step("confirm", how="acknowledged", ack_pidx=self.sup.slots[dev.index].u64[S.ACK_PIDX])
@@ -219,7 +233,8 @@ class Recovery:
         slot = self.sup.slots[dev.index]
         if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
             return None
-        return dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+        return None if cmd is None or self.sup.signalled(cmd) else cmd
 
     # -- steps 4-9 ----------------------------------------------------------------------
 
@@ -235,12 +250,15 @@ class Recovery:
     def fail_and_reclaim(self, dev: "DeviceHandle", inc: Incident, innocent: list) -> None:
         g = inc.guilty
         if g is not None and g.state != "done":
-            if self.policy.fallback_device and self.try_fallback(g, inc):
-                pass
-            else:
+            target = self.fallback_target(g, inc)
+            if target is None:
                 self.sup.fail_command(g, g.failure or errors.DeviceCrashed("device lost"))
                 inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
-            self.invalidate(g, inc)
+            self.invalidate(g, inc)  # the context's queued commands fail with it...
+            if target is not None:  # ...but the guilty request itself re-runs elsewhere
+                self.sup.reroute(g, target)
+                inc.fallback = target.name
+                inc.step("fallback", device=target.name, cid=g.cid)
         self.fail_innocent(inc, innocent)
         inc.step("reclaim", quarantined_released=self.sup.quarantine_count())
 
@@ -248,6 +266,9 @@ class Recovery:
         replayed, cancelled = [], []
         for cmd in innocent:
             if cmd.state == "done":
+                continue
+            if self.sup.signalled(cmd):  # it finished; only its record died with the device
+                self.sup.retire(cmd)
                 continue
             cmd.outs_untrusted()
             if self.policy.replay_innocent and cmd.ctx.lost is None:
@@ -272,17 +293,15 @@ class Recovery:
                      untrusted_outputs=len(cmd.outs))
         cmd.outs_untrusted()
 
-    def try_fallback(self, cmd: "Command", inc: Incident) -> bool:
+    def fallback_target(self, cmd: "Command", inc: Incident) -> "DeviceHandle | None":
+        """The policy's fallback device, if it can run this command; else None."""
         target = self.sup.devices.get(self.policy.fallback_device or "")
         if target is None or target is self.sup.devices[inc.device]:
-            return False
+            return None
         if not self.sup.can_run_on(cmd, target):
             inc.step("fallback", device=target.name, possible=False)
-            return False
-        self.sup.reroute(cmd, target)
-        inc.fallback = target.name
-        inc.step("fallback", device=target.name, cid=cmd.cid)
-        return True
+            return None
+        return target
 
     def dump(self, dev: "DeviceHandle", inc: Incident) -> None:
         sup = self.sup

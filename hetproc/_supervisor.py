@@ -51,7 +51,7 @@ from ipc import (PENDING, cleanup_prefix, new_prefix, BlockPool, FenceTable, Fra
 
 from . import _protocol
 from ._config import PlatformSpec, parse_platform
-from ._devices import Command, DeviceHandle, device_state_name
+from ._devices import RING_SLOT_BYTES, Command, DeviceHandle, device_state_name
 from ._faultplan import FaultPlan
 from ._evidence import EvidenceMixin
 from ._handoff import Handoff
@@ -61,6 +61,9 @@ from ._records import BufferRec, ClientRec, ContextRec, FenceRec, nbytes_of
 from ._recovery import Policy, Recovery
 
 TICK_S = 0.005
+FENCES_PER_CLIENT = 4096  # half the table: one client cannot starve the others
+MAX_OUTBUF = 8 << 20  # replies buffered for a client that does not read them
+REQUESTS_PER_TURN = 64
 FENCE_CAPACITY = 8192
 MAX_SHAPE_ELEMENTS = 1 << 31
 
@@ -77,6 +80,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         self.manifest.write()
         self.sel = selectors.DefaultSelector()
         self.clients: dict[socket.socket, ClientRec] = {}
+        self.backlog: set[ClientRec] = set()  # clients with requests read but not handled
         self.contexts: SlotMap[ContextRec] = SlotMap("context")
         self.buffers: SlotMap[BufferRec] = SlotMap("buffer")
         self.fence_recs: dict[int, FenceRec] = {}
@@ -104,6 +108,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         self._setup_memory()
         self._setup_trace()  # rings, frozen windows, freeze_window(): hetproc._evidence
         self._setup_socket()
+        self._watch_owner()
 
     # -- setup ------------------------------------------------------------------------
 
@@ -145,6 +150,15 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             self.devices[dspec.name] = dev
             self.sel.register(efd, selectors.EVENT_READ, ("completion", dev))
 
+    def _watch_owner(self) -> None:
+        """The process that started us owns the platform: if it dies before (or without)
+        saying hello, nothing else would ever stop us."""
+        try:
+            self.owner_pidfd = os.pidfd_open(os.getppid())
+        except OSError:
+            return
+        self.sel.register(self.owner_pidfd, selectors.EVENT_READ, ("owner_death", None))
+
     def _setup_socket(self) -> None:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(socket_address(self.prefix))
@@ -172,16 +186,23 @@ class Supervisor(MemoryRequests, EvidenceMixin):
 
     def serve(self) -> None:
         while self.running:
-            for key, _ in self.sel.select(TICK_S):
+            for client in list(self.backlog):
+                self.serve_pending(client)
+            for key, mask in self.sel.select(0 if self.backlog else TICK_S):
                 kind, obj = key.data
                 if kind == "completion":
                     self.on_completions(obj)
                 elif kind == "accept":
                     self.on_accept()
                 elif kind == "client":
-                    self.on_client_readable(key.fileobj)
+                    if mask & selectors.EVENT_WRITE:
+                        self.on_client_writable(key.fileobj)
+                    if mask & selectors.EVENT_READ:
+                        self.on_client_readable(key.fileobj)
                 elif kind == "death":
                     self.on_device_death(obj)
+                elif kind == "owner_death":
+                    self.running = False  # nobody is left to stop us: tear down now
             self.tick()
             self.trace_tick()
 
@@ -196,10 +217,12 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        # Readable sockets are read once per wake-up, so a timeout here only bounds how long
-        # a client that stopped reading can stall a reply: never forever.
-        conn.settimeout(2.0)
+        # Non-blocking both ways: a client that stops reading its replies gets them
+        # buffered (up to a bound), and never stalls the loop every other client needs.
+        conn.setblocking(False)
         rec = ClientRec(id=0, name="?", pid=0, owner=False, conn=conn)
+        rec.outbuf = bytearray()  # type: ignore[attr-defined]
+        rec.pending = collections.deque()  # type: ignore[attr-defined]
         rec.reader = FrameReader()  # type: ignore[attr-defined]
         self.clients[conn] = rec
         self.sel.register(conn, selectors.EVENT_READ, ("client", None))
@@ -210,7 +233,9 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             return
         try:
             data = conn.recv(1 << 16)
-        except (ConnectionError, OSError):
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
             data = b""
         if not data:
             self.on_client_gone(client)
@@ -224,10 +249,22 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             self.reply(client, 0, error=exc)
             self.on_client_gone(client)
             return
-        for frame in frames:
-            self.on_request(client, frame)
-            if conn not in self.clients:
+        client.pending.extend(frames)  # type: ignore[attr-defined]
+        self.serve_pending(client)
+
+    def serve_pending(self, client: ClientRec) -> None:
+        """Handle a bounded number of a client's requests per loop turn: one client that
+        floods the socket must not starve the others, nor the completions and watchdog."""
+        pending: collections.deque = client.pending  # type: ignore[attr-defined]
+        for _ in range(min(len(pending), REQUESTS_PER_TURN)):
+            self.on_request(client, pending.popleft())
+            if client.conn not in self.clients:
+                self.backlog.discard(client)
                 return
+        if pending:
+            self.backlog.add(client)
+        else:
+            self.backlog.discard(client)
 
     def on_request(self, client: ClientRec, frame: bytes) -> None:
         req_id = -1  # unknown until the packet decodes
@@ -273,16 +310,51 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             msg["error"] = error.to_dict()
         else:
             msg.update(result or {})
+        self.send_to(client, pack_frame(encode(msg)))
+
+    def send_to(self, client: ClientRec, frame: bytes) -> None:
+        out: bytearray = client.outbuf  # type: ignore[attr-defined]
+        if not out:
+            try:
+                sent = client.conn.send(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.on_client_gone(client)
+                return
+            if sent == len(frame):
+                return
+            frame = frame[sent:]
+            self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                            ("client", None))
+        out += frame
+        if len(out) > MAX_OUTBUF:
+            self.note_error(errors.PlatformError(
+                f"client {client.name!r} stopped reading its replies; disconnected"))
+            self.on_client_gone(client)
+
+    def on_client_writable(self, conn: socket.socket) -> None:
+        client = self.clients.get(conn)
+        if client is None:
+            return
+        out: bytearray = client.outbuf  # type: ignore[attr-defined]
         try:
-            client.conn.sendall(pack_frame(encode(msg)))
+            sent = conn.send(out)
+        except (BlockingIOError, InterruptedError):
+            return
         except OSError:
             self.on_client_gone(client)
+            return
+        del out[:sent]
+        if not out:
+            self.sel.modify(conn, selectors.EVENT_READ, ("client", None))
 
     def on_client_gone(self, client: ClientRec) -> None:
         """A client closed or died: tear down what it owned; the owner takes the platform."""
         if client.conn not in self.clients:
             return
         del self.clients[client.conn]
+        self.backlog.discard(client)
         try:
             self.sel.unregister(client.conn)
         except (KeyError, ValueError):
@@ -293,7 +365,12 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             self.destroy_context(self.contexts.get(ctx_handle), reason="client gone")
         for buf in list(client.buffers):
             self.release_buffer(self.buffers.get(buf))
+        gone = errors.Cancelled(f"client {client.name!r} is gone", scope="process")
         for fence in list(client.fences):
+            rec = self.fence_recs.get(fence)
+            if rec is not None and not rec.bound and self.fences.poll(fence)[0] == PENDING:
+                rec.error = gone.to_dict()  # a user fence its importers wait on: wake them
+                self.fences.signal(fence, gone.wire, signaller=0)
             self.release_fence(fence)
         self.drop_imports_of(client)
         if client.owner:
@@ -364,8 +441,8 @@ class Supervisor(MemoryRequests, EvidenceMixin):
 
     def op_fence_create(self, client: ClientRec, msg: dict) -> dict:
         count = int(msg.get("count", 1))
-        if not 1 <= count <= 4096:
-            raise errors.InvalidRequest(f"fence count {count} out of range 1..4096")
+        if not 1 <= count <= 1024:
+            raise errors.InvalidRequest(f"fence count {count} out of range 1..1024")
         return {"fences": [self.new_fence(client) for _ in range(count)]}
 
     def op_fence_release(self, client: ClientRec, msg: dict) -> dict:
@@ -394,6 +471,10 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         if not msg["cmds"] or len(msg["cmds"]) > 4096:
             raise errors.InvalidRequest(f"a submit carries 1..4096 commands, got {len(msg['cmds'])}")
         cmds = [self.build_command(ctx, c) for c in msg["cmds"]]  # all valid, or none runs
+        # Every part of a chain may need a new fence: make sure they all exist before the
+        # first commit, so a batch is queued whole or not at all.
+        if self.fences.free_count() < 3 * len(cmds):
+            raise errors.OutOfMemory(f"fence table too full for a batch of {len(cmds)}")
         chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.devices[ctx.device]
         out = []
@@ -506,6 +587,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         params = c.get("params") or {}
         if kernel != "work":  # "work" only holds time: it accepts any operands
             validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
+        self.check_packet_size(c, ins, outs)
         wait = [self.check_fence(client, h) for h in c["wait"]] if c.get("wait") else []
         signal = [self.check_signal_fence(client, c["signal"])] if "signal" in c else []
         if self.faults.rules and self.faults.draw("map", dev.name, c.get("cid", 0)):
@@ -518,6 +600,16 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             t_submit=time.monotonic_ns(),
             timeout_ns=self.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else self.watchdog_ns,
             checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
+
+    def check_packet_size(self, c: dict, ins: list, outs: list) -> None:
+        """A command must fit one ring slot once encoded for the device: refuse it here,
+        before anything is committed, never at the device's queue head."""
+        room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
+        size = (len(msgpack.packb(c.get("params") or {})) + 12 * len(c.get("wait") or ())
+                + sum(len(b.block.segment) + 60 for b in ins + outs))
+        if size > room:
+            raise errors.BadPacket(f"command too large for a device ring slot "
+                                   f"(~{size} of {room} bytes: params, buffers, waits)")
 
     def check_fence(self, client: ClientRec, handle: Any) -> int:
         if not isinstance(handle, int) or isinstance(handle, bool):
@@ -554,6 +646,9 @@ class Supervisor(MemoryRequests, EvidenceMixin):
     # -- lifetimes --------------------------------------------------------------------
 
     def new_fence(self, client: ClientRec | None, cid: int = 0) -> int:
+        if client is not None and client.id and len(client.fences) >= FENCES_PER_CLIENT:
+            raise errors.OutOfMemory(f"client {client.name!r} holds {FENCES_PER_CLIENT} "
+                                     f"fences already (its quota of the shared table)")
         handle = self.fences.allocate(cid)
         self.fence_recs[handle] = FenceRec(handle, client)
         if client is not None:
@@ -598,6 +693,8 @@ class Supervisor(MemoryRequests, EvidenceMixin):
                 rec.refs -= 1
                 if rec.released and rec.refs == 0:
                     self.drop_fence(rec)
+        if cmd.then is not None:
+            cmd.then()
 
     def release_buffer(self, buf: BufferRec) -> bool:
         """The client let go; the memory goes back to the pool once no command holds it."""
@@ -616,7 +713,29 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             return  # imported: the last importer's free reclaims it (``drop_import``)
         self.iommu.forget_buffer(buf)
         self.buffers.remove(buf.handle)
-        self.pool.free(buf.block)
+        self.free_block_when_purged(buf)
+
+    def free_block_when_purged(self, buf: BufferRec) -> None:
+        """Invariant 1 for caches: a non-coherent device may still hold this buffer's lines
+        dirty, and evicting them later would write stale data over the block's next owner.
+        Each such device first drops them (a purge command, in its queue order); only
+        then does the block go back to the pool. A device that dies meanwhile restarts
+        with an empty cache, which is as good."""
+        devices = sorted(buf.dirty_on)
+        buf.dirty_on = set()
+        if not devices:
+            self.pool.free(buf.block)
+            return
+        left = [len(devices)]
+
+        def purged() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self.pool.free(buf.block)
+
+        for name in devices:
+            self.submit_system(self.devices[name], then=purged,
+                               mem={"forget": [[buf.block.segment, buf.block.offset + buf.byte_offset]]})
 
     def release_fence(self, handle: int) -> None:
         rec = self.fence_recs.get(handle)
@@ -646,16 +765,20 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         cmd.device.failed += 1
         self.note_error(exc)
         self.retire(cmd)
+        if cmd.probe_of is not None:
+            self.recovery.on_probe_done(cmd.probe_of, cmd.device.name, ok=False)
 
     def cancel_queued(self, ctx: ContextRec, like: errors.HetprocError) -> int:
         """Fail every command of ``ctx`` still waiting in the supervisor (not yet pushed)."""
-        dev = self.devices[ctx.device]
-        keep, dropped = [], []
-        for item in dev.queue:
-            (dropped if item[2].ctx is ctx else keep).append(item)
+        dropped = []
+        for dev in self.devices.values():  # a fallback or reroute may have moved some
+            keep = []
+            for item in dev.queue:
+                (dropped if item[2].ctx is ctx else keep).append(item)
+            if len(keep) != len(dev.queue):
+                heapq.heapify(keep)
+                dev.queue[:] = keep
         if dropped:
-            heapq.heapify(keep)
-            dev.queue[:] = keep
             for _, _, cmd in sorted(dropped):
                 # One fresh error per command: each carries its own correlation id.
                 self.fail_command(cmd, errors.error_class(like.code)(like.message, scope=like.scope))
@@ -705,7 +828,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
     def on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]
         self.handoff.on_done(dev, cmd, rec)
-        if code == errors.Cancelled.code and self.recovery.on_cancel_acknowledged(dev, cmd):
+        if self.recovery.on_guilty_finished(dev, cmd, code):
             return
         if code:
             # The device signalled the error itself, except for a cancel: then the fences
@@ -752,6 +875,9 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         if not self.running:
             return
         dev.restarts += 1
+        # Completion records it posted before dying are facts: take them in first, so a
+        # command that finished is neither blamed, cancelled nor replayed.
+        self.on_completions(dev)
         self.recovery.on_device_death(dev, status)  # reads what the slot says it ran
 
     # -- helpers of recovery --------------------------------------------------------------
@@ -781,6 +907,10 @@ class Supervisor(MemoryRequests, EvidenceMixin):
 
     def fail_context_queue(self, ctx: ContextRec) -> int:
         return self.cancel_queued(ctx, errors.ContextLost(f"context {ctx.name or hex(ctx.handle)} was lost"))
+
+    def signalled(self, cmd: Command) -> bool:
+        """Every output fence of ``cmd`` already completed (its record may be lost)."""
+        return all(self.fences.poll(h)[0] != PENDING for h in cmd.signal if h in self.fence_recs)
 
     def quarantine_count(self) -> int:
         """Buffers their client freed that a command may still touch: not reusable yet."""
@@ -815,16 +945,24 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         return ctx
 
     def submit_probe(self, dev: DeviceHandle, inc) -> None:
+        self.submit_system(dev, probe_of=inc)
+
+    def submit_system(self, dev: DeviceHandle, *, probe_of: Any = None, then: Any = None,
+                      mem: dict | None = None) -> None:
+        """A no-op of the supervisor's own (a probe, a cache purge) in ``dev``'s queue."""
         ctx = self.system_context(dev.name)
         cmd = Command(seq=0, cid=0, ctx=ctx, device=dev, kernel="work", params={}, ins=[],
                       outs=[], wait=[], signal=[], hold_ns=0, delay_ns=0,
-                      dep_timeout_ns=self.scaled_ns(self.spec.dependency_timeout_ms),
-                      priority=100, t_submit=time.monotonic_ns(),
-                      timeout_ns=self.scaled_ns(self.spec.watchdog_ms), probe_of=inc)
+                      dep_timeout_ns=self.dep_timeout_ns, priority=100,
+                      t_submit=time.monotonic_ns(), timeout_ns=self.watchdog_ns,
+                      probe_of=probe_of, then=then)
         self.commit(cmd)
+        if mem is not None:
+            cmd.mem = mem
         for h in cmd.signal:
-            self.release_fence(h)  # nobody waits on a probe's fence: recycle after it
+            self.release_fence(h)  # nobody waits on a system command's fence
         dev.enqueue(cmd)
+        dev.pump()
 
     def device_state(self, dev: DeviceHandle) -> dict[str, Any]:
         st = self.state[dev.index]

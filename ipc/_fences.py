@@ -214,6 +214,10 @@ class FenceTable:
         return {"slot": slot, "gen": gen, "state": int(rec["state"]), "error": int(rec["error"]),
                 "signaller": int(rec["signaller"]), "t_ns": int(rec["t_ns"]), "cid": int(rec["cid"])}
 
+    def free_count(self) -> int:
+        """Fences that can still be allocated (free slots plus slots never used)."""
+        return len(self._free) + self.capacity - self._sem_slots
+
     def semaphore_count(self) -> int:
         return self._sem_slots
 
