@@ -20,7 +20,7 @@ STATE_DTYPE = np.dtype([
     ("current_cid", "<u8"), ("started_ns", "<u8"), ("ack_pidx", "<u8"),
     ("done", "<u8"), ("busy_ns", "<u8"), ("current_pidx", "<u8"),
     # written by the supervisor
-    ("cancel_pidx", "<u8"), ("park", "<u4"), ("_pad", "<u4"),
+    ("cancel_pidx", "<u8"), ("park", "<u4"), ("want_news", "<u4"),
     ("_reserved", "<u8", (3,)),
 ])
 assert STATE_DTYPE.itemsize == SLOT_BYTES, STATE_DTYPE.itemsize
@@ -50,6 +50,7 @@ class StateSlot:
     # u32 indexes
     PID, EPOCH, STATE, FAULT_FLAGS = 0, 1, 2, 3
     PARK = STATE_DTYPE.fields["park"][1] // 4
+    WANT_NEWS = STATE_DTYPE.fields["want_news"][1] // 4
     # u64 indexes
     (HEARTBEAT, PROGRESS, CURRENT_SEQ, CURRENT_CID, STARTED, ACK_PIDX, DONE, BUSY,
      CURRENT_PIDX, CANCEL_PIDX) = (

@@ -307,11 +307,16 @@ class DeviceWorker:
         the ring (one message and one eventfd write per batch, not per command); errors
         and the last record before the device would block go out at once."""
         self.outbox.append(record)
-        if (record["code"] or len(self.outbox) >= OUTBOX_MAX or self.commands.depth() == 0
-                or record.get("unsignalled")):
-            self.flush()
+        urgent = bool(record["code"] or record.get("unsignalled"))
+        if urgent or len(self.outbox) >= OUTBOX_MAX or self.commands.depth() == 0:
+            self.flush(wake=urgent)
 
-    def flush(self) -> None:
+    def flush(self, wake: bool = False) -> None:
+        """Put the batched records in the completion ring. The supervisor is woken only
+        for news it must act on now (an error, a lost signal) or when it asked for news
+        (it has commands waiting for ring space, or a recovery running); otherwise it
+        collects them on its next turn, instead of competing for a CPU with the client
+        this very completion just woke."""
         if not self.outbox:
             return
         batch, self.outbox = self.outbox, []
@@ -322,6 +327,8 @@ class DeviceWorker:
                 if os.getppid() != self.boot.parent_pid:
                     return
                 time.sleep(0.0005)
+        if not (wake or self.u32[S.WANT_NEWS]):
+            return
         try:
             os.eventfd_write(self.boot.completion_fd, 1)
         except OSError:

@@ -204,11 +204,29 @@ class Supervisor(MemoryRequests, EvidenceMixin):
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
             self.tick()
+            self.ask_for_news()
             self.trace_tick()
 
     def tick(self) -> None:
-        """Timers: the watchdog and the grace periods of running incidents."""
+        """Timers: completions nobody woke us for, the watchdog, incidents' grace periods."""
+        self.collect_news()
         self.recovery.tick(time.monotonic_ns())
+
+    def collect_news(self) -> None:
+        """Take in every completion record the devices posted without waking us."""
+        for dev in self.devices.values():
+            if dev.completions.depth():
+                self.on_completions(dev)
+
+    def ask_for_news(self) -> None:
+        """Tell each device whether we need its completions at once: when commands wait
+        for ring space, or a recovery is running (its probes and purges finish it)."""
+        recovering = bool(self.recovery.active or self.recovery.probing)
+        for dev in self.devices.values():
+            want = 1 if (dev.queue or recovering) else 0
+            slot = self.slots[dev.index]
+            if slot.u32[StateSlot.WANT_NEWS] != want:
+                slot.u32[StateSlot.WANT_NEWS] = want
 
     # -- clients ----------------------------------------------------------------------
 
@@ -462,6 +480,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         return {"error": rec.error}
 
     def op_metrics(self, client: ClientRec, msg: dict) -> dict:
+        self.collect_news()  # counts as of now, not as of our last wake-up
         return {"metrics": self.metrics()}
 
     def op_submit(self, client: ClientRec, msg: dict) -> dict:
