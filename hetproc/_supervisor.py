@@ -16,8 +16,16 @@ Data flow::
                                the waiting client wakes directly; no supervisor hop
 
 The loop is single-threaded (``selectors``): client sockets, one eventfd and one pidfd
-per device, and a periodic tick for timers. Single-threaded is what makes forking a
-device (reset in a few ms) safe. Nothing here blocks without a deadline.
+per device, the owner's pidfd, and a 5 ms tick for timers. Single-threaded is what makes
+forking a device (reset in a few ms) safe. Nothing here blocks without a deadline: client
+sockets are non-blocking, replies to a client that does not read are buffered (bounded),
+and a client's requests are served in bounded turns. The eventfd rings only for news we
+must act on at once (errors, lost signals, ring space wanted, a recovery running); routine
+completions are collected on the next turn.
+
+Lifetimes and recovery live beside this module: ``_recovery`` (watchdog, nine steps),
+``_iommu`` / ``_handoff`` (mappings, cache maintenance, copies), ``_evidence`` (trace
+rings, frozen windows), ``_faultplan`` (injected faults).
 
 Ownership: only the supervisor creates named objects, and it records each in the
 manifest before use, so ``hetproc cleanup`` can remove everything if it is killed.
