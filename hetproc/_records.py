@@ -7,12 +7,13 @@ remains. ``refs`` counts the commands.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ipc import Block, errors
+from ipc import Block, FrameReader, errors
 
 
 @dataclass(eq=False)
@@ -25,6 +26,11 @@ class ClientRec:
     contexts: set[int] = field(default_factory=set)
     buffers: set[int] = field(default_factory=set)
     fences: set[int] = field(default_factory=set)
+    # The connection's state in the supervisor's loop: bytes read but not yet a whole
+    # frame, frames read but not yet served, replies not yet sent.
+    reader: FrameReader = field(default_factory=FrameReader)
+    pending: collections.deque = field(default_factory=collections.deque)
+    outbuf: bytearray = field(default_factory=bytearray)
 
 
 @dataclass(eq=False)

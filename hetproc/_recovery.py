@@ -82,6 +82,7 @@ class Incident:
     done_ns: int = 0
     fallback: str | None = None
     exit_status: int | None = None
+    replay: list["Command"] = field(default_factory=list)  # innocents to run again
 
     def step(self, name: str, **detail: Any) -> None:
         self.steps.append({"step": name, "t_ms": round((time.monotonic_ns() - self.t0) / 1e6, 3),
@@ -280,7 +281,7 @@ class Recovery:
                 cancelled.append(cmd.cid)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
-        inc.replay = replayed  # type: ignore[attr-defined]
+        inc.replay = replayed
         if innocent:
             inc.step("innocent", cancelled=cancelled, replayed=[c.cid for c in replayed])
 
@@ -325,7 +326,7 @@ class Recovery:
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
         else:
             inc.step("resume", epoch=dev.epoch, note="cancel acknowledged: no reset needed")
-        for cmd in getattr(inc, "replay", []):
+        for cmd in inc.replay:
             self.sup.requeue(cmd)
         dev.paused = False
 

@@ -247,9 +247,6 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         # buffered (up to a bound), and never stalls the loop every other client needs.
         conn.setblocking(False)
         rec = ClientRec(id=0, name="?", pid=0, owner=False, conn=conn)
-        rec.outbuf = bytearray()  # type: ignore[attr-defined]
-        rec.pending = collections.deque()  # type: ignore[attr-defined]
-        rec.reader = FrameReader()  # type: ignore[attr-defined]
         self.clients[conn] = rec
         self.sel.register(conn, selectors.EVENT_READ, ("client", None))
 
@@ -267,7 +264,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             self.on_client_gone(client)
             return
         try:
-            frames = client.reader.feed(data)  # type: ignore[attr-defined]
+            frames = client.reader.feed(data)
         except errors.BadPacket as exc:
             # The framing itself is broken: we cannot find the next packet. Answer, then
             # drop this client only; everyone else keeps running.
@@ -275,13 +272,13 @@ class Supervisor(MemoryRequests, EvidenceMixin):
             self.reply(client, 0, error=exc)
             self.on_client_gone(client)
             return
-        client.pending.extend(frames)  # type: ignore[attr-defined]
+        client.pending.extend(frames)
         self.serve_pending(client)
 
     def serve_pending(self, client: ClientRec) -> None:
         """Handle a bounded number of a client's requests per loop turn: one client that
         floods the socket must not starve the others, nor the completions and watchdog."""
-        pending: collections.deque = client.pending  # type: ignore[attr-defined]
+        pending = client.pending
         for _ in range(min(len(pending), REQUESTS_PER_TURN)):
             self.on_request(client, pending.popleft())
             if client.conn not in self.clients:
@@ -339,7 +336,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         self.send_to(client, pack_frame(encode(msg)))
 
     def send_to(self, client: ClientRec, frame: bytes) -> None:
-        out: bytearray = client.outbuf  # type: ignore[attr-defined]
+        out = client.outbuf
         if not out:
             try:
                 sent = client.conn.send(frame)
@@ -363,7 +360,7 @@ class Supervisor(MemoryRequests, EvidenceMixin):
         client = self.clients.get(conn)
         if client is None:
             return
-        out: bytearray = client.outbuf  # type: ignore[attr-defined]
+        out = client.outbuf
         try:
             sent = conn.send(out)
         except (BlockingIOError, InterruptedError):
