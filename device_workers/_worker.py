@@ -28,7 +28,7 @@ import msgpack
 import numpy as np
 import posix_ipc
 
-from ipc import FenceTable, Ring, Segment, SegmentCache, decode, errors
+from ipc import FenceTable, Ring, SegmentCache, decode, errors
 
 from . import _faults
 from ._cache import DeviceMemory
@@ -265,6 +265,10 @@ class DeviceWorker:
                signal: bool = True) -> None:
         code, msg = (exc.code, str(exc)) if exc else (0, "")
         t_end = time.monotonic_ns()
+        # No longer running it, before anyone can learn it finished: whoever the signal
+        # wakes must not read the state table and see this command still on the device.
+        self.u64[S.CURRENT_SEQ] = 0
+        self.u32[S.STATE] = DeviceState.IDLE
         # Closes what the command opened; when the fences are signalled right below, the
         # EXEC end also marks that signal (it precedes the post: a waiter wakes after it).
         self.tr.done(cmd, code, signal and not (code == 0 and cmd["delay_ns"] > 0))

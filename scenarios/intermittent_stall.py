@@ -108,7 +108,6 @@ def run(s) -> None:
 
     # -- the evidence -------------------------------------------------------------------
     trace = load_trace(s.trace())
-    stalled = {npu_cid[f]: k for f, k in plan.items()}
     results = []
     for f in sorted(plan):
         req = explain(trace, npu_cid[f])

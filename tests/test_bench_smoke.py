@@ -6,7 +6,6 @@ behind in /dev/shm.
 """
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

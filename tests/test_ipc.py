@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 
 import msgpack
-import numpy as np
 import pytest
 
 from ipc import (BlockPool, FenceTable, Ring, Segment, decode, encode, entries_with_prefix,
                  errors, new_prefix, cleanup_prefix)
-from ipc._fences import FAILED, PENDING, SIGNALLED
+from ipc._fences import FAILED, PENDING
 
 CTX = mp.get_context("fork")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import socket
@@ -17,7 +16,7 @@ import psutil
 import pytest
 
 import hetproc
-from ipc import cleanup_dead, entries_with_prefix, errors
+from ipc import cleanup_dead, entries_with_prefix
 from tests.conftest import wait_for
 
 
@@ -166,7 +165,6 @@ def test_a_corrupt_stream_drops_only_that_client(platform, client):
 
 
 def test_malformed_command_in_a_device_ring_is_survived(platform, client):
-    from hetproc._devices import DeviceHandle  # reach the ring directly, like a buggy driver
     from ipc import Ring, Segment
     seg = Segment.attach(platform.prefix + "ring.gpu0")
     half = Ring.nbytes(256, 2048)

@@ -8,7 +8,6 @@ import struct
 import time
 
 import msgpack
-import numpy as np
 import pytest
 
 import hetproc
