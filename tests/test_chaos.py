@@ -47,6 +47,9 @@ CHILD = textwrap.dedent("""
     want = np.array(src.array())
     user = c.fence()                                 # a user fence the parent waits on
     print("fence", user.export(), flush=True)
+    gift = c.alloc(%d)                               # the child's own buffer, exported rw
+    gift.array()[:] = 4
+    print("gift", gift.export(), flush=True)
     signal_at = int(sys.argv[3])
     outs = [c.alloc(%d) for _ in range(3)]
     ctxs = {}
@@ -83,7 +86,7 @@ CHILD = textwrap.dedent("""
         if i == signal_at:
             user.signal()
             print("signalled", flush=True)
-""" % N)
+""" % (N, N))
 
 
 def _expected(kernel: str, ins: list[np.ndarray], params: dict) -> np.ndarray | int:
@@ -195,6 +198,9 @@ def test_chaos(seed):
             line = child.stdout.readline().split()
             assert line and line[0] == "fence", line
             child_fence = a.import_fence(int(line[1]))
+            line = child.stdout.readline().split()
+            assert line and line[0] == "gift", line
+            gift = a.import_buffer(int(line[1]))  # outlives its owner's death
             assert child.stdout.readline().strip() == "ready"
             kill_child_at = rng.randint(2, 10)
             child_dependent = None
@@ -216,10 +222,26 @@ def test_chaos(seed):
                 if rnd == kill_child_at:
                     os.kill(child.pid, signal.SIGKILL)
                     child.wait(10)
+                    for _ in range(3):  # may land on blocks the dead child held
+                        new_canary()
+
+                # the child's exported buffer: read while it lives, written after its death
+                dev = rng.choice(["cpu0", "npu0", "gpu0"])
+                if rnd <= kill_child_at:
+                    f = _submit(a_ctxs, dev, "checksum", [gift], [outs[7]])
+                    want = checksum_of(np.full(N, 4, np.float32))
+                    if f is not None:
+                        pending.append((f, outs[7], "checksum", want, f"{dev}:gift-r"))
+                else:
+                    f = _submit(a_ctxs, dev, "copy", [ins[2]], [gift])
+                    if f is not None:
+                        pending.append((f, gift, "copy", views[2], f"{dev}:gift-w"))
 
                 for j, out in enumerate(outs):
                     if rnd >= 1 and j == 3 and child_dependent is not None:
                         continue  # still in use by the command waiting on the child
+                    if j == 7 and rnd <= kill_child_at:
+                        continue  # the checksum of the child's buffer goes there
                     dev = rng.choice(DEVICES)
                     kernel = rng.choice(KERNELS[dev])
                     params = ({"value": float(rng.randint(-5, 5))} if kernel == "fill" else
