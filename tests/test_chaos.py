@@ -336,7 +336,12 @@ def test_chaos(seed):
             a.clear_faults()
             x, y = ins[0], a.alloc(N)
             for d in DEVICES:
-                a.context(d).submit("copy", [x], [y]).wait(WAIT_S)
+                f = a.context(d).submit("copy", [x], [y])
+                try:
+                    f.wait(WAIT_S)
+                except hetproc.HetprocError as exc:
+                    pytest.fail(f"seed {seed}: a clean request on {d} after the chaos failed: "
+                                f"{exc!r} {f.error_detail()} {a.incidents()}")
                 np.testing.assert_array_equal(y.array(), x.array())
             for buf, snap in canaries:
                 np.testing.assert_array_equal(buf.array(), snap)
