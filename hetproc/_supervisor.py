@@ -386,7 +386,10 @@ class Supervisor(Validation, MemoryRequests, EvidenceMixin):
         for buf in list(client.buffers):
             self.release_buffer(self.buffers.get(buf))
         gone = errors.Cancelled(f"client {client.name!r} is gone", scope="process")
-        for fence in list(client.fences):
+        # Its fences include those it released while importers still hold them: they
+        # left client.fences at release, yet nobody else can signal them now.
+        owned = set(client.fences) | {h for h, r in self.fence_recs.items() if r.client is client}
+        for fence in owned:
             rec = self.fence_recs.get(fence)
             if rec is not None and not rec.bound and self.fences.poll(fence)[0] == PENDING:
                 rec.error = gone.to_dict()  # a user fence its importers wait on: wake them
