@@ -47,10 +47,14 @@ CHILD = textwrap.dedent("""
     want = np.array(src.array())
     user = c.fence()                                 # a user fence the parent waits on
     print("fence", user.export(), flush=True)
+    signal_at = int(sys.argv[3])
+    sys.stdin.readline()                             # the parent imported it
+    if signal_at %% 2 == 0:                          # 0: never signalled, dies holding it
+        user.release()                               # the parent's import keeps it alive
+        c.ping()
     gift = c.alloc(%d)                               # the child's own buffer, exported rw
     gift.array()[:] = 4
     print("gift", gift.export(), flush=True)
-    signal_at = int(sys.argv[3])
     outs = [c.alloc(%d) for _ in range(3)]
     ctxs = {}
     def ctx(d):
@@ -193,11 +197,13 @@ def test_chaos(seed):
             # -- the child client, killed at a random round
             child = subprocess.Popen(
                 [sys.executable, "-c", CHILD, plat.prefix, str(a_export(const)),
-                 str(rng.randint(1, 6))],
-                stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+                 str(rng.choice([0, 0, 3, 6]))],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
             line = child.stdout.readline().split()
             assert line and line[0] == "fence", line
             child_fence = a.import_fence(int(line[1]))
+            child.stdin.write("imported\n")
+            child.stdin.flush()
             line = child.stdout.readline().split()
             assert line and line[0] == "gift", line
             gift = a.import_buffer(int(line[1]))  # outlives its owner's death
@@ -213,13 +219,14 @@ def test_chaos(seed):
                 views = [x.array().copy() for x in ins]
                 pending = []  # (fence, output array getter, kernel, expected, label)
 
-                # one command waits on the child's user fence, a copy of const
-                if rnd == 1:
+                if rnd == kill_child_at:
+                    # a copy of const waits on the child's user fence; submitted just
+                    # before the kill (well inside the dependency timeout), so only the
+                    # signal or the child's death may resolve it
                     f = _submit(a_ctxs, "cpu0", "copy", [const], [outs[3]],
                                 wait=[child_fence])
                     if f is not None:
                         child_dependent = (f, outs[3])
-                if rnd == kill_child_at:
                     os.kill(child.pid, signal.SIGKILL)
                     child.wait(10)
                     for _ in range(3):  # may land on blocks the dead child held
@@ -238,7 +245,7 @@ def test_chaos(seed):
                         pending.append((f, gift, "copy", views[2], f"{dev}:gift-w"))
 
                 for j, out in enumerate(outs):
-                    if rnd >= 1 and j == 3 and child_dependent is not None:
+                    if j == 3 and child_dependent is not None:
                         continue  # still in use by the command waiting on the child
                     if j == 7 and rnd <= kill_child_at:
                         continue  # the checksum of the child's buffer goes there
@@ -316,13 +323,19 @@ def test_chaos(seed):
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGKILL)
                 child.wait(10)
+            try:  # signalled by the child, or failed by its death: never left pending
+                child_fence.wait(WAIT_S)
+            except hetproc.FenceTimeout:
+                pytest.fail(f"seed {seed}: the dead child's exported fence never resolved")
+            except hetproc.Cancelled:
+                pass
             if child_dependent is not None:
                 f, out = child_dependent
                 try:
                     f.wait(WAIT_S)
                     assert np.array_equal(out.array(), const.array())
-                except hetproc.FenceTimeout:
-                    pytest.fail(f"seed {seed}: the command waiting on the dead child hung")
+                except hetproc.Timeout as exc:  # woken by a timeout, not by the death
+                    pytest.fail(f"seed {seed}: the command waiting on the dead child: {exc!r}")
                 except hetproc.HetprocError:
                     pass
             said = child.stdout.read()
@@ -365,6 +378,7 @@ def test_chaos(seed):
                 child.wait(10)
             if child is not None:
                 child.stdout.close()
+                child.stdin.close()
             b.close()
             by.close()
 
