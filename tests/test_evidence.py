@@ -188,7 +188,9 @@ def test_a_frozen_window_is_dumped_when_the_platform_has_a_dump_dir(tmp_path):
     with hetproc.Platform(spec=spec) as plat:
         c = plat.client
         bad = _fail_one(c, c.context("gpu0"), linger=0.03)
-        listing = wait_for(lambda: _client_trace.frozen_windows(c, records=False, flush=False))
+        listing = wait_for(lambda: [w for w in _client_trace.frozen_windows(
+            c, records=False, flush=False) if w.get("file")])  # taken once "after" passed
+        assert listing, "no frozen window was written"
         path = listing[0]["file"]
     doc = json.loads(open(path).read())
     assert doc["otherData"]["frozen"]["cids"] == [bad]
