@@ -143,11 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                           time_scale=args.time_scale, options=_options(args),
                           trace_path=args.trace, plot_path=args.plot,
                           trace=False if args.no_trace else None)
-    print_report(report)
-    if args.report:
-        write_report(report, args.report)
-        print(f"report written to {args.report}")
-    return 0 if report["ok"] else 1
+    return _conclude(report, args.report, print_report)
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -158,20 +154,23 @@ def cmd_drill(args: argparse.Namespace) -> int:
         return 0 if args.list else 2
     report = run_drill(args.name, platform_file=args.platform, time_scale=args.time_scale,
                        unsafe_reclaim=args.unsafe_reclaim)
-    print_report(report)
-    if args.report:
-        write_report(report, args.report)
-    return 0 if report["ok"] else 1
+    return _conclude(report, args.report, print_report)
 
 
 def cmd_acceptance(args: argparse.Namespace) -> int:
     from ._acceptance import print_matrix, run_matrix
     matrix = run_matrix(platform_file=args.platform, time_scale=args.time_scale,
                         quick=args.quick)
-    print_matrix(matrix)
-    if args.report:
-        write_report(matrix, args.report)
-    return 0 if matrix["ok"] else 1
+    return _conclude(matrix, args.report, print_matrix)
+
+
+def _conclude(report: dict[str, Any], path: str | None, show: Any) -> int:
+    """Print a run's report, write it if asked; exit 0 only if every check held."""
+    show(report)
+    if path:
+        write_report(report, path)
+        print(f"report written to {path}")
+    return 0 if report["ok"] else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:

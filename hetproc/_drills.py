@@ -140,15 +140,19 @@ class Drill:
                      f"waited {waited_ms:.1f} ms, bound {self.bound_ms:.1f} ms")
         return err
 
+    def check_completes(self, name: str, fence, timeout: float = 10.0) -> bool:
+        """Check that ``fence`` completes successfully; release it either way."""
+        try:
+            fence.wait(timeout)
+            return self.s.check(name, True)
+        except errors.HetprocError as exc:
+            return self.s.check(name, False, exc.name)
+        finally:
+            fence.release()
+
     def next_request_succeeds(self, device: str) -> None:
         ctx = self.client.context(device, name="after")
-        try:
-            f = ctx.submit("work", ms=1)
-            f.wait(5)
-            f.release()
-            self.s.check(f"the next request on {device} succeeds", True)
-        except errors.HetprocError as exc:
-            self.s.check(f"the next request on {device} succeeds", False, exc.name)
+        self.check_completes(f"the next request on {device} succeeds", ctx.submit("work", ms=1), 5)
         ctx.close()
 
     def incident(self) -> dict[str, Any] | None:
@@ -194,12 +198,8 @@ def _hang(d: Drill) -> None:
     inc = d.incident()
     d.s.check("stop confirmed by reaping the killed process",
               inc is not None and inc["confirmed_stop"] == "reaped" and inc["killed"])
-    try:
-        innocent.wait(5)
-        d.s.check("innocent command caught in the reset was replayed and succeeded", True)
-    except errors.HetprocError as exc:
-        d.s.check("innocent command caught in the reset was replayed and succeeded", False, exc.name)
-    innocent.release()
+    d.check_completes("innocent command caught in the reset was replayed and succeeded",
+                      innocent, 5)
     d.s.check("device restarted with a new epoch",
               d.client.metrics()["devices"]["npu0"]["epoch"] == epoch + 1)
     _check_context_lost(d, ctx)
@@ -363,12 +363,7 @@ def _heartbeat_stall(d: Drill) -> None:
     spec = d.plat.spec
     d.client.inject("heartbeat_stall", device="dsp0")
     f = ctx.submit("work", ms=spec.watchdog_ms * 2.5)  # longer than the watchdog
-    try:
-        f.wait(10)
-        d.s.check("the long, progressing job completed (not killed)", True)
-    except errors.HetprocError as exc:
-        d.s.check("the long, progressing job completed (not killed)", False, exc.name)
-    f.release()
+    d.check_completes("the long, progressing job completed (not killed)", f)
     verdicts = d.client.incidents()["verdicts"]
     d.s.check("watchdog verdict was 'no hang' (re-armed on progress)",
               verdicts.get("no_hang", 0) >= 1 and not verdicts.get("timed_out"), str(verdicts))
