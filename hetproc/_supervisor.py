@@ -69,6 +69,7 @@ TICK_S = 0.005
 FENCES_PER_CLIENT = 4096  # half the table: one client cannot starve the others
 MAX_OUTBUF = 8 << 20  # replies buffered for a client that does not read them
 REQUESTS_PER_TURN = 64
+RING_WINDOW_MS = 2.0  # modeled work per device ring: what a new arrival may have to wait
 FENCE_CAPACITY = 8192
 MAX_SHAPE_ELEMENTS = 1 << 31
 
@@ -151,7 +152,8 @@ class Supervisor(Validation, MemoryRequests, EvidenceMixin):
             self._record_object("sem", bell_name)
             bell = posix_ipc.Semaphore(bell_name, posix_ipc.O_CREX, initial_value=0)
             efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd)
+            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd,
+                               window_ns=self.scaled_ns(RING_WINDOW_MS))
             self.devices[dspec.name] = dev
             self.sel.register(efd, selectors.EVENT_READ, ("completion", dev))
 

@@ -311,3 +311,18 @@ def test_status_lists_the_platform_with_its_pids(platform):
     assert me["supervisor_pid"] == platform.pid
     assert set(me["devices"]) == {"cpu0", "npu0", "gpu0", "dsp0", "isp0"}
     assert all(d["pid"] > 0 for d in me["devices"].values())
+
+
+def test_a_higher_priority_request_overtakes_queued_lower_ones(client):
+    """Only ~2 ms of modeled work sits in a device's in-order ring; the rest waits by
+    priority, so the camera's request does not wait behind a third-party backlog."""
+    background = client.context("npu0", priority=0, name="third-party")
+    camera = client.context("npu0", priority=10, name="camera")
+    backlog = [background.submit("work", ms=20) for _ in range(5)]
+    urgent = camera.submit("work", ms=1)
+    for f in backlog + [urgent]:
+        f.wait(5)
+    done = {id(f): client.fences.info(f.handle)["t_ns"] for f in backlog + [urgent]}
+    assert done[id(urgent)] < done[id(backlog[2])], "the urgent request waited its turn"
+    order = sorted(backlog, key=lambda f: done[id(f)])
+    assert order == backlog, "equal priorities keep their submission order"
