@@ -94,9 +94,6 @@ class Command:
             msg["mem"] = self.mem
         return _packb(msg)  # ipc.encode without its dict copy: this is per command
 
-    def nbytes(self) -> int:
-        return sum(b.nbytes for b in self.ins) + sum(b.nbytes for b in self.outs)
-
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
     """``[segment, offset, shape, dtype, strides, perm, handle]`` per buffer: the device
@@ -159,6 +156,8 @@ class DeviceHandle:
         goes first (preemption at command granularity, seed §7, §11). Short commands still
         go in by the dozen, so throughput does not suffer.
         """
+        if not self.queue:
+            return 0  # the common case after a completion: nothing waits
         moved = 0
         # The oldest command in the ring runs (or waits for its hand-off signal); one more
         # may always wait behind it, so the device never idles between two commands;

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc import Block, FrameReader, errors
+from ipc import Block, FrameReader, errors, span_bytes
 
 
 @dataclass(eq=False)
@@ -96,5 +96,4 @@ class FenceRec:
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:
-    from ipc import span_bytes
     return span_bytes(shape, np.dtype(dtype).itemsize, strides)

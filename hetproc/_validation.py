@@ -98,7 +98,8 @@ class Validation:
         """A command must fit one ring slot once encoded for the device: refuse it here,
         before anything is committed, never at the device's queue head."""
         room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
-        size = (len(msgpack.packb(c.get("params") or {})) + 12 * len(c.get("wait") or ())
+        params = c.get("params")
+        size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(c.get("wait") or ())
                 + sum(len(b.block.segment) + 60 for b in ins + outs))
         if size > room:
             raise errors.BadPacket(f"command too large for a device ring slot "
