@@ -13,7 +13,7 @@ Public API::
 
 Evidence (seed §22): ``Platform.export_trace(path)`` (Chrome Trace JSON for Perfetto),
 ``Platform.frozen_windows()``, ``Platform.trace_records()``, ``Client.trace.span(stage,
-cid)``; ``hetproc._explain`` attributes a request's latency to its stages.
+cid)``; ``hetproc.trace._explain`` attributes a request's latency to its stages.
 
 Errors: every class of ``ipc.errors`` is re-exported here (``hetproc.DeviceTimeout``...).
 """
@@ -21,10 +21,10 @@ Errors: every class of ``ipc.errors`` is re-exported here (``hetproc.DeviceTimeo
 from ipc.errors import *  # noqa: F401,F403  (the one error hierarchy)
 from ipc.errors import __all__ as _error_names
 
-from ._bufpool import BufferPool, PoolStatistics
-from ._client import Buffer, Client, Context, Fence, command
+from .client._bufpool import BufferPool, PoolStatistics
+from .client._client import Buffer, Client, Context, Fence, command
 from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
-from ._platform import Platform, connect
+from .client._platform import Platform, connect
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",

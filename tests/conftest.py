@@ -7,7 +7,7 @@ import psutil
 import pytest
 
 import hetproc
-from hetproc import _platform
+from hetproc.client import _platform
 from ipc import entries_with_prefix
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 import hetproc
-from hetproc import _client_trace
-from hetproc._explain import explain, load_trace
-from hetproc._trace_export import frozen_to_chrome
+from hetproc.client import _trace_ring as _client_trace
+from hetproc.trace._explain import explain, load_trace
+from hetproc.trace._export import frozen_to_chrome
 from ipc import TraceBank
 from ipc._trace import RECORD_DTYPE, Stage
 
@@ -229,7 +229,7 @@ def test_intermittent_stall_attributes_every_injected_stall(tmp_path):
 
 def test_plot_writes_a_png(platform, tmp_path):
     pytest.importorskip("matplotlib")
-    from hetproc._plot import plot_timeline
+    from hetproc.trace._plot import plot_timeline
     _one_request(platform.client)
     out = plot_timeline(_client_trace.chrome_trace(platform.client), tmp_path / "t.png")
     data = (tmp_path / "t.png").read_bytes()
@@ -238,7 +238,7 @@ def test_plot_writes_a_png(platform, tmp_path):
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
-    from hetproc import _plot
+    from hetproc.trace import _plot
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hetproc
-from hetproc._drills import DRILLS, run_drill
+from hetproc.drills._drills import DRILLS, run_drill
 
 
 @pytest.mark.parametrize("name", list(DRILLS))

@@ -23,7 +23,7 @@ from msgpack import packb as _packb
 from ipc import VERSION, Ring, Segment, encode
 from device_workers import DeviceState
 
-from ._config import DeviceSpec
+from .._config import DeviceSpec
 
 RING_SLOTS = 256
 RING_SLOT_BYTES = 2048
@@ -61,13 +61,13 @@ class Command:
     probe_of: Any = None   # the incident this no-op probes for
     then: Any = None       # called once the command is retired (success or failure)
     # Memory: the IOMMU permission granted per operand ("r", "w", "rw"; "" = none), the
-    # device-side maintenance and map work (hetproc._handoff), and what this command is.
+    # device-side maintenance and map work (hetproc.supervisor._handoff), and what this command is.
     in_perms: list[str] = field(default_factory=list)
     out_perms: list[str] = field(default_factory=list)
     mem: dict | None = None
     role: str = "kernel"  # "kernel", or a runtime-inserted "copy" / "reformat"
     plan: Any = None      # the hand-off plan until expanded into commands
-    maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc._iommu)
+    maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc.supervisor._iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
 

@@ -23,9 +23,9 @@ import psutil
 
 from ipc import entries_with_prefix, errors
 
-from . import _client_trace
-from ._config import PlatformSpec, load_platform
-from ._platform import Platform
+from ..client import _trace_ring as _client_trace
+from .._config import PlatformSpec, load_platform
+from ..client._platform import Platform
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Scenario:
 
     def trace(self) -> dict[str, Any]:
         """The platform's trace now (every process's ring), as a Chrome trace dict: what
-        ``hetproc._explain.load_trace`` and ``--trace FILE`` take."""
+        ``hetproc.trace._explain.load_trace`` and ``--trace FILE`` take."""
         return _client_trace.chrome_trace(self.client)
 
     def frozen(self) -> list[dict[str, Any]]:
@@ -235,12 +235,12 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
     if trace_path or plot_path:
         doc = _client_trace.chrome_trace(client)
         if trace_path:
-            from ._perfetto import write_chrome_trace
+            from ..trace._perfetto import write_chrome_trace
             write_chrome_trace(trace_path, doc)
             evidence["trace"] = {"path": trace_path, **{k: v for k, v in doc["otherData"].items()
                                                          if not k.startswith("hetproc_")}}
         if plot_path:
-            from ._plot import plot_timeline
+            from ..trace._plot import plot_timeline
             evidence["plot"] = plot_timeline(doc, plot_path, title=f"hetproc: {stem}")
     return evidence
 

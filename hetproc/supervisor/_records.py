@@ -60,7 +60,7 @@ class BufferRec:
     refs: int = 0
     released: bool = False  # the client freed it; reclaim when refs drop to 0
     trusted: bool = True
-    # Zero-copy preconditions (seed §5) and sharing; see hetproc._handoff / _iommu.
+    # Zero-copy preconditions (seed §5) and sharing; see hetproc.supervisor._handoff / _iommu.
     layout: str | None = None      # "NHWC", "NCHW"... for rank-4 tensors; None: no layout
     usage: tuple[str, ...] | None = None  # device kinds/names that may map it; None: any
     byte_offset: int = 0           # where the tensor starts inside its block

@@ -23,7 +23,7 @@ import numpy as np
 from ipc import Channel, FenceTable, PENDING, Segment, SegmentCache, decode, errors
 
 from ._sharing import BufferMemory, ClientMemory, ContextMemory, FenceMemory
-from ._client_trace import ClientTrace
+from ._trace_ring import ClientTrace
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
@@ -151,7 +151,7 @@ class Client(ClientMemory):
         ``layout`` ("NHWC", "NCHW") and ``usage`` (the device kinds or names that will map
         it) are checked against each device that uses it; ``align`` places it at exactly
         that alignment, as a producer that guarantees no more would. A mismatch costs a
-        visible copy or reformat (see ``hetproc._handoff``), never a wrong result."""
+        visible copy or reformat (see ``hetproc.supervisor._handoff``), never a wrong result."""
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
         fields: dict[str, Any] = {"shape": list(shape), "dtype": np.dtype(dtype).name}
         if strides is not None:
@@ -175,7 +175,7 @@ class Client(ClientMemory):
     def inject(self, kind: str, *, device: str | None = None, at: int | None = None,
                every: int | None = None, probability: float = 0.0, count: int = 1,
                **params: Any) -> dict[str, Any]:
-        """Arm a fault (see ``hetproc._faultplan``): e.g. ``inject("hang", device="npu0")``
+        """Arm a fault (see ``hetproc.supervisor._faultplan``): e.g. ``inject("hang", device="npu0")``
         makes the next command on npu0 hang. Deterministic by index, or seeded."""
         fault: dict[str, Any] = {"kind": kind, "count": count, **params}
         for key, value in (("device", device), ("at", at), ("every", every)):

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from ipc import errors
 
-from ._config import IommuSpec
+from .._config import IommuSpec
 from ._memlog import MemLog
 from ._records import BufferRec, ClientRec, ContextRec
 

@@ -33,15 +33,12 @@ manifest before use, so ``hetproc cleanup`` can remove everything if it is kille
 
 from __future__ import annotations
 
-import argparse
 import collections
 import heapq
-import json
 import os
 import selectors
 import signal
 import socket
-import sys
 import time
 from typing import Any, Callable
 
@@ -50,11 +47,11 @@ import posix_ipc
 
 from device_workers import STATE_DTYPE, state_table
 from device_workers._state import StateSlot
-from ipc import (PENDING, cleanup_prefix, new_prefix, BlockPool, FenceTable, Manifest, Segment, SlotMap, decode,
+from ipc import (PENDING, cleanup_prefix, BlockPool, FenceTable, Manifest, Segment, SlotMap, decode,
                  encode, errors, pack_frame, socket_address)
 
-from . import _protocol
-from ._config import PlatformSpec, parse_platform
+from .. import _protocol
+from .._config import PlatformSpec
 from ._devices import Command, DeviceHandle, device_state_name
 from ._faultplan import FaultPlan
 from ._evidence import EvidenceMixin
@@ -112,7 +109,7 @@ class Supervisor(Validation, MemoryRequests, EvidenceMixin):
         self.iommu = Iommu(spec.iommu, self.memlog, self.scaled_ns)
         self.handoff = Handoff(self, self.memlog)
         self._setup_memory()
-        self._setup_trace()  # rings, frozen windows, freeze_window(): hetproc._evidence
+        self._setup_trace()  # rings, frozen windows, freeze_window(): hetproc.supervisor._evidence
         self._setup_socket()
         self._watch_owner()
 
@@ -980,44 +977,3 @@ def _signal_fences_of(frame: bytes) -> list[int]:
                 and isinstance(c.get("signal"), int) and not isinstance(c.get("signal"), bool)]
     except Exception:
         return []
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="hetproc-supervisor")
-    ap.add_argument("--spec", required=True, help="platform spec as JSON")
-    ap.add_argument("--prefix", help="default: a new one carrying this process's pid")
-    ap.add_argument("--ready-fd", type=int, required=True)
-    args = ap.parse_args(argv)
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
-    spec_arg = json.loads(args.spec)
-    spec = parse_platform(spec_arg["raw"], spec_arg["source"])
-    args.prefix = args.prefix or new_prefix(os.getpid())
-    # First line: the prefix, so the owner can clean up even if the start fails later.
-    os.write(args.ready_fd, (json.dumps({"prefix": args.prefix}) + "\n").encode())
-    sup = None
-    try:
-        sup = Supervisor(spec, args.prefix)
-        signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "running", False))
-        sup.start_devices()
-        os.write(args.ready_fd, (json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())
-        os.close(args.ready_fd)
-        sup.serve()
-    except BaseException as exc:
-        try:
-            os.write(args.ready_fd, (json.dumps({"ok": False, "error": repr(exc)}) + "\n").encode())
-        except OSError:
-            pass
-        if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
-            import traceback
-            traceback.print_exc()
-    finally:
-        if sup is not None:
-            sup.shutdown()
-        else:
-            cleanup_prefix(args.prefix)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

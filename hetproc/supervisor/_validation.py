@@ -17,7 +17,7 @@ from device_workers._kernels import validate as validate_kernel
 from ipc import PENDING, errors
 from ipc._packets import check_fields
 
-from . import _protocol
+from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
 from ._records import BufferRec, ClientRec, ContextRec
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from ipc import cleanup_prefix, errors, socket_address
 
-from . import _client_trace
+from . import _trace_ring as _client_trace
 from ._client import Client
-from ._config import PlatformSpec, load_platform
+from .._config import PlatformSpec, load_platform
 
 START_TIMEOUT = 20.0
 
@@ -67,7 +67,7 @@ class Platform:
         self.prefix = "pending"
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hetproc._supervisor", "--spec", json.dumps(self._raw),
+                [sys.executable, "-m", "hetproc.supervisor", "--spec", json.dumps(self._raw),
                  "--ready-fd", str(write_fd)],
                 pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                 env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},

@@ -36,8 +36,8 @@ from ipc import TraceBank, errors
 from ipc._trace import RECORD_DTYPE, Stage
 from ipc._tracebank import COUNTERS
 
-from ._perfetto import write_chrome_trace
-from ._trace_export import frozen_to_chrome, records_from_bytes, records_to_chrome
+from ..trace._perfetto import write_chrome_trace
+from ..trace._export import frozen_to_chrome, records_from_bytes, records_to_chrome
 
 if TYPE_CHECKING:
     from ._client import Buffer, Client

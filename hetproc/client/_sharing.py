@@ -1,7 +1,7 @@
 """The client side of mappings and sharing: mixed into Client, Context, Buffer and Fence.
 
 Kept apart from ``_client`` so the request plumbing and the memory API evolve separately;
-every method here is one request to the supervisor (``hetproc._iommu`` has the rules).
+every method here is one request to the supervisor (``hetproc.supervisor._iommu`` has the rules).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from ipc import errors
 
 if TYPE_CHECKING:
     from ._devices import Command, DeviceHandle
-    from ._supervisor import Supervisor
+    from ._server import Supervisor
 
 
 @dataclass

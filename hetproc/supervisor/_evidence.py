@@ -8,7 +8,7 @@
       └──────▲──────┴──────▲───────┴─────┴──────────────┴──────▲──────┴─────┘
              │ QUEUED (and │ ACQUIRE_WAIT, EXEC, MAP,          │ SUBMIT, WAKE,
              │ ENQUEUE),   │ SIGNAL, power state               │ CALLBACK
-             │ queue depth,│ (device_workers._tracing)         │ (hetproc._client_trace)
+             │ queue depth,│ (device_workers._tracing)         │ (hetproc.client._trace_ring)
              │ in flight   │
              │
       error ─┴─▶ freeze_window(reason, cid): when the "after" part of the window has
@@ -357,7 +357,7 @@ class EvidenceMixin:
     def evidence_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
         """Add the §9/§15 figures the trace counters and the OS know: fence waits, buffer
         views (what devices and clients mapped as arrays; the IOMMU's own ``buffer_maps``
-        come from ``hetproc._handoff``), power-state switches, CPU per process, trace health."""
+        come from ``hetproc.supervisor._handoff``), power-state switches, CPU per process, trace health."""
         bank = self.trace_bank
         maps = imports = 0
         dev_waits = dev_wait_ns = switches = 0
@@ -423,8 +423,8 @@ def _summary(w: dict[str, Any]) -> dict[str, Any]:
 def _dump_window(window: dict[str, Any], dump_dir: str, prefix: str) -> str | None:
     """Write one frozen window as Chrome Trace JSON; a failure to write loses the file,
     never the window (it stays in memory) nor the supervisor."""
-    from ._trace_export import frozen_to_chrome
-    from ._perfetto import write_chrome_trace
+    from ..trace._export import frozen_to_chrome
+    from ..trace._perfetto import write_chrome_trace
     try:
         os.makedirs(dump_dir, exist_ok=True)
         path = os.path.join(dump_dir, f"frozen-{prefix.strip('.')}-{window['id']}.json")
