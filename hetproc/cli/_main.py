@@ -246,23 +246,23 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_export(args: argparse.Namespace) -> int:
-    from ..client import _trace_ring as _client_trace
+    from .. import trace as _trace
     from ..client._platform import connect
     with connect(args.platform, "hetproc-trace") as client:
-        out = _client_trace.export_trace(client, args.file)
+        out = _trace.export_trace(client, args.file)
     print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
           f"{out['flows']} request flows")
     return 0
 
 
 def cmd_trace_frozen(args: argparse.Namespace) -> int:
-    from ..client import _trace_ring as _client_trace
+    from .. import trace as _trace
     from ..client._platform import connect
     with connect(args.platform, "hetproc-trace") as client:
         if args.dir:
-            windows = _client_trace.write_frozen(client, args.dir)
+            windows = _trace.write_frozen(client, args.dir)
         else:
-            windows = _client_trace.frozen_windows(client, records=False)
+            windows = _trace.frozen_windows(client, records=False)
     if not windows:
         print("no frozen windows")
     for w in windows:

@@ -23,7 +23,7 @@ import psutil
 
 from ipc import entries_with_prefix, errors
 
-from ..client import _trace_ring as _client_trace
+from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
 from ..client._platform import Platform
 
@@ -81,11 +81,11 @@ class Scenario:
     def trace(self) -> dict[str, Any]:
         """The platform's trace now (every process's ring), as a Chrome trace dict: what
         ``hetproc.trace._explain.load_trace`` and ``--trace FILE`` take."""
-        return _client_trace.chrome_trace(self.client)
+        return _trace.chrome_trace(self.client)
 
     def frozen(self) -> list[dict[str, Any]]:
         """The windows frozen around errors so far, with their records."""
-        return _client_trace.frozen_windows(self.client)
+        return _trace.frozen_windows(self.client)
 
 
 def find_scenario(name: str) -> Path:
@@ -228,12 +228,12 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
     evidence: dict[str, Any] = {}
     if trace_path:
         base = os.path.splitext(trace_path)[0]
-        evidence["frozen"] = _client_trace.write_frozen(
+        evidence["frozen"] = _trace.write_frozen(
             client, os.path.dirname(base) or ".", f"{os.path.basename(base)}.frozen")
     else:
-        evidence["frozen"] = _client_trace.frozen_windows(client, records=False)
+        evidence["frozen"] = _trace.frozen_windows(client, records=False)
     if trace_path or plot_path:
-        doc = _client_trace.chrome_trace(client)
+        doc = _trace.chrome_trace(client)
         if trace_path:
             from ..trace._perfetto import write_chrome_trace
             write_chrome_trace(trace_path, doc)
