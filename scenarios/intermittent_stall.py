@@ -164,7 +164,7 @@ def run(s) -> None:
         mine = w["records"][w["records"]["cid"] == bad]
         stages = {int(x) for x in mine["stage"]}
         pids = {int(x) for x in mine["pid"]}
-        from ipc._trace import Stage
+        from ipc import Stage
         want = {int(Stage.SUBMIT), int(Stage.QUEUED), int(Stage.ACQUIRE_WAIT), int(Stage.SIGNAL)}
         froze = load_trace(frozen_to_chrome(w))
         req = explain(froze, bad)

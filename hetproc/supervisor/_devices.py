@@ -9,6 +9,7 @@ see EOF the moment the supervisor dies.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import os
 import select
@@ -28,6 +29,14 @@ from .._config import DeviceSpec
 RING_SLOTS = 256
 RING_SLOT_BYTES = 2048
 MAX_IN_RING = 250  # commands handed to the device at once; the rest wait, by priority, here
+
+
+class CommandState(enum.Enum):
+    """Where a command is: waiting in the supervisor, in its device's ring, or retired."""
+
+    QUEUED = "queued"
+    PUSHED = "pushed"
+    DONE = "done"
 
 
 @dataclass(slots=True, eq=False)
@@ -52,7 +61,7 @@ class Command:
     fault: dict | None = None
     timeout_ns: int = 0
     checked: bool = False
-    state: str = "queued"  # queued -> pushed -> done
+    state: CommandState = CommandState.QUEUED
     pidx: int = 0          # position in the device's ring order (what a cancel names)
     failure: Any = None    # the error recovery decided for it, if any
     watch_deadline: int = 0
@@ -76,7 +85,7 @@ class Command:
             b.trusted = False
 
     def describe(self) -> dict[str, Any]:
-        return {"seq": self.seq, "cid": self.cid, "kernel": self.kernel, "state": self.state,
+        return {"seq": self.seq, "cid": self.cid, "kernel": self.kernel, "state": self.state.value,
                 "pidx": self.pidx, "device": self.device.name,
                 "context": self.ctx.name or hex(self.ctx.handle),
                 "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
@@ -178,7 +187,7 @@ class DeviceHandle:
                 break
             self.pushes += 1
             heapq.heappop(self.queue)
-            cmd.state = "pushed"
+            cmd.state = CommandState.PUSHED
             self.pushed[cmd.seq] = cmd
             moved += 1
         if moved:
