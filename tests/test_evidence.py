@@ -23,7 +23,7 @@ from hetproc.trace._export import frozen_to_chrome
 from ipc import TraceBank
 from ipc._trace import RECORD_DTYPE, Stage
 
-from .conftest import wait_for
+from tests.helpers import wait_for
 
 SHAPE = (1, 16, 16, 3)
 

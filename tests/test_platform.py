@@ -17,7 +17,7 @@ import pytest
 
 import hetproc
 from ipc import cleanup_dead, entries_with_prefix
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 def test_fences_order_a_chain_across_three_devices(client):
