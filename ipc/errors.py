@@ -61,6 +61,7 @@ __all__ = [
     "PlatformError",
     "PlatformClosed",
     "SupervisorLost",
+    "InternalError",
     "error_class",
     "error_from_code",
     "error_from_word",
@@ -392,3 +393,13 @@ class SupervisorLost(PlatformError):
 
     code = 52
     buffers_trusted = False
+
+
+class InternalError(PlatformError):
+    """A bug in hetproc itself, caught where it happened: the one request it hit failed,
+    the platform serves on. Report it with the message (it names the exception). Never
+    raised for anything a client did wrong: that is an ``InvalidRequest``."""
+
+    code = 53
+    scope = "request"
+    retryable = True
