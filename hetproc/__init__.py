@@ -18,8 +18,9 @@ cid)``; ``hetproc.trace._explain`` attributes a request's latency to its stages.
 Errors: every class of ``ipc.errors`` is re-exported here (``hetproc.DeviceTimeout``...).
 """
 
-from ipc.errors import *  # noqa: F401,F403  (the one error hierarchy)
-from ipc.errors import __all__ as _error_names
+from . import errors
+from .errors import *  # noqa: F401,F403  (the one error hierarchy)
+from .errors import __all__ as _error_names
 
 from .client._bufpool import BufferPool, PoolStatistics
 from .client._client import Buffer, Client, Context, Fence, command

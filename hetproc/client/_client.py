@@ -32,6 +32,7 @@ from ._trace_ring import ClientTrace
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
+_DETAIL_WAIT_S = 0.25    # how long a failed wait asks for the supervisor's record
 _REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
 
@@ -446,7 +447,7 @@ class Fence:
                         correlation_id=self.cid) from None
         self.client.trace.wait_end(self.cid, t_wait, code)
         if code:
-            raise self._error(code)
+            raise self._explained(code)
 
     def error(self) -> errors.HetprocError | None:
         """The error this fence failed with, None if pending or successful."""
@@ -460,6 +461,30 @@ class Fence:
         return errors.error_from_word(
             word, f"{name}: request {self.cid:#x} failed (Fence.error_detail() has the "
                   f"supervisor's record)", correlation_id=self.cid)
+
+    def _explained(self, word: int) -> errors.HetprocError:
+        """The error of the fence's word, completed from the supervisor's record when it
+        has one: its message, evidence (frozen window, incident) and, for a failure that
+        began as an exception in a device process, the remote traceback as the cause.
+
+        The word alone answers scope, retryability and buffer trust at once; the record
+        may lag a device-signalled failure by one supervisor turn, so it is asked for a
+        short while only, and never when the supervisor is gone."""
+        err = self._error(word)
+        deadline = time.monotonic() + _DETAIL_WAIT_S
+        while self.client.supervisor_alive():
+            try:
+                record = self.error_detail()
+            except errors.HetprocError:
+                return err
+            if record:
+                full = errors.HetprocError.from_dict(record)
+                full.correlation_id = self.cid
+                return full
+            if time.monotonic() > deadline:
+                return err
+            time.sleep(0.002)
+        return err
 
     def error_detail(self) -> dict[str, Any] | None:
         """The supervisor's full record of this fence's failure (message, detail)."""

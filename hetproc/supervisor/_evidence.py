@@ -220,7 +220,8 @@ class Evidence:
         if freezes_on(exc):
             wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
                                      code=exc.code)
-            if self.last_error is not None:
+            if wid:
+                exc.detail["trace_window"] = wid  # the error itself says where to look
                 self.last_error["trace_window"] = wid
 
     # -- frozen windows ---------------------------------------------------------------

@@ -179,7 +179,7 @@ class Recovery:
         inc = self.new_incident("timeout", dev, cmd)
         exc = errors.DeviceTimeout(
             f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms watchdog",
-            correlation_id=cmd.cid)
+            correlation_id=cmd.cid, detail={"incident": inc.id})
         inc.error = exc.to_dict()
         cmd.failure = exc
         inc.step("mark", cid=cmd.cid, seq=cmd.seq, rearms=cmd.rearms,
@@ -232,7 +232,8 @@ class Recovery:
             running = self.running_command(dev)
             inc = self.new_incident("death", dev, running)
             exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
-                                       correlation_id=running.cid if running else 0)
+                                       correlation_id=running.cid if running else 0,
+                                       detail={"incident": inc.id})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -288,9 +289,8 @@ class Recovery:
             if self.policy.replay_innocent and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
-                self.commands.fail_command(cmd, errors.Cancelled(
-                    f"cancelled by the reset of {inc.device}", scope="device",
-                    buffers_trusted=False))
+                self.commands.fail_command(cmd, errors.CancelledByReset(
+                    f"cancelled by the reset of {inc.device}", detail={"incident": inc.id}))
                 cancelled.append(cmd.cid)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
