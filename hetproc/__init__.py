@@ -22,10 +22,9 @@ from . import errors
 from .errors import *  # noqa: F401,F403  (the one error hierarchy)
 from .errors import __all__ as _error_names
 
-from .client._bufpool import BufferPool, PoolStatistics
-from .client._client import Buffer, Client, Context, Fence, command
+from .client import Buffer, BufferPool, Client, Context, Fence, PoolStatistics, command
 from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
-from .client._platform import Platform, connect
+from .client import Platform, connect
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
