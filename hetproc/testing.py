@@ -27,7 +27,7 @@ import pytest
 from ipc import entries_with_prefix
 
 from .client import Platform
-from .drills import DRILLS, run_drill
+from .drills import run_drill
 
 __all__ = ["leftovers", "assert_no_leftovers", "assert_drill_passes",
            "hetproc_platform", "hetproc_platform_options"]  # drills themselves: hetproc.drills

@@ -8,7 +8,6 @@ in these three processes, and nothing else (seed §22).
 
 from __future__ import annotations
 
-import hetproc
 from hetproc import trace
 
 
