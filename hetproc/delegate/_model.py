@@ -1,0 +1,187 @@
+"""An ONNX model as hetproc sees it: loaded, checked, shape-inferred, and flattened into
+plain nodes, initializers and typed values (no protobuf past this module).
+
+Everything a client hands over is untrusted: a truncated or malformed file, a graph that
+is not topologically sorted, a value without a static type all give ``InvalidRequest``
+(or ``UnsupportedOp``) with the reason, never a protobuf traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipc import errors
+
+try:
+    import onnx
+    from onnx import helper, numpy_helper, shape_inference
+except ImportError:  # pragma: no cover - the extra is not installed
+    onnx = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One ONNX node: ``inputs`` holds "" for an omitted optional input."""
+
+    index: int
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    dtype: str              # numpy dtype name; "" when unknown
+    shape: tuple[Any, ...]  # ints, or strings for symbolic dims; () for a scalar
+
+
+@dataclass
+class Graph:
+    name: str
+    nodes: list[Node]
+    inputs: list[Value]               # graph inputs that are not initializers
+    outputs: list[Value]
+    initializers: dict[str, np.ndarray]
+    values: dict[str, Value] = field(default_factory=dict)  # every typed value
+    fingerprint: str = ""
+    opset: int = 0
+
+    def producers(self) -> dict[str, int]:
+        return {o: n.index for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[int]]:
+        cons: dict[str, list[int]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    cons.setdefault(i, []).append(n.index)
+        return cons
+
+
+def _require_onnx() -> None:
+    if onnx is None:
+        raise errors.UnsupportedOp("ONNX models need the 'onnx' package: "
+                                   "pip install 'hetproc[onnx]'")
+
+
+def load_model(source: Any) -> Graph:
+    """A ``Graph`` from a path, bytes or an ``onnx.ModelProto``: checked and shape-inferred."""
+    _require_onnx()
+    proto = _parse(source)
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # the checker raises several unrelated classes
+        raise errors.InvalidRequest(f"model fails the ONNX checker: {_first_line(exc)}") from None
+    try:
+        inferred = shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception as exc:
+        raise errors.InvalidRequest(f"shape inference failed: {_first_line(exc)}") from None
+    return _flatten_graph(inferred, hashlib.sha256(proto.SerializeToString()).hexdigest())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _parse(source: Any) -> Any:
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, (str, Path)):
+        try:
+            data = Path(source).read_bytes()
+        except OSError as exc:
+            raise errors.InvalidRequest(f"cannot read model {source}: {exc.strerror}") from None
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    else:
+        raise errors.InvalidRequest(f"a model is a path, bytes or ModelProto, not "
+                                    f"{type(source).__name__}")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:
+        raise errors.InvalidRequest(f"model file is malformed or truncated: "
+                                    f"{_first_line(exc)}") from None
+    if not model.HasField("graph") or not model.graph.node and not model.graph.output:
+        raise errors.InvalidRequest("model file holds no graph (empty, truncated or not ONNX)")
+    return model
+
+
+def _dtype_of(elem_type: int) -> str:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:
+        return ""
+
+
+def _value(vi: Any) -> Value:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return Value(vi.name, "", ())
+    tt = t.tensor_type
+    dims: tuple[Any, ...] = ()
+    if tt.HasField("shape"):
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in tt.shape.dim)
+    else:
+        dims = ("*",)  # rank unknown
+    return Value(vi.name, _dtype_of(tt.elem_type), dims)
+
+
+def _attr(a: Any) -> Any:
+    value = helper.get_attribute_value(a)
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+    if isinstance(value, (onnx.GraphProto, onnx.SparseTensorProto, onnx.TypeProto)):
+        raise errors.UnsupportedOp(f"attribute {a.name!r} of type "
+                                   f"{type(value).__name__} is not supported")
+    return value
+
+
+def _flatten_graph(model: Any, fingerprint: str) -> Graph:
+    g = model.graph
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    try:
+        inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    except Exception as exc:
+        raise errors.InvalidRequest(f"an initializer cannot be read: {_first_line(exc)}") from None
+    values = {v.name: _value(v) for v in list(g.input) + list(g.output) + list(g.value_info)}
+    for name, arr in inits.items():
+        values[name] = Value(name, arr.dtype.name, tuple(arr.shape))
+    nodes = []
+    known = set(inits) | {v.name for v in g.input}
+    for i, n in enumerate(g.node):
+        if n.domain not in ("", "ai.onnx"):
+            raise errors.UnsupportedOp(f"node {n.name or i}: op {n.domain}.{n.op_type} is not "
+                                       "in the default ONNX domain")
+        missing = [x for x in n.input if x and x not in known]
+        if missing:
+            raise errors.InvalidRequest(f"node {n.name or i} reads {missing[0]!r} before it is "
+                                        "produced (graph not topologically sorted)")
+        attrs = {a.name: _attr(a) for a in n.attribute}
+        nodes.append(Node(i, n.name or f"{n.op_type}_{i}", n.op_type, tuple(n.input),
+                          tuple(n.output), attrs))
+        known.update(o for o in n.output if o)
+    inputs = [values[v.name] for v in g.input if v.name not in inits]
+    outputs = [values[v.name] for v in g.output]
+    return Graph(g.name or "graph", nodes, inputs, outputs, inits, values, fingerprint, opset)
+
+
+def static_shape(v: Value) -> tuple[int, ...] | None:
+    """The shape when every dim is a known int, else None."""
+    if any(not isinstance(d, int) for d in v.shape):
+        return None
+    return tuple(v.shape)

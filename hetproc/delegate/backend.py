@@ -1,0 +1,118 @@
+"""``onnx.backend`` for hetproc: ``prepare(model, device)`` and ``rep.run(inputs)``.
+
+``device="CPU"`` runs the CPU reference executor in this process. A ``DelegateBackend``
+bound to a running platform runs every model on that platform's device processes, the
+whole graph delegated to one named device (strict: a node it cannot take refuses the
+model), which is how the conformance suite checks a delegated op against ONNX's own tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+try:
+    from onnx.backend.base import Backend, BackendRep
+except ImportError:  # pragma: no cover - without the extra the module is unusable
+    Backend = BackendRep = object  # type: ignore[misc,assignment]
+
+from ._model import Graph, load_model
+from ._reference import run_graph
+
+
+class ReferenceRep(BackendRep):
+    """A prepared model on the CPU reference executor."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        named = _named_inputs(self.graph, inputs)
+        out = run_graph(self.graph, named)
+        return tuple(out[v.name] for v in self.graph.outputs)
+
+
+def _named_inputs(graph: Graph, inputs: Any) -> dict[str, Any]:
+    if isinstance(inputs, dict):
+        return inputs
+    if isinstance(inputs, np.ndarray):
+        inputs = [inputs]
+    return {v.name: a for v, a in zip(graph.inputs, list(inputs))}
+
+
+class ReferenceBackend(Backend):
+    """The CPU reference: every op of ``device_workers.GRAPH_OPS``."""
+
+    @classmethod
+    def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> ReferenceRep:
+        return ReferenceRep(load_model(model))
+
+    @classmethod
+    def run_model(cls, model: Any, inputs: Any, device: str = "CPU",
+                  **kwargs: Any) -> tuple[np.ndarray, ...]:
+        return cls.prepare(model, device).run(inputs)
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        return device == "CPU"
+
+
+class DelegateBackend:
+    """A backend whose models run on ``device`` of a running platform (strict placement)."""
+
+    def __init__(self, client: Any, device: str, *, options: Any = None) -> None:
+        self.client = client
+        self.device = device
+        self.options = options
+
+    def prepare(self, model: Any, device: str = "CPU", **kwargs: Any) -> "BackendRep":
+        from ._runtime import DelegatedModel
+        from ._partition import Options
+        opts = self.options or Options(strict=True, accelerators=(self.device,),
+                                       min_nodes_per_partition=1)
+        return _DelegatedRep(DelegatedModel.load(self.client, model, options=opts))
+
+    def run_model(self, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any):
+        rep = self.prepare(model, device)
+        try:
+            return rep.run(inputs)
+        finally:
+            rep.close()
+
+    def run_node(self, node: Any, inputs: Any, device: str = "CPU", **kwargs: Any):
+        raise NotImplementedError("run_node: use prepare on a model")
+
+    def supports_device(self, device: str) -> bool:
+        return device == "CPU"
+
+    def is_compatible(self, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
+        return True
+
+
+class _DelegatedRep(BackendRep):
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
+        try:
+            named = _named_inputs(self.model.graph, inputs)
+            out = self.model.run(named)
+            return tuple(out[v.name] for v in self.model.graph.outputs)
+        finally:
+            self.model.close()
+
+    def close(self) -> None:
+        self.model.close()
+
+
+prepare = ReferenceBackend.prepare
+run_model = ReferenceBackend.run_model
+supports_device = ReferenceBackend.supports_device
+run_node = ReferenceBackend.run_node
+is_compatible = ReferenceBackend.is_compatible
+
+
+def claimed_ops() -> Sequence[str]:
+    from device_workers import GRAPH_OPS
+    return sorted(GRAPH_OPS)
