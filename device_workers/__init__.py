@@ -5,9 +5,11 @@ calls ``device_main`` in it.
 """
 
 from ._graph_ops import GRAPH_OPS, op_flops, run_op, unsupported
+from ._graph_asset import asset_layout, plan_bytes, read_asset, write_asset
 from ._state import STATE_DTYPE, DeviceState, state_table
 from ._worker import COMMAND_SCHEMAS, DeviceBoot, DeviceWorker, device_main
 
 __all__ = ["DeviceBoot", "DeviceWorker", "device_main", "COMMAND_SCHEMAS",
            "DeviceState", "STATE_DTYPE", "state_table",
-           "GRAPH_OPS", "run_op", "unsupported", "op_flops"]
+           "GRAPH_OPS", "run_op", "unsupported", "op_flops",
+           "asset_layout", "plan_bytes", "write_asset", "read_asset"]

@@ -1,0 +1,39 @@
+"""Delegates: ONNX models partitioned across the emulated devices (seed §2, §6, §13).
+
+Public API::
+
+    load_model(src, input_shapes=None)   an ONNX model, checked and shape-inferred (Graph)
+    run_reference(graph, inputs)         the CPU reference executor (in this process)
+    Options(...)                         strict / fallback, max_partitions, min_nodes_...
+    plan(graph, platform_spec, options)  the placement alone (no platform needed): Placement
+    DelegatedModel.load(client, model)   compiled assets on a running platform; .run(inputs)
+    backend                              ``onnx.backend`` interface (conformance suite)
+
+Needs the ``onnx`` extra: ``pip install 'hetproc[onnx]'``.
+"""
+
+from typing import Any
+
+from ._model import Graph, fold_constants, load_model
+from ._partition import Boundary, Options, Partition, Placement
+from ._reference import run_graph as run_reference
+from ._runtime import DelegatedModel
+from ._targets import TARGETS, Target, devices_of
+
+
+def plan(model: Any, spec: Any = None, options: Options | None = None,
+         input_shapes: dict | None = None) -> Placement:
+    """The placement of ``model`` on a platform (a ``PlatformSpec``, its dict, or None for
+    the built-in default), without starting it: what ``hetproc model inspect`` prints."""
+    from hetproc import load_platform
+
+    from ._compile import tensor_specs
+    from ._partition import place
+    graph = model if isinstance(model, Graph) else load_model(model, input_shapes)
+    graph = fold_constants(graph)
+    spec = load_platform() if spec is None else spec
+    return place(graph, tensor_specs(graph), devices_of(spec), options or Options())
+
+
+__all__ = ["Graph", "load_model", "run_reference", "Options", "Placement", "Partition",
+           "Boundary", "DelegatedModel", "plan", "Target", "TARGETS"]

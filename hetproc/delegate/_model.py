@@ -72,10 +72,13 @@ def _require_onnx() -> None:
                                    "pip install 'hetproc[onnx]'")
 
 
-def load_model(source: Any) -> Graph:
-    """A ``Graph`` from a path, bytes or an ``onnx.ModelProto``: checked and shape-inferred."""
+def load_model(source: Any, input_shapes: dict[str, Any] | None = None) -> Graph:
+    """A ``Graph`` from a path, bytes or an ``onnx.ModelProto``: checked and shape-inferred.
+    ``input_shapes`` binds symbolic input dims (a dim left symbolic becomes 1)."""
     _require_onnx()
     proto = _parse(source)
+    if input_shapes is not None or _symbolic_inputs(proto):
+        proto = _bind_inputs(proto, input_shapes or {})
     try:
         onnx.checker.check_model(proto)
     except Exception as exc:  # the checker raises several unrelated classes
@@ -85,6 +88,35 @@ def load_model(source: Any) -> Graph:
     except Exception as exc:
         raise errors.InvalidRequest(f"shape inference failed: {_first_line(exc)}") from None
     return _flatten_graph(inferred, hashlib.sha256(proto.SerializeToString()).hexdigest())
+
+
+def _symbolic_inputs(proto: Any) -> bool:
+    return any(not d.HasField("dim_value") for v in proto.graph.input
+               if v.type.HasField("tensor_type") for d in v.type.tensor_type.shape.dim)
+
+
+def _bind_inputs(proto: Any, shapes: dict[str, Any]) -> Any:
+    """A copy with every graph input's dims made concrete (a shape bucket)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    inits = {t.name for t in model.graph.initializer}
+    for v in model.graph.input:
+        if v.name in inits or not v.type.HasField("tensor_type"):
+            continue
+        dims = v.type.tensor_type.shape.dim
+        want = shapes.get(v.name)
+        if want is not None and len(want) != len(dims):
+            raise errors.ShapeError(f"input {v.name!r}: shape {tuple(want)} has rank "
+                                    f"{len(want)}, the model declares {len(dims)}")
+        for i, d in enumerate(dims):
+            if want is not None:
+                if d.HasField("dim_value") and d.dim_value != int(want[i]):
+                    raise errors.ShapeError(f"input {v.name!r}: dim {i} is fixed at "
+                                            f"{d.dim_value}, asked {want[i]}")
+                d.dim_value = int(want[i])
+            elif not d.HasField("dim_value"):
+                d.dim_value = 1
+    return model
 
 
 def _first_line(exc: BaseException) -> str:
@@ -178,6 +210,19 @@ def _flatten_graph(model: Any, fingerprint: str) -> Graph:
     inputs = [values[v.name] for v in g.input if v.name not in inits]
     outputs = [values[v.name] for v in g.output]
     return Graph(g.name or "graph", nodes, inputs, outputs, inits, values, fingerprint, opset)
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """``Constant`` nodes become initializers: a compiled asset carries them as weights."""
+    inits = dict(graph.initializers)
+    nodes = []
+    for n in graph.nodes:
+        if n.op == "Constant" and isinstance(n.attrs.get("value"), np.ndarray) and len(n.attrs) == 1:
+            inits[n.outputs[0]] = n.attrs["value"]
+            continue
+        nodes.append(Node(len(nodes), n.name, n.op, n.inputs, n.outputs, n.attrs))
+    return Graph(graph.name, nodes, graph.inputs, graph.outputs, inits, graph.values,
+                 graph.fingerprint, graph.opset)
 
 
 def static_shape(v: Value) -> tuple[int, ...] | None:

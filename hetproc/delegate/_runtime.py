@@ -1,0 +1,177 @@
+"""A model loaded onto a running platform: one graph command per partition per run.
+
+``DelegatedModel.load(client, model)`` places and compiles the graph, writes each
+partition's asset into a shared buffer allocated through the client (weights in shared
+memory, read-only for the device), holds each partition's modeled compile time on its
+device's timeline, and keeps one byte buffer for the model inputs and one per partition
+for the tensors it hands on. ``run(inputs)`` writes the inputs, submits every partition as
+ONE ``graph`` command on its device's context, waiting only on the fences of the
+partitions it reads from (fences only at partition boundaries), then reads the outputs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from ipc import errors
+
+from ._compile import Compiled, compile_placement, tensor_specs
+from ._model import Graph, fold_constants, load_model
+from ._partition import Options, Placement, place
+from ._reference import check_inputs
+from ._targets import devices_of
+
+RUN_TIMEOUT_S = 60.0
+
+
+class DelegatedModel:
+    def __init__(self, client: Any, graph: Graph, compiled: Compiled) -> None:
+        self.client = client
+        self.graph = graph
+        self.compiled = compiled
+        self.placement: Placement = compiled.placement
+        self._lock = threading.Lock()
+        self._closed = False
+        self._buffers: list[Any] = []
+        self._contexts: dict[str, Any] = {}
+        self.load_info: dict[str, Any] = {}
+        self.last_run: dict[str, Any] = {}
+
+    # -- loading ------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, client: Any, model: Any, *, options: Options | None = None,
+             input_shapes: dict[str, Any] | None = None) -> "DelegatedModel":
+        """Place, compile and upload ``model`` (a path, bytes, ModelProto or ``Graph``)."""
+        t0 = time.perf_counter()
+        graph = model if isinstance(model, Graph) else load_model(model, input_shapes)
+        graph = fold_constants(graph)
+        specs = tensor_specs(graph)
+        placement = place(graph, specs, devices_of(client.info["spec"]), options or Options())
+        compiled = compile_placement(placement, specs)
+        self = cls(client, graph, compiled)
+        try:
+            self._upload()
+        except BaseException:
+            self.close()
+            raise
+        self.load_info["load_s"] = time.perf_counter() - t0
+        return self
+
+    def _upload(self) -> None:
+        c = self.compiled
+        self._input_buf = self._alloc(c.input_layout.size)
+        self._out_bufs = [self._alloc(lay.size) for lay in c.output_layouts]
+        self._assets = []
+        for cp in c.partitions:
+            buf = self._alloc(cp.nbytes)
+            cp.write(buf.array())
+            self._assets.append(buf)
+        compile_ms = {}
+        for p in self.placement.partitions:
+            self._context(p.device)
+            compile_ms[p.device] = compile_ms.get(p.device, 0.0) + p.compile_us / 1000
+        # The modeled compile time occupies each device, visible on the timeline.
+        fences = [self._contexts[d].submit("work", ms=ms) for d, ms in compile_ms.items() if ms]
+        for f in fences:
+            f.wait(RUN_TIMEOUT_S)
+        self.load_info.update(compile_ms=compile_ms,
+                              asset_bytes=sum(cp.nbytes for cp in c.partitions))
+
+    def _alloc(self, nbytes: int) -> Any:
+        buf = self.client.alloc((int(nbytes),), "uint8")
+        self._buffers.append(buf)
+        return buf
+
+    def _context(self, device: str) -> Any:
+        if device not in self._contexts:
+            self._contexts[device] = self.client.context(device, name=f"delegate:{self.graph.name}")
+        return self._contexts[device]
+
+    # -- running ------------------------------------------------------------------------
+
+    def run(self, inputs: Mapping[str, Any], *, timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
+        """Every model output by name. Bad inputs are refused before anything is submitted."""
+        arrays = check_inputs(self.graph, inputs)
+        c = self.compiled
+        with self._lock:
+            if self._closed:
+                raise errors.InvalidRequest("this model was closed")
+            staging = self._input_buf.array()
+            for name, arr in arrays.items():
+                off = c.input_layout.offsets[name]
+                raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                staging[off:off + raw.nbytes] = raw
+            t0 = time.perf_counter()
+            fences = self._submit_all(timeout)
+            for f in fences:
+                f.wait(timeout)
+            self.last_run = {"wall_s": time.perf_counter() - t0, "commands": len(fences),
+                             "modeled_us": sum(p.modeled_us for p in self.placement.partitions)}
+            return self._read_outputs(arrays)
+
+    def _submit_all(self, timeout: float) -> list[Any]:
+        c = self.compiled
+        fences: list[Any] = []
+        scale = max(self.client.time_scale, 1e-6)
+        for cp in c.partitions:
+            p = cp.partition
+            ins = [self._assets[p.index]]
+            wait = []
+            for src in cp.sources:
+                if src == "input":
+                    ins.append(self._input_buf)
+                else:
+                    k = int(src[1:])
+                    ins.append(self._out_bufs[k])
+                    wait.append(fences[k])
+            fences.append(self._contexts[p.device].submit(
+                "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=p.modeled_us / 1000,
+                timeout_ms=timeout * 1000 / scale))
+        return fences
+
+    def _read_outputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        c = self.compiled
+        where = {t: p.index for p in self.placement.partitions for t in p.outputs}
+        out = {}
+        for v in self.graph.outputs:
+            if v.name in c.constant_outputs:
+                out[v.name] = np.array(c.constant_outputs[v.name])
+            elif v.name in inputs:
+                out[v.name] = np.array(inputs[v.name])
+            else:
+                k = where[v.name]
+                off = c.output_layouts[k].offsets[v.name]
+                dt, shape = np.dtype(c.specs.dtype(v.name)), c.specs.shape(v.name)
+                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+                raw = self._out_bufs[k].array()[off:off + n]
+                out[v.name] = raw.view(dt).reshape(shape).copy()
+        return out
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for ctx in self._contexts.values():
+            try:
+                ctx.close()
+            except errors.HetprocError:
+                pass
+        for buf in self._buffers:
+            try:
+                buf.free()
+            except errors.HetprocError:
+                pass
+
+    def __enter__(self) -> "DelegatedModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
