@@ -118,9 +118,11 @@ class Specs:
 
 def _node_io(graph: Graph, specs: Specs, idx: int):
     n = graph.nodes[idx]
-    ins = [(specs.dtype(i), specs.shape(i), i in graph.initializers) if i else ("", None, True)
-           for i in n.inputs]
-    outs = [(specs.dtype(o), specs.shape(o)) for o in n.outputs if o]
+    # "?": a value that is there but is not a tensor of known element type (a sequence,
+    # an optional); "": an omitted optional input.
+    ins = [(specs.dtype(i) or "?", specs.shape(i), i in graph.initializers) if i
+           else ("", None, True) for i in n.inputs]
+    outs = [(specs.dtype(o) or "?", specs.shape(o)) for o in n.outputs if o]
     return n, ins, outs
 
 

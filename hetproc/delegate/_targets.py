@@ -117,6 +117,8 @@ def refusal(device: Device, op: str, attrs: Mapping, in_specs: Sequence[tuple[st
     t = device.target
     if not device.runs_graph:
         return f"{device.name} runs no graph commands"
+    if any(d == "?" for d, _, _ in in_specs) or any(d == "?" for d, _ in out_specs):
+        return "a value is not a tensor of known type (sequence, optional or untyped)"
     reason = unsupported(op, attrs, [d for d, _, _ in in_specs], len(out_specs))
     if reason:
         return reason

@@ -59,26 +59,39 @@ class ReferenceBackend(Backend):
 
 
 class DelegateBackend:
-    """A backend whose models run on ``device`` of a running platform (strict placement)."""
+    """A backend whose models run on a running platform, the whole graph on ONE
+    accelerator: the first of ``devices`` that takes every node (strict placement).
+    ``client`` may be a Client or a callable returning one (bound when tests start)."""
 
-    def __init__(self, client: Any, device: str, *, options: Any = None) -> None:
-        self.client = client
-        self.device = device
-        self.options = options
+    def __init__(self, client: Any, devices: Sequence[str] = ("npu0", "gpu0", "dsp0")) -> None:
+        self._client = client
+        self.devices = tuple(devices)
+        self.last_device: str | None = None
+
+    @property
+    def client(self) -> Any:
+        return self._client() if callable(self._client) else self._client
 
     def prepare(self, model: Any, device: str = "CPU", **kwargs: Any) -> "BackendRep":
-        from ._runtime import DelegatedModel
+        from ipc import errors
         from ._partition import Options
-        opts = self.options or Options(strict=True, accelerators=(self.device,),
-                                       min_nodes_per_partition=1)
-        return _DelegatedRep(DelegatedModel.load(self.client, model, options=opts))
+        from ._runtime import DelegatedModel
+        refusals = []
+        graph = load_model(model)
+        for name in self.devices:
+            opts = Options(strict=True, accelerators=(name,), min_nodes_per_partition=1,
+                           weigh_costs=False)
+            try:
+                rep = _DelegatedRep(DelegatedModel.load(self.client, graph, options=opts))
+            except errors.UnsupportedOp as exc:
+                refusals.append(f"{name}: {exc.message}")
+                continue
+            self.last_device = name
+            return rep
+        raise errors.UnsupportedOp("no accelerator takes the whole model: " + " | ".join(refusals))
 
     def run_model(self, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any):
-        rep = self.prepare(model, device)
-        try:
-            return rep.run(inputs)
-        finally:
-            rep.close()
+        return self.prepare(model, device).run(inputs)
 
     def run_node(self, node: Any, inputs: Any, device: str = "CPU", **kwargs: Any):
         raise NotImplementedError("run_node: use prepare on a model")
@@ -87,7 +100,28 @@ class DelegateBackend:
         return device == "CPU"
 
     def is_compatible(self, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
-        return True
+        """True when one of ``devices`` takes every node (the support query, no upload);
+        ``last_refusal`` keeps why not."""
+        from ipc import errors
+        from . import plan
+        from ._partition import Options
+        self.last_refusal = ""
+        reasons = []
+        try:
+            graph = load_model(model)
+        except errors.HetprocError as exc:
+            self.last_refusal = exc.message
+            return False
+        for name in self.devices:
+            try:
+                plan(graph, self.client.info["spec"], Options(
+                    strict=True, accelerators=(name,), min_nodes_per_partition=1,
+                    weigh_costs=False))
+                return True
+            except errors.UnsupportedOp as exc:
+                reasons.append(f"{name}: {exc.message}")
+        self.last_refusal = " | ".join(reasons)
+        return False
 
 
 class _DelegatedRep(BackendRep):
