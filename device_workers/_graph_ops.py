@@ -127,6 +127,34 @@ def _constant(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return [attrs["value"]]
 
 
+def _constant_of_shape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    _need(inputs, 1, "ConstantOfShape")
+    shape = _ints(inputs[0], "ConstantOfShape", "shape")
+    if any(d < 0 for d in shape) or math.prod(shape) > 1 << 28:
+        raise ShapeError(f"ConstantOfShape: shape {shape} is negative or too large")
+    value = attrs.get("value")
+    fill = value.reshape(-1)[:1] if isinstance(value, np.ndarray) and value.size else np.zeros(1, np.float32)
+    return [np.full(shape, fill[0], dtype=fill.dtype)]
+
+
+def _dropout(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    """Inference: the identity (a training-mode Dropout is refused before it runs)."""
+    _need(inputs, 1, "Dropout")
+    return [inputs[0], np.ones(inputs[0].shape, dtype=bool)]
+
+
+def _sum(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    arrays = [a for a in inputs if a is not None]
+    if not arrays:
+        raise InvalidRequest("Sum: no inputs")
+    if any(a.dtype != arrays[0].dtype for a in arrays):
+        raise DtypeError("Sum: inputs have different dtypes")
+    y = arrays[0]
+    for a in arrays[1:]:
+        y = np.add(y, a)
+    return [np.array(y, dtype=arrays[0].dtype, copy=len(arrays) == 1)]
+
+
 # -- linear algebra -----------------------------------------------------------------------
 
 
@@ -342,6 +370,9 @@ def _softmax(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     x = inputs[0]
     _float(x, "Softmax")
     axis = _axis(int(attrs.get("axis", -1)), x.ndim, "Softmax")
+    if attrs.get("coerce_2d", 0):  # opset < 13 semantics: one row per leading index
+        rows = x.reshape(math.prod(x.shape[:axis]), -1)
+        return [_softmax([rows], {"axis": 1})[0].reshape(x.shape)]
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return [(e / e.sum(axis=axis, keepdims=True)).astype(x.dtype, copy=False)]
 
@@ -614,6 +645,7 @@ _OPS: dict[str, Callable[[Arrays, Attrs], list[np.ndarray]]] = {
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Resize": _resize,
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "ArgMax": _arg_max,
     "Constant": _constant, "Identity": _identity,
+    "ConstantOfShape": _constant_of_shape, "Dropout": _dropout, "Sum": _sum,
 }
 
 GRAPH_OPS: frozenset[str] = frozenset(_OPS)
@@ -638,6 +670,8 @@ def unsupported(op: str, attrs: Attrs, in_dtypes: Sequence[str], n_outputs: int 
         return f"op {op} is not implemented"
     if op == "BatchNormalization" and (attrs.get("training_mode", 0) or n_outputs > 1):
         return "BatchNormalization in training mode is not implemented"
+    if op == "Dropout" and attrs.get("training_mode", 0):
+        return "Dropout in training mode is not implemented"
     if op == "MaxPool" and (n_outputs > 1 or attrs.get("storage_order", 0)):
         return "MaxPool with an Indices output is not implemented"
     if op == "Resize":

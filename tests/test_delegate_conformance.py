@@ -26,7 +26,7 @@ warnings.filterwarnings("ignore", category=RuntimeWarning)
 CLAIMED = ("conv|basic_conv|gemm|matmul|add|mul|sub|relu|clip|sigmoid|hardsigmoid|hardswish|"
            "batchnorm|maxpool|averagepool|globalaveragepool|softmax|reshape|flatten|transpose|"
            "concat|squeeze|unsqueeze|resize|quantizelinear|dequantizelinear|argmax|constant|"
-           "identity")
+           "identity|constantofshape|dropout|sum")
 INCLUDE = rf"^test_({CLAIMED})(_.*)?_cpu$"
 # Variants not implemented, with the reason; the support query refuses each of them.
 EXCLUDED = {
@@ -38,6 +38,7 @@ EXCLUDED = {
         "float8 / float4 / 4-bit / 2-bit / blocked quantisation (8- and 16-bit only)",
     r"^test_identity_(sequence|opt)": "sequence and optional types (tensors only)",
     r"^test_constant_pad": "Pad is not a claimed op (the pattern only matches 'constant')",
+    r"^test_training_dropout": "Dropout training mode (inference only)",
 }
 
 _platform: dict = {}

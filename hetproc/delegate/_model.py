@@ -203,7 +203,8 @@ def _flatten_graph(model: Any, fingerprint: str) -> Graph:
         if missing:
             raise errors.InvalidRequest(f"node {n.name or i} reads {missing[0]!r} before it is "
                                         "produced (graph not topologically sorted)")
-        attrs = {a.name: _attr(a) for a in n.attribute}
+        attrs = _normalize(n.op_type, {a.name: _attr(a) for a in n.attribute}, opset,
+                           n.name or str(i))
         nodes.append(Node(i, n.name or f"{n.op_type}_{i}", n.op_type, tuple(n.input),
                           tuple(n.output), attrs))
         known.update(o for o in n.output if o)
@@ -212,17 +213,47 @@ def _flatten_graph(model: Any, fingerprint: str) -> Graph:
     return Graph(g.name or "graph", nodes, inputs, outputs, inits, values, fingerprint, opset)
 
 
+FOLD_MAX_ELEMENTS = 1 << 26
+
+
 def fold_constants(graph: Graph) -> Graph:
-    """``Constant`` nodes become initializers: a compiled asset carries them as weights."""
+    """Nodes whose inputs are all constant (``Constant``, ``ConstantOfShape`` of a fixed
+    shape, reshapes of weights...) are computed once here and become initializers: a
+    compiled asset carries them as weights instead of recomputing them every run."""
+    from device_workers import run_op, unsupported
     inits = dict(graph.initializers)
     nodes = []
+    outs = {v.name for v in graph.outputs}
     for n in graph.nodes:
+        constant = all(not i or i in inits for i in n.inputs)
+        if constant and n.op != "Constant" and unsupported(
+                n.op, n.attrs, [inits[i].dtype.name if i else "" for i in n.inputs],
+                len(n.outputs)) is None:
+            try:
+                results = run_op(n.op, [inits[i] if i else None for i in n.inputs], n.attrs)
+            except errors.HetprocError:
+                results = []
+            if results and sum(r.size for r in results) <= FOLD_MAX_ELEMENTS and not (
+                    set(n.outputs) & outs):
+                inits.update({o: np.ascontiguousarray(r) for o, r in zip(n.outputs, results) if o})
+                continue
         if n.op == "Constant" and isinstance(n.attrs.get("value"), np.ndarray) and len(n.attrs) == 1:
             inits[n.outputs[0]] = n.attrs["value"]
             continue
         nodes.append(Node(len(nodes), n.name, n.op, n.inputs, n.outputs, n.attrs))
     return Graph(graph.name, nodes, graph.inputs, graph.outputs, inits, graph.values,
                  graph.fingerprint, graph.opset)
+
+
+def _normalize(op: str, attrs: dict[str, Any], opset: int, where: str) -> dict[str, Any]:
+    """Attributes in today's semantics, so the op library has one meaning per op."""
+    if op in ("Softmax", "LogSoftmax") and opset < 13:
+        # Before opset 13: flatten to 2-D at ``axis`` (default 1), normalise each row.
+        return {**attrs, "axis": attrs.get("axis", 1), "coerce_2d": 1}
+    if op == "Resize" and opset < 11:
+        raise errors.UnsupportedOp(f"node {where}: Resize of opset {opset} (before 11) is "
+                                   "not supported")
+    return attrs
 
 
 def static_shape(v: Value) -> tuple[int, ...] | None:

@@ -192,7 +192,8 @@ def place(graph: Graph, specs: Specs, devices: Sequence[Device], options: Option
             why[i] = "unsupported: " + ("; ".join(refusals) or "no accelerator")
         else:
             assignment[i] = best[0]
-            why[i] = f"{best[1]:.1f} us on {best[0]} vs {cpu_us[i]:.1f} us on {fallback}"
+            why[i] = f"{best[1]:.1f} us on {best[0]} vs {cpu_us[i]:.1f} us on {fallback}" + (
+                f" (refused by {'; '.join(refusals)})" if refusals else "")
     if options.strict:
         refused = [f"#{i} {graph.nodes[i].op} ({why[i]})" for i, d in assignment.items()
                    if d == fallback]

@@ -48,4 +48,4 @@ def run_graph(graph: Graph, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         for name, arr in zip(node.outputs, results):
             if name:
                 env[name] = arr
-    return {v.name: env[v.name] for v in graph.outputs}
+    return {v.name: env[v.name] for v in graph.outputs if v.name in env}

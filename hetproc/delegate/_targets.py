@@ -18,8 +18,8 @@ from typing import Any, Mapping, Sequence
 
 from device_workers import GRAPH_OPS, op_flops, unsupported
 
-_ELEMENTWISE = {"Add", "Mul", "Sub", "Relu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish",
-                "Identity"}
+_ELEMENTWISE = {"Add", "Mul", "Sub", "Sum", "Relu", "Clip", "Sigmoid", "HardSigmoid",
+                "HardSwish", "Identity", "Dropout"}
 _SHAPE = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Concat", "Transpose"}
 _QUANT = {"QuantizeLinear", "DequantizeLinear"}
 

@@ -1,0 +1,199 @@
+"""Delegates on real models: placement, one command per partition on real device
+processes, outputs checked against the CPU reference and ONNX Runtime, bad input."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+import hetproc  # noqa: E402
+from hetproc.delegate import DelegatedModel, Options, load_model, plan, run_reference  # noqa: E402
+from hetproc.delegate._zoo import light_model_path, mobilenet_like  # noqa: E402
+
+SUMMARY = re.compile(r"^Replacing (\d+) out of (\d+) node\(s\) with delegate \((\w+)\), "
+                     r"yielding (\d+) partitions$")
+SPREAD = Options(min_nodes_per_partition=1, weigh_costs=False)  # every supported node offloads
+
+
+def _ort(model, feeds):
+    data = model if isinstance(model, str) else model.SerializeToString()
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def _input(shape, seed=1):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_mobilenet_like_reference_matches_onnxruntime():
+    model = mobilenet_like()
+    feeds = {"x": _input((1, 3, 32, 32))}
+    ref = run_reference(load_model(model), feeds)
+    want = _ort(model, feeds)
+    np.testing.assert_allclose(ref["prob"], want["prob"], rtol=1e-4, atol=1e-7)
+    assert ref["label"].dtype == np.int64 and ref["label"].tolist() == want["label"].tolist()
+
+
+def test_mobilenet_split_across_npu_gpu_cpu_matches_reference_and_ort():
+    model = mobilenet_like()
+    feeds = {"x": _input((1, 3, 32, 32))}
+    want = _ort(model, feeds)
+    ref = run_reference(load_model(model), feeds)
+    with hetproc.Platform(time_scale=1.0) as plat:
+        with DelegatedModel.load(plat.client, model, options=SPREAD) as dm:
+            devices = [p.device for p in dm.placement.partitions]
+            assert {"npu0", "gpu0", "cpu0"} <= set(devices), dm.placement.text()
+            before = plat.client.metrics()
+            out = dm.run(feeds)
+            after = plat.client.metrics()
+            # ONE command per partition, nothing else: fences only at partition boundaries.
+            assert dm.last_run["commands"] == len(devices)
+            assert _submitted(after) - _submitted(before) == len(devices)
+            np.testing.assert_allclose(out["prob"], ref["prob"], rtol=1e-6, atol=0)
+            np.testing.assert_allclose(out["prob"], want["prob"], rtol=1e-4, atol=1e-7)
+            assert out["label"].tolist() == want["label"].tolist()
+            # A second run on the same assets gives the same answer.
+            again = dm.run({"x": feeds["x"] * 2})
+            np.testing.assert_allclose(again["prob"], _ort(model, {"x": feeds["x"] * 2})["prob"],
+                                       rtol=1e-4, atol=1e-7)
+
+
+def _submitted(metrics):
+    return metrics["submitted"]
+
+
+def test_placement_log_names_every_node_and_summarises_each_accelerator():
+    pl = plan(mobilenet_like(), None, SPREAD)
+    text = pl.text()
+    assert len(pl.log) == len(pl.graph.nodes)
+    assert "Softmax" in text and "npu compiler does not take Softmax" in text
+    lines = [SUMMARY.match(s) for s in pl.summary]
+    assert all(lines) and [m.group(3) for m in lines] == ["npu0", "gpu0", "dsp0"]
+    for m in lines:
+        n, total, dev, k = int(m.group(1)), int(m.group(2)), m.group(3), int(m.group(4))
+        assert total == len(pl.graph.nodes)
+        assert n == sum(1 for d in pl.assignment.values() if d == dev)
+        assert k == sum(1 for p in pl.partitions if p.device == dev)
+    # No accelerator compiles ArgMax: it stays on the CPU, and the log says why.
+    argmax = [line for line in pl.log if "ArgMax" in line][0]
+    assert "-> cpu0" in argmax and "does not take ArgMax" in argmax
+
+
+def test_partitions_are_connected_acyclic_and_in_topological_order():
+    pl = plan(light_model_path("shufflenet") or mobilenet_like(), None, SPREAD)
+    prod = pl.graph.producers()
+    where = {i: p.index for p in pl.partitions for i in p.nodes}
+    for p in pl.partitions:
+        for i in p.nodes:
+            for t in pl.graph.nodes[i].inputs:
+                if t in prod:
+                    assert where[prod[t]] <= p.index  # producers run first: acyclic
+        if len(p.nodes) > 1:  # connected: every node touches another of its partition
+            inside = set(p.nodes)
+            for i in p.nodes:
+                n = pl.graph.nodes[i]
+                linked = any(prod.get(t) in inside for t in n.inputs) or any(
+                    i2 in inside for t in n.outputs for i2 in pl.graph.consumers().get(t, []))
+                assert linked
+
+
+def test_max_partitions_and_min_nodes_are_honoured_and_logged():
+    path = light_model_path("shufflenet")
+    if path is None:
+        pytest.skip("onnx ships no light models here")
+    free = plan(path, None, Options(max_partitions=100, min_nodes_per_partition=1))
+    capped = plan(path, None, Options(max_partitions=2, min_nodes_per_partition=1))
+    delegated = [p for p in capped.partitions if p.device != "cpu0"]
+    assert len([p for p in free.partitions if p.device != "cpu0"]) > 2
+    assert len(delegated) <= 2
+    assert any("max_partitions=2" in r for _, r in capped.fell_back)
+    big = plan(path, None, Options(min_nodes_per_partition=10_000))
+    assert all(p.device == "cpu0" for p in big.partitions)
+    assert any("min_nodes_per_partition" in r for _, r in big.fell_back)
+
+
+def test_cost_model_keeps_a_tiny_graph_on_the_cpu_and_says_why():
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])],
+                          "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    pl = plan(helper.make_model(g), None, Options())
+    assert all(p.device == "cpu0" for p in pl.partitions)
+    assert any("loses" in r and "boundary" in r for _, r in pl.fell_back)
+    # The same graph, costs ignored, is delegated: the decision came from the timing model.
+    spread = plan(helper.make_model(g), None, SPREAD)
+    assert any(p.device != "cpu0" for p in spread.partitions)
+
+
+def test_strict_mode_refuses_what_accelerators_cannot_take():
+    with pytest.raises(hetproc.UnsupportedOp, match=r"strict placement: .*Softmax"):
+        plan(mobilenet_like(), None, Options(strict=True, accelerators=("npu0",)))
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "shufflenet"])
+def test_real_topology_runs_partitioned_and_matches_onnxruntime(name):
+    path = light_model_path(name)
+    if path is None:
+        pytest.skip(f"onnx ships no light_{name}.onnx here")
+    graph = load_model(path)
+    feeds = {v.name: _input(v.shape) for v in graph.inputs}
+    want = _ort(path, feeds)
+    with hetproc.Platform(time_scale=1.0) as plat:
+        with DelegatedModel.load(plat.client, path) as dm:
+            assert any(p.device == "npu0" for p in dm.placement.partitions)
+            assert all(SUMMARY.match(s) for s in dm.placement.summary)
+            out = dm.run(feeds)
+    for k, v in want.items():
+        np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=1e-7)
+
+
+def test_bad_model_files_give_clear_errors(tmp_path):
+    good = mobilenet_like().SerializeToString()
+    with pytest.raises(hetproc.InvalidRequest, match="malformed or truncated|no graph|checker"):
+        load_model(good[: len(good) // 3])
+    with pytest.raises(hetproc.InvalidRequest):
+        load_model(b"\x00not a model at all\xff" * 10)
+    with pytest.raises(hetproc.InvalidRequest, match="cannot read"):
+        load_model(tmp_path / "missing.onnx")
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Erf", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    with pytest.raises(hetproc.UnsupportedOp, match="Erf"):
+        plan(helper.make_model(g))
+
+
+def test_bad_inputs_and_corrupt_assets_fail_the_request_never_the_device():
+    model = mobilenet_like()
+    with hetproc.Platform(time_scale=1.0) as plat:
+        client = plat.client
+        with DelegatedModel.load(client, model, options=SPREAD) as dm:
+            with pytest.raises(hetproc.DtypeError):
+                dm.run({"x": np.zeros((1, 3, 32, 32), np.float64)})
+            with pytest.raises(hetproc.ShapeError):
+                dm.run({"x": np.zeros((1, 3, 31, 32), np.float32)})
+            with pytest.raises(hetproc.InvalidRequest, match="missing"):
+                dm.run({})
+            # A corrupt asset reaches the device: that one command fails, the device lives.
+            ctx = client.context("npu0")
+            junk = client.alloc((256,), "uint8")
+            junk.array()[:] = 7
+            out = client.alloc((64,), "uint8")
+            with pytest.raises(hetproc.InvalidRequest):
+                ctx.submit("graph", [junk], [out]).wait(10)
+            asset = dm._assets[0].array()
+            saved = asset.copy()
+            asset[30] ^= 0xFF  # flip a byte of the plan: the checksum catches it
+            with pytest.raises(hetproc.InvalidRequest):
+                dm.run({"x": _input((1, 3, 32, 32))})
+            asset[:] = saved
+            res = dm.run({"x": _input((1, 3, 32, 32))})
+            assert res["prob"].shape == (1, 10)
+            ctx.close()
+            junk.free()
+            out.free()
