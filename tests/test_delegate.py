@@ -197,3 +197,29 @@ def test_bad_inputs_and_corrupt_assets_fail_the_request_never_the_device():
             ctx.close()
             junk.free()
             out.free()
+
+
+def test_cli_model_inspect_run_and_diff(tmp_path, capsys):
+    from hetproc._cli import main
+    path = tmp_path / "m.onnx"
+    path.write_bytes(mobilenet_like().SerializeToString())
+    assert main(["model", "inspect", str(path), "--min-nodes", "1"]) == 0
+    text = capsys.readouterr().out
+    assert [line for line in text.splitlines() if SUMMARY.match(line)]
+    feeds = tmp_path / "in.npz"
+    x = _input((1, 3, 32, 32))
+    np.savez(feeds, x=x)
+    out, trace = tmp_path / "out.npz", tmp_path / "trace.json"
+    assert main(["model", "run", str(path), "--inputs", str(feeds), "--output", str(out),
+                 "--trace", str(trace), "--min-nodes", "1"]) == 0
+    with np.load(out) as got:
+        np.testing.assert_allclose(got["prob"], _ort(mobilenet_like(), {"x": x})["prob"],
+                                   rtol=1e-4, atol=1e-7)
+    assert trace.stat().st_size > 0
+    # A different partition limit is a different placement: diff says so (exit 1).
+    assert main(["model", "diff", str(path), "--min-nodes", "1",
+                 "--against-min-nodes", "100"]) == 1
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(path.read_bytes()[:100])
+    assert main(["model", "inspect", str(bad)]) == 2
+    assert "InvalidRequest" in capsys.readouterr().err

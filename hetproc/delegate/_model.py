@@ -17,11 +17,10 @@ import numpy as np
 
 from ipc import errors
 
-try:
-    import onnx
-    from onnx import helper, numpy_helper, shape_inference
-except ImportError:  # pragma: no cover - the extra is not installed
-    onnx = None
+onnx: Any = None  # imported on first use: `hetproc --help` must not pay for protobuf
+helper: Any = None
+numpy_helper: Any = None
+shape_inference: Any = None
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,16 @@ class Graph:
 
 
 def _require_onnx() -> None:
-    if onnx is None:
+    global onnx, helper, numpy_helper, shape_inference
+    if onnx is not None:
+        return
+    try:
+        import onnx as _onnx
+        from onnx import helper as _h, numpy_helper as _nh, shape_inference as _si
+    except ImportError:
         raise errors.UnsupportedOp("ONNX models need the 'onnx' package: "
-                                   "pip install 'hetproc[onnx]'")
+                                   "pip install 'hetproc[onnx]'") from None
+    onnx, helper, numpy_helper, shape_inference = _onnx, _h, _nh, _si
 
 
 def load_model(source: Any, input_shapes: dict[str, Any] | None = None) -> Graph:
