@@ -217,8 +217,9 @@ def test_cli_model_inspect_run_and_diff(tmp_path, capsys):
                                    rtol=1e-4, atol=1e-7)
     assert trace.stat().st_size > 0
     # A different partition limit is a different placement: diff says so (exit 1).
-    assert main(["model", "diff", str(path), "--min-nodes", "1",
+    assert main(["model", "diff", str(path), "--min-nodes", "1", "--ignore-costs",
                  "--against-min-nodes", "100"]) == 1
+    assert "placement differs" in capsys.readouterr().out
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(path.read_bytes()[:100])
     assert main(["model", "inspect", str(bad)]) == 2

@@ -45,6 +45,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true", help="refuse if any node would fall back")
     p.add_argument("--max-partitions", type=int, default=8)
     p.add_argument("--min-nodes", type=int, default=2, help="min_nodes_per_partition")
+    p.add_argument("--ignore-costs", action="store_true",
+                   help="offload every supported node (no copy-vs-gain weighing)")
     p.add_argument("--accelerators", help="comma-separated device names, preferred first")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,..",
                    help="bind a symbolic input shape (a shape bucket)")
@@ -54,7 +56,7 @@ def _options(args: argparse.Namespace, **over: Any) -> Any:
     from . import Options
     acc = tuple(a for a in args.accelerators.split(",") if a) if args.accelerators else None
     kw = dict(strict=args.strict, accelerators=acc, max_partitions=args.max_partitions,
-              min_nodes_per_partition=args.min_nodes)
+              min_nodes_per_partition=args.min_nodes, weigh_costs=not args.ignore_costs)
     kw.update({k: v for k, v in over.items() if v is not None})
     return Options(**kw)
 

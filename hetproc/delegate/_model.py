@@ -56,6 +56,14 @@ class Graph:
     def producers(self) -> dict[str, int]:
         return {o: n.index for n in self.nodes for o in n.outputs if o}
 
+    def used_values(self) -> frozenset[str]:
+        """Names some node reads or the graph outputs (an unused output needs no device)."""
+        cached = self.__dict__.get("_used")
+        if cached is None:
+            cached = frozenset(self.consumers()) | {v.name for v in self.outputs}
+            self.__dict__["_used"] = cached
+        return cached
+
     def consumers(self) -> dict[str, list[int]]:
         cons: dict[str, list[int]] = {}
         for n in self.nodes:

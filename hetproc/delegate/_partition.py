@@ -122,7 +122,8 @@ def _node_io(graph: Graph, specs: Specs, idx: int):
     # an optional); "": an omitted optional input.
     ins = [(specs.dtype(i) or "?", specs.shape(i), i in graph.initializers) if i
            else ("", None, True) for i in n.inputs]
-    outs = [(specs.dtype(o) or "?", specs.shape(o)) for o in n.outputs if o]
+    used = graph.used_values()
+    outs = [(specs.dtype(o) or "?", specs.shape(o)) for o in n.outputs if o and o in used]
     return n, ins, outs
 
 
