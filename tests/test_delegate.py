@@ -224,3 +224,38 @@ def test_cli_model_inspect_run_and_diff(tmp_path, capsys):
     bad.write_bytes(path.read_bytes()[:100])
     assert main(["model", "inspect", str(bad)]) == 2
     assert "InvalidRequest" in capsys.readouterr().err
+
+
+def test_asset_cache_hit_compiled_corrupt_and_invalidation(tmp_path):
+    from hetproc.delegate import AssetCache
+    model = mobilenet_like()
+    feeds = {"x": _input((1, 3, 32, 32))}
+    cache = AssetCache(tmp_path / "assets", capacity_bytes=64 << 20)
+    with hetproc.Platform(time_scale=1.0) as plat:
+        def load(m=model, **kw):
+            return DelegatedModel.load(plat.client, m, options=SPREAD, cache=cache, **kw)
+
+        with load() as cold:
+            assert set(cold.load_info["cache"]) == {"compiled"}
+            want = cold.run(feeds)["prob"]
+            n = len(cold.load_info["cache"])
+        with load() as warm:
+            assert warm.load_info["cache"] == ["hit"] * n
+            assert sum(warm.load_info["compile_ms"].values()) < sum(cold.load_info["compile_ms"].values())
+            np.testing.assert_array_equal(warm.run(feeds)["prob"], want)
+        # Corrupt one file (flip a payload byte) and truncate another: never loaded.
+        files = sorted(cache.path.glob("*.hpa"))
+        raw = bytearray(files[0].read_bytes())
+        raw[-5] ^= 0x55
+        files[0].write_bytes(bytes(raw))
+        files[1].write_bytes(files[1].read_bytes()[:40])
+        with load() as healed:
+            assert healed.load_info["cache"].count("corrupt asset, recompiled") == 2
+            np.testing.assert_array_equal(healed.run(feeds)["prob"], want)
+        # Another model (other weights): other keys, compiled, never a wrong hit.
+        with load(mobilenet_like(seed=5)) as other:
+            assert "hit" not in other.load_info["cache"]
+    # LRU: a small capacity keeps only the newest files.
+    small = AssetCache(tmp_path / "assets", capacity_bytes=1)
+    small.evict()
+    assert not list(small.path.glob("*.hpa"))

@@ -7,6 +7,8 @@ Public API::
     Options(...)                         strict / fallback, max_partitions, min_nodes_...
     plan(graph, platform_spec, options)  the placement alone (no platform needed): Placement
     DelegatedModel.load(client, model)   compiled assets on a running platform; .run(inputs)
+    AssetCache(dir, capacity_bytes)      compiled assets on disk: "hit" / "compiled" /
+                                         "corrupt asset, recompiled" (seed §13)
     backend                              ``onnx.backend`` interface (conformance suite)
 
 Needs the ``onnx`` extra: ``pip install 'hetproc[onnx]'``.
@@ -14,6 +16,7 @@ Needs the ``onnx`` extra: ``pip install 'hetproc[onnx]'``.
 
 from typing import Any
 
+from ._cache import AssetCache
 from ._model import Graph, fold_constants, load_model
 from ._partition import Boundary, Options, Partition, Placement
 from ._reference import run_graph as run_reference
@@ -36,4 +39,4 @@ def plan(model: Any, spec: Any = None, options: Options | None = None,
 
 
 __all__ = ["Graph", "load_model", "run_reference", "Options", "Placement", "Partition",
-           "Boundary", "DelegatedModel", "plan", "Target", "TARGETS"]
+           "Boundary", "DelegatedModel", "AssetCache", "plan", "Target", "TARGETS"]

@@ -19,6 +19,7 @@ import numpy as np
 
 from ipc import errors
 
+from ._cache import AssetCache
 from ._compile import Compiled, compile_placement, tensor_specs
 from ._model import Graph, fold_constants, load_model
 from ._partition import Options, Placement, place
@@ -45,15 +46,22 @@ class DelegatedModel:
 
     @classmethod
     def load(cls, client: Any, model: Any, *, options: Options | None = None,
-             input_shapes: dict[str, Any] | None = None) -> "DelegatedModel":
-        """Place, compile and upload ``model`` (a path, bytes, ModelProto or ``Graph``)."""
+             input_shapes: dict[str, Any] | None = None,
+             cache: AssetCache | None = None) -> "DelegatedModel":
+        """Place, compile and upload ``model`` (a path, bytes, ModelProto or ``Graph``).
+        With ``cache``, each partition's asset is looked up first (``load_info["cache"]``
+        says "hit", "compiled" or "corrupt asset, recompiled" per partition)."""
         t0 = time.perf_counter()
         graph = model if isinstance(model, Graph) else load_model(model, input_shapes)
         graph = fold_constants(graph)
         specs = tensor_specs(graph)
-        placement = place(graph, specs, devices_of(client.info["spec"]), options or Options())
+        options = options or Options()
+        devices = devices_of(client.info["spec"])
+        placement = place(graph, specs, devices, options)
         compiled = compile_placement(placement, specs)
         self = cls(client, graph, compiled)
+        self._devices = {d.name: d for d in devices}
+        self._options, self._cache = options, cache
         try:
             self._upload()
         except BaseException:
@@ -67,20 +75,50 @@ class DelegatedModel:
         self._input_buf = self._alloc(c.input_layout.size)
         self._out_bufs = [self._alloc(lay.size) for lay in c.output_layouts]
         self._assets = []
+        outcomes = []
+        compile_ms: dict[str, float] = {}
+        bucket = [[v.name, list(c.specs.shape(v.name) or ())] for v in self.graph.inputs]
         for cp in c.partitions:
+            p = cp.partition
             buf = self._alloc(cp.nbytes)
-            cp.write(buf.array())
+            outcome = self._fill(cp, buf, bucket)
+            outcomes.append(outcome)
             self._assets.append(buf)
-        compile_ms = {}
-        for p in self.placement.partitions:
             self._context(p.device)
-            compile_ms[p.device] = compile_ms.get(p.device, 0.0) + p.compile_us / 1000
+            # A hit only loads the asset (modeled at DDR speed); a miss compiles it.
+            ms = (p.compile_us / 1000 if outcome != "hit"
+                  else cp.nbytes / (self._devices[p.device].target.bandwidth_gbs * 1e6))
+            compile_ms[p.device] = compile_ms.get(p.device, 0.0) + ms
+            self.placement.log.append(f"asset of partition {p.index} on {p.device}: {outcome} "
+                                      f"({cp.nbytes} B, modeled {ms:.2f} ms)")
+        self.load_info["cache"] = outcomes
         # The modeled compile time occupies each device, visible on the timeline.
         fences = [self._contexts[d].submit("work", ms=ms) for d, ms in compile_ms.items() if ms]
         for f in fences:
             f.wait(RUN_TIMEOUT_S)
         self.load_info.update(compile_ms=compile_ms,
                               asset_bytes=sum(cp.nbytes for cp in c.partitions))
+
+    def _fill(self, cp: Any, buf: Any, bucket: list) -> str:
+        """Write the partition's asset into its buffer: from the cache when it holds a
+        valid one, else compiled (and stored). Returns what happened."""
+        dest = buf.array()
+        if self._cache is None:
+            cp.write(dest)
+            return "compiled"
+        p = cp.partition
+        parts = self._cache.key_parts(self.graph.fingerprint, self._devices[p.device], bucket,
+                                      self._options.key(), (p.nodes[0], p.nodes[-1]))
+        payload, outcome = self._cache.load(parts)
+        if payload is not None and len(payload) == cp.nbytes:
+            dest[:] = np.frombuffer(payload, np.uint8)
+            self._cache.record("hit")
+            return "hit"
+        cp.write(dest)
+        self._cache.store(parts, dest.tobytes())
+        outcome = "corrupt asset, recompiled" if outcome != "miss" or payload is not None else "compiled"
+        self._cache.record(outcome)
+        return outcome
 
     def _alloc(self, nbytes: int) -> Any:
         buf = self.client.alloc((int(nbytes),), "uint8")

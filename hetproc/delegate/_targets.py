@@ -12,6 +12,8 @@ dispatching one partition (submit, fence, map). A node's modeled time is
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -86,6 +88,7 @@ class Device:
     coherent: bool
     runs_graph: bool
     cache: Mapping[str, float]
+    firmware: str = ""  # digest of the device's platform-file entry: part of the cache key
 
     @property
     def target(self) -> Target:
@@ -105,8 +108,11 @@ def devices_of(spec: Any) -> list[Device]:
     raw = spec if isinstance(spec, Mapping) else spec.to_dict()
     out = []
     for d in raw["devices"]:
+        entry = {k: v for k, v in d.items() if k != "name"}
+        firmware = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode())
         out.append(Device(d["name"], d["kind"], tuple(d["dtypes"]), tuple(d["layouts"]),
-                          bool(d["coherent"]), "graph" in d["ops"], dict(d.get("cache") or {})))
+                          bool(d["coherent"]), "graph" in d["ops"], dict(d.get("cache") or {}),
+                          firmware.hexdigest()[:16]))
     return out
 
 
