@@ -651,6 +651,15 @@ _OPS: dict[str, Callable[[Arrays, Attrs], list[np.ndarray]]] = {
 GRAPH_OPS: frozenset[str] = frozenset(_OPS)
 
 
+def op_function(op: str) -> Callable[[Arrays, Attrs], list[np.ndarray]]:
+    """The implementation of ``op`` (callers run it under ``np.errstate(all="ignore")``)."""
+    fn = _OPS.get(op)
+    if fn is None:
+        raise UnsupportedOp(f"op {op!r} is not implemented (implemented: "
+                            f"{', '.join(sorted(_OPS))})")
+    return fn
+
+
 def run_op(op: str, inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     """Run one ONNX node; errors are ``ipc.errors`` classes naming the op."""
     fn = _OPS.get(op)
