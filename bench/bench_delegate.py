@@ -71,25 +71,35 @@ def bench_delegate_overhead(quick: bool) -> dict:
     from hetproc.delegate import DelegatedModel
     rounds, n = (3, 100) if quick else (8, 400)
     feeds = {"x": np.ones(4, np.float32)}
-    part, noop = [], []
+    part, noop, copy = [], [], []
     with _platform() as plat:
         ctx = plat.client.context("cpu0")
+        src, dst = plat.client.alloc((64,), "uint8"), plat.client.alloc((64,), "uint8")
+        ctx.map(src, "r")
+        ctx.map(dst, "rw")
         with DelegatedModel.load(plat.client, _chain(1), options=_on_cpu()) as m:
             for _ in range(20):  # warm both paths
                 m.run(feeds)
                 ctx.submit_nowait("work", ms=0).wait()
             for r in range(rounds):
-                for which in (("part", "noop") if r % 2 == 0 else ("noop", "part")):
+                order = ("part", "noop", "copy")
+                for which in (order if r % 2 == 0 else order[::-1]):
                     for _ in range(n):
                         t0 = time.perf_counter()
                         if which == "part":
                             m.run(feeds)
                             part.append(time.perf_counter() - t0)
-                        else:
+                        elif which == "noop":
                             ctx.submit_nowait("work", ms=0).wait()
                             noop.append(time.perf_counter() - t0)
+                        else:
+                            ctx.submit_nowait("copy", [src], [dst]).wait()
+                            copy.append(time.perf_counter() - t0)
         ctx.close()
     p_us, n_us = statistics.median(part) * 1e6, statistics.median(noop) * 1e6
+    c_us = statistics.median(copy) * 1e6
     return {"rows": [make_row("one-partition run vs one no-op submit, p50", p_us, n_us,
-                              target="<= 1.5x")],
+                              target="<= 1.5x"),
+                     make_row("one-partition run vs one 'copy' submit (1 in, 1 out), p50",
+                              p_us, c_us)],
             "samples": {"partition": len(part), "noop": len(noop)}}

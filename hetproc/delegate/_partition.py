@@ -57,6 +57,7 @@ class Partition:
     outputs: list[str] = field(default_factory=list)   # activations used outside / model outputs
     weights: list[str] = field(default_factory=list)   # initializers it reads
     modeled_us: float = 0.0                            # dispatch + nodes + boundary work
+    device_us: float = 0.0    # what the device is held for: nodes + cache/reformat work
     compile_us: float = 0.0
 
 
@@ -373,17 +374,20 @@ def _finish(graph: Graph, specs: Specs, parts: list[Partition],
     model_outs = {v.name for v in graph.outputs}
     for p in parts:
         dev = by_name[p.device]
-        p.modeled_us = dev.target.dispatch_us + sum(node_us(graph, specs, i, dev) for i in p.nodes)
+        p.device_us = sum(node_us(graph, specs, i, dev) for i in p.nodes)
+        p.modeled_us = dev.target.dispatch_us + p.device_us
         p.compile_us = dev.target.compile_us_per_node * len(p.nodes)
         for t in p.inputs:
             src = by_name.get(where[prod[t]]) if t in prod else None
             steps, cost = transfer(src, dev, specs.nbytes(t), len(specs.shape(t) or ()))
             p.modeled_us += cost
+            p.device_us += cost - (FENCE_HOP_US if "fence" in steps else 0.0)
             boundaries.append(Boundary(t, src.name if src else "host", p.device,
                                        specs.nbytes(t), steps, cost))
         for t in p.outputs:
             if t in model_outs:
                 steps, cost = transfer(dev, None, specs.nbytes(t), len(specs.shape(t) or ()))
                 p.modeled_us += cost
+                p.device_us += cost - (FENCE_HOP_US if "fence" in steps else 0.0)
                 boundaries.append(Boundary(t, p.device, "host", specs.nbytes(t), steps, cost))
     return boundaries

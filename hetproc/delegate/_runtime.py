@@ -7,6 +7,9 @@ device's timeline, and keeps one byte buffer for the model inputs and one per pa
 for the tensors it hands on. ``run(inputs)`` writes the inputs, submits every partition as
 ONE ``graph`` command on its device's context, waiting only on the fences of the
 partitions it reads from (fences only at partition boundaries), then reads the outputs.
+A command holds its device for the partition's modeled device time (roofline time of its
+ops plus cache maintenance and reformats at its boundaries); dispatch and fence hops are
+not added to it, since the emulator really performs them.
 """
 
 from __future__ import annotations
@@ -206,7 +209,7 @@ class DelegatedModel:
             # Fire and forget: no reply round trip per partition; a refused command fails
             # its fence, and _wait turns that into the supervisor's full message.
             fences.append(self._contexts[p.device].submit_nowait(
-                "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=p.modeled_us / 1000,
+                "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=p.device_us / 1000,
                 timeout_ms=timeout * 1000 / scale))
         return fences
 
