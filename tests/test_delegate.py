@@ -259,3 +259,17 @@ def test_asset_cache_hit_compiled_corrupt_and_invalidation(tmp_path):
     small = AssetCache(tmp_path / "assets", capacity_bytes=1)
     small.evict()
     assert not list(small.path.glob("*.hpa"))
+
+
+def test_delegate_partition_scenario_passes(tmp_path):
+    import json
+    import subprocess
+    import sys
+    report = tmp_path / "report.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "hetproc", "run", "delegate_partition", "--report", str(report)],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["scenario"] == "delegate_partition"
+    assert any("Replacing" in n and "(npu0)" in n for n in data["notes"])
