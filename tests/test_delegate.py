@@ -273,3 +273,52 @@ def test_delegate_partition_scenario_passes(tmp_path):
     data = json.loads(report.read_text())
     assert data["ok"] and data["scenario"] == "delegate_partition"
     assert any("Replacing" in n and "(npu0)" in n for n in data["notes"])
+
+
+def test_run_async_callbacks_and_close_with_runs_in_flight():
+    import concurrent.futures
+    import threading
+    model = mobilenet_like()
+    feeds = {"x": _input((1, 3, 32, 32))}
+    want = run_reference(load_model(model), feeds)["prob"]
+    with hetproc.Platform(time_scale=1.0) as plat:
+        dm = DelegatedModel.load(plat.client, model, options=SPREAD)
+        seen, threads = [], set()
+        lock = threading.Lock()
+
+        def done(out, err):
+            with lock:
+                seen.append((out, err))
+                threads.add(threading.current_thread().name)
+
+        futs = [dm.run_async(feeds, done) for _ in range(6)]
+        for f in futs:
+            np.testing.assert_allclose(f.result(30)["prob"], want, rtol=1e-6)
+        assert len(seen) == 6 and all(err is None for _, err in seen)
+        assert threads and all(t.startswith("hetproc-delegate") for t in threads)
+        assert len(threads) <= 2  # a bounded pool, not a thread per run
+        # A bad run reaches its callback as an error, and its Future raises it.
+        bad = dm.run_async({"x": np.zeros((1, 3, 32, 32), np.float64)}, done)
+        with pytest.raises(hetproc.DtypeError):
+            bad.result(30)
+        assert isinstance(seen[-1][1], hetproc.DtypeError)
+        # A callback that raises does not kill the pool.
+        boom = dm.run_async(feeds, lambda o, e: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            boom.result(30)
+        assert dm.run_async(feeds).result(30)["prob"].shape == (1, 10)
+        # Close with runs queued: in-flight ones finish, queued ones are cancelled cleanly.
+        queued = [dm.run_async(feeds) for _ in range(8)]
+        dm.close(cancel=True)
+        outcomes = []
+        for f in queued:
+            try:
+                f.result(30)
+                outcomes.append("done")
+            except concurrent.futures.CancelledError:
+                outcomes.append("cancelled")
+        assert set(outcomes) <= {"done", "cancelled"} and "cancelled" in outcomes
+        with pytest.raises(hetproc.InvalidRequest):
+            dm.run_async(feeds)
+        with pytest.raises(hetproc.InvalidRequest):
+            dm.run(feeds)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -30,6 +31,8 @@ from ._reference import check_inputs
 from ._targets import devices_of
 
 RUN_TIMEOUT_S = 60.0
+CALLBACK_THREADS = 2   # the client's bounded pool for run_async and its callbacks
+MAX_PENDING = 16
 
 
 def _wait(fence: Any, timeout: float) -> None:
@@ -58,6 +61,10 @@ class DelegatedModel:
         self._contexts: dict[str, Any] = {}
         self.load_info: dict[str, Any] = {}
         self.last_run: dict[str, Any] = {}
+        self._closing = False  # no new run; queued runs still go unless cancelled
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: set[Future] = set()
+        self._pending_lock = threading.Lock()
 
     # -- loading ------------------------------------------------------------------------
 
@@ -173,6 +180,11 @@ class DelegatedModel:
 
     def run(self, inputs: Mapping[str, Any], *, timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
         """Every model output by name. Bad inputs are refused before anything is submitted."""
+        if self._closing:
+            raise errors.InvalidRequest("this model is closing")
+        return self._run(inputs, timeout)
+
+    def _run(self, inputs: Mapping[str, Any], timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
         arrays = check_inputs(self.graph, inputs)
         c = self.compiled
         with self._lock:
@@ -231,12 +243,66 @@ class DelegatedModel:
                 out[v.name] = raw.view(dt).reshape(shape).copy()
         return out
 
+    # -- asynchronous runs (seed §18) -----------------------------------------------------
+
+    def run_async(self, inputs: Mapping[str, Any],
+                  callback: Callable[[dict[str, np.ndarray] | None, BaseException | None], None]
+                  | None = None) -> Future:
+        """Queue a run on this model's bounded pool of client threads; returns a Future of
+        the outputs. ``callback(outputs, error)`` runs on a pool thread when the run ends
+        (traced as a CALLBACK span); an exception it raises is kept on the Future, never
+        lost and never fatal. At most ``MAX_PENDING`` runs wait: one more is refused with
+        ``ResourceError`` (backpressure, not an unbounded queue)."""
+        with self._pending_lock:
+            if self._closing:
+                raise errors.InvalidRequest("this model is closed or closing")
+            if len(self._pending) >= MAX_PENDING:
+                raise errors.ResourceError(f"{MAX_PENDING} runs already pending on this model")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=CALLBACK_THREADS,
+                                                thread_name_prefix="hetproc-delegate")
+            fut = self._pool.submit(self._run_then_call, inputs, callback)
+            self._pending.add(fut)
+        fut.add_done_callback(self._forget)
+        return fut
+
+    def _forget(self, fut: Future) -> None:
+        with self._pending_lock:
+            self._pending.discard(fut)
+
+    def _run_then_call(self, inputs: Mapping[str, Any], callback: Any) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] | None = None
+        error: BaseException | None = None
+        try:
+            out = self._run(inputs)
+        except errors.HetprocError as exc:
+            error = exc
+        if callback is not None:
+            with self.client.trace.span("CALLBACK"):
+                callback(out, error)
+        if error is not None:
+            raise error
+        assert out is not None
+        return out
+
     # -- teardown -----------------------------------------------------------------------
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
+    def close(self, *, cancel: bool = False, timeout: float = RUN_TIMEOUT_S) -> None:
+        """Release the model. Runs in flight finish first (their callbacks too); with
+        ``cancel``, runs not started yet are cancelled instead (their Futures say so).
+        Never waits longer than ``timeout``."""
+        with self._pending_lock:
+            if self._closing:
                 return
+            self._closing = True
+            pending = list(self._pending)
+        if cancel:
+            for fut in pending:
+                fut.cancel()  # only runs not started yet: their Futures raise CancelledError
+        _, not_done = wait(pending, timeout=timeout)
+        if self._pool is not None:
+            self._pool.shutdown(wait=not not_done, cancel_futures=True)
+        with self._lock:  # a run still inside (timed out above) fails with "closed"
             self._closed = True
         for ctx in self._contexts.values():
             try:
