@@ -322,3 +322,41 @@ def test_run_async_callbacks_and_close_with_runs_in_flight():
             dm.run_async(feeds)
         with pytest.raises(hetproc.InvalidRequest):
             dm.run(feeds)
+
+
+def test_shape_buckets_warm_up_miss_range_and_cpu_fallback():
+    from hetproc.delegate import BucketedModel
+    model = mobilenet_like(dynamic=True)
+    small, big = {"x": [1, 3, 16, 16]}, {"x": [2, 3, 32, 32]}
+    top = {"x": [4, 3, 64, 64]}
+
+    def feeds(shape, seed=2):
+        return {"x": _input(tuple(shape), seed)}
+
+    with hetproc.Platform(time_scale=1.0) as plat:
+        with BucketedModel(plat.client, model, [small, big], max_shape=top, options=SPREAD) as bm:
+            assert bm.warm_up() == ["compiled (warm-up)"] * 2
+            for shape in (small["x"], big["x"]):
+                out = bm.run(feeds(shape))
+                want = _ort(model, feeds(shape))
+                np.testing.assert_allclose(out["prob"], want["prob"], rtol=1e-4, atol=1e-7)
+            assert [e for _, e in bm.events] == ["hit", "hit"]
+            mid = [1, 3, 24, 24]
+            np.testing.assert_allclose(bm.run(feeds(mid))["prob"], _ort(model, feeds(mid))["prob"],
+                                       rtol=1e-4, atol=1e-7)
+            assert bm.events[-1][1] == "compiled on miss"
+            bm.run(feeds(mid))
+            assert bm.events[-1][1] == "hit"
+            with pytest.raises(hetproc.ShapeError, match="outside the declared range"):
+                bm.run(feeds([1, 3, 128, 128]))
+        with BucketedModel(plat.client, model, [small], max_shape=top,
+                           compile_on_miss=False) as bm:
+            other = [1, 3, 20, 20]
+            out = bm.run(feeds(other))
+            assert "fell back" in bm.events[-1][1]
+            np.testing.assert_allclose(out["prob"], _ort(model, feeds(other))["prob"], rtol=1e-4,
+                                       atol=1e-7)
+        with BucketedModel(plat.client, model, [small], compile_on_miss=False,
+                           cpu_fallback=False) as bm:
+            with pytest.raises(hetproc.ShapeError, match="no precompiled bucket"):
+                bm.run(feeds([1, 3, 20, 20]))

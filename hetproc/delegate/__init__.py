@@ -7,6 +7,8 @@ Public API::
     Options(...)                         strict / fallback, max_partitions, min_nodes_...
     plan(graph, platform_spec, options)  the placement alone (no platform needed): Placement
     DelegatedModel.load(client, model)   compiled assets on a running platform; .run(inputs)
+    BucketedModel(client, model, buckets) dynamic shapes: buckets, warm-up, compile on a
+                                         miss, range check, CPU fallback (seed §6)
     AssetCache(dir, capacity_bytes)      compiled assets on disk: "hit" / "compiled" /
                                          "corrupt asset, recompiled" (seed §13)
     backend                              ``onnx.backend`` interface (conformance suite)
@@ -16,6 +18,7 @@ Needs the ``onnx`` extra: ``pip install 'hetproc[onnx]'``.
 
 from typing import Any
 
+from ._buckets import BucketedModel
 from ._cache import AssetCache
 from ._model import Graph, fold_constants, load_model
 from ._partition import Boundary, Options, Partition, Placement
@@ -39,4 +42,4 @@ def plan(model: Any, spec: Any = None, options: Options | None = None,
 
 
 __all__ = ["Graph", "load_model", "run_reference", "Options", "Placement", "Partition",
-           "Boundary", "DelegatedModel", "AssetCache", "plan", "Target", "TARGETS"]
+           "Boundary", "DelegatedModel", "AssetCache", "BucketedModel", "plan", "Target", "TARGETS"]

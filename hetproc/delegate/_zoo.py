@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 
 
-def mobilenet_like(seed: int = 0, size: int = 32, classes: int = 10) -> Any:
+def mobilenet_like(seed: int = 0, size: int = 32, classes: int = 10,
+                   dynamic: bool = False) -> Any:
     """Conv-BN-ReLU6 stem, two depthwise-separable blocks (one residual, HardSwish),
     a grouped conv, a bilinear Resize, pooling, Gemm, Softmax and ArgMax: a graph whose
-    ops land on different devices (Softmax / Resize: not on the NPU; ArgMax: CPU only)."""
+    ops land on different devices (Softmax / Resize: not on the NPU; ArgMax: CPU only).
+    ``dynamic``: batch and spatial input dims are symbolic (N, H, W), for shape buckets."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -60,9 +62,11 @@ def mobilenet_like(seed: int = 0, size: int = 32, classes: int = 10) -> Any:
     node("ArgMax", [prob], "label", axis=1, keepdims=0)
     graph = helper.make_graph(
         nodes, "mobilenet_like",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, classes]),
-         helper.make_tensor_value_info("label", TensorProto.INT64, [1])], inits)
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                       ["N", 3, "H", "W"] if dynamic else [1, 3, size, size])],
+        [helper.make_tensor_value_info("prob", TensorProto.FLOAT, ["N" if dynamic else 1, classes]),
+         helper.make_tensor_value_info("label", TensorProto.INT64, ["N" if dynamic else 1])],
+        inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
