@@ -66,6 +66,7 @@ def write_asset(dest: np.ndarray, plan: dict[str, Any], weights: Sequence[np.nda
                 offsets: Sequence[int]) -> None:
     """Fill ``dest`` (uint8, ``asset_layout`` bytes) with header, plan and weights."""
     blob = msgpack.packb(plan, use_bin_type=True)
+    dest.fill(0)  # alignment gaps too: one model compiles to the same bytes every time
     dest[:HEADER_BYTES] = np.frombuffer(
         _HEADER.pack(MAGIC, len(blob), zlib.crc32(blob), dest.nbytes), np.uint8)
     dest[HEADER_BYTES:HEADER_BYTES + len(blob)] = np.frombuffer(blob, np.uint8)

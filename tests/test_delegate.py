@@ -363,3 +363,38 @@ def test_shape_buckets_warm_up_miss_range_and_cpu_fallback():
                            cpu_fallback=False) as bm:
             with pytest.raises(hetproc.ShapeError, match="no precompiled bucket"):
                 bm.run(feeds([1, 3, 20, 20]))
+
+
+def test_two_clients_share_one_read_only_asset_segment():
+    model = mobilenet_like()
+    feeds = {"x": _input((1, 3, 32, 32))}
+    with hetproc.Platform(time_scale=1.0) as plat:
+        first = DelegatedModel.load(plat.client, model, options=SPREAD)
+        other = plat.connect("second-app")
+        try:
+            pool_before = plat.client.metrics()["pool"]
+            second = DelegatedModel.load(other, model, options=SPREAD,
+                                         shared_assets=first.export_assets())
+            assert second.load_info["cache"] == ["shared"] * len(first._assets)
+            for mine, theirs in zip(first._assets, second._assets):
+                assert mine.identity() == theirs.identity()  # one segment, one offset
+                assert theirs.perm == "r"  # read-only for the importer
+            # No second copy of the weights: the second client allocated only its input
+            # staging buffer and one output buffer per partition.
+            grown = plat.client.metrics()["pool"]
+            assert grown["live_blocks"] - pool_before["live_blocks"] == 1 + len(first._assets)
+            np.testing.assert_array_equal(second.run(feeds)["prob"], first.run(feeds)["prob"])
+            # Another model's tokens are checked byte-wise: partitions with other weights
+            # compile their own copy (identical ones, e.g. weightless, may be shared).
+            third = DelegatedModel.load(other, mobilenet_like(seed=9), options=SPREAD,
+                                        shared_assets=first.export_assets())
+            outcomes = third.load_info["cache"]
+            assert outcomes[0] == "compiled"  # the stem's weights differ
+            for k, outcome in enumerate(outcomes):
+                same = np.array_equal(first._assets[k].array(), third._assets[k].array())
+                assert (outcome == "shared") == same or outcome == "compiled"
+            third.close()
+            second.close()
+        finally:
+            first.close()
+            other.close()

@@ -71,10 +71,15 @@ class DelegatedModel:
     @classmethod
     def load(cls, client: Any, model: Any, *, options: Options | None = None,
              input_shapes: dict[str, Any] | None = None,
-             cache: AssetCache | None = None) -> "DelegatedModel":
+             cache: AssetCache | None = None,
+             shared_assets: list[int] | None = None) -> "DelegatedModel":
         """Place, compile and upload ``model`` (a path, bytes, ModelProto or ``Graph``).
         With ``cache``, each partition's asset is looked up first (``load_info["cache"]``
-        says "hit", "compiled" or "corrupt asset, recompiled" per partition)."""
+        says "hit", "compiled" or "corrupt asset, recompiled" per partition).
+        ``shared_assets``: the tokens another client's ``export_assets()`` gave for the
+        same model; each is imported read-only instead of allocating a copy (seed §19: two
+        clients of one model share one weights segment), once its bytes are verified
+        equal to what this client would compile ("shared"; a mismatch gets its own copy)."""
         t0 = time.perf_counter()
         graph = model if isinstance(model, Graph) else load_model(model, input_shapes)
         graph = fold_constants(graph)
@@ -86,6 +91,7 @@ class DelegatedModel:
         self = cls(client, graph, compiled)
         self._devices = {d.name: d for d in devices}
         self._options, self._cache = options, cache
+        self._shared = list(shared_assets or [])
         try:
             self._upload()
         except BaseException:
@@ -102,15 +108,19 @@ class DelegatedModel:
         outcomes = []
         compile_ms: dict[str, float] = {}
         bucket = [[v.name, list(c.specs.shape(v.name) or ())] for v in self.graph.inputs]
-        for cp in c.partitions:
+        for k, cp in enumerate(c.partitions):
             p = cp.partition
-            buf = self._alloc(cp.nbytes)
-            outcome = self._fill(cp, buf, bucket)
+            buf = self._import(self._shared[k], cp) if k < len(self._shared) else None
+            if buf is not None:
+                outcome = "shared"
+            else:
+                buf = self._alloc(cp.nbytes)
+                outcome = self._fill(cp, buf, bucket)
             outcomes.append(outcome)
             self._assets.append(buf)
             self._context(p.device)
             # A hit only loads the asset (modeled at DDR speed); a miss compiles it.
-            ms = (p.compile_us / 1000 if outcome != "hit"
+            ms = (p.compile_us / 1000 if outcome not in ("hit", "shared")
                   else cp.nbytes / (self._devices[p.device].target.bandwidth_gbs * 1e6))
             compile_ms[p.device] = compile_ms.get(p.device, 0.0) + ms
             self.placement.log.append(f"asset of partition {p.index} on {p.device}: {outcome} "
@@ -144,6 +154,24 @@ class DelegatedModel:
                 want(p.device, buf, "r")
         for (device, _), (buf, perms) in need.items():
             self._contexts[device].map(buf, "rw" if "w" in perms else "r")
+
+    def _import(self, token: int, cp: Any) -> Any:
+        """Another client's asset, read-only, if it is byte for byte what we compiled."""
+        try:
+            buf = self.client.import_buffer(token)
+        except errors.HetprocError:
+            return None
+        self._buffers.append(buf)
+        mine = np.empty(cp.nbytes, np.uint8)
+        cp.write(mine)
+        theirs = buf.array()
+        if buf.nbytes != cp.nbytes or not np.array_equal(theirs, mine):
+            return None
+        return buf
+
+    def export_assets(self) -> list[int]:
+        """Read-only tokens of this model's assets, for ``load(shared_assets=...)``."""
+        return [b.export(read_only=True) for b in self._assets]
 
     def _fill(self, cp: Any, buf: Any, bucket: list) -> str:
         """Write the partition's asset into its buffer: from the cache when it holds a
