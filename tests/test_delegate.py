@@ -398,3 +398,33 @@ def test_two_clients_share_one_read_only_asset_segment():
         finally:
             first.close()
             other.close()
+
+
+def test_quantised_qdq_model_matches_onnxruntime_within_one_step():
+    """A QDQ int8 graph (quantise -> dequantise around a conv): ONNX Runtime may fuse it
+    into integer kernels, so the stated tolerance is one quantisation step of the output."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(4)
+    s_in, s_out = 0.05, 0.1
+    inits = [numpy_helper.from_array(np.float32(s_in), "s_in"),
+             numpy_helper.from_array(np.int8(0), "z_in"),
+             numpy_helper.from_array(np.float32(s_out), "s_out"),
+             numpy_helper.from_array(np.int8(0), "z_out"),
+             numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32), "w")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_in", "z_in"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s_in", "z_in"], ["xd"]),
+             helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "s_out", "z_out"], ["rq"]),
+             helper.make_node("DequantizeLinear", ["rq", "s_out", "z_out"], ["y"])]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": _input((1, 4, 8, 8))}
+    want = _ort(model, feeds)["y"]
+    with hetproc.Platform(time_scale=1.0) as plat:
+        with DelegatedModel.load(plat.client, model, options=SPREAD) as dm:
+            assert "npu0" in {p.device for p in dm.placement.partitions}
+            got = dm.run(feeds)["y"]
+    assert np.max(np.abs(got - want)) <= s_out + 1e-6
+    assert np.mean(got == want) > 0.95  # almost every element is exactly ORT's

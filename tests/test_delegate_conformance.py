@@ -75,7 +75,8 @@ class _SkipUnsupported(DelegateBackend):
             raise unittest.SkipTest(f"unsupported on every accelerator: {exc.message}") from None
 
 
-globals().update(_build(_SkipUnsupported(_client), "Delegated"))
+_DELEGATED = _SkipUnsupported(_client)
+globals().update(_build(_DELEGATED, "Delegated"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,6 +85,7 @@ def _shared_platform():
     with hetproc.Platform(time_scale=0.01) as plat:
         _platform["plat"] = plat
         yield
+        _DELEGATED.close()
         _platform.clear()
 
 

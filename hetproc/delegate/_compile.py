@@ -17,7 +17,7 @@ import numpy as np
 from device_workers import asset_layout, plan_bytes, write_asset
 from ipc import errors
 
-from ._model import Graph
+from ._model import Graph, Value
 from ._partition import Partition, Placement, Specs
 from ._reference import run_graph
 
@@ -46,10 +46,9 @@ def tensor_specs(graph: Graph) -> Specs:
 
 
 def _probe(graph: Graph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    probe_graph = Graph(graph.name, graph.nodes, graph.inputs,
-                        [type(v)(t, "", ()) for v in graph.outputs[:1]
-                         for t in (o for n in graph.nodes for o in n.outputs if o)],
-                        graph.initializers, graph.values, graph.fingerprint, graph.opset)
+    every = [Value(o, "", ()) for n in graph.nodes for o in n.outputs if o]
+    probe_graph = Graph(graph.name, graph.nodes, graph.inputs, every, graph.initializers,
+                        graph.values, graph.fingerprint, graph.opset)
     try:
         return run_graph(probe_graph, inputs)
     except errors.HetprocError:

@@ -12,10 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-try:
-    from onnx.backend.base import Backend, BackendRep
-except ImportError:  # pragma: no cover - without the extra the module is unusable
-    Backend = BackendRep = object  # type: ignore[misc,assignment]
+from onnx.backend.base import Backend, BackendRep  # this module needs the onnx extra
 
 from ._model import Graph, load_model
 from ._reference import run_graph
@@ -67,6 +64,7 @@ class DelegateBackend:
         self._client = client
         self.devices = tuple(devices)
         self.last_device: str | None = None
+        self._live: _DelegatedRep | None = None  # the last prepared model, closed on the next
 
     @property
     def client(self) -> Any:
@@ -78,6 +76,7 @@ class DelegateBackend:
         from ._runtime import DelegatedModel
         refusals = []
         graph = load_model(model)
+        self.close()
         for name in self.devices:
             opts = Options(strict=True, accelerators=(name,), min_nodes_per_partition=1,
                            weigh_costs=False)
@@ -87,11 +86,18 @@ class DelegateBackend:
                 refusals.append(f"{name}: {exc.message}")
                 continue
             self.last_device = name
+            self._live = rep
             return rep
         raise errors.UnsupportedOp("no accelerator takes the whole model: " + " | ".join(refusals))
 
     def run_model(self, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any):
         return self.prepare(model, device).run(inputs)
+
+    def close(self) -> None:
+        """Release the last prepared model's assets and contexts."""
+        if self._live is not None:
+            self._live.close()
+            self._live = None
 
     def run_node(self, node: Any, inputs: Any, device: str = "CPU", **kwargs: Any):
         raise NotImplementedError("run_node: use prepare on a model")
@@ -129,12 +135,9 @@ class _DelegatedRep(BackendRep):
         self.model = model
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
-        try:
-            named = _named_inputs(self.model.graph, inputs)
-            out = self.model.run(named)
-            return tuple(out[v.name] for v in self.model.graph.outputs)
-        finally:
-            self.model.close()
+        named = _named_inputs(self.model.graph, inputs)
+        out = self.model.run(named)
+        return tuple(out[v.name] for v in self.model.graph.outputs)
 
     def close(self) -> None:
         self.model.close()
