@@ -255,6 +255,14 @@ def test_asset_cache_hit_compiled_corrupt_and_invalidation(tmp_path):
         # Another model (other weights): other keys, compiled, never a wrong hit.
         with load(mobilenet_like(seed=5)) as other:
             assert "hit" not in other.load_info["cache"]
+        # Every load is in the trace: one ASSET_LOAD instant per partition with its outcome.
+        from hetproc.delegate._runtime import ASSET_LOAD_STAGE, LOAD_OUTCOMES
+        records = plat.trace_records()[0]
+        loads = records[records["stage"] == ASSET_LOAD_STAGE]
+        seen = {LOAD_OUTCOMES[int(a)] for a in loads["a1"]}
+        assert {"compiled", "hit", "corrupt asset, recompiled"} <= seen
+        assert cache.stats["hit"] == n + (n - 2)  # warm load, then the healed one
+        assert cache.stats["corrupt asset, recompiled"] == 2
     # LRU: a small capacity keeps only the newest files.
     small = AssetCache(tmp_path / "assets", capacity_bytes=1)
     small.evict()

@@ -31,6 +31,10 @@ from ._reference import check_inputs
 from ._targets import devices_of
 
 RUN_TIMEOUT_S = 60.0
+# A tool-specific trace stage (200-255 are free): one instant per partition asset load,
+# cid = partition index, a0 = asset bytes, a1 = what happened (LOAD_OUTCOMES index).
+ASSET_LOAD_STAGE = 200
+LOAD_OUTCOMES = ("compiled", "hit", "corrupt asset, recompiled", "shared")
 CALLBACK_THREADS = 2   # the client's bounded pool for run_async and its callbacks
 MAX_PENDING = 16
 
@@ -118,6 +122,8 @@ class DelegatedModel:
                 outcome = self._fill(cp, buf, bucket)
             outcomes.append(outcome)
             self._assets.append(buf)
+            self.client.trace.instant(ASSET_LOAD_STAGE, p.index, cp.nbytes,
+                                      LOAD_OUTCOMES.index(outcome))
             self._context(p.device)
             # A hit only loads the asset (modeled at DDR speed); a miss compiles it.
             ms = (p.compile_us / 1000 if outcome not in ("hit", "shared")
