@@ -365,6 +365,25 @@ def _batch_norm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return [y.astype(x.dtype, copy=False)]
 
 
+def _lrn(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
+    """Local response normalisation across channels (AlexNet, GoogLeNet)."""
+    _need(inputs, 1, "LRN")
+    x = inputs[0]
+    _float(x, "LRN")
+    size = int(attrs.get("size", 0))
+    if size < 1 or x.ndim < 3:
+        raise InvalidRequest(f"LRN: size {size} must be >= 1 on an input of rank >= 3")
+    alpha, beta = float(attrs.get("alpha", 1e-4)), float(attrs.get("beta", 0.75))
+    bias = float(attrs.get("bias", 1.0))
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    sq = np.square(x.astype(np.float64))
+    padded = np.pad(sq, [(0, 0), (lo, hi)] + [(0, 0)] * (x.ndim - 2))
+    csum = np.cumsum(padded, axis=1)
+    csum = np.concatenate([np.zeros_like(csum[:, :1]), csum], axis=1)
+    window = csum[:, size:] - csum[:, :-size]
+    return [(x / (bias + alpha / size * window) ** beta).astype(x.dtype)]
+
+
 def _softmax(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     _need(inputs, 1, "Softmax")
     x = inputs[0]
@@ -645,7 +664,7 @@ _OPS: dict[str, Callable[[Arrays, Attrs], list[np.ndarray]]] = {
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Resize": _resize,
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "ArgMax": _arg_max,
     "Constant": _constant, "Identity": _identity,
-    "ConstantOfShape": _constant_of_shape, "Dropout": _dropout, "Sum": _sum,
+    "ConstantOfShape": _constant_of_shape, "Dropout": _dropout, "Sum": _sum, "LRN": _lrn,
 }
 
 GRAPH_OPS: frozenset[str] = frozenset(_OPS)
@@ -720,6 +739,8 @@ def op_flops(op: str, in_shapes: Sequence[Sequence[int]], out_shapes: Sequence[S
         return float(out * math.prod(attrs.get("kernel_shape") or [1]))
     if op == "GlobalAveragePool" and in_shapes:
         return float(math.prod(in_shapes[0]))
+    if op == "LRN":
+        return float(out * (int(attrs.get("size", 1)) + 4))
     if op in ("Softmax", "Sigmoid", "HardSwish", "HardSigmoid", "BatchNormalization"):
         return 4.0 * out
     if op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Constant"):

@@ -26,7 +26,7 @@ warnings.filterwarnings("ignore", category=RuntimeWarning)
 CLAIMED = ("conv|basic_conv|gemm|matmul|add|mul|sub|relu|clip|sigmoid|hardsigmoid|hardswish|"
            "batchnorm|maxpool|averagepool|globalaveragepool|softmax|reshape|flatten|transpose|"
            "concat|squeeze|unsqueeze|resize|quantizelinear|dequantizelinear|argmax|constant|"
-           "identity|constantofshape|dropout|sum")
+           "identity|constantofshape|dropout|sum|lrn")
 INCLUDE = rf"^test_({CLAIMED})(_.*)?_cpu$"
 # Variants not implemented, with the reason; the support query refuses each of them.
 EXCLUDED = {

@@ -63,7 +63,7 @@ TARGETS: dict[str, Target] = {
                   peak_gops={"float": 250.0, "int": 2000.0}, bandwidth_gbs=25.0,
                   launch_us=1.0, dispatch_us=60.0, compile_us_per_node=400.0),
     "gpu": Target("gpu", frozenset({"Conv", "Gemm", "MatMul", "BatchNormalization", "MaxPool",
-                                    "AveragePool", "GlobalAveragePool", "Softmax", "Resize",
+                                    "AveragePool", "GlobalAveragePool", "Softmax", "Resize", "LRN",
                                     *_ELEMENTWISE, *_SHAPE}),
                   max_rank=5, max_dim=16384, max_window=15,
                   peak_gops={"float": 120.0, "int": 120.0}, bandwidth_gbs=20.0,
