@@ -436,3 +436,32 @@ def test_quantised_qdq_model_matches_onnxruntime_within_one_step():
             got = dm.run(feeds)["y"]
     assert np.max(np.abs(got - want)) <= s_out + 1e-6
     assert np.mean(got == want) > 0.95  # almost every element is exactly ORT's
+
+
+def test_sram_residency_keeps_the_frequent_model_and_streams_the_rare_one(tmp_path):
+    from importlib import resources
+    text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
+    small = tmp_path / "small_sram.toml"
+    small.write_text(text.replace("sram_kib = 4096", "sram_kib = 12"))  # npu0: 12 KiB
+    feeds = {"x": _input((1, 3, 32, 32))}
+    with hetproc.Platform(small, time_scale=1.0) as plat:
+        a = DelegatedModel.load(plat.client, mobilenet_like(seed=1), options=SPREAD)
+        b = DelegatedModel.load(plat.client, mobilenet_like(seed=2), options=SPREAD)
+        try:
+            assert a.placement.partitions[0].device == "npu0"
+            assert a.compiled.partitions[0].nbytes > 6 << 10  # two do not fit in 12 KiB
+            states = []
+            for _ in range(5):
+                a.run(feeds)
+                states.append(a.last_run["residency"][0])
+            assert states[0] == "loaded" and states[-1] == "resident"
+            b.run(feeds)
+            assert b.last_run["residency"][0] == "streamed"  # A is worth more: it stays
+            a.run(feeds)
+            assert a.last_run["residency"][0] == "resident"
+            # The CPU has no SRAM model: its partitions say so.
+            cpu = [k for k, p in enumerate(a.placement.partitions) if p.device == "cpu0"]
+            assert all(a.last_run["residency"][k] == "n/a" for k in cpu)
+        finally:
+            a.close()
+            b.close()

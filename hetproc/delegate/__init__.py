@@ -9,6 +9,8 @@ Public API::
     DelegatedModel.load(client, model)   compiled assets on a running platform; .run(inputs)
     BucketedModel(client, model, buckets) dynamic shapes: buckets, warm-up, compile on a
                                          miss, range check, CPU fallback (seed §6)
+    DelegatedModel.last_run["residency"] per partition: SRAM "resident" / "loaded" /
+                                         "streamed" (fetch cost added to its hold; seed §19)
     AssetCache(dir, capacity_bytes)      compiled assets on disk: "hit" / "compiled" /
                                          "corrupt asset, recompiled" (seed §13)
     backend                              ``onnx.backend`` interface (conformance suite)

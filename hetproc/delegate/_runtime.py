@@ -28,6 +28,7 @@ from ._compile import Compiled, compile_placement, tensor_specs
 from ._model import Graph, fold_constants, load_model
 from ._partition import Options, Placement, place
 from ._reference import check_inputs
+from ._residency import residency_of
 from ._targets import devices_of
 
 RUN_TIMEOUT_S = 60.0
@@ -233,16 +234,29 @@ class DelegatedModel:
             fences = self._submit_all(timeout)
             for f in fences:
                 _wait(f, timeout)
-            self.last_run = {"wall_s": time.perf_counter() - t0, "commands": len(fences),
-                             "modeled_us": sum(p.modeled_us for p in self.placement.partitions)}
+            self.last_run.update(wall_s=time.perf_counter() - t0, commands=len(fences),
+                                 modeled_us=sum(p.modeled_us for p in self.placement.partitions))
             return self._read_outputs(arrays)
+
+    def _weights_us(self, cp: Any) -> tuple[str, float]:
+        """SRAM residency of this partition's weights and the fetch cost of this run."""
+        p = cp.partition
+        dev = self._devices[p.device]
+        if dev.sram_bytes <= 0 or dev.kind == "cpu":
+            return "n/a", 0.0
+        res = residency_of(self.client, p.device, dev.sram_bytes)
+        load_us = cp.nbytes / (dev.target.bandwidth_gbs * 1e3)
+        return res.touch((id(self), p.index), cp.nbytes, load_us)
 
     def _submit_all(self, timeout: float) -> list[Any]:
         c = self.compiled
         fences: list[Any] = []
         scale = max(self.client.time_scale, 1e-6)
+        residency = []
         for cp in c.partitions:
             p = cp.partition
+            state, fetch_us = self._weights_us(cp)
+            residency.append(state)
             ins = [self._assets[p.index]]
             wait = []
             for src in cp.sources:
@@ -255,8 +269,9 @@ class DelegatedModel:
             # Fire and forget: no reply round trip per partition; a refused command fails
             # its fence, and _wait turns that into the supervisor's full message.
             fences.append(self._contexts[p.device].submit_nowait(
-                "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=p.device_us / 1000,
+                "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=(p.device_us + fetch_us) / 1000,
                 timeout_ms=timeout * 1000 / scale))
+        self.last_run["residency"] = residency
         return fences
 
     def _read_outputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -338,6 +353,10 @@ class DelegatedModel:
             self._pool.shutdown(wait=not not_done, cancel_futures=True)
         with self._lock:  # a run still inside (timed out above) fails with "closed"
             self._closed = True
+        for p in self.placement.partitions:
+            dev = self._devices.get(p.device) if hasattr(self, "_devices") else None
+            if dev is not None and dev.sram_bytes > 0:
+                residency_of(self.client, p.device, dev.sram_bytes).forget([(id(self), p.index)])
         for ctx in self._contexts.values():
             try:
                 ctx.close()

@@ -89,6 +89,7 @@ class Device:
     runs_graph: bool
     cache: Mapping[str, float]
     firmware: str = ""  # digest of the device's platform-file entry: part of the cache key
+    sram_bytes: int = 0
 
     @property
     def target(self) -> Target:
@@ -112,7 +113,7 @@ def devices_of(spec: Any) -> list[Device]:
         firmware = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode())
         out.append(Device(d["name"], d["kind"], tuple(d["dtypes"]), tuple(d["layouts"]),
                           bool(d["coherent"]), "graph" in d["ops"], dict(d.get("cache") or {}),
-                          firmware.hexdigest()[:16]))
+                          firmware.hexdigest()[:16], int(d.get("sram_kib", 0)) << 10))
     return out
 
 
