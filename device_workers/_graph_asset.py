@@ -126,8 +126,24 @@ def _checked_steps(plan: dict) -> list[tuple[Callable, list, list, dict, str]]:
             raise InvalidRequest(f"graph: step {k} is malformed")
         fn = op_function(op)
         args = [None if a == -1 else _tid(a) for a in args]
+        attrs = {key: _attr_value(v, k) for key, v in attrs.items()}
         out.append((fn, args, [_tid(r) for r in results], attrs, op))
     return out
+
+
+def _attr_value(v: Any, k: int) -> Any:
+    """Attributes are plain values; a small tensor (ConstantOfShape's value) comes as
+    {"ndarray": [dtype, shape, bytes]} and is rebuilt here, its size checked."""
+    if not (isinstance(v, dict) and set(v) == {"ndarray"}):
+        return v
+    try:
+        dtype, shape, raw = v["ndarray"]
+        arr = np.frombuffer(raw, dtype=np.dtype(dtype))
+        if dtype not in _DTYPES or arr.size != math.prod(shape):
+            raise ValueError("size does not match shape")
+        return arr.reshape(shape)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"graph: step {k} has a malformed tensor attribute: {exc}") from None
 
 
 def read_asset(asset: np.ndarray) -> tuple[dict[str, Any], dict[int, np.ndarray]]:

@@ -22,6 +22,7 @@ from ._partition import Partition, Placement, Specs
 from ._reference import run_graph
 
 ALIGN = 64
+MAX_TENSOR_ATTR_BYTES = 64 << 10  # e.g. ConstantOfShape's value; weights go in the asset
 
 
 def tensor_specs(graph: Graph) -> Specs:
@@ -99,7 +100,11 @@ def _attrs(attrs: Mapping[str, Any], where: str) -> dict[str, Any]:
     out = {}
     for k, v in attrs.items():
         if isinstance(v, np.ndarray):
-            raise errors.UnsupportedOp(f"{where}: tensor attribute {k!r} cannot be compiled")
+            if v.nbytes > MAX_TENSOR_ATTR_BYTES or v.dtype.kind not in "biuf":
+                raise errors.UnsupportedOp(f"{where}: tensor attribute {k!r} ({v.dtype}, "
+                                           f"{v.nbytes} B) cannot be compiled")
+            out[k] = {"ndarray": [v.dtype.name, list(v.shape), np.ascontiguousarray(v).tobytes()]}
+            continue
         out[k] = [x.item() if isinstance(x, np.generic) else x for x in v] \
             if isinstance(v, (list, tuple)) else (v.item() if isinstance(v, np.generic) else v)
     return out
