@@ -465,3 +465,20 @@ def test_sram_residency_keeps_the_frequent_model_and_streams_the_rare_one(tmp_pa
         finally:
             a.close()
             b.close()
+
+
+def test_tensor_attribute_travels_in_the_plan_to_the_device():
+    from onnx import TensorProto, helper
+    value = helper.make_tensor("v", TensorProto.FLOAT, [1], [2.5])
+    g = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["c"], value=value),
+         helper.make_node("Add", ["c", "x"], ["y"])], "g",
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"shape": np.array([2, 3], np.int64), "x": _input((2, 3))}
+    with hetproc.Platform(time_scale=1.0) as plat:
+        with DelegatedModel.load(plat.client, model, options=SPREAD) as dm:
+            assert dm.placement.partitions[0].device == "cpu0"
+            np.testing.assert_array_equal(dm.run(feeds)["y"], feeds["x"] + np.float32(2.5))
