@@ -28,6 +28,10 @@ __all__ = ["GRAPH_OPS", "run_op", "unsupported", "op_flops"]
 Arrays = Sequence["np.ndarray | None"]
 Attrs = Mapping[str, Any]
 
+# Ops whose output size comes from data (a shape tensor, scales) are capped: a hostile
+# model must not make a device process allocate gigabytes.
+MAX_CREATED_ELEMENTS = 1 << 26
+
 _QUANT_TYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
 _FLOAT_TYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))
 
@@ -130,7 +134,7 @@ def _constant(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 def _constant_of_shape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     _need(inputs, 1, "ConstantOfShape")
     shape = _ints(inputs[0], "ConstantOfShape", "shape")
-    if any(d < 0 for d in shape) or math.prod(shape) > 1 << 28:
+    if any(d < 0 for d in shape) or math.prod(shape) > MAX_CREATED_ELEMENTS:
         raise ShapeError(f"ConstantOfShape: shape {shape} is negative or too large")
     value = attrs.get("value")
     fill = value.reshape(-1)[:1] if isinstance(value, np.ndarray) and value.size else np.zeros(1, np.float32)
@@ -637,6 +641,9 @@ def _resize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
         raise InvalidRequest("Resize: one of scales or sizes is required")
     if min(outs) < 1:
         raise ShapeError(f"Resize: output size {outs} is empty")
+    total = math.prod(x.shape) // max(math.prod(x.shape[a] for a in axes), 1) * math.prod(outs)
+    if total > MAX_CREATED_ELEMENTS:
+        raise ShapeError(f"Resize: output of {total} elements exceeds {MAX_CREATED_ELEMENTS}")
     rois = [(0.0, 1.0)] * r
     if roi is not None and roi.size == 2 * r:
         flat = [float(v) for v in roi.reshape(-1)]

@@ -482,3 +482,14 @@ def test_tensor_attribute_travels_in_the_plan_to_the_device():
         with DelegatedModel.load(plat.client, model, options=SPREAD) as dm:
             assert dm.placement.partitions[0].device == "cpu0"
             np.testing.assert_array_equal(dm.run(feeds)["y"], feeds["x"] + np.float32(2.5))
+
+
+def test_hostile_sizes_are_refused_not_allocated():
+    from onnx import TensorProto, helper
+    g = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["y"])], "g",
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b", "c"])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(hetproc.ShapeError, match="too large"):
+        run_reference(load_model(model), {"shape": np.array([1 << 20, 1 << 20, 4], np.int64)})
