@@ -30,6 +30,8 @@ def add_model_commands(sub: Any) -> None:
     run.add_argument("--trace", metavar="F.json", help="write the timeline (Chrome Trace JSON)")
     run.add_argument("--time-scale", type=float, default=1.0, help="multiply modeled durations")
     run.add_argument("--runs", type=int, default=1, help="how many times to run it")
+    run.add_argument("--cache-dir", metavar="DIR",
+                     help="asset cache directory (a second run with it loads warm)")
     run.set_defaults(func=cmd_run)
     diff = msub.add_parser("diff", help="compare two placements of one model (upgrade check)")
     _common(diff)
@@ -123,13 +125,17 @@ def _feeds(graph: Any, path: str | None) -> dict[str, np.ndarray]:
 def cmd_run(args: argparse.Namespace) -> int:
     import hetproc
 
-    from . import DelegatedModel, load_model
+    from . import AssetCache, DelegatedModel, load_model
     graph = load_model(args.model, _shapes(args))
     feeds = _feeds(graph, args.inputs)
+    cache = AssetCache(args.cache_dir) if args.cache_dir else None
     with hetproc.Platform(args.platform, time_scale=args.time_scale) as plat:
         t0 = time.perf_counter()
-        with DelegatedModel.load(plat.client, graph, options=_options(args)) as dm:
+        with DelegatedModel.load(plat.client, graph, options=_options(args), cache=cache) as dm:
             t_load = time.perf_counter() - t0
+            if cache is not None:
+                print(f"assets: {', '.join(dm.load_info['cache'])}; modeled compile/load "
+                      f"{sum(dm.load_info['compile_ms'].values()):.2f} ms")
             for line in dm.placement.summary:
                 print(line)
             for p in dm.placement.partitions:

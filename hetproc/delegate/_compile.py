@@ -35,7 +35,8 @@ def tensor_specs(graph: Graph) -> Specs:
         specs[name] = (v.dtype, shape)
     for name, arr in graph.initializers.items():
         specs[name] = (arr.dtype.name, tuple(arr.shape))
-    needed = {o for n in graph.nodes for o in n.outputs if o}
+    used = graph.used_values()  # an unused output (a Dropout mask) needs no shape
+    needed = {o for n in graph.nodes for o in n.outputs if o and o in used}
     if any(not specs.get(t, ("", None))[0] or specs[t][1] is None for t in needed):
         shapes = [specs.get(v.name, ("", None)) for v in graph.inputs]
         if all(s[1] is not None and s[0] for s in shapes):
