@@ -493,3 +493,17 @@ def test_hostile_sizes_are_refused_not_allocated():
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(hetproc.ShapeError, match="too large"):
         run_reference(load_model(model), {"shape": np.array([1 << 20, 1 << 20, 4], np.int64)})
+
+
+def test_long_producers_are_awaited_by_the_client_not_past_the_dependency_timeout():
+    """At a tiny time scale the platform's dependency timeout (2 s x scale) is shorter than
+    a partition's real numpy compute: consumers are then submitted once their producers
+    finished, instead of timing out on the device."""
+    model = mobilenet_like()
+    feeds = {"x": _input((1, 3, 32, 32))}
+    want = run_reference(load_model(model), feeds)["prob"]
+    with hetproc.Platform(time_scale=0.0001) as plat:  # dependency timeout: 0.2 ms
+        with DelegatedModel.load(plat.client, model, options=SPREAD) as dm:
+            assert len(dm.placement.partitions) > 2
+            for _ in range(3):
+                np.testing.assert_allclose(dm.run(feeds)["prob"], want, rtol=1e-6)

@@ -58,6 +58,7 @@ class Partition:
     weights: list[str] = field(default_factory=list)   # initializers it reads
     modeled_us: float = 0.0                            # dispatch + nodes + boundary work
     device_us: float = 0.0    # what the device is held for: nodes + cache/reformat work
+    host_us: float = 0.0      # the same nodes on the generic CPU: a bound on real compute
     compile_us: float = 0.0
 
 
@@ -217,6 +218,8 @@ def place(graph: Graph, specs: Specs, devices: Sequence[Device], options: Option
                 moved.append((i, reason))
     parts = _partitions(graph, assignment)
     boundaries = _finish(graph, specs, parts, by_name)
+    for p in parts:
+        p.host_us = sum(cpu_us[i] for i in p.nodes)
     for i, node in enumerate(graph.nodes):
         log.append(f"#{i:<4d}{node.op:<19s}{node.name[:28]:<29s}-> {assignment[i]:<6s}"
                    f" {why[i]}")

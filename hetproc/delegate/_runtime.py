@@ -7,7 +7,9 @@ device's timeline, and keeps one byte buffer for the model inputs and one per pa
 for the tensors it hands on. ``run(inputs)`` writes the inputs, submits every partition as
 ONE ``graph`` command on its device's context, waiting only on the fences of the
 partitions it reads from (fences only at partition boundaries), then reads the outputs.
-A command holds its device for the partition's modeled device time (roofline time of its
+A partition whose producers may compute (really, in numpy) longer than half the
+platform's dependency timeout is submitted once they are done, so no device waits past
+that timeout on a fence. A command holds its device for the partition's modeled device time (roofline time of its
 ops plus cache maintenance and reformats at its boundaries); dispatch and fence hops are
 not added to it, since the emulator really performs them.
 """
@@ -36,6 +38,10 @@ RUN_TIMEOUT_S = 60.0
 # cid = partition index, a0 = asset bytes, a1 = what happened (LOAD_OUTCOMES index).
 ASSET_LOAD_STAGE = 200
 LOAD_OUTCOMES = ("compiled", "hit", "corrupt asset, recompiled", "shared")
+# The emulator computes every op with numpy on this machine's CPUs: real compute may be
+# this many times the CPU roofline's estimate (im2col copies, a loaded shared machine).
+HOST_SLOWDOWN = 8.0
+HOST_FIXED_S = 0.005  # submit, dispatch and wake-up of one command on a loaded machine
 CALLBACK_THREADS = 2   # the client's bounded pool for run_async and its callbacks
 MAX_PENDING = 16
 
@@ -238,6 +244,11 @@ class DelegatedModel:
                                  modeled_us=sum(p.modeled_us for p in self.placement.partitions))
             return self._read_outputs(arrays)
 
+    def _dependency_budget_s(self) -> float:
+        """Half the platform's dependency timeout, in real seconds."""
+        spec = self.client.info["spec"]
+        return 0.5 * spec.get("dependency_timeout_ms", 2000.0) * spec.get("time_scale", 1.0) / 1000
+
     def _weights_us(self, cp: Any) -> tuple[str, float]:
         """SRAM residency of this partition's weights and the fetch cost of this run."""
         p = cp.partition
@@ -253,10 +264,22 @@ class DelegatedModel:
         fences: list[Any] = []
         scale = max(self.client.time_scale, 1e-6)
         residency = []
+        budget = self._dependency_budget_s()
+        eta: list[float] = []  # estimated real seconds from now until partition k is done
         for cp in c.partitions:
             p = cp.partition
             state, fetch_us = self._weights_us(cp)
             residency.append(state)
+            producers = [int(src[1:]) for src in cp.sources if src != "input"]
+            start = max((eta[j] for j in producers), default=0.0)
+            if start > budget:
+                # The device would wait on these fences longer than the platform's
+                # dependency timeout allows: wait for them here instead, then go on.
+                for j in producers:
+                    _wait(fences[j], timeout)
+                eta = [0.0] * len(eta)
+                start = 0.0
+            eta.append(start + HOST_FIXED_S + p.host_us * HOST_SLOWDOWN / 1e6)
             ins = [self._assets[p.index]]
             wait = []
             for src in cp.sources:
