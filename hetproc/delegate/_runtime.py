@@ -237,9 +237,21 @@ class DelegatedModel:
                 raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
                 staging[off:off + raw.nbytes] = raw
             t0 = time.perf_counter()
-            fences = self._submit_all(timeout)
+            fences: list[Any] = []
+            failure: errors.HetprocError | None = None
+            try:
+                self._submit_all(timeout, fences)
+            except errors.HetprocError as exc:
+                failure = exc
+            # Every submitted command is waited for, even after a failure: the next run
+            # rewrites these buffers, and no command of this run may still touch them.
             for f in fences:
-                _wait(f, timeout)
+                try:
+                    _wait(f, timeout)
+                except errors.HetprocError as exc:
+                    failure = failure or exc
+            if failure is not None:
+                raise failure
             self.last_run.update(wall_s=time.perf_counter() - t0, commands=len(fences),
                                  modeled_us=sum(p.modeled_us for p in self.placement.partitions))
             return self._read_outputs(arrays)
@@ -259,9 +271,10 @@ class DelegatedModel:
         load_us = cp.nbytes / (dev.target.bandwidth_gbs * 1e3)
         return res.touch((id(self), p.index), cp.nbytes, load_us)
 
-    def _submit_all(self, timeout: float) -> list[Any]:
+    def _submit_all(self, timeout: float, fences: list[Any]) -> None:
+        """Submit every partition in order, appending each command's fence to ``fences``
+        as it goes (a failure part-way leaves the ones already submitted there)."""
         c = self.compiled
-        fences: list[Any] = []
         scale = max(self.client.time_scale, 1e-6)
         residency = []
         budget = self._dependency_budget_s()
@@ -295,7 +308,6 @@ class DelegatedModel:
                 "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=(p.device_us + fetch_us) / 1000,
                 timeout_ms=timeout * 1000 / scale))
         self.last_run["residency"] = residency
-        return fences
 
     def _read_outputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         c = self.compiled
