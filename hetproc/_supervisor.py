@@ -929,7 +929,9 @@ class Supervisor(Validation, MemoryRequests, EvidenceMixin):
                           "recovered": len(self.recovery.history),
                           "watchdog_verdicts": dict(self.recovery.verdicts)},
             "pool": {"segments": len(self.pool.segments), "reserved_bytes": self.pool.reserved_bytes,
-                     "used_bytes": self.pool.used_bytes, "live_blocks": self.pool.live_blocks},
+                     "used_bytes": self.pool.used_bytes, "live_blocks": self.pool.live_blocks,
+                     "largest_free_bytes": self.pool.largest_free_block(),
+                     "zeroed_bytes": self.pool.zeroed_bytes},
         }
         m.update(self.handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
         return self.evidence_metrics(m)

@@ -20,6 +20,7 @@ from ._names import (
 )
 from ._packets import VERSION, decode, encode
 from ._ring import Ring
+from ._buddy import BuddyAllocator
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
 from ._slotmap import SlotMap
 from ._trace import Stage, TraceRing
@@ -33,6 +34,7 @@ __all__ = [
     "platform_is_alive", "platform_prefixes", "socket_address",
     "VERSION", "encode", "decode",
     "Ring",
+    "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
     "SlotMap",
     "Stage", "TraceRing", "TraceBank",
