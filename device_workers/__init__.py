@@ -4,8 +4,10 @@ Built on ``ipc`` only. The supervisor (in ``hetproc``) forks one process per dev
 calls ``device_main`` in it.
 """
 
+from ._commands import COMMAND_SCHEMAS, decode_command, decode_completions
 from ._state import STATE_DTYPE, DeviceState, state_table
-from ._worker import COMMAND_SCHEMAS, DeviceBoot, DeviceWorker, device_main
+from ._worker import RING_CORRUPT_EXIT_STATUS, DeviceBoot, DeviceWorker, device_main
 
 __all__ = ["DeviceBoot", "DeviceWorker", "device_main", "COMMAND_SCHEMAS",
+           "decode_command", "decode_completions", "RING_CORRUPT_EXIT_STATUS",
            "DeviceState", "STATE_DTYPE", "state_table"]

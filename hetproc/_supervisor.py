@@ -48,7 +48,7 @@ from typing import Any, Callable
 import msgpack
 import posix_ipc
 
-from device_workers import STATE_DTYPE, state_table
+from device_workers import STATE_DTYPE, decode_completions, state_table
 from device_workers._state import StateSlot
 from ipc import (PENDING, cleanup_prefix, new_prefix, BlockPool, FenceTable, Manifest, Segment, SlotMap, decode,
                  encode, errors, pack_frame, socket_address)
@@ -723,11 +723,12 @@ class Supervisor(Validation, MemoryRequests, EvidenceMixin):
 
     def on_completion(self, dev: DeviceHandle, data: bytes) -> None:
         try:
-            batch = msgpack.unpackb(data, raw=False)
-            records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
-        except Exception as exc:
+            batch = decode_completions(data)  # every field typed and bounded, or refused
+        except errors.BadPacket as exc:
+            self.stats["bad_packets"] += 1
             self.note_error(errors.BadPacket(f"{dev.name}: bad completion batch: {exc}"))
             return
+        records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
         for rec, seq, epoch, code in records:
             if epoch != dev.epoch:
                 continue  # from before a reset: that command was already failed
@@ -749,8 +750,8 @@ class Supervisor(Validation, MemoryRequests, EvidenceMixin):
             exc = cmd.failure or errors.error_from_code(
                 code, f"{dev.name}: {rec.get('msg', '')}", correlation_id=cmd.cid)
             exc.correlation_id = cmd.cid
-            if code == errors.Cancelled.code:
-                self.fail_command(cmd, exc)
+            if code == errors.Cancelled.code or rec.get("unsignalled"):
+                self.fail_command(cmd, exc)  # the device did not signal: we fail the fences
             else:
                 for h in cmd.signal:
                     frec = self.fence_recs.get(h)
