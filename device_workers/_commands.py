@@ -109,6 +109,7 @@ COMPLETION = {
     "seq": Int(0, I64), "epoch": Int(0, U64), "code": Int(0, 0xFFFF),
     "msg": Str(MAX_MESSAGE), "t_start": _t, "t_end": _t,
     "t_take?": _t, "t_signal?": _t, "cid?": Int(0, I64), "unsignalled?": bool,
+    "tb?": Str(MAX_MESSAGE),  # the end of a kernel's traceback
     "mem?": OneOf((None, MEM_REPORT)),
 }
 

@@ -23,7 +23,7 @@ power), and it counts maps, imports, bytes, fence waits and power switches in it
 block so the metrics stay exact when tracing is off. The time a command was taken off the
 ring (``t_take``) rides in the command's records (ACQUIRE_WAIT's BEGIN a2, EXEC's a1): it
 ends the QUEUED slice the supervisor opened, which the export draws on the supervisor's
-queue track (``hetproc._trace_export.expand``); it also goes back in the completion record.
+queue track (``hetproc.trace._export.expand``); it also goes back in the completion record.
 
 Ring slots and track numbers are fixed here because both the device and the supervisor
 (``hetproc``) must agree on them and ``hetproc`` depends on this package, not the reverse.
@@ -36,9 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc import TraceBank
-from ipc._trace import Stage
-from ipc._tracebank import COUNTERS
+from ipc import COUNTERS, Stage, TraceBank
 
 SLOT_SUPERVISOR = 0
 TRACK_SUPERVISOR = 0

@@ -15,9 +15,11 @@ nothing, or an old one read again, is reported and skipped; the loop goes on. Wh
 commands were lost -- ring indices out of range, or a gap in the ring positions the
 supervisor numbers 1, 2, 3... -- the device posts a ``BadPacket`` record saying why and
 exits with ``RING_CORRUPT_EXIT_STATUS``: the supervisor's crash recovery fails what was
-in flight and starts it again on a fresh ring. It publishes heartbeat, progress and state in the shared
-state table, sees a cancel between chunks, and exits on its own when its supervisor dies
-(``PR_SET_PDEATHSIG``, plus a parent check on every idle wake-up).
+in flight and starts it again on a fresh ring.
+
+It publishes heartbeat, progress and state in the shared state table, sees a cancel
+between chunks, and exits on its own when its supervisor dies (``PR_SET_PDEATHSIG``, plus
+a parent check on every idle wake-up).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import heapq
 import os
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,7 @@ from ._tracing import DeviceTrace
 S = StateSlot
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
+_TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
 OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB  # how often an idle device re-checks its parent and beats its heart
 _PR_SET_PDEATHSIG = 1
 
@@ -142,7 +146,7 @@ class DeviceWorker:
             try:
                 self.handle(data)
             except Exception as exc:  # last resort: a bug must not end the device loop
-                self.complete(0, 0, errors.DeviceFault.code,
+                self.complete(0, 0, errors.InternalError.code,
                               f"device loop error: {type(exc).__name__}: {exc}"[:1000])
 
     def handle(self, data: bytes) -> None:
@@ -238,7 +242,9 @@ class DeviceWorker:
         except errors.HetprocError as exc:
             self.finish(cmd, t_start, exc)
         except Exception as exc:  # a kernel bug must fail the request, never the device
-            self.finish(cmd, t_start, errors.DeviceFault(f"{type(exc).__name__}: {exc}"))
+            self.finish(cmd, t_start, errors.DeviceFault(
+                f"{type(exc).__name__}: {exc}",
+                detail={"remote_traceback": traceback.format_exc()[-_TRACEBACK_CHARS:]}))
         else:
             self.finish(cmd, t_start, None, signal=fault.get("kind") != "lost_fence")
         finally:
@@ -320,6 +326,8 @@ class DeviceWorker:
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
                   "t_start": t_start, "t_end": t_end, "mem": self.memory.report(),
                   "t_take": self.tr.t_take, "cid": cmd["cid"]}
+        if exc is not None and exc.detail.get("remote_traceback"):
+            record["tb"] = exc.detail["remote_traceback"]
         if not signal:
             record["unsignalled"] = True
             self.post(record)
@@ -392,7 +400,7 @@ def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
     if len(payload) <= limit:
         return [payload]
     if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
-        return [msgpack.packb([{k: v for k, v in records[0].items() if k != "mem"}])]
+        return [msgpack.packb([{k: v for k, v in records[0].items() if k not in ("mem", "tb")}])]
     mid = len(records) // 2
     return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
 

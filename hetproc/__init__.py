@@ -13,18 +13,18 @@ Public API::
 
 Evidence (seed §22): ``Platform.export_trace(path)`` (Chrome Trace JSON for Perfetto),
 ``Platform.frozen_windows()``, ``Platform.trace_records()``, ``Client.trace.span(stage,
-cid)``; ``hetproc._explain`` attributes a request's latency to its stages.
+cid)``; ``hetproc.trace._explain`` attributes a request's latency to its stages.
 
 Errors: every class of ``ipc.errors`` is re-exported here (``hetproc.DeviceTimeout``...).
 """
 
-from ipc.errors import *  # noqa: F401,F403  (the one error hierarchy)
-from ipc.errors import __all__ as _error_names
+from . import errors
+from .errors import *  # noqa: F401,F403  (the one error hierarchy)
+from .errors import __all__ as _error_names
 
-from ._bufpool import BufferPool, PoolStatistics
-from ._client import Buffer, Client, Context, Fence, command
+from .client import Buffer, BufferPool, Client, Context, Fence, PoolStatistics, command
 from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
-from ._platform import Platform, connect
+from .client import Platform, connect
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",

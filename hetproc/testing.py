@@ -26,8 +26,8 @@ import pytest
 
 from ipc import entries_with_prefix
 
-from ._drills import DRILLS, run_drill
-from ._platform import Platform
+from .client import Platform
+from .drills import DRILLS, run_drill
 
 __all__ = ["leftovers", "assert_no_leftovers", "assert_drill_passes", "run_drill", "DRILLS",
            "hetproc_platform", "hetproc_platform_options"]

@@ -18,13 +18,13 @@ from ._names import (
     platform_prefixes,
     socket_address,
 )
-from ._packets import VERSION, decode, encode
+from ._packets import VERSION, check_fields, decode, encode
 from ._ring import Ring
 from ._buddy import BuddyAllocator
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
 from ._slotmap import SlotMap
-from ._trace import Stage, TraceRing
-from ._tracebank import TraceBank
+from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing, merge, stage_name
+from ._tracebank import COUNTERS, TraceBank
 
 __all__ = [
     "errors",
@@ -32,10 +32,11 @@ __all__ = [
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_prefixes", "socket_address",
-    "VERSION", "encode", "decode",
+    "VERSION", "encode", "decode", "check_fields",
     "Ring",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
     "SlotMap",
-    "Stage", "TraceRing", "TraceBank",
+    "Stage", "TraceRing", "TraceBank", "RECORD_DTYPE", "BEGIN", "END", "INSTANT", "COUNTER",
+    "merge", "stage_name", "COUNTERS",
 ]

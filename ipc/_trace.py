@@ -21,7 +21,7 @@ Timestamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC is one clock for every p
 the machine, so records from different rings merge into one timeline without clock sync.
 
 This module knows nothing about devices: ``track`` is a small number whose name comes from
-a table the caller keeps (``hetproc._perfetto`` turns records + names into a Perfetto
+a table the caller keeps (``hetproc.trace._perfetto`` turns records + names into a Perfetto
 trace).
 """
 

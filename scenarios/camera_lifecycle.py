@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 import hetproc
-from device_workers._kernels import read_checksum
+from device_workers import read_checksum
 
 H, W, C = 120, 160, 3
 PADDED_PITCH = 512          # 160 * 3 = 480 bytes of pixels, padded to a multiple of 64

@@ -15,7 +15,7 @@ and a few frames, picked at random (seeded), get a stall of STALL_MS in one stag
     execute   the NPU itself runs long
     callback  the client is late: it sleeps before waiting for its frame
 
-``hetproc._explain`` reads the trace (the same JSON ``--trace FILE`` writes) and must name
+``hetproc.trace._explain`` reads the trace (the same JSON ``--trace FILE`` writes) and must name
 ``acquire``, ``queued``, ``execute`` and ``wake-up`` respectively as each stalled frame's
 dominant stage, and every stalled frame must stand out from the normal ones (a frame the
 machine itself stalled is explained and reported in a note). One more frame fails:
@@ -35,8 +35,7 @@ import time
 import numpy as np
 
 from ipc import errors
-from hetproc._explain import explain, format_request, load_trace, slowest
-from hetproc._trace_export import frozen_to_chrome
+from hetproc.trace import explain, format_request, frozen_to_chrome, load_trace, slowest
 
 ISP_MS, NPU_MS, STALL_MS = 2.0, 6.0, 60.0
 MIN_STALL_MS = 25.0
@@ -164,7 +163,7 @@ def run(s) -> None:
         mine = w["records"][w["records"]["cid"] == bad]
         stages = {int(x) for x in mine["stage"]}
         pids = {int(x) for x in mine["pid"]}
-        from ipc._trace import Stage
+        from ipc import Stage
         want = {int(Stage.SUBMIT), int(Stage.QUEUED), int(Stage.ACQUIRE_WAIT), int(Stage.SIGNAL)}
         froze = load_trace(frozen_to_chrome(w))
         req = explain(froze, bad)

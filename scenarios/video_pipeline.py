@@ -41,7 +41,7 @@ class Pipeline:
         self.sets = [{k: c.alloc(SHAPE, "float32") for k in ("frame", "pre", "feat", "out")}
                      for _ in range(BUFFERS)]
         # Map each buffer set once, as a pipeline runtime does: a submit of an unmapped
-        # buffer would pay an IOMMU map and unmap every frame (hetproc._iommu).
+        # buffer would pay an IOMMU map and unmap every frame (hetproc.supervisor._iommu).
         for b in self.sets:
             for ctx, reads, writes in ((self.cpu, "frame", "pre"), (self.npu, "pre", "feat"),
                                        (self.gpu, "feat", "out")):

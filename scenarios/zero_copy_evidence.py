@@ -32,7 +32,7 @@ import statistics
 import numpy as np
 import psutil
 
-from device_workers._kernels import read_checksum
+from device_workers import read_checksum
 
 ROW = 1024   # bytes per row: the tensors are uint8 [rows, ROW]; 4 KiB is already 4 rows
 PAD = 128    # the forced copy's padded pitch is ROW + PAD

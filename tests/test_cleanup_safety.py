@@ -18,7 +18,7 @@ import pytest
 import hetproc
 from ipc import Manifest, cleanup_prefix, entries_with_prefix, platform_is_alive
 from ipc._names import platform_process
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 CLIENT = """
 import sys, time, hetproc

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 import hetproc
-from hetproc import _client_trace
-from hetproc._explain import explain, load_trace
-from hetproc._trace_export import frozen_to_chrome
+from hetproc import trace as _trace
+from hetproc.trace._explain import explain, load_trace
+from hetproc.trace._export import frozen_to_chrome
 from ipc import TraceBank
 from ipc._trace import RECORD_DTYPE, Stage
 
-from .conftest import wait_for
+from tests.helpers import wait_for
 
 SHAPE = (1, 16, 16, 3)
 
@@ -136,9 +136,9 @@ def test_frozen_window_survives_rings_that_wrapped_many_times():
     with hetproc.Platform(spec=spec) as plat:
         c = plat.client
         npu = c.context("npu0")
-        bad = _fail_one(c, npu, linger=0.03)
+        bad = _fail_one(c, npu, linger=0.2)  # dominant even on a loaded machine
         # The window is taken by the supervisor once its "after" part has passed.
-        listing = wait_for(lambda: _client_trace.frozen_windows(c, records=False, flush=False))
+        listing = wait_for(lambda: _trace.frozen_windows(c, records=False, flush=False))
         assert [w["cids"] for w in listing] == [[bad]]
         assert plat.metrics()["last_error"]["trace_window"] == listing[0]["id"]
 
@@ -150,7 +150,7 @@ def test_frozen_window_survives_rings_that_wrapped_many_times():
                 f.release()
         records, _, _ = plat.trace_records()
         assert bad not in set(records["cid"].tolist()), "the live rings should have moved on"
-        info = _client_trace.trace_info(c)
+        info = _trace.trace_info(c)
         seg = c._segments.get(info["segment"])
         bank = TraceBank(seg.map, create=False)
         try:
@@ -175,7 +175,7 @@ def test_an_error_storm_keeps_a_bounded_number_of_windows():
         npu = c.context("npu0")
         for _ in range(30):
             _fail_one(c, npu)
-        windows = _client_trace.frozen_windows(c, records=False)
+        windows = _trace.frozen_windows(c, records=False)
         assert 1 <= len(windows) <= 3
         m = plat.metrics()["trace"]
         assert m["frozen_windows"] == len(windows)
@@ -188,7 +188,7 @@ def test_a_frozen_window_is_dumped_when_the_platform_has_a_dump_dir(tmp_path):
     with hetproc.Platform(spec=spec) as plat:
         c = plat.client
         bad = _fail_one(c, c.context("gpu0"), linger=0.03)
-        listing = wait_for(lambda: [w for w in _client_trace.frozen_windows(
+        listing = wait_for(lambda: [w for w in _trace.frozen_windows(
             c, records=False, flush=False) if w.get("file")])  # taken once "after" passed
         assert listing, "no frozen window was written"
         path = listing[0]["file"]
@@ -229,16 +229,16 @@ def test_intermittent_stall_attributes_every_injected_stall(tmp_path):
 
 def test_plot_writes_a_png(platform, tmp_path):
     pytest.importorskip("matplotlib")
-    from hetproc._plot import plot_timeline
+    from hetproc.trace._plot import plot_timeline
     _one_request(platform.client)
-    out = plot_timeline(_client_trace.chrome_trace(platform.client), tmp_path / "t.png")
+    out = plot_timeline(_trace.chrome_trace(platform.client), tmp_path / "t.png")
     data = (tmp_path / "t.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["lanes"] >= 3 and out["arrows"] >= 1
 
 
 def test_plot_without_matplotlib_is_a_clear_error(monkeypatch):
-    from hetproc import _plot
+    from hetproc.trace import _plot
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
@@ -322,7 +322,7 @@ def test_a_request_run_in_parts_is_one_request_in_the_trace(platform):
     out = c.alloc(8, "uint8")
     done = c.context("npu0").submit("checksum", [frame], [out])
     done.wait(5.0)
-    doc = _client_trace.chrome_trace(c)
+    doc = _trace.chrome_trace(c)
     mine = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["args"].get("cid") == done.cid]
     names = sorted(e["name"] for e in mine)
     assert names.count("EXEC") == 2 and names.count("QUEUED") == 2

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 import hetproc
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 def test_a_command_too_large_for_a_ring_slot_is_refused_and_nothing_wedges(client):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import hetproc
-from hetproc._scenario import run_scenario
+from hetproc.drills._scenario import run_scenario
 
 
 def test_video_pipeline_meets_the_seed_figures(tmp_path):

@@ -14,7 +14,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from hetproc._perfetto import tid_for, to_chrome_trace, write_chrome_trace
+from hetproc.trace._perfetto import tid_for, to_chrome_trace, write_chrome_trace
 from ipc._trace import (
     BEGIN,
     END,

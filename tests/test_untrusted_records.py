@@ -17,7 +17,7 @@ from device_workers import decode_command, decode_completions
 from device_workers._commands import MAX_DURATION_NS, MAX_FENCES, MAX_OPERANDS
 from ipc import Ring, Segment, errors
 from ipc._packets import U64
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 FUZZ = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

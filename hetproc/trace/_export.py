@@ -2,7 +2,7 @@
 for frozen windows alike.
 
 The rings hold numbers only (pid, track, stage); the supervisor keeps the tables that name
-them. This module joins the two and hands the result to ``hetproc._perfetto``, adding the
+them. This module joins the two and hands the result to ``hetproc.trace._perfetto``, adding the
 friendly counter names and, in ``otherData``, the names tables themselves so that a saved
 file is self-describing (``hetproc trace explain FILE`` needs nothing else).
 """
@@ -13,8 +13,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from device_workers._tracing import SIGNALLED_AT_END
-from ipc._trace import BEGIN, END, INSTANT, RECORD_DTYPE, Stage, merge
+from device_workers import SIGNALLED_AT_END
+from ipc import BEGIN, END, INSTANT, RECORD_DTYPE, Stage, merge
 
 from ._perfetto import to_chrome_trace
 
@@ -22,7 +22,7 @@ _QUEUED, _ENQUEUE, _SUBMIT = int(Stage.QUEUED), int(Stage.ENQUEUE), int(Stage.SU
 _EXEC, _SIGNAL, _ACQ = int(Stage.EXEC), int(Stage.SIGNAL), int(Stage.ACQUIRE_WAIT)
 
 # Counter tracks read better with words than with enum names; slices keep the Stage names
-# (EXEC, QUEUED...), which ``hetproc._explain`` matches on.
+# (EXEC, QUEUED...), which ``hetproc.trace._explain`` matches on.
 COUNTER_LABELS = {
     int(Stage.QUEUE_DEPTH): "queue depth",
     int(Stage.INFLIGHT): "in-flight commands",

@@ -36,15 +36,19 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from device_workers import DeviceState
-from device_workers._state import StateSlot as S
+from device_workers import StateSlot as S
 from ipc import errors
 
+from ._devices import CommandState
+
 if TYPE_CHECKING:
+    from ._commands import Commands
     from ._devices import Command, DeviceHandle
-    from ._supervisor import Supervisor
+    from ._evidence import Evidence
+    from ._records import Registry
 
 
 @dataclass
@@ -105,9 +109,18 @@ class Incident:
 
 
 class Recovery:
-    def __init__(self, sup: "Supervisor", policy: Policy) -> None:
-        self.sup = sup
+    """The watchdog and the nine steps, over narrow collaborators: the tables (``reg``),
+    the command engine (fail, retire, requeue, reroute, probe), the evidence (frozen
+    windows) and ``spawn`` (fork a device again). Reclaiming happens when the engine
+    retires the commands this module lets go of (``_lifetimes`` does it)."""
+
+    def __init__(self, policy: Policy, reg: "Registry", commands: "Commands",
+                 evidence: "Evidence", spawn: Callable[["DeviceHandle"], None]) -> None:
         self.policy = policy
+        self.reg = reg
+        self.commands = commands
+        self.evidence = evidence
+        self.spawn = spawn
         self.active: dict[str, Incident] = {}   # by device, until the stop is confirmed
         self.probing: dict[int, Incident] = {}  # by id, after: waiting for the probes
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
@@ -117,7 +130,7 @@ class Recovery:
     # -- watchdog ---------------------------------------------------------------------
 
     def tick(self, now: int) -> None:
-        for dev in self.sup.devices.values():
+        for dev in self.reg.devices.values():
             inc = self.active.get(dev.name)
             if inc is not None:
                 if not inc.confirmed and inc.grace_deadline and now >= inc.grace_deadline:
@@ -126,7 +139,7 @@ class Recovery:
             self.watch(dev, now)
 
     def watch(self, dev: "DeviceHandle", now: int) -> None:
-        slot = self.sup.slots[dev.index]
+        slot = self.reg.slots[dev.index]
         if slot.u32[S.STATE] != DeviceState.BUSY:
             return
         cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
@@ -147,7 +160,7 @@ class Recovery:
             cmd.watch_progress = progress
             cmd.watch_deadline = now + cmd.timeout_ns
             self.verdicts["no_hang"] += 1
-            self.sup.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="no_hang",
+            self.reg.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="no_hang",
                                 rearm=cmd.rearms, heartbeat_age_ms=round(heartbeat_age_ms, 3))
             return
         self.verdicts["timed_out"] += 1
@@ -166,17 +179,17 @@ class Recovery:
         inc = self.new_incident("timeout", dev, cmd)
         exc = errors.DeviceTimeout(
             f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms watchdog",
-            correlation_id=cmd.cid)
+            correlation_id=cmd.cid, detail={"incident": inc.id})
         inc.error = exc.to_dict()
         cmd.failure = exc
         inc.step("mark", cid=cmd.cid, seq=cmd.seq, rearms=cmd.rearms,
                  heartbeat_age_ms=round(heartbeat_age_ms, 3))
         if not self.policy.fallback_device:
-            n = self.sup.fail_dependants(cmd, exc)
+            n = self.commands.fail_dependants(cmd, exc)
             inc.steps[-1]["dependants_failed"] = n
-        self.sup.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
+        self.reg.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
         inc.step("cancel", pidx=cmd.pidx)
-        inc.grace_deadline = time.monotonic_ns() + self.sup.scaled_ns(self.sup.spec.grace_ms)
+        inc.grace_deadline = time.monotonic_ns() + self.reg.scaled_ns(self.reg.spec.grace_ms)
         if self.policy.unsafe_reclaim:
             inc.step("UNSAFE_early_reclaim", note="steps 4-6 before the device confirmed")
             self.fail_and_reclaim(dev, inc, [])
@@ -207,7 +220,7 @@ class Recovery:
             self.after_confirmed(dev, inc)
             return False
         inc.confirmed, inc.how = True, "acknowledged"
-        inc.step("confirm", how="acknowledged", ack_pidx=self.sup.slots[dev.index].u64[S.ACK_PIDX])
+        inc.step("confirm", how="acknowledged", ack_pidx=self.reg.slots[dev.index].u64[S.ACK_PIDX])
         dev.pushed.pop(cmd.seq, None)
         self.after_confirmed(dev, inc)
         return True
@@ -219,7 +232,8 @@ class Recovery:
             running = self.running_command(dev)
             inc = self.new_incident("death", dev, running)
             exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
-                                       correlation_id=running.cid if running else 0)
+                                       correlation_id=running.cid if running else 0,
+                                       detail={"incident": inc.id})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -231,11 +245,11 @@ class Recovery:
         self.after_confirmed(dev, inc, reset=True)
 
     def running_command(self, dev: "DeviceHandle") -> "Command | None":
-        slot = self.sup.slots[dev.index]
+        slot = self.reg.slots[dev.index]
         if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
             return None
         cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        return None if cmd is None or self.sup.signalled(cmd) else cmd
+        return None if cmd is None or self.reg.signalled(cmd) else cmd
 
     # -- steps 4-9 ----------------------------------------------------------------------
 
@@ -250,34 +264,33 @@ class Recovery:
 
     def fail_and_reclaim(self, dev: "DeviceHandle", inc: Incident, innocent: list) -> None:
         g = inc.guilty
-        if g is not None and g.state != "done":
+        if g is not None and g.state is not CommandState.DONE:
             target = self.fallback_target(g, inc)
             if target is None:
-                self.sup.fail_command(g, g.failure or errors.DeviceCrashed("device lost"))
+                self.commands.fail_command(g, g.failure or errors.DeviceCrashed("device lost"))
                 inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
             self.invalidate(g, inc)  # the context's queued commands fail with it...
             if target is not None:  # ...but the guilty request itself re-runs elsewhere
-                self.sup.reroute(g, target)
+                self.commands.reroute(g, target)
                 inc.fallback = target.name
                 inc.step("fallback", device=target.name, cid=g.cid)
         self.fail_innocent(inc, innocent)
-        inc.step("reclaim", quarantined_released=self.sup.quarantine_count())
+        inc.step("reclaim", quarantined_released=self.reg.quarantine_count())
 
     def fail_innocent(self, inc: Incident, innocent: list) -> None:
         replayed, cancelled = [], []
         for cmd in innocent:
-            if cmd.state == "done":
+            if cmd.state is CommandState.DONE:
                 continue
-            if self.sup.signalled(cmd):  # it finished; only its record died with the device
-                self.sup.retire(cmd)
+            if self.reg.signalled(cmd):  # it finished; only its record died with the device
+                self.commands.retire(cmd)
                 continue
             cmd.outs_untrusted()
             if self.policy.replay_innocent and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
-                self.sup.fail_command(cmd, errors.Cancelled(
-                    f"cancelled by the reset of {inc.device}", scope="device",
-                    buffers_trusted=False))
+                self.commands.fail_command(cmd, errors.CancelledByReset(
+                    f"cancelled by the reset of {inc.device}", detail={"incident": inc.id}))
                 cancelled.append(cmd.cid)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
@@ -289,58 +302,58 @@ class Recovery:
         ctx = cmd.ctx
         if ctx.lost is None and ctx.handle:
             ctx.lost = cmd.failure or errors.DeviceFault("context lost")
-            n = self.sup.fail_context_queue(ctx)
+            n = self.commands.fail_context_queue(ctx)
             inc.step("invalidate", context=ctx.name or hex(ctx.handle), queued_failed=n,
                      untrusted_outputs=len(cmd.outs))
         cmd.outs_untrusted()
 
     def fallback_target(self, cmd: "Command", inc: Incident) -> "DeviceHandle | None":
         """The policy's fallback device, if it can run this command; else None."""
-        target = self.sup.devices.get(self.policy.fallback_device or "")
-        if target is None or target is self.sup.devices[inc.device]:
+        target = self.reg.devices.get(self.policy.fallback_device or "")
+        if target is None or target is self.reg.devices[inc.device]:
             return None
-        if not self.sup.can_run_on(cmd, target):
+        if not self.commands.can_run_on(cmd, target):
             inc.step("fallback", device=target.name, possible=False)
             return None
         return target
 
     def dump(self, dev: "DeviceHandle", inc: Incident) -> None:
-        sup = self.sup
         record = {
             "incident": inc.id, "device": dev.name, "error": inc.error,
-            "device_state": sup.device_state(dev),
+            "device_state": self.reg.device_state(dev),
             "in_flight": [c.describe() for c in list(dev.pushed.values()) + inc.innocent],
-            "buffers": sup.buffer_ownership(inc.guilty),
+            "buffers": self.reg.buffer_ownership(inc.guilty),
             # The timeline: a window of every process's trace ring around the incident,
             # copied out once its aftermath is in (Platform.frozen_windows, trace frozen).
-            "trace_window": sup.freeze_window(f"incident {inc.id} on {dev.name}",
+            "trace_window": self.evidence.freeze_window(f"incident {inc.id} on {dev.name}",
                                               inc.guilty.cid if inc.guilty else 0),
         }
-        sup.dumps.append(record)
+        self.reg.dumps.append(record)
         inc.step("dump", trace_window=record["trace_window"], in_flight=len(record["in_flight"]))
 
     def restart(self, dev: "DeviceHandle", inc: Incident, reset: bool) -> None:
         if reset:
-            sup = self.sup
-            sup.spawn(dev)
+            self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
         else:
             inc.step("resume", epoch=dev.epoch, note="cancel acknowledged: no reset needed")
         for cmd in inc.replay:
-            self.sup.requeue(cmd)
+            self.commands.requeue(cmd)
         dev.paused = False
 
     def probe(self, dev: "DeviceHandle", inc: Incident) -> None:
-        targets = {dev.name} | {c.device for c in self.sup.contexts_of_other_clients(inc)}
+        guilty_client = inc.guilty.ctx.client if inc.guilty else None
+        targets = {dev.name} | {c.device for _, c in self.reg.contexts.items()
+                                if c.client is not guilty_client}
         inc.probes = len(targets)
         # The device is serving again: release it to the watchdog (a probe stuck behind
         # another hang must not keep this incident, and so the device, unwatched).
         self.active.pop(dev.name, None)
         self.probing[inc.id] = inc
         for name in sorted(targets):
-            self.sup.submit_probe(self.sup.devices[name], inc)
+            self.commands.submit_probe(self.reg.devices[name], inc)
         inc.step("probe", devices=sorted(targets))
-        self.sup.pump_all()
+        self.commands.pump_all()
 
     def on_probe_done(self, inc: Incident, device: str, ok: bool) -> None:
         inc.step("probe_done", device=device, ok=ok)

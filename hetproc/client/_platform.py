@@ -20,9 +20,9 @@ from typing import Any
 
 from ipc import cleanup_prefix, errors, socket_address
 
-from . import _client_trace
+from .. import trace as _trace
 from ._client import Client
-from ._config import PlatformSpec, load_platform
+from .._config import PlatformSpec, load_platform
 
 START_TIMEOUT = 20.0
 
@@ -67,7 +67,7 @@ class Platform:
         self.prefix = "pending"
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hetproc._supervisor", "--spec", json.dumps(self._raw),
+                [sys.executable, "-m", "hetproc.supervisor", "--spec", json.dumps(self._raw),
                  "--ready-fd", str(write_fd)],
                 pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                 env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
@@ -101,17 +101,17 @@ class Platform:
         """Write every process's ring, as it is now, as Chrome Trace Event JSON (open it
         in ui.perfetto.dev); returns counts (records, slices, flows)."""
         assert self.client is not None
-        return _client_trace.export_trace(self.client, path)
+        return _trace.export_trace(self.client, path)
 
     def trace_records(self):
         """``(records, process names, track names)``: the rings now, merged by time."""
         assert self.client is not None
-        return _client_trace.snapshot(self.client)
+        return _trace.snapshot(self.client)
 
     def frozen_windows(self, *, records: bool = True) -> list[dict[str, Any]]:
         """The windows frozen around errors (oldest first), each with its records."""
         assert self.client is not None
-        return _client_trace.frozen_windows(self.client, records=records)
+        return _trace.frozen_windows(self.client, records=records)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop devices and supervisor; remove every named object. Safe to call twice."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from ipc import cleanup_dead, entries_with_prefix, errors
 
-from ._config import PlatformSpec, load_platform
+from .._config import PlatformSpec, load_platform
 from ._scenario import Scenario, run_on_platform
 
 DRILLS: dict[str, tuple[Callable[["Drill"], None], str, dict[str, Any]]] = {}

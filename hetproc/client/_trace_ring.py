@@ -1,4 +1,4 @@
-"""The client's side of the evidence chain, and reading the whole trace from a client.
+"""The client's side of the evidence chain: this process's trace ring writer.
 
 A client gets its own ring at ``hello`` and writes, on its own track::
 
@@ -17,27 +17,18 @@ and counts buffer maps (``Buffer.array()``), imports and fence waits in its coun
 Threads: a client may be used from several threads, and a ring has exactly one writer, so
 every write takes the client's trace lock (uncontended: ~0.1 us).
 
-Reading (``snapshot``, ``export_trace``, ``frozen_windows``) maps the trace segment and
-copies the rings directly: only the names tables and frozen windows come over the control
-channel.
+Reading the whole platform's trace is ``hetproc.trace``'s job (``hetproc.trace._live``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-import numpy as np
+from ipc import COUNTERS, Stage, TraceBank
 
-from ipc import TraceBank, errors
-from ipc._trace import RECORD_DTYPE, Stage
-from ipc._tracebank import COUNTERS
-
-from ._perfetto import write_chrome_trace
-from ._trace_export import frozen_to_chrome, records_from_bytes, records_to_chrome
 
 if TYPE_CHECKING:
     from ._client import Buffer, Client
@@ -146,89 +137,4 @@ class ClientTrace:
             self._c = memoryview(bytearray(64)).cast("Q")
 
 
-# -- reading the platform's trace from a client ---------------------------------------------
-
-
-def trace_info(client: "Client") -> dict[str, Any]:
-    info = client._request("trace_info")
-    info["names"] = {int(p): n for p, n in info["names"]}
-    info["tracks"] = {int(t): n for t, n in info["tracks"]}
-    return info
-
-
-def snapshot(client: "Client") -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
-    """Every record now in every ring, merged by time, with the pid and track names. The
-    records are as the rings hold them (compact: see ``_trace_export.expand``)."""
-    records, info = _snapshot(client)
-    return records, info["names"], info["tracks"]
-
-
-def _snapshot(client: "Client") -> tuple[np.ndarray, dict[str, Any]]:
-    info = trace_info(client)
-    seg = client._segments.get(info["segment"])
-    bank = TraceBank(seg.map, create=False)
-    try:
-        records = bank.snapshot()
-    finally:
-        bank.close()
-    return records, info
-
-
-def chrome_trace(client: "Client") -> dict[str, Any]:
-    records, info = _snapshot(client)
-    return records_to_chrome(records, info["names"], info["tracks"], {"prefix": client.prefix},
-                             info.get("running", ()))
-
-
-def export_trace(client: "Client", path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write the live trace as Chrome Trace Event JSON; returns ``otherData`` (counts)."""
-    trace = chrome_trace(client)
-    write_chrome_trace(path, trace)
-    return {"path": os.fspath(path), **{k: v for k, v in trace["otherData"].items()
-                                        if not k.startswith("hetproc_")}}
-
-
-def frozen_windows(client: "Client", *, records: bool = True, flush: bool = True) -> list[dict[str, Any]]:
-    """The frozen windows the supervisor keeps, oldest first. ``flush`` takes a window
-    still waiting for its "after" part now. With ``records`` each window carries its
-    records (fetched in pages), names and tracks, ready for ``frozen_to_chrome``."""
-    listing = client._request("trace_frozen", flush=flush)["windows"]
-    if not records:
-        return listing
-    out = []
-    for summary in listing:
-        parts, offset, total, meta = [], 0, None, None
-        while total is None or offset < total:
-            try:
-                page = client._request("trace_frozen", window=summary["id"], offset=offset)
-            except errors.InvalidRequest:
-                break  # dropped (the list is bounded) between listing and fetching
-            meta, total = page["window"], page["total"]
-            parts.append(records_from_bytes(page["records"]))
-            offset += len(parts[-1])
-            if not len(parts[-1]):
-                break
-        if meta is None:
-            continue
-        meta["names"] = {int(p): n for p, n in meta["names"]}
-        meta["tracks"] = {int(t): n for t, n in meta["tracks"]}
-        meta["records"] = np.concatenate(parts) if parts else np.empty(0, RECORD_DTYPE)
-        out.append(meta)
-    return out
-
-
-def write_frozen(client: "Client", directory: str | os.PathLike[str], stem: str = "frozen") -> list[dict[str, Any]]:
-    """Write every frozen window as ``<directory>/<stem>-<id>.json``; returns summaries
-    with the file names (what a report lists as evidence)."""
-    os.makedirs(directory, exist_ok=True)
-    out = []
-    for w in frozen_windows(client):
-        path = os.path.join(os.fspath(directory), f"{stem}-{w['id']}.json")
-        write_chrome_trace(path, frozen_to_chrome(w))
-        out.append({"id": w["id"], "reason": w["reason"], "cid": w["cid"], "cids": w["cids"],
-                    "errors": len(w["errors"]), "records": len(w["records"]), "file": path})
-    return out
-
-
-__all__ = ["ClientTrace", "trace_info", "snapshot", "chrome_trace", "export_trace",
-           "frozen_windows", "write_frozen"]
+__all__ = ["ClientTrace"]

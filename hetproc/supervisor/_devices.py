@@ -9,6 +9,7 @@ see EOF the moment the supervisor dies.
 
 from __future__ import annotations
 
+import enum
 import heapq
 import os
 import select
@@ -23,11 +24,19 @@ from msgpack import packb as _packb
 from ipc import VERSION, Ring, Segment, encode
 from device_workers import DeviceState
 
-from ._config import DeviceSpec
+from .._config import DeviceSpec
 
 RING_SLOTS = 256
 RING_SLOT_BYTES = 2048
 MAX_IN_RING = 250  # commands handed to the device at once; the rest wait, by priority, here
+
+
+class CommandState(enum.Enum):
+    """Where a command is: waiting in the supervisor, in its device's ring, or retired."""
+
+    QUEUED = "queued"
+    PUSHED = "pushed"
+    DONE = "done"
 
 
 @dataclass(slots=True, eq=False)
@@ -52,7 +61,7 @@ class Command:
     fault: dict | None = None
     timeout_ns: int = 0
     checked: bool = False
-    state: str = "queued"  # queued -> pushed -> done
+    state: CommandState = CommandState.QUEUED
     pidx: int = 0          # position in the device's ring order (what a cancel names)
     failure: Any = None    # the error recovery decided for it, if any
     watch_deadline: int = 0
@@ -61,13 +70,13 @@ class Command:
     probe_of: Any = None   # the incident this no-op probes for
     then: Any = None       # called once the command is retired (success or failure)
     # Memory: the IOMMU permission granted per operand ("r", "w", "rw"; "" = none), the
-    # device-side maintenance and map work (hetproc._handoff), and what this command is.
+    # device-side maintenance and map work (hetproc.supervisor._handoff), and what this command is.
     in_perms: list[str] = field(default_factory=list)
     out_perms: list[str] = field(default_factory=list)
     mem: dict | None = None
     role: str = "kernel"  # "kernel", or a runtime-inserted "copy" / "reformat"
     plan: Any = None      # the hand-off plan until expanded into commands
-    maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc._iommu)
+    maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc.supervisor._iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
 
@@ -76,7 +85,7 @@ class Command:
             b.trusted = False
 
     def describe(self) -> dict[str, Any]:
-        return {"seq": self.seq, "cid": self.cid, "kernel": self.kernel, "state": self.state,
+        return {"seq": self.seq, "cid": self.cid, "kernel": self.kernel, "state": self.state.value,
                 "pidx": self.pidx, "device": self.device.name,
                 "context": self.ctx.name or hex(self.ctx.handle),
                 "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
@@ -178,7 +187,7 @@ class DeviceHandle:
                 break
             self.pushes += 1
             heapq.heappop(self.queue)
-            cmd.state = "pushed"
+            cmd.state = CommandState.PUSHED
             self.pushed[cmd.seq] = cmd
             moved += 1
         if moved:

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ipc._trace import Stage
+from ipc import Stage
 
 CAPACITY = 8192
 

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ipc import cleanup_dead, errors
 
-from ._scenario import print_report, run_scenario, write_report
+from ..drills import print_report, run_scenario, write_report
 from ._status import live_platforms, print_status
 
 
@@ -137,8 +137,8 @@ def _number(text: str) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.plot:
-        from ._plot import _import_matplotlib
-        _import_matplotlib()  # say it is missing before the run, not after
+        from ..trace import require_matplotlib
+        require_matplotlib()  # say it is missing before the run, not after
     report = run_scenario(args.scenario, platform_file=args.platform,
                           time_scale=args.time_scale, options=_options(args),
                           trace_path=args.trace, plot_path=args.plot,
@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from ._drills import DRILLS, run_drill
+    from ..drills import DRILLS, run_drill
     if args.list or not args.name:
         for name, (_, doc, _) in DRILLS.items():
             print(f"{name:18s} {doc}")
@@ -158,7 +158,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def cmd_acceptance(args: argparse.Namespace) -> int:
-    from ._acceptance import print_matrix, run_matrix
+    from ..drills import print_matrix, run_matrix
     matrix = run_matrix(platform_file=args.platform, time_scale=args.time_scale,
                         quick=args.quick)
     return _conclude(matrix, args.report, print_matrix)
@@ -194,7 +194,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_explain(args: argparse.Namespace) -> int:
-    from . import _explain as ex
+    from .. import trace as ex
     try:
         trace = ex.load_trace(args.file)
     except (OSError, ValueError) as exc:
@@ -228,7 +228,7 @@ def cmd_trace_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
-    from ._plot import plot_timeline
+    from ..trace import plot_timeline
     window = None
     if args.window:
         a, sep, b = args.window.partition(":")
@@ -246,23 +246,23 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_export(args: argparse.Namespace) -> int:
-    from . import _client_trace
-    from ._platform import connect
+    from .. import trace as _trace
+    from ..client import connect
     with connect(args.platform, "hetproc-trace") as client:
-        out = _client_trace.export_trace(client, args.file)
+        out = _trace.export_trace(client, args.file)
     print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
           f"{out['flows']} request flows")
     return 0
 
 
 def cmd_trace_frozen(args: argparse.Namespace) -> int:
-    from . import _client_trace
-    from ._platform import connect
+    from .. import trace as _trace
+    from ..client import connect
     with connect(args.platform, "hetproc-trace") as client:
         if args.dir:
-            windows = _client_trace.write_frozen(client, args.dir)
+            windows = _trace.write_frozen(client, args.dir)
         else:
-            windows = _client_trace.frozen_windows(client, records=False)
+            windows = _trace.frozen_windows(client, records=False)
     if not windows:
         print("no frozen windows")
     for w in windows:

@@ -23,9 +23,9 @@ import psutil
 
 from ipc import entries_with_prefix, errors
 
-from . import _client_trace
-from ._config import PlatformSpec, load_platform
-from ._platform import Platform
+from .. import trace as _trace
+from .._config import PlatformSpec, load_platform
+from ..client import Platform
 
 
 @dataclass
@@ -80,12 +80,21 @@ class Scenario:
 
     def trace(self) -> dict[str, Any]:
         """The platform's trace now (every process's ring), as a Chrome trace dict: what
-        ``hetproc._explain.load_trace`` and ``--trace FILE`` take."""
-        return _client_trace.chrome_trace(self.client)
+        ``hetproc.trace.load_trace`` and ``--trace FILE`` take."""
+        return _trace.chrome_trace(self.client)
 
     def frozen(self) -> list[dict[str, Any]]:
         """The windows frozen around errors so far, with their records."""
-        return _client_trace.frozen_windows(self.client)
+        return _trace.frozen_windows(self.client)
+
+
+def scenario_folder() -> Path:
+    """Where the built-in scenarios are. Found, not imported: the scenarios are users'
+    examples built on hetproc, and hetproc must not depend on them."""
+    spec = importlib.util.find_spec("scenarios")
+    if spec is None or spec.origin is None:
+        raise errors.PlatformError("the built-in scenarios are not installed")
+    return Path(spec.origin).parent
 
 
 def find_scenario(name: str) -> Path:
@@ -93,11 +102,11 @@ def find_scenario(name: str) -> Path:
     path = Path(name)
     if path.suffix == ".py" and path.exists():
         return path
-    import scenarios
-    candidate = Path(scenarios.__file__).parent / f"{name.replace('-', '_')}.py"
+    folder = scenario_folder()
+    candidate = folder / f"{name.replace('-', '_')}.py"
     if candidate.exists():
         return candidate
-    known = sorted(p.stem for p in Path(scenarios.__file__).parent.glob("[!_]*.py"))
+    known = sorted(p.stem for p in folder.glob("[!_]*.py"))
     raise errors.InvalidRequest(f"no scenario {name!r} (known: {', '.join(known)})")
 
 
@@ -228,19 +237,19 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
     evidence: dict[str, Any] = {}
     if trace_path:
         base = os.path.splitext(trace_path)[0]
-        evidence["frozen"] = _client_trace.write_frozen(
+        evidence["frozen"] = _trace.write_frozen(
             client, os.path.dirname(base) or ".", f"{os.path.basename(base)}.frozen")
     else:
-        evidence["frozen"] = _client_trace.frozen_windows(client, records=False)
+        evidence["frozen"] = _trace.frozen_windows(client, records=False)
     if trace_path or plot_path:
-        doc = _client_trace.chrome_trace(client)
+        doc = _trace.chrome_trace(client)
         if trace_path:
-            from ._perfetto import write_chrome_trace
+            from ..trace import write_chrome_trace
             write_chrome_trace(trace_path, doc)
             evidence["trace"] = {"path": trace_path, **{k: v for k, v in doc["otherData"].items()
                                                          if not k.startswith("hetproc_")}}
         if plot_path:
-            from ._plot import plot_timeline
+            from ..trace import plot_timeline
             evidence["plot"] = plot_timeline(doc, plot_path, title=f"hetproc: {stem}")
     return evidence
 

@@ -1,0 +1,163 @@
+"""What the supervisor knows: clients, contexts, buffers, fences, and the ``Registry``
+that holds them.
+
+Lifetimes (seed §1): a buffer or fence is referenced by its client and by every command
+that may still touch it; it is reclaimed only when the client let go *and* no such command
+remains. ``refs`` counts the commands. Only ``_lifetimes`` frees or reclaims.
+
+The ``Registry`` is the supervisor's tables, shared by its parts: each part reads what it
+needs and changes only what it owns (``_lifetimes`` the references and the pool,
+``_commands`` the queues and counters, ``_recovery`` its incidents).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ipc import PENDING, Block, FenceTable, FrameReader, SlotMap, errors, span_bytes
+
+if TYPE_CHECKING:
+    from .._config import PlatformSpec
+    from ._devices import Command, DeviceHandle
+
+
+@dataclass(eq=False)
+class ClientRec:
+    id: int
+    name: str
+    pid: int
+    owner: bool
+    conn: Any
+    contexts: set[int] = field(default_factory=set)
+    buffers: set[int] = field(default_factory=set)
+    fences: set[int] = field(default_factory=set)
+    # The connection's state in the supervisor's loop: bytes read but not yet a whole
+    # frame, frames read but not yet served, replies not yet sent.
+    reader: FrameReader = field(default_factory=FrameReader)
+    pending: collections.deque = field(default_factory=collections.deque)
+    outbuf: bytearray = field(default_factory=bytearray)
+
+
+@dataclass(eq=False)
+class ContextRec:
+    handle: int
+    client: ClientRec
+    device: str
+    priority: int
+    name: str
+    lost: errors.HetprocError | None = None
+    inflight: int = 0
+    submitted: int = 0
+    # Which cache maintenance the runtime does for this context on a non-coherent device:
+    # "both" (correct), "clean" (forgets to invalidate), "invalidate", "none".
+    cache_maintenance: str = "both"
+
+
+@dataclass(eq=False)
+class BufferRec:
+    handle: int
+    block: Block
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...] | None
+    nbytes: int
+    client: ClientRec
+    refs: int = 0
+    released: bool = False  # the client freed it; reclaim when refs drop to 0
+    trusted: bool = True
+    # Zero-copy preconditions (seed §5) and sharing; see hetproc.supervisor._handoff / _iommu.
+    layout: str | None = None      # "NHWC", "NCHW"... for rank-4 tensors; None: no layout
+    usage: tuple[str, ...] | None = None  # device kinds/names that may map it; None: any
+    byte_offset: int = 0           # where the tensor starts inside its block
+    internal: bool = False         # a runtime-made reformat/copy buffer, never a client's
+    last_writer: str | None = None  # device of the last command that wrote it
+    importers: dict[int, str] = field(default_factory=dict)  # client id -> "r" / "rw"
+    # Non-coherent devices that may hold this buffer dirty in their cache (written, not
+    # cleaned): its block is reused only after each of them forgot those lines.
+    dirty_on: set[str] = field(default_factory=set)
+
+    @property
+    def offset(self) -> int:
+        """Byte offset of the tensor's first element in its segment."""
+        return self.block.offset + self.byte_offset
+
+    def descriptor(self) -> list:
+        return [self.block.segment, self.offset, list(self.shape), self.dtype,
+                list(self.strides) if self.strides else None]
+
+    def spec(self) -> tuple[tuple[int, ...], str]:
+        return self.shape, self.dtype
+
+
+@dataclass(eq=False)
+class FenceRec:
+    handle: int
+    client: ClientRec | None
+    refs: int = 0
+    released: bool = False
+    bound: bool = False  # some command will signal it; no second command may
+    error: dict | None = None
+    importers: set[int] = field(default_factory=set)  # client ids that imported it
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:
+    return span_bytes(shape, np.dtype(dtype).itemsize, strides)
+
+
+@dataclass(eq=False)
+class Registry:
+    """The supervisor's tables and the few queries over them that every part asks."""
+
+    spec: "PlatformSpec"
+    fences: FenceTable
+    devices: dict[str, "DeviceHandle"]
+    slots: list  # one ``device_workers.StateSlot`` per device, by index
+    state: np.ndarray  # the state table (``device_workers.STATE_DTYPE`` rows)
+    clients: dict[Any, ClientRec] = field(default_factory=dict)  # by connection
+    contexts: SlotMap = field(default_factory=lambda: SlotMap("context"))
+    buffers: SlotMap = field(default_factory=lambda: SlotMap("buffer"))
+    fence_recs: dict[int, FenceRec] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=lambda: {
+        "submitted": 0, "completed": 0, "failed": 0, "bad_packets": 0,
+        "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0})
+    events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
+    dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
+
+    def scaled_ns(self, ms: float) -> int:
+        """A modeled duration in ms, times the platform's time scale, in ns."""
+        if ms < 0:
+            raise errors.InvalidRequest(f"negative duration {ms} ms")
+        return int(ms * self.spec.time_scale * 1e6)
+
+    def note_event(self, kind: str, **detail: Any) -> None:
+        self.events.append({"event": kind, "t": time.time(), **detail})
+
+    def signalled(self, cmd: "Command") -> bool:
+        """Every output fence of ``cmd`` already completed (its record may be lost)."""
+        return all(self.fences.poll(h)[0] != PENDING for h in cmd.signal if h in self.fence_recs)
+
+    def quarantine_count(self) -> int:
+        """Buffers their client freed that a command may still touch: not reusable yet."""
+        return sum(1 for _, b in self.buffers.items() if b.released and b.refs > 0)
+
+    def device_state(self, dev: "DeviceHandle") -> dict[str, Any]:
+        st = self.state[dev.index]
+        return {name: (st[name].tolist() if hasattr(st[name], "tolist") else st[name])
+                for name in st.dtype.names if not name.startswith("_")}
+
+    def buffer_ownership(self, cmd: "Command | None") -> list[dict[str, Any]]:
+        """Who holds which buffer: the guilty command's, and every quarantined one."""
+        mine = {id(b) for b in (cmd.ins + cmd.outs)} if cmd else set()
+        return [{"handle": h, "client": b.client.name, "refs": b.refs, "released": b.released,
+                 "trusted": b.trusted, "segment": b.block.segment, "offset": b.block.offset,
+                 "nbytes": b.nbytes, "of_guilty": id(b) in mine}
+                for h, b in self.buffers.items() if id(b) in mine or (b.released and b.refs)]
+
+    def live_clients(self) -> list[ClientRec]:
+        """Clients that said hello (a connection that did not is nobody yet)."""
+        return [c for c in self.clients.values() if c.id]

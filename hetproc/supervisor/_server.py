@@ -1,0 +1,463 @@
+"""The supervisor process: owner of every named object, router, reaper.
+
+Data flow::
+
+    client A ─┐ control socket (length-prefixed msgpack, one per client; EOF = client died)
+    client B ─┼──────────────▶ ┌────────────────────────────── supervisor ─┐
+    client C ─┘                │ validate (handles, generations, shapes,     │
+                               │ dtypes, ops) -> Command -> device queue     │
+                               │ (priority heap) -> pump into ring           │
+                               └──┬───────────────────▲───────────────▲────┘
+                  command ring +  │     completion     │ eventfd       │ pidfd readable
+                  doorbell sem    ▼     ring           │               │ = device died
+                               device process: wait input fences, run, hold, signal
+                                          │ fence semaphore (the "interrupt")
+                                          ▼
+                               the waiting client wakes directly; no supervisor hop
+
+The loop is single-threaded (``selectors``): client sockets, one eventfd and one pidfd
+per device, the owner's pidfd, and a 5 ms tick for timers. Single-threaded is what makes
+forking a device (reset in a few ms) safe. Nothing here blocks without a deadline: client
+sockets are non-blocking, replies to a client that does not read are buffered (bounded),
+and a client's requests are served in bounded turns. The eventfd rings only for news we
+must act on at once (errors, lost signals, ring space wanted, a recovery running); routine
+completions are collected on the next turn.
+
+The supervisor is composed of parts, each given what it needs in its constructor::
+
+    Registry    (_records)     the tables: clients, contexts, buffers, fences, devices
+    Lifetimes   (_lifetimes)   INVARIANT 1: the only code that frees, reclaims, purges
+    Iommu       (_iommu)       per-context mappings, rights, exports and imports
+    Handoff     (_handoff)     zero-copy preconditions, inserted copies, cache upkeep
+    Evidence    (_evidence)    trace rings, frozen windows, the last error
+    Commands    (_commands)    commit, completion, failure and retirement of commands
+    Recovery    (_recovery)    the watchdog and the nine steps of seed §14
+    Requests    (_requests)    one handler per request of ``hetproc._protocol``
+    FaultPlan   (_faultplan)   injected faults
+
+This module is the loop: setup, sockets, replies, a client leaving, shutdown.
+
+Ownership: only the supervisor creates named objects, and it records each in the
+manifest before use, so ``hetproc cleanup`` can remove everything if it is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import socket
+import time
+from typing import Any
+
+import msgpack
+import posix_ipc
+
+from device_workers import STATE_DTYPE, StateSlot, state_table
+from ipc import (BlockPool, FenceTable, Manifest, Segment, cleanup_prefix, decode, encode,
+                 errors, pack_frame, socket_address)
+
+from .. import _protocol
+from .._config import PlatformSpec
+from ._commands import Commands
+from ._devices import DeviceHandle
+from ._evidence import Evidence
+from ._faultplan import FaultPlan
+from ._handoff import Handoff
+from ._iommu import Iommu
+from ._lifetimes import Lifetimes
+from ._memlog import MemLog
+from ._metrics import platform_metrics
+from ._records import ClientRec, Registry
+from ._recovery import Policy, Recovery
+from ._requests import Requests
+
+TICK_S = 0.005
+MAX_OUTBUF = 8 << 20  # replies buffered for a client that does not read them
+REQUESTS_PER_TURN = 64
+RING_WINDOW_MS = 2.0  # modeled work per device ring: what a new arrival may have to wait
+FENCE_CAPACITY = 8192
+
+
+class Supervisor:
+    def __init__(self, spec: PlatformSpec, prefix: str) -> None:
+        self.spec = spec
+        self.prefix = prefix
+        self.manifest = Manifest(prefix)
+        self.manifest.data.update(platform=spec.name, owner_pid=os.getppid(),
+                                  created=time.time(), time_scale=spec.time_scale,
+                                  devices={})
+        self.manifest.set_process("supervisor", os.getpid())
+        self.manifest.write()
+        self.sel = selectors.DefaultSelector()
+        self.backlog: set[ClientRec] = set()  # clients with requests read but not handled
+        self.running = True
+        self._segments: list[Segment] = []
+        self.reg = self._setup_memory()
+        self._compose()
+        self._setup_socket()
+        self._watch_owner()
+
+    # -- setup ------------------------------------------------------------------------
+
+    def _new_segment(self, suffix: str, size: int) -> Segment:
+        name = self.prefix + suffix
+        self._record_object("shm", name)  # recorded before it exists: cleanup never misses it
+        seg = Segment.create(name, size)
+        self._segments.append(seg)
+        return seg
+
+    def _record_semaphores(self, names: list[str]) -> None:
+        for name in names:
+            self.manifest.add_object("sem", name)
+        self.manifest.write()
+
+    def _record_object(self, kind: str, name: str) -> None:
+        self.manifest.add_object(kind, name)
+        self.manifest.write()
+
+    def _setup_memory(self) -> Registry:
+        """The fence table, the state table, the buffer pool, and one ring, doorbell and
+        completion eventfd per device: every named object, each recorded first."""
+        fseg = self._new_segment("fences", FenceTable.segment_bytes(FENCE_CAPACITY))
+        fences = FenceTable(self.prefix, fseg, create=True, on_new_semaphores=self._record_semaphores)
+        n = len(self.spec.devices)
+        self.state_seg = self._new_segment("state", n * STATE_DTYPE.itemsize)
+        state = state_table(self.state_seg.map, n)
+        state[:] = 0
+        slots = [StateSlot(self.state_seg.map, i) for i in range(n)]
+        self.pool = BlockPool(self.prefix, limit=self.spec.memory_mib << 20,
+                              on_new_segment=lambda s: self._record_object("shm", s.name))
+        window_ns = int(RING_WINDOW_MS * self.spec.time_scale * 1e6)
+        devices: dict[str, DeviceHandle] = {}
+        for index, dspec in enumerate(self.spec.devices):
+            ring = self._new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
+            bell_name = f"{self.prefix}bell.{dspec.name}"
+            self._record_object("sem", bell_name)
+            bell = posix_ipc.Semaphore(bell_name, posix_ipc.O_CREX, initial_value=0)
+            efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd, window_ns=window_ns)
+            devices[dspec.name] = dev
+            self.sel.register(efd, selectors.EVENT_READ, ("completion", dev))
+        return Registry(self.spec, fences, devices, slots, state)
+
+    def _compose(self) -> None:
+        """Build the parts in dependency order; each gets what it uses, nothing more."""
+        reg, spec = self.reg, self.spec
+        self.faults = FaultPlan(list(spec.faults), seed=spec.fault_seed)
+        self.memlog = MemLog()
+        self.iommu = Iommu(spec.iommu, self.memlog, reg.scaled_ns)
+        # The purge is a device command, so it goes through the engine built below.
+        self.lifetimes = Lifetimes(reg, self.pool, self.iommu,
+                                   purge=lambda *a: self.commands.purge(*a))
+        self.handoff = Handoff(reg, self.lifetimes, self.iommu, self.memlog)
+        self.evidence = Evidence(reg, self.prefix, self._new_segment)
+        self.commands = Commands(reg, self.lifetimes, self.handoff, self.faults, self.evidence)
+        self.recovery = Recovery(Policy.from_dict(spec.recovery), reg, self.commands,
+                                 self.evidence, self.spawn)
+        self.commands.watcher = self.recovery
+        platform = {"prefix": self.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
+                    "fence_segment": reg.fences.segment.name,
+                    "state_segment": self.state_seg.name, "time_scale": spec.time_scale,
+                    "devices": [d.name for d in spec.devices], "spec": spec.to_dict()}
+        self.requests = Requests(reg, self.pool, self.lifetimes, self.commands, self.iommu,
+                                 self.handoff, self.faults, self.recovery, self.evidence,
+                                 self.memlog, platform=platform, stop=self.stop,
+                                 metrics=self.metrics)
+
+    def _watch_owner(self) -> None:
+        """The process that started us owns the platform: if it dies before (or without)
+        saying hello, nothing else would ever stop us."""
+        try:
+            self.owner_pidfd = os.pidfd_open(os.getppid())
+        except OSError:
+            return
+        self.sel.register(self.owner_pidfd, selectors.EVENT_READ, ("owner_death", None))
+
+    def _setup_socket(self) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(socket_address(self.prefix))
+        self.listener.listen(64)
+        self.listener.setblocking(False)
+        self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
+
+    def start_devices(self) -> None:
+        for dev in self.reg.devices.values():
+            self.spawn(dev)
+
+    def spawn(self, dev: DeviceHandle) -> None:
+        boot = {"fence_segment": self.reg.fences.segment.name, "state_segment": self.state_seg.name,
+                "device_count": len(self.reg.devices), **self.evidence.boot_args()}
+        self.reg.state[dev.index]["cancel_pidx"] = 0
+        self.reg.state[dev.index]["park"] = 0
+        dev.spawn(boot, keep_fds=set)
+        self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
+        self.evidence.device_spawned(dev)
+        self.manifest.set_process(dev.name, dev.pid)
+        self.manifest.data["devices"][dev.name] = dev.pid
+        self.manifest.write()
+
+    def stop(self) -> None:
+        self.running = False
+
+    def metrics(self) -> dict[str, Any]:
+        return platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
+                                self.evidence, self.prefix)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while self.running:
+            for client in list(self.backlog):
+                self.serve_pending(client)
+            for key, mask in self.sel.select(0 if self.backlog else TICK_S):
+                kind, obj = key.data
+                if kind == "completion":
+                    self.commands.on_completions(obj)
+                elif kind == "accept":
+                    self.on_accept()
+                elif kind == "client":
+                    if mask & selectors.EVENT_WRITE:
+                        self.on_client_writable(key.fileobj)
+                    if mask & selectors.EVENT_READ:
+                        self.on_client_readable(key.fileobj)
+                elif kind == "death":
+                    self.on_device_death(obj)
+                elif kind == "owner_death":
+                    self.running = False  # nobody is left to stop us: tear down now
+            self.tick()
+            self.ask_for_news()
+            self.evidence.tick()
+
+    def tick(self) -> None:
+        """Timers: completions nobody woke us for, the watchdog, incidents' grace periods."""
+        self.commands.collect_news()
+        self.recovery.tick(time.monotonic_ns())
+
+    def ask_for_news(self) -> None:
+        """Tell each device whether we need its completions at once: when commands wait
+        for ring space, or a recovery is running (its probes and purges finish it)."""
+        recovering = bool(self.recovery.active or self.recovery.probing)
+        for dev in self.reg.devices.values():
+            want = 1 if (dev.queue or recovering) else 0
+            slot = self.reg.slots[dev.index]
+            if slot.u32[StateSlot.WANT_NEWS] != want:
+                slot.u32[StateSlot.WANT_NEWS] = want
+
+    def on_device_death(self, dev: DeviceHandle) -> None:
+        """The device process ended. Reaped = confirmed stopped: its buffers are safe."""
+        try:
+            self.sel.unregister(dev.pidfd)
+        except (KeyError, ValueError):
+            pass
+        status = dev.reap(block=True)
+        if not self.running:
+            return
+        dev.restarts += 1
+        # Completion records it posted before dying are facts: take them in first, so a
+        # command that finished is neither blamed, cancelled nor replayed.
+        self.commands.on_completions(dev)
+        self.recovery.on_device_death(dev, status)  # reads what the slot says it ran
+
+    # -- clients ----------------------------------------------------------------------
+
+    def on_accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        # Non-blocking both ways: a client that stops reading its replies gets them
+        # buffered (up to a bound), and never stalls the loop every other client needs.
+        conn.setblocking(False)
+        rec = ClientRec(id=0, name="?", pid=0, owner=False, conn=conn)
+        self.reg.clients[conn] = rec
+        self.sel.register(conn, selectors.EVENT_READ, ("client", None))
+
+    def on_client_readable(self, conn: socket.socket) -> None:
+        client = self.reg.clients.get(conn)
+        if client is None:
+            return
+        try:
+            data = conn.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.on_client_gone(client)
+            return
+        try:
+            frames = client.reader.feed(data)
+        except errors.BadPacket as exc:
+            # The framing itself is broken: we cannot find the next packet. Answer, then
+            # drop this client only; everyone else keeps running.
+            self.reg.stats["bad_packets"] += 1
+            self.reply(client, 0, error=exc)
+            self.on_client_gone(client)
+            return
+        client.pending.extend(frames)
+        self.serve_pending(client)
+
+    def serve_pending(self, client: ClientRec) -> None:
+        """Handle a bounded number of a client's requests per loop turn: one client that
+        floods the socket must not starve the others, nor the completions and watchdog."""
+        pending = client.pending
+        for _ in range(min(len(pending), REQUESTS_PER_TURN)):
+            self.on_request(client, pending.popleft())
+            if client.conn not in self.reg.clients:
+                self.backlog.discard(client)
+                return
+        if pending:
+            self.backlog.add(client)
+        else:
+            self.backlog.discard(client)
+
+    def on_request(self, client: ClientRec, frame: bytes) -> None:
+        req_id = -1  # unknown until the packet decodes
+        try:
+            msg = decode(frame, _protocol.REQUESTS)
+            req_id = msg["id"]
+            if client.id == 0 and msg["op"] != "hello":
+                raise errors.InvalidRequest("say hello first")
+            result = self.requests.table[msg["op"]](client, msg)
+        except errors.HetprocError as exc:
+            if isinstance(exc, errors.BadPacket):
+                self.reg.stats["bad_packets"] += 1
+            self.refuse(client, req_id, exc, frame)
+        except Exception as exc:  # a supervisor bug must fail one request, not the platform
+            err = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            self.refuse(client, req_id, err, frame)
+        else:
+            if req_id:  # id 0 is a notification: the sender does not wait for an answer
+                self.reply(client, req_id, result=result)
+
+    def refuse(self, client: ClientRec, req_id: int, exc: errors.HetprocError,
+               frame: bytes) -> None:
+        """Answer an error; a notification's error goes to the fences it named instead.
+
+        A packet too broken to carry an id is answered with id 0, which clients take as an
+        unsolicited notice rather than the answer to a request.
+        """
+        self.note_error(exc)
+        if req_id:
+            self.reply(client, max(req_id, 0), error=exc)
+            if req_id > 0:
+                return
+        for handle in _signal_fences_of(frame):
+            rec = self.reg.fence_recs.get(handle)
+            if rec is not None and rec.client is client and self.reg.fences.signal(handle, exc.wire):
+                rec.error = exc.to_dict()
+
+    def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
+              error: errors.HetprocError | None = None) -> None:
+        msg: dict[str, Any] = {"op": "reply", "id": req_id, "ok": error is None}
+        if error is not None:
+            msg["error"] = error.to_dict()
+        else:
+            msg.update(result or {})
+        self.send_to(client, pack_frame(encode(msg)))
+
+    def send_to(self, client: ClientRec, frame: bytes) -> None:
+        out = client.outbuf
+        if not out:
+            try:
+                sent = client.conn.send(frame)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.on_client_gone(client)
+                return
+            if sent == len(frame):
+                return
+            frame = frame[sent:]
+            self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                            ("client", None))
+        out += frame
+        if len(out) > MAX_OUTBUF:
+            self.note_error(errors.PlatformError(
+                f"client {client.name!r} stopped reading its replies; disconnected"))
+            self.on_client_gone(client)
+
+    def on_client_writable(self, conn: socket.socket) -> None:
+        client = self.reg.clients.get(conn)
+        if client is None:
+            return
+        out = client.outbuf
+        try:
+            sent = conn.send(out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.on_client_gone(client)
+            return
+        del out[:sent]
+        if not out:
+            self.sel.modify(conn, selectors.EVENT_READ, ("client", None))
+
+    def on_client_gone(self, client: ClientRec) -> None:
+        """A client closed or died: tear down what it owned; the owner takes the platform."""
+        if client.conn not in self.reg.clients:
+            return
+        del self.reg.clients[client.conn]
+        self.backlog.discard(client)
+        try:
+            self.sel.unregister(client.conn)
+        except (KeyError, ValueError):
+            pass
+        client.conn.close()
+        self.evidence.client_gone(client)
+        for ctx_handle in list(client.contexts):
+            self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
+        self.lifetimes.release_client(client)
+        if client.owner:
+            self.running = False
+
+    def note_error(self, exc: errors.HetprocError) -> None:
+        self.evidence.note_error(exc)
+
+    # -- shutdown ---------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop devices (kill after a grace), fail every pending fence, remove everything."""
+        self.running = False
+        for dev in self.reg.devices.values():
+            if dev.pid:
+                self.reg.slots[dev.index].u64[StateSlot.CANCEL_PIDX] = dev.pushes  # stop work now
+                dev.stop_request()
+        deadline = time.monotonic() + 0.5
+        for dev in self.reg.devices.values():
+            if dev.pid and not dev.wait_exit(max(0.0, deadline - time.monotonic())):
+                os.kill(dev.pid, signal.SIGKILL)  # one that ignores cancel and stop alike
+        for dev in self.reg.devices.values():
+            dev.wait_exit(2.0)
+        for dev in self.reg.devices.values():
+            for cmd in dev.take_all():
+                self.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+        for client in list(self.reg.clients.values()):
+            client.conn.close()
+        self.listener.close()
+        self.evidence.close()
+        self.reg.fences.close(unlink=True)
+        self.pool.close(unlink=True)
+        for dev in self.reg.devices.values():
+            dev.doorbell.unlink()
+            dev.doorbell.close()
+            os.close(dev.completion_fd)
+        for slot in self.reg.slots:
+            slot.release()
+        for seg in self._segments:
+            seg.close()
+            seg.unlink()
+        self.manifest.remove()
+        cleanup_prefix(self.prefix)  # anything recorded late or never recorded
+
+
+def _signal_fences_of(frame: bytes) -> list[int]:
+    """The client-chosen signal fences of a refused submit, read as leniently as possible."""
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        cmds = msg.get("cmds") if isinstance(msg, dict) else None
+        return [c["signal"] for c in cmds or () if isinstance(c, dict)
+                and isinstance(c.get("signal"), int) and not isinstance(c.get("signal"), bool)]
+    except Exception:
+        return []

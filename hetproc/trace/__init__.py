@@ -1,0 +1,34 @@
+"""Reading evidence (seed §22), live from a platform or offline from a trace file.
+
+Live, from a connected client::
+
+    snapshot(client)             every ring's records merged by time, with pid/track names
+    chrome_trace(client)         the same as a Chrome Trace Event dict (Perfetto reads it)
+    export_trace(client, path)   written to a file; returns counts
+    frozen_windows(client)       the windows the supervisor froze around errors
+    write_frozen(client, dir)    each window as its own Chrome Trace file
+
+Offline, from a file written by ``--trace`` or ``export_trace``::
+
+    load_trace(path)             a parsed trace: requests, their stages and fences
+    explain(trace, cid)          a request's latency broken into stages, and what it implies
+    slowest(trace, n)            the n slowest requests
+    plot_timeline(doc, png)      a picture of the timeline (needs the ``plot`` extra)
+
+Nothing here runs inside the supervisor or a device, except ``_export`` and ``_perfetto``,
+which the supervisor also uses to write the frozen windows it dumps.
+"""
+
+from ._explain import (Request, Trace, as_dict, explain, format_request, load_trace, parse_cid,
+                       requests, slowest, summary_lines)
+from ._export import frozen_to_chrome, records_to_chrome
+from ._live import chrome_trace, export_trace, frozen_windows, snapshot, trace_info, write_frozen
+from ._perfetto import to_chrome_trace, write_chrome_trace
+from ._plot import plot_timeline, require_matplotlib
+
+__all__ = [
+    "snapshot", "chrome_trace", "export_trace", "frozen_windows", "write_frozen", "trace_info",
+    "load_trace", "explain", "slowest", "format_request", "Trace", "Request", "requests",
+    "as_dict", "summary_lines", "parse_cid", "plot_timeline", "require_matplotlib",
+    "frozen_to_chrome", "records_to_chrome", "to_chrome_trace", "write_chrome_trace",
+]

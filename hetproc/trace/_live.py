@@ -1,0 +1,107 @@
+"""Reading a live platform's evidence from a client: its rings, names and frozen windows.
+
+The rings live in one shared segment; this maps it and copies the rings directly, so only
+the names tables and the frozen windows come over the control channel. Everything here
+takes a connected ``hetproc.Client`` and returns plain data (records, Chrome Trace dicts).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ipc import TraceBank, errors
+from ipc import RECORD_DTYPE
+
+from ._export import frozen_to_chrome, records_from_bytes, records_to_chrome
+from ._perfetto import write_chrome_trace
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+
+def trace_info(client: "Client") -> dict[str, Any]:
+    info = client._request("trace_info")
+    info["names"] = {int(p): n for p, n in info["names"]}
+    info["tracks"] = {int(t): n for t, n in info["tracks"]}
+    return info
+
+
+def snapshot(client: "Client") -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
+    """Every record now in every ring, merged by time, with the pid and track names. The
+    records are as the rings hold them (compact: see ``_trace_export.expand``)."""
+    records, info = _snapshot(client)
+    return records, info["names"], info["tracks"]
+
+
+def _snapshot(client: "Client") -> tuple[np.ndarray, dict[str, Any]]:
+    info = trace_info(client)
+    seg = client._segments.get(info["segment"])
+    bank = TraceBank(seg.map, create=False)
+    try:
+        records = bank.snapshot()
+    finally:
+        bank.close()
+    return records, info
+
+
+def chrome_trace(client: "Client") -> dict[str, Any]:
+    records, info = _snapshot(client)
+    return records_to_chrome(records, info["names"], info["tracks"], {"prefix": client.prefix},
+                             info.get("running", ()))
+
+
+def export_trace(client: "Client", path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write the live trace as Chrome Trace Event JSON; returns ``otherData`` (counts)."""
+    trace = chrome_trace(client)
+    write_chrome_trace(path, trace)
+    return {"path": os.fspath(path), **{k: v for k, v in trace["otherData"].items()
+                                        if not k.startswith("hetproc_")}}
+
+
+def frozen_windows(client: "Client", *, records: bool = True, flush: bool = True) -> list[dict[str, Any]]:
+    """The frozen windows the supervisor keeps, oldest first. ``flush`` takes a window
+    still waiting for its "after" part now. With ``records`` each window carries its
+    records (fetched in pages), names and tracks, ready for ``frozen_to_chrome``."""
+    listing = client._request("trace_frozen", flush=flush)["windows"]
+    if not records:
+        return listing
+    out = []
+    for summary in listing:
+        parts, offset, total, meta = [], 0, None, None
+        while total is None or offset < total:
+            try:
+                page = client._request("trace_frozen", window=summary["id"], offset=offset)
+            except errors.InvalidRequest:
+                break  # dropped (the list is bounded) between listing and fetching
+            meta, total = page["window"], page["total"]
+            parts.append(records_from_bytes(page["records"]))
+            offset += len(parts[-1])
+            if not len(parts[-1]):
+                break
+        if meta is None:
+            continue
+        meta["names"] = {int(p): n for p, n in meta["names"]}
+        meta["tracks"] = {int(t): n for t, n in meta["tracks"]}
+        meta["records"] = np.concatenate(parts) if parts else np.empty(0, RECORD_DTYPE)
+        out.append(meta)
+    return out
+
+
+def write_frozen(client: "Client", directory: str | os.PathLike[str], stem: str = "frozen") -> list[dict[str, Any]]:
+    """Write every frozen window as ``<directory>/<stem>-<id>.json``; returns summaries
+    with the file names (what a report lists as evidence)."""
+    os.makedirs(directory, exist_ok=True)
+    out = []
+    for w in frozen_windows(client):
+        path = os.path.join(os.fspath(directory), f"{stem}-{w['id']}.json")
+        write_chrome_trace(path, frozen_to_chrome(w))
+        out.append({"id": w["id"], "reason": w["reason"], "cid": w["cid"], "cids": w["cids"],
+                    "errors": len(w["errors"]), "records": len(w["records"]), "file": path})
+    return out
+
+
+__all__ = ["trace_info", "snapshot", "chrome_trace", "export_trace",
+           "frozen_windows", "write_frozen"]
