@@ -32,7 +32,6 @@ import time
 import numpy as np
 
 from ipc import BlockPool, BuddyAllocator, Segment, new_prefix
-from ipc._segments import zero_bytes
 
 from ._registry import benchmark, make_row
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipc import errors
-from ipc._packets import (I64, U64, Int, List, Map, Num, OneOf, Plain, Str, Tuple, check_fields,
-                          decode, unpack)
+from ipc import (I64, U64, Int, List, Map, Num, OneOf, Plain, Str, Tuple, check_fields, decode,
+                 errors, unpack)
 
 MAX_OPERANDS = 64           # buffers per command, inputs and outputs each
 MAX_DIMS = 8                # dimensions of one buffer view

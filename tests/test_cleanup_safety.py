@@ -16,8 +16,8 @@ import psutil
 import pytest
 
 import hetproc
-from ipc import Manifest, cleanup_prefix, entries_with_prefix, platform_is_alive
-from ipc._names import platform_process
+from ipc import (Manifest, cleanup_prefix, entries_with_prefix, platform_is_alive,
+                 platform_process)
 from tests.helpers import wait_for
 
 CLIENT = """

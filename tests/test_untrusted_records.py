@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 import hetproc
 from device_workers import decode_command, decode_completions
 from device_workers._commands import MAX_DURATION_NS, MAX_FENCES, MAX_OPERANDS
-from ipc import Ring, Segment, errors
-from ipc._packets import U64
+from ipc import U64, Ring, Segment, errors
 from tests.helpers import wait_for
 
 FUZZ = settings(max_examples=300, deadline=None,
