@@ -24,6 +24,8 @@ from typing import Any
 from ipc import (I64, U64, Int, List, Map, Num, OneOf, Plain, Str, Tuple, check_fields, decode,
                  errors, unpack)
 
+from . import _faults
+
 MAX_OPERANDS = 64           # buffers per command, inputs and outputs each
 MAX_DIMS = 8                # dimensions of one buffer view
 MAX_EXTENT = 1 << 40        # one dimension, one stride, one offset (bytes or elements)
@@ -31,9 +33,6 @@ MAX_FENCES = 1024           # handles a command waits on or signals
 MAX_DURATION_NS = 3600 * 10**9  # no modeled duration, delay or timeout beyond an hour
 MAX_MESSAGE = 4096          # characters of an error message in a completion record
 MAX_BATCH = 64              # completion records in one ring slot (2 KiB: ~16 fit)
-DEVICE_FAULTS = frozenset(("timeout", "hang", "late_writer", "crash", "wrong_output",
-                           "lost_fence", "heartbeat_stall", "oom"))
-FAULT_STEPS = frozenset(("before_kernel", "in_kernel", "before_signal"))
 PERMS = frozenset(("", "r", "w", "rw"))
 MEM_STEPS = frozenset(("map", "invalidate", "clean", "unmap"))
 
@@ -56,8 +55,8 @@ MEM_REQUEST = Map(fields={
     "forget?": List(Tuple((Str(255), Int(0, MAX_EXTENT))), max_len=MAX_OPERANDS),
 })
 FAULT = Map(fields={
-    "kind": Str(32, choices=DEVICE_FAULTS),
-    "step?": Str(32, choices=FAULT_STEPS),
+    "kind": Str(32, choices=_faults.KINDS),
+    "step?": Str(32, choices=_faults.STEPS),
     "seconds?": Num(0, 600), "after_s?": Num(0, 600),
     "*": Plain(depth=2, items=64, max_len=256),  # rule options the device ignores
 }, max_len=32)
