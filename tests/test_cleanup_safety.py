@@ -89,7 +89,8 @@ def test_a_tampered_manifest_cannot_make_cleanup_kill_or_unlink_anything_else(ou
         assert prefix in report["platforms"]
         assert _alive(sleeper) and _alive(client), "processes outside the platform survive"
         assert not {sleeper.pid, client.pid} & set(report["killed"])
-        assert _exists("shm", shm_name) and _exists("sem", sem_name), "names outside the prefix stay"
+        assert _exists("shm", shm_name) and _exists("sem", sem_name), \
+            "names outside the prefix stay"
         assert entries_with_prefix(prefix) == [], "the platform's own objects are gone"
     finally:
         for p in (sleeper, client):
