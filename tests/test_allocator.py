@@ -205,6 +205,34 @@ def test_random_alloc_free_traces_keep_every_invariant(total, steps):
         (s for _, s in alloc.chunks), default=0), "everything merges back"
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.booleans(), st.integers(1, 3 * MiB)), max_size=40))
+def test_real_blocks_never_overlap_and_always_arrive_zeroed(steps):
+    """The same traces over real shared memory: every block handed out reads as zeros
+    though earlier owners filled theirs, and live blocks never share a byte."""
+    pool = BlockPool(new_prefix(), limit=8 * MiB)
+    held: list = []
+    try:
+        for i, (alloc, n) in enumerate(steps):
+            if alloc or not held:
+                try:
+                    block = pool.allocate(n)
+                except MemoryError:
+                    continue
+                view = pool.segments[block.segment].view(block.offset, (block.capacity,), "uint8")
+                assert not view.any(), "a previous owner's bytes are visible"
+                view[:] = i % 255 + 1
+                del view
+                held.append(block)
+            else:
+                pool.free(held.pop(n % len(held)))
+            spans = sorted((b.segment, b.offset, b.capacity) for b in held)
+            for (s1, o1, c1), (s2, o2, _) in zip(spans, spans[1:]):
+                assert s1 != s2 or o1 + c1 <= o2, "two live blocks overlap"
+    finally:
+        pool.close(unlink=True)
+
+
 def test_a_live_address_cannot_be_freed_twice():
     alloc = BuddyAllocator(1 << 20)
     a = alloc.allocate(5000)
