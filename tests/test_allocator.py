@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import hetproc
 from ipc import BlockPool, BuddyAllocator, entries_with_prefix, new_prefix
+from tests.helpers import wait_for
 
 MiB = 1 << 20
 
@@ -250,3 +251,29 @@ def test_chunks_cover_a_budget_that_is_not_a_power_of_two():
     a = alloc.allocate(600 * MiB)
     b = alloc.allocate(300 * MiB)
     assert (a, b) == (0, 1024 * MiB), "each in a chunk; never across one"
+
+
+def test_a_device_cache_never_serves_the_previous_owners_bytes(platform, client):
+    """npu0's cache is not coherent: a line it filled while reading the first owner's
+    buffer must not be hit by the next owner of the block, even one whose context skips
+    the invalidate before reads (the classic driver bug a careless tenant may choose)."""
+    from device_workers import read_checksum
+    a = client.alloc(4096, "uint8")
+    a.array()[:] = 7
+    out_a = client.alloc(8, "uint8")
+    client.context("npu0").submit("checksum", [a], [out_a]).wait(5)
+    assert read_checksum(out_a.array()) == 7 * 4096, "npu0 read (and cached) the first owner's data"
+    where = (a.segment, a.offset)
+    live = client.metrics()["pool"]["live_blocks"]
+    a.free()
+    assert wait_for(lambda: client.metrics()["pool"]["live_blocks"] == live - 1)
+    other = platform.connect("next-owner")
+    try:
+        b = other.alloc(4096, "uint8")
+        assert (b.segment, b.offset) == where, "the same block, a new owner"
+        out_b = other.alloc(8, "uint8")
+        careless = other.context("npu0", cache_maintenance="clean")
+        careless.submit("checksum", [b], [out_b]).wait(5)
+        assert read_checksum(out_b.array()) == 0, "the device served a stale line of the last owner"
+    finally:
+        other.close()
