@@ -51,7 +51,7 @@ S = StateSlot
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
 _TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
-OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB  # how often an idle device re-checks its parent and beats its heart
+OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB
 _PR_SET_PDEATHSIG = 1
 
 RING_CORRUPT_EXIT_STATUS = 71  # the device quit so that the supervisor resets it

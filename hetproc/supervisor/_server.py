@@ -432,7 +432,7 @@ class Supervisor:
             dev.wait_exit(2.0)
         for dev in self.reg.devices.values():
             for cmd in dev.take_all():
-                self.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+                self.commands.fail_command(cmd, errors.PlatformClosed("platform stopped"))
         for client in list(self.reg.clients.values()):
             client.conn.close()
         self.listener.close()
