@@ -14,9 +14,10 @@ all, so a reader can check before it changes any state.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import msgpack
 
@@ -66,41 +67,71 @@ def decode(data: bytes, schemas: Mapping[str, Schema]) -> dict[str, Any]:
 _compiled: dict[int, tuple[Schema, dict[str, Any], tuple[str, ...]]] = {}
 
 
-def _compile(schema: Schema) -> tuple[dict[str, Any], tuple[str, ...]]:
+def _compile(schema: Schema) -> tuple[dict[str, Any], tuple[str, ...], Callable[[Any], bool]]:
     entry = _compiled.get(id(schema))
     if entry is None or entry[0] is not schema:
         types = {f.rstrip("?"): t if isinstance(t, Spec) else _as_tuple(t)
                  for f, t in schema.items()}
         required = tuple(f for f in schema if not f.endswith("?") and f != "*")
-        entry = _compiled[id(schema)] = (schema, types, required)
-    return entry[1], entry[2]
+        entry = _compiled[id(schema)] = (schema, types, required, _fields_ok(types, required))
+    return entry[1], entry[2], entry[3]
 
 
-def check_fields(msg: Mapping[str, Any], schema: Schema, where: str) -> None:
+def _fields_ok(types: dict[str, Any], required: tuple[str, ...]) -> Callable[[Any], bool]:
+    """The whole schema as one predicate: the fast path for packets that pass."""
+    preds = {k: _pred(t) for k, t in types.items() if k != "*"}
+    star = types.get("*")
+    star_ok = None if star is None else _pred(star) if isinstance(star, Spec) else _anything
+    need = frozenset(required)
+
+    def ok(msg: Any) -> bool:
+        get = preds.get
+        for key, value in msg.items():
+            p = get(key)
+            if p is None:
+                if key == "v" or key == "op":
+                    continue
+                if star_ok is None:
+                    return False
+                p = star_ok
+            if not p(value):
+                return False
+        return need <= msg.keys()
+
+    return ok
+
+
+def check_fields(msg: Mapping[str, Any], schema: Schema, where: Any) -> None:
     """Every required field present; every field known and of its type (bool is not int).
 
-    Unknown fields are refused too: a misspelt option must not be silently ignored.
+    Unknown fields are refused too: a misspelt option must not be silently ignored. A
+    packet that passes costs one compiled predicate; only a failing one is walked again
+    to say exactly what is wrong.
     """
-    types, required = _compile(schema)
+    types, required, ok = _compile(schema)
+    if ok(msg):
+        return
     for key, value in msg.items():
         allowed = types.get(key)
         if allowed is None:
             if key == "v" or key == "op":
                 continue
             if "*" not in types:
-                raise errors.BadPacket(f"{where}: unknown field {key!r}")
+                raise errors.BadPacket(f"{_name(where)}: unknown field {key!r}")
             allowed = types["*"]  # the schema is open: other fields meet the "*" spec
             if not isinstance(allowed, Spec):
                 continue
         if isinstance(allowed, Spec):
-            allowed.check(value, f"{where}: field {key!r}")
+            allowed.check(value, (where, ":", key))  # the name is built only on failure
         elif type(value) not in allowed and (type(value) is bool
                                              or not isinstance(value, allowed)):
             raise errors.BadPacket(
-                f"{where}: field {key!r} must be {_names(allowed)}, got {type(value).__name__}")
+                f"{_name(where)}: field {key!r} must be {_names(allowed)}, "
+                f"got {type(value).__name__}")
     for key in required:
         if key not in msg:
-            raise errors.BadPacket(f"{where}: missing field {key!r}")
+            raise errors.BadPacket(f"{_name(where)}: missing field {key!r}")
+    raise errors.BadPacket(f"{_name(where)}: does not match its schema")  # never: both agree
 
 
 def _as_tuple(types: tuple[type, ...] | type) -> tuple[type, ...]:
@@ -115,20 +146,58 @@ def _names(types: tuple[type, ...] | type) -> str:
 
 
 class Spec:
-    """One field's contract. ``check`` raises ``BadPacket`` naming ``where``."""
+    """One field's contract. ``ok`` is a compiled predicate (the fast path); ``check``
+    raises ``BadPacket`` naming ``where`` and saying what is wrong."""
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         raise NotImplementedError
 
+    @functools.cached_property
+    def ok(self) -> Callable[[Any], bool]:
+        return self._predicate()
 
-def _fail(where: str, what: str) -> None:
-    raise errors.BadPacket(f"{where} {what}")
+    def _predicate(self) -> Callable[[Any], bool]:
+        def ok(value: Any) -> bool:
+            try:
+                self.check(value, "")
+                return True
+            except errors.BadPacket:
+                return False
+        return ok
 
 
-def _check(spec: Any, value: Any, where: str) -> None:
+def _anything(value: Any) -> bool:
+    return True
+
+
+def _pred(spec: Any) -> Callable[[Any], bool]:
+    """The predicate of a spec, a type or a tuple of types (None: anything)."""
+    if spec is None:
+        return _anything
+    if isinstance(spec, Spec):
+        return spec.ok
+    allowed = _as_tuple(spec)
+    return lambda v: type(v) in allowed or (type(v) is not bool and isinstance(v, allowed))
+
+
+Where = Any  # a str, or (parent, ":" or "[", key): formatted only when a check fails
+
+
+def _name(where: Where) -> str:
+    if isinstance(where, str):
+        return where
+    parent, kind, key = where
+    return f"{_name(parent)}: field {key!r}" if kind == ":" else f"{_name(parent)}[{key!r}]"
+
+
+def _fail(where: Where, what: str) -> None:
+    raise errors.BadPacket(f"{_name(where)} {what}")
+
+
+def _check(spec: Any, value: Any, where: Where) -> None:
     """A spec, a type, a tuple of types, or None (anything plain, bounded by the packet)."""
     if isinstance(spec, Spec):
-        spec.check(value, where)
+        spec.check(value, where)  # never the predicate: the check is its independent oracle
     elif spec is not None:
         allowed = _as_tuple(spec)
         if type(value) not in allowed and (type(value) is bool or not isinstance(value, allowed)):
@@ -142,11 +211,15 @@ class Int(Spec):
     lo: int = 0
     hi: int = I64
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if type(value) is not int:
             _fail(where, f"must be an integer, got {type(value).__name__}")
         if not self.lo <= value <= self.hi:
             _fail(where, f"= {value} is outside [{self.lo}, {self.hi}]")
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        lo, hi = self.lo, self.hi
+        return lambda v: type(v) is int and lo <= v <= hi
 
 
 @dataclass(frozen=True)
@@ -156,11 +229,15 @@ class Num(Spec):
     lo: float = -math.inf
     hi: float = math.inf
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if type(value) not in (int, float):
             _fail(where, f"must be a number, got {type(value).__name__}")
         if not (math.isfinite(value) and self.lo <= value <= self.hi):
             _fail(where, f"= {value!r} is not finite within [{self.lo}, {self.hi}]")
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        lo, hi, finite = self.lo, self.hi, math.isfinite
+        return lambda v: ((type(v) is float and finite(v)) or type(v) is int) and lo <= v <= hi
 
 
 @dataclass(frozen=True)
@@ -172,7 +249,7 @@ class Str(Spec):
     choices: frozenset[str] | None = None
     printable: bool = False
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if type(value) is not str:
             _fail(where, f"must be a string, got {type(value).__name__}")
         if len(value) > self.max_len:
@@ -181,6 +258,15 @@ class Str(Spec):
             _fail(where, f"= {value[:40]!r} is not one of {sorted(self.choices)}")
         if self.printable and not value.isprintable():
             _fail(where, "holds control characters")
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        n, choices, printable = self.max_len, self.choices, self.printable
+        if printable:
+            return lambda v: (type(v) is str and len(v) <= n and v.isprintable()
+                              and (choices is None or v in choices))
+        if choices is not None:
+            return lambda v: type(v) is str and len(v) <= n and v in choices
+        return lambda v: type(v) is str and len(v) <= n
 
 
 @dataclass(frozen=True)
@@ -191,14 +277,21 @@ class List(Spec):
     max_len: int = 1024
     min_len: int = 0
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if type(value) is not list:
             _fail(where, f"must be a list, got {type(value).__name__}")
         if not self.min_len <= len(value) <= self.max_len:
             _fail(where, f"has {len(value)} items, not {self.min_len}..{self.max_len}")
         if self.item is not None:
             for i, v in enumerate(value):
-                _check(self.item, v, f"{where}[{i}]")
+                _check(self.item, v, (where, "[", i))
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        lo, hi = self.min_len, self.max_len
+        if self.item is None:
+            return lambda v: type(v) is list and lo <= len(v) <= hi
+        item = _pred(self.item)
+        return lambda v: type(v) is list and lo <= len(v) <= hi and all(map(item, v))
 
 
 @dataclass(frozen=True)
@@ -207,11 +300,16 @@ class Tuple(Spec):
 
     items: tuple[Any, ...]
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if type(value) is not list or len(value) != len(self.items):
             _fail(where, f"must be a list of {len(self.items)} items")
         for i, (spec, v) in enumerate(zip(self.items, value)):
-            _check(spec, v, f"{where}[{i}]")
+            _check(spec, v, (where, "[", i))
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        preds, n = tuple(_pred(i) for i in self.items), len(self.items)
+        return lambda v: (type(v) is list and len(v) == n
+                          and all(p(x) for p, x in zip(preds, v)))
 
 
 @dataclass(frozen=True)
@@ -223,7 +321,7 @@ class Map(Spec):
     values: Any = None
     max_len: int = 64
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if type(value) is not dict:
             _fail(where, f"must be a map, got {type(value).__name__}")
         if len(value) > self.max_len:
@@ -235,7 +333,18 @@ class Map(Spec):
             check_fields(value, self.fields, where)
         else:
             for k, v in value.items():
-                _check(self.values, v, f"{where}[{k!r}]")
+                _check(self.values, v, (where, "[", k))
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        n = self.max_len
+        if self.fields is not None:
+            fields_ok = _compile(self.fields)[2]
+            open_keys = "*" in self.fields
+            return lambda v: (type(v) is dict and len(v) <= n and fields_ok(v)
+                              and (not open_keys or _short_str_keys(v)))
+        values = _pred(self.values)
+        return lambda v: (type(v) is dict and len(v) <= n and _short_str_keys(v)
+                          and all(map(values, v.values())))
 
 
 @dataclass(frozen=True)
@@ -245,7 +354,7 @@ class OneOf(Spec):
 
     options: tuple[Any, ...]
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if value is None and None in self.options:
             return
         problems = []
@@ -259,6 +368,11 @@ class OneOf(Spec):
                 problems.append(str(exc))
         _fail(where, f"matches none of its forms ({'; '.join(problems)[:300]})")
 
+    def _predicate(self) -> Callable[[Any], bool]:
+        nil = None in self.options
+        preds = tuple(_pred(o) for o in self.options if o is not None)
+        return lambda v: (nil and v is None) or any(p(v) for p in preds)
+
 
 @dataclass(frozen=True)
 class Plain(Spec):
@@ -269,11 +383,11 @@ class Plain(Spec):
     items: int = 4096
     max_len: int = 4096
 
-    def check(self, value: Any, where: str) -> None:
+    def check(self, value: Any, where: Where) -> None:
         if self._walk(value, where, self.depth) > self.items:
             _fail(where, f"holds more than {self.items} items")
 
-    def _walk(self, value: Any, where: str, depth: int) -> int:
+    def _walk(self, value: Any, where: Where, depth: int) -> int:
         t = type(value)
         if value is None or t is bool:
             return 1
@@ -303,3 +417,7 @@ class Plain(Spec):
             return n
         _fail(where, f"holds a {t.__name__}, which is not plain data")
         return 0
+
+
+def _short_str_keys(value: dict) -> bool:
+    return all(type(k) is str and len(k) <= 64 for k in value)

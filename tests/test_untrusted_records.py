@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import hetproc
 from device_workers import decode_command, decode_completions
-from device_workers._commands import MAX_DURATION_NS, MAX_FENCES, MAX_OPERANDS
-from ipc import U64, Ring, Segment, errors
+from device_workers import COMMAND_SCHEMAS
+from device_workers._commands import COMPLETION, MAX_DURATION_NS, MAX_FENCES, MAX_OPERANDS
+from ipc import U64, Map, Ring, Segment, Spec, errors
 from tests.helpers import wait_for
 
 FUZZ = settings(max_examples=300, deadline=None,
@@ -40,7 +41,11 @@ VALID_COMPLETION = {
 }
 
 # Any msgpack value, nested: the replacement for a field an attacker controls.
+# Hypothesis favours small integers; the bounds that matter are near the big ones.
+EDGES = [0, 1, -1, 0xFFFF, 0x10000, 1 << 32, 1 << 40, (1 << 40) + 1, MAX_DURATION_NS,
+         MAX_DURATION_NS + 1, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 64), 1 << 65),
+                    st.sampled_from(EDGES), st.sampled_from([-x for x in EDGES]),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=300),
                     st.binary(max_size=64))
 values = st.recursive(scalars, lambda inner: st.one_of(
@@ -152,6 +157,34 @@ def test_byte_flips_and_truncations_of_valid_records_raise_only_bad_packet(data)
         out = _only_bad_packet(fn, bytes(raw[:cut]))
         if out is not None and fn is decode_command:
             _assert_exec_in_contract(out)
+
+
+EXEC_AS_MAP = Map(fields=COMMAND_SCHEMAS["exec"])
+COMPLETION_AS_MAP = Map(fields=COMPLETION)
+
+
+def _passes(spec, value) -> bool:
+    try:
+        spec.check(value, "x")
+        return True
+    except errors.BadPacket:
+        return False
+
+
+@FUZZ
+@given(st.data())
+def test_the_fast_predicates_agree_with_the_checks(data):
+    """A packet that passes costs one compiled predicate; the field-by-field check only
+    runs to explain a failure. The two must never disagree -- above all, the predicate
+    must never accept what the check refuses."""
+    exec_msg = {k: v for k, v in _mutate(VALID_EXEC, data).items() if k not in ("v", "op")}
+    completion = _mutate(VALID_COMPLETION, data)
+    for spec, value in ((EXEC_AS_MAP, exec_msg), (COMPLETION_AS_MAP, completion)):
+        assert spec.ok(value) == _passes(spec, value), value
+    for name, spec in COMMAND_SCHEMAS["exec"].items():
+        if isinstance(spec, Spec):
+            value = data.draw(st.one_of(values, st.just(VALID_EXEC.get(name.rstrip("?")))))
+            assert spec.ok(value) == _passes(spec, value), (name, value)
 
 
 @pytest.mark.parametrize("field,value,why", [
