@@ -88,7 +88,7 @@ FAULT = Map(fields={
 }, max_len=32)
 
 COMMAND_SCHEMAS = {
-    "exec": {"seq": Int(1, I64), "pidx": Int(0, I64), "cid": Int(0, I64),
+    "exec": {"seq": Int(0, I64), "pidx": Int(0, I64), "cid": Int(0, I64),
              "kernel": Str(64), "checked?": bool,
              "params": Map(values=Plain(depth=4, items=1024), max_len=64),
              "ins": List(DESCRIPTOR, max_len=MAX_OPERANDS),
