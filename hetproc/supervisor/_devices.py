@@ -227,7 +227,7 @@ class DeviceHandle:
                           ring_slot_bytes=RING_SLOT_BYTES, doorbell=self.doorbell.name,
                           completion_fd=self.completion_fd, parent_pid=os.getpid(),
                           coherent=self.spec.coherent, cache_bytes=self.spec.cache.kib << 10,
-                          **boot_args)
+                          first_pidx=self.pushes + 1, **boot_args)
         pid = os.fork()
         if pid == 0:  # child
             code = 1
