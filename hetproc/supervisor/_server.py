@@ -44,9 +44,11 @@ manifest before use, so ``hetproc cleanup`` can remove everything if it is kille
 from __future__ import annotations
 
 import os
+import resource
 import selectors
 import signal
 import socket
+import struct
 import time
 from typing import Any
 
@@ -68,6 +70,7 @@ from ._iommu import Iommu
 from ._lifetimes import Lifetimes
 from ._memlog import MemLog
 from ._metrics import platform_metrics
+from . import _validation as check
 from ._records import ClientRec, Registry
 from ._recovery import Policy, Recovery
 from ._requests import Requests
@@ -75,6 +78,10 @@ from ._requests import Requests
 TICK_S = 0.005
 MAX_OUTBUF = 8 << 20  # replies buffered for a client that does not read them
 REQUESTS_PER_TURN = 64
+ACCEPTS_PER_TURN = 32
+ANSWERED_KEPT = 16          # replies kept per client to answer a retried request id again
+ANSWERED_MAX_BYTES = 64 << 10  # larger replies are not kept (a retry is refused instead)
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 RING_WINDOW_MS = 2.0  # modeled work per device ring: what a new arrival may have to wait
 FENCE_CAPACITY = 8192
 
@@ -92,6 +99,7 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.backlog: set[ClientRec] = set()  # clients with requests read but not handled
         self.running = True
+        self._next_hello_check = 0.0
         self._segments: list[Segment] = []
         self.reg = self._setup_memory()
         self._compose()
@@ -163,7 +171,7 @@ class Supervisor:
         self.requests = Requests(reg, self.pool, self.lifetimes, self.commands, self.iommu,
                                  self.handoff, self.faults, self.recovery, self.evidence,
                                  self.memlog, platform=platform, stop=self.stop,
-                                 metrics=self.metrics)
+                                 metrics=self.metrics, owner_pid=os.getppid())
 
     def _watch_owner(self) -> None:
         """The process that started us owns the platform: if it dies before (or without)
@@ -175,9 +183,10 @@ class Supervisor:
         self.sel.register(self.owner_pidfd, selectors.EVENT_READ, ("owner_death", None))
 
     def _setup_socket(self) -> None:
+        raise_descriptor_limit()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(socket_address(self.prefix))
-        self.listener.listen(64)
+        self.listener.listen(256)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
 
@@ -215,7 +224,9 @@ class Supervisor:
                 if kind == "completion":
                     self.commands.on_completions(obj)
                 elif kind == "accept":
-                    self.on_accept()
+                    for _ in range(ACCEPTS_PER_TURN):
+                        if not self.on_accept():
+                            break
                 elif kind == "client":
                     if mask & selectors.EVENT_WRITE:
                         self.on_client_writable(key.fileobj)
@@ -228,6 +239,7 @@ class Supervisor:
             self.tick()
             self.ask_for_news()
             self.evidence.tick()
+            self.drop_silent_connections()
 
     def tick(self) -> None:
         """Timers: completions nobody woke us for, the watchdog, incidents' grace periods."""
@@ -261,17 +273,54 @@ class Supervisor:
 
     # -- clients ----------------------------------------------------------------------
 
-    def on_accept(self) -> None:
+    def on_accept(self) -> bool:
+        """Take one connection. Its peer's pid and uid come from the kernel (SO_PEERCRED),
+        never from a packet. Past ``limits.max_clients`` connections, or from another user,
+        the peer is told why and closed at once; an accept that fails (descriptors
+        exhausted) costs that peer its connection, never the loop."""
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
-            return
+            return False
+        except OSError as exc:
+            self.note_error(errors.PlatformError(f"accept failed: {exc}"))
+            return False
+        try:
+            pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        except OSError:
+            conn.close()
+            return True
+        limits = self.spec.limits
+        why = None
+        if uid != os.getuid() and uid != 0:
+            why = errors.NotPermitted(f"this platform belongs to uid {os.getuid()}, not {uid}")
+        elif len(self.reg.clients) >= limits.max_clients:
+            why = errors.OutOfMemory(f"too many clients: {len(self.reg.clients)} connected "
+                                     f"(limits.max_clients = {limits.max_clients})")
+        if why is not None:
+            _refuse_connection(conn, why)
+            return True
         # Non-blocking both ways: a client that stops reading its replies gets them
         # buffered (up to a bound), and never stalls the loop every other client needs.
         conn.setblocking(False)
-        rec = ClientRec(id=0, name="?", pid=0, owner=False, conn=conn)
+        rec = ClientRec(id=0, name="?", pid=pid, owner=False, conn=conn, uid=uid,
+                        hello_deadline=time.monotonic() + limits.hello_timeout_ms / 1000)
         self.reg.clients[conn] = rec
         self.sel.register(conn, selectors.EVENT_READ, ("client", None))
+        return True
+
+    def drop_silent_connections(self) -> None:
+        """A connection that has not said hello by its deadline holds a slot of
+        ``max_clients`` for nothing: tell it, and close it."""
+        now = time.monotonic()
+        if now < self._next_hello_check:
+            return
+        self._next_hello_check = now + 0.1
+        for client in [c for c in self.reg.clients.values() if not c.id and c.hello_deadline < now]:
+            self.reply(client, 0, error=errors.InvalidRequest(
+                "no hello within limits.hello_timeout_ms: connection closed"))
+            self.on_client_gone(client)
 
     def on_client_readable(self, conn: socket.socket) -> None:
         client = self.reg.clients.get(conn)
@@ -317,6 +366,9 @@ class Supervisor:
         try:
             msg = decode(frame, _protocol.REQUESTS)
             req_id = msg["id"]
+            if req_id and self.answer_again(client, req_id):
+                return
+            check.check_request(msg, self.spec.limits)  # every field, before any change
             if client.id == 0 and msg["op"] != "hello":
                 raise errors.InvalidRequest("say hello first")
             result = self.requests.table[msg["op"]](client, msg)
@@ -330,6 +382,22 @@ class Supervisor:
         else:
             if req_id:  # id 0 is a notification: the sender does not wait for an answer
                 self.reply(client, req_id, result=result)
+
+    def answer_again(self, client: ClientRec, req_id: int) -> bool:
+        """Request ids only grow on a connection. One seen before is a retry (the client
+        timed out waiting): it gets the answer already given, and never runs twice; one
+        whose answer is no longer kept is refused. True when answered here."""
+        if req_id > client.last_id:
+            client.last_id = req_id
+            return False
+        frame = client.answered.get(req_id)
+        if frame is None:
+            self.reply(client, req_id, error=errors.InvalidRequest(
+                f"request id {req_id} was used already; its answer is no longer kept "
+                "(the request ran once, and is not run again)"))
+        else:
+            self.send_to(client, frame)
+        return True
 
     def refuse(self, client: ClientRec, req_id: int, exc: errors.HetprocError,
                frame: bytes) -> None:
@@ -355,7 +423,12 @@ class Supervisor:
             msg["error"] = error.to_dict()
         else:
             msg.update(result or {})
-        self.send_to(client, pack_frame(encode(msg)))
+        frame = pack_frame(encode(msg))
+        if req_id > 0 and len(frame) <= ANSWERED_MAX_BYTES:
+            client.answered[req_id] = frame
+            if len(client.answered) > ANSWERED_KEPT:
+                client.answered.popitem(last=False)
+        self.send_to(client, frame)
 
     def send_to(self, client: ClientRec, frame: bytes) -> None:
         out = client.outbuf
@@ -432,7 +505,7 @@ class Supervisor:
             dev.wait_exit(2.0)
         for dev in self.reg.devices.values():
             for cmd in dev.take_all():
-                self.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+                self.commands.fail_command(cmd, errors.PlatformClosed("platform stopped"))
         for client in list(self.reg.clients.values()):
             client.conn.close()
         self.listener.close()
@@ -450,6 +523,31 @@ class Supervisor:
             seg.unlink()
         self.manifest.remove()
         cleanup_prefix(self.prefix)  # anything recorded late or never recorded
+
+
+def raise_descriptor_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit: every connection costs a descriptor, and
+    ``limits.max_clients`` stays far below what we may hold. Returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 16
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
+    """Tell a peer we will not serve why (best effort, never blocking), and close."""
+    try:
+        conn.setblocking(False)
+        conn.send(pack_frame(encode({"op": "reply", "id": 0, "ok": False, "error": why.to_dict()})))
+    except OSError:
+        pass
+    conn.close()
 
 
 def _signal_fences_of(frame: bytes) -> list[int]:
