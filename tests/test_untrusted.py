@@ -298,7 +298,9 @@ def test_the_fence_quota_is_per_process_not_per_connection(platform):
     with pytest.raises(hetproc.OutOfMemory, match="fences"):
         b._request("fence_create", count=1024)
     a.close()
-    b._request("fence_create", count=16)  # released with the connection that held them
+    # Released with the connection that held them (once the supervisor read its EOF).
+    assert wait_for(lambda: b.metrics()["quota"]["fences"] == 0)
+    b._request("fence_create", count=16)
     b.close()
 
 
@@ -461,3 +463,50 @@ def test_a_freed_block_is_not_reused_while_a_view_lives(platform):
     a.ping()
     assert a.metrics()["pool"]["used_bytes"] < used
     b.close()
+
+
+_DYING = r"""
+import sys, runpy
+from hetproc.supervisor import _server
+def boom(self):
+    raise RuntimeError("a bug that escaped the loop")
+_server.Supervisor.tick = boom
+sys.argv = ["hetproc.supervisor"] + sys.argv[1:]
+runpy.run_module("hetproc.supervisor", run_name="__main__")
+"""
+
+
+def test_a_supervisor_that_dies_exits_non_zero_and_leaves_a_dump(tmp_path):
+    """A bug no handler caught (here: the loop's timer raises) still tears the platform
+    down; the process exits 1 and writes a dump saying why (was: exit status 0, no word)."""
+    import json
+    from hetproc.client._platform import _raw_of
+    spec = hetproc.load_platform().with_trace(dump_dir=str(tmp_path))
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-c", _DYING, "--spec", json.dumps(_raw_of(spec)),
+                             "--ready-fd", str(write_fd)], pass_fds=(write_fd,),
+                            stderr=subprocess.PIPE, text=True)
+    os.close(write_fd)
+    try:
+        _, err = proc.communicate(timeout=30)
+    finally:
+        os.close(read_fd)
+    assert proc.returncode == 1
+    (dump,) = tmp_path.glob("hetproc-crash-*.txt")
+    assert "a bug that escaped the loop" in dump.read_text()
+    assert str(dump) in err
+    prefix = dump.name.removeprefix("hetproc-crash-").removesuffix(".txt")
+    from ipc import entries_with_prefix
+    assert not entries_with_prefix(prefix + ".")  # torn down all the same
+
+
+def test_peer_identity_comes_from_the_kernel(platform):
+    """A client in another process is another tenant, whatever pid its hello claims."""
+    script = ("import sys, hetproc; c = hetproc.connect(sys.argv[1], 'child'); "
+              "print(c.metrics()['quota']['fences']); c.close()")
+    platform.client.fence()  # the owner process holds a fence; the child holds none
+    out = subprocess.run([sys.executable, "-c", script, platform.prefix], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"
+    assert platform.client.metrics()["quota"]["fences"] >= 1

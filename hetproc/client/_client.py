@@ -239,7 +239,7 @@ class Client:
     def fence(self) -> "Fence":
         """A user fence: the caller signals it (for example a camera frame's acquire fence)."""
         (handle,) = self._request("fence_create")["fences"]
-        return Fence(self, handle, owned=True)
+        return Fence(self, handle, owned=True, may_signal=True)
 
     def metrics(self) -> dict[str, Any]:
         """The platform's figures; a client without a privileged role sees counters and
@@ -305,7 +305,8 @@ class Client:
         it when done (it keeps the fence's slot alive until then)."""
         reply = self._request("import", token=int(token), kind="fence")
         # Owned: the import is a reference, and release() (or dropping it) gives it back.
-        return Fence(self, reply["fence"], cid=reply.get("cid", 0), owned=True)
+        return Fence(self, reply["fence"], cid=reply.get("cid", 0), owned=True,
+                     may_signal=reply.get("signal", False))
 
     def memory_events(self, since: int = 0, limit: int = 4096, *,
                       cids: Iterable[int] | None = None, timeout: float = 5.0) -> dict[str, Any]:
@@ -516,11 +517,14 @@ class Fence:
     """A completion event. ``wait()`` raises the error the command failed with."""
 
     def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0,
-                 owned: bool = False) -> None:
+                 owned: bool = False, may_signal: bool = False) -> None:
         self.client = client
         self.handle = handle
         self.cid = cid
         self.seq = seq
+        # The supervisor granted this client the right to signal it (it created the user
+        # fence, or imported it with the signal right): signal in shared memory directly.
+        self._may_signal = may_signal
         # Only the object the client got at creation releases the fence when dropped; a
         # Fence built around a known handle (e.g. one shared by another process) never does.
         self._released = not owned
@@ -573,9 +577,14 @@ class Fence:
     def signal(self, error: type[errors.HetprocError] | None = None) -> bool:
         """Signal a user fence (or fail it with an error class): wakes every waiter.
 
-        Goes through the supervisor, which checks the right: the fence's owner may, and an
-        importer it exported the fence to with ``signal=True``; ``NotPermitted`` otherwise.
-        False if it was signalled already."""
+        The right to signal is the supervisor's to grant: the fence's creator has it, and
+        an importer its owner exported it to with ``signal=True``. Such a Fence signals in
+        shared memory at once (a fence wake, no round trip). Any other Fence (one built
+        around a handle) asks the supervisor, which checks the right: ``NotPermitted`` or
+        ``ForeignHandle`` if the client has none. False if it was signalled already."""
+        if self._may_signal:
+            return self.client.fences.signal(self.handle, error().wire if error else 0,
+                                             signaller=0xFFFF)
         fields = {"error": error.code} if error else {}
         return self.client._request("fence_signal", fence=self.handle, **fields)["signalled"]
 

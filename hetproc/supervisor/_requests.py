@@ -306,7 +306,8 @@ class Requests:
             self.lifetimes.import_fence(client, rec)
             if "w" in exp.perm and rec.client is not client:
                 rec.signallers.add(client.id)
-            return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"]}
+            return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
+                    "signal": rec.client is client or client.id in rec.signallers}
         buf = self.reg.buffers.get(exp.handle)
         perm = self.iommu.add_buffer_import(client, buf, exp.perm)
         return {**self.handoff.describe(buf), "perm": perm}

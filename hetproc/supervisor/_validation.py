@@ -114,7 +114,7 @@ def check_depth(value: Any, where: str, depth: int, max_bytes: int) -> None:
     except (OverflowError, ValueError, TypeError) as exc:
         raise errors.InvalidRequest(f"{where} cannot be encoded: {exc}") from None
     if size > max_bytes:
-        raise errors.InvalidRequest(f"{where} take {size} bytes packed, at most {max_bytes}")
+        raise errors.BadPacket(f"{where} too large: {size} bytes packed, at most {max_bytes}")
 
 
 def max_priority(client: ClientRec, limits: "LimitsSpec") -> int:
