@@ -16,13 +16,11 @@ import sys
 import time
 
 import msgpack
-import numpy as np
 import psutil
 import pytest
 
 import hetproc
 from hetproc.client import Fence
-from ipc import encode, pack_frame
 
 from .helpers import wait_for
 
@@ -34,7 +32,7 @@ def _alive(plat) -> bool:
 def _raw_request(address: str, msg: dict, timeout: float = 5.0) -> dict:
     """Send one packet on a fresh connection, return the first reply (a hostile client
     needs no library)."""
-    from ipc import Channel, decode
+    from ipc import Channel
     chan = Channel.connect(address, timeout)
     try:
         chan.send(msg)
@@ -504,9 +502,10 @@ def test_peer_identity_comes_from_the_kernel(platform):
     """A client in another process is another tenant, whatever pid its hello claims."""
     script = ("import sys, hetproc; c = hetproc.connect(sys.argv[1], 'child'); "
               "print(c.metrics()['quota']['fences']); c.close()")
-    platform.client.fence()  # the owner process holds a fence; the child holds none
+    held = platform.client.fence()  # the owner process holds a fence; the child holds none
     out = subprocess.run([sys.executable, "-c", script, platform.prefix], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"
     assert platform.client.metrics()["quota"]["fences"] >= 1
+    held.release()

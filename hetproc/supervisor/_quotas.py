@@ -8,14 +8,9 @@ each refusal is a ``QuotaExceeded`` naming its limit, raised before anything cha
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ipc import errors
 
 from ._records import ClientRec, Registry
-
-if TYPE_CHECKING:
-    from .._config import LimitsSpec
 
 
 def client_bytes_limit(reg: Registry) -> int:

@@ -228,10 +228,7 @@ class Supervisor:
                         if not self.on_accept():
                             break
                 elif kind == "client":
-                    if mask & selectors.EVENT_WRITE:
-                        self.on_client_writable(key.fileobj)
-                    if mask & selectors.EVENT_READ:
-                        self.on_client_readable(key.fileobj)
+                    self.on_client_event(key.fileobj, mask)
                 elif kind == "death":
                     self.on_device_death(obj)
                 elif kind == "owner_death":
@@ -309,6 +306,21 @@ class Supervisor:
         self.reg.clients[conn] = rec
         self.sel.register(conn, selectors.EVENT_READ, ("client", None))
         return True
+
+    def on_client_event(self, conn: socket.socket, mask: int) -> None:
+        """A client's socket is ready. A bug on this path (past the handlers, which answer
+        their own) costs that client its connection, never the loop."""
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self.on_client_writable(conn)
+            if mask & selectors.EVENT_READ:
+                self.on_client_readable(conn)
+        except Exception as exc:
+            client = self.reg.clients.get(conn)
+            self.note_error(errors.InternalError(
+                f"internal error serving a client: {type(exc).__name__}: {exc}"))
+            if client is not None:
+                self.on_client_gone(client)
 
     def drop_silent_connections(self) -> None:
         """A connection that has not said hello by its deadline holds a slot of
