@@ -509,3 +509,13 @@ def test_peer_identity_comes_from_the_kernel(platform):
     assert out.stdout.strip() == "0"
     assert platform.client.metrics()["quota"]["fences"] >= 1
     held.release()
+
+
+def test_a_request_its_schema_refuses_is_answered_under_its_own_id(platform):
+    """Found by the stateful test: ``ping`` with a stray field was answered as id 0 (a
+    notice), so the client waited for an answer that never came."""
+    c = platform.connect("stray")
+    with pytest.raises(hetproc.BadPacket, match="unknown field"):
+        c._request("ping", ctx=0)
+    c.ping()
+    c.close()

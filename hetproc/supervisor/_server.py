@@ -387,6 +387,8 @@ class Supervisor:
         except errors.HetprocError as exc:
             if isinstance(exc, errors.BadPacket):
                 self.reg.stats["bad_packets"] += 1
+                if req_id == -1:
+                    req_id = _id_of(frame)  # answer the request its sender waits for
             self.refuse(client, req_id, exc, frame)
         except Exception as exc:  # a supervisor bug must fail one request, not the platform
             err = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
@@ -560,6 +562,17 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
     except OSError:
         pass
     conn.close()
+
+
+def _id_of(frame: bytes) -> int:
+    """The request id of a packet its schema refused, read leniently; -1 if it has none
+    (then the answer goes out as id 0, a notice)."""
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception:
+        return -1
+    rid = msg.get("id") if isinstance(msg, dict) else None
+    return rid if type(rid) is int and 0 < rid < 1 << 63 else -1
 
 
 def _signal_fences_of(frame: bytes) -> list[int]:
