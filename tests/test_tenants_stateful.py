@@ -215,7 +215,7 @@ def test_two_tenants_random_calls_never_hurt_the_platform_or_a_bystander():
             _CANARIES.append((buf, value))
         try:
             run_state_machine_as_test(TwoTenants, settings=settings(
-                max_examples=100, stateful_step_count=30, deadline=None, derandomize=True,
+                max_examples=300, stateful_step_count=30, deadline=None, derandomize=True,
                 phases=[Phase.explicit, Phase.generate],  # bounded: no shrinking in CI
                 suppress_health_check=list(HealthCheck)))
         finally:

@@ -519,3 +519,26 @@ def test_a_request_its_schema_refuses_is_answered_under_its_own_id(platform):
         c._request("ping", ctx=0)
     c.ping()
     c.close()
+
+
+def test_in_flight_and_client_quotas_name_their_limit():
+    with hetproc.Platform(time_scale=1.0, limits={"client_inflight": 3, "max_clients": 2}) as plat:
+        ctx = plat.client.context("cpu0")
+        held = [ctx.submit("work", ms=200) for _ in range(3)]
+        with pytest.raises(hetproc.QuotaExceeded, match="client_inflight"):
+            ctx.submit("work", ms=1)
+        second = plat.connect("second")
+        with pytest.raises(hetproc.ResourceError, match="max_clients"):
+            plat.connect("third")
+        second.close()
+        for f in held:
+            f.wait(5)
+        ctx.submit("work", ms=1).wait(5)
+
+
+def test_the_owner_may_use_the_privileged_priority_range(platform):
+    limits = hetproc.load_platform().limits
+    assert platform.client.max_priority == limits.max_priority_privileged
+    platform.client.context("npu0", priority=limits.max_priority_privileged)
+    with pytest.raises(hetproc.NotPermitted):
+        platform.client.context("npu0", priority=limits.max_priority_privileged + 1)

@@ -55,6 +55,7 @@ class Client:
         self._fence_pool: list[int] = []
         self.last_notice: dict | None = None
         self._closed = False
+        self._sup_pidfd = -1  # known after hello
         try:
             self._chan = Channel.connect(address, timeout)
         except OSError as exc:
@@ -65,9 +66,10 @@ class Client:
         try:
             info = self._request("hello", **hello)
         except errors.PlatformClosed:
+            notice = self.last_notice or self._door_notice()
             self._chan.close()
-            if self.last_notice:  # refused at the door (too many clients...): say why
-                raise errors.HetprocError.from_dict(self.last_notice) from None
+            if notice:  # refused at the door (too many clients...): say why
+                raise errors.HetprocError.from_dict(notice) from None
             raise
         self.info = info
         self.privileged: bool = info.get("privileged", False)
@@ -188,6 +190,15 @@ class Client:
             if not reply["ok"]:
                 raise errors.HetprocError.from_dict(reply.get("error") or {})
             return reply
+
+    def _door_notice(self) -> dict | None:
+        """The supervisor's word on a connection it refused at accept (sent before it
+        closed), if it can still be read."""
+        try:
+            reply = decode(self._chan.recv(0.2), _REPLY)
+        except (OSError, errors.HetprocError):
+            return None
+        return reply.get("error") if reply["id"] == 0 else None
 
     def _lost(self, why: str) -> errors.HetprocError:
         if self.supervisor_alive():

@@ -34,8 +34,15 @@ The supervisor is composed of parts, each given what it needs in its constructor
     Recovery    (_recovery)    the watchdog and the nine steps of seed §14
     Requests    (_requests)    one handler per request of ``hetproc._protocol``
     FaultPlan   (_faultplan)   injected faults
+    (functions) _validation    every field of a request checked before any handler runs
+    (functions) _quotas        per-tenant limits (a tenant = a client process)
 
-This module is the loop: setup, sockets, replies, a client leaving, shutdown.
+This module is the loop: setup, sockets, replies, a client leaving, shutdown. Every
+client is untrusted (invariant 6): a connection's pid and uid come from the kernel at
+accept; at most ``limits.max_clients`` are served, and one that does not say hello in
+time is closed; a request is checked whole (``_validation.check_request``) before its
+handler may change anything; a request id seen before is answered again, never run
+again; nothing a client sends can raise out of the loop.
 
 Ownership: only the supervisor creates named objects, and it records each in the
 manifest before use, so ``hetproc cleanup`` can remove everything if it is killed.
@@ -559,7 +566,9 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
     try:
         conn.setblocking(False)
         conn.send(pack_frame(encode({"op": "reply", "id": 0, "ok": False, "error": why.to_dict()})))
-    except OSError:
+        conn.shutdown(socket.SHUT_WR)
+        conn.recv(1 << 16)  # what it sent already: closing over unread data would reset
+    except OSError:  # the connection, and lose the answer before the peer reads it
         pass
     conn.close()
 
