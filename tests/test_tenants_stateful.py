@@ -122,6 +122,7 @@ class TwoTenants(RuleBasedStateMachine):
             fences = ctx.submit_many([cmd], nowait=nowait)
         except hetproc.HetprocError as exc:
             assert not isinstance(exc, hetproc.PlatformError), exc
+            self._renew_if_lost(who, exc)
             return
         self.fences[who] += fences
 
@@ -134,14 +135,21 @@ class TwoTenants(RuleBasedStateMachine):
     def cancel(self, who: int) -> None:
         self.ctxs[who].cancel()
 
+    def _renew_if_lost(self, who: int, exc: hetproc.HetprocError) -> None:
+        """A long command the watchdog stopped loses its context (that is the rule, seed
+        §7): the tenant opens a new one."""
+        if isinstance(exc, hetproc.ContextLost):
+            self.ctxs[who].close()
+            self.ctxs[who] = self.clients[who].context("cpu0")
+
     @rule(who=st.integers(0, 1), i=st.integers(0, 50), perm=st.sampled_from(["r", "w", "rw", "x"]))
     def map(self, who: int, i: int, perm: str) -> None:
         pool = self.bufs[0] + self.bufs[1]
         if pool:
             try:
                 self.ctxs[who].map(pool[i % len(pool)], perm)
-            except hetproc.InvalidRequest:
-                pass
+            except (hetproc.InvalidRequest, hetproc.ContextLost) as exc:
+                self._renew_if_lost(who, exc)
 
     @rule(who=st.integers(0, 1), op=st.sampled_from(_OPS),
           fields=st.dictionaries(st.sampled_from(_FIELDS), _values, max_size=4))

@@ -542,3 +542,16 @@ def test_the_owner_may_use_the_privileged_priority_range(platform):
     platform.client.context("npu0", priority=limits.max_priority_privileged)
     with pytest.raises(hetproc.NotPermitted):
         platform.client.context("npu0", priority=limits.max_priority_privileged + 1)
+
+
+def test_a_freed_buffer_with_a_live_view_cannot_be_used_again(platform):
+    c = platform.client
+    buf = c.alloc(64)
+    view = buf.array()
+    buf.free()  # deferred: the view is alive
+    ctx = c.context("cpu0")
+    with pytest.raises(hetproc.StaleHandle):
+        ctx.submit("relu", [buf], [buf])
+    with pytest.raises(hetproc.StaleHandle):
+        buf.export()
+    del view

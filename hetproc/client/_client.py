@@ -163,7 +163,13 @@ class Client:
             if self._closed:
                 raise errors.PlatformClosed("this client is closed")
             try:
-                self._chan.send({"op": op, "id": 0, **fields})
+                self._send({"op": op, "id": 0, **fields})
+            except TimeoutError:
+                self._closed = True  # part of a packet may be in the stream: unusable
+                self._chan.close()
+                raise errors.RequestTimeout(
+                    f"could not send {op!r} within {self._timeout} s; connection closed",
+                    detail={"may_take_effect": False, "op": op, "request_id": 0}) from None
             except OSError as exc:
                 raise self._lost(f"control channel broke during {op!r}: {exc}") from None
 
@@ -428,8 +434,8 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
             checked: bool = False) -> dict[str, Any]:
     """One command for ``Context.submit_many``. ``timeout_ms`` overrides the watchdog;
     ``checked`` re-executes the kernel and compares, so corrupt output fails the request."""
-    c: dict[str, Any] = {"kernel": kernel, "ins": [b.handle for b in ins],
-                         "outs": [b.handle for b in outs], "wait": [f.handle for f in wait]}
+    c: dict[str, Any] = {"kernel": kernel, "ins": [_live(b) for b in ins],
+                         "outs": [_live(b) for b in outs], "wait": [f.handle for f in wait]}
     if params:
         c["params"] = params
     if ms is not None:
@@ -441,6 +447,14 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
     if checked:
         c["checked"] = True
     return c
+
+
+def _live(buf: "Buffer") -> int:
+    """A buffer's handle for a command; a freed one (its free may still wait for the last
+    view) is refused here, as the supervisor would once the free is through."""
+    if buf._freed:
+        raise errors.StaleHandle(f"buffer {buf.handle:#x} was freed")
+    return buf.handle
 
 
 class Buffer:
@@ -496,6 +510,7 @@ class Buffer:
 
     def export(self, read_only: bool = False) -> int:
         """A token another client turns into this buffer with ``import_buffer``."""
+        _live(self)
         return self.client._request("export", buf=self.handle, read_only=bool(read_only))["token"]
 
     def identity(self) -> dict[str, Any]:
