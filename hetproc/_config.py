@@ -108,6 +108,7 @@ class LimitsSpec:
     0 means three quarters of ``memory_mib``: no tenant can take the whole pool."""
 
     max_clients: int = 128             # connections at once; the excess is refused
+    process_clients: int = 32          # ...of them from one process (one tenant)
     hello_timeout_ms: float = 3000.0   # real time a new connection has to say hello
     max_duration_ms: float = 600000.0  # ms, handoff_ms, timeout_ms (modeled, before scale)
     max_name: int = 64                 # characters of a client or context name

@@ -136,7 +136,7 @@ def test_a_thousand_raw_connections_do_not_kill_the_supervisor(platform):
                 data = s.recv(4096)
             except BlockingIOError:
                 continue
-            if data and b"clients" in data:
+            if data and b"clients" in data:  # max_clients, or process_clients first
                 refused += 1
         assert refused > 0
     finally:
@@ -521,15 +521,33 @@ def test_a_request_its_schema_refuses_is_answered_under_its_own_id(platform):
     c.close()
 
 
+_TWO_CONNECTIONS = """
+import sys, hetproc
+c = hetproc.connect(sys.argv[1], "x")
+print("served")
+try:
+    hetproc.connect(sys.argv[1], "y")
+except hetproc.ResourceError as exc:
+    print(exc.name, "max_clients" if "max_clients" in str(exc) else str(exc))
+c.close()
+"""
+
+
 def test_in_flight_and_client_quotas_name_their_limit():
-    with hetproc.Platform(time_scale=1.0, limits={"client_inflight": 3, "max_clients": 2}) as plat:
+    with hetproc.Platform(time_scale=1.0, limits={"client_inflight": 3, "max_clients": 3,
+                                                  "process_clients": 2}) as plat:
         ctx = plat.client.context("cpu0")
         held = [ctx.submit("work", ms=200) for _ in range(3)]
         with pytest.raises(hetproc.QuotaExceeded, match="client_inflight"):
             ctx.submit("work", ms=1)
         second = plat.connect("second")
-        with pytest.raises(hetproc.ResourceError, match="max_clients"):
-            plat.connect("third")
+        with pytest.raises(hetproc.QuotaExceeded, match="process_clients"):
+            plat.connect("third")  # the same process: its own cap comes first
+        child = subprocess.run([sys.executable, "-c", _TWO_CONNECTIONS, plat.prefix],
+                               capture_output=True, text=True, timeout=30)
+        assert child.returncode == 0, child.stderr
+        # Another process is served (the 3rd of 3); its 4th connection finds none left.
+        assert child.stdout.split() == ["served", "OutOfMemory", "max_clients"]
         second.close()
         for f in held:
             f.wait(5)

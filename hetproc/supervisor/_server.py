@@ -302,6 +302,10 @@ class Supervisor:
         elif len(self.reg.clients) >= limits.max_clients:
             why = errors.OutOfMemory(f"too many clients: {len(self.reg.clients)} connected "
                                      f"(limits.max_clients = {limits.max_clients})")
+        elif sum(1 for c in self.reg.clients.values() if c.pid == pid) >= limits.process_clients:
+            why = errors.QuotaExceeded(f"process {pid} has {limits.process_clients} connections "
+                                       f"already (limits.process_clients)",
+                                       detail={"limit": "process_clients"})
         if why is not None:
             _refuse_connection(conn, why)
             return True
