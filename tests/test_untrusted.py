@@ -427,7 +427,8 @@ def test_per_client_byte_quota_names_the_limit():
         other = plat.connect("tenant")
         other.alloc(3 << 18)  # 3 MiB of float32
         with pytest.raises(hetproc.QuotaExceeded, match="client_mib"):
-            other.alloc(1 << 18)
+            other.alloc((1 << 18) + 1)  # one float32 past the 4 MiB
+        other.alloc(1 << 18)  # exactly up to it
         other.close()
 
 

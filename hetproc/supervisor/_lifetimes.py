@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ipc import PENDING, BlockPool, errors
 
-from . import _quotas
 from ._records import BufferRec, ClientRec, FenceRec, Registry
 
 if TYPE_CHECKING:
@@ -45,8 +44,7 @@ class Lifetimes:
     # -- fences -----------------------------------------------------------------------
 
     def new_fence(self, client: ClientRec | None, cid: int = 0) -> int:
-        if client is not None and client.id:
-            _quotas.check_fences(self.reg, client, 1)  # per process: limits.client_fences
+        """A fence of ``client``'s; its handler checked the quota (``_quotas``) first."""
         handle = self.reg.fences.allocate(cid)
         self.reg.fence_recs[handle] = FenceRec(handle, client)
         if client is not None:
@@ -101,7 +99,7 @@ class Lifetimes:
         buf.handle = self.reg.buffers.insert(buf)
         if not buf.internal:
             buf.client.buffers.add(buf.handle)
-            buf.client.bytes += buf.block.capacity
+            buf.client.bytes += buf.nbytes + buf.byte_offset  # as _quotas checks it
         return buf
 
     def release_buffer(self, buf: BufferRec) -> bool:
@@ -111,7 +109,7 @@ class Lifetimes:
         buf.released = True
         if buf.handle in buf.client.buffers:
             buf.client.buffers.discard(buf.handle)
-            buf.client.bytes -= buf.block.capacity
+            buf.client.bytes -= buf.nbytes + buf.byte_offset
         self.iommu.drop_client_mappings(buf.client, buf)
         if buf.refs == 0:
             self.reclaim_buffer(buf)

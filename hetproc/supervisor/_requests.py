@@ -210,6 +210,7 @@ class Requests:
         if not msg["cmds"] or len(msg["cmds"]) > MAX_BATCH:
             raise errors.InvalidRequest(f"a submit carries 1..{MAX_BATCH} commands, got {len(msg['cmds'])}")
         quota.check_inflight(self.reg, client, len(msg["cmds"]))
+        quota.check_fences(self.reg, client, sum(1 for c in msg["cmds"] if "signal" not in c))
         cmds = [check.build_command(self.reg, self.iommu, self.handoff, self.faults, ctx, c)
                 for c in msg["cmds"]]  # all valid, or none runs
         # Every part of a chain may need a new fence: make sure they all exist before the
