@@ -282,14 +282,14 @@ def _fence_child(prefix: str, pings: list[int], pongs: list[int], ready: int,
     peer = _raw._Peer()
     client = hetproc.connect(prefix, name=f"bench-waiter-{os.getpid()}")
     try:
-        ping = [hetproc.Fence(client, h) for h in pings]
-        pong = [hetproc.Fence(client, h) for h in pongs]
+        ping = [hetproc.Fence(client, h) for h in pings]  # waiting needs no grant
+        pong = [client.import_fence(t) for t in pongs]   # signalling does: imported with it
         for f in ping + pong:
             _open_sem(f)
         n = len(ping)
         fwd, woke = [0] * n, [0] * n
         now, pack_into, unpack_from = time.monotonic_ns, _I64.pack_into, _I64.unpack_from
-        hetproc.Fence(client, ready).signal()
+        client.import_fence(ready).signal()
         for i in range(n):
             _wait(ping[i], peer, "ping fence")
             t1 = now()
@@ -317,7 +317,8 @@ def fence_pingpong(plat: hetproc.Platform, n: int) -> dict:
         for f in mine:
             _open_sem(f)
         proc = _raw._start(_fence_child, (plat.prefix, [f.handle for f in ping],
-                                          [f.handle for f in pong], ready.handle, mm, tx))
+                                          [f.export(signal=True) for f in pong],
+                                          ready.export(signal=True), mm, tx))
         tx.close()
         peer = _raw._Peer(proc)
         _wait(ready, peer, "waiter ready", timeout=30.0)

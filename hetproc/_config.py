@@ -101,6 +101,27 @@ def parse_trace(raw: dict[str, Any], source: str) -> TraceSpec:
 
 
 @dataclass(frozen=True)
+class LimitsSpec:
+    """What one client may send and hold (the ``[limits]`` table; every client is untrusted).
+
+    Quotas count per client process (its kernel pid), not per connection. ``client_mib``
+    0 means three quarters of ``memory_mib``: no tenant can take the whole pool."""
+
+    max_clients: int = 128             # connections at once; the excess is refused
+    process_clients: int = 32          # ...of them from one process (one tenant)
+    hello_timeout_ms: float = 3000.0   # real time a new connection has to say hello
+    max_duration_ms: float = 600000.0  # ms, handoff_ms, timeout_ms (modeled, before scale)
+    max_name: int = 64                 # characters of a client or context name
+    max_priority: int = 10             # highest context priority of a normal client
+    max_priority_privileged: int = 50  # ...of the owner and of clients granted a role
+    client_mib: int = 0
+    client_buffers: int = 4096
+    client_fences: int = 4096          # of the platform's 8192 fence slots
+    client_contexts: int = 64
+    client_inflight: int = 16384       # commands queued or running
+
+
+@dataclass(frozen=True)
 class PlatformSpec:
     name: str
     devices: tuple[DeviceSpec, ...]
@@ -117,6 +138,7 @@ class PlatformSpec:
     # Default for new contexts: True ("both"), False ("none"), "clean" or "invalidate".
     cache_maintenance: bool | str = True
     trace: TraceSpec = field(default_factory=TraceSpec)
+    limits: LimitsSpec = field(default_factory=LimitsSpec)
 
     def device(self, name: str) -> DeviceSpec:
         for dev in self.devices:
@@ -135,6 +157,14 @@ class PlatformSpec:
         if not time_scale > 0:
             raise errors.InvalidRequest(f"time scale must be > 0, got {time_scale}")
         return PlatformSpec(**{**self.__dict__, "time_scale": float(time_scale)})
+
+    def with_limits(self, **changes: Any) -> "PlatformSpec":
+        """A copy with ``[limits]`` settings changed (``client_mib=4``...)."""
+        if not changes:
+            return self
+        raw = {**asdict(self.limits), **changes}
+        limits = _parse_table(LimitsSpec, raw, f"{self.source}: limits")
+        return PlatformSpec(**{**self.__dict__, "limits": limits})
 
     def with_trace(self, **changes: Any) -> "PlatformSpec":
         """A copy with ``[trace]`` settings changed (``enabled=False``, ``capacity=...``)."""
@@ -181,6 +211,7 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
         iommu=_parse_iommu(raw.get("iommu", {}), source),
         cache_maintenance=_maintenance(raw.get("cache_maintenance", True), source),
         trace=parse_trace(raw.get("trace", {}), source),
+        limits=_parse_table(LimitsSpec, raw.get("limits", {}), f"{source}: limits"),
     )
     return spec.with_time_scale(spec.time_scale)
 

@@ -55,6 +55,7 @@ __all__ = [
     "UnsupportedOp",
     "IommuFault",
     "ForeignBuffer",
+    "NotPermitted",
     "Timeout",
     "FenceTimeout",
     "DeviceTimeout",
@@ -69,6 +70,7 @@ __all__ = [
     "ContextLost",
     "ResourceError",
     "OutOfMemory",
+    "QuotaExceeded",
     "AllocationFailed",
     "MapFailed",
     "CompileTimeout",
@@ -303,6 +305,13 @@ class ForeignBuffer(IommuFault, ForeignHandle):
     code = 19
 
 
+class NotPermitted(InvalidRequest):
+    """The client's role or grants do not allow this (another tenant's faults, metrics,
+    trace; signalling a fence it may only wait on; a priority above its role's maximum)."""
+
+    code = 9
+
+
 # -- a deadline passed ------------------------------------------------------------------
 
 
@@ -340,12 +349,20 @@ class DependencyTimeout(Timeout):
 
 
 class RequestTimeout(Timeout):
-    """The supervisor did not answer a control request in time. ``detail["may_take_effect"]``
-    says whether the request may still be carried out (it was sent): check before
-    retrying a request that is not idempotent."""
+    """The supervisor did not answer a request in time. ``detail["may_take_effect"]`` says
+    whether it may still be carried out (it was sent whole, so it may); ``retry()`` on the
+    exception resends it under the same request id, which the supervisor answers at most
+    once, so a retry never runs it twice."""
 
     code = 24
     scope = "process"
+    resend: Any = None  # set by the client that raised it: sends the same request again
+
+    def retry(self) -> Any:
+        """Resend the timed-out request under its id; returns its reply."""
+        if self.resend is None:
+            raise InvalidRequest("this timeout carries no request to retry")
+        return self.resend()
 
 
 # -- the device or an upstream command failed --------------------------------------------
@@ -422,6 +439,13 @@ class OutOfMemory(ResourceError):
     """The device or the platform's memory budget is exhausted."""
 
     code = 41
+
+
+class QuotaExceeded(OutOfMemory):
+    """A per-client limit of the platform file's ``[limits]`` table would be exceeded;
+    ``detail["limit"]`` names it."""
+
+    code = 45
 
 
 class AllocationFailed(ResourceError):

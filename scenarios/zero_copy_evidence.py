@@ -76,7 +76,8 @@ class Chain:
         gate.signal()  # the backend is already waiting: we time the hand-off, not submits
         f_cons.wait(60)
         t_signal = self.producer.fences.info(f_prod.handle)["t_ns"]
-        ev = self.delegate.memory_events(cids=[f_prod.cid, f_cons.cid], timeout=30)["events"]
+        # Both tenants' events: the platform owner's view (a tenant sees only its own).
+        ev = self.s.client.memory_events(cids=[f_prod.cid, f_cons.cid], timeout=30)["events"]
         kernel = next(e for e in ev if e["kind"] == "exec" and e["cid"] == f_cons.cid)
         written = next(e for e in ev if e["kind"] == "exec" and e["cid"] == f_prod.cid)
         copies = [e for e in ev if e["kind"] in ("copy", "reformat")]

@@ -225,9 +225,15 @@ def _last_error(client) -> str:
     return str((client.metrics()["last_error"] or {}).get("message", ""))
 
 
-def test_a_command_the_device_refuses_fails_with_bad_packet_and_the_device_goes_on(client):
+def test_a_command_the_device_refuses_fails_with_bad_packet_and_the_device_goes_on():
     """Over an hour of modeled time: the device refuses it, the supervisor fails its
-    fence with the reason, and the next command runs. (It used to hold for the hour.)"""
+    fence with the reason, and the next command runs. (It used to hold for the hour.)
+    The supervisor's own limit is raised here, so the device's check is what is tested."""
+    with hetproc.Platform(time_scale=1.0, limits={"max_duration_ms": 10 * 3600e3}) as plat:
+        _refused_by_the_device(plat.client)
+
+
+def _refused_by_the_device(client) -> None:
     gpu = client.context("gpu0")
     fence = gpu.submit("work", ms=4_000_000)
     with pytest.raises(hetproc.BadPacket):

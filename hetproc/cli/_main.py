@@ -17,6 +17,7 @@ Exit status: 0 when every check of the run held, 1 when a check failed, 2 on bad
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 from typing import Any, Sequence
@@ -248,10 +249,17 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _role() -> int | None:
+    """Reading another process's platform trace needs a privileged role: the token its
+    owner granted (``client.grant_role()``), passed in ``HETPROC_ROLE``."""
+    token = os.environ.get("HETPROC_ROLE", "")
+    return int(token) if token.isdigit() else None
+
+
 def cmd_trace_export(args: argparse.Namespace) -> int:
     from .. import trace as _trace
     from ..client import connect
-    with connect(args.platform, "hetproc-trace") as client:
+    with connect(args.platform, "hetproc-trace", role=_role()) as client:
         out = _trace.export_trace(client, args.file)
     print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
           f"{out['flows']} request flows")
@@ -261,7 +269,7 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
 def cmd_trace_frozen(args: argparse.Namespace) -> int:
     from .. import trace as _trace
     from ..client import connect
-    with connect(args.platform, "hetproc-trace") as client:
+    with connect(args.platform, "hetproc-trace", role=_role()) as client:
         if args.dir:
             windows = _trace.write_frozen(client, args.dir)
         else:

@@ -21,11 +21,13 @@ import os
 import select
 import threading
 import time
+import weakref
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ipc import Channel, FenceTable, PENDING, Segment, SegmentCache, decode, errors
+from ipc import (Channel, FenceTable, PENDING, Segment, SegmentCache, decode, encode, errors,
+                 pack_frame)
 
 from ._trace_ring import ClientTrace
 
@@ -40,22 +42,39 @@ class Client:
     """A connection to a platform's supervisor. Use ``hetproc.connect`` or ``Platform.client``."""
 
     def __init__(self, address: str, name: str = "", *, owner: bool = False,
-                 timeout: float = REQUEST_TIMEOUT) -> None:
+                 timeout: float = REQUEST_TIMEOUT, role: int | None = None) -> None:
+        """``role``: a token from the owner's ``grant_role()`` (privileged: sees and injects
+        into every tenant's work). ``name`` is capped and must be printable."""
         self.name = name or f"client-{os.getpid()}"
         self._timeout = timeout
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._last_id = 0  # the highest request id sent: replies above it are not ours
         self._cids = itertools.count(1)
         self._to_release: list[int] = []
+        self._deferred_frees: dict[int, list[weakref.ref]] = {}  # handle -> its views
         self._fence_pool: list[int] = []
         self.last_notice: dict | None = None
         self._closed = False
+        self._sup_pidfd = -1  # known after hello
         try:
             self._chan = Channel.connect(address, timeout)
         except OSError as exc:
             raise errors.PlatformClosed(f"cannot reach the platform at {address!r}: {exc}") from None
-        info = self._request("hello", name=self.name, pid=os.getpid(), owner=owner)
+        hello: dict[str, Any] = {"name": self.name, "owner": owner}
+        if role is not None:
+            hello["role"] = int(role)
+        try:
+            info = self._request("hello", **hello)
+        except errors.PlatformClosed:
+            notice = self.last_notice or self._door_notice()
+            self._chan.close()
+            if notice:  # refused at the door (too many clients...): say why
+                raise errors.HetprocError.from_dict(notice) from None
+            raise
         self.info = info
+        self.privileged: bool = info.get("privileged", False)
+        self.max_priority: int = info.get("max_priority", 0)
         self.id: int = info["client_id"]
         self.prefix: str = info["prefix"]
         self.supervisor_pid: int = info["supervisor_pid"]
@@ -76,20 +95,68 @@ class Client:
             if self._closed:
                 raise errors.PlatformClosed("this client is closed")
             req_id = next(self._ids)
-            msg = {"op": op, "id": req_id, **fields}
-            try:
-                if self._to_release:
-                    # Swap first: a Fence dropped by another thread during the send must
-                    # land in the new list, not in the one already sent.
-                    pending, self._to_release = self._to_release, []
-                    self._chan.send({"op": "fence_release", "id": 0, "fences": pending})
-                self._chan.send(msg)
-                return self._drain_reply(req_id)
-            except (ConnectionError, BrokenPipeError, OSError) as exc:
-                if isinstance(exc, TimeoutError):
-                    raise errors.PlatformError(f"supervisor did not answer {op!r} within "
-                                               f"{self._timeout} s") from None
-                raise self._lost(f"control channel broke during {op!r}: {exc}") from None
+            return self._exchange({"op": op, "id": req_id, **fields})
+
+    def _exchange(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and wait for its reply (lock held). Replies are matched by id:
+        a late reply to a request that timed out is discarded when it comes."""
+        op, req_id = msg["op"], msg["id"]
+        self._last_id = max(self._last_id, req_id)
+        try:
+            self._flush_releases()
+            self._send(msg)
+        except TimeoutError:
+            # The supervisor stopped reading; part of a packet may be in the stream, so the
+            # connection cannot be trusted again: closing it releases all we held.
+            self._closed = True
+            self._chan.close()
+            raise errors.RequestTimeout(
+                f"could not send {op!r} within {self._timeout} s; connection closed",
+                detail={"may_take_effect": False, "op": op, "request_id": req_id}) from None
+        except OSError as exc:
+            raise self._lost(f"control channel broke during {op!r}: {exc}") from None
+        try:
+            return self._drain_reply(req_id)
+        except TimeoutError:
+            raise self._timed_out(msg) from None
+        except OSError as exc:
+            raise self._lost(f"control channel broke during {op!r}: {exc}") from None
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        sock = self._chan.sock
+        sock.settimeout(self._timeout)  # a stopped supervisor must not block us forever
+        sock.sendall(pack_frame(encode(msg)))
+
+    def _flush_releases(self) -> None:
+        """Fences dropped and frees deferred until their last view went: one notification
+        each, ahead of the request."""
+        if self._to_release:
+            # Swap first: a Fence dropped by another thread during the send must
+            # land in the new list, not in the one already sent.
+            pending, self._to_release = self._to_release, []
+            self._send({"op": "fence_release", "id": 0, "fences": pending})
+        if self._deferred_frees:
+            ready = [h for h, views in list(self._deferred_frees.items()) if not _alive(views)]
+            for h in ready:
+                del self._deferred_frees[h]
+            if ready:
+                self._send({"op": "free_many", "id": 0, "bufs": ready})
+
+    def _timed_out(self, msg: dict[str, Any]) -> errors.RequestTimeout:
+        op, req_id = msg["op"], msg["id"]
+        exc = errors.RequestTimeout(
+            f"the supervisor did not answer {op!r} (request {req_id}) within {self._timeout} s; "
+            "it was sent whole, so it may still take effect: retry() resends it under the same "
+            "id, and the supervisor runs it at most once",
+            detail={"may_take_effect": True, "op": op, "request_id": req_id})
+        exc.resend = lambda: self._retry(msg)
+        return exc
+
+    def _retry(self, msg: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if self._closed:
+                raise errors.PlatformClosed("this client is closed")
+            return self._exchange(msg)
 
     def _notify(self, op: str, **fields: Any) -> None:
         """A one-way message (id 0): no answer comes back."""
@@ -97,7 +164,13 @@ class Client:
             if self._closed:
                 raise errors.PlatformClosed("this client is closed")
             try:
-                self._chan.send({"op": op, "id": 0, **fields})
+                self._send({"op": op, "id": 0, **fields})
+            except TimeoutError:
+                self._closed = True  # part of a packet may be in the stream: unusable
+                self._chan.close()
+                raise errors.RequestTimeout(
+                    f"could not send {op!r} within {self._timeout} s; connection closed",
+                    detail={"may_take_effect": False, "op": op, "request_id": 0}) from None
             except OSError as exc:
                 raise self._lost(f"control channel broke during {op!r}: {exc}") from None
 
@@ -117,10 +190,22 @@ class Client:
                 self.last_notice = reply.get("error")
                 continue
             if reply["id"] != req_id:
-                raise errors.BadPacket(f"reply id {reply['id']} does not match request {req_id}")
+                if 0 < reply["id"] <= self._last_id:
+                    continue  # the late answer to a request that timed out: discarded
+                raise errors.BadPacket(f"reply id {reply['id']} answers no request sent "
+                                       f"(last sent {self._last_id})")
             if not reply["ok"]:
                 raise errors.HetprocError.from_dict(reply.get("error") or {})
             return reply
+
+    def _door_notice(self) -> dict | None:
+        """The supervisor's word on a connection it refused at accept (sent before it
+        closed), if it can still be read."""
+        try:
+            reply = decode(self._chan.recv(0.2), _REPLY)
+        except (OSError, errors.HetprocError):
+            return None
+        return reply.get("error") if reply["id"] == 0 else None
 
     def _lost(self, why: str) -> errors.HetprocError:
         if self.supervisor_alive():
@@ -172,10 +257,18 @@ class Client:
     def fence(self) -> "Fence":
         """A user fence: the caller signals it (for example a camera frame's acquire fence)."""
         (handle,) = self._request("fence_create")["fences"]
-        return Fence(self, handle, owned=True)
+        return Fence(self, handle, owned=True, may_signal=True)
 
     def metrics(self) -> dict[str, Any]:
+        """The platform's figures; a client without a privileged role sees counters and
+        device states, not other tenants' names, CPU or errors. ``quota``: its own usage."""
         return self._request("metrics")["metrics"]
+
+    def grant_role(self) -> int:
+        """(Owner only.) A token: a client that passes it as ``role=`` when it connects
+        is privileged (sees every tenant's metrics, trace and memory events; injects
+        faults anywhere)."""
+        return self._request("grant_role")["token"]
 
     def inject(self, kind: str, *, device: str | None = None, at: int | None = None,
                every: int | None = None, probability: float = 0.0, count: int = 1,
@@ -209,6 +302,7 @@ class Client:
                 return
             self._closed = True
             self._chan.close()
+        self._deferred_frees.clear()  # closing the connection frees them all
         self.trace.close()
         self.fences.close()
         self._segments.close()
@@ -229,7 +323,8 @@ class Client:
         it when done (it keeps the fence's slot alive until then)."""
         reply = self._request("import", token=int(token), kind="fence")
         # Owned: the import is a reference, and release() (or dropping it) gives it back.
-        return Fence(self, reply["fence"], cid=reply.get("cid", 0), owned=True)
+        return Fence(self, reply["fence"], cid=reply.get("cid", 0), owned=True,
+                     may_signal=reply.get("signal", False))
 
     def memory_events(self, since: int = 0, limit: int = 4096, *,
                       cids: Iterable[int] | None = None, timeout: float = 5.0) -> dict[str, Any]:
@@ -340,8 +435,8 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
             checked: bool = False) -> dict[str, Any]:
     """One command for ``Context.submit_many``. ``timeout_ms`` overrides the watchdog;
     ``checked`` re-executes the kernel and compares, so corrupt output fails the request."""
-    c: dict[str, Any] = {"kernel": kernel, "ins": [b.handle for b in ins],
-                         "outs": [b.handle for b in outs], "wait": [f.handle for f in wait]}
+    c: dict[str, Any] = {"kernel": kernel, "ins": [_live(b) for b in ins],
+                         "outs": [_live(b) for b in outs], "wait": [f.handle for f in wait]}
     if params:
         c["params"] = params
     if ms is not None:
@@ -353,6 +448,14 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
     if checked:
         c["checked"] = True
     return c
+
+
+def _live(buf: "Buffer") -> int:
+    """A buffer's handle for a command; a freed one (its free may still wait for the last
+    view) is refused here, as the supervisor would once the free is through."""
+    if buf._freed:
+        raise errors.StaleHandle(f"buffer {buf.handle:#x} was freed")
+    return buf.handle
 
 
 class Buffer:
@@ -371,26 +474,44 @@ class Buffer:
         self.usage = tuple(desc["usage"]) if desc.get("usage") else None
         self.perm: str = desc.get("perm", "rw")  # "r": imported read-only
         self._freed = False
+        self._views: list[weakref.ref] = []  # anchors of the views handed out
 
     def array(self) -> np.ndarray:
         """A numpy view of the shared memory. Writes are seen by devices that run later;
-        reading a device's output is only safe after waiting on the fence it signals."""
+        reading a device's output is only safe after waiting on the fence it signals.
+        ``StaleHandle`` after ``free()``."""
+        if self._freed:
+            raise errors.StaleHandle(f"buffer {self.handle:#x} was freed")
         self.client.trace.map_buffer(self)
         seg: Segment = self.client._segments.get(self.segment)
-        view = seg.view(self.offset, self.shape, self.dtype, self.strides)
+        checked = seg.view(self.offset, self.shape, self.dtype, self.strides)  # bounds
+        anchor = _ViewAnchor(checked.shape, checked.dtype, buffer=seg.map, offset=self.offset,
+                             strides=checked.strides)
+        self._views = [r for r in self._views if r() is not None] + [weakref.ref(anchor)]
+        view = anchor.view(np.ndarray)
         if "w" not in self.perm:
             view.flags.writeable = False  # a read-only import: the CPU mapping is too
         return view
 
     def free(self) -> None:
-        if not self._freed:
-            self._freed = True
+        """Give the buffer back. While a numpy view taken before is alive (or any array
+        derived from one), the block stays this client's: the free request goes with the
+        first request after the last such view is gone, so the block can never be handed
+        to another tenant under a live view."""
+        if self._freed:
+            return
+        self._freed = True
+        if _alive(self._views):
+            with self.client._lock:
+                self.client._deferred_frees[self.handle] = self._views
+        else:
             self.client._request("free", buf=self.handle)
 
     # -- sharing -------------------------------------------------------------
 
     def export(self, read_only: bool = False) -> int:
         """A token another client turns into this buffer with ``import_buffer``."""
+        _live(self)
         return self.client._request("export", buf=self.handle, read_only=bool(read_only))["token"]
 
     def identity(self) -> dict[str, Any]:
@@ -408,15 +529,29 @@ class Buffer:
         return f"Buffer({self.handle:#x}, shape={self.shape}, dtype={self.dtype.name})"
 
 
+def _alive(views: list[weakref.ref]) -> bool:
+    return any(r() is not None for r in views)
+
+
+class _ViewAnchor(np.ndarray):
+    """The base of every array ``Buffer.array()`` hands out: numpy keeps a view's base
+    chain down to the first array of another type, so every slice, reshape or transpose
+    of the view holds this anchor alive, and a weak set of anchors says whether any view
+    of a buffer is still alive."""
+
+
 class Fence:
     """A completion event. ``wait()`` raises the error the command failed with."""
 
     def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0,
-                 owned: bool = False) -> None:
+                 owned: bool = False, may_signal: bool = False) -> None:
         self.client = client
         self.handle = handle
         self.cid = cid
         self.seq = seq
+        # The supervisor granted this client the right to signal it (it created the user
+        # fence, or imported it with the signal right): signal in shared memory directly.
+        self._may_signal = may_signal
         # Only the object the client got at creation releases the fence when dropped; a
         # Fence built around a known handle (e.g. one shared by another process) never does.
         self._released = not owned
@@ -491,9 +626,18 @@ class Fence:
         return self.client._request("fence_error", fence=self.handle)["error"]
 
     def signal(self, error: type[errors.HetprocError] | None = None) -> bool:
-        """Signal a user fence (or fail it with an error class): wakes every waiter."""
-        return self.client.fences.signal(self.handle, error().wire if error else 0,
-                                         signaller=0xFFFF)
+        """Signal a user fence (or fail it with an error class): wakes every waiter.
+
+        The right to signal is the supervisor's to grant: the fence's creator has it, and
+        an importer its owner exported it to with ``signal=True``. Such a Fence signals in
+        shared memory at once (a fence wake, no round trip). Any other Fence (one built
+        around a handle) asks the supervisor, which checks the right: ``NotPermitted`` or
+        ``ForeignHandle`` if the client has none. False if it was signalled already."""
+        if self._may_signal:
+            return self.client.fences.signal(self.handle, error().wire if error else 0,
+                                             signaller=0xFFFF)
+        fields = {"error": error.code} if error else {}
+        return self.client._request("fence_signal", fence=self.handle, **fields)["signalled"]
 
     def release(self) -> None:
         """Let the platform recycle this fence (batched into the next request). Dropping
@@ -510,10 +654,11 @@ class Fence:
 
     # -- sharing -------------------------------------------------------------
 
-    def export(self) -> int:
-        """A token another client turns into this fence with ``import_fence``."""
+    def export(self, signal: bool = False) -> int:
+        """A token another client turns into this fence with ``import_fence``: to wait on
+        it, and with ``signal=True`` also to signal it."""
         try:
-            return self.client._request("export", fence=self.handle)["token"]
+            return self.client._request("export", fence=self.handle, signal=bool(signal))["token"]
         except errors.StaleHandle:
             raise errors.StaleHandle(f"fence {self.handle:#x} was released") from None
 

@@ -40,10 +40,13 @@ class Platform:
 
     def __init__(self, platform_file: str | Path | None = None, *,
                  time_scale: float | None = None, spec: PlatformSpec | None = None,
-                 name: str = "owner", trace: bool | None = None) -> None:
+                 name: str = "owner", trace: bool | None = None,
+                 limits: dict[str, Any] | None = None) -> None:
         """``trace``: force the ring trace on or off; None keeps the platform file's
-        setting, unless ``HETPROC_TRACE=0`` (or ``1``) is set in the environment."""
+        setting, unless ``HETPROC_TRACE=0`` (or ``1``) is set in the environment.
+        ``limits``: override keys of the platform file's ``[limits]`` table."""
         self.spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
+        self.spec = self.spec.with_limits(**(limits or {}))
         if trace is None and os.environ.get("HETPROC_TRACE", "") in ("0", "1"):
             trace = os.environ["HETPROC_TRACE"] == "1"
         if trace is not None and trace != self.spec.trace.enabled:
@@ -87,9 +90,10 @@ class Platform:
             raise
         return self
 
-    def connect(self, name: str = "") -> Client:
-        """Another client in this process (other processes use ``hetproc.connect(address)``)."""
-        return Client(self.address, name)
+    def connect(self, name: str = "", *, role: int | None = None) -> Client:
+        """Another client in this process (other processes use ``hetproc.connect(address)``).
+        It is a normal tenant unless given a ``role`` token from ``client.grant_role()``."""
+        return Client(self.address, name, role=role)
 
     def metrics(self) -> dict[str, Any]:
         assert self.client is not None
@@ -189,11 +193,11 @@ def _raw_of(spec: PlatformSpec) -> dict[str, Any]:
     return {"raw": raw, "source": spec.source}
 
 
-def connect(platform: str, name: str = "") -> Client:
+def connect(platform: str, name: str = "", *, role: int | None = None) -> Client:
     """Connect to a running platform from any process.
 
     ``platform`` is its prefix (as ``hetproc status`` prints it, ``Platform.prefix``) or
     its socket address (``Platform.address``).
     """
     address = platform if platform.startswith("\0") else socket_address(platform)
-    return Client(address, name)
+    return Client(address, name, role=role)

@@ -214,7 +214,7 @@ class DelegatedModel:
 
     def _context(self, device: str) -> Any:
         if device not in self._contexts:
-            self._contexts[device] = self.client.context(device, name=f"delegate:{self.graph.name}")
+            self._contexts[device] = self.client.context(device, name=_context_name(self.graph.name))
         return self._contexts[device]
 
     # -- running ------------------------------------------------------------------------
@@ -261,6 +261,10 @@ class DelegatedModel:
         spec = self.client.info["spec"]
         return 0.5 * spec.get("dependency_timeout_ms", 2000.0) * spec.get("time_scale", 1.0) / 1000
 
+    def _max_duration_ms(self) -> float:
+        """The longest duration a command may name on this platform (``[limits]``)."""
+        return float(self.client.info["spec"].get("limits", {}).get("max_duration_ms", 600000.0))
+
     def _weights_us(self, cp: Any) -> tuple[str, float]:
         """SRAM residency of this partition's weights and the fetch cost of this run."""
         p = cp.partition
@@ -306,7 +310,7 @@ class DelegatedModel:
             # its fence, and _wait turns that into the supervisor's full message.
             fences.append(self._contexts[p.device].submit_nowait(
                 "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=(p.device_us + fetch_us) / 1000,
-                timeout_ms=timeout * 1000 / scale))
+                timeout_ms=min(timeout * 1000 / scale, self._max_duration_ms())))
         self.last_run["residency"] = residency
 
     def _read_outputs(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -408,3 +412,9 @@ class DelegatedModel:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _context_name(graph_name: str) -> str:
+    """A context name the platform accepts (printable, at most 64 characters)."""
+    name = "".join(ch if ch.isprintable() else "?" for ch in f"delegate:{graph_name}")
+    return name if len(name) <= 64 else name[:61] + "..."

@@ -35,6 +35,7 @@ class FaultRule:
     probability: float = 0.0
     count: int = 1  # how many times it may fire; 0 = no limit
     params: dict[str, Any] = field(default_factory=dict)
+    client: int | None = None  # armed by a normal client: fires on that client's work only
     seen: int = 0
     fired: int = 0
 
@@ -57,8 +58,11 @@ class FaultRule:
     def event(self) -> str:
         return _EVENT_OF.get(self.kind, "command")
 
-    def matches(self, event: str, device: str | None, rng: random.Random) -> bool:
+    def matches(self, event: str, device: str | None, rng: random.Random,
+                client: int | None = None) -> bool:
         if event != self.event or (self.device and device and self.device != device):
+            return False
+        if self.client is not None and client != self.client:
             return False
         if self.count and self.fired >= self.count:
             return False
@@ -99,24 +103,32 @@ class FaultPlan:
         self.rules = [FaultRule.parse(r) for r in rules]
         self.log: list[dict[str, Any]] = []
 
-    def add(self, raw: dict[str, Any]) -> FaultRule:
+    def add(self, raw: dict[str, Any], client: int | None = None) -> FaultRule:
+        """Arm a rule; ``client`` scopes it to that client's own work (a normal client's)."""
         rule = FaultRule.parse(raw)
+        rule.client = client
         self.rules.append(rule)
         return rule
 
-    def clear(self) -> None:
-        self.rules.clear()
+    def clear(self, client: int | None = None) -> None:
+        """Disarm every rule, or (``client``) only the rules that client armed."""
+        if client is None:
+            self.rules.clear()
+        else:
+            self.rules[:] = [r for r in self.rules if r.client != client]
 
-    def draw(self, event: str, device: str | None = None, cid: int = 0) -> FaultRule | None:
-        """The first rule that fires for this event, or None (the common, cheap case)."""
+    def draw(self, event: str, device: str | None = None, cid: int = 0, *,
+             client: int | None = None) -> FaultRule | None:
+        """The first rule that fires for this event of ``client``'s work, or None (the
+        common, cheap case)."""
         if not self.rules:
             return None
         for rule in self.rules:
-            if rule.matches(event, device, self.rng):
+            if rule.matches(event, device, self.rng, client):
                 self.log.append({"kind": rule.kind, "device": device, "cid": cid})
                 return rule
         return None
 
-    def device_fault(self, device: str, cid: int) -> dict[str, Any] | None:
-        rule = self.draw("command", device, cid)
+    def device_fault(self, device: str, cid: int, client: int | None = None) -> dict[str, Any] | None:
+        rule = self.draw("command", device, cid, client=client)
         return {"kind": rule.kind, **rule.params} if rule else None

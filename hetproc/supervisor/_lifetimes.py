@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     from ._devices import Command
     from ._iommu import Iommu
 
-FENCES_PER_CLIENT = 4096  # half the table: one client cannot starve the others
-
 # purge(device_name, [segment, offset], then): queue a cache purge on that device and call
 # ``then`` once the device ran it (the supervisor's command engine provides it).
 Purge = Callable[[str, list, Callable[[], None]], None]
@@ -46,9 +44,7 @@ class Lifetimes:
     # -- fences -----------------------------------------------------------------------
 
     def new_fence(self, client: ClientRec | None, cid: int = 0) -> int:
-        if client is not None and client.id and len(client.fences) >= FENCES_PER_CLIENT:
-            raise errors.OutOfMemory(f"client {client.name!r} holds {FENCES_PER_CLIENT} "
-                                     f"fences already (its quota of the shared table)")
+        """A fence of ``client``'s; its handler checked the quota (``_quotas``) first."""
         handle = self.reg.fences.allocate(cid)
         self.reg.fence_recs[handle] = FenceRec(handle, client)
         if client is not None:
@@ -103,6 +99,7 @@ class Lifetimes:
         buf.handle = self.reg.buffers.insert(buf)
         if not buf.internal:
             buf.client.buffers.add(buf.handle)
+            buf.client.bytes += buf.nbytes + buf.byte_offset  # as _quotas checks it
         return buf
 
     def release_buffer(self, buf: BufferRec) -> bool:
@@ -110,7 +107,9 @@ class Lifetimes:
         if buf.released:
             return False
         buf.released = True
-        buf.client.buffers.discard(buf.handle)
+        if buf.handle in buf.client.buffers:
+            buf.client.buffers.discard(buf.handle)
+            buf.client.bytes -= buf.nbytes + buf.byte_offset
         self.iommu.drop_client_mappings(buf.client, buf)
         if buf.refs == 0:
             self.reclaim_buffer(buf)

@@ -41,6 +41,15 @@ class ClientRec:
     reader: FrameReader = field(default_factory=FrameReader)
     pending: collections.deque = field(default_factory=collections.deque)
     outbuf: bytearray = field(default_factory=bytearray)
+    # Identity from the kernel (SO_PEERCRED at accept), never from a packet.
+    uid: int = -1
+    privileged: bool = False  # the owner, or a holder of a role the owner granted
+    hello_deadline: float = 0.0  # monotonic s; a connection silent past it is closed
+    bytes: int = 0  # of its own buffers (quota)
+    # Request ids answered lately and their reply frames: a retry under the same id is
+    # answered again, never run again (``_server.on_request``).
+    last_id: int = 0
+    answered: collections.OrderedDict = field(default_factory=collections.OrderedDict)
 
 
 @dataclass(eq=False)
@@ -103,6 +112,7 @@ class FenceRec:
     bound: bool = False  # some command will signal it; no second command may
     error: dict | None = None
     importers: set[int] = field(default_factory=set)  # client ids that imported it
+    signallers: set[int] = field(default_factory=set)  # importers granted the signal right
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:
@@ -127,6 +137,12 @@ class Registry:
         "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0})
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
+    role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
+
+    def tenant(self, client: ClientRec) -> list[ClientRec]:
+        """Every connection of ``client``'s process (the kernel's pid): quotas count here,
+        so a second connection gets no fresh quota."""
+        return [c for c in self.clients.values() if c.pid == client.pid]
 
     def scaled_ns(self, ms: float) -> int:
         """A modeled duration in ms, times the platform's time scale, in ns."""

@@ -10,11 +10,13 @@ nothing: the loop answers the error to that client alone.
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ipc import BlockPool, errors
 
+from . import _quotas as quota
 from . import _validation as check
 from ._iommu import covers
 from ._records import BufferRec, ClientRec, ContextRec, Registry, nbytes_of
@@ -31,11 +33,13 @@ if TYPE_CHECKING:
 
 Handler = Callable[[ClientRec, dict], dict]
 MAX_BATCH = 4096  # commands per submit
+MAX_ROLE_TOKENS = 64
 
 
 # op -> the method that handles it; checked against the protocol by the tests.
 HANDLERS = {
     "hello": "hello", "ping": "ping", "shutdown": "shutdown",
+    "grant_role": "grant_role", "fence_signal": "fence_signal", "free_many": "free_many",
     "context_create": "context_create", "context_destroy": "context_destroy",
     "alloc": "alloc", "free": "free",
     "fence_create": "fence_create", "fence_release": "fence_release", "fence_error": "fence_error",
@@ -57,28 +61,56 @@ class Requests:
                  commands: "Commands", iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
                  recovery: "Recovery", evidence: "Evidence", memlog: "MemLog", *,
                  platform: dict[str, Any], stop: Callable[[], None],
-                 metrics: Callable[[], dict]) -> None:
+                 metrics: Callable[[], dict], owner_pid: int) -> None:
         self.reg, self.pool, self.lifetimes, self.commands = reg, pool, lifetimes, commands
         self.iommu, self.handoff, self.faults = iommu, handoff, faults
         self.recovery, self.evidence, self.memlog = recovery, evidence, memlog
         self.platform, self.stop, self.metrics = platform, stop, metrics
         self._client_ids = itertools.count(1)
+        self.owner_pid = owner_pid  # the process that started the platform (kernel's word)
         self.table: dict[str, Handler] = {op: getattr(self, name) for op, name in HANDLERS.items()}
 
     # -- connection -------------------------------------------------------------------
 
     def hello(self, client: ClientRec, msg: dict) -> dict:
+        """Once per connection. Who the client is comes from the kernel (its pid, taken at
+        accept); the packet's ``pid`` is ignored. Only the process that started the
+        platform may own it; a role token the owner granted makes a client privileged."""
+        if client.id:
+            raise errors.InvalidRequest("hello was said already on this connection")
         client.id = next(self._client_ids)
-        client.name, client.pid = msg["name"], msg["pid"]
-        client.owner = bool(msg.get("owner")) and not any(c.owner for c in self.reg.clients.values())
-        return {"client_id": client.id, **self.platform, **self.evidence.hello(client)}
+        client.name = msg["name"]
+        client.owner = (bool(msg.get("owner")) and client.pid == self.owner_pid
+                        and not any(c.owner for c in self.reg.clients.values()))
+        client.privileged = client.owner or msg.get("role") in self.reg.role_tokens
+        return {"client_id": client.id, **self.platform, **self.evidence.hello(client),
+                "privileged": client.privileged,
+                "max_priority": check.max_priority(client, self.reg.spec.limits)}
+
+    def grant_role(self, client: ClientRec, msg: dict) -> dict:
+        """A token that makes the client presenting it at hello privileged (observe every
+        tenant, inject faults anywhere): the owner's to give."""
+        self._need_owner(client, "grant a role")
+        if len(self.reg.role_tokens) >= MAX_ROLE_TOKENS:
+            raise errors.QuotaExceeded(f"{MAX_ROLE_TOKENS} role tokens granted already")
+        token = secrets.randbits(62) + 1
+        self.reg.role_tokens.add(token)
+        return {"token": token}
+
+    def _need_owner(self, client: ClientRec, what: str) -> None:
+        if not client.owner:
+            raise errors.NotPermitted(f"only the platform's owner may {what}")
+
+    def _need_privilege(self, client: ClientRec, what: str) -> None:
+        if not client.privileged:
+            raise errors.NotPermitted(f"{what} needs a privileged role (the owner, or a role "
+                                      "it granted): a client sees its own work only")
 
     def ping(self, client: ClientRec, msg: dict) -> dict:
         return {}
 
     def shutdown(self, client: ClientRec, msg: dict) -> dict:
-        if not client.owner:
-            raise errors.InvalidRequest("only the platform's owner may shut it down")
+        self._need_owner(client, "shut it down")
         self.stop()
         return {}
 
@@ -86,7 +118,13 @@ class Requests:
 
     def context_create(self, client: ClientRec, msg: dict) -> dict:
         device = self.reg.spec.device(msg["device"]).name
-        ctx = ContextRec(0, client, device, int(msg.get("priority", 0)), msg.get("name", ""),
+        priority = msg.get("priority", 0)
+        ceiling = check.max_priority(client, self.reg.spec.limits)
+        if not -ceiling <= priority <= ceiling:
+            raise errors.NotPermitted(f"priority {priority} is outside -{ceiling}..{ceiling}, "
+                                      "the range of this client's role (limits.max_priority)")
+        quota.check_context(self.reg, client)
+        ctx = ContextRec(0, client, device, priority, msg.get("name", ""),
                          cache_maintenance=self.handoff.maintenance(msg.get("cache_maintenance")))
         ctx.handle = self.reg.contexts.insert(ctx)
         client.contexts.add(ctx.handle)
@@ -102,7 +140,8 @@ class Requests:
                                                    self.reg.spec.memory_mib << 20)
         nbytes = nbytes_of(shape, dtype, strides)
         extra = self.handoff.alloc_options(msg, shape)  # layout, usage, placement
-        rule = self.faults.draw("alloc")
+        quota.check_alloc(self.reg, client, nbytes + extra["byte_offset"])
+        rule = self.faults.draw("alloc", client=client.id)
         if rule is not None:
             cls = errors.OutOfMemory if rule.kind == "oom" else errors.AllocationFailed
             raise cls(f"allocation of {nbytes} bytes failed (injected {rule.kind})")
@@ -120,10 +159,19 @@ class Requests:
         buf = check.buffer_of(self.reg, client, msg["buf"])
         return {"reclaimed": self.lifetimes.release_buffer(buf)}
 
+    def free_many(self, client: ClientRec, msg: dict) -> dict:
+        """Frees the client deferred until its last numpy view of each buffer was gone
+        (sent with its next request); a handle no longer valid is skipped, not an error."""
+        for handle in msg["bufs"]:
+            try:
+                self.free(client, {"buf": handle})
+            except errors.InvalidRequest:
+                pass
+        return {}
+
     def fence_create(self, client: ClientRec, msg: dict) -> dict:
-        count = int(msg.get("count", 1))
-        if not 1 <= count <= 1024:
-            raise errors.InvalidRequest(f"fence count {count} out of range 1..1024")
+        count = msg.get("count", 1)  # 1..1024, checked with the packet
+        quota.check_fences(self.reg, client, count)
         return {"fences": [self.lifetimes.new_fence(client) for _ in range(count)]}
 
     def fence_release(self, client: ClientRec, msg: dict) -> dict:
@@ -139,7 +187,21 @@ class Requests:
         rec = self.reg.fence_recs.get(msg["fence"])
         if rec is None:
             raise errors.StaleHandle(f"fence {msg['fence']:#x} is not live")
+        if not (client.privileged or rec.client is client or client.id in rec.importers):
+            raise errors.ForeignHandle(f"fence {msg['fence']:#x} belongs to another client")
         return {"error": rec.error}
+
+    def fence_signal(self, client: ClientRec, msg: dict) -> dict:
+        """Signal (or fail) a user fence: its owner may, and an importer the owner granted
+        the signal right to; nobody may signal a fence a command will signal."""
+        handle = check.check_signal_right(self.reg, client, msg["fence"])
+        code = msg.get("error", 0)
+        word = errors.error_class(code)().wire if code else 0
+        done = self.reg.fences.signal(handle, word, signaller=0xFFFF)
+        if done and code:
+            self.reg.fence_recs[handle].error = errors.error_class(code)(
+                f"failed by client {client.name!r}").to_dict()
+        return {"signalled": done}
 
     # -- commands -----------------------------------------------------------------------
 
@@ -149,6 +211,8 @@ class Requests:
         ctx = check.context_of(self.reg, client, msg["ctx"])
         if not msg["cmds"] or len(msg["cmds"]) > MAX_BATCH:
             raise errors.InvalidRequest(f"a submit carries 1..{MAX_BATCH} commands, got {len(msg['cmds'])}")
+        quota.check_inflight(self.reg, client, len(msg["cmds"]))
+        quota.check_fences(self.reg, client, sum(1 for c in msg["cmds"] if "signal" not in c))
         cmds = [check.build_command(self.reg, self.iommu, self.handoff, self.faults, ctx, c)
                 for c in msg["cmds"]]  # all valid, or none runs
         # Every part of a chain may need a new fence: make sure they all exist before the
@@ -189,7 +253,7 @@ class Requests:
         dev = devices[ctx.device]
         if kernel not in dev.spec.ops:
             raise errors.UnsupportedOp(f"{dev.name} cannot compile {kernel!r}")
-        rule = self.faults.draw("compile", dev.name)
+        rule = self.faults.draw("compile", dev.name, client=client.id)
         if rule is None:
             return {"device": ctx.device, "fallback": None}
         fb = self.recovery.policy.fallback_device
@@ -206,7 +270,7 @@ class Requests:
     def map(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"])
         buf = self.iommu.resolve(client, msg["buf"], self.reg.buffers)
-        if self.faults.rules and self.faults.draw("map", ctx.device):  # seed §15
+        if self.faults.rules and self.faults.draw("map", ctx.device, client=client.id):  # seed §15
             raise errors.MapFailed(f"mapping buffer {buf.handle:#x} into {ctx.device} failed "
                                    "(injected)")
         m = self.iommu.map(ctx, buf, msg.get("perm", "rw"))
@@ -229,7 +293,10 @@ class Requests:
             return {"token": self.iommu.export("buffer", buf.handle, perm, client)}
         if "fence" in msg:
             handle = check.check_fence(self.reg, client, msg["fence"])
-            return {"token": self.iommu.export("fence", handle, "r", client)}
+            if self.reg.fence_recs[handle].client is not client:
+                raise errors.NotPermitted(f"fence {handle:#x} is not this client's to export")
+            perm = "rw" if msg.get("signal") else "r"  # "w": importers may signal it
+            return {"token": self.iommu.export("fence", handle, perm, client)}
         raise errors.InvalidRequest("export names a buffer or a fence")
 
     def import_(self, client: ClientRec, msg: dict) -> dict:
@@ -240,27 +307,42 @@ class Requests:
             if rec is None:
                 raise errors.StaleHandle("the exported fence was released")
             self.lifetimes.import_fence(client, rec)
-            return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"]}
+            if "w" in exp.perm and rec.client is not client:
+                rec.signallers.add(client.id)
+            return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
+                    "signal": rec.client is client or client.id in rec.signallers}
         buf = self.reg.buffers.get(exp.handle)
         perm = self.iommu.add_buffer_import(client, buf, exp.perm)
         return {**self.handoff.describe(buf), "perm": perm}
 
     def mem_events(self, client: ClientRec, msg: dict) -> dict:
         cids = msg.get("cids")
-        wanted = None if cids is None else {c for c in cids if isinstance(c, int)}
-        out = self.memlog.since(int(msg.get("since", 0)), int(msg.get("limit", 4096)), wanted)
+        wanted = None if cids is None else set(cids)
+        mine = None if client.privileged else self._own_memory_keys(client)
+        out = self.memlog.since(msg.get("since", 0), msg.get("limit", 4096), wanted, mine)
         if wanted is not None:
             # Commands of these requests not retired yet: their events are still to come.
             out["open"] = {c: self.handoff.open_cids.get(c, 0) for c in wanted}
         return out
 
+    def _own_memory_keys(self, client: ClientRec) -> dict[str, set[int]]:
+        """What identifies a normal client's own memory events: its contexts, its buffers
+        and imports, and its id (import events)."""
+        return {"ctx": set(client.contexts), "client": {client.id},
+                "buf": set(client.buffers) | set(self.iommu.imported_buffers(client))}
+
     # -- reports, faults, evidence --------------------------------------------------------
 
     def get_metrics(self, client: ClientRec, msg: dict) -> dict:
         self.commands.collect_news()  # counts as of now, not as of our last wake-up
-        return {"metrics": self.metrics()}
+        m = self.metrics()
+        if not client.privileged:
+            m = tenant_view(m, client)
+        m["quota"] = quota.usage(self.reg, client)
+        return {"metrics": m}
 
     def incidents(self, client: ClientRec, msg: dict) -> dict:
+        self._need_privilege(client, "the platform's incidents")
         rec = self.recovery
         return {"history": list(rec.history),
                 "active": [i.summary() for i in list(rec.active.values()) + list(rec.probing.values())],
@@ -268,19 +350,44 @@ class Requests:
                 "faults": list(self.faults.log)}
 
     def dumps(self, client: ClientRec, msg: dict) -> dict:
+        self._need_privilege(client, "the platform's dumps")
         return {"dumps": list(self.reg.dumps)}
 
     def inject(self, client: ClientRec, msg: dict) -> dict:
-        rule = self.faults.add(msg["fault"])
+        """A privileged client arms a fault anywhere; any other client's fault fires only
+        on its own work (its allocations, maps, compiles and commands)."""
+        rule = self.faults.add(msg["fault"], client=None if client.privileged else client.id)
         return {"rule": rule.describe()}
 
     def faults_clear(self, client: ClientRec, msg: dict) -> dict:
-        self.faults.clear()
+        self.faults.clear(None if client.privileged else client.id)
         return {}
 
     def trace_info(self, client: ClientRec, msg: dict) -> dict:
+        self._need_privilege(client, "the platform's trace")
         return self.evidence.info()
 
     def trace_frozen(self, client: ClientRec, msg: dict) -> dict:
+        self._need_privilege(client, "the platform's trace")
         return self.evidence.frozen_page(msg.get("window"), msg.get("offset", 0),
                                          flush=msg.get("flush", False))
+
+
+_TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "completed", "failed",
+                   "queue_depth", "pool", "live_fences", "in_flight", "incidents", "trace",
+                   "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
+                   "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
+                   "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
+                   "fence_semaphores")
+
+
+def tenant_view(m: dict, client: ClientRec) -> dict:
+    """A normal client's metrics: the platform's counters and device states, without
+    what names or times other tenants (client names and CPU, the last error's text)."""
+    out = {k: m[k] for k in _TENANT_METRICS if k in m}
+    out["devices"] = {name: {k: v for k, v in d.items()} for name, d in m["devices"].items()}
+    out["clients"] = m["clients"]
+    out["cpu_s"] = {k: v for k, v in m.get("cpu_s", {}).items()
+                    if not k.startswith("client ") or k.endswith(f"({client.pid})")}
+    out["last_error"] = None
+    return out

@@ -34,8 +34,15 @@ The supervisor is composed of parts, each given what it needs in its constructor
     Recovery    (_recovery)    the watchdog and the nine steps of seed §14
     Requests    (_requests)    one handler per request of ``hetproc._protocol``
     FaultPlan   (_faultplan)   injected faults
+    (functions) _validation    every field of a request checked before any handler runs
+    (functions) _quotas        per-tenant limits (a tenant = a client process)
 
-This module is the loop: setup, sockets, replies, a client leaving, shutdown.
+This module is the loop: setup, sockets, replies, a client leaving, shutdown. Every
+client is untrusted (invariant 6): a connection's pid and uid come from the kernel at
+accept; at most ``limits.max_clients`` are served, and one that does not say hello in
+time is closed; a request is checked whole (``_validation.check_request``) before its
+handler may change anything; a request id seen before is answered again, never run
+again; nothing a client sends can raise out of the loop.
 
 Ownership: only the supervisor creates named objects, and it records each in the
 manifest before use, so ``hetproc cleanup`` can remove everything if it is killed.
@@ -44,9 +51,11 @@ manifest before use, so ``hetproc cleanup`` can remove everything if it is kille
 from __future__ import annotations
 
 import os
+import resource
 import selectors
 import signal
 import socket
+import struct
 import time
 from typing import Any
 
@@ -68,6 +77,7 @@ from ._iommu import Iommu
 from ._lifetimes import Lifetimes
 from ._memlog import MemLog
 from ._metrics import platform_metrics
+from . import _validation as check
 from ._records import ClientRec, Registry
 from ._recovery import Policy, Recovery
 from ._requests import Requests
@@ -75,6 +85,10 @@ from ._requests import Requests
 TICK_S = 0.005
 MAX_OUTBUF = 8 << 20  # replies buffered for a client that does not read them
 REQUESTS_PER_TURN = 64
+ACCEPTS_PER_TURN = 32
+ANSWERED_KEPT = 16          # replies kept per client to answer a retried request id again
+ANSWERED_MAX_BYTES = 16 << 10  # larger replies are not kept (a retry is refused instead)
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 RING_WINDOW_MS = 2.0  # modeled work per device ring: what a new arrival may have to wait
 FENCE_CAPACITY = 8192
 
@@ -92,6 +106,7 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.backlog: set[ClientRec] = set()  # clients with requests read but not handled
         self.running = True
+        self._next_hello_check = 0.0
         self._segments: list[Segment] = []
         self.reg = self._setup_memory()
         self._compose()
@@ -163,7 +178,7 @@ class Supervisor:
         self.requests = Requests(reg, self.pool, self.lifetimes, self.commands, self.iommu,
                                  self.handoff, self.faults, self.recovery, self.evidence,
                                  self.memlog, platform=platform, stop=self.stop,
-                                 metrics=self.metrics)
+                                 metrics=self.metrics, owner_pid=os.getppid())
 
     def _watch_owner(self) -> None:
         """The process that started us owns the platform: if it dies before (or without)
@@ -175,9 +190,10 @@ class Supervisor:
         self.sel.register(self.owner_pidfd, selectors.EVENT_READ, ("owner_death", None))
 
     def _setup_socket(self) -> None:
+        raise_descriptor_limit()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(socket_address(self.prefix))
-        self.listener.listen(64)
+        self.listener.listen(256)
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
 
@@ -215,12 +231,11 @@ class Supervisor:
                 if kind == "completion":
                     self.commands.on_completions(obj)
                 elif kind == "accept":
-                    self.on_accept()
+                    for _ in range(ACCEPTS_PER_TURN):
+                        if not self.on_accept():
+                            break
                 elif kind == "client":
-                    if mask & selectors.EVENT_WRITE:
-                        self.on_client_writable(key.fileobj)
-                    if mask & selectors.EVENT_READ:
-                        self.on_client_readable(key.fileobj)
+                    self.on_client_event(key.fileobj, mask)
                 elif kind == "death":
                     self.on_device_death(obj)
                 elif kind == "owner_death":
@@ -228,6 +243,7 @@ class Supervisor:
             self.tick()
             self.ask_for_news()
             self.evidence.tick()
+            self.drop_silent_connections()
 
     def tick(self) -> None:
         """Timers: completions nobody woke us for, the watchdog, incidents' grace periods."""
@@ -261,17 +277,73 @@ class Supervisor:
 
     # -- clients ----------------------------------------------------------------------
 
-    def on_accept(self) -> None:
+    def on_accept(self) -> bool:
+        """Take one connection. Its peer's pid and uid come from the kernel (SO_PEERCRED),
+        never from a packet. Past ``limits.max_clients`` connections, or from another user,
+        the peer is told why and closed at once; an accept that fails (descriptors
+        exhausted) costs that peer its connection, never the loop."""
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
-            return
+            return False
+        except OSError as exc:
+            self.note_error(errors.PlatformError(f"accept failed: {exc}"))
+            return False
+        try:
+            pid, uid, _gid = _PEERCRED.unpack(conn.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        except OSError:
+            conn.close()
+            return True
+        limits = self.spec.limits
+        why = None
+        if uid != os.getuid() and uid != 0:
+            why = errors.NotPermitted(f"this platform belongs to uid {os.getuid()}, not {uid}")
+        elif len(self.reg.clients) >= limits.max_clients:
+            why = errors.OutOfMemory(f"too many clients: {len(self.reg.clients)} connected "
+                                     f"(limits.max_clients = {limits.max_clients})")
+        elif sum(1 for c in self.reg.clients.values() if c.pid == pid) >= limits.process_clients:
+            why = errors.QuotaExceeded(f"process {pid} has {limits.process_clients} connections "
+                                       f"already (limits.process_clients)",
+                                       detail={"limit": "process_clients"})
+        if why is not None:
+            _refuse_connection(conn, why)
+            return True
         # Non-blocking both ways: a client that stops reading its replies gets them
         # buffered (up to a bound), and never stalls the loop every other client needs.
         conn.setblocking(False)
-        rec = ClientRec(id=0, name="?", pid=0, owner=False, conn=conn)
+        rec = ClientRec(id=0, name="?", pid=pid, owner=False, conn=conn, uid=uid,
+                        hello_deadline=time.monotonic() + limits.hello_timeout_ms / 1000)
         self.reg.clients[conn] = rec
         self.sel.register(conn, selectors.EVENT_READ, ("client", None))
+        return True
+
+    def on_client_event(self, conn: socket.socket, mask: int) -> None:
+        """A client's socket is ready. A bug on this path (past the handlers, which answer
+        their own) costs that client its connection, never the loop."""
+        try:
+            if mask & selectors.EVENT_WRITE:
+                self.on_client_writable(conn)
+            if mask & selectors.EVENT_READ:
+                self.on_client_readable(conn)
+        except Exception as exc:
+            client = self.reg.clients.get(conn)
+            self.note_error(errors.InternalError(
+                f"internal error serving a client: {type(exc).__name__}: {exc}"))
+            if client is not None:
+                self.on_client_gone(client)
+
+    def drop_silent_connections(self) -> None:
+        """A connection that has not said hello by its deadline holds a slot of
+        ``max_clients`` for nothing: tell it, and close it."""
+        now = time.monotonic()
+        if now < self._next_hello_check:
+            return
+        self._next_hello_check = now + 0.1
+        for client in [c for c in self.reg.clients.values() if not c.id and c.hello_deadline < now]:
+            self.reply(client, 0, error=errors.InvalidRequest(
+                "no hello within limits.hello_timeout_ms: connection closed"))
+            self.on_client_gone(client)
 
     def on_client_readable(self, conn: socket.socket) -> None:
         client = self.reg.clients.get(conn)
@@ -317,12 +389,17 @@ class Supervisor:
         try:
             msg = decode(frame, _protocol.REQUESTS)
             req_id = msg["id"]
+            if req_id and self.answer_again(client, req_id):
+                return
+            check.check_request(msg, self.spec.limits)  # every field, before any change
             if client.id == 0 and msg["op"] != "hello":
                 raise errors.InvalidRequest("say hello first")
             result = self.requests.table[msg["op"]](client, msg)
         except errors.HetprocError as exc:
             if isinstance(exc, errors.BadPacket):
                 self.reg.stats["bad_packets"] += 1
+                if req_id == -1:
+                    req_id = _id_of(frame)  # answer the request its sender waits for
             self.refuse(client, req_id, exc, frame)
         except Exception as exc:  # a supervisor bug must fail one request, not the platform
             err = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
@@ -330,6 +407,22 @@ class Supervisor:
         else:
             if req_id:  # id 0 is a notification: the sender does not wait for an answer
                 self.reply(client, req_id, result=result)
+
+    def answer_again(self, client: ClientRec, req_id: int) -> bool:
+        """Request ids only grow on a connection. One seen before is a retry (the client
+        timed out waiting): it gets the answer already given, and never runs twice; one
+        whose answer is no longer kept is refused. True when answered here."""
+        if req_id > client.last_id:
+            client.last_id = req_id
+            return False
+        frame = client.answered.get(req_id)
+        if frame is None:
+            self.reply(client, req_id, error=errors.InvalidRequest(
+                f"request id {req_id} was used already; its answer is no longer kept "
+                "(the request ran once, and is not run again)"))
+        else:
+            self.send_to(client, frame)
+        return True
 
     def refuse(self, client: ClientRec, req_id: int, exc: errors.HetprocError,
                frame: bytes) -> None:
@@ -355,7 +448,12 @@ class Supervisor:
             msg["error"] = error.to_dict()
         else:
             msg.update(result or {})
-        self.send_to(client, pack_frame(encode(msg)))
+        frame = pack_frame(encode(msg))
+        if req_id > 0 and len(frame) <= ANSWERED_MAX_BYTES:
+            client.answered[req_id] = frame
+            if len(client.answered) > ANSWERED_KEPT:
+                client.answered.popitem(last=False)
+        self.send_to(client, frame)
 
     def send_to(self, client: ClientRec, frame: bytes) -> None:
         out = client.outbuf
@@ -450,6 +548,44 @@ class Supervisor:
             seg.unlink()
         self.manifest.remove()
         cleanup_prefix(self.prefix)  # anything recorded late or never recorded
+
+
+def raise_descriptor_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit: every connection costs a descriptor, and
+    ``limits.max_clients`` stays far below what we may hold. Returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 16
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
+    """Tell a peer we will not serve why (best effort, never blocking), and close."""
+    try:
+        conn.setblocking(False)
+        conn.send(pack_frame(encode({"op": "reply", "id": 0, "ok": False, "error": why.to_dict()})))
+        conn.shutdown(socket.SHUT_WR)
+        conn.recv(1 << 16)  # what it sent already: closing over unread data would reset
+    except OSError:  # the connection, and lose the answer before the peer reads it
+        pass
+    conn.close()
+
+
+def _id_of(frame: bytes) -> int:
+    """The request id of a packet its schema refused, read leniently; -1 if it has none
+    (then the answer goes out as id 0, a notice)."""
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception:
+        return -1
+    rid = msg.get("id") if isinstance(msg, dict) else None
+    return rid if type(rid) is int and 0 < rid < 1 << 63 else -1
 
 
 def _signal_fences_of(frame: bytes) -> list[int]:

@@ -8,6 +8,7 @@ they read it and change nothing, so a refused request leaves no trace in any tab
 
 from __future__ import annotations
 
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -15,18 +16,177 @@ import msgpack
 import numpy as np
 
 from device_workers import validate_kernel
-from ipc import PENDING, check_fields, errors
+from ipc import PENDING, errors
 
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
 from ._records import BufferRec, ClientRec, ContextRec, Registry
 
 if TYPE_CHECKING:
+    from .._config import LimitsSpec
     from ._faultplan import FaultPlan
     from ._handoff import Handoff
     from ._iommu import Iommu
 
 MAX_SHAPE_ELEMENTS = 1 << 31
+
+
+def check_request(msg: dict, limits: "LimitsSpec") -> None:
+    """Every field of a decoded request within its range and size cap, and every command
+    of a submit likewise, before the handler runs: a request is refused whole, so nothing
+    was queued, allocated or signalled for it (invariant 6)."""
+    check_values(msg, limits, "request")
+    if msg["op"] == "submit":
+        for c in msg["cmds"]:
+            check_command(c, limits)
+    elif msg["op"] == "inject":
+        check_depth(msg["fault"], "fault", _protocol.PARAMS_DEPTH, 256)
+
+
+def check_values(msg: dict, limits: "LimitsSpec", where: str) -> None:
+    for key, value in msg.items():
+        kind = type(value)
+        if kind is int:
+            lo, hi = _protocol.INT_RANGES.get(key, _protocol.HANDLE)
+            if not lo <= value <= hi:
+                raise errors.InvalidRequest(f"{where}: {key} = {value} out of range {lo}..{hi}")
+        elif kind is str:
+            cap = limits.max_name if key == "name" else _protocol.STR_CAPS.get(key, 64)
+            if len(value) > cap or not value.isprintable():
+                raise errors.InvalidRequest(f"{where}: {key} must be printable and at most "
+                                            f"{cap} characters (got {len(value)})")
+        elif kind is list:
+            check_list(key, value, where)
+        elif kind is float and key in _protocol.DURATIONS:
+            check_duration(key, value, limits)
+        elif key == "params":
+            check_depth(value, "params", _protocol.PARAMS_DEPTH, _protocol.PARAMS_BYTES)
+    for key in _protocol.DURATIONS:
+        if type(msg.get(key)) is int:
+            check_duration(key, msg[key], limits)
+
+
+def check_command(c: dict, limits: "LimitsSpec") -> None:
+    """One command of a submit: its schema (``_protocol.COMMAND``) and every value's range
+    in one pass -- this runs per command, so it is written for speed."""
+    checks = _COMMAND_CHECKS
+    for key, value in c.items():
+        check = checks.get(key)
+        if check is None:
+            raise errors.BadPacket(f"command: unknown field {key!r}")
+        check(key, value, limits)
+    if "kernel" not in c:
+        raise errors.BadPacket("command: missing field 'kernel'")
+
+
+def _cmd_handles(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not list:
+        raise errors.BadPacket(f"command: field {key!r} must be list, got {type(value).__name__}")
+    if len(value) > _protocol.LIST_CAPS[key]:
+        raise errors.InvalidRequest(f"command: {key} holds {len(value)} items, at most "
+                                    f"{_protocol.LIST_CAPS[key]}")
+    for v in value:
+        if type(v) is not int or not 0 <= v <= _HANDLE_MAX:
+            raise errors.InvalidRequest(f"command: {key} item {v!r} is not a handle")
+
+
+def _cmd_int(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not int:
+        raise errors.BadPacket(f"command: field {key!r} must be int, got {type(value).__name__}")
+    lo, hi = _protocol.INT_RANGES[key]
+    if not lo <= value <= hi:
+        raise errors.InvalidRequest(f"command: {key} = {value} out of range {lo}..{hi}")
+
+
+def _cmd_duration(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not float and type(value) is not int:
+        raise errors.BadPacket(f"command: field {key!r} must be int or float, "
+                               f"got {type(value).__name__}")
+    check_duration(key, value, limits)
+
+
+def _cmd_kernel(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not str:
+        raise errors.BadPacket(f"command: field 'kernel' must be str, got {type(value).__name__}")
+    if len(value) > _protocol.STR_CAPS["kernel"] or not value.isprintable():
+        raise errors.InvalidRequest(f"command: kernel must be a printable name of at most "
+                                    f"{_protocol.STR_CAPS['kernel']} characters")
+
+
+def _cmd_params(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not dict:
+        raise errors.BadPacket(f"command: field 'params' must be dict, got {type(value).__name__}")
+    if value:
+        check_depth(value, "params", _protocol.PARAMS_DEPTH, _protocol.PARAMS_BYTES)
+
+
+def _cmd_bool(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not bool:
+        raise errors.BadPacket(f"command: field {key!r} must be bool, got {type(value).__name__}")
+
+
+_HANDLE_MAX = _protocol.HANDLE[1]
+_COMMAND_CHECKS = {"kernel": _cmd_kernel, "signal": _cmd_int, "cid": _cmd_int,
+                   "ins": _cmd_handles, "outs": _cmd_handles, "wait": _cmd_handles,
+                   "params": _cmd_params, "ms": _cmd_duration, "handoff_ms": _cmd_duration,
+                   "timeout_ms": _cmd_duration, "checked": _cmd_bool}
+assert set(_COMMAND_CHECKS) == {k.rstrip("?") for k in _protocol.COMMAND}, "one check per field"
+
+
+def check_list(key: str, value: list, where: str) -> None:
+    cap = _protocol.LIST_CAPS.get(key, 64)
+    if len(value) > cap:
+        raise errors.InvalidRequest(f"{where}: {key} holds {len(value)} items, at most {cap}")
+    item = _protocol.LIST_ITEMS.get(key)
+    if item is None:
+        return
+    for v in value:
+        if type(v) is not item:
+            raise errors.InvalidRequest(f"{where}: {key} items must be {item.__name__}, "
+                                        f"got {type(v).__name__}")
+        if item is int and not _protocol.HANDLE[0] <= v <= _protocol.HANDLE[1]:
+            raise errors.InvalidRequest(f"{where}: {key} item {v} out of range")
+        if item is str and (len(v) > 64 or not v.isprintable()):
+            raise errors.InvalidRequest(f"{where}: {key} items must be short printable names")
+
+
+def check_duration(key: str, ms: float, limits: "LimitsSpec") -> None:
+    """Finite, not negative, below the platform's maximum: what passes scales into ns that
+    fit a ring packet's integers (1e30 ms used to overflow the pack after queueing)."""
+    if not (math.isfinite(ms) and 0.0 <= ms <= limits.max_duration_ms):
+        raise errors.InvalidRequest(f"{key} = {ms} is not a duration in 0..{limits.max_duration_ms} "
+                                    "ms (limits.max_duration_ms)")
+
+
+def check_depth(value: Any, where: str, depth: int, max_bytes: int) -> None:
+    """A client's free-form map (params, a fault's parameters): bounded nesting and size,
+    string keys, finite numbers -- what a device may be handed."""
+    def walk(v: Any, level: int) -> None:
+        if level > depth:
+            raise errors.InvalidRequest(f"{where} nested deeper than {depth}")
+        if type(v) is dict:
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise errors.InvalidRequest(f"{where}: keys must be strings")
+                walk(x, level + 1)
+        elif type(v) is list:
+            for x in v:
+                walk(x, level + 1)
+        elif type(v) is float and not math.isfinite(v):
+            raise errors.InvalidRequest(f"{where}: {v} is not a finite number")
+    walk(value, 0)
+    try:
+        size = len(msgpack.packb(value))
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise errors.InvalidRequest(f"{where} cannot be encoded: {exc}") from None
+    if size > max_bytes:
+        raise errors.BadPacket(f"{where} too large: {size} bytes packed, at most {max_bytes}")
+
+
+def max_priority(client: ClientRec, limits: "LimitsSpec") -> int:
+    """The one place a client's priority ceiling is decided: by its role, never by its
+    packets (the owner and clients holding a granted role get the privileged ceiling)."""
+    return limits.max_priority_privileged if client.privileged else limits.max_priority
 
 
 def context_of(reg: Registry, client: ClientRec, handle: Any, allow_lost: bool = False) -> ContextRec:
@@ -74,8 +234,7 @@ def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "Fa
     shape is checked here, before anything reaches a device (seed §20)."""
     if not isinstance(c, dict):
         raise errors.BadPacket("a command must be a map")
-    check_fields(c, _protocol.COMMAND, where="command")
-    dev = reg.devices[ctx.device]
+    dev = reg.devices[ctx.device]  # fields and ranges: ``check_command``, already
     kernel = c["kernel"]
     if kernel not in dev.spec.ops:
         raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
@@ -91,7 +250,7 @@ def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "Fa
     check_packet_size(c, ins, outs)
     wait = [check_fence(reg, client, h) for h in c["wait"]] if c.get("wait") else []
     signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
-    if faults.rules and faults.draw("map", dev.name, c.get("cid", 0)):
+    if faults.rules and faults.draw("map", dev.name, c.get("cid", 0), client=client.id):
         raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
     return Command(
         seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
@@ -129,12 +288,26 @@ def check_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
     return handle
 
 
+def check_signal_right(reg: Registry, client: ClientRec, handle: Any) -> int:
+    """Signalling needs more than waiting: the fence's owner, or an importer its owner
+    exported it to with the signal right. An import alone grants waiting only."""
+    check_fence(reg, client, handle)
+    rec = reg.fence_recs[handle]
+    if rec.client is not client and client.id not in rec.signallers:
+        raise errors.NotPermitted(f"fence {handle:#x} may be waited on, not signalled, by "
+                                  f"client {client.name!r} (its owner did not grant the right)")
+    if rec.bound:
+        raise errors.NotPermitted(f"fence {handle:#x} is signalled by a command, not by a client")
+    return handle
+
+
 def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
-    """A client-chosen output fence must be its own, pending, and not bound already."""
+    """A client-chosen output fence: one it may signal, pending, and not bound already."""
     check_fence(reg, client, handle)
     rec = reg.fence_recs[handle]
     if rec.bound or reg.fences.poll(handle)[0] != PENDING:
         raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
+    check_signal_right(reg, client, handle)
     return handle
 
 
