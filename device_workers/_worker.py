@@ -8,6 +8,21 @@
     client ◀──fence semaphore── signal output fences (at once, or after the hand-off delay)
     supervisor ◀──ring+eventfd── completion record (seq, epoch, error code, timestamps)
 
+Modeled time (invariant 8): a command's modeled start is the latest of its arrival (the
+client's submit plus the modeled dispatch latency, ``arrive_ns``), its inputs' modeled
+signal times (stamped in the fence slots by their producers) and this device's previous
+modeled end. Its map, kernel and unmap time run from there, so the host latency of the
+wake, the decode and the hand-off is absorbed: the work may start late as long as the
+modeled end is still ahead. The device holds until the modeled end and stamps it in the
+fences it signals. When the host finishes past it, the lag is counted and traced.
+
+Preemption (seed §7, §11): the supervisor pushes a more urgent command out of order,
+marked ``pre``, and names it in the state table's ``preempt_pidx``. At its next chunk
+boundary the running command is suspended (a modeled switch cost to save, another to
+restore), every marked command in the ring runs, the others wait in a local backlog in
+ring order, and the suspended command resumes, its modeled end pushed back by the time
+it was off the device.
+
 The device trusts nothing it reads: a malformed command is answered with a ``BadPacket``
 completion and the loop goes on. It publishes heartbeat, progress and state in the shared
 state table, sees a cancel between chunks, and exits on its own when its supervisor dies
@@ -16,6 +31,7 @@ state table, sees a cancel between chunks, and exits on its own when its supervi
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import heapq
 import os
@@ -40,14 +56,18 @@ from ._tracing import DeviceTrace
 S = StateSlot
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
-OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB  # how often an idle device re-checks its parent and beats its heart
+OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB
+# A host that ends this far past the modeled end has lagged: about one cross-core wake-up,
+# below which the spin at the end of a hold cannot tell lateness from its own jitter.
+LAG_TOLERANCE_NS = 50_000
 _PR_SET_PDEATHSIG = 1
 
 _BUF = (list,)
 COMMAND_SCHEMAS = {
     "exec": {"seq": int, "pidx": int, "cid": int, "kernel": str, "checked?": bool, "params": dict, "ins": list, "outs": list,
              "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
-             "dep_timeout_ns": int, "fault?": dict, "mem?": dict},
+             "dep_timeout_ns": int, "fault?": dict, "mem?": dict, "arrive_ns?": int,
+             "pre?": bool},
     "stop": {},
 }
 
@@ -72,6 +92,9 @@ class DeviceBoot:
     trace_segment: str = ""
     coherent: bool = True
     cache_bytes: int = 0
+    chunk_ns: int = 2_000_000   # hold slices: cancel and preemption are seen between them
+    switch_ns: int = 0          # modeled cost of one context switch (save or restore)
+    preemptive: bool = False
 
 
 class DeviceWorker:
@@ -100,6 +123,12 @@ class DeviceWorker:
         self.heartbeat_frozen = False
         self.progress_while_frozen = False
         self.running = True
+        self.model_end = 0      # the previous command's modeled end
+        self.shift = 0          # modeled time the current command spent preempted
+        self.preemptible = False
+        self.preempt_seen = 0   # the last marked command run by a preemption (its pidx)
+        self.nested = False     # running marked commands under a suspended one
+        self.backlog: collections.deque = collections.deque()  # set aside by a preemption
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -126,6 +155,9 @@ class DeviceWorker:
 
     def drain(self) -> None:
         while self.running and self.u32[S.PARK] == 0:
+            if self.backlog:
+                self.execute(self.backlog.popleft())
+                continue
             try:
                 data = self.commands.get()
             except errors.BadPacket as exc:
@@ -138,16 +170,22 @@ class DeviceWorker:
             self.handle(data)
 
     def handle(self, data: bytes) -> None:
+        cmd = self.decode(data)
+        if cmd is not None:
+            self.execute(cmd)
+
+    def decode(self, data: bytes) -> dict[str, Any] | None:
+        """The command in ``data``; None for a stop (noted) or a malformed one (answered)."""
         try:
             cmd = decode(data, COMMAND_SCHEMAS)
         except errors.BadPacket as exc:
             seq = _best_effort_seq(data)
             self.complete(seq, 0, exc.code, str(exc))
-            return
+            return None
         if cmd["op"] == "stop":
             self.running = False
-            return
-        self.execute(cmd)
+            return None
+        return cmd
 
     # -- one command ------------------------------------------------------------------
 
@@ -163,6 +201,8 @@ class DeviceWorker:
         tr = self.tr
         tr.take(t_start)
         fault = cmd.get("fault") or _NO_FAULT
+        modeled = None
+        self.shift = 0
         try:
             if pidx <= u64[S.CANCEL_PIDX]:
                 raise errors.Cancelled("cancelled before it started")
@@ -173,23 +213,34 @@ class DeviceWorker:
                 tr.wait_begin(cid, len(cmd["wait"]))
                 self.wait_inputs(cmd)
                 tr.wait_end(cid, cmd["wait"])
+            m_start = self.modeled_start(cmd)
+            if m_start > time.monotonic_ns():  # a dispatch latency still to come: idle
+                hold_until(m_start, self.between_chunks, self.boot.chunk_ns)
             t_start = time.monotonic_ns()
             u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
             u32[S.STATE] = DeviceState.BUSY
             tr.exec_begin(cid, t_start)
+            self.preemptible = self.boot.preemptive and not self.nested
             # "work" only holds time: its operands are checked and maintained, not viewed.
             views = cmd["kernel"] != "work" or bool(fault)
-            ins, outs = tr.map_buffers(self.memory, cmd, self.between_chunks, views)  # traced
-            t_kernel = time.monotonic_ns()  # after the modeled map/invalidate work
+            mem = self.memory
+            ins, outs = tr.map_buffers(mem, cmd, self.between_chunks, views,
+                                       t0=m_start, hold=self.hold_model)  # traced
             # Injected faults act on memory itself: a late DMA write bypasses any cache.
-            _faults.before_kernel(self, fault, self.memory.shared_outputs())
+            _faults.before_kernel(self, fault, mem.shared_outputs())
+            m_kernel_end = mem.cursor + cmd["hold_ns"]
             if cmd["kernel"] != "work":
                 run_kernel(cmd["kernel"], ins, outs, cmd["params"], self.between_chunks)
                 if cmd.get("checked"):
                     self.verify(cmd, ins, outs, fault)
-            hold_until(t_kernel + cmd["hold_ns"], self.between_chunks)
+            self.hold_model(m_kernel_end, self.between_chunks)
             _faults.after_kernel(self, fault, outs)
-            self.memory.release(cmd, self.between_chunks)
+            # Deadlines are on the command's own timeline; hold_model adds its time off
+            # the device (preempted) to each.
+            mem.release(cmd, self.between_chunks, t0=m_kernel_end, hold=self.hold_model)
+            self.preemptible = False
+            m_end = mem.cursor + self.shift
+            modeled = (m_start, m_end, self.lag_of(m_end))
         except errors.Cancelled as exc:
             u64[S.ACK_PIDX] = max(u64[S.ACK_PIDX], pidx)  # the confirmed stop
             self.finish(cmd, t_start, exc, signal=False)
@@ -198,11 +249,88 @@ class DeviceWorker:
         except Exception as exc:  # a kernel bug must fail the request, never the device
             self.finish(cmd, t_start, errors.DeviceFault(f"{type(exc).__name__}: {exc}"))
         else:
-            self.finish(cmd, t_start, None, signal=fault.get("kind") != "lost_fence")
+            self.finish(cmd, t_start, None, signal=fault.get("kind") != "lost_fence",
+                        modeled=modeled)
         finally:
+            self.preemptible = False
             self.pidx = 0
             u64[S.CURRENT_SEQ] = 0
             u32[S.STATE] = DeviceState.IDLE
+
+    def modeled_start(self, cmd: dict[str, Any]) -> int:
+        """max(arrival + dispatch, inputs' modeled signal times, previous modeled end)."""
+        start = max(cmd.get("arrive_ns", 0), self.model_end)
+        for h in cmd["wait"]:
+            t = self.fences.producer(h)[2]
+            if t > start:
+                start = t
+        return start or time.monotonic_ns()
+
+    def hold_model(self, deadline: int, between: Any) -> None:
+        """Hold until a modeled deadline of the current command, plus the time it spent
+        preempted (which may grow while it holds)."""
+        while True:
+            shift = self.shift
+            hold_until(deadline + shift, between, self.boot.chunk_ns)
+            if self.shift == shift:
+                return
+
+    def lag_of(self, m_end: int) -> int:
+        """How far past the modeled end the host is (0 when within the tolerance)."""
+        late = time.monotonic_ns() - m_end
+        return late if late > LAG_TOLERANCE_NS else 0
+
+    # -- preemption -------------------------------------------------------------------
+
+    def preempt(self) -> None:
+        """Suspend the running command at this chunk boundary; run every marked command
+        in the ring; set the others aside in ring order; resume. The switches cost
+        ``switch_ns`` each in modeled time, and the suspended command's modeled end moves
+        back by its whole time off the device."""
+        target = int(self.u64[S.PREEMPT_PIDX])
+        self.preempt_seen = max(self.preempt_seen, target)
+        switch = self.boot.switch_ns
+        now = time.monotonic_ns()
+        u32, u64 = self.u32, self.u64
+        saved = (self.pidx, self.shift, self.model_end, self.memory.save(), self.tr.save(),
+                 int(u64[S.CURRENT_SEQ]), int(u64[S.CURRENT_CID]), int(u64[S.CURRENT_PIDX]),
+                 int(u64[S.STARTED]))
+        self.tr.preempted(saved[6], target, switch)
+        u64[S.PREEMPTIONS] += 1
+        u64[S.SWITCH_NS] += 2 * switch
+        self.preemptible = False
+        self.nested = True
+        self.model_end = now + switch  # saved: the urgent work starts after the save
+        try:
+            while self.running:
+                try:
+                    data = self.commands.get()
+                except errors.BadPacket as exc:
+                    self.complete(0, 0, exc.code, str(exc))
+                    continue
+                if data is None:
+                    break
+                cmd = self.decode(data)
+                if cmd is None:
+                    continue
+                if cmd.get("pre"):
+                    self.execute(cmd)
+                    self.preempt_seen = max(self.preempt_seen, cmd["pidx"])
+                else:
+                    self.backlog.append(cmd)
+        finally:
+            self.nested = False
+        resumed = self.model_end + switch  # restored
+        (self.pidx, shift, _, mem, trs, seq, cid, pidx, started) = saved
+        self.shift = shift + (resumed - now)
+        self.memory.restore(mem)
+        self.tr.restore(trs)
+        u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = seq, cid, pidx
+        u64[S.STARTED] = started
+        u32[S.STATE] = DeviceState.BUSY
+        self.preemptible = True
+        self.flush()
+        self.check_cancel()  # a cancel that came meanwhile stops us before any more work
 
     def verify(self, cmd: dict[str, Any], ins: list, outs: list, fault: dict) -> None:
         """Checked execution: run the kernel a second time into scratch memory and compare
@@ -245,7 +373,8 @@ class DeviceWorker:
             raise errors.IommuFault(f"buffer descriptor {desc!r} is not mappable: {exc}") from None
 
     def between_chunks(self) -> None:
-        """Called between kernel chunks and hold slices: progress, heartbeat, cancel."""
+        """Called between kernel chunks and hold slices: progress, heartbeat, cancel,
+        and a preemption the supervisor asked for."""
         if not self.heartbeat_frozen:
             u64 = self.u64
             u64[S.PROGRESS] += 1
@@ -253,6 +382,8 @@ class DeviceWorker:
         elif self.progress_while_frozen:
             self.u64[S.PROGRESS] += 1
         self.check_cancel()
+        if self.preemptible and self.u64[S.PREEMPT_PIDX] > self.preempt_seen:
+            self.preempt()
 
     def check_cancel(self) -> None:
         """Hand-off signals that are due, then the cancel request (no progress counted)."""
@@ -262,45 +393,56 @@ class DeviceWorker:
             raise errors.Cancelled("cancelled while running")
 
     def finish(self, cmd: dict[str, Any], t_start: int, exc: errors.HetprocError | None,
-               signal: bool = True) -> None:
+               signal: bool = True, modeled: tuple[int, int, int] | None = None) -> None:
+        """Close the command: trace, counters, completion record, fences. ``modeled`` =
+        (modeled start, modeled end, lag) of a command that ran to its end; its fences are
+        stamped with the modeled end (plus the hand-off delay)."""
         code, msg = (exc.code, str(exc)) if exc else (0, "")
         t_end = time.monotonic_ns()
         # No longer running it, before anyone can learn it finished: whoever the signal
         # wakes must not read the state table and see this command still on the device.
         self.u64[S.CURRENT_SEQ] = 0
         self.u32[S.STATE] = DeviceState.IDLE
+        delayed = code == 0 and cmd["delay_ns"] > 0
         # Closes what the command opened; when the fences are signalled right below, the
         # EXEC end also marks that signal (it precedes the post: a waiter wakes after it).
-        self.tr.done(cmd, code, signal and not (code == 0 and cmd["delay_ns"] > 0))
+        self.tr.done(cmd, code, signal and not delayed, modeled)
         u64 = self.u64
         u64[S.BUSY] += t_end - t_start
         u64[S.DONE] += 1
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
                   "t_start": t_start, "t_end": t_end, "mem": self.memory.report(),
                   "t_take": self.tr.t_take, "cid": cmd["cid"]}
+        if modeled is not None:
+            record["m0"], record["m1"], record["lag"] = modeled
+            self.model_end = modeled[1]
+        elif t_start and code:
+            self.model_end = max(self.model_end, t_end)  # a failure: the host's time is all we have
         if not signal:
             record["unsignalled"] = True
             self.post(record)
             return
-        if code == 0 and cmd["delay_ns"] > 0:
-            heapq.heappush(self.delayed, (t_end + cmd["delay_ns"], cmd["seq"], cmd["signal"], record))
+        m_signal = modeled[1] if modeled is not None else 0
+        if delayed:
+            due = (m_signal or t_end) + cmd["delay_ns"]
+            heapq.heappush(self.delayed, (due, cmd["seq"], cmd["signal"], record))
             return
-        self.signal_all(cmd["signal"], exc.wire if exc else 0)
+        self.signal_all(cmd["signal"], exc.wire if exc else 0, m_signal)
         record["t_signal"] = time.monotonic_ns()
         self.post(record)
 
     def fire_due_signals(self) -> None:
         now = time.monotonic_ns()
         while self.delayed and self.delayed[0][0] <= now:
-            _, _, handles, record = heapq.heappop(self.delayed)
+            due, _, handles, record = heapq.heappop(self.delayed)
             self.tr.signalled(record["cid"], 0)
-            self.signal_all(handles, 0)
+            self.signal_all(handles, 0, due)  # the modeled end plus the hand-off
             record["t_signal"] = time.monotonic_ns()
             self.post(record)
 
-    def signal_all(self, handles: list[int], word: int) -> None:
+    def signal_all(self, handles: list[int], word: int, t_model: int = 0) -> None:
         for handle in handles:
-            self.fences.signal(handle, word, signaller=self.boot.index + 1)
+            self.fences.signal(handle, word, signaller=self.boot.index + 1, t_ns=t_model)
 
     def complete(self, seq: int, t_start: int, code: int, msg: str) -> None:
         self.post({"seq": seq, "epoch": self.boot.epoch, "code": code, "msg": msg,
@@ -312,7 +454,7 @@ class DeviceWorker:
         and the last record before the device would block go out at once."""
         self.outbox.append(record)
         urgent = bool(record["code"] or record.get("unsignalled"))
-        if urgent or len(self.outbox) >= OUTBOX_MAX or self.commands.depth() == 0:
+        if urgent or len(self.outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
             self.flush(wake=urgent)
 
     def flush(self, wake: bool = False) -> None:

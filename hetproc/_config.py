@@ -56,6 +56,29 @@ class IommuSpec:
         return (fixed + self.per_mib_us * nbytes / (1 << 20)) / 1000.0
 
 
+POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
+
+
+@dataclass(frozen=True)
+class SchedSpec:
+    """How one device orders its waiting commands (seed §7, §11): ``hetproc.supervisor._scheduler``.
+
+    ``chunk_ms`` is the preemption granularity: a running command can be preempted at a
+    chunk boundary by a more urgent one (0: never preempted); every switch costs
+    ``switch_us`` of modeled save/restore. ``window_ms``: modeled work let into the
+    device's in-order ring ahead of the running command. ``mixed``: priority >=
+    ``realtime_priority`` is real-time (earliest deadline first, strictly first), priority
+    >= 1 is always-on with at least ``min_share`` of the device, 0 is third-party.
+    """
+
+    policy: str = "priority"
+    chunk_ms: float = 2.0
+    switch_us: float = 0.0
+    window_ms: float = 2.0
+    realtime_priority: int = 10
+    min_share: float = 0.2
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     name: str
@@ -70,6 +93,7 @@ class DeviceSpec:
     strided: bool = True          # False: takes only densely packed buffers
     stride_alignment: int = 1     # every padded stride (a row pitch) must be a multiple
     cache: CacheSpec = field(default_factory=CacheSpec)  # used when coherent is false
+    scheduler: SchedSpec = field(default_factory=SchedSpec)
 
 
 @dataclass(frozen=True)
@@ -109,6 +133,7 @@ class PlatformSpec:
     watchdog_ms: float = 200.0
     grace_ms: float = 50.0
     dependency_timeout_ms: float = 2000.0
+    dispatch_us: float = 0.0  # modeled latency from a submit to its earliest device start
     source: str = "<built-in>"
     faults: tuple[dict[str, Any], ...] = ()
     fault_seed: int = 0
@@ -174,6 +199,7 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
         watchdog_ms=float(raw.get("watchdog_ms", 200.0)),
         grace_ms=float(raw.get("grace_ms", 50.0)),
         dependency_timeout_ms=float(raw.get("dependency_timeout_ms", 2000.0)),
+        dispatch_us=_non_negative(raw.get("dispatch_us", 0.0), "dispatch_us", source),
         source=source,
         faults=tuple(raw.get("fault", [])),
         fault_seed=int(raw.get("fault_seed", 0)),
@@ -210,7 +236,28 @@ def _parse_device(d: dict[str, Any], source: str) -> DeviceSpec:
                       {k: float(v) for k, v in t.get("ops", {}).items()}),
         strided=bool(d.get("strided", True)), stride_alignment=stride_alignment,
         cache=_parse_table(CacheSpec, d.get("cache", {}), f"{source}: device {name}: cache"),
+        scheduler=_parse_scheduler(d.get("scheduler", {}), f"{source}: device {name}: scheduler"),
     )
+
+
+def _parse_scheduler(raw: Any, where: str) -> SchedSpec:
+    spec = _parse_table(SchedSpec, raw, where)
+    if spec.policy not in POLICIES:
+        raise errors.InvalidRequest(f"platform file {where}: policy {spec.policy!r} is not one "
+                                    f"of {', '.join(POLICIES)}")
+    if not 0.0 <= spec.min_share <= 1.0:
+        raise errors.InvalidRequest(f"platform file {where}: min_share must be in 0..1")
+    return spec
+
+
+def _non_negative(value: Any, key: str, source: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise errors.InvalidRequest(f"platform file {source}: {key} = {value!r} is not a number") from None
+    if not 0.0 <= v < 1e6:
+        raise errors.InvalidRequest(f"platform file {source}: {key} must be in 0..1e6")
+    return v
 
 
 def _maintenance(value: Any, source: str) -> bool | str:
@@ -242,6 +289,6 @@ def _parse_table(cls: type, raw: Any, where: str) -> Any:
         except (TypeError, ValueError):
             raise errors.InvalidRequest(f"platform file {where}: {key} = {value!r} is not "
                                         f"a {kind.__name__}") from None
-        if kind is not bool and values[key] < 0:
+        if kind in (int, float) and not 0 <= values[key] < 1e9:  # also refuses NaN
             raise errors.InvalidRequest(f"platform file {where}: {key} must be >= 0")
     return cls(**values)

@@ -11,7 +11,7 @@ REQUESTS = {
     "hello": {"id": _I, "name": str, "pid": _I, "owner?": bool},
     "ping": {"id": _I},
     "context_create": {"id": _I, "device": str, "priority?": _I, "name?": str,
-                       "cache_maintenance?": (bool, str)},
+                       "cache_maintenance?": (bool, str), "period_ms?": _NUM, "weight?": _NUM},
     "context_destroy": {"id": _I, "ctx": _I},
     "alloc": {"id": _I, "shape": _L, "dtype": str, "strides?": _L, "align?": _I,
               "layout?": str, "usage?": _L},
@@ -19,7 +19,7 @@ REQUESTS = {
     "fence_create": {"id": _I, "count?": _I},
     "fence_release": {"id": _I, "fences": _L},
     "fence_error": {"id": _I, "fence": _I},
-    "submit": {"id": _I, "ctx": _I, "cmds": _L},
+    "submit": {"id": _I, "ctx": _I, "cmds": _L, "t_ns?": _I},
     "cancel": {"id": _I, "ctx": _I},
     "metrics": {"id": _I},
     # memory: per-context IOMMU mappings, explicit sharing, the memory timeline
@@ -40,4 +40,4 @@ REQUESTS = {
 
 COMMAND = {"kernel": str, "signal?": _I, "ins?": _L, "outs?": _L, "wait?": _L, "params?": dict,
            "ms?": _NUM, "handoff_ms?": _NUM, "cid?": _I, "timeout_ms?": _NUM,
-           "checked?": bool}
+           "checked?": bool, "priority?": _I, "deadline_ms?": _NUM}

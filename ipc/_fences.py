@@ -1,8 +1,11 @@
 """Fences: a state word in shared memory plus a POSIX semaphore to sleep on.
 
 Layout: one shared table of fixed 32-byte slots. A slot holds its generation, state
-(pending / signalled / error), error code, the id of who signalled it, the signal time
-(CLOCK_MONOTONIC, shared by every process) and the request's correlation id.
+(pending / signalled / error), error code, the id of who signalled it, the *modeled* signal
+time (CLOCK_MONOTONIC, shared by every process) and the request's correlation id. A device
+stamps the modeled end of the command (plus its hand-off), not the moment its host process
+got round to the post, so a consumer on another device anchors its own modeled start to the
+producer's timeline (invariant 8); a host signaller (a client, the supervisor) stamps now.
 
 A handle is ``generation << 32 | slot``. Every operation checks the generation first, so
 a stale handle, or a late signal from a command that was killed, can never complete or
@@ -139,8 +142,10 @@ class FenceTable:
         if self._u32[slot * 8] != gen:
             raise errors.StaleHandle(f"fence handle {handle:#x} is stale (slot reused)")
 
-    def signal(self, handle: int, error: int = 0, signaller: int = 0) -> bool:
+    def signal(self, handle: int, error: int = 0, signaller: int = 0, t_ns: int = 0) -> bool:
         """Complete a fence (``error`` 0) or fail it with an error code; wakes all waiters.
+
+        ``t_ns``: the modeled signal time to stamp (0: now).
 
         Returns False, touching nothing, when the handle is stale or the fence already
         completed: the first outcome is final (a late signal never overrides an error).
@@ -152,7 +157,7 @@ class FenceTable:
         sem = self._sem(slot)  # first: a cold sem_open must not sit between stamp and wake
         u32[i + 2] = error
         u32[i + 3] = signaller
-        self._u64[slot * 4 + 2] = time.monotonic_ns()
+        self._u64[slot * 4 + 2] = t_ns or time.monotonic_ns()
         u32[i + 1] = FAILED if error else SIGNALLED  # the outcome is written before the wake-up
         sem.release()
         return True
@@ -202,7 +207,8 @@ class FenceTable:
 
     def producer(self, handle: int) -> tuple[int, int, int]:
         """``(cid, signaller, t_ns)`` of a fence's outcome, cheaply (no numpy): who a
-        waiter was really waiting for. Zeros for a stale handle."""
+        waiter was really waiting for, and the modeled time it signalled. Zeros for a
+        stale handle."""
         slot, gen = split_handle(handle)
         if not self._owns(slot, gen):
             return 0, 0, 0

@@ -85,6 +85,10 @@ class Requests:
         device = self.reg.spec.device(msg["device"]).name
         ctx = ContextRec(0, client, device, int(msg.get("priority", 0)), msg.get("name", ""),
                          cache_maintenance=self.handoff.maintenance(msg.get("cache_maintenance")))
+        if "period_ms" in msg:
+            ctx.period_ns = self.reg.scaled_ns(check.bounded_ms(msg["period_ms"], "period_ms"))
+        if "weight" in msg:
+            ctx.weight = check.bounded_ms(msg["weight"], "weight", hi=check.MAX_WEIGHT)
         ctx.handle = self.reg.contexts.insert(ctx)
         client.contexts.add(ctx.handle)
         return {"ctx": ctx.handle}
@@ -146,8 +150,9 @@ class Requests:
         ctx = check.context_of(self.reg, client, msg["ctx"])
         if not msg["cmds"] or len(msg["cmds"]) > MAX_BATCH:
             raise errors.InvalidRequest(f"a submit carries 1..{MAX_BATCH} commands, got {len(msg['cmds'])}")
-        cmds = [check.build_command(self.reg, self.iommu, self.handoff, self.faults, ctx, c)
-                for c in msg["cmds"]]  # all valid, or none runs
+        t_arrive = check.arrival_ns(self.reg, msg.get("t_ns"), t0_ns)
+        cmds = [check.build_command(self.reg, self.iommu, self.handoff, self.faults, ctx, c,
+                                    t_arrive) for c in msg["cmds"]]  # all valid, or none runs
         # Every part of a chain may need a new fence: make sure they all exist before the
         # first commit, so a batch is queued whole or not at all.
         if self.reg.fences.free_count() < 3 * len(cmds):

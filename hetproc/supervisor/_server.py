@@ -6,7 +6,7 @@ Data flow::
     client B ─┼──────────────▶ ┌────────────────────────────── supervisor ─┐
     client C ─┘                │ validate (handles, generations, shapes,     │
                                │ dtypes, ops) -> Command -> device queue     │
-                               │ (priority heap) -> pump into ring           │
+                               │ (scheduler) -> pump into ring               │
                                └──┬───────────────────▲───────────────▲────┘
                   command ring +  │     completion     │ eventfd       │ pidfd readable
                   doorbell sem    ▼     ring           │               │ = device died
@@ -54,8 +54,8 @@ import msgpack
 import posix_ipc
 
 from device_workers import STATE_DTYPE, StateSlot, state_table
-from ipc import (BlockPool, FenceTable, Manifest, Segment, cleanup_prefix, decode, encode,
-                 errors, pack_frame, socket_address)
+from ipc import (PENDING, BlockPool, FenceTable, Manifest, Segment, cleanup_prefix, decode,
+                 encode, errors, pack_frame, socket_address)
 
 from .. import _protocol
 from .._config import PlatformSpec
@@ -75,7 +75,6 @@ from ._requests import Requests
 TICK_S = 0.005
 MAX_OUTBUF = 8 << 20  # replies buffered for a client that does not read them
 REQUESTS_PER_TURN = 64
-RING_WINDOW_MS = 2.0  # modeled work per device ring: what a new arrival may have to wait
 FENCE_CAPACITY = 8192
 
 
@@ -128,7 +127,6 @@ class Supervisor:
         slots = [StateSlot(self.state_seg.map, i) for i in range(n)]
         self.pool = BlockPool(self.prefix, limit=self.spec.memory_mib << 20,
                               on_new_segment=lambda s: self._record_object("shm", s.name))
-        window_ns = int(RING_WINDOW_MS * self.spec.time_scale * 1e6)
         devices: dict[str, DeviceHandle] = {}
         for index, dspec in enumerate(self.spec.devices):
             ring = self._new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
@@ -136,9 +134,18 @@ class Supervisor:
             self._record_object("sem", bell_name)
             bell = posix_ipc.Semaphore(bell_name, posix_ipc.O_CREX, initial_value=0)
             efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd, window_ns=window_ns)
+            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd,
+                               window_ns=int(dspec.scheduler.window_ms * self.spec.time_scale * 1e6),
+                               time_scale=self.spec.time_scale, state=slots[index])
             devices[dspec.name] = dev
             self.sel.register(efd, selectors.EVENT_READ, ("completion", dev))
+        def ready(cmd: Any) -> bool:
+            try:
+                return all(fences.poll(h)[0] != PENDING for h in cmd.wait)
+            except errors.HetprocError:
+                return False
+        for dev in devices.values():
+            dev.inputs_ready = ready
         return Registry(self.spec, fences, devices, slots, state)
 
     def _compose(self) -> None:
@@ -190,6 +197,7 @@ class Supervisor:
                 "device_count": len(self.reg.devices), **self.evidence.boot_args()}
         self.reg.state[dev.index]["cancel_pidx"] = 0
         self.reg.state[dev.index]["park"] = 0
+        self.reg.state[dev.index]["preempt_pidx"] = 0
         dev.spawn(boot, keep_fds=set)
         self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
         self.evidence.device_spawned(dev)
@@ -239,7 +247,7 @@ class Supervisor:
         for ring space, or a recovery is running (its probes and purges finish it)."""
         recovering = bool(self.recovery.active or self.recovery.probing)
         for dev in self.reg.devices.values():
-            want = 1 if (dev.queue or recovering) else 0
+            want = 1 if (dev.sched or recovering) else 0
             slot = self.reg.slots[dev.index]
             if slot.u32[StateSlot.WANT_NEWS] != want:
                 slot.u32[StateSlot.WANT_NEWS] = want
@@ -432,7 +440,7 @@ class Supervisor:
             dev.wait_exit(2.0)
         for dev in self.reg.devices.values():
             for cmd in dev.take_all():
-                self.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+                self.commands.fail_command(cmd, errors.PlatformClosed("platform stopped"))
         for client in list(self.reg.clients.values()):
             client.conn.close()
         self.listener.close()

@@ -20,6 +20,7 @@ from ipc import PENDING, check_fields, errors
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
 from ._records import BufferRec, ClientRec, ContextRec, Registry
+from ._scheduler import max_priority
 
 if TYPE_CHECKING:
     from ._faultplan import FaultPlan
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from ._iommu import Iommu
 
 MAX_SHAPE_ELEMENTS = 1 << 31
+MAX_BACKDATE_NS = 20_000_000   # how far before its arrival a client may date its submit
+MAX_DEADLINE_MS = 3_600_000.0  # one hour: deadlines and periods beyond are typos
+MAX_WEIGHT = 1000.0
 
 
 def context_of(reg: Registry, client: ClientRec, handle: Any, allow_lost: bool = False) -> ContextRec:
@@ -68,8 +72,45 @@ def check_layout(shape: list, dtype: str, strides: list | None, budget_bytes: in
     return tuple(shape), dt.name, tuple(strides) if strides else None
 
 
+def arrival_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
+    """A submit's modeled arrival: the client's own submit time (so the host's submit path
+    is absorbed, not modeled), never later than now nor more than ``MAX_BACKDATE_NS``
+    before it (an untrusted stamp can shift its own work a little, nobody else's), plus
+    the platform's modeled dispatch latency (invariant 8)."""
+    t = now_ns
+    if isinstance(t_client, int) and not isinstance(t_client, bool):
+        t = min(now_ns, max(now_ns - MAX_BACKDATE_NS, t_client))
+    return t + reg.scaled_ns(reg.spec.dispatch_us / 1000.0)
+
+
+def bounded_ms(value: Any, what: str, lo: float = 0.0, hi: float = MAX_DEADLINE_MS) -> float:
+    """A finite number of ms in ``(lo, hi]``, or a clear error for its sender."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise errors.InvalidRequest(f"{what} must be a number, got {value!r}")
+    v = float(value)
+    if not (lo < v <= hi):  # also false for NaN
+        raise errors.InvalidRequest(f"{what} = {value!r} is out of range ({lo:g}, {hi:g}]")
+    return v
+
+
+def request_priority(ctx: ContextRec, c: dict) -> int:
+    """The command's priority: its own (0..the client's maximum), else its context's."""
+    if "priority" not in c:
+        return ctx.priority
+    p, top = c["priority"], max_priority(ctx.client)
+    if not 0 <= p <= top:
+        raise errors.InvalidRequest(f"priority {p} is out of range 0..{top} for this client")
+    return p
+
+
+def deadline_ns(reg: Registry, ctx: ContextRec, c: dict, t_arrive: int) -> int:
+    if "deadline_ms" in c:
+        return t_arrive + reg.scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
+    return t_arrive + ctx.period_ns if ctx.period_ns else 0
+
+
 def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
-                  ctx: ContextRec, c: Any) -> Command:
+                  ctx: ContextRec, c: Any, t_arrive: int = 0) -> Command:
     """Validate one command of a submit: every handle, generation, owner, op, dtype and
     shape is checked here, before anything reaches a device (seed §20)."""
     if not isinstance(c, dict):
@@ -91,14 +132,17 @@ def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "Fa
     check_packet_size(c, ins, outs)
     wait = [check_fence(reg, client, h) for h in c["wait"]] if c.get("wait") else []
     signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
+    priority = request_priority(ctx, c)
+    t_arrive = t_arrive or arrival_ns(reg, None, time.monotonic_ns())
+    deadline = deadline_ns(reg, ctx, c, t_arrive)
     if faults.rules and faults.draw("map", dev.name, c.get("cid", 0)):
         raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
     return Command(
         seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
         ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=hold_ns(reg, dev, c, ins, outs),
         delay_ns=reg.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
-        dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=ctx.priority,
-        t_submit=time.monotonic_ns(),
+        dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=priority,
+        t_submit=time.monotonic_ns(), t_arrive=t_arrive, deadline_ns=deadline,
         timeout_ns=reg.scaled_ns(c["timeout_ms"] if "timeout_ms" in c else reg.spec.watchdog_ms),
         checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
 
