@@ -260,6 +260,8 @@ class DeviceHandle:
         """Whether ``head`` goes into the ring now, out of order, to preempt what runs."""
         if not self.preemptive or self.state is None:
             return False
+        if any(c.preemptor for c in self.pushed.values()):
+            return False  # one at a time: the next is chosen by policy when this one ends
         victim = self.victim()
         return (victim is not None and victim.hold_ns > self.chunk_ns()
                 and self.sched.preempts(head, victim) and self.inputs_ready(head))

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._iommu import Iommu
 
 MAX_SHAPE_ELEMENTS = 1 << 31
-MAX_BACKDATE_NS = 20_000_000   # how far before its arrival a client may date its submit
+MAX_BACKDATE_NS = 100_000_000  # how far before its arrival a client may date its submit
 MAX_DEADLINE_MS = 3_600_000.0  # one hour: deadlines and periods beyond are typos
 MAX_WEIGHT = 1000.0
 
@@ -103,10 +103,12 @@ def request_priority(ctx: ContextRec, c: dict) -> int:
     return p
 
 
-def deadline_ns(reg: Registry, ctx: ContextRec, c: dict, t_arrive: int) -> int:
+def deadline_ns(reg: Registry, ctx: ContextRec, c: dict, t_received: int) -> int:
+    """Absolute deadline, counted from when the supervisor received the submit: a client
+    dating its submit earlier must not make its work look more urgent (edf, mixed)."""
     if "deadline_ms" in c:
-        return t_arrive + reg.scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
-    return t_arrive + ctx.period_ns if ctx.period_ns else 0
+        return t_received + reg.scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
+    return t_received + ctx.period_ns if ctx.period_ns else 0
 
 
 def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
@@ -133,8 +135,9 @@ def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "Fa
     wait = [check_fence(reg, client, h) for h in c["wait"]] if c.get("wait") else []
     signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
     priority = request_priority(ctx, c)
-    t_arrive = t_arrive or arrival_ns(reg, None, time.monotonic_ns())
-    deadline = deadline_ns(reg, ctx, c, t_arrive)
+    t_received = time.monotonic_ns()
+    t_arrive = t_arrive or arrival_ns(reg, None, t_received)
+    deadline = deadline_ns(reg, ctx, c, t_received)
     if faults.rules and faults.draw("map", dev.name, c.get("cid", 0)):
         raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
     return Command(
