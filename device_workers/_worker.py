@@ -128,6 +128,7 @@ class DeviceWorker:
         self.preemptible = False
         self.preempt_seen = 0   # the last marked command run by a preemption (its pidx)
         self.nested = False     # running marked commands under a suspended one
+        self.m_origin = 0       # the running command's modeled start
         self.backlog: collections.deque = collections.deque()  # set aside by a preemption
 
     # -- the loop ---------------------------------------------------------------------
@@ -220,6 +221,7 @@ class DeviceWorker:
             u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
             u32[S.STATE] = DeviceState.BUSY
             tr.exec_begin(cid, t_start)
+            self.m_origin = m_start  # its chunk boundaries are counted from here
             self.preemptible = self.boot.preemptive and not self.nested
             # "work" only holds time: its operands are checked and maintained, not viewed.
             views = cmd["kernel"] != "work" or bool(fault)
@@ -289,40 +291,34 @@ class DeviceWorker:
         back by its whole time off the device."""
         target = int(self.u64[S.PREEMPT_PIDX])
         self.preempt_seen = max(self.preempt_seen, target)
+        marked = self.take_marked()
+        if not marked:
+            return
         switch = self.boot.switch_ns
         now = time.monotonic_ns()
+        at = self.preemption_point(marked[0].get("arrive_ns", 0), now)
         u32, u64 = self.u32, self.u64
         saved = (self.pidx, self.shift, self.model_end, self.memory.save(), self.tr.save(),
                  int(u64[S.CURRENT_SEQ]), int(u64[S.CURRENT_CID]), int(u64[S.CURRENT_PIDX]),
-                 int(u64[S.STARTED]))
+                 int(u64[S.STARTED]), self.m_origin)
         self.tr.preempted(saved[6], target, switch)
         u64[S.PREEMPTIONS] += 1
         u64[S.SWITCH_NS] += 2 * switch
         self.preemptible = False
         self.nested = True
-        self.model_end = now + switch  # saved: the urgent work starts after the save
+        self.model_end = at + switch  # saved: the urgent work starts after the save
         try:
-            while self.running:
-                try:
-                    data = self.commands.get()
-                except errors.BadPacket as exc:
-                    self.complete(0, 0, exc.code, str(exc))
-                    continue
-                if data is None:
-                    break
-                cmd = self.decode(data)
-                if cmd is None:
-                    continue
-                if cmd.get("pre"):
-                    self.execute(cmd)
-                    self.preempt_seen = max(self.preempt_seen, cmd["pidx"])
-                else:
-                    self.backlog.append(cmd)
+            while marked and self.running:
+                cmd = marked.pop(0)
+                self.execute(cmd)
+                self.preempt_seen = max(self.preempt_seen, cmd["pidx"])
+                if not marked:
+                    marked = self.take_marked()  # marked while the first ones ran
         finally:
             self.nested = False
         resumed = self.model_end + switch  # restored
-        (self.pidx, shift, _, mem, trs, seq, cid, pidx, started) = saved
-        self.shift = shift + (resumed - now)
+        (self.pidx, shift, _, mem, trs, seq, cid, pidx, started, self.m_origin) = saved
+        self.shift = shift + (resumed - at)
         self.memory.restore(mem)
         self.tr.restore(trs)
         u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = seq, cid, pidx
@@ -371,6 +367,31 @@ class DeviceWorker:
             return self.cache.get(seg).view(offset, shape, dtype, strides or None)
         except (ValueError, TypeError, posix_ipc.ExistentialError) as exc:
             raise errors.IommuFault(f"buffer descriptor {desc!r} is not mappable: {exc}") from None
+
+    def take_marked(self) -> list[dict[str, Any]]:
+        """Empty the ring: the commands marked to preempt, in ring order; the others go
+        to the backlog, which runs, in order, once the suspended command is done."""
+        marked = []
+        while self.running:
+            try:
+                data = self.commands.get()
+            except errors.BadPacket as exc:
+                self.complete(0, 0, exc.code, str(exc))
+                continue
+            if data is None:
+                break
+            cmd = self.decode(data)
+            if cmd is not None:
+                (marked if cmd.get("pre") else self.backlog).append(cmd)
+        return marked
+
+    def preemption_point(self, arrival: int, now: int) -> int:
+        """The modeled chunk boundary of the running command at or after ``arrival``:
+        where the model switches, whatever the host's wake-up added (never past now)."""
+        origin, chunk = self.m_origin + self.shift, self.boot.chunk_ns
+        if arrival <= origin:
+            return min(origin, now)
+        return min(origin + -(-(arrival - origin) // chunk) * chunk, now)
 
     def between_chunks(self) -> None:
         """Called between kernel chunks and hold slices: progress, heartbeat, cancel,

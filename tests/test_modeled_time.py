@@ -140,13 +140,15 @@ def _preempt_run(chunk_ms: float, switch_us: float) -> dict:
         long = low.submit_nowait("work", ms=400, at_ns=t0, timeout_ms=5000)
         assert wait_for(lambda: c.metrics()["devices"]["npu0"]["state"] == "busy")
         time.sleep(0.005)
-        urgent = high.submit_nowait("work", ms=2)
+        t_urgent = time.monotonic_ns()
+        urgent = high.submit_nowait("work", ms=2, at_ns=t_urgent)
         urgent.wait(5)
         long.wait(5)
         dev = c.metrics()["devices"]["npu0"]
         recs = plat.trace_records()[0]
         pre = recs[recs["stage"] == int(Stage.PREEMPT)]
         return {"t0": t0, "long": long.signal_time(), "urgent": urgent.signal_time(),
+                "t_urgent": t_urgent,
                 "preemptions": dev["preemptions"], "switch_ms": dev["switch_ms"],
                 "trace": [(int(r["cid"]), int(r["a1"])) for r in pre], "long_cid": long.cid}
 
@@ -158,6 +160,8 @@ def test_a_more_urgent_command_preempts_at_a_chunk_boundary_and_pays_the_switche
     assert r["trace"] == [(r["long_cid"], 100_000)]  # suspended: the long job, at a chunk
     # The suspended job's modeled end moves back by exactly its time off the device.
     assert r["long"] - r["t0"] == 400 * MS + 2 * MS + 2 * 100_000
+    # It switched at the first chunk boundary after the arrival, not when the host noticed.
+    assert 2 * MS + 100_000 <= r["urgent"] - r["t_urgent"] <= 1 * MS + 100_000 + 2 * MS
 
 
 def test_without_preemption_the_urgent_command_waits_for_the_whole_job():
