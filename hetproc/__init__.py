@@ -23,12 +23,13 @@ from ipc.errors import __all__ as _error_names
 
 from .client._bufpool import BufferPool, PoolStatistics
 from .client._client import Buffer, Client, Context, Fence, command
+from .client._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
 from .client._platform import Platform, connect
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
-    "BufferPool", "PoolStatistics",
+    "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing",
     *_error_names,
 ]
