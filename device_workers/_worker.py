@@ -156,6 +156,9 @@ class DeviceWorker:
 
     def drain(self) -> None:
         while self.running and self.u32[S.PARK] == 0:
+            if self.u64[S.PREEMPT_PIDX] > self.preempt_seen:
+                self.run_marked()  # urgent ones first, even with nothing to preempt
+                continue
             if self.backlog:
                 self.execute(self.backlog.popleft())
                 continue
@@ -296,7 +299,8 @@ class DeviceWorker:
             return
         switch = self.boot.switch_ns
         now = time.monotonic_ns()
-        at = self.preemption_point(marked[0].get("arrive_ns", 0), now)
+        # Never before the device's last modeled end (an earlier preemption's work).
+        at = max(self.preemption_point(marked[0].get("arrive_ns", 0), now), self.model_end)
         u32, u64 = self.u32, self.u64
         saved = (self.pidx, self.shift, self.model_end, self.memory.save(), self.tr.save(),
                  int(u64[S.CURRENT_SEQ]), int(u64[S.CURRENT_CID]), int(u64[S.CURRENT_PIDX]),
@@ -367,6 +371,13 @@ class DeviceWorker:
             return self.cache.get(seg).view(offset, shape, dtype, strides or None)
         except (ValueError, TypeError, posix_ipc.ExistentialError) as exc:
             raise errors.IommuFault(f"buffer descriptor {desc!r} is not mappable: {exc}") from None
+
+    def run_marked(self) -> None:
+        """Between commands: run the marked ones in the ring before anything else."""
+        self.preempt_seen = max(self.preempt_seen, int(self.u64[S.PREEMPT_PIDX]))
+        for cmd in self.take_marked():
+            self.execute(cmd)
+            self.preempt_seen = max(self.preempt_seen, cmd["pidx"])
 
     def take_marked(self) -> list[dict[str, Any]]:
         """Empty the ring: the commands marked to preempt, in ring order; the others go

@@ -197,7 +197,10 @@ class DeviceHandle:
         sched = self.sched
         while sched and len(self.pushed) < MAX_IN_RING and not self.paused and self.pid:
             cmd = self._head()
-            if holds and self._should_preempt(cmd):
+            urgent = self._urgency(cmd) if holds else _NO
+            if urgent is _LATER:
+                break  # it preempts once the preemptor before it ends: nothing goes first
+            if urgent is _NOW:
                 cmd.preemptor = True
                 if not self._push(cmd):
                     break
@@ -249,22 +252,31 @@ class DeviceHandle:
         return True
 
     def victim(self) -> Command | None:
-        """The command a preemption would suspend: the oldest in the ring that is not a
-        preemptor itself (the running one, or the one suspended under a preemptor)."""
+        """The command a preemption would suspend: the one the device says it runs, else
+        the oldest long one in the ring that is not a preemptor (finished commands whose
+        records we have not read yet may still be listed: short ones are skipped)."""
+        current = self.pushed.get(int(self.state.u64[_CURRENT_SEQ])) if self.state else None
+        if current is not None and not current.preemptor:
+            return current
+        chunk = self.chunk_ns()
         for c in self.pushed.values():
-            if not c.preemptor:
+            if not c.preemptor and c.hold_ns > chunk:
                 return c
         return None
 
-    def _should_preempt(self, head: Command) -> bool:
-        """Whether ``head`` goes into the ring now, out of order, to preempt what runs."""
+    def _urgency(self, head: Command) -> object:
+        """Whether ``head`` goes into the ring now, out of order, to preempt what runs
+        (``_NOW``); should, but another preemptor is still out (``_LATER``: one at a time,
+        the next chosen by policy when it ends); or not (``_NO``)."""
         if not self.preemptive or self.state is None:
-            return False
-        if any(c.preemptor for c in self.pushed.values()):
-            return False  # one at a time: the next is chosen by policy when this one ends
+            return _NO
         victim = self.victim()
-        return (victim is not None and victim.hold_ns > self.chunk_ns()
-                and self.sched.preempts(head, victim) and self.inputs_ready(head))
+        if (victim is None or victim.hold_ns <= self.chunk_ns()
+                or not self.sched.preempts(head, victim) or not self.inputs_ready(head)):
+            return _NO
+        if any(c.preemptor for c in self.pushed.values()):
+            return _LATER
+        return _NOW
 
     def chunk_ns(self) -> int:
         return int(self.spec.scheduler.chunk_ms * self.time_scale * 1e6)
@@ -351,7 +363,8 @@ def cmd_now() -> int:
     return time.monotonic_ns()
 
 
-_PREEMPT_PIDX = StateSlot.PREEMPT_PIDX
+_PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
+_NOW, _LATER, _NO = object(), object(), object()
 
 
 def device_state_name(code: int) -> str:
