@@ -226,6 +226,14 @@ class DeviceTrace:
         if self._open_wait:
             self.wait_end(cid, cmd.get("wait") or [])
 
+    def power(self, speed: float, thermal: Any, temperature_only: bool = False) -> None:
+        """Counters: the speed a command runs at (per mille of the top frequency) and,
+        with a thermal model, the temperature (milli-degrees)."""
+        if not temperature_only:
+            self.ring.counter(Stage.FREQUENCY, int(round(speed * 1000)), self.track)
+        if thermal is not None:
+            self.ring.counter(Stage.TEMPERATURE, int(thermal.temp * 1000), self.track)
+
     def preempted(self, victim_cid: int, target_pidx: int, switch_ns: int) -> None:
         """The running command is suspended at a chunk boundary for a more urgent one."""
         self.ring.instant(_PREEMPT, victim_cid, self.track, target_pidx, switch_ns, 0)

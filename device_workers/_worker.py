@@ -50,6 +50,7 @@ from . import _faults
 from ._cache import DeviceMemory
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
+from ._power import Thermal
 from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
 
@@ -67,7 +68,7 @@ COMMAND_SCHEMAS = {
     "exec": {"seq": int, "pidx": int, "cid": int, "kernel": str, "checked?": bool, "params": dict, "ins": list, "outs": list,
              "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
              "dep_timeout_ns": int, "fault?": dict, "mem?": dict, "arrive_ns?": int,
-             "pre?": bool},
+             "pre?": bool, "spd?": float},
     "stop": {},
 }
 
@@ -95,6 +96,7 @@ class DeviceBoot:
     chunk_ns: int = 2_000_000   # hold slices: cancel and preemption are seen between them
     switch_ns: int = 0          # modeled cost of one context switch (save or restore)
     preemptive: bool = False
+    thermal: dict | None = None  # device_workers._power.Thermal's parameters, when modeled
 
 
 class DeviceWorker:
@@ -130,6 +132,8 @@ class DeviceWorker:
         self.nested = False     # running marked commands under a suspended one
         self.m_origin = 0       # the running command's modeled start
         self.backlog: collections.deque = collections.deque()  # set aside by a preemption
+        self.thermal = Thermal(**boot.thermal) if boot.thermal else None
+        self.speed = 1.0        # what the last command ran at
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -233,12 +237,16 @@ class DeviceWorker:
                                        t0=m_start, hold=self.hold_model)  # traced
             # Injected faults act on memory itself: a late DMA write bypasses any cache.
             _faults.before_kernel(self, fault, mem.shared_outputs())
-            m_kernel_end = mem.cursor + cmd["hold_ns"]
+            speed = self.run_speed(cmd, mem.cursor)
+            busy = int(cmd["hold_ns"] / speed) if speed != 1.0 else cmd["hold_ns"]
+            m_kernel_end = mem.cursor + busy
             if cmd["kernel"] != "work":
                 run_kernel(cmd["kernel"], ins, outs, cmd["params"], self.between_chunks)
                 if cmd.get("checked"):
                     self.verify(cmd, ins, outs, fault)
             self.hold_model(m_kernel_end, self.between_chunks)
+            if self.thermal is not None:
+                self.thermal.ran(m_kernel_end + self.shift, busy, speed)
             _faults.after_kernel(self, fault, outs)
             # Deadlines are on the command's own timeline; hold_model adds its time off
             # the device (preempted) to each.
@@ -271,6 +279,18 @@ class DeviceWorker:
                 start = t
         return start or time.monotonic_ns()
 
+    def run_speed(self, cmd: dict[str, Any], t: int) -> float:
+        """The voted speed (``spd``), capped by the thermal model; traced when it changes."""
+        vote = cmd.get("spd", 1.0)
+        vote = vote if 0.05 <= vote <= 1.0 else 1.0  # never trust a number blindly
+        speed = self.thermal.speed(t, vote) if self.thermal is not None else vote
+        if speed != self.speed:
+            self.speed = speed
+            self.tr.power(speed, self.thermal)
+        elif self.thermal is not None:
+            self.tr.power(speed, self.thermal, temperature_only=True)
+        return speed
+
     def hold_model(self, deadline: int, between: Any) -> None:
         """Hold until a modeled deadline of the current command, plus the time it spent
         preempted (which may grow while it holds)."""
@@ -302,6 +322,7 @@ class DeviceWorker:
         # Never before the device's last modeled end (an earlier preemption's work).
         at = max(self.preemption_point(marked[0].get("arrive_ns", 0), now), self.model_end)
         u32, u64 = self.u32, self.u64
+        speed = self.speed
         saved = (self.pidx, self.shift, self.model_end, self.memory.save(), self.tr.save(),
                  int(u64[S.CURRENT_SEQ]), int(u64[S.CURRENT_CID]), int(u64[S.CURRENT_PIDX]),
                  int(u64[S.STARTED]), self.m_origin)
@@ -323,6 +344,7 @@ class DeviceWorker:
         resumed = self.model_end + switch  # restored
         (self.pidx, shift, _, mem, trs, seq, cid, pidx, started, self.m_origin) = saved
         self.shift = shift + (resumed - at)
+        self.speed = speed
         self.memory.restore(mem)
         self.tr.restore(trs)
         u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = seq, cid, pidx
@@ -447,6 +469,9 @@ class DeviceWorker:
                   "t_take": self.tr.t_take, "cid": cmd["cid"]}
         if modeled is not None:
             record["m0"], record["m1"], record["lag"] = modeled
+            record["spd"] = self.speed
+            if self.thermal is not None:
+                record["temp"], record["thr"] = round(self.thermal.temp, 3), self.thermal.throttled
             self.model_end = modeled[1]
         elif t_start and code:
             self.model_end = max(self.model_end, t_end)  # a failure: the host's time is all we have

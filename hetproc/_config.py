@@ -80,6 +80,35 @@ class SchedSpec:
 
 
 @dataclass(frozen=True)
+class PowerSpec:
+    """Frequency levels and a thermal model (seed §7, §9), all in modeled time.
+
+    ``levels``: relative speeds a device may run at; clients vote (``Context.vote``) and
+    the device runs at the highest vote (no vote: the top level); a kernel's modeled time
+    is divided by its speed. Thermal: a busy device heats by ``heat_c_per_ms`` x speed²
+    per ms and relaxes to ``ambient_c`` with time constant ``tau_ms``; at ``throttle_c`` it
+    drops to ``throttle_speed`` until it has cooled ``hysteresis_c`` below. ``heat_c_per_ms
+    = 0`` (the default) turns the thermal model off.
+    """
+
+    levels: tuple[float, ...] = (1.0,)
+    heat_c_per_ms: float = 0.0
+    tau_ms: float = 2000.0
+    ambient_c: float = 35.0
+    throttle_c: float = 85.0
+    hysteresis_c: float = 5.0
+    throttle_speed: float = 0.5
+
+    @property
+    def top(self) -> float:
+        return max(self.levels)
+
+    def level_for(self, vote: float) -> float:
+        """The lowest level that meets ``vote`` (the top one if none does)."""
+        return min((lv for lv in self.levels if lv >= vote), default=self.top)
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     name: str
     kind: str
@@ -94,6 +123,7 @@ class DeviceSpec:
     stride_alignment: int = 1     # every padded stride (a row pitch) must be a multiple
     cache: CacheSpec = field(default_factory=CacheSpec)  # used when coherent is false
     scheduler: SchedSpec = field(default_factory=SchedSpec)
+    power: PowerSpec = field(default_factory=PowerSpec)
 
 
 @dataclass(frozen=True)
@@ -134,6 +164,9 @@ class PlatformSpec:
     grace_ms: float = 50.0
     dependency_timeout_ms: float = 2000.0
     dispatch_us: float = 0.0  # modeled latency from a submit to its earliest device start
+    # DDR bandwidth quota per client name, MB/s ("*": everyone else; absent: unlimited)
+    ddr_quota_mbps: dict[str, float] = field(default_factory=dict)
+    ddr_burst_kib: int = 256   # what a client may move at once before its quota applies
     source: str = "<built-in>"
     faults: tuple[dict[str, Any], ...] = ()
     fault_seed: int = 0
@@ -200,6 +233,8 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
         grace_ms=float(raw.get("grace_ms", 50.0)),
         dependency_timeout_ms=float(raw.get("dependency_timeout_ms", 2000.0)),
         dispatch_us=_non_negative(raw.get("dispatch_us", 0.0), "dispatch_us", source),
+        ddr_quota_mbps=_quotas(raw.get("ddr_quota_mbps", {}), source),
+        ddr_burst_kib=int(_non_negative(raw.get("ddr_burst_kib", 256), "ddr_burst_kib", source)),
         source=source,
         faults=tuple(raw.get("fault", [])),
         fault_seed=int(raw.get("fault_seed", 0)),
@@ -237,7 +272,39 @@ def _parse_device(d: dict[str, Any], source: str) -> DeviceSpec:
         strided=bool(d.get("strided", True)), stride_alignment=stride_alignment,
         cache=_parse_table(CacheSpec, d.get("cache", {}), f"{source}: device {name}: cache"),
         scheduler=_parse_scheduler(d.get("scheduler", {}), f"{source}: device {name}: scheduler"),
+        power=_parse_power(d.get("power", {}), f"{source}: device {name}: power"),
     )
+
+
+def _parse_power(raw: Any, where: str) -> PowerSpec:
+    if not isinstance(raw, dict):
+        raise errors.InvalidRequest(f"platform file {where}: expected a table")
+    raw = dict(raw)
+    levels = raw.pop("levels", (1.0,))
+    try:
+        levels = tuple(sorted(float(v) for v in levels))
+    except (TypeError, ValueError):
+        raise errors.InvalidRequest(f"platform file {where}: levels must be numbers") from None
+    if not levels or not all(0.05 <= v <= 1.0 for v in levels):
+        raise errors.InvalidRequest(f"platform file {where}: levels must be in 0.05..1.0")
+    spec = _parse_table(PowerSpec, raw, where)
+    if not 0.05 <= spec.throttle_speed <= 1.0 or spec.tau_ms <= 0:
+        raise errors.InvalidRequest(f"platform file {where}: throttle_speed in 0.05..1.0, "
+                                    "tau_ms > 0")
+    return PowerSpec(**{**spec.__dict__, "levels": levels})
+
+
+def _quotas(raw: Any, source: str) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise errors.InvalidRequest(f"platform file {source}: ddr_quota_mbps must be a table")
+    out = {}
+    for name, v in raw.items():
+        mbps = _non_negative(v, f"ddr_quota_mbps.{name}", source)
+        if mbps <= 0:
+            raise errors.InvalidRequest(f"platform file {source}: ddr_quota_mbps.{name} "
+                                        "must be > 0")
+        out[str(name)] = mbps
+    return out
 
 
 def _parse_scheduler(raw: Any, where: str) -> SchedSpec:

@@ -36,6 +36,7 @@ REQUESTS = {
     "prepare": {"id": _I, "ctx": _I, "kernel": str},
     "trace_info": {"id": _I},
     "trace_frozen": {"id": _I, "window?": _I, "offset?": _I, "flush?": bool},
+    "power_vote": {"id": _I, "ctx": _I, "level": _NUM},
 }
 
 COMMAND = {"kernel": str, "signal?": _I, "ins?": _L, "outs?": _L, "wait?": _L, "params?": dict,

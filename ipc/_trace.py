@@ -112,6 +112,8 @@ class Stage(IntEnum):
     BUFFER_MAPS = 103
     POWER_STATE = 104
     MODEL_LAGS = 105  # commands whose host finished past their modeled end
+    FREQUENCY = 106  # the speed a device runs at, per mille of its top frequency
+    TEMPERATURE = 107  # a device's modeled temperature, milli-degrees C
 
 
 def stage_name(stage: int) -> str:

@@ -261,7 +261,7 @@ class Context(ContextMemory):
         wait for an answer, so the device may already be running when this returns.
         ``at_ns``: the modeled arrival (CLOCK_MONOTONIC), e.g. when a camera produced the
         frame, if the host submits it a little later; default now. The supervisor accepts
-        it up to a few ms in the past.
+        it up to 250 ms in the past.
         """
         client = self.client
         for c in cmds:
@@ -282,6 +282,12 @@ class Context(ContextMemory):
         client._notify("submit", ctx=self.handle, cmds=list(cmds), t_ns=t_arrive)
         client.trace.submitted(cmds, t_submit)
         return [Fence(client, h, cid=c["cid"], owned=True) for c, h in zip(cmds, handles)]
+
+    def vote(self, level: float) -> float:
+        """Vote for this context's device frequency (a fraction of its top speed, seed
+        §7): the device runs at its contexts' highest vote, snapped up to one of its
+        levels. Returns the level the device runs at now."""
+        return self.client._request("power_vote", ctx=self.handle, level=float(level))["device_level"]
 
     def prepare(self, kernel: str) -> str | None:
         """Compile ``kernel`` for this context's device. Returns the fallback device if the

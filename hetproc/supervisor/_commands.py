@@ -112,6 +112,9 @@ class Commands:
 
     def destroy_context(self, ctx: ContextRec, reason: str) -> None:
         self.cancel_queued(ctx, errors.Cancelled(f"context destroyed ({reason})"))
+        dev = self.reg.devices.get(ctx.device)
+        if dev is not None:
+            dev.votes.pop(ctx.handle, None)  # its frequency vote goes with it
         self.lifetimes.iommu.drop_context(ctx)
         ctx.client.contexts.discard(ctx.handle)
         self.reg.contexts.remove(ctx.handle)

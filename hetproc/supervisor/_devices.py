@@ -104,6 +104,9 @@ class Command:
                "dep_timeout_ns": self.dep_timeout_ns, "arrive_ns": self.t_arrive}
         if self.preemptor:
             msg["pre"] = True
+        speed = self.device.speed()
+        if speed != 1.0:
+            msg["spd"] = float(speed)
         if self.fault:
             msg["fault"] = self.fault
         if self.mem:
@@ -145,6 +148,7 @@ class DeviceHandle:
     sched: Scheduler = field(init=False)
     timing: ModeledTiming = field(default_factory=ModeledTiming)
     preemptions: int = 0  # preemptions requested
+    votes: dict[int, float] = field(default_factory=dict)  # context handle -> level voted
     # A preemptor must be able to run at once: one waiting on unsignalled inputs would
     # hold the device with the preempted command suspended under it.
     inputs_ready: Callable[[Command], bool] = lambda cmd: not cmd.wait
@@ -278,6 +282,12 @@ class DeviceHandle:
             return _LATER
         return _NOW
 
+    def speed(self) -> float:
+        """The frequency level the clients voted for: the highest vote (none: the top)."""
+        if not self.votes:
+            return self.spec.power.top
+        return max(self.votes.values())
+
     def chunk_ns(self) -> int:
         return int(self.spec.scheduler.chunk_ms * self.time_scale * 1e6)
 
@@ -315,7 +325,7 @@ class DeviceHandle:
                           completion_fd=self.completion_fd, parent_pid=os.getpid(),
                           coherent=self.spec.coherent, cache_bytes=self.spec.cache.kib << 10,
                           chunk_ns=self.chunk_ns() or 2_000_000, switch_ns=self.switch_ns(),
-                          preemptive=self.preemptive, **boot_args)
+                          preemptive=self.preemptive, thermal=self._thermal(), **boot_args)
         pid = os.fork()
         if pid == 0:  # child
             code = 1
@@ -327,6 +337,14 @@ class DeviceHandle:
                 os._exit(code)
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
+
+    def _thermal(self) -> dict | None:
+        p = self.spec.power
+        if p.heat_c_per_ms <= 0:
+            return None
+        return {"heat_c_per_ms": p.heat_c_per_ms, "tau_ms": p.tau_ms * self.time_scale,
+                "ambient_c": p.ambient_c, "throttle_c": p.throttle_c,
+                "hysteresis_c": p.hysteresis_c, "throttle_speed": p.throttle_speed}
 
     def stop_request(self) -> None:
         self.commands.try_put(encode({"op": "stop"}))

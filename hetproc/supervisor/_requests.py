@@ -17,6 +17,7 @@ from ipc import BlockPool, errors
 
 from . import _validation as check
 from ._iommu import covers
+from ._quota import DdrQuota
 from ._records import BufferRec, ClientRec, ContextRec, Registry, nbytes_of
 
 if TYPE_CHECKING:
@@ -60,7 +61,9 @@ class Requests:
             "metrics": self.get_metrics, "incidents": self.incidents, "dumps": self.dumps,
             "inject": self.inject, "faults_clear": self.faults_clear,
             "trace_info": self.trace_info, "trace_frozen": self.trace_frozen,
+            "power_vote": self.power_vote,
         }
+        self.ddr = DdrQuota(reg.spec)
 
     # -- connection -------------------------------------------------------------------
 
@@ -157,6 +160,9 @@ class Requests:
         # first commit, so a batch is queued whole or not at all.
         if self.reg.fences.free_count() < 3 * len(cmds):
             raise errors.OutOfMemory(f"fence table too full for a batch of {len(cmds)}")
+        for cmd in cmds:  # the client's DDR quota may push its modeled arrivals back
+            cmd.t_arrive = self.ddr.admit(client, cmd.t_arrive,
+                                          sum(b.nbytes for b in cmd.ins + cmd.outs))
         chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.reg.devices[ctx.device]
         out = []
@@ -177,6 +183,16 @@ class Requests:
         else:
             stats["submit_us_total"] += us
             stats["submit_count"] += 1
+
+    def power_vote(self, client: ClientRec, msg: dict) -> dict:
+        """A context's vote for its device's frequency: the device runs at the highest
+        vote of its contexts (seed §7). Answers the level granted and the device's now."""
+        ctx = check.context_of(self.reg, client, msg["ctx"])
+        dev = self.reg.devices[ctx.device]
+        level = check.bounded_ms(msg["level"], "level", hi=1.0)
+        granted = dev.spec.power.level_for(level)
+        dev.votes[ctx.handle] = granted
+        return {"level": granted, "device_level": dev.speed()}
 
     def cancel(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"], allow_lost=True)

@@ -209,8 +209,10 @@ class Supervisor:
         self.running = False
 
     def metrics(self) -> dict[str, Any]:
-        return platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
-                                self.evidence, self.prefix)
+        m = platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
+                             self.evidence, self.prefix)
+        m["ddr_quota"] = self.requests.ddr.metrics()
+        return m
 
     # -- the loop ---------------------------------------------------------------------
 

@@ -23,6 +23,10 @@ class ModeledTiming:
         self.commands = 0
         self.lags = 0
         self.lag_ns_max = 0
+        self.speed = 1.0          # what the last command ran at
+        self.freq_switches = 0    # changes of that speed (votes, throttling)
+        self.throttled = 0        # commands run throttled
+        self.temp_c: float | None = None
 
     def note(self, rec: dict[str, Any]) -> None:
         try:
@@ -34,11 +38,21 @@ class ModeledTiming:
         if lag > 0:
             self.lags += 1
             self.lag_ns_max = max(self.lag_ns_max, lag)
+        speed = rec.get("spd", 1.0)
+        if isinstance(speed, (int, float)) and speed != self.speed:
+            self.freq_switches += 1
+            self.speed = float(speed)
+        if rec.get("thr"):
+            self.throttled += 1
+        if isinstance(rec.get("temp"), (int, float)):
+            self.temp_c = float(rec["temp"])
 
     def summary(self) -> dict[str, Any]:
         errs = np.array(self.start_error_ns, dtype=np.int64)
         out: dict[str, Any] = {"commands": self.commands, "lags": self.lags,
                                "lag_ms_max": self.lag_ns_max / 1e6}
+        out["power"] = {"speed": self.speed, "frequency_switches": self.freq_switches,
+                        "throttled_commands": self.throttled, "temperature_c": self.temp_c}
         if errs.size:
             out["start_error_us_p50"] = float(np.percentile(errs, 50)) / 1e3
             out["start_error_us_p99"] = float(np.percentile(errs, 99)) / 1e3

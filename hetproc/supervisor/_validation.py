@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ._iommu import Iommu
 
 MAX_SHAPE_ELEMENTS = 1 << 31
-MAX_BACKDATE_NS = 100_000_000  # how far before its arrival a client may date its submit
+MAX_BACKDATE_NS = 250_000_000  # how far before its arrival a client may date its submit
 MAX_DEADLINE_MS = 3_600_000.0  # one hour: deadlines and periods beyond are typos
 MAX_WEIGHT = 1000.0
 
