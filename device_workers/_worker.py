@@ -125,7 +125,9 @@ class DeviceWorker:
         self.heartbeat_frozen = False
         self.progress_while_frozen = False
         self.running = True
-        self.model_end = 0      # the previous command's modeled end
+        # The previous command's modeled end: a device (re)started now ran nothing before,
+        # so the time it was hung, dead or restarting is device time the model charges.
+        self.model_end = time.monotonic_ns()
         self.shift = 0          # modeled time the current command spent preempted
         self.preemptible = False
         self.preempt_seen = 0   # the last marked command run by a preemption (its pidx)
@@ -322,7 +324,7 @@ class DeviceWorker:
         # Never before the device's last modeled end (an earlier preemption's work).
         at = max(self.preemption_point(marked[0].get("arrive_ns", 0), now), self.model_end)
         u32, u64 = self.u32, self.u64
-        speed = self.speed
+        speed, progress = self.speed, int(self.u64[S.PROGRESS])
         saved = (self.pidx, self.shift, self.model_end, self.memory.save(), self.tr.save(),
                  int(u64[S.CURRENT_SEQ]), int(u64[S.CURRENT_CID]), int(u64[S.CURRENT_PIDX]),
                  int(u64[S.STARTED]), self.m_origin)
@@ -345,6 +347,9 @@ class DeviceWorker:
         (self.pidx, shift, _, mem, trs, seq, cid, pidx, started, self.m_origin) = saved
         self.shift = shift + (resumed - at)
         self.speed = speed
+        # The urgent work's progress was its own: the watchdog must not take it for the
+        # suspended command's (a hung command stays hung however much ran under it).
+        u64[S.PROGRESS] = progress
         self.memory.restore(mem)
         self.tr.restore(trs)
         u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = seq, cid, pidx
@@ -436,6 +441,12 @@ class DeviceWorker:
         elif self.progress_while_frozen:
             self.u64[S.PROGRESS] += 1
         self.check_cancel()
+        self.maybe_preempt()
+
+    def maybe_preempt(self) -> None:
+        """Switch to a marked command if the supervisor asked and we may: even a stuck
+        command can be preempted (the urgent work's own progress is counted as the
+        device's, so the watchdog may re-arm for it, up to its limit)."""
         if self.preemptible and self.u64[S.PREEMPT_PIDX] > self.preempt_seen:
             self.preempt()
 

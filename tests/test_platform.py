@@ -318,8 +318,11 @@ def test_a_higher_priority_request_overtakes_queued_lower_ones(client):
     priority, so the camera's request does not wait behind a third-party backlog."""
     background = client.context("npu0", priority=0, name="third-party")
     camera = client.context("npu0", priority=10, name="camera")
-    backlog = [background.submit("work", ms=20) for _ in range(5)]
-    urgent = camera.submit("work", ms=1)
+    # One message for the backlog, the urgent one right behind it: it must arrive while
+    # the backlog still runs, however slow the host (modeled time does not wait for it).
+    backlog = background.submit_many([hetproc.command("work", ms=20) for _ in range(5)],
+                                     nowait=True)
+    urgent = camera.submit_nowait("work", ms=1)
     for f in backlog + [urgent]:
         f.wait(5)
     done = {id(f): client.fences.info(f.handle)["t_ns"] for f in backlog + [urgent]}

@@ -69,7 +69,7 @@ class Commands:
         cmd.ctx.submitted += 1
         self.reg.stats["submitted"] += 1
         if self.faults.rules and cmd.ctx.client.id:
-            cmd.fault = self.faults.device_fault(cmd.device.name, cmd.cid)
+            cmd.fault = self.faults.device_fault(cmd.device.name, cmd.cid, cmd.ctx.client.name)
         self.handoff.on_commit(cmd)
 
     def retire(self, cmd: Command) -> None:

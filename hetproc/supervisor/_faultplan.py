@@ -34,6 +34,7 @@ class FaultRule:
     every: int | None = None
     probability: float = 0.0
     count: int = 1  # how many times it may fire; 0 = no limit
+    client: str | None = None  # only this client's work (by name): a tenant's own faults
     params: dict[str, Any] = field(default_factory=dict)
     seen: int = 0
     fired: int = 0
@@ -44,7 +45,7 @@ class FaultRule:
         kind = str(raw.pop("kind", "")).replace("-", "_")
         if kind not in FAULTS:
             raise errors.InvalidRequest(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
-        known = {"device", "at", "every", "probability", "count"}
+        known = {"device", "at", "every", "probability", "count", "client"}
         fields = {k: raw.pop(k) for k in list(raw) if k in known}
         _check_fields(kind, fields)
         rule = cls(kind=kind, **fields)
@@ -57,8 +58,11 @@ class FaultRule:
     def event(self) -> str:
         return _EVENT_OF.get(self.kind, "command")
 
-    def matches(self, event: str, device: str | None, rng: random.Random) -> bool:
+    def matches(self, event: str, device: str | None, rng: random.Random,
+                client: str | None = None) -> bool:
         if event != self.event or (self.device and device and self.device != device):
+            return False
+        if self.client is not None and client != self.client:
             return False
         if self.count and self.fired >= self.count:
             return False
@@ -71,7 +75,8 @@ class FaultRule:
         return hit
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "device": self.device, "at": self.at, "every": self.every,
+        return {"kind": self.kind, "device": self.device, "client": self.client,
+                "at": self.at, "every": self.every,
                 "probability": self.probability, "count": self.count, "fired": self.fired,
                 **self.params}
 
@@ -91,6 +96,9 @@ def _check_fields(kind: str, f: dict[str, Any]) -> None:
     d = f.get("device")
     if d is not None and type(d) is not str:
         raise errors.InvalidRequest(f"fault {kind}: device must be a device name")
+    c = f.get("client")
+    if c is not None and type(c) is not str:
+        raise errors.InvalidRequest(f"fault {kind}: client must be a client name")
 
 
 class FaultPlan:
@@ -107,16 +115,17 @@ class FaultPlan:
     def clear(self) -> None:
         self.rules.clear()
 
-    def draw(self, event: str, device: str | None = None, cid: int = 0) -> FaultRule | None:
+    def draw(self, event: str, device: str | None = None, cid: int = 0,
+             client: str | None = None) -> FaultRule | None:
         """The first rule that fires for this event, or None (the common, cheap case)."""
         if not self.rules:
             return None
         for rule in self.rules:
-            if rule.matches(event, device, self.rng):
+            if rule.matches(event, device, self.rng, client):
                 self.log.append({"kind": rule.kind, "device": device, "cid": cid})
                 return rule
         return None
 
-    def device_fault(self, device: str, cid: int) -> dict[str, Any] | None:
-        rule = self.draw("command", device, cid)
+    def device_fault(self, device: str, cid: int, client: str | None = None) -> dict[str, Any] | None:
+        rule = self.draw("command", device, cid, client)
         return {"kind": rule.kind, **rule.params} if rule else None
