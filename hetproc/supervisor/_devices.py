@@ -232,7 +232,7 @@ class DeviceHandle:
         device would wait on work queued behind it, a priority inversion and a deadlock)."""
         cmd = self.sched.peek(cmd_now())
         seen = 0
-        while cmd.wait and seen < 64:
+        while cmd.wait and seen < 64 and not self.inputs_ready(cmd):
             want = set(cmd.wait)
             producer = next((c for c in self.sched if want.intersection(c.signal)), None)
             if producer is None:

@@ -419,6 +419,7 @@ class Supervisor:
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
+        self.requests.ddr.forget(client)
         if client.owner:
             self.running = False
 
