@@ -16,8 +16,11 @@ that last freed the set, so the model sees that a frame cannot start before its 
 are free. Latency is the last stage's modeled end minus the arrival, so host wake-ups do
 not count: what the report says is what the modeled SoC would do.
 
-Backpressure stalls the source: a frame that found the queue full arrives only when a
-set frees up, and its latency still counts from when it should have arrived (the report
+Decisions follow the model, not the host: before an arrival is placed, every frame that
+could have ended by then (its arrival plus its stages' modeled time) is waited for and,
+if it did end by then, retired, so a host running late drops no more frames than the
+modeled SoC would. Backpressure stalls the source: a frame that found the queue full
+arrives only when a set frees up, and its latency still counts from when it should have arrived (the report
 counts it as delayed). Drops are counted by policy. The report has throughput, latency
 p50/p99, drops, delays, deadline misses and the queue depth over time.
 """
@@ -89,6 +92,10 @@ class _Frame:
     delayed: bool = False
     slot: int = -1
     fences: list = field(default_factory=list)
+    min_ns: int = 0       # its stages' modeled time: it cannot end before arrival + this
+
+
+_LATER = object()
 
 
 class Pipeline:
@@ -120,6 +127,7 @@ class Pipeline:
                 st.context.map(bufs[s], "r")
                 st.context.map(bufs[s + 1], "w")
         self._freed_by: list["Fence | None"] = [None] * buffers
+        self._scale = float(client.info.get("time_scale", 1.0))
 
     # -- running ----------------------------------------------------------------------
 
@@ -145,7 +153,9 @@ class Pipeline:
             samples.append(((t - t_first) / 1e6, len(queue) + len(flight)))
             stage_samples.append(((t - t_first) / 1e6, self._stage_depths(flight, queue)))
 
-        def finish_oldest(timeout: float) -> bool:
+        def finish_oldest(timeout: float, before: int | None = None) -> object:
+            """Retire the oldest frame once its last fence is done: True; False if not
+            done within ``timeout``; ``_LATER`` if it ends (modeled) after ``before``."""
             nonlocal misses, failed
             fr = flight[0]
             last = fr.fences[-1]
@@ -157,6 +167,8 @@ class Pipeline:
                 failed += 1
             else:
                 end = last.signal_time()
+                if before is not None and end > before:
+                    return _LATER  # in the model it still runs at ``before``
                 ends.append(end)
                 lat.append((end - fr.arrival) / 1e6)
                 if self.deadline_ns and end - fr.arrival > self.deadline_ns:
@@ -179,6 +191,18 @@ class Pipeline:
                 self._submit(queue.popleft(), free.popleft(), flight)
             t_arrive = t_first + nxt * interval if interval else 0
             if nxt < frames and (not interval or time.monotonic_ns() >= t_arrive):
+                if interval:
+                    # Decide on the model's state at the arrival, whatever the host's lag:
+                    # every frame that may end by then is waited for (in order), and
+                    # retired if it did; the frames it frees go first (they came first).
+                    while flight and flight[0].arrival + flight[0].min_ns <= t_arrive:
+                        if time.monotonic() > deadline:
+                            raise errors.FenceTimeout(
+                                f"pipeline did not finish within {timeout_s} s")
+                        if finish_oldest(0.05, before=t_arrive) is _LATER:
+                            break
+                    while queue and free:
+                        self._submit(queue.popleft(), free.popleft(), flight)
                 fr = _Frame(nxt, t_arrive or time.monotonic_ns())
                 nxt += 1
                 if free and not queue:
@@ -203,10 +227,11 @@ class Pipeline:
                 sample(fr.arrival)
                 continue
             if flight:
-                wait_s = 0.05 if not interval or nxt >= frames else max(
-                    0.0, (t_arrive - time.monotonic_ns()) / 1e9)
-                if not finish_oldest(min(wait_s, 0.05)) and interval and nxt < frames:
-                    continue
+                more = bool(interval) and nxt < frames
+                wait_s = max(0.0, (t_arrive - time.monotonic_ns()) / 1e9) if more else 0.05
+                done = finish_oldest(min(wait_s, 0.05), before=t_arrive if more else None)
+                if done is _LATER:
+                    _sleep_until(t_arrive)  # it ends after the next arrival: that comes first
             elif interval and nxt < frames:
                 _sleep_until(t_arrive)
         span = (max(ends) - min(ends)) / 1e6 if len(ends) > 1 else 0.0
@@ -226,6 +251,8 @@ class Pipeline:
         prev = self._freed_by[slot]
         wait = [prev] if prev is not None else []
         at = min(fr.arrival, time.monotonic_ns())
+        fr.min_ns = int(sum((st.duration(fr.index) or 0.0) + st.handoff_ms
+                            for st in self.stages) * self._scale * 1e6)
         for s, st in enumerate(self.stages):
             f = st.context.submit_nowait(st.kernel, [bufs[s]], [bufs[s + 1]], wait=wait,
                                          params=st.params, ms=st.duration(fr.index),
