@@ -23,7 +23,6 @@ import time
 import numpy as np
 
 import hetproc
-from hetproc._config import SchedSpec, load_platform
 from ipc import Stage
 
 from ._registry import benchmark, make_row
@@ -34,8 +33,8 @@ MS = 1_000_000
 
 def _platform(policy: str = "fifo", chunk_ms: float = 0.0, switch_us: float = 0.0,
               device: str = "npu0") -> hetproc.Platform:
-    spec = load_platform()
-    sched = SchedSpec(policy=policy, chunk_ms=chunk_ms, switch_us=switch_us)
+    spec = hetproc.load_platform()
+    sched = hetproc.SchedSpec(policy=policy, chunk_ms=chunk_ms, switch_us=switch_us)
     devices = tuple(dataclasses.replace(d, scheduler=sched) if d.name == device else d
                     for d in spec.devices)
     return hetproc.Platform(spec=dataclasses.replace(spec, devices=devices), time_scale=1.0)

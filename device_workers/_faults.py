@@ -17,6 +17,8 @@ wrong_output       flips bits in its outputs after the kernel
 lost_fence         completes but never signals its fences
 heartbeat_stall    stops its heartbeat while still making progress (a healthy slow job)
 oom                fails the command: device memory exhausted
+kernel_bug         the kernel raises an unexpected Python exception (a bug in vendor code):
+                   the request fails with its traceback, the device serves on
 =================  =====================================================================
 """
 
@@ -54,6 +56,14 @@ def before_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]
     elif kind == "heartbeat_stall":
         worker.heartbeat_frozen = True
         worker.progress_while_frozen = True
+    elif kind == "kernel_bug":
+        _vendor_kernel_with_a_bug(outs)
+
+
+def _vendor_kernel_with_a_bug(outs: Sequence[np.ndarray]) -> None:
+    """An exception no hetproc code expects, raised a few frames deep like a real one."""
+    scale = {"outputs": len(outs)}
+    _ = scale["tiles"]  # KeyError: the "vendor" forgot a key
 
 
 def after_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:

@@ -40,9 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc import TraceBank
-from ipc._trace import Stage
-from ipc._tracebank import COUNTERS
+from ipc import COUNTERS, Stage, TraceBank
 
 SLOT_SUPERVISOR = 0
 TRACK_SUPERVISOR = 0

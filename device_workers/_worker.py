@@ -37,6 +37,7 @@ import heapq
 import os
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,13 +58,13 @@ from ._tracing import DeviceTrace
 S = StateSlot
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
+_TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
 OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB
 # A host that ends this far past the modeled end has lagged: about one cross-core wake-up,
 # below which the spin at the end of a hold cannot tell lateness from its own jitter.
 LAG_TOLERANCE_NS = 50_000
 _PR_SET_PDEATHSIG = 1
 
-_BUF = (list,)
 COMMAND_SCHEMAS = {
     "exec": {"seq": int, "pidx": int, "cid": int, "kernel": str, "checked?": bool, "params": dict, "ins": list, "outs": list,
              "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
@@ -262,7 +263,9 @@ class DeviceWorker:
         except errors.HetprocError as exc:
             self.finish(cmd, t_start, exc)
         except Exception as exc:  # a kernel bug must fail the request, never the device
-            self.finish(cmd, t_start, errors.DeviceFault(f"{type(exc).__name__}: {exc}"))
+            self.finish(cmd, t_start, errors.DeviceFault(
+                f"{type(exc).__name__}: {exc}",
+                detail={"remote_traceback": traceback.format_exc()[-_TRACEBACK_CHARS:]}))
         else:
             self.finish(cmd, t_start, None, signal=fault.get("kind") != "lost_fence",
                         modeled=modeled)
@@ -486,6 +489,8 @@ class DeviceWorker:
             self.model_end = modeled[1]
         elif t_start and code:
             self.model_end = max(self.model_end, t_end)  # a failure: the host's time is all we have
+        if exc is not None and exc.detail.get("remote_traceback"):
+            record["tb"] = exc.detail["remote_traceback"]
         if not signal:
             record["unsignalled"] = True
             self.post(record)
@@ -560,7 +565,7 @@ def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
     if len(payload) <= limit:
         return [payload]
     if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
-        return [msgpack.packb([{k: v for k, v in records[0].items() if k != "mem"}])]
+        return [msgpack.packb([{k: v for k, v in records[0].items() if k not in ("mem", "tb")}])]
     mid = len(records) // 2
     return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
 

@@ -77,9 +77,6 @@ def check_fields(msg: Mapping[str, Any], schema: Schema, where: str) -> None:
             raise errors.BadPacket(f"{where}: missing field {key!r}")
 
 
-_MISSING = object()
-
-
 def _as_tuple(types: tuple[type, ...] | type) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
 

@@ -53,9 +53,6 @@ class Ring:
     def depth(self) -> int:
         return int(self._idx[0]) - int(self._idx[1])
 
-    def free_slots(self) -> int:
-        return self._slots - self.depth()
-
     def try_put(self, payload: bytes) -> bool:
         """Append one payload; False when the ring is full (the caller keeps it queued)."""
         if len(payload) > self.max_payload:

@@ -35,8 +35,7 @@ import time
 import numpy as np
 
 from ipc import errors
-from hetproc.trace._explain import explain, format_request, load_trace, slowest
-from hetproc.trace._export import frozen_to_chrome
+from hetproc.trace import explain, format_request, frozen_to_chrome, load_trace, slowest
 
 ISP_MS, NPU_MS, STALL_MS = 2.0, 6.0, 60.0
 MIN_STALL_MS = 25.0

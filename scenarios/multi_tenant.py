@@ -37,7 +37,6 @@ import time
 import numpy as np
 
 import hetproc
-from hetproc._config import SchedSpec
 
 POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
 CAMERA_PERIOD_MS, CAMERA_MS, CAMERA_DEADLINE_MS = 1000 / 30, 8.0, 33.0
@@ -48,7 +47,7 @@ CHUNK_MS, SWITCH_US = 1.0, 50.0
 
 
 def _spec(base, policy: str):
-    sched = SchedSpec(policy=policy, chunk_ms=CHUNK_MS, switch_us=SWITCH_US)
+    sched = hetproc.SchedSpec(policy=policy, chunk_ms=CHUNK_MS, switch_us=SWITCH_US)
     devices = tuple(dataclasses.replace(d, scheduler=sched) if d.name == "npu0" else d
                     for d in base.devices)
     return dataclasses.replace(base, devices=devices)

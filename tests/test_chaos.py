@@ -25,7 +25,7 @@ import pytest
 
 import hetproc
 from device_workers._kernels import checksum_of, read_checksum
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 N = 256
 WAIT_S = 10.0          # a fence that is not resolved by then is a hang: a product failure

@@ -23,7 +23,7 @@ from hetproc.trace._export import frozen_to_chrome
 from ipc import TraceBank
 from ipc._trace import RECORD_DTYPE, Stage
 
-from .conftest import wait_for
+from tests.helpers import wait_for
 
 SHAPE = (1, 16, 16, 3)
 
@@ -142,7 +142,7 @@ def test_frozen_window_survives_rings_that_wrapped_many_times():
     with hetproc.Platform(spec=spec) as plat:
         c = plat.client
         npu = c.context("npu0")
-        bad = _fail_one(c, npu, linger=0.03)
+        bad = _fail_one(c, npu, linger=0.2)  # dominant even on a loaded machine
         # The window is taken by the supervisor once its "after" part has passed.
         listing = wait_for(lambda: _trace.frozen_windows(c, records=False, flush=False))
         assert [w["cids"] for w in listing] == [[bad]]

@@ -17,7 +17,7 @@ import pytest
 
 import hetproc
 from ipc import cleanup_dead, entries_with_prefix
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 def test_fences_order_a_chain_across_three_devices(client):
@@ -318,11 +318,10 @@ def test_a_higher_priority_request_overtakes_queued_lower_ones(client):
     priority, so the camera's request does not wait behind a third-party backlog."""
     background = client.context("npu0", priority=0, name="third-party")
     camera = client.context("npu0", priority=10, name="camera")
-    # One message for the backlog, the urgent one right behind it: it must arrive while
-    # the backlog still runs, however slow the host (modeled time does not wait for it).
-    backlog = background.submit_many([hetproc.command("work", ms=20) for _ in range(5)],
-                                     nowait=True)
-    urgent = camera.submit_nowait("work", ms=1)
+    # One batch, then the urgent one: two requests, so even a loaded host queues the
+    # urgent one long before the backlog's third command could start.
+    backlog = background.submit_many([hetproc.command("work", ms=50) for _ in range(5)])
+    urgent = camera.submit("work", ms=1)
     for f in backlog + [urgent]:
         f.wait(5)
     done = {id(f): client.fences.info(f.handle)["t_ns"] for f in backlog + [urgent]}

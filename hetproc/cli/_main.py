@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ipc import cleanup_dead, errors
 
-from ..drills._scenario import print_report, run_scenario, write_report
+from ..drills import print_report, run_scenario, write_report
 from ._status import live_platforms, print_status
 
 
@@ -137,8 +137,8 @@ def _number(text: str) -> Any:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.plot:
-        from ..trace._plot import _import_matplotlib
-        _import_matplotlib()  # say it is missing before the run, not after
+        from ..trace import require_matplotlib
+        require_matplotlib()  # say it is missing before the run, not after
     report = run_scenario(args.scenario, platform_file=args.platform,
                           time_scale=args.time_scale, options=_options(args),
                           trace_path=args.trace, plot_path=args.plot,
@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from ..drills._drills import DRILLS, run_drill
+    from ..drills import DRILLS, run_drill
     if args.list or not args.name:
         for name, (_, doc, _) in DRILLS.items():
             print(f"{name:18s} {doc}")
@@ -158,7 +158,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def cmd_acceptance(args: argparse.Namespace) -> int:
-    from ..drills._acceptance import print_matrix, run_matrix
+    from ..drills import print_matrix, run_matrix
     matrix = run_matrix(platform_file=args.platform, time_scale=args.time_scale,
                         quick=args.quick)
     return _conclude(matrix, args.report, print_matrix)
@@ -194,7 +194,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_explain(args: argparse.Namespace) -> int:
-    from ..trace import _explain as ex
+    from .. import trace as ex
     try:
         trace = ex.load_trace(args.file)
     except (OSError, ValueError) as exc:
@@ -228,7 +228,7 @@ def cmd_trace_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
-    from ..trace._plot import plot_timeline
+    from ..trace import plot_timeline
     window = None
     if args.window:
         a, sep, b = args.window.partition(":")
@@ -247,7 +247,7 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
 
 def cmd_trace_export(args: argparse.Namespace) -> int:
     from .. import trace as _trace
-    from ..client._platform import connect
+    from ..client import connect
     with connect(args.platform, "hetproc-trace") as client:
         out = _trace.export_trace(client, args.file)
     print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
@@ -257,7 +257,7 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
 
 def cmd_trace_frozen(args: argparse.Namespace) -> int:
     from .. import trace as _trace
-    from ..client._platform import connect
+    from ..client import connect
     with connect(args.platform, "hetproc-trace") as client:
         if args.dir:
             windows = _trace.write_frozen(client, args.dir)

@@ -36,7 +36,7 @@ def live_platforms(query: bool = True) -> list[dict[str, Any]]:
 
 
 def _query(prefix: str) -> dict[str, Any] | None:
-    from ..client._client import Client
+    from ..client import Client
     try:
         with Client(socket_address(prefix), "hetproc-status", timeout=2.0) as c:
             return c.metrics()

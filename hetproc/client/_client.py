@@ -5,6 +5,11 @@ ownership (contexts, allocation, submission) and touches shared memory directly 
 (``Buffer.array()``) and for completion (``Fence.wait()`` sleeps on the fence's semaphore;
 the device wakes it, the supervisor is not on that path).
 
+Sharing is explicit and goes through the supervisor: ``Buffer.export`` / ``Fence.export``
+give a token, ``Client.import_buffer`` / ``import_fence`` turn it into the same object in
+another client, ``Context.map`` maps a buffer into a context (the rules, and the checks,
+are the supervisor's IOMMU).
+
 Thread safety: one lock serialises requests on a client's socket, so several threads may
 submit through one client; fence waits take no lock at all.
 """
@@ -22,16 +27,16 @@ import numpy as np
 
 from ipc import Channel, FenceTable, PENDING, Segment, SegmentCache, decode, errors
 
-from ._sharing import BufferMemory, ClientMemory, ContextMemory, FenceMemory
 from ._trace_ring import ClientTrace
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
+_DETAIL_WAIT_S = 0.25    # how long a failed wait asks for the supervisor's record
 _REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
 
-class Client(ClientMemory):
+class Client:
     """A connection to a platform's supervisor. Use ``hetproc.connect`` or ``Platform.client``."""
 
     def __init__(self, address: str, name: str = "", *, owner: bool = False,
@@ -218,6 +223,42 @@ class Client(ClientMemory):
             os.close(self._sup_pidfd)
             self._sup_pidfd = -1
 
+    # -- sharing (rules in the supervisor's IOMMU) ---------------------------
+
+    def import_buffer(self, token: int) -> "Buffer":
+        """The buffer another client exported: the same handle, segment and offset, with
+        the permission the export granted ("r" for ``read_only``). Free it when done: the
+        memory lives until its owner and every importer let go."""
+        return Buffer(self, self._request("import", token=int(token), kind="buffer"))
+
+    def import_fence(self, token: int) -> "Fence":
+        """A fence another client exported, to wait on or to pass in ``wait=``; release
+        it when done (it keeps the fence's slot alive until then)."""
+        reply = self._request("import", token=int(token), kind="fence")
+        # Owned: the import is a reference, and release() (or dropping it) gives it back.
+        return Fence(self, reply["fence"], cid=reply.get("cid", 0), owned=True)
+
+    def memory_events(self, since: int = 0, limit: int = 4096, *,
+                      cids: Iterable[int] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+        """The memory timeline: maps, unmaps, cleans, invalidates, copies, reformats and
+        kernel slices, oldest first; ``{"events", "last_seq", "missed"}``.
+
+        With ``cids``: only those requests' events, once every command of them retired
+        (a fence wakes its waiter before the supervisor has read the device's record);
+        ``FenceTimeout`` after ``timeout`` seconds."""
+        if cids is None:
+            return self._request("mem_events", since=since, limit=limit)
+        wanted = [int(c) for c in cids]
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self._request("mem_events", since=since, limit=limit, cids=wanted)
+            if not any(out.get("open", {}).values()):
+                return out
+            if time.monotonic() > deadline:
+                raise errors.FenceTimeout(f"requests {wanted} still running after {timeout} s")
+            time.sleep(0.002)
+
+
     def __enter__(self) -> "Client":
         return self
 
@@ -225,7 +266,7 @@ class Client(ClientMemory):
         self.close()
 
 
-class Context(ContextMemory):
+class Context:
     def __init__(self, client: Client, handle: int, device: str, priority: int) -> None:
         self.client = client
         self.handle = handle
@@ -304,6 +345,18 @@ class Context(ContextMemory):
         self.client._request("context_destroy", ctx=self.handle)
 
 
+    # -- mappings ------------------------------------------------------------
+
+    def map(self, buf: "Buffer", perm: str = "rw") -> str:
+        """Map ``buf`` into this context ("r", "w" or "rw") until ``unmap``: later submits
+        pay no map cost. Mapping more than the client may reach is an IommuFault."""
+        return self.client._request("map", ctx=self.handle, buf=buf.handle, perm=perm)["perm"]
+
+    def unmap(self, buf: "Buffer") -> bool:
+        """Drop the mapping; False if commands still use it (it goes when they finish)."""
+        return self.client._request("unmap", ctx=self.handle, buf=buf.handle)["unmapped"]
+
+
 def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (), *,
             wait: Iterable["Fence"] = (), params: dict | None = None, ms: float | None = None,
             handoff_ms: float = 0.0, timeout_ms: float | None = None,
@@ -332,7 +385,7 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
     return c
 
 
-class Buffer(BufferMemory):
+class Buffer:
     """A tensor in shared memory. ``array()`` maps it as numpy (no copy, ever)."""
 
     def __init__(self, client: Client, desc: dict[str, Any]) -> None:
@@ -364,11 +417,28 @@ class Buffer(BufferMemory):
             self._freed = True
             self.client._request("free", buf=self.handle)
 
+    # -- sharing -------------------------------------------------------------
+
+    def export(self, read_only: bool = False) -> int:
+        """A token another client turns into this buffer with ``import_buffer``."""
+        return self.client._request("export", buf=self.handle, read_only=bool(read_only))["token"]
+
+    def identity(self) -> dict[str, Any]:
+        """Segment, its inode (the same in every process that maps it), offset and handle:
+        what the zero-copy evidence compares between producer, delegate and device."""
+        try:
+            inode = os.stat(f"/dev/shm/{self.segment}").st_ino
+        except OSError:
+            inode = 0
+        return {"segment": self.segment, "inode": inode, "offset": self.offset,
+                "buf": self.handle}
+
+
     def __repr__(self) -> str:
         return f"Buffer({self.handle:#x}, shape={self.shape}, dtype={self.dtype.name})"
 
 
-class Fence(FenceMemory):
+class Fence:
     """A completion event. ``wait()`` raises the error the command failed with."""
 
     def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0,
@@ -415,7 +485,7 @@ class Fence(FenceMemory):
                         correlation_id=self.cid) from None
         self.client.trace.wait_end(self.cid, t_wait, code)
         if code:
-            raise self._error(code)
+            raise self._explained(code)
 
     def error(self) -> errors.HetprocError | None:
         """The error this fence failed with, None if pending or successful."""
@@ -429,6 +499,30 @@ class Fence(FenceMemory):
         return errors.error_from_word(
             word, f"{name}: request {self.cid:#x} failed (Fence.error_detail() has the "
                   f"supervisor's record)", correlation_id=self.cid)
+
+    def _explained(self, word: int) -> errors.HetprocError:
+        """The error of the fence's word, completed from the supervisor's record when it
+        has one: its message, evidence (frozen window, incident) and, for a failure that
+        began as an exception in a device process, the remote traceback as the cause.
+
+        The word alone answers scope, retryability and buffer trust at once; the record
+        may lag a device-signalled failure by one supervisor turn, so it is asked for a
+        short while only, and never when the supervisor is gone."""
+        err = self._error(word)
+        deadline = time.monotonic() + _DETAIL_WAIT_S
+        while self.client.supervisor_alive():
+            try:
+                record = self.error_detail()
+            except errors.HetprocError:
+                return err
+            if record:
+                full = errors.HetprocError.from_dict(record)
+                full.correlation_id = self.cid
+                return full
+            if time.monotonic() > deadline:
+                return err
+            time.sleep(0.002)
+        return err
 
     def error_detail(self) -> dict[str, Any] | None:
         """The supervisor's full record of this fence's failure (message, detail)."""
@@ -451,6 +545,16 @@ class Fence(FenceMemory):
         if not getattr(self, "_released", True):  # an owned fence nobody released
             self._released = True
             self.client._to_release.append(self.handle)
+
+    # -- sharing -------------------------------------------------------------
+
+    def export(self) -> int:
+        """A token another client turns into this fence with ``import_fence``."""
+        try:
+            return self.client._request("export", fence=self.handle)["token"]
+        except errors.StaleHandle:
+            raise errors.StaleHandle(f"fence {self.handle:#x} was released") from None
+
 
     def __repr__(self) -> str:
         return f"Fence({self.handle:#x}, cid={self.cid:#x})"

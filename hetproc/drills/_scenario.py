@@ -25,7 +25,7 @@ from ipc import entries_with_prefix, errors
 
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
-from ..client._platform import Platform
+from ..client import Platform
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Scenario:
 
     def trace(self) -> dict[str, Any]:
         """The platform's trace now (every process's ring), as a Chrome trace dict: what
-        ``hetproc.trace._explain.load_trace`` and ``--trace FILE`` take."""
+        ``hetproc.trace.load_trace`` and ``--trace FILE`` take."""
         return _trace.chrome_trace(self.client)
 
     def frozen(self) -> list[dict[str, Any]]:
@@ -88,16 +88,25 @@ class Scenario:
         return _trace.frozen_windows(self.client)
 
 
+def scenario_folder() -> Path:
+    """Where the built-in scenarios are. Found, not imported: the scenarios are users'
+    examples built on hetproc, and hetproc must not depend on them."""
+    spec = importlib.util.find_spec("scenarios")
+    if spec is None or spec.origin is None:
+        raise errors.PlatformError("the built-in scenarios are not installed")
+    return Path(spec.origin).parent
+
+
 def find_scenario(name: str) -> Path:
     """A path, or the name of a script in the ``scenarios`` package."""
     path = Path(name)
     if path.suffix == ".py" and path.exists():
         return path
-    import scenarios
-    candidate = Path(scenarios.__file__).parent / f"{name.replace('-', '_')}.py"
+    folder = scenario_folder()
+    candidate = folder / f"{name.replace('-', '_')}.py"
     if candidate.exists():
         return candidate
-    known = sorted(p.stem for p in Path(scenarios.__file__).parent.glob("[!_]*.py"))
+    known = sorted(p.stem for p in folder.glob("[!_]*.py"))
     raise errors.InvalidRequest(f"no scenario {name!r} (known: {', '.join(known)})")
 
 
@@ -235,12 +244,12 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
     if trace_path or plot_path:
         doc = _trace.chrome_trace(client)
         if trace_path:
-            from ..trace._perfetto import write_chrome_trace
+            from ..trace import write_chrome_trace
             write_chrome_trace(trace_path, doc)
             evidence["trace"] = {"path": trace_path, **{k: v for k, v in doc["otherData"].items()
                                                          if not k.startswith("hetproc_")}}
         if plot_path:
-            from ..trace._plot import plot_timeline
+            from ..trace import plot_timeline
             evidence["plot"] = plot_timeline(doc, plot_path, title=f"hetproc: {stem}")
     return evidence
 

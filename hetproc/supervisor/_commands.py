@@ -87,6 +87,7 @@ class Commands:
         """Fail a command that will never run (or was stopped): error first, then wake."""
         exc.correlation_id = cmd.cid
         self.evidence.failed(cmd, exc)
+        self.evidence.note_error(exc)  # first: it names the frozen window in the detail
         fences, recs = self.reg.fences, self.reg.fence_recs
         for h in cmd.signal:
             rec = recs.get(h)
@@ -95,7 +96,6 @@ class Commands:
                 fences.signal(h, exc.wire, signaller=0)
         self.reg.stats["failed"] += 1
         cmd.device.failed += 1
-        self.evidence.note_error(exc)
         self.retire(cmd)
         if cmd.probe_of is not None and self.watcher is not None:
             self.watcher.on_probe_done(cmd.probe_of, cmd.device.name, ok=False)
@@ -207,16 +207,17 @@ class Commands:
         """The device signalled the error itself, except for a cancel: then the fences are
         still pending and we fail them with the reason we know."""
         exc = cmd.failure or errors.error_from_code(
-            code, f"{dev.name}: {rec.get('msg', '')}", correlation_id=cmd.cid)
+            code, f"{dev.name}: {rec.get('msg', '')}", correlation_id=cmd.cid,
+            detail={"remote_traceback": str(rec["tb"])} if rec.get("tb") else None)
         exc.correlation_id = cmd.cid
         if code == errors.Cancelled.code:
             self.fail_command(cmd, exc)
             return
+        self.evidence.note_error(exc)  # first: it names the frozen window in the detail
         for h in cmd.signal:
             frec = self.reg.fence_recs.get(h)
             if frec is not None:
                 frec.error = exc.to_dict()
-        self.evidence.note_error(exc)
         dev.failed += 1
         self.reg.stats["failed"] += 1
         if not exc.buffers_trusted:

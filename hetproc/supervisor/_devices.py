@@ -71,6 +71,8 @@ class Command:
     failure: Any = None    # the error recovery decided for it, if any
     watch_deadline: int = 0
     watch_progress: int = 0
+    watch_cpu: int = -1    # the device process's CPU time (ns) when the watchdog armed
+    lagged: bool = False   # the host kept it waiting for a CPU past its deadline
     rearms: int = 0
     probe_of: Any = None   # the incident this no-op probes for
     then: Any = None       # called once the command is retired (success or failure)

@@ -220,7 +220,8 @@ class Evidence:
         if freezes_on(exc):
             wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
                                      code=exc.code)
-            if self.last_error is not None:
+            if wid:
+                exc.detail["trace_window"] = wid  # the error itself says where to look
                 self.last_error["trace_window"] = wid
 
     # -- frozen windows ---------------------------------------------------------------
@@ -422,8 +423,7 @@ def _summary(w: dict[str, Any]) -> dict[str, Any]:
 def _dump_window(window: dict[str, Any], dump_dir: str, prefix: str) -> str | None:
     """Write one frozen window as Chrome Trace JSON; a failure to write loses the file,
     never the window (it stays in memory) nor the supervisor."""
-    from ..trace._export import frozen_to_chrome
-    from ..trace._perfetto import write_chrome_trace
+    from ..trace import frozen_to_chrome, write_chrome_trace
     try:
         os.makedirs(dump_dir, exist_ok=True)
         path = os.path.join(dump_dir, f"frozen-{prefix.strip('.')}-{window['id']}.json")

@@ -19,7 +19,7 @@ from typing import Any
 from ipc import errors
 
 DEVICE_FAULTS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
-                 "heartbeat_stall")
+                 "heartbeat_stall", "kernel_bug")
 PLATFORM_FAULTS = ("alloc_fail", "map_fail", "compile_timeout", "oom")
 FAULTS = DEVICE_FAULTS + PLATFORM_FAULTS
 _EVENT_OF = {"alloc_fail": "alloc", "oom": "alloc", "map_fail": "map",

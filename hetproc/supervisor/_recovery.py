@@ -1,6 +1,9 @@
 """Watchdog, the nine-step recovery sequence, and safe reclamation (seed §14).
 
-The watchdog counts from the moment a command *starts on the device* (not from submit).
+The watchdog counts from the moment a command *starts on the device* (not from submit,
+nor while it waits for its input fences), in device time: whatever the host kept the
+device process waiting for a CPU is lag, added to the deadline and counted as a
+``host_lag`` verdict, never blamed on the device.
 When it expires, the verdict is "no hang" if the device's progress counter moved since
 the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed out and an
 ``Incident`` runs the nine steps::
@@ -108,6 +111,46 @@ class Incident:
         }
 
 
+_MIN_EXTENSION_NS = 2_000_000  # a starved device is looked at again after at least this
+
+
+class DeviceCpu:
+    """Whether a device process is runnable now, and how much CPU it has had (ns, the
+    first field of ``/proc/<pid>/schedstat``), read with ``pread`` on descriptors kept
+    per device (a few us a look). What lets the watchdog tell a device that waits for
+    the host's CPU from one that hangs."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, tuple[int, int, int]] = {}  # device -> (pid, stat fd, schedstat fd)
+
+    def read(self, dev: "DeviceHandle") -> tuple[bool, int]:
+        """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
+        entry = self._fds.get(dev.name)
+        if entry is None or entry[0] != dev.pid:
+            self._forget(dev.name)
+            try:
+                stat = os.open(f"/proc/{dev.pid}/stat", os.O_RDONLY)
+            except OSError:
+                return False, -1
+            try:
+                sched = os.open(f"/proc/{dev.pid}/schedstat", os.O_RDONLY)
+            except OSError:
+                os.close(stat)
+                return False, -1
+            entry = self._fds[dev.name] = (dev.pid, stat, sched)
+        try:
+            state = os.pread(entry[1], 512, 0).rpartition(b")")[2].split()[0]
+            return state == b"R", int(os.pread(entry[2], 128, 0).split()[0])
+        except (OSError, ValueError, IndexError):
+            return False, -1
+
+    def _forget(self, name: str) -> None:
+        entry = self._fds.pop(name, None)
+        if entry is not None:
+            os.close(entry[1])
+            os.close(entry[2])
+
+
 class Recovery:
     """The watchdog and the nine steps, over narrow collaborators: the tables (``reg``),
     the command engine (fail, retire, requeue, reroute, probe), the evidence (frozen
@@ -125,6 +168,7 @@ class Recovery:
         self.probing: dict[int, Incident] = {}  # by id, after: waiting for the probes
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
         self.verdicts: collections.Counter[str] = collections.Counter()
+        self.device_cpu = DeviceCpu()
         self._ids = 0
 
     # -- watchdog ---------------------------------------------------------------------
@@ -150,8 +194,9 @@ class Recovery:
                 return  # the previous command's start time: this one's is not written yet
             cmd.watch_deadline = slot.u64[S.STARTED] + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
+            cmd.watch_cpu = self.device_cpu.read(dev)[1]
             return
-        if now < cmd.watch_deadline:
+        if now < cmd.watch_deadline or self._host_lag(dev, cmd):
             return
         progress = slot.u64[S.PROGRESS]
         heartbeat_age_ms = (now - slot.u64[S.HEARTBEAT]) / 1e6
@@ -166,6 +211,27 @@ class Recovery:
         self.verdicts["timed_out"] += 1
         self.start_timeout(dev, cmd, heartbeat_age_ms)
 
+    def _host_lag(self, dev: "DeviceHandle", cmd: "Command") -> bool:
+        """The watchdog counts device time, not host time. A device process that is
+        runnable at its deadline yet has had less CPU than its whole budget since the
+        command started is waiting for the host, not hung: the deadline moves by the
+        budget it has not had, and the lag is counted and noted, never hidden. A hung
+        device sleeps (not runnable), or spins and so uses its budget of CPU: neither
+        is excused."""
+        runnable, cpu = self.device_cpu.read(dev)
+        if not runnable or cpu < 0 or cmd.watch_cpu < 0:
+            return False
+        unused = cmd.timeout_ns - (cpu - cmd.watch_cpu)
+        if unused <= 0:
+            return False
+        if not cmd.lagged:
+            self.reg.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="host_lag",
+                                cpu_ms=round((cpu - cmd.watch_cpu) / 1e6, 3))
+        cmd.lagged = True
+        self.verdicts["host_lag"] += 1
+        cmd.watch_deadline = time.monotonic_ns() + max(unused, _MIN_EXTENSION_NS)
+        return True
+
     # -- steps 1-3 ----------------------------------------------------------------------
 
     def new_incident(self, kind: str, dev: "DeviceHandle", guilty: "Command | None") -> Incident:
@@ -179,7 +245,7 @@ class Recovery:
         inc = self.new_incident("timeout", dev, cmd)
         exc = errors.DeviceTimeout(
             f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms watchdog",
-            correlation_id=cmd.cid)
+            correlation_id=cmd.cid, detail={"incident": inc.id})
         inc.error = exc.to_dict()
         cmd.failure = exc
         inc.step("mark", cid=cmd.cid, seq=cmd.seq, rearms=cmd.rearms,
@@ -232,7 +298,8 @@ class Recovery:
             running = self.running_command(dev)
             inc = self.new_incident("death", dev, running)
             exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
-                                       correlation_id=running.cid if running else 0)
+                                       correlation_id=running.cid if running else 0,
+                                       detail={"incident": inc.id})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -288,9 +355,8 @@ class Recovery:
             if self.policy.replay_innocent and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
-                self.commands.fail_command(cmd, errors.Cancelled(
-                    f"cancelled by the reset of {inc.device}", scope="device",
-                    buffers_trusted=False))
+                self.commands.fail_command(cmd, errors.CancelledByReset(
+                    f"cancelled by the reset of {inc.device}", detail={"incident": inc.id}))
                 cancelled.append(cmd.cid)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)

@@ -34,6 +34,22 @@ Handler = Callable[[ClientRec, dict], dict]
 MAX_BATCH = 4096  # commands per submit
 
 
+# op -> the method that handles it; checked against the protocol by the tests.
+HANDLERS = {
+    "hello": "hello", "ping": "ping", "shutdown": "shutdown",
+    "context_create": "context_create", "context_destroy": "context_destroy",
+    "alloc": "alloc", "free": "free",
+    "fence_create": "fence_create", "fence_release": "fence_release", "fence_error": "fence_error",
+    "submit": "submit", "cancel": "cancel", "prepare": "prepare",
+    "map": "map", "unmap": "unmap", "export": "export_", "import": "import_",
+    "mem_events": "mem_events",
+    "metrics": "get_metrics", "incidents": "incidents", "dumps": "dumps",
+    "inject": "inject", "faults_clear": "faults_clear",
+    "trace_info": "trace_info", "trace_frozen": "trace_frozen",
+    "power_vote": "power_vote",
+}
+
+
 class Requests:
     """The request handlers over the supervisor's parts. ``platform`` is what ``hello``
     answers about the platform; ``stop`` ends the serve loop; ``metrics`` assembles the
@@ -49,20 +65,7 @@ class Requests:
         self.recovery, self.evidence, self.memlog = recovery, evidence, memlog
         self.platform, self.stop, self.metrics = platform, stop, metrics
         self._client_ids = itertools.count(1)
-        self.table: dict[str, Handler] = {
-            "hello": self.hello, "ping": self.ping, "shutdown": self.shutdown,
-            "context_create": self.context_create, "context_destroy": self.context_destroy,
-            "alloc": self.alloc, "free": self.free,
-            "fence_create": self.fence_create, "fence_release": self.fence_release,
-            "fence_error": self.fence_error,
-            "submit": self.submit, "cancel": self.cancel, "prepare": self.prepare,
-            "map": self.map, "unmap": self.unmap, "export": self.export_, "import": self.import_,
-            "mem_events": self.mem_events,
-            "metrics": self.get_metrics, "incidents": self.incidents, "dumps": self.dumps,
-            "inject": self.inject, "faults_clear": self.faults_clear,
-            "trace_info": self.trace_info, "trace_frozen": self.trace_frozen,
-            "power_vote": self.power_vote,
-        }
+        self.table: dict[str, Handler] = {op: getattr(self, name) for op, name in HANDLERS.items()}
         self.ddr = DdrQuota(reg.spec)
 
     # -- connection -------------------------------------------------------------------

@@ -335,7 +335,7 @@ class Supervisor:
                 self.reg.stats["bad_packets"] += 1
             self.refuse(client, req_id, exc, frame)
         except Exception as exc:  # a supervisor bug must fail one request, not the platform
-            err = errors.HetprocError(f"internal error: {type(exc).__name__}: {exc}")
+            err = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
             self.refuse(client, req_id, err, frame)
         else:
             if req_id:  # id 0 is a notification: the sender does not wait for an answer
