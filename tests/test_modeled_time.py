@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 import hetproc
-from hetproc._config import SchedSpec, load_platform
+from hetproc import SchedSpec, load_platform
 from ipc import Stage
 
-from .conftest import wait_for
+from .helpers import wait_for
 
 MS = 1_000_000
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import hetproc
-from hetproc._config import PowerSpec, load_platform
+from hetproc import PowerSpec, load_platform
 from device_workers._power import Thermal
 
 from .test_modeled_time import warm
