@@ -72,7 +72,10 @@ class DeviceMemory:
         self.segments = segments
         self.coherent = coherent
         self.capacity = 0 if coherent else max(0, cache_bytes)
-        self.lines: OrderedDict[tuple[str, int], _Line] = OrderedDict()
+        # Keyed by (segment, offset, buffer handle): a block that changed owner comes with
+        # a new handle, so a line filled for its previous owner can never be hit by the
+        # next one, whatever maintenance the next one's context skips.
+        self.lines: OrderedDict[tuple[str, int, int], _Line] = OrderedDict()
         self.used = 0
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "writebacks": 0,
                       "dropped_dirty": 0, "streamed": 0}
@@ -114,7 +117,7 @@ class DeviceMemory:
         t = t0 or time.monotonic_ns()
         t = self._modeled("map", t, int(mem.get("map_ns", 0)), int(mem.get("map_bytes", 0)))
         for seg, off in _forget_keys(mem.get("forget")):
-            self._drop((seg, off))  # a block about to be reused: its stale lines must go
+            self._forget(seg, off)  # a block about to be reused: its stale lines must go
         for idx, ns in _pairs(mem.get("inv"), len(self._ins)):
             op = self._ins[idx]
             self._drop(op.key)
@@ -215,7 +218,7 @@ class DeviceMemory:
             raise errors.IommuFault(f"{role} {index}: buffer descriptor {desc[:5]!r} is not "
                                     f"mappable: {exc}") from None
         layout = (shared.shape, shared.dtype, shared.strides) if view else None
-        return _Operand((seg, offset), shared, span, perm, handle, seg, offset, layout)
+        return _Operand((seg, offset, handle), shared, span, perm, handle, seg, offset, layout)
 
     def _inode(self, segment: str) -> int:
         """The shm object's inode: the same number in every process that maps it."""
@@ -266,7 +269,12 @@ class DeviceMemory:
             view.flags.writeable = False
         return view
 
-    def _write_back(self, key: tuple[str, int]) -> int:
+    def _forget(self, segment: str, offset: int) -> None:
+        """Drop every line of the block at (segment, offset), whichever owner filled it."""
+        for key in [k for k in self.lines if k[0] == segment and k[1] == offset]:
+            self._drop(key)
+
+    def _write_back(self, key: tuple[str, int, int]) -> int:
         line = self.lines.get(key)
         if line is None or not line.dirty or line.shared is None:
             return 0
@@ -275,7 +283,7 @@ class DeviceMemory:
         self.stats["writebacks"] += 1
         return line.private.nbytes
 
-    def _drop(self, key: tuple[str, int]) -> None:
+    def _drop(self, key: tuple[str, int, int]) -> None:
         """Invalidate: forget the lines; dirty data in them is lost, as on hardware."""
         line = self.lines.pop(key, None)
         if line is not None:
@@ -283,7 +291,7 @@ class DeviceMemory:
             if line.dirty:
                 self.stats["dropped_dirty"] += 1
 
-    def _evict(self, key: tuple[str, int]) -> None:
+    def _evict(self, key: tuple[str, int, int]) -> None:
         self._write_back(key)
         line = self.lines.pop(key)
         self.used -= line.data.nbytes

@@ -32,6 +32,10 @@ import numpy as np
 
 from ipc import errors
 
+# The table above, as the command decoder checks a packet's fault against it.
+KINDS = frozenset(("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
+                   "heartbeat_stall", "oom", "kernel_bug"))
+STEPS = frozenset(("before_kernel", "in_kernel", "before_signal"))  # where "crash" exits
 CRASH_EXIT_STATUS = 70
 LATE_WRITE_BYTE = 0xAB
 _FOREVER_S = 120.0  # "forever" is bounded too: the supervisor acts long before this

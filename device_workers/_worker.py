@@ -23,10 +23,18 @@ restore), every marked command in the ring runs, the others wait in a local back
 ring order, and the suspended command resumes, its modeled end pushed back by the time
 it was off the device.
 
-The device trusts nothing it reads: a malformed command is answered with a ``BadPacket``
-completion and the loop goes on. It publishes heartbeat, progress and state in the shared
-state table, sees a cancel between chunks, and exits on its own when its supervisor dies
-(``PR_SET_PDEATHSIG``, plus a parent check on every idle wake-up).
+The device trusts nothing it reads (``_commands``): a command that fails its checks but
+names itself (its ``seq``, next in ring order) is refused with an unsignalled
+``BadPacket`` completion, so the supervisor fails just that command; a record that names
+nothing, or an old one read again, is reported and skipped; the loop goes on. When real
+commands were lost -- ring indices out of range, or a gap in the ring positions the
+supervisor numbers 1, 2, 3... -- the device posts a ``BadPacket`` record saying why and
+exits with ``RING_CORRUPT_EXIT_STATUS``: the supervisor's crash recovery fails what was
+in flight and starts it again on a fresh ring.
+
+It publishes heartbeat, progress and state in the shared state table, sees a cancel
+between chunks, and exits on its own when its supervisor dies (``PR_SET_PDEATHSIG``, plus
+a parent check on every idle wake-up).
 """
 
 from __future__ import annotations
@@ -45,10 +53,11 @@ import msgpack
 import numpy as np
 import posix_ipc
 
-from ipc import FenceTable, Ring, SegmentCache, decode, errors
+from ipc import FenceTable, Ring, SegmentCache, errors
 
 from . import _faults
 from ._cache import DeviceMemory
+from ._commands import best_effort_ids, decode_command
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._power import Thermal
@@ -65,13 +74,7 @@ OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots h
 LAG_TOLERANCE_NS = 50_000
 _PR_SET_PDEATHSIG = 1
 
-COMMAND_SCHEMAS = {
-    "exec": {"seq": int, "pidx": int, "cid": int, "kernel": str, "checked?": bool, "params": dict, "ins": list, "outs": list,
-             "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
-             "dep_timeout_ns": int, "fault?": dict, "mem?": dict, "arrive_ns?": int,
-             "pre?": bool, "spd?": float},
-    "stop": {},
-}
+RING_CORRUPT_EXIT_STATUS = 71  # the device quit so that the supervisor resets it
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class DeviceBoot:
     switch_ns: int = 0          # modeled cost of one context switch (save or restore)
     preemptive: bool = False
     thermal: dict | None = None  # device_workers._power.Thermal's parameters, when modeled
+    first_pidx: int = 0  # the ring position of the first command pushed to us (0: unknown)
 
 
 class DeviceWorker:
@@ -137,6 +141,8 @@ class DeviceWorker:
         self.backlog: collections.deque = collections.deque()  # set aside by a preemption
         self.thermal = Thermal(**boot.thermal) if boot.thermal else None
         self.speed = 1.0        # what the last command ran at
+        self.last_pidx = boot.first_pidx - 1 if boot.first_pidx else 0  # last one taken
+        self.exit_status = 0
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -172,13 +178,17 @@ class DeviceWorker:
             try:
                 data = self.commands.get()
             except errors.BadPacket as exc:
-                self.complete(0, 0, exc.code, str(exc))
-                continue
+                self.ring_corrupt(0, str(exc))
+                return
             if data is None:
                 self.flush()
                 self.tr.idle()
                 return
-            self.handle(data)
+            try:
+                self.handle(data)
+            except Exception as exc:  # last resort: a bug must not end the device loop
+                self.complete(0, 0, errors.InternalError.code,
+                              f"device loop error: {type(exc).__name__}: {exc}"[:1000])
 
     def handle(self, data: bytes) -> None:
         cmd = self.decode(data)
@@ -186,17 +196,54 @@ class DeviceWorker:
             self.execute(cmd)
 
     def decode(self, data: bytes) -> dict[str, Any] | None:
-        """The command in ``data``; None for a stop (noted) or a malformed one (answered)."""
+        """The command in ``data``, checked whole and in ring order; None for a stop
+        (noted), a refused or replayed record (answered) or a lost one (the ring is
+        corrupt: we quit so that the supervisor resets us)."""
         try:
-            cmd = decode(data, COMMAND_SCHEMAS)
+            cmd = decode_command(data)
         except errors.BadPacket as exc:
-            seq = _best_effort_seq(data)
-            self.complete(seq, 0, exc.code, str(exc))
+            self.refuse(data, exc)
             return None
         if cmd["op"] == "stop":
             self.running = False
             return None
+        pidx = cmd["pidx"]
+        if pidx <= self.last_pidx:  # an old slot read again: its command already ran
+            self.complete(0, 0, errors.BadPacket.code, f"{self.boot.name}: replayed command "
+                          f"record (ring position {pidx}, {self.last_pidx} taken) ignored")
+            return None
+        if pidx != self.last_pidx + 1 and (self.last_pidx or self.boot.first_pidx):
+            self.ring_corrupt(cmd["seq"], f"ring position {pidx} follows {self.last_pidx}: "
+                              f"{pidx - self.last_pidx - 1} command(s) lost")
+            return None
+        # Checked in ring order as read, whatever order a preemption then runs them in.
+        self.last_pidx = pidx
         return cmd
+
+    def refuse(self, data: bytes, exc: errors.BadPacket) -> None:
+        """A record failed its checks. If it names its seq and is next in ring order, only
+        that command is refused: the supervisor fails its fences (we do not trust its
+        handles enough to signal them). A record that names nothing is reported and
+        skipped; had it overwritten a real command, the gap in ring positions shows at
+        the next command and the device resets then."""
+        seq, pidx = best_effort_ids(data)
+        if seq and pidx == self.last_pidx + 1:
+            self.last_pidx = pidx
+            self.post({"seq": seq, "epoch": self.boot.epoch, "code": exc.code,
+                       "msg": f"command refused by {self.boot.name}: {exc}"[:1000],
+                       "t_start": 0, "t_end": time.monotonic_ns(), "unsignalled": True})
+            return
+        self.complete(0, 0, exc.code, f"{self.boot.name}: unreadable command record "
+                      f"ignored: {exc}"[:1000])
+
+    def ring_corrupt(self, seq: int, why: str) -> None:
+        """Say why, then quit: the supervisor reaps us (a confirmed stop), fails what was
+        in flight with a clear error and restarts us on a fresh ring."""
+        self.complete(seq, 0, errors.BadPacket.code,
+                      f"{self.boot.name}: command ring corrupt, device resets: {why}"[:1000])
+        self.flush(wake=True)
+        self.running = False
+        self.exit_status = RING_CORRUPT_EXIT_STATUS
 
     # -- one command ------------------------------------------------------------------
 
@@ -417,8 +464,8 @@ class DeviceWorker:
             try:
                 data = self.commands.get()
             except errors.BadPacket as exc:
-                self.complete(0, 0, exc.code, str(exc))
-                continue
+                self.ring_corrupt(0, str(exc))
+                break
             if data is None:
                 break
             cmd = self.decode(data)
@@ -570,23 +617,15 @@ def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
     return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
 
 
-def _best_effort_seq(data: bytes) -> int:
-    try:
-        msg = msgpack.unpackb(data, raw=False)
-        seq = msg.get("seq", 0) if isinstance(msg, dict) else 0
-        return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
-    except Exception:
-        return 0
-
-
 def device_main(boot: DeviceBoot) -> int:
     """Entry point in the forked device process; returns the exit status."""
     _die_with_parent(boot.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the owner, not to us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     set_timer_slack_ns(1)
-    DeviceWorker(boot).run()
-    return 0
+    worker = DeviceWorker(boot)
+    worker.run()
+    return worker.exit_status
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-PUBLIC = ["hetproc", "hetproc.trace", "hetproc.drills", "hetproc.testing", "ipc", "device_workers"]
+PUBLIC = ["hetproc", "hetproc.trace", "hetproc.drills", "hetproc.delegate", "hetproc.testing", "ipc",
+          "device_workers"]
 
 
 def _module(name: str) -> types.ModuleType:

@@ -306,7 +306,12 @@ def test_status_lists_the_platform_with_its_pids(platform):
     out = subprocess.run([sys.executable, "-m", "hetproc", "status", "--json"],
                          capture_output=True, text=True, timeout=30)
     import json
-    entries = {p["prefix"]: p for p in json.loads(out.stdout)}
+    assert out.returncode == 0, out.stderr
+    try:
+        listed = json.loads(out.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON: {out.stdout[:300]!r} / {out.stderr[-500:]!r}") from None
+    entries = {p["prefix"]: p for p in listed}
     me = entries[platform.prefix]
     assert me["supervisor_pid"] == platform.pid
     assert set(me["devices"]) == {"cpu0", "npu0", "gpu0", "dsp0", "isp0"}

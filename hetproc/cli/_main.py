@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="remove what dead platforms left behind")
     cleanup.add_argument("--json", action="store_true")
     cleanup.set_defaults(func=cmd_cleanup)
+
+    from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
+    add_model_commands(sub)
     return p
 
 

@@ -19,8 +19,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-import msgpack
-
+from device_workers import decode_completions
 from ipc import PENDING, errors
 
 from ._devices import Command, CommandState, DeviceHandle
@@ -167,11 +166,12 @@ class Commands:
 
     def _on_completion(self, dev: DeviceHandle, data: bytes) -> None:
         try:
-            batch = msgpack.unpackb(data, raw=False)
-            records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
-        except Exception as exc:
+            batch = decode_completions(data)  # every field typed and bounded, or refused
+        except errors.BadPacket as exc:
+            self.reg.stats["bad_packets"] += 1
             self.evidence.note_error(errors.BadPacket(f"{dev.name}: bad completion batch: {exc}"))
             return
+        records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
         for rec, seq, epoch, code in records:
             if epoch != dev.epoch:
                 continue  # from before a reset: that command was already failed
@@ -210,8 +210,8 @@ class Commands:
             code, f"{dev.name}: {rec.get('msg', '')}", correlation_id=cmd.cid,
             detail={"remote_traceback": str(rec["tb"])} if rec.get("tb") else None)
         exc.correlation_id = cmd.cid
-        if code == errors.Cancelled.code:
-            self.fail_command(cmd, exc)
+        if code == errors.Cancelled.code or rec.get("unsignalled"):
+            self.fail_command(cmd, exc)  # the device did not signal: we fail the fences
             return
         self.evidence.note_error(exc)  # first: it names the frozen window in the detail
         for h in cmd.signal:

@@ -327,7 +327,8 @@ class DeviceHandle:
                           completion_fd=self.completion_fd, parent_pid=os.getpid(),
                           coherent=self.spec.coherent, cache_bytes=self.spec.cache.kib << 10,
                           chunk_ns=self.chunk_ns() or 2_000_000, switch_ns=self.switch_ns(),
-                          preemptive=self.preemptive, thermal=self._thermal(), **boot_args)
+                          preemptive=self.preemptive, thermal=self._thermal(),
+                          first_pidx=self.pushes + 1, **boot_args)
         pid = os.fork()
         if pid == 0:  # child
             code = 1

@@ -43,7 +43,9 @@ def platform_metrics(reg: Registry, pool: BlockPool, recovery: "Recovery", hando
                       "recovered": len(recovery.history),
                       "watchdog_verdicts": dict(recovery.verdicts)},
         "pool": {"segments": len(pool.segments), "reserved_bytes": pool.reserved_bytes,
-                 "used_bytes": pool.used_bytes, "live_blocks": pool.live_blocks},
+                 "used_bytes": pool.used_bytes, "live_blocks": pool.live_blocks,
+                 "largest_free_bytes": pool.largest_free_block(),
+                 "zeroed_bytes": pool.zeroed_bytes},
     }
     m.update(handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
     return evidence.add_metrics(m)
