@@ -83,6 +83,8 @@ class DeviceMemory:
         self._reset()
 
     def _reset(self) -> None:
+        self.cursor = 0          # the modeled time the last acquire/release ended at
+        self._anchored = False   # True: modeled work runs from a given start, not from now
         self._ins: list[_Operand] = []
         self._outs: list[_Operand] = []
         self._events: dict[str, list[int]] = {}
@@ -93,20 +95,26 @@ class DeviceMemory:
     # -- the command's life ------------------------------------------------------------
 
     def acquire(self, cmd: dict[str, Any], between: Callable[[], None], *,
-                views: bool = True) -> tuple[list, list]:
+                views: bool = True, t0: int = 0, hold: Callable = hold_until) -> tuple[list, list]:
         """Check, map, invalidate; return the (inputs, outputs) views for the kernel
-        (empty lists without ``views``: a command that only holds time reads nothing)."""
+        (empty lists without ``views``: a command that only holds time reads nothing).
+
+        ``t0``: the command's modeled start; the modeled map and invalidate work runs from
+        there (not from whenever the host got here), and ``cursor`` says where it ended.
+        ``hold(deadline, between)`` holds the device until a modeled deadline."""
         if not cmd["ins"] and not cmd["outs"] and "mem" not in cmd:
             self._idle = True  # no buffer, no memory work: the no-op path stays short
+            self.cursor = t0 or time.monotonic_ns()
             return [], []
         self._reset()
+        self._anchored = bool(t0)
         mem = cmd.get("mem") or {}
         # Every operand is checked before anything is touched: a refused access leaves
         # every buffer, and this device's cache, as it was.
         self._ins = [self._operand(d, "r", "input", i, views) for i, d in enumerate(cmd["ins"])]
         self._outs = [self._operand(d, "w", "output", i, views)
                       for i, d in enumerate(cmd["outs"])]
-        t = time.monotonic_ns()
+        t = t0 or time.monotonic_ns()
         t = self._modeled("map", t, int(mem.get("map_ns", 0)), int(mem.get("map_bytes", 0)))
         for seg, off in _forget_keys(mem.get("forget")):
             self._forget(seg, off)  # a block about to be reused: its stale lines must go
@@ -114,22 +122,25 @@ class DeviceMemory:
             op = self._ins[idx]
             self._drop(op.key)
             t = self._modeled("invalidate", t, ns, op.span)
-        hold_until(t, between)
+        hold(t, between)
+        self.cursor = t
         if not views:
-            self._kernel = [time.monotonic_ns()]
+            self._kernel = [t if self._anchored else time.monotonic_ns()]
             return [], []
         ins = [self._array(op, write=False) for op in self._ins]
         outs = [self._array(op, write=True) for op in self._outs]
-        self._kernel = [time.monotonic_ns()]
+        self._kernel = [t if self._anchored else time.monotonic_ns()]  # kernel on the model
         return ins, outs
 
-    def release(self, cmd: dict[str, Any], between: Callable[[], None]) -> None:
-        """After the kernel: clean what was asked, hold the unmap."""
+    def release(self, cmd: dict[str, Any], between: Callable[[], None], *, t0: int = 0,
+                hold: Callable = hold_until) -> None:
+        """After the kernel: clean what was asked, hold the unmap (from modeled ``t0``)."""
         if self._idle:
+            self.cursor = t0 or time.monotonic_ns()
             return
         mem = cmd.get("mem") or {}
         self._released = True
-        t = time.monotonic_ns()
+        t = t0 or time.monotonic_ns()
         if len(self._kernel) == 1:
             self._kernel.append(t)
         for idx, ns in _pairs(mem.get("clean"), len(self._outs)):
@@ -137,7 +148,17 @@ class DeviceMemory:
             self._write_back(op.key)
             t = self._modeled("clean", t, ns, op.span)
         t = self._modeled("unmap", t, int(mem.get("unmap_ns", 0)), int(mem.get("map_bytes", 0)))
-        hold_until(t, between)
+        hold(t, between)
+        self.cursor = t
+
+    def save(self) -> tuple:
+        """The current command's memory state, for a preemption (``restore`` puts it back)."""
+        return (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,
+                self._released, self._idle)
+
+    def restore(self, state: tuple) -> None:
+        (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,
+         self._released, self._idle) = state
 
     def shared_outputs(self) -> list[np.ndarray]:
         """The current outputs as they are in shared memory, past any cache."""
@@ -277,10 +298,11 @@ class DeviceMemory:
         self.stats["evictions"] += 1
 
     def _modeled(self, kind: str, t: int, ns: int, nbytes: int) -> int:
-        """Account ``ns`` of modeled work starting at ``t`` (or now, if later)."""
+        """Account ``ns`` of modeled work starting at ``t`` (or now, if later, unless the
+        command runs on an anchored modeled timeline)."""
         if ns <= 0 and kind in ("map", "unmap"):
             return t
-        t0 = max(t, time.monotonic_ns())
+        t0 = t if self._anchored else max(t, time.monotonic_ns())
         t1 = t0 + max(0, ns)
         ev = self._events.get(kind)
         if ev is None:

@@ -95,7 +95,9 @@ COMMAND_SCHEMAS = {
              "outs": List(DESCRIPTOR, max_len=MAX_OPERANDS),
              "wait": _fences, "signal": _fences,
              "hold_ns": _duration, "delay_ns": _duration, "dep_timeout_ns": _duration,
-             "fault?": FAULT, "mem?": MEM_REQUEST},
+             "fault?": FAULT, "mem?": MEM_REQUEST,
+             # modeled time (invariant 8), preemption and the voted speed (seed §7, §11)
+             "arrive_ns?": Int(0, I64), "pre?": bool, "spd?": Num(0.0, 1.0)},
     "stop": {},
 }
 
@@ -135,6 +137,10 @@ COMPLETION = {
     "t_take?": _t, "t_signal?": _t, "cid?": Int(0, I64), "unsignalled?": bool,
     "tb?": Str(MAX_MESSAGE),  # the end of a kernel's traceback
     "mem?": OneOf((None, MEM_REPORT)),
+    # modeled start and end, how late the host finished past it, the speed it ran at,
+    # the modeled temperature and whether it was throttled
+    "m0?": _t, "m1?": _t, "lag?": Int(0, I64), "spd?": Num(0.0, 1.0),
+    "temp?": Num(-300.0, 1e6), "thr?": bool,
 }
 
 

@@ -97,6 +97,7 @@ def _hang_honouring_cancel(worker: Any) -> None:
     while time.monotonic() < deadline:
         worker.beat()
         worker.check_cancel()  # raises Cancelled when asked: the supervisor sees the stop
+        worker.maybe_preempt()  # hung, yet a more urgent command still gets the device
         time.sleep(0.001)
 
 

@@ -9,6 +9,9 @@ Public API::
     Buffer, Fence     a shared tensor, a completion event (export / import to share them)
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
+    Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
+                      (PipelineStage, PipelineReport; seed §10)
+    SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
     load_platform     read a platform file (None: the built-in default)
     errors            the one error hierarchy (every class is also exported here)
     trace             evidence, live or from a file: export, explain, plot (seed §22)
@@ -47,20 +50,21 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
     5 nothing leaks                  ipc/_names (manifest, cleanup); drills check it
     6 bad input is survivable        supervisor/_validation, ipc/_packets
     7 tenants cannot see each other  supervisor/_iommu (rights, exports, imports)
-    8 modeled time                   device_workers/_hold (holding to the modeled end)
+    8 modeled time                   device_workers/_worker (the modeled start, the
+                                     stamp in the fences) and _hold (holding to the end)
 """
 
 from . import errors
 from .errors import *  # noqa: F401,F403  (the one error hierarchy)
 from .errors import __all__ as _error_names
 from . import trace  # public namespace (hetproc.drills and hetproc.testing: import them)
-from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
-from .client import (Buffer, BufferPool, Client, Context, Fence, Platform, PoolStatistics,
-                     command, connect)
+from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform
+from .client import (Buffer, BufferPool, Client, Context, Fence, Pipeline, PipelineReport,
+                     PipelineStage, Platform, PoolStatistics, command, connect)
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
-    "BufferPool", "PoolStatistics",
-    "load_platform", "PlatformSpec", "DeviceSpec", "Timing",
+    "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
+    "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     *_error_names,
 ]

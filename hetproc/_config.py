@@ -56,6 +56,58 @@ class IommuSpec:
         return (fixed + self.per_mib_us * nbytes / (1 << 20)) / 1000.0
 
 
+POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
+
+
+@dataclass(frozen=True)
+class SchedSpec:
+    """How one device orders its waiting commands (seed §7, §11): ``hetproc.supervisor._scheduler``.
+
+    ``chunk_ms`` is the preemption granularity: a running command can be preempted at a
+    chunk boundary by a more urgent one (0: never preempted); every switch costs
+    ``switch_us`` of modeled save/restore. ``window_ms``: modeled work let into the
+    device's in-order ring ahead of the running command. ``mixed``: priority >=
+    ``realtime_priority`` is real-time (earliest deadline first, strictly first), priority
+    >= 1 is always-on with at least ``min_share`` of the device, 0 is third-party.
+    """
+
+    policy: str = "priority"
+    chunk_ms: float = 2.0
+    switch_us: float = 0.0
+    window_ms: float = 2.0
+    realtime_priority: int = 10
+    min_share: float = 0.2
+
+
+@dataclass(frozen=True)
+class PowerSpec:
+    """Frequency levels and a thermal model (seed §7, §9), all in modeled time.
+
+    ``levels``: relative speeds a device may run at; clients vote (``Context.vote``) and
+    the device runs at the highest vote (no vote: the top level); a kernel's modeled time
+    is divided by its speed. Thermal: a busy device heats by ``heat_c_per_ms`` x speed²
+    per ms and relaxes to ``ambient_c`` with time constant ``tau_ms``; at ``throttle_c`` it
+    drops to ``throttle_speed`` until it has cooled ``hysteresis_c`` below. ``heat_c_per_ms
+    = 0`` (the default) turns the thermal model off.
+    """
+
+    levels: tuple[float, ...] = (1.0,)
+    heat_c_per_ms: float = 0.0
+    tau_ms: float = 2000.0
+    ambient_c: float = 35.0
+    throttle_c: float = 85.0
+    hysteresis_c: float = 5.0
+    throttle_speed: float = 0.5
+
+    @property
+    def top(self) -> float:
+        return max(self.levels)
+
+    def level_for(self, vote: float) -> float:
+        """The lowest level that meets ``vote`` (the top one if none does)."""
+        return min((lv for lv in self.levels if lv >= vote), default=self.top)
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     name: str
@@ -70,6 +122,8 @@ class DeviceSpec:
     strided: bool = True          # False: takes only densely packed buffers
     stride_alignment: int = 1     # every padded stride (a row pitch) must be a multiple
     cache: CacheSpec = field(default_factory=CacheSpec)  # used when coherent is false
+    scheduler: SchedSpec = field(default_factory=SchedSpec)
+    power: PowerSpec = field(default_factory=PowerSpec)
 
 
 @dataclass(frozen=True)
@@ -130,6 +184,10 @@ class PlatformSpec:
     watchdog_ms: float = 200.0
     grace_ms: float = 50.0
     dependency_timeout_ms: float = 2000.0
+    dispatch_us: float = 0.0  # modeled latency from a submit to its earliest device start
+    # DDR bandwidth quota per client name, MB/s ("*": everyone else; absent: unlimited)
+    ddr_quota_mbps: dict[str, float] = field(default_factory=dict)
+    ddr_burst_kib: int = 256   # what a client may move at once before its quota applies
     source: str = "<built-in>"
     faults: tuple[dict[str, Any], ...] = ()
     fault_seed: int = 0
@@ -204,6 +262,9 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
         watchdog_ms=float(raw.get("watchdog_ms", 200.0)),
         grace_ms=float(raw.get("grace_ms", 50.0)),
         dependency_timeout_ms=float(raw.get("dependency_timeout_ms", 2000.0)),
+        dispatch_us=_non_negative(raw.get("dispatch_us", 0.0), "dispatch_us", source),
+        ddr_quota_mbps=_quotas(raw.get("ddr_quota_mbps", {}), source),
+        ddr_burst_kib=int(_non_negative(raw.get("ddr_burst_kib", 256), "ddr_burst_kib", source)),
         source=source,
         faults=tuple(raw.get("fault", [])),
         fault_seed=int(raw.get("fault_seed", 0)),
@@ -241,7 +302,60 @@ def _parse_device(d: dict[str, Any], source: str) -> DeviceSpec:
                       {k: float(v) for k, v in t.get("ops", {}).items()}),
         strided=bool(d.get("strided", True)), stride_alignment=stride_alignment,
         cache=_parse_table(CacheSpec, d.get("cache", {}), f"{source}: device {name}: cache"),
+        scheduler=_parse_scheduler(d.get("scheduler", {}), f"{source}: device {name}: scheduler"),
+        power=_parse_power(d.get("power", {}), f"{source}: device {name}: power"),
     )
+
+
+def _parse_power(raw: Any, where: str) -> PowerSpec:
+    if not isinstance(raw, dict):
+        raise errors.InvalidRequest(f"platform file {where}: expected a table")
+    raw = dict(raw)
+    levels = raw.pop("levels", (1.0,))
+    try:
+        levels = tuple(sorted(float(v) for v in levels))
+    except (TypeError, ValueError):
+        raise errors.InvalidRequest(f"platform file {where}: levels must be numbers") from None
+    if not levels or not all(0.05 <= v <= 1.0 for v in levels):
+        raise errors.InvalidRequest(f"platform file {where}: levels must be in 0.05..1.0")
+    spec = _parse_table(PowerSpec, raw, where)
+    if not 0.05 <= spec.throttle_speed <= 1.0 or spec.tau_ms <= 0:
+        raise errors.InvalidRequest(f"platform file {where}: throttle_speed in 0.05..1.0, "
+                                    "tau_ms > 0")
+    return PowerSpec(**{**spec.__dict__, "levels": levels})
+
+
+def _quotas(raw: Any, source: str) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise errors.InvalidRequest(f"platform file {source}: ddr_quota_mbps must be a table")
+    out = {}
+    for name, v in raw.items():
+        mbps = _non_negative(v, f"ddr_quota_mbps.{name}", source)
+        if mbps <= 0:
+            raise errors.InvalidRequest(f"platform file {source}: ddr_quota_mbps.{name} "
+                                        "must be > 0")
+        out[str(name)] = mbps
+    return out
+
+
+def _parse_scheduler(raw: Any, where: str) -> SchedSpec:
+    spec = _parse_table(SchedSpec, raw, where)
+    if spec.policy not in POLICIES:
+        raise errors.InvalidRequest(f"platform file {where}: policy {spec.policy!r} is not one "
+                                    f"of {', '.join(POLICIES)}")
+    if not 0.0 <= spec.min_share <= 1.0:
+        raise errors.InvalidRequest(f"platform file {where}: min_share must be in 0..1")
+    return spec
+
+
+def _non_negative(value: Any, key: str, source: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise errors.InvalidRequest(f"platform file {source}: {key} = {value!r} is not a number") from None
+    if not 0.0 <= v < 1e6:
+        raise errors.InvalidRequest(f"platform file {source}: {key} must be in 0..1e6")
+    return v
 
 
 def _maintenance(value: Any, source: str) -> bool | str:
@@ -273,6 +387,6 @@ def _parse_table(cls: type, raw: Any, where: str) -> Any:
         except (TypeError, ValueError):
             raise errors.InvalidRequest(f"platform file {where}: {key} = {value!r} is not "
                                         f"a {kind.__name__}") from None
-        if kind is not bool and values[key] < 0:
+        if kind in (int, float) and not 0 <= values[key] < 1e9:  # also refuses NaN
             raise errors.InvalidRequest(f"platform file {where}: {key} must be >= 0")
     return cls(**values)

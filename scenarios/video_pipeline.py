@@ -17,6 +17,12 @@ Three runs, each on real device processes ordered only by fences:
 Every frame carries real data: out = gpu_scale(relu(cpu_scale(frame))); the last frames
 are checked against numpy, which fails if a stage ever read a buffer before its producer's
 fence said it was written.
+
+Then the seed's spike (§10), with ``hetproc.Pipeline``: the GPU stage takes 14 ms for a
+run of frames while the camera keeps its pace, so the GPU falls behind. With an unbounded
+queue the backlog and the latency grow for as long as the spike lasts; with a bounded
+queue (2 frames) the latency stays near serial + (queue + buffers) x the spiking period,
+and the report counts the frames dropped (drop oldest) or delayed (backpressure).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import numpy as np
 import hetproc
 
 CPU_MS, NPU_MS, GPU_MS, HANDOFF_MS = 2.0, 10.0, 4.0, 1.0
+GPU_SPIKE_MS = 14.0
+SPIKE_QUEUE = 2
 SHAPE = (1, 64, 64, 3)
 BUFFERS = 3
 
@@ -49,25 +57,26 @@ class Pipeline:
                 ctx.map(b[writes], "w")
         self.rng = np.random.default_rng(7)
 
-    def submit(self, i: int) -> tuple[int, "hetproc.Fence", np.ndarray]:
-        """Write frame ``i`` into its buffer set and queue its three stages."""
+    def submit(self, i: int, t_frame: int = 0) -> tuple[int, "hetproc.Fence", np.ndarray]:
+        """Write frame ``i`` into its buffer set and queue its three stages. ``t_frame``:
+        when the camera produced it (its modeled arrival); default now."""
         b = self.sets[i % BUFFERS]
         frame = self.rng.standard_normal(SHAPE, dtype=np.float32)
         b["frame"].array()[...] = frame
-        t0 = time.monotonic_ns()
+        t0 = min(t_frame, time.monotonic_ns()) if t_frame else time.monotonic_ns()
         f1 = self.cpu.submit_nowait("scale", [b["frame"]], [b["pre"]], params={"factor": 2.0},
-                                    ms=CPU_MS, handoff_ms=HANDOFF_MS)
+                                    ms=CPU_MS, handoff_ms=HANDOFF_MS, at_ns=t0)
         f2 = self.npu.submit_nowait("relu", [b["pre"]], [b["feat"]], wait=[f1],
-                                    ms=NPU_MS, handoff_ms=HANDOFF_MS)
+                                    ms=NPU_MS, handoff_ms=HANDOFF_MS, at_ns=t0)
         f3 = self.gpu.submit_nowait("scale", [b["feat"]], [b["out"]], wait=[f2],
-                                    params={"factor": 0.5}, ms=GPU_MS)
+                                    params={"factor": 0.5}, ms=GPU_MS, at_ns=t0)
         for f in (f1, f2):
             f.release()  # still alive while f2/f3 wait on them; recycled afterwards
         return t0, f3, frame
 
     def finish(self, i: int, t0: int, fence: "hetproc.Fence", frame: np.ndarray) -> tuple[int, int, bool]:
         fence.wait(5.0 + 0.1 * (CPU_MS + NPU_MS + GPU_MS))
-        t_done = fence.client.fences.info(fence.handle)["t_ns"]
+        t_done = fence.signal_time()  # the modeled end: host wake-ups are not in it
         out = self.sets[i % BUFFERS]["out"].array()
         correct = bool(np.allclose(out, 0.5 * np.maximum(2.0 * frame, 0), atol=1e-6))
         fence.release()
@@ -83,13 +92,59 @@ class Pipeline:
             if i - window in pending:
                 t0, t_done, good = self.finish(i - window, *pending.pop(i - window))
                 starts.append(t0), ends.append(t_done), ok.append(good)
+            t_frame = 0
             if interval_ns:
-                _sleep_until(t_first + i * interval_ns)
-            pending[i] = self.submit(i)
+                t_frame = t_first + i * interval_ns
+                _sleep_until(t_frame)
+            pending[i] = self.submit(i, t_frame)
         for j in sorted(pending):
             t0, t_done, good = self.finish(j, *pending.pop(j))
             starts.append(t0), ends.append(t_done), ok.append(good)
         return {"start": np.array(starts), "end": np.array(ends), "ok": np.array(ok)}
+
+
+def spike(s, frames: int) -> None:
+    """The §10 spike: frames in the middle third take 14 ms on the GPU."""
+    c, scale = s.client, s.time_scale
+    first, last = frames // 3, 2 * frames // 3
+    gpu_ms = lambda i: GPU_SPIKE_MS if first <= i < last else GPU_MS  # noqa: E731
+    stages = [hetproc.PipelineStage(c.context("cpu0", name="spike pre"), "scale", ms=CPU_MS,
+                                    params={"factor": 2.0}, handoff_ms=HANDOFF_MS),
+              hetproc.PipelineStage(c.context("npu0", name="spike inference"), "relu",
+                                    ms=NPU_MS, handoff_ms=HANDOFF_MS),
+              hetproc.PipelineStage(c.context("gpu0", name="spike post"), "scale", ms=gpu_ms,
+                                    params={"factor": 0.5})]
+    interval = 10.5 * scale  # the camera: a little slower than the NPU, faster than the spike
+    serial = (CPU_MS + HANDOFF_MS + NPU_MS + HANDOFF_MS + GPU_MS) * scale
+    bound = serial + (SPIKE_QUEUE + BUFFERS) * GPU_SPIKE_MS * scale
+    out = {}
+    for name, queue, policy in (("unbounded", frames, "backpressure"),
+                                ("drop_oldest", SPIKE_QUEUE, "drop_oldest"),
+                                ("backpressure", SPIKE_QUEUE, "backpressure")):
+        p = hetproc.Pipeline(c, stages, shape=SHAPE, buffers=BUFFERS, max_queue=queue,
+                             policy=policy, deadline_ms=2 * serial)
+        try:
+            r = p.run(frames, interval_ms=interval, timeout_s=60 + frames * interval / 100)
+        finally:
+            p.close()
+        out[name] = summary = r.summary()
+        for key in ("latency_p50_ms", "latency_p99_ms", "latency_max_ms", "dropped", "delayed",
+                    "deadline_misses", "max_queue_depth"):
+            s.metric(f"spike_{name}_{key}", summary[key])
+    s.check("spike, unbounded queue: the backlog and the latency grow past the bound",
+            out["unbounded"]["latency_max_ms"] > bound and out["unbounded"]["dropped"] == 0,
+            f"max {out['unbounded']['latency_max_ms']:.1f} ms vs bound {bound:.1f} ms")
+    s.check("spike, bounded queue (drop oldest): latency stays near serial + (Q+K) x period, "
+            "drops counted", out["drop_oldest"]["latency_max_ms"] <= bound * 1.05
+            and out["drop_oldest"]["dropped"] > 0,
+            f"max {out['drop_oldest']['latency_max_ms']:.1f} ms, "
+            f"{out['drop_oldest']['dropped']} dropped")
+    s.check("spike, backpressure: nothing dropped, the camera delayed",
+            out["backpressure"]["dropped"] == 0 and out["backpressure"]["delayed"] > 0,
+            f"{out['backpressure']['delayed']} frames delayed")
+    s.note(f"spike: frames {first}..{last - 1} take {GPU_SPIKE_MS} ms on the GPU, camera every "
+           f"{interval:.1f} ms; bound serial + (Q={SPIKE_QUEUE} + K={BUFFERS}) x "
+           f"{GPU_SPIKE_MS * scale:.1f} ms = {bound:.1f} ms")
 
 
 def _sleep_until(t_ns: int) -> None:
@@ -130,6 +185,15 @@ def run(s) -> None:
     s.metric("pipelined_latency_p50_ms", float(np.median(paced_lat)))
     s.metric("pipelined_latency_p99_ms", float(np.percentile(paced_lat, 99)))
 
+    # Invariant 8: modeled time is exact, or says it is not. A host too slow to keep up
+    # (a busy machine) shows here as lags, never as a silently longer latency.
+    devs = s.platform.metrics()["devices"]
+    lags = {n: d["model_lags"] for n, d in devs.items() if d.get("model_lags")}
+    s.metric("modeled_time_lags", sum(lags.values()))
+    if lags:
+        s.note(f"the host fell behind the modeled timeline {sum(lags.values())} times "
+               f"({lags}): latencies above the model's are host lag, not model")
+    spike(s, s.option("spike_frames", 90))
     s.check_near("serial latency ~ 2+1+10+1+4 ms", float(np.median(lat)), serial_expected)
     s.check_near("pipelined period ~ slowest stage (NPU)", float(np.median(period)),
                  period_expected)

@@ -5,7 +5,8 @@ for completion. Nothing here imports the supervisor."""
 
 from ._bufpool import BufferPool, PoolStatistics
 from ._client import Buffer, Client, Context, Fence, command
+from ._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._platform import Platform, connect
 
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
-           "BufferPool", "PoolStatistics"]
+           "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport"]

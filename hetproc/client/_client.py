@@ -224,11 +224,18 @@ class Client:
     # -- public API -------------------------------------------------------------------
 
     def context(self, device: str, *, priority: int = 0, name: str = "",
-                cache_maintenance: bool | str | None = None) -> "Context":
+                cache_maintenance: bool | str | None = None, period_ms: float | None = None,
+                weight: float | None = None) -> "Context":
         """A context on ``device``: the unit of isolation and of failure (seed §7, §20).
         ``cache_maintenance`` (default: the platform's) set to False, or to "clean" /
-        "invalidate" alone, drops what a non-coherent device needs -- to show stale reads."""
-        extra = {} if cache_maintenance is None else {"cache_maintenance": cache_maintenance}
+        "invalidate" alone, drops what a non-coherent device needs -- to show stale reads.
+        ``period_ms``: its commands' default deadline (``edf``, ``mixed``); ``weight``: its
+        client's share under the ``fair`` scheduler (seed §11)."""
+        extra: dict[str, Any] = {} if cache_maintenance is None else {"cache_maintenance": cache_maintenance}
+        if period_ms is not None:
+            extra["period_ms"] = float(period_ms)
+        if weight is not None:
+            extra["weight"] = float(weight)
         reply = self._request("context_create", device=device, priority=priority, name=name,
                               **extra)
         return Context(self, reply["ctx"], device, priority)
@@ -367,30 +374,40 @@ class Context:
     def submit(self, kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (),
                *, wait: Iterable["Fence"] = (), params: dict | None = None,
                ms: float | None = None, handoff_ms: float = 0.0,
-               timeout_ms: float | None = None, checked: bool = False) -> "Fence":
+               timeout_ms: float | None = None, checked: bool = False,
+               priority: int | None = None, deadline_ms: float | None = None) -> "Fence":
         """Queue one command; returns the fence it signals when done (or fails)."""
         return self.submit_many([command(kernel, ins, outs, wait=wait, params=params, ms=ms,
                                          handoff_ms=handoff_ms, timeout_ms=timeout_ms,
-                                         checked=checked)])[0]
+                                         checked=checked, priority=priority,
+                                         deadline_ms=deadline_ms)])[0]
 
     def submit_nowait(self, kernel: str, ins: Iterable["Buffer"] = (),
-                      outs: Iterable["Buffer"] = (), **kw: Any) -> "Fence":
+                      outs: Iterable["Buffer"] = (), *, at_ns: int | None = None,
+                      **kw: Any) -> "Fence":
         """Like ``submit`` without waiting for the supervisor's verdict: the fast path.
         A refused command fails its fence, so the error surfaces at ``Fence.wait()``."""
-        return self.submit_many([command(kernel, ins, outs, **kw)], nowait=True)[0]
+        return self.submit_many([command(kernel, ins, outs, **kw)], nowait=True, at_ns=at_ns)[0]
 
-    def submit_many(self, cmds: Sequence[dict[str, Any]], *, nowait: bool = False) -> list["Fence"]:
+    def submit_many(self, cmds: Sequence[dict[str, Any]], *, nowait: bool = False,
+                    at_ns: int | None = None) -> list["Fence"]:
         """Queue a batch in one message (all valid, or none is queued).
 
         With ``nowait`` the client picks the output fences from its own pool and does not
         wait for an answer, so the device may already be running when this returns.
+        ``at_ns``: the modeled arrival (CLOCK_MONOTONIC), e.g. when a camera produced the
+        frame, if the host submits it a little later; default now. The supervisor accepts
+        it up to 250 ms in the past.
         """
         client = self.client
         for c in cmds:
             c.setdefault("cid", client.next_cid())
         t_submit = client.trace.now()
+        # The modeled arrival: the host's submit path (encode, socket, validation) is
+        # absorbed, not added to the model (the supervisor bounds how far back it may be).
+        t_arrive = time.monotonic_ns() if at_ns is None else int(at_ns)
         if not nowait:
-            reply = client._request("submit", ctx=self.handle, cmds=list(cmds))
+            reply = client._request("submit", ctx=self.handle, cmds=list(cmds), t_ns=t_arrive)
             client.trace.submitted(cmds, t_submit)
             return [Fence(client, sig, cid=cid, seq=seq, owned=True)
                     for seq, cid, sig in reply["cmds"]]
@@ -398,9 +415,15 @@ class Context:
         for c, h in zip(cmds, handles):
             c["signal"] = h
         client.trace.bind(cmds)  # fence slots name their producer before anyone can wait
-        client._notify("submit", ctx=self.handle, cmds=list(cmds))
+        client._notify("submit", ctx=self.handle, cmds=list(cmds), t_ns=t_arrive)
         client.trace.submitted(cmds, t_submit)
         return [Fence(client, h, cid=c["cid"], owned=True) for c, h in zip(cmds, handles)]
+
+    def vote(self, level: float) -> float:
+        """Vote for this context's device frequency (a fraction of its top speed, seed
+        §7): the device runs at its contexts' highest vote, snapped up to one of its
+        levels. Returns the level the device runs at now."""
+        return self.client._request("power_vote", ctx=self.handle, level=float(level))["device_level"]
 
     def prepare(self, kernel: str) -> str | None:
         """Compile ``kernel`` for this context's device. Returns the fallback device if the
@@ -432,9 +455,12 @@ class Context:
 def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (), *,
             wait: Iterable["Fence"] = (), params: dict | None = None, ms: float | None = None,
             handoff_ms: float = 0.0, timeout_ms: float | None = None,
-            checked: bool = False) -> dict[str, Any]:
+            checked: bool = False, priority: int | None = None,
+            deadline_ms: float | None = None) -> dict[str, Any]:
     """One command for ``Context.submit_many``. ``timeout_ms`` overrides the watchdog;
-    ``checked`` re-executes the kernel and compares, so corrupt output fails the request."""
+    ``checked`` re-executes the kernel and compares, so corrupt output fails the request.
+    ``priority`` overrides the context's (up to the client's maximum); ``deadline_ms``
+    (after the submit) is what the ``edf`` and ``mixed`` schedulers order by."""
     c: dict[str, Any] = {"kernel": kernel, "ins": [_live(b) for b in ins],
                          "outs": [_live(b) for b in outs], "wait": [f.handle for f in wait]}
     if params:
@@ -447,6 +473,10 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
         c["timeout_ms"] = float(timeout_ms)
     if checked:
         c["checked"] = True
+    if priority is not None:
+        c["priority"] = int(priority)
+    if deadline_ms is not None:
+        c["deadline_ms"] = float(deadline_ms)
     return c
 
 
@@ -559,6 +589,14 @@ class Fence:
     def done(self) -> bool:
         state, _ = self.client.fences.poll(self.handle)
         return state != PENDING
+
+    def signal_time(self) -> int:
+        """The modeled time (CLOCK_MONOTONIC ns) the fence was signalled at: the producer's
+        modeled end plus its hand-off, exact even when the host posted it late. 0 while
+        pending."""
+        if not self.done():
+            return 0
+        return self.client.fences.producer(self.handle)[2]
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until done. Raises the command's error, ``FenceTimeout`` after ``timeout``

@@ -4,7 +4,7 @@
 
     build_command (_validation) ─▶ commit: seq, cid, output fence, references taken,
                                     fault drawn, maps and cache maintenance planned
-                                 ─▶ DeviceHandle queue (priority heap) ─▶ pump into ring
+                                 ─▶ DeviceHandle scheduler (_scheduler) ─▶ pump into ring
     completion record ─▶ on_command_done ─▶ retire: references dropped (``_lifetimes``)
     never ran / stopped ─▶ fail_command: error set on the fence *before* it is signalled
 
@@ -15,7 +15,6 @@ probe, and never touches a queue itself.
 
 from __future__ import annotations
 
-import heapq
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -69,7 +68,8 @@ class Commands:
         cmd.ctx.submitted += 1
         self.reg.stats["submitted"] += 1
         if self.faults.rules and cmd.ctx.client.id:
-            cmd.fault = self.faults.device_fault(cmd.device.name, cmd.cid, cmd.ctx.client.id)
+            cmd.fault = self.faults.device_fault(cmd.device.name, cmd.cid,
+                                                 client=(cmd.ctx.client.id, cmd.ctx.client.name))
         self.handoff.on_commit(cmd)
 
     def retire(self, cmd: Command) -> None:
@@ -104,19 +104,17 @@ class Commands:
         """Fail every command of ``ctx`` still waiting in the supervisor (not yet pushed)."""
         dropped = []
         for dev in self.reg.devices.values():  # a fallback or reroute may have moved some
-            keep = []
-            for item in dev.queue:
-                (dropped if item[2].ctx is ctx else keep).append(item)
-            if len(keep) != len(dev.queue):
-                heapq.heapify(keep)
-                dev.queue[:] = keep
-        for _, _, cmd in sorted(dropped):
+            dropped += dev.sched.remove_if(lambda c: c.ctx is ctx)
+        for cmd in sorted(dropped, key=lambda c: c.seq):
             # One fresh error per command: each carries its own correlation id.
             self.fail_command(cmd, errors.error_class(like.code)(like.message, scope=like.scope))
         return len(dropped)
 
     def destroy_context(self, ctx: ContextRec, reason: str) -> None:
         self.cancel_queued(ctx, errors.Cancelled(f"context destroyed ({reason})"))
+        dev = self.reg.devices.get(ctx.device)
+        if dev is not None:
+            dev.votes.pop(ctx.handle, None)  # its frequency vote goes with it
         self.lifetimes.iommu.drop_context(ctx)
         ctx.client.contexts.discard(ctx.handle)
         self.reg.contexts.remove(ctx.handle)
@@ -129,16 +127,15 @@ class Commands:
         while changed:
             changed = False
             for dev in self.reg.devices.values():
-                for _, _, other in list(dev.queue):
-                    if other.state is CommandState.QUEUED and doomed.intersection(other.wait):
-                        dev.queue.remove((-other.priority, other.seq, other))
-                        heapq.heapify(dev.queue)
-                        doomed.update(other.signal)
-                        self.fail_command(other, errors.DependencyFailed(
-                            f"depends on {cmd.cid:#x}, which failed: {exc.name}",
-                            detail={"upstream_cid": cmd.cid}))
-                        failed += 1
-                        changed = True
+                hit = dev.sched.remove_if(lambda o: o.state is CommandState.QUEUED
+                                          and bool(doomed.intersection(o.wait)))
+                for other in hit:
+                    doomed.update(other.signal)
+                    self.fail_command(other, errors.DependencyFailed(
+                        f"depends on {cmd.cid:#x}, which failed: {exc.name}",
+                        detail={"upstream_cid": cmd.cid}))
+                    failed += 1
+                    changed = True
         return failed
 
     def fail_context_queue(self, ctx: ContextRec) -> int:
@@ -188,6 +185,8 @@ class Commands:
 
     def _on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]
+        if "m0" in rec:
+            dev.timing.note(rec)
         self.handoff.on_done(dev, cmd, rec)
         watcher = self.watcher
         if watcher is not None and watcher.on_guilty_finished(dev, cmd, code):

@@ -371,7 +371,8 @@ class Evidence:
             m["devices"][dev.name].update(
                 mapped_operands=v["maps"], segment_imports=v["imports"],
                 bytes_touched=v["ddr_bytes"], power_switches=v["power_switches"],
-                acquire_waits=v["fence_waits"], acquire_wait_ms=v["fence_wait_ns"] / 1e6)
+                acquire_waits=v["fence_waits"], acquire_wait_ms=v["fence_wait_ns"] / 1e6,
+                model_lags=v["model_lags"], model_lag_ms=v["model_lag_ns"] / 1e6)
             cpu[dev.name] = _cpu_s(dev.pid) if dev.pid else None
         c_waits, c_wait_ns = self._trace_departed["fence_waits"], self._trace_departed["fence_wait_ns"]
         c_maps = self._trace_departed["maps"]

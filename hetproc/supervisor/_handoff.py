@@ -299,7 +299,8 @@ class Handoff:
             params={"axes": list(axes)} if axes else {}, ins=[src], outs=[dst], wait=wait,
             signal=signal, hold_ns=self.reg.scaled_ns(dev.spec.timing.duration_ms(kernel, moved)),
             delay_ns=0, dep_timeout_ns=cmd.dep_timeout_ns, priority=cmd.priority,
-            t_submit=cmd.t_submit, timeout_ns=cmd.timeout_ns, in_perms=[src_perm],
+            t_submit=cmd.t_submit, t_arrive=cmd.t_arrive, deadline_ns=cmd.deadline_ns,
+            timeout_ns=cmd.timeout_ns, in_perms=[src_perm],
             out_perms=[dst_perm], role=conv.role,
             plan={"reasons": list(conv.reasons), "operand": where, "src": src.handle,
                   "dst": dst.handle})

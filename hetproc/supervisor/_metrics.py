@@ -62,6 +62,8 @@ def _devices(reg: Registry) -> dict[str, dict[str, Any]]:
             "queue_depth": dev.queue_depth(), "in_flight": len(dev.pushed),
             "completed": dev.completed, "failed": dev.failed, "restarts": dev.restarts,
             "busy_ms": int(st["busy_ns"]) / 1e6,
+            "scheduler": dev.sched.name, "preemptions": int(st["preemptions"]),
+            "switch_ms": int(st["switch_ns"]) / 1e6, "modeled_time": dev.timing.summary(),
             "heartbeat_age_ms": (now - beat) / 1e6 if beat else None,
         }
     return out

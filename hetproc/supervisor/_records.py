@@ -65,6 +65,8 @@ class ContextRec:
     # Which cache maintenance the runtime does for this context on a non-coherent device:
     # "both" (correct), "clean" (forgets to invalidate), "invalidate", "none".
     cache_maintenance: str = "both"
+    period_ns: int = 0    # default relative deadline of its commands (0: none)
+    weight: float = 1.0   # its client's share under the fair scheduler
 
 
 @dataclass(eq=False)

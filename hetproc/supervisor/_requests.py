@@ -19,6 +19,7 @@ from ipc import BlockPool, errors
 from . import _quotas as quota
 from . import _validation as check
 from ._iommu import covers
+from ._bandwidth import DdrQuota
 from ._records import BufferRec, ClientRec, ContextRec, Registry, nbytes_of
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ HANDLERS = {
     "metrics": "get_metrics", "incidents": "incidents", "dumps": "dumps",
     "inject": "inject", "faults_clear": "faults_clear",
     "trace_info": "trace_info", "trace_frozen": "trace_frozen",
+    "power_vote": "power_vote",
 }
 
 
@@ -69,6 +71,7 @@ class Requests:
         self._client_ids = itertools.count(1)
         self.owner_pid = owner_pid  # the process that started the platform (kernel's word)
         self.table: dict[str, Handler] = {op: getattr(self, name) for op, name in HANDLERS.items()}
+        self.ddr = DdrQuota(reg.spec)
 
     # -- connection -------------------------------------------------------------------
 
@@ -126,6 +129,10 @@ class Requests:
         quota.check_context(self.reg, client)
         ctx = ContextRec(0, client, device, priority, msg.get("name", ""),
                          cache_maintenance=self.handoff.maintenance(msg.get("cache_maintenance")))
+        if "period_ms" in msg:
+            ctx.period_ns = self.reg.scaled_ns(check.bounded_ms(msg["period_ms"], "period_ms"))
+        if "weight" in msg:
+            ctx.weight = check.bounded_ms(msg["weight"], "weight", hi=check.MAX_WEIGHT)
         ctx.handle = self.reg.contexts.insert(ctx)
         client.contexts.add(ctx.handle)
         return {"ctx": ctx.handle}
@@ -141,7 +148,7 @@ class Requests:
         nbytes = nbytes_of(shape, dtype, strides)
         extra = self.handoff.alloc_options(msg, shape)  # layout, usage, placement
         quota.check_alloc(self.reg, client, nbytes + extra["byte_offset"])
-        rule = self.faults.draw("alloc", client=client.id)
+        rule = self.faults.draw("alloc", client=(client.id, client.name))
         if rule is not None:
             cls = errors.OutOfMemory if rule.kind == "oom" else errors.AllocationFailed
             raise cls(f"allocation of {nbytes} bytes failed (injected {rule.kind})")
@@ -213,12 +220,16 @@ class Requests:
             raise errors.InvalidRequest(f"a submit carries 1..{MAX_BATCH} commands, got {len(msg['cmds'])}")
         quota.check_inflight(self.reg, client, len(msg["cmds"]))
         quota.check_fences(self.reg, client, sum(1 for c in msg["cmds"] if "signal" not in c))
-        cmds = [check.build_command(self.reg, self.iommu, self.handoff, self.faults, ctx, c)
-                for c in msg["cmds"]]  # all valid, or none runs
+        t_arrive = check.arrival_ns(self.reg, msg.get("t_ns"), t0_ns)
+        cmds = [check.build_command(self.reg, self.iommu, self.handoff, self.faults, ctx, c,
+                                    t_arrive) for c in msg["cmds"]]  # all valid, or none runs
         # Every part of a chain may need a new fence: make sure they all exist before the
         # first commit, so a batch is queued whole or not at all.
         if self.reg.fences.free_count() < 3 * len(cmds):
             raise errors.OutOfMemory(f"fence table too full for a batch of {len(cmds)}")
+        for cmd in cmds:  # the client's DDR quota may push its modeled arrivals back
+            cmd.t_arrive = self.ddr.admit(client, cmd.t_arrive,
+                                          sum(b.nbytes for b in cmd.ins + cmd.outs))
         chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.reg.devices[ctx.device]
         out = []
@@ -240,6 +251,16 @@ class Requests:
             stats["submit_us_total"] += us
             stats["submit_count"] += 1
 
+    def power_vote(self, client: ClientRec, msg: dict) -> dict:
+        """A context's vote for its device's frequency: the device runs at the highest
+        vote of its contexts (seed §7). Answers the level granted and the device's now."""
+        ctx = check.context_of(self.reg, client, msg["ctx"])
+        dev = self.reg.devices[ctx.device]
+        level = check.bounded_ms(msg["level"], "level", hi=1.0)
+        granted = dev.spec.power.level_for(level)
+        dev.votes[ctx.handle] = granted
+        return {"level": granted, "device_level": dev.speed()}
+
     def cancel(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"], allow_lost=True)
         return {"cancelled": self.commands.cancel_queued(ctx, errors.Cancelled("cancelled by its client"))}
@@ -253,7 +274,7 @@ class Requests:
         dev = devices[ctx.device]
         if kernel not in dev.spec.ops:
             raise errors.UnsupportedOp(f"{dev.name} cannot compile {kernel!r}")
-        rule = self.faults.draw("compile", dev.name, client=client.id)
+        rule = self.faults.draw("compile", dev.name, client=(client.id, client.name))
         if rule is None:
             return {"device": ctx.device, "fallback": None}
         fb = self.recovery.policy.fallback_device
@@ -270,7 +291,7 @@ class Requests:
     def map(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"])
         buf = self.iommu.resolve(client, msg["buf"], self.reg.buffers)
-        if self.faults.rules and self.faults.draw("map", ctx.device, client=client.id):  # seed §15
+        if self.faults.rules and self.faults.draw("map", ctx.device, client=(client.id, client.name)):  # seed §15
             raise errors.MapFailed(f"mapping buffer {buf.handle:#x} into {ctx.device} failed "
                                    "(injected)")
         m = self.iommu.map(ctx, buf, msg.get("perm", "rw"))

@@ -6,7 +6,7 @@ Data flow::
     client B ─┼──────────────▶ ┌────────────────────────────── supervisor ─┐
     client C ─┘                │ validate (handles, generations, shapes,     │
                                │ dtypes, ops) -> Command -> device queue     │
-                               │ (priority heap) -> pump into ring           │
+                               │ (scheduler) -> pump into ring               │
                                └──┬───────────────────▲───────────────▲────┘
                   command ring +  │     completion     │ eventfd       │ pidfd readable
                   doorbell sem    ▼     ring           │               │ = device died
@@ -63,8 +63,8 @@ import msgpack
 import posix_ipc
 
 from device_workers import STATE_DTYPE, StateSlot, state_table
-from ipc import (BlockPool, FenceTable, Manifest, Segment, cleanup_prefix, decode, encode,
-                 errors, pack_frame, socket_address)
+from ipc import (PENDING, BlockPool, FenceTable, Manifest, Segment, cleanup_prefix, decode,
+                 encode, errors, pack_frame, socket_address)
 
 from .. import _protocol
 from .._config import PlatformSpec
@@ -89,7 +89,6 @@ ACCEPTS_PER_TURN = 32
 ANSWERED_KEPT = 16          # replies kept per client to answer a retried request id again
 ANSWERED_MAX_BYTES = 16 << 10  # larger replies are not kept (a retry is refused instead)
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-RING_WINDOW_MS = 2.0  # modeled work per device ring: what a new arrival may have to wait
 FENCE_CAPACITY = 8192
 
 
@@ -143,7 +142,6 @@ class Supervisor:
         slots = [StateSlot(self.state_seg.map, i) for i in range(n)]
         self.pool = BlockPool(self.prefix, limit=self.spec.memory_mib << 20,
                               on_new_segment=lambda s: self._record_object("shm", s.name))
-        window_ns = int(RING_WINDOW_MS * self.spec.time_scale * 1e6)
         devices: dict[str, DeviceHandle] = {}
         for index, dspec in enumerate(self.spec.devices):
             ring = self._new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
@@ -151,9 +149,18 @@ class Supervisor:
             self._record_object("sem", bell_name)
             bell = posix_ipc.Semaphore(bell_name, posix_ipc.O_CREX, initial_value=0)
             efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd, window_ns=window_ns)
+            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd,
+                               window_ns=int(dspec.scheduler.window_ms * self.spec.time_scale * 1e6),
+                               time_scale=self.spec.time_scale, state=slots[index])
             devices[dspec.name] = dev
             self.sel.register(efd, selectors.EVENT_READ, ("completion", dev))
+        def ready(cmd: Any) -> bool:
+            try:
+                return all(fences.poll(h)[0] != PENDING for h in cmd.wait)
+            except errors.HetprocError:
+                return False
+        for dev in devices.values():
+            dev.inputs_ready = ready
         return Registry(self.spec, fences, devices, slots, state)
 
     def _compose(self) -> None:
@@ -206,6 +213,7 @@ class Supervisor:
                 "device_count": len(self.reg.devices), **self.evidence.boot_args()}
         self.reg.state[dev.index]["cancel_pidx"] = 0
         self.reg.state[dev.index]["park"] = 0
+        self.reg.state[dev.index]["preempt_pidx"] = 0
         dev.spawn(boot, keep_fds=set)
         self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
         self.evidence.device_spawned(dev)
@@ -217,8 +225,10 @@ class Supervisor:
         self.running = False
 
     def metrics(self) -> dict[str, Any]:
-        return platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
-                                self.evidence, self.prefix)
+        m = platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
+                             self.evidence, self.prefix)
+        m["ddr_quota"] = self.requests.ddr.metrics()
+        return m
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -255,7 +265,7 @@ class Supervisor:
         for ring space, or a recovery is running (its probes and purges finish it)."""
         recovering = bool(self.recovery.active or self.recovery.probing)
         for dev in self.reg.devices.values():
-            want = 1 if (dev.queue or recovering) else 0
+            want = 1 if (dev.sched or recovering) else 0
             slot = self.reg.slots[dev.index]
             if slot.u32[StateSlot.WANT_NEWS] != want:
                 slot.u32[StateSlot.WANT_NEWS] = want
@@ -507,6 +517,7 @@ class Supervisor:
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
+        self.requests.ddr.forget(client)
         if client.owner:
             self.running = False
 

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from ._iommu import Iommu
 
 MAX_SHAPE_ELEMENTS = 1 << 31
+MAX_BACKDATE_NS = 250_000_000  # how far before its arrival a client may date its submit
+MAX_DEADLINE_MS = 3_600_000.0  # one hour: deadlines and periods beyond are typos
+MAX_WEIGHT = 1000.0
 
 
 def check_request(msg: dict, limits: "LimitsSpec") -> None:
@@ -129,7 +132,8 @@ _HANDLE_MAX = _protocol.HANDLE[1]
 _COMMAND_CHECKS = {"kernel": _cmd_kernel, "signal": _cmd_int, "cid": _cmd_int,
                    "ins": _cmd_handles, "outs": _cmd_handles, "wait": _cmd_handles,
                    "params": _cmd_params, "ms": _cmd_duration, "handoff_ms": _cmd_duration,
-                   "timeout_ms": _cmd_duration, "checked": _cmd_bool}
+                   "timeout_ms": _cmd_duration, "checked": _cmd_bool, "priority": _cmd_int,
+                   "deadline_ms": _cmd_duration}
 assert set(_COMMAND_CHECKS) == {k.rstrip("?") for k in _protocol.COMMAND}, "one check per field"
 
 
@@ -228,8 +232,48 @@ def check_layout(shape: list, dtype: str, strides: list | None, budget_bytes: in
     return tuple(shape), dt.name, tuple(strides) if strides else None
 
 
+def arrival_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
+    """A submit's modeled arrival: the client's own submit time (so the host's submit path
+    is absorbed, not modeled), never later than now nor more than ``MAX_BACKDATE_NS``
+    before it (an untrusted stamp can shift its own work a little, nobody else's), plus
+    the platform's modeled dispatch latency (invariant 8)."""
+    t = now_ns
+    if isinstance(t_client, int) and not isinstance(t_client, bool):
+        t = min(now_ns, max(now_ns - MAX_BACKDATE_NS, t_client))
+    return t + reg.scaled_ns(reg.spec.dispatch_us / 1000.0)
+
+
+def bounded_ms(value: Any, what: str, lo: float = 0.0, hi: float = MAX_DEADLINE_MS) -> float:
+    """A finite number of ms in ``(lo, hi]``, or a clear error for its sender."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise errors.InvalidRequest(f"{what} must be a number, got {value!r}")
+    v = float(value)
+    if not (lo < v <= hi):  # also false for NaN
+        raise errors.InvalidRequest(f"{what} = {value!r} is out of range ({lo:g}, {hi:g}]")
+    return v
+
+
+def request_priority(reg: Registry, ctx: ContextRec, c: dict) -> int:
+    """The command's priority: its own (0..its client's ceiling, by role), else its
+    context's."""
+    if "priority" not in c:
+        return ctx.priority
+    p, top = c["priority"], max_priority(ctx.client, reg.spec.limits)
+    if not 0 <= p <= top:
+        raise errors.InvalidRequest(f"priority {p} is out of range 0..{top} for this client")
+    return p
+
+
+def deadline_ns(reg: Registry, ctx: ContextRec, c: dict, t_received: int) -> int:
+    """Absolute deadline, counted from when the supervisor received the submit: a client
+    dating its submit earlier must not make its work look more urgent (edf, mixed)."""
+    if "deadline_ms" in c:
+        return t_received + reg.scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
+    return t_received + ctx.period_ns if ctx.period_ns else 0
+
+
 def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
-                  ctx: ContextRec, c: Any) -> Command:
+                  ctx: ContextRec, c: Any, t_arrive: int = 0) -> Command:
     """Validate one command of a submit: every handle, generation, owner, op, dtype and
     shape is checked here, before anything reaches a device (seed §20)."""
     if not isinstance(c, dict):
@@ -250,14 +294,18 @@ def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "Fa
     check_packet_size(c, ins, outs)
     wait = [check_fence(reg, client, h) for h in c["wait"]] if c.get("wait") else []
     signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
-    if faults.rules and faults.draw("map", dev.name, c.get("cid", 0), client=client.id):
+    priority = request_priority(reg, ctx, c)
+    t_received = time.monotonic_ns()
+    t_arrive = t_arrive or arrival_ns(reg, None, t_received)
+    deadline = deadline_ns(reg, ctx, c, t_received)
+    if faults.rules and faults.draw("map", dev.name, c.get("cid", 0), client=(client.id, client.name)):
         raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
     return Command(
         seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
         ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=hold_ns(reg, dev, c, ins, outs),
         delay_ns=reg.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
-        dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=ctx.priority,
-        t_submit=time.monotonic_ns(),
+        dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=priority,
+        t_submit=time.monotonic_ns(), t_arrive=t_arrive, deadline_ns=deadline,
         timeout_ns=reg.scaled_ns(c["timeout_ms"] if "timeout_ms" in c else reg.spec.watchdog_ms),
         checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
 

@@ -29,6 +29,9 @@ COUNTER_LABELS = {
     int(Stage.DDR_BYTES): "DDR bytes",
     int(Stage.BUFFER_MAPS): "buffer maps",
     int(Stage.POWER_STATE): "power state",
+    int(Stage.MODEL_LAGS): "modeled-time lags",
+    int(Stage.FREQUENCY): "frequency (per mille)",
+    int(Stage.TEMPERATURE): "temperature (m°C)",
 }
 
 
