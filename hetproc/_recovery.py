@@ -127,15 +127,20 @@ class Recovery:
 
     def watch(self, dev: "DeviceHandle", now: int) -> None:
         slot = self.sup.slots[dev.index]
+        # The device runs on while we read: the position it runs is read first and again
+        # after the start stamp, so BUSY and the stamp are known to be that command's
+        # (it writes position, stamp, BUSY in that order), never the one before it.
+        pidx = slot.u64[S.CURRENT_PIDX]
         if slot.u32[S.STATE] != DeviceState.BUSY:
             return
         cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        if cmd is None or cmd.pidx != slot.u64[S.CURRENT_PIDX]:
+        if cmd is None or cmd.pidx != pidx:
             return
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
-            if slot.u64[S.STARTED] < cmd.t_submit:
+            started = slot.u64[S.STARTED]
+            if slot.u64[S.CURRENT_PIDX] != pidx or started < cmd.t_submit:
                 return  # the previous command's start time: this one's is not written yet
-            cmd.watch_deadline = slot.u64[S.STARTED] + cmd.timeout_ns
+            cmd.watch_deadline = started + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
             return
         if now < cmd.watch_deadline:
