@@ -428,6 +428,7 @@ class _Run:
             tally["ok"] += 1
             if out is not None and not _right(kernel, out.array(), want):
                 tally["wrong"].append((rnd, label))
+        self.ph.check(not tally["wrong"], f"successful commands were wrong: {tally}")
 
         for buf, snap in canaries:
             self.ph.check(np.array_equal(buf.array(), snap), f"canary changed round {rnd}")
@@ -508,9 +509,6 @@ class _Run:
     def drain(self) -> None:
         """After the storm: every device serves a clean request, nothing is held."""
         a, seed = self.plat.client, self.seed
-        self.ph.check(not self.tally["wrong"], f"successful commands were wrong: {self.tally}")
-        self.ph.check(self.tally["ok"] > 20 and self.tally["failed"] > 0,
-                      f"the storm did not storm: {self.tally}")
         a.clear_faults()
         x, y = self.ins[0], a.alloc(N)
         for d in DEVICES:
@@ -532,6 +530,8 @@ class _Run:
 
     def verify(self) -> None:
         a = self.plat.client
+        self.ph.check(self.tally["ok"] > 20 and self.tally["failed"] > 0,
+                      f"the storm did not storm: {self.tally}")
         for buf, snap in self.canaries:
             self.ph.check(np.array_equal(buf.array(), snap), "a canary changed")
         drained = wait_for(lambda: (lambda m: m["in_flight"] == 0
