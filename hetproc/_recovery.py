@@ -274,7 +274,11 @@ class Recovery:
             if cmd.state == "done":
                 continue
             if self.sup.signalled(cmd):  # it finished; only its record died with the device
+                ok = all(self.sup.fences.poll(h)[1] == 0
+                         for h in cmd.signal if h in self.sup.fence_recs)
                 self.sup.retire(cmd)
+                if cmd.probe_of is not None:  # a probe that answered: its incident may end
+                    self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
             if self.policy.replay_innocent and cmd.ctx.lost is None:

@@ -183,6 +183,31 @@ def faults_on(client: hetproc.Client, cid: int) -> list[str]:
     return [f["kind"] for f in client.incidents()["faults"] if f.get("cid") == cid]
 
 
+def evidence(plat: hetproc.Platform, cid: int) -> dict[str, Any]:
+    """What the platform recorded about command ``cid``: the incidents that blamed it
+    (their first steps) and its trace slices from the frozen windows (ms from the first)."""
+    from hetproc._trace_export import expand
+    from ipc._trace import Stage
+
+    inc = plat.client.incidents()
+    blamed = [{"id": i["id"], "kind": i["kind"], "steps": i["steps"][:3]}
+              for i in inc["history"] + inc["active"] if (i["guilty"] or {}).get("cid") == cid]
+    slices, seen = [], set()
+    for w in plat.frozen_windows():
+        r = expand(w["records"])
+        for x in r[r["cid"] == cid]:
+            key = (int(x["t_ns"]), int(x["stage"]), int(x["phase"]), int(x["pid"]))
+            if key not in seen:
+                seen.add(key)
+                slices.append((key[0], w["names"].get(key[3], key[3]), Stage(key[1]).name,
+                               key[2], int(x["a0"]), int(x["a2"])))
+    slices.sort()
+    t0 = slices[0][0] if slices else 0
+    trace = [(round((t - t0) / 1e6, 3), *rest) for t, *rest in slices]
+    return {"incidents": blamed, "trace (ms, process, stage, phase, a0, a2)": trace,
+            "watchdog": inc["verdicts"]}
+
+
 def _expected(kernel: str, ins: list[np.ndarray], params: dict) -> np.ndarray | int:
     if kernel == "copy":
         return ins[0].copy()
@@ -497,9 +522,11 @@ class _Run:
                 outcome = exc
             kinds = faults_on(a, f.cid)
             wrong = judge_child_dependent(outcome, signalled, kinds)
-            detail = f.error_detail() if outcome is not None else None
-            self.ph.check(wrong is None, f"the command {f.cid:#x} waiting on the dead child: "
-                          f"{wrong}; child signalled: {signalled}; record: {detail}")
+            if wrong is not None:
+                detail = f.error_detail() if outcome is not None else None
+                self.ph.fail(f"the command {f.cid:#x} waiting on the dead child: {wrong}; "
+                             f"child signalled: {signalled}; record: {detail}; "
+                             f"evidence: {evidence(self.plat, f.cid)}")
             if outcome is None:
                 self.ph.check(np.array_equal(out.array(), self.const.array()),
                               "the command waiting on the child succeeded with a wrong output")
@@ -538,7 +565,11 @@ class _Run:
                                     and m["quarantined_buffers"] == 0
                                     and m["incidents"]["active"] == 0)(a.metrics()),
                            timeout=10)
-        self.ph.check(drained, f"did not drain: {a.metrics()}")
+        if not drained:
+            m = a.metrics()
+            self.ph.fail(f"did not drain: in_flight {m['in_flight']}, quarantined "
+                         f"{m['quarantined_buffers']}, incidents {m['incidents']}; "
+                         f"active incidents: {a.incidents()['active']}")
         self.ph.check(all(d["pid"] for d in a.metrics()["devices"].values()),
                       "a device is not running")
         self.ph.check(a.supervisor_alive(), "the supervisor died")
