@@ -16,7 +16,7 @@ Invariants checked (ARCHITECTURE.md §3), for every seed:
      ends by a timeout, unless the fault plan's record shows a fault that hangs a running
      command landed on it *and* the child had signalled (so the command really ran). Its
      watchdog is long (DEPENDENT_TIMEOUT_MS), so that a device process a loaded machine
-     kept off its CPU is not judged; ``test_chaos`` pins the short-watchdog case alone.
+     kept off its CPU is not judged; tests/test_chaos.py pins the 40 ms case on its own.
 
 A run walks through named phases (``PHASES``); a failure is a ``ChaosFailure`` naming its
 seed and phase. The seed fixes every choice of the run (faults, kernels, the round the
