@@ -184,15 +184,20 @@ class Recovery:
 
     def watch(self, dev: "DeviceHandle", now: int) -> None:
         slot = self.reg.slots[dev.index]
+        # The device runs on while we read: the position it runs is read first and again
+        # after the start stamp, so BUSY and the stamp are known to be that command's
+        # (it writes position, stamp, BUSY in that order), never the one before it.
+        pidx = slot.u64[S.CURRENT_PIDX]
         if slot.u32[S.STATE] != DeviceState.BUSY:
             return
         cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        if cmd is None or cmd.pidx != slot.u64[S.CURRENT_PIDX]:
+        if cmd is None or cmd.pidx != pidx:
             return
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
-            if slot.u64[S.STARTED] < cmd.t_submit:
+            started = slot.u64[S.STARTED]
+            if slot.u64[S.CURRENT_PIDX] != pidx or started < cmd.t_submit:
                 return  # the previous command's start time: this one's is not written yet
-            cmd.watch_deadline = slot.u64[S.STARTED] + cmd.timeout_ns
+            cmd.watch_deadline = started + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
             cmd.watch_cpu = self.device_cpu.read(dev)[1]
             return
@@ -349,7 +354,11 @@ class Recovery:
             if cmd.state is CommandState.DONE:
                 continue
             if self.reg.signalled(cmd):  # it finished; only its record died with the device
+                ok = all(self.reg.fences.poll(h)[1] == 0
+                         for h in cmd.signal if h in self.reg.fence_recs)
                 self.commands.retire(cmd)
+                if cmd.probe_of is not None:  # a probe that answered: its incident may end
+                    self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
             if self.policy.replay_innocent and cmd.ctx.lost is None:
