@@ -122,3 +122,79 @@ def test_waiting_on_an_input_or_a_handoff_delay_is_not_a_stall(platform, client)
     verdicts = client.incidents()["verdicts"]
     assert verdicts.get("stalled", 0) == 0 and not client.incidents()["history"]
     assert all(d["restarts"] == 0 for d in client.metrics()["devices"].values())
+
+
+# -- the excuse for a loaded host, as pure logic (the clock and the CPU reading faked) -----
+
+class _Slot:
+    def __init__(self) -> None:
+        self.u32 = [0] * 32
+        self.u64 = [0] * 16
+
+
+class _Reg:
+    def __init__(self, dev) -> None:
+        self.devices = {dev.name: dev}
+        self.slots = [_Slot()]
+        self.spec = dataclasses.make_dataclass("Spec", [("watchdog_ms", float)])(200.0)
+        self.events: list = []
+
+    def scaled_ns(self, ms: float) -> int:
+        return int(ms * 1e6)
+
+    def note_event(self, kind: str, **detail) -> None:
+        self.events.append(detail)
+
+
+def _recovery_over_one_idle_device(monkeypatch, cpu_readings):
+    from types import SimpleNamespace
+
+    from device_workers import DeviceState
+    from hetproc.supervisor._recovery import Policy, Recovery
+    dev = SimpleNamespace(name="npu0", index=0, pid=123, paused=False, epoch=1,
+                          commands=SimpleNamespace(tail=5),
+                          pushed={9: SimpleNamespace(pidx=6, delay_ns=0)})
+    reg = _Reg(dev)
+    reg.slots[0].u32[S.STATE] = DeviceState.IDLE
+    reg.slots[0].u64[S.CURRENT_PIDX] = 5
+    rec = Recovery(Policy(), reg, commands=None, evidence=None, spawn=lambda d: None)
+    readings = iter(cpu_readings)
+    monkeypatch.setattr(rec.device_cpu, "read", lambda d: next(readings))
+    stalls: list = []
+    monkeypatch.setattr(rec, "start_stall", lambda d, quiet_ms: stalls.append(quiet_ms))
+    return rec, dev, stalls
+
+
+def test_a_runnable_device_short_of_cpu_is_excused_then_a_sleeping_one_is_stalled(monkeypatch):
+    ms = 1_000_000
+    rec, dev, stalls = _recovery_over_one_idle_device(monkeypatch, [
+        (True, 0),            # first sight: quiet from here
+        (True, 5 * ms),       # past the bound, runnable, 5 ms of CPU: the host's fault
+        (False, 6 * ms)])     # asleep with work owed: stalled
+    rec.watch(dev, 0)
+    rec.watch(dev, 100 * ms)
+    assert not stalls, "inside the bound: nothing yet (no CPU read needed)"
+    rec.watch(dev, 300 * ms)
+    assert not stalls and rec.verdicts["idle_host_lag"] == 1
+    rec.watch(dev, 400 * ms)
+    assert stalls == [400.0] and rec.verdicts["stalled"] == 1
+
+
+def test_a_device_spinning_without_taking_its_work_is_not_excused(monkeypatch):
+    ms = 1_000_000
+    rec, dev, stalls = _recovery_over_one_idle_device(monkeypatch, [(True, 0), (True, 300 * ms)])
+    rec.watch(dev, 0)
+    rec.watch(dev, 300 * ms)
+    assert stalls == [300.0], "it had the CPU for the whole bound and took nothing"
+
+
+def test_any_sign_of_moving_restarts_the_quiet_clock(monkeypatch):
+    ms = 1_000_000
+    rec, dev, stalls = _recovery_over_one_idle_device(monkeypatch, [(False, 0)] * 4)
+    rec.watch(dev, 0)
+    rec.reg.slots[0].u64[S.PROGRESS] += 1
+    rec.watch(dev, 200 * ms)  # moved: quiet again from here
+    rec.watch(dev, 400 * ms)
+    assert not stalls
+    rec.watch(dev, 460 * ms)
+    assert stalls == [260.0]
