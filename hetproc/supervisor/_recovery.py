@@ -25,7 +25,21 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
                  failures during the incident are reported
 
 A device that dies on its own (crash, SIGKILL from outside) enters at step 4: its reaping
-is the confirmed stop. ``unsafe_reclaim`` (a debug policy for drills) does steps 4-6 at
+is the confirmed stop.
+
+The watchdog also watches the queue, not only the running command: a device that holds
+commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
+state, done counter, progress, ring read index all unchanged -- for a quiet bound is
+stalled: a tampered ring index or state table (``park``), a lost doorbell, a process
+stopped while idle. The bound is the command watchdog's, scaled the same way, but never
+under ``_QUIET_FLOOR_NS`` of host time (several of the device's idle wake-ups, so a
+device that only missed its doorbell has looked at its ring again). A device that is
+runnable and has had less CPU than the bound since it went quiet waits for the host (a
+loaded machine), not for itself: excused and counted (``idle_host_lag``), as the command
+watchdog does. A stall is a ``stall`` incident with no guilty command: the device is
+killed at once (nothing runs that could acknowledge a cancel), the reaping confirms the
+stop, its commands are failed (``CancelledByReset``, naming the stall) or replayed per
+policy, and it restarts on a fresh ring. ``unsafe_reclaim`` (a debug policy for drills) does steps 4-6 at
 once, before the stop is confirmed: the late-writer drill shows the corruption it causes.
 
 Like drm_sched's ``timedout_job`` and IREE's sticky semaphore failure, the error is set
@@ -90,6 +104,7 @@ class Incident:
     fallback: str | None = None
     exit_status: int | None = None
     replay: list["Command"] = field(default_factory=list)  # innocents to run again
+    reason: str = ""  # why the device was reset, told to the innocent commands it cost
 
     def step(self, name: str, **detail: Any) -> None:
         self.steps.append({"step": name, "t_ms": round((time.monotonic_ns() - self.t0) / 1e6, 3),
@@ -112,6 +127,20 @@ class Incident:
 
 
 _MIN_EXTENSION_NS = 2_000_000  # a starved device is looked at again after at least this
+# A device owing work is stalled only after this much host time without any sign of
+# moving: five of its idle wake-ups (device_workers wakes every 50 ms), so a lost
+# doorbell alone, which the next wake-up repairs, is never called a stall.
+_QUIET_FLOOR_NS = 250_000_000
+
+
+@dataclass
+class _Quiet:
+    """A device owing work whose signs of life have not changed since ``since``."""
+
+    signature: tuple
+    since: int
+    cpu: int
+    excused: bool = False
 
 
 class DeviceCpu:
@@ -169,6 +198,7 @@ class Recovery:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
         self.verdicts: collections.Counter[str] = collections.Counter()
         self.device_cpu = DeviceCpu()
+        self._quiet: dict[str, _Quiet] = {}  # by device: owing work, no sign of moving
         self._ids = 0
 
     # -- watchdog ---------------------------------------------------------------------
@@ -184,6 +214,8 @@ class Recovery:
 
     def watch(self, dev: "DeviceHandle", now: int) -> None:
         slot = self.reg.slots[dev.index]
+        if self.watch_queue(dev, now):
+            return
         # The device runs on while we read: the position it runs is read first and again
         # after the start stamp, so BUSY and the stamp are known to be that command's
         # (it writes position, stamp, BUSY in that order), never the one before it.
@@ -215,6 +247,51 @@ class Recovery:
             return
         self.verdicts["timed_out"] += 1
         self.start_timeout(dev, cmd, heartbeat_age_ms)
+
+    def watch_queue(self, dev: "DeviceHandle", now: int) -> bool:
+        """A device that owes work and shows no sign of moving for the quiet bound is
+        stalled: True once its incident has started. A running command the command
+        watchdog times is left to it."""
+        slot = self.reg.slots[dev.index]
+        if not dev.pid or dev.paused or not self._owes_work(dev, slot) or self._timed(dev, slot):
+            self._quiet.pop(dev.name, None)
+            return False
+        signature = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE], slot.u64[S.PROGRESS],
+                     slot.u64[S.CURRENT_PIDX], dev.commands.tail)
+        quiet = self._quiet.get(dev.name)
+        if quiet is None or quiet.signature != signature:
+            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1])
+            return False
+        bound = max(self.reg.scaled_ns(self.reg.spec.watchdog_ms), _QUIET_FLOOR_NS)
+        if now - quiet.since < bound:
+            return False
+        runnable, cpu = self.device_cpu.read(dev)
+        if runnable and cpu >= 0 and quiet.cpu >= 0 and cpu - quiet.cpu < bound:
+            if not quiet.excused:  # waiting for the host's CPU, not stalled: note it once
+                quiet.excused = True
+                self.reg.note_event("watchdog", device=dev.name, verdict="idle_host_lag",
+                                    cpu_ms=round((cpu - quiet.cpu) / 1e6, 3))
+            self.verdicts["idle_host_lag"] += 1
+            return False
+        del self._quiet[dev.name]
+        self.verdicts["stalled"] += 1
+        self.start_stall(dev, (now - quiet.since) / 1e6)
+        return True
+
+    @staticmethod
+    def _owes_work(dev: "DeviceHandle", slot: Any) -> bool:
+        """A pushed command the device has not finished. One that ran and only waits to
+        signal after its hand-off delay (``delay_ns``) is not owed: nothing moves then."""
+        taken = slot.u64[S.CURRENT_PIDX]
+        return any(c.delay_ns == 0 or c.pidx > taken for c in dev.pushed.values())
+
+    @staticmethod
+    def _timed(dev: "DeviceHandle", slot: Any) -> bool:
+        """The device runs a command of ours: the command watchdog's case."""
+        if slot.u32[S.STATE] != DeviceState.BUSY:
+            return False
+        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+        return cmd is not None and cmd.pidx == slot.u64[S.CURRENT_PIDX]
 
     def _host_lag(self, dev: "DeviceHandle", cmd: "Command") -> bool:
         """The watchdog counts device time, not host time. A device process that is
@@ -265,9 +342,26 @@ class Recovery:
             inc.step("UNSAFE_early_reclaim", note="steps 4-6 before the device confirmed")
             self.fail_and_reclaim(dev, inc, [])
 
+    def start_stall(self, dev: "DeviceHandle", quiet_ms: float) -> None:
+        """The device owes work and does not move: reset it now (no command runs that
+        could acknowledge a cancel); its reaping confirms the stop (``on_device_death``)."""
+        inc = self.new_incident("stall", dev, None)
+        slot = self.reg.slots[dev.index]
+        inc.reason = (f"{dev.name} made no progress for {quiet_ms:.0f} ms with "
+                      f"{len(dev.pushed)} command(s) pushed to it")
+        exc = errors.DeviceTimeout(inc.reason, detail={"incident": inc.id})
+        inc.error = exc.to_dict()
+        inc.step("mark", reason="stalled with work queued", quiet_ms=round(quiet_ms, 3),
+                 pushed=len(dev.pushed), state=int(slot.u32[S.STATE]),
+                 ring_tail=dev.commands.tail, ring_head=dev.commands.head,
+                 park=int(slot.u32[S.PARK]))
+        self.evidence.note_error(exc)
+        self.isolate(dev, inc)
+
     def isolate(self, dev: "DeviceHandle", inc: Incident) -> None:
         """No acknowledgement within the grace period: kill; the reaping confirms."""
-        inc.step("isolate", pid=dev.pid, reason="no cancel acknowledgement within grace")
+        inc.step("isolate", pid=dev.pid, reason="stalled" if inc.kind == "stall"
+                 else "no cancel acknowledgement within grace")
         inc.grace_deadline = 0
         if dev.pid:
             os.kill(dev.pid, signal.SIGKILL)
@@ -364,8 +458,9 @@ class Recovery:
             if self.policy.replay_innocent and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
+                why = f": {inc.reason}" if inc.reason else ""
                 self.commands.fail_command(cmd, errors.CancelledByReset(
-                    f"cancelled by the reset of {inc.device}", detail={"incident": inc.id}))
+                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}))
                 cancelled.append(cmd.cid)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
