@@ -115,13 +115,15 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
         {"kernel": "copy", "ins": [h["buf"]], "outs": [h["buf3"]], "handoff_ms": 0.1},
         {"kernel": "scale", "ins": [h["buf"]], "outs": [h["buf3"]], "params": {"factor": 2.0},
          "wait": [h["fence"]], "timeout_ms": 50, "checked": True},
+        {"kernel": "work", "ms": 0.1, "priority": rng.choice((0, 5, 60)),
+         "deadline_ms": rng.choice((0.5, 5.0))},
     ])
     return {
         "ping": {}, "metrics": {}, "incidents": {}, "dumps": {}, "trace_info": {},
         "faults_clear": {}, "grant_role": {}, "shutdown": {},
         "hello": {"name": "again", "owner": True, "pid": 1},
         "context_create": {"device": dev, "priority": 0, "name": "fz",
-                           "cache_maintenance": "auto"},
+                           "cache_maintenance": "auto", "period_ms": 10.0, "weight": 1.0},
         "context_destroy": {"ctx": h["ctx2"]},
         "alloc": {"shape": [4, 4], "dtype": "float32", "align": 64, "usage": ["input"]},
         "free": {"buf": h["buf4"]}, "free_many": {"bufs": [h["buf4"]]},
@@ -139,6 +141,7 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
                                         {"kind": "timeout", "probability": 0.1}])},
         "prepare": {"ctx": h["ctx"], "kernel": "add"},
         "trace_frozen": {"window": 1, "offset": 0, "flush": False},
+        "power_vote": {"ctx": h["ctx"], "level": rng.choice((0.0, 0.5, 1.0))},
     }
 
 

@@ -42,3 +42,17 @@ def test_mutations_reach_every_field_kind():
     base = {"v": 1, "op": "submit", "id": 1, "ctx": 5, "cmds": [{"kernel": "work", "ms": 0}]}
     seen = {fc.encode(fc.mutate(base, rng)) for _ in range(400)}
     assert len(seen) > 200, "mutations are varied"
+
+
+def test_every_request_of_the_protocol_has_a_template_that_passes_its_schema():
+    """A new request op is fuzzed from the day it exists (the campaign picks ops from the
+    protocol's list, so a missing template would stop it at the first draw)."""
+    from hetproc import _protocol
+    from ipc import VERSION, decode, encode
+
+    h = {k: 5 for k in ("ctx", "ctx2", "buf", "buf2", "buf3", "buf4", "fence", "fence2")}
+    for seed in range(20):
+        templates = fc.templates(h, random.Random(seed))
+        assert set(templates) == set(_protocol.REQUESTS)
+        for op, fields in templates.items():
+            decode(encode({"v": VERSION, "op": op, "id": 1, **fields}), _protocol.REQUESTS)
