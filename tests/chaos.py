@@ -18,6 +18,18 @@ Invariants checked (ARCHITECTURE.md §3), for every seed:
      watchdog is long (DEPENDENT_TIMEOUT_MS), so that a device process a loaded machine
      kept off its CPU is not judged; tests/test_chaos.py pins the 40 ms case on its own.
 
+Each seed also draws its mix (``draw_mix``) from the same generator: the scheduling policy
+of every device (fifo, priority, edf, fair, mixed; its preemption chunk), per-context
+priority, period and weight and per-command priority and deadline; a hostile tenant (a
+process sending malformed and out-of-range requests and bursts of bare connections, with
+``bench.fuzz_campaign``'s generators: every refusal must be a clean error, never
+InternalError); a pipeline with a drop policy (every frame it reports completed is exact);
+a delegated model partitioned across devices (every run it completes equals the CPU
+reference within the delegate tests' tolerance); fence signal rights (an import may
+signal only with the right, a failed signal fails the command waiting on it); and a
+granted role (a client's priority ceiling is its role's). Faults stay off the pipeline's
+and the model's commands (they are not re-checked by the device), except crashes.
+
 A run walks through named phases (``PHASES``); a failure is a ``ChaosFailure`` naming its
 seed and phase. The seed fixes every choice of the run (faults, kernels, the round the
 child dies in); only the interleaving of the concurrent child with the rest is left to the
@@ -27,7 +39,9 @@ machine, so a failure that depends on it may need a few reruns of its seed to re
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -52,6 +66,7 @@ TIMEOUT_MS = 40        # per-command watchdog: faults that need it resolve fast
 # tens of ms is not taken for a hung device, short enough that an overrun fault the plan
 # put on it still resolves well inside WAIT_S.
 DEPENDENT_TIMEOUT_MS = 1000
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICES = ["cpu0", "npu0", "gpu0", "dsp0", "isp0"]  # npu0, dsp0, isp0: coherent = false
 KERNELS = {  # the default platform's ops, restricted to ones with an exact known result
     "cpu0": ["copy", "fill", "add", "scale", "relu", "checksum"],
@@ -64,8 +79,15 @@ CHAOS_FAULTS = ["timeout", "crash", "lost_fence", "wrong_output", "heartbeat_sta
 # Injected faults that keep a *started* command from finishing, so that its watchdog
 # rightly fires (device_workers._faults): the only honest cause of a DeviceTimeout here.
 OVERRUN_FAULTS = frozenset({"timeout", "hang", "late_writer"})
-PHASES = ("setup", "storm", "kill-child", "aftermath", "child-verdict", "drain", "verify",
-          "teardown")
+PHASES = ("setup", "storm", "kill-child", "aftermath", "child-verdict", "hostile-verdict",
+          "drain", "verify", "teardown")
+POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
+CHECKED_CLIENTS = ("owner", "b", "bystander", "child")  # names of the clients whose commands
+# are all ``checked`` (a wrong_output fault fails them): the only ones an unscoped rule may hit
+PIPE_KERNELS = {"cpu0": ["copy", "scale", "relu"], "npu0": ["copy", "relu"],
+                "gpu0": ["copy", "scale", "relu"], "dsp0": ["copy", "scale"], "isp0": ["copy"]}
+MUST_FAIL = object()  # the expected output of a command whose input fence was failed
+MODEL_RTOL = 1e-6  # the partitioned run against the CPU reference (tests/test_delegate.py)
 
 CHILD = textwrap.dedent("""
     import sys, numpy as np, hetproc
@@ -118,6 +140,80 @@ CHILD = textwrap.dedent("""
             user.signal()
             print("signalled", flush=True)
 """ % (N, N))
+
+
+HOSTILE = textwrap.dedent("""
+    import json, random, sys
+    from bench.fuzz_campaign import flood, fuzz
+    from ipc import socket_address
+    address = socket_address(sys.argv[1])            # the platform's (abstract) socket
+    seed, packets, parts = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    outcomes, findings, flooded, sent = {}, [], 0, 0
+    for part in range(parts):                        # fuzzed packets, then a flood, in turn
+        r = fuzz(address, packets, seed, start=part * packets)
+        sent += r["packets"]
+        for k, v in r["outcomes"].items():
+            outcomes[k] = outcomes.get(k, 0) + v
+        findings += r["findings"]
+        flooded += flood(address, random.Random(f"{seed}:flood:{part}"))
+    print("HOSTILE " + json.dumps({"packets": sent, "outcomes": outcomes,
+                                   "findings": findings, "flooded": flooded}), flush=True)
+""")
+
+
+@dataclasses.dataclass
+class Mix:
+    """What a seed puts on the platform beside the storm (drawn by ``draw_mix``)."""
+
+    policy: str = "priority"           # every device's scheduler
+    chunk_ms: tuple[float, ...] = ()   # per device (DEVICES order): preemption granularity
+    sched_cmds: bool = False           # per-command priority and deadline_ms, ctx period/weight
+    hostile: int = 0                   # the hostile tenant's fuzz seed (0: none)
+    hostile_packets: int = 0
+    pipeline: bool = False
+    model: bool = False
+    signal_rights: bool = False
+    role: bool = False                 # b holds a role the owner granted
+
+    @property
+    def unchecked(self) -> bool:
+        """Clients whose commands a wrong_output fault would silently corrupt."""
+        return self.pipeline or self.model
+
+
+def draw_mix(rng: random.Random) -> Mix:
+    """The seed's mix: the first draws of its generator."""
+    return Mix(policy=rng.choice(POLICIES),
+               chunk_ms=tuple(rng.choice([0.0, 0.5, 2.0]) for _ in DEVICES),
+               sched_cmds=rng.random() < 0.7,
+               hostile=rng.randrange(1, 1 << 30) if rng.random() < 0.5 else 0,
+               hostile_packets=rng.randint(100, 300),
+               pipeline=rng.random() < 0.5,
+               model=rng.random() < 0.35,
+               signal_rights=rng.random() < 0.5,
+               role=rng.random() < 0.5)
+
+
+def platform_spec(mix: Mix) -> hetproc.PlatformSpec:
+    """The default platform, every device scheduled by the mix's policy."""
+    base = hetproc.load_platform(None)
+    chunks = dict(zip(DEVICES, mix.chunk_ms or (2.0,) * len(DEVICES)))
+    devices = tuple(dataclasses.replace(d, scheduler=dataclasses.replace(
+        d.scheduler, policy=mix.policy, chunk_ms=chunks.get(d.name, d.scheduler.chunk_ms)))
+        for d in base.devices)
+    return dataclasses.replace(base, devices=devices)
+
+
+_MODEL: Any = None
+
+
+def chaos_model() -> Any:
+    """The delegated model's graph, built once per process (onnx is slow to import)."""
+    global _MODEL
+    if _MODEL is None:
+        from hetproc.delegate import load_model, mobilenet_like
+        _MODEL = load_model(mobilenet_like())
+    return _MODEL
 
 
 class ChaosFailure(AssertionError):
@@ -241,12 +337,13 @@ def _right(kernel: str, out: np.ndarray, want) -> bool:
 class _Ctxs:
     """A client's contexts, rebuilt when lost (as a runtime would), with persistent maps."""
 
-    def __init__(self, client: hetproc.Client, maps: list[tuple[hetproc.Buffer, str]]):
-        self.client, self.maps, self.ctxs = client, maps, {}
+    def __init__(self, client: hetproc.Client, maps: list[tuple[hetproc.Buffer, str]],
+                 args: Callable[[], dict[str, Any]] = dict):
+        self.client, self.maps, self.ctxs, self.args = client, maps, {}, args
 
     def get(self, device: str) -> hetproc.Context:
         if device not in self.ctxs:
-            ctx = self.client.context(device)
+            ctx = self.client.context(device, **self.args())
             for buf, perm in self.maps:
                 ctx.map(buf, perm)
             self.ctxs[device] = ctx
@@ -257,14 +354,15 @@ class _Ctxs:
 
 
 def _submit(ctxs: _Ctxs, device: str, kernel: str, ins, outs, *, wait=(), params=None,
-            nowait=False, timeout_ms: float = TIMEOUT_MS):
-    """Submit, rebuilding a lost context once. None if the platform refused it twice."""
+            nowait=False, timeout_ms: float = TIMEOUT_MS, sched: dict[str, Any] | None = None):
+    """Submit, rebuilding a lost context once. None if the platform refused it twice.
+    ``sched``: the command's priority and deadline_ms, if any."""
     for _ in range(2):
         try:
             ctx = ctxs.get(device)
             fn = ctx.submit_nowait if nowait else ctx.submit
             return fn(kernel, ins, outs, wait=list(wait), params=params, ms=1,
-                      timeout_ms=timeout_ms, checked=True)
+                      timeout_ms=timeout_ms, checked=True, **(sched or {}))
         except hetproc.FenceTimeout:
             raise
         except hetproc.HetprocError:
@@ -278,12 +376,16 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
     platform's name prefix as soon as it exists (a supervisor of a run killed for hanging
     leaves its objects under it)."""
     ph = Phases(seed, log)
+    rng = random.Random(seed)
+    mix = draw_mix(rng)
+    if log:
+        log(f"mix {mix}")
     with ph.phase("setup"):
-        plat = hetproc.Platform(time_scale=1.0).start()
+        plat = hetproc.Platform(spec=platform_spec(mix), time_scale=1.0).start()
     try:
         if on_prefix:
             on_prefix(plat.prefix)
-        tally = _Run(seed, plat, ph).go()
+        tally = _Run(seed, plat, ph, rng, mix).go()
     finally:
         with ph.phase("teardown"):
             plat.stop()
@@ -291,18 +393,26 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
 
 
 class _Run:
-    def __init__(self, seed: int, plat: hetproc.Platform, ph: Phases) -> None:
-        self.seed, self.plat, self.ph = seed, plat, ph
-        self.rng = random.Random(seed)
+    def __init__(self, seed: int, plat: hetproc.Platform, ph: Phases, rng: random.Random,
+                 mix: Mix) -> None:
+        self.seed, self.plat, self.ph, self.rng, self.mix = seed, plat, ph, rng, mix
         self.tally: dict[str, Any] = {"ok": 0, "failed": 0, "refused": 0, "device_kills": 0,
-                                      "wrong": [], "rounds": 0}
+                                      "wrong": [], "rounds": 0, "policy": mix.policy,
+                                      "pipeline": collections.Counter(),
+                                      "model": collections.Counter(),
+                                      "signals": collections.Counter(), "roles": 0}
         self.child: subprocess.Popen | None = None
+        self.hostile: subprocess.Popen | None = None
+        self.pipe: hetproc.Client | None = None
+        self.model_client: hetproc.Client | None = None
+        self.dm: Any = None
 
     def go(self) -> dict[str, Any]:
         self.others: list[hetproc.Client] = []
         try:
             with self.ph.phase("setup"):
-                self.b = self.plat.connect("b")            # imports a's buffers and fences
+                role = self.plat.client.grant_role() if self.mix.role else None
+                self.b = self.plat.connect("b", role=role)  # imports a's buffers and fences
                 self.others.append(self.b)
                 self.by = self.plat.connect("bystander")   # owns canaries nobody can reach
                 self.others.append(self.by)
@@ -314,7 +424,10 @@ class _Run:
                     self.round(rnd)
             with self.ph.phase("child-verdict"):
                 self.child_verdict()
+            with self.ph.phase("hostile-verdict"):
+                self.hostile_verdict()
             with self.ph.phase("drain"):
+                self.close_model()
                 self.drain()
             with self.ph.phase("verify"):
                 self.verify()
@@ -327,6 +440,14 @@ class _Run:
             if child is not None:
                 child.stdout.close()
                 child.stdin.close()
+            hostile = self.hostile
+            if hostile is not None and hostile.poll() is None:
+                hostile.kill()
+                hostile.wait(10)
+            if hostile is not None:
+                hostile.stdout.close()
+            with contextlib.suppress(hetproc.HetprocError):
+                self.close_model()
             for c in self.others:
                 c.close()
 
@@ -343,7 +464,7 @@ class _Run:
         self.canaries: list[tuple[hetproc.Buffer, np.ndarray]] = []
         for _ in range(3):
             self.new_canary()
-        self.by_ctxs = _Ctxs(by, [(self.canaries[0][0], "r")])
+        self.by_ctxs = _Ctxs(by, [(self.canaries[0][0], "r")], lambda: self.ctx_args(by))
         self.by_out = by.alloc(N)
         # a's inputs; b imports them read-only, and a's outputs read-write
         self.ins = [a.alloc(N) for _ in range(3)]
@@ -352,15 +473,32 @@ class _Run:
         self.outs = outs = [a.alloc(N) for _ in range(8)]
         self.b_ins = [b.import_buffer(x.export(read_only=True)) for x in self.ins]
         self.b_outs = {o.handle: b.import_buffer(o.export()) for o in outs[4:]}
-        self.a_ctxs = _Ctxs(a, [(self.ins[0], "r"), (outs[0], "w")])  # persistent maps
-        self.b_ctxs = _Ctxs(b, [(self.b_ins[1], "r")])
-        # faults: frequent ones with a short watchdog, rare watchdog-heavy ones once
+        self.sig_out = a.alloc(N)  # what a command released by a signalled user fence writes
+        self.a_ctxs = _Ctxs(a, [(self.ins[0], "r"), (outs[0], "w")],  # persistent maps
+                            lambda: self.ctx_args(a))
+        self.b_ctxs = _Ctxs(b, [(self.b_ins[1], "r")], lambda: self.ctx_args(b))
+        # faults: frequent ones with a short watchdog, rare watchdog-heavy ones once. With
+        # a pipeline or a model on the platform, each rule counts one checked client's
+        # commands (theirs are not re-checked: a wrong_output there is silent by design,
+        # and a graph command's long watchdog would make a timeout fault a hang).
+        def scope() -> dict[str, str]:
+            return {"client": rng.choice(CHECKED_CLIENTS)} if self.mix.unchecked else {}
         for _ in range(rng.randint(3, 6)):
             a.inject(rng.choice(CHAOS_FAULTS), device=rng.choice(DEVICES),
-                     every=rng.randint(6, 15), count=0)
+                     every=rng.randint(6, 15), count=0, **scope())
         for kind in ("hang", "late_writer"):
             if rng.random() < 0.6:
-                a.inject(kind, device=rng.choice(DEVICES), at=rng.randint(5, 30), count=1)
+                a.inject(kind, device=rng.choice(DEVICES), at=rng.randint(5, 30), count=1,
+                         **scope())
+        if self.mix.pipeline:
+            self.pipe = self.plat.connect("pipe")
+            self.others.append(self.pipe)
+        if self.mix.model:
+            self.model_client = self.plat.connect("model")
+            self.others.append(self.model_client)
+        for name in ("pipe",) * self.mix.pipeline + ("model",) * self.mix.model:
+            if rng.random() < 0.5:  # a device crashes under their work now and then
+                a.inject("crash", client=name, every=rng.randint(3, 8), count=rng.randint(1, 2))
         # the child client, killed at a random round
         self.child = child = subprocess.Popen(
             [sys.executable, "-c", CHILD, self.plat.prefix,
@@ -375,7 +513,14 @@ class _Run:
         self.ph.check(line and line[0] == "gift", f"child said {line}")
         self.gift = a.import_buffer(int(line[1]))  # outlives its owner's death
         self.ph.check(child.stdout.readline().strip() == "ready", "child not ready")
+        if self.mix.hostile:  # the hostile tenant: malformed requests and connection floods
+            self.hostile = subprocess.Popen(
+                [sys.executable, "-c", HOSTILE, self.plat.prefix, str(self.mix.hostile),
+                 str(self.mix.hostile_packets), "2"],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, cwd=REPO)
         self.kill_child_at = rng.randint(2, 10)
+        self.user_fences: list[hetproc.Fence] = []
         self.child_dependent: tuple[hetproc.Fence, hetproc.Buffer] | None = None
 
     # -- one round of the storm -----------------------------------------------------------
@@ -424,9 +569,13 @@ class _Run:
         # the bystander reads its own canaries (non-coherent npu0: persistent map)
         cb = canaries[rng.randrange(len(canaries))]
         dev = rng.choice(["npu0", "cpu0", "gpu0"])
-        f = _submit(self.by_ctxs, dev, "checksum", [cb[0]], [self.by_out])
+        f = _submit(self.by_ctxs, dev, "checksum", [cb[0]], [self.by_out],
+                    sched=self.cmd_sched(self.by))
         if f is not None:
             pending.append((f, self.by_out, "checksum", checksum_of(cb[1]), f"by-{dev}"))
+
+        if self.mix.signal_rights and rng.random() < 0.4:
+            pending += self.signal_item(views)
 
         if rng.random() < 0.3:  # SIGKILL a device while commands are in flight
             pid = a.metrics()["devices"][rng.choice(DEVICES)]["pid"]
@@ -436,6 +585,14 @@ class _Run:
                     tally["device_kills"] += 1
                 except ProcessLookupError:
                     pass
+
+        # while the round's commands run (and a device may be resetting)
+        if self.pipe is not None and rng.random() < 0.4:
+            self.pipeline_round(rnd)
+        if self.model_client is not None and rng.random() < 0.3:
+            self.model_round()
+        if rng.random() < 0.15:
+            self.role_check()
 
         for f, out, kernel, want, label in pending:
             try:
@@ -449,9 +606,14 @@ class _Run:
                         cs.drop(label.split(":")[0].removeprefix("by-"))
                 continue
             tally["ok"] += 1
-            if out is not None and not _right(kernel, out.array(), want):
+            if want is MUST_FAIL:
+                tally["wrong"].append((rnd, label + " succeeded past a failed input"))
+            elif out is not None and not _right(kernel, out.array(), want):
                 tally["wrong"].append((rnd, label))
         self.ph.check(not tally["wrong"], f"successful commands were wrong: {tally}")
+        for fence in self.user_fences:
+            fence.release()
+        self.user_fences.clear()
 
         for buf, snap in canaries:
             self.ph.check(np.array_equal(buf.array(), snap), f"canary changed round {rnd}")
@@ -483,16 +645,212 @@ class _Run:
                                 params={"value": 9.0}, nowait=nowait)
             wait = [] if first is None else [self.b.import_fence(first.export())]
             f = _submit(self.b_ctxs, dev, kernel, [self.b_ins[i] for i in in_idx],
-                        [self.b_outs[out.handle]], wait=wait, params=params, nowait=nowait)
+                        [self.b_outs[out.handle]], wait=wait, params=params, nowait=nowait,
+                        sched=self.cmd_sched(self.b))
             if first is not None:
                 pending.append((first, None, "fill", None, "a-first"))
         else:
             f = _submit(self.a_ctxs, dev, kernel, [self.ins[i] for i in in_idx], [out],
-                        params=params, nowait=nowait)
+                        params=params, nowait=nowait, sched=self.cmd_sched(a))
         if f is None:
             self.tally["refused"] += 1
             return pending
         return pending + [(f, out, kernel, want, f"{dev}:{kernel}")]
+
+    # -- the mix: scheduling, signal rights, roles, a pipeline, a model --------------------
+
+    def ctx_args(self, client: hetproc.Client) -> dict[str, Any]:
+        """A new context's priority (within the client's ceiling), period and weight."""
+        if not self.mix.sched_cmds:
+            return {}
+        rng = self.rng
+        args: dict[str, Any] = {"priority": rng.randint(0, min(client.info["max_priority"], 20))}
+        period, weight = rng.choice([None, 5.0, 20.0]), rng.choice([None, 0.5, 1.0, 4.0])
+        if period is not None:
+            args["period_ms"] = period
+        if weight is not None:
+            args["weight"] = weight
+        return args
+
+    def cmd_sched(self, client: hetproc.Client) -> dict[str, Any]:
+        """A command's own priority and deadline, now and then."""
+        if not self.mix.sched_cmds:
+            return {}
+        rng, out = self.rng, {}
+        if rng.random() < 0.4:
+            out["priority"] = rng.randint(0, client.info["max_priority"])
+        if rng.random() < 0.4:
+            out["deadline_ms"] = rng.choice([0.5, 2.0, 10.0, 50.0])
+        return out
+
+    def signal_item(self, views: list[np.ndarray]) -> list[tuple]:
+        """A command of a's waits on a's user fence, exported to b with or without the
+        signal right. With it, b's signal releases the command; without, b's signal is
+        refused (NotPermitted, nothing else) and a signals. A failed signal fails it."""
+        rng, a, b, tally = self.rng, self.plat.client, self.b, self.tally["signals"]
+        right, fail = rng.random() < 0.6, rng.random() < 0.3
+        user = a.fence()
+        theirs = b.import_fence(user.export(signal=right))
+        self.user_fences += [user, theirs]
+        dev = rng.choice(DEVICES)
+        f = _submit(self.a_ctxs, dev, "copy", [self.ins[0]], [self.sig_out], wait=[user])
+        error = hetproc.Cancelled if fail else None
+        if right:
+            self.ph.check(theirs.signal(error), "a signal with the right was not taken")
+            tally["by-importer"] += 1
+        else:
+            try:
+                theirs.signal(error)
+                self.ph.fail("an importer without the signal right signalled a user fence")
+            except hetproc.NotPermitted:
+                tally["refused"] += 1
+            self.ph.check(user.signal(error), "the owner's signal was not taken")
+        if f is None:
+            self.tally["refused"] += 1
+            return []
+        return [(f, self.sig_out, "copy", MUST_FAIL if fail else views[0],
+                 f"{dev}:signalled{'-failed' if fail else ''}")]
+
+    def role_check(self) -> None:
+        """b's priority ceiling is its role's: one above it is refused, cleanly."""
+        b, rng = self.b, self.rng
+        ceiling = b.info["max_priority"]
+        self.ph.check(ceiling == (50 if self.mix.role else 10),
+                      f"b's priority ceiling is {ceiling} (role: {self.mix.role})")
+        dev = rng.choice(DEVICES)
+        try:
+            b.context(dev, priority=ceiling + 1)
+            self.ph.fail(f"a context above b's ceiling {ceiling} was created")
+        except hetproc.NotPermitted:
+            pass
+        if self.mix.role:  # the role's range is b's, and so is every tenant's record
+            b.context(dev, priority=rng.randint(11, ceiling)).close()
+            b.incidents()
+        else:
+            try:
+                b.incidents()
+                self.ph.fail("a client without a role read the platform's incidents")
+            except hetproc.NotPermitted:
+                pass
+        self.tally["roles"] += 1
+
+    def pipeline_round(self, rnd: int) -> None:
+        """A short pipeline on fresh contexts with a drop policy. Every frame is completed,
+        dropped or failed; a frame's output is read when its buffer set comes back (and at
+        the end): at most the failed frames' outputs may differ from the exact result."""
+        rng, c, tally = self.rng, self.pipe, self.tally["pipeline"]
+        stages, fns, ctxs = [], [], []
+        try:
+            for _ in range(rng.randint(1, 2)):
+                dev = rng.choice(DEVICES)
+                kernel = rng.choice(PIPE_KERNELS[dev])
+                params = {"factor": rng.choice([0.5, 2.0, -1.0])} if kernel == "scale" else None
+                ctxs.append(c.context(dev, **self.ctx_args(c)))
+                stages.append(hetproc.PipelineStage(ctxs[-1], kernel, ms=rng.choice([0.5, 1.0, 2.0]),
+                                                    params=params))
+                fns.append((kernel, params or {}))
+        except hetproc.HetprocError:
+            tally["refused"] += 1
+            return
+        policy = rng.choice(("drop_oldest", "drop_newest", "backpressure"))
+        frames, interval = rng.randint(4, 10), rng.choice([0.5, 1.0, 2.0])
+        buffers, queue = rng.randint(1, 3), rng.randint(0, 2)
+        last: dict[int, int] = {}  # buffer set -> the frame last filled into it
+        wrong: list[int] = []
+
+        def frame(i: int) -> np.ndarray:
+            return (np.arange(N, dtype=np.float32) - N / 2) * 0.25 + i
+
+        def expect(i: int) -> np.ndarray:
+            x = frame(i)
+            for kernel, params in fns:
+                x = _expected(kernel, [x], params)
+            return x
+
+        def look(k: int) -> None:  # set k is free: its last frame is retired
+            if k in last and not np.array_equal(p.sets[k][-1].array(), expect(last[k])):
+                wrong.append(last[k])
+
+        def fill(i: int, arr: np.ndarray) -> None:
+            k = next(k for k, bufs in enumerate(p.sets) if np.shares_memory(bufs[0].array(), arr))
+            look(k)
+            arr[:] = frame(i)
+            last[k] = i
+
+        p = None
+        try:
+            p = hetproc.Pipeline(c, stages, shape=(N,), buffers=buffers, max_queue=queue,
+                                 policy=policy, fill=fill)
+            r = p.run(frames, interval_ms=interval, timeout_s=2 * WAIT_S)
+            for k in last:
+                look(k)
+        except hetproc.FenceTimeout as exc:
+            self.ph.fail(f"round {rnd}: the pipeline hung: {exc}")
+        except hetproc.HetprocError:
+            tally["refused"] += 1  # a context lost before or while it was set up
+            return
+        finally:
+            if p is not None:
+                p.close()
+            for ctx in ctxs:
+                with contextlib.suppress(hetproc.HetprocError):
+                    ctx.close()
+        what = f"round {rnd}: pipeline {policy} {fns} x{frames}: {r.summary()}, wrong {wrong}"
+        self.ph.check(r.completed + r.dropped + r.failed == frames, f"frames lost: {what}")
+        self.ph.check(policy != "backpressure" or r.dropped == 0, f"backpressure dropped: {what}")
+        self.ph.check(len(wrong) <= r.failed, f"completed frames were wrong: {what}")
+        tally.update(runs=1, completed=r.completed, dropped=r.dropped, failed=r.failed)
+
+    def model_round(self) -> None:
+        """One run of a model partitioned across devices: equal to the CPU reference, or
+        an honest error (then the model is loaded again, on fresh contexts)."""
+        from hetproc.delegate import DelegatedModel, Options, run_reference
+
+        rng, tally = self.rng, self.tally["model"]
+        graph = chaos_model()
+        x = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(
+            (1, 3, 32, 32)).astype(np.float32)
+        try:
+            if self.dm is None:
+                self.dm = DelegatedModel.load(self.model_client, graph, options=Options(
+                    min_nodes_per_partition=1, weigh_costs=False))
+                tally["loads"] += 1
+            out = self.dm.run({"x": x}, timeout=WAIT_S)
+        except hetproc.FenceTimeout as exc:
+            self.ph.fail(f"a model run hung: {exc}")
+        except hetproc.HetprocError:
+            tally["failed"] += 1
+            self.close_model()
+            return
+        want = run_reference(graph, {"x": x})
+        self.ph.check(np.allclose(out["prob"], want["prob"], rtol=MODEL_RTOL, atol=0)
+                      and out["label"].tolist() == want["label"].tolist(),
+                      f"a model run differs from the CPU reference: {out} vs {want}")
+        tally["ok"] += 1
+
+    def close_model(self) -> None:
+        dm, self.dm = self.dm, None
+        if dm is not None:
+            with contextlib.suppress(hetproc.HetprocError):
+                dm.close()
+
+    def hostile_verdict(self) -> None:
+        """The hostile tenant finished; every refusal it got was a clean error."""
+        if self.hostile is None:
+            return
+        try:
+            said, _ = self.hostile.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.ph.fail("the hostile tenant did not finish within 60 s")
+        lines = [x for x in said.splitlines() if x.startswith("HOSTILE ")]
+        self.ph.check(lines, f"the hostile tenant said: {said[-3000:]}")
+        r = json.loads(lines[-1].split(None, 1)[1])
+        bad = {k: v for k, v in r["outcomes"].items() if k in ("InternalError", "malformed reply")}
+        self.ph.check(not bad and not r["findings"],
+                      f"the hostile tenant (fuzz seed {self.mix.hostile}): refusals {bad}, "
+                      f"findings {r['findings']}")
+        self.tally["hostile"] = {"packets": r["packets"], "flooded": r["flooded"],
+                                 "refused": sum(v for k, v in r["outcomes"].items() if k != "ok")}
 
     # -- after the storm ------------------------------------------------------------------
 
