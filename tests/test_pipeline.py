@@ -73,3 +73,25 @@ def test_bad_pipelines_are_refused(client):
         hetproc.Pipeline(client, [hetproc.PipelineStage(npu)], policy="drop_random")
     with pytest.raises(hetproc.InvalidRequest):
         hetproc.Pipeline(client, [])
+
+
+def test_a_failed_frame_fails_only_itself_not_the_later_frames_on_its_buffers(platform):
+    """A frame whose command fails (the context lives on) frees its buffer set like any
+    other: the next frame there must not wait on its failed fence and fail with it."""
+    a = platform.client
+    tenant = platform.connect("pipe")
+    try:
+        a.inject("kernel_bug", client="pipe", at=2, count=1)  # frame 1's only command
+        cpu = tenant.context("cpu0")
+        p = hetproc.Pipeline(tenant, [hetproc.PipelineStage(cpu, "scale", ms=1,
+                                                            params={"factor": 2.0})],
+                             shape=(16,), buffers=2, max_queue=8,
+                             fill=lambda i, arr: arr.fill(i))
+        try:
+            r = p.run(8, interval_ms=2)
+            assert r.failed == 1 and r.completed == 7 and r.dropped == 0, r.summary()
+            assert np.array_equal(p.sets[1][1].array(), np.full(16, 14.0, np.float32))  # frame 7
+        finally:
+            p.close()
+    finally:
+        tenant.close()

@@ -159,12 +159,14 @@ class Pipeline:
             nonlocal misses, failed
             fr = flight[0]
             last = fr.fences[-1]
+            ok = True
             try:
                 last.wait(timeout)
             except errors.FenceTimeout:
                 return False
             except errors.HetprocError:
                 failed += 1
+                ok = False
             else:
                 end = last.signal_time()
                 if before is not None and end > before:
@@ -179,9 +181,14 @@ class Pipeline:
             old = self._freed_by[fr.slot]
             if old is not None:
                 old.release()
-            self._freed_by[fr.slot] = last
             free.append(fr.slot)
             sample(max(fr.arrival, last.signal_time() or fr.arrival))
+            # A failed frame frees its set all the same, but its fence is not what the
+            # next frame there waits on: that frame would fail with it (DependencyFailed),
+            # and so would every later one on this set.
+            self._freed_by[fr.slot] = last if ok else None
+            if not ok:
+                last.release()
             return True
 
         while nxt < frames or queue or flight:
