@@ -16,10 +16,15 @@ import textwrap
 import pytest
 
 import hetproc
-from tests.chaos import ChaosFailure, faults_on, judge_child_dependent, run
+import random
+
+from tests.chaos import POLICIES, ChaosFailure, draw_mix, faults_on, judge_child_dependent, run
 from tests.helpers import wait_for
 
-SEEDS = [int(s) for s in os.environ.get("HETPROC_CHAOS_SEEDS", "1,7,42").split(",")]
+# The default seeds: together their mixes draw every scheduling policy and every part
+# of the mix, with and without (test_the_default_seeds_cover_the_whole_mix).
+DEFAULT_SEEDS = "1,5,7,12,42"
+SEEDS = [int(s) for s in os.environ.get("HETPROC_CHAOS_SEEDS", DEFAULT_SEEDS).split(",")]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -29,6 +34,18 @@ def test_chaos(seed):
     except ChaosFailure as exc:
         pytest.fail(str(exc))
     print(f"chaos seed {seed}: {tally}")
+
+
+def test_the_default_seeds_cover_the_whole_mix():
+    """Pure logic: the suite's few seeds still meet every policy and every feature of the
+    mix, each present in one seed and absent in another (a seed's mix is its first draws)."""
+    mixes = [draw_mix(random.Random(int(s))) for s in DEFAULT_SEEDS.split(",")]
+    assert {m.policy for m in mixes} == set(POLICIES)
+    for feature in ("sched_cmds", "hostile", "pipeline", "model", "signal_rights", "role"):
+        assert {bool(getattr(m, feature)) for m in mixes} == {True, False}, feature
+    assert any(c > 0 for m in mixes for c in m.chunk_ms)  # preemption somewhere
+    assert all(m == draw_mix(random.Random(int(s)))
+               for m, s in zip(mixes, DEFAULT_SEEDS.split(",")))  # a seed fixes its mix
 
 
 # -- the command that waits on a killed client's fence ----------------------------------------
