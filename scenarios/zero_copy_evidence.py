@@ -55,7 +55,8 @@ class Chain:
     def make(self, nbytes: int, *, copy: bool):
         rows = max(1, nbytes // ROW)
         src = self.producer.alloc((rows, ROW), "uint8",
-                                  strides=(ROW + PAD, 1) if copy else None)
+                                  strides=(ROW + PAD, 1) if copy else None,
+                                  exportable=True)
         imp = self.delegate.import_buffer(src.export(read_only=True))
         self.npu.map(imp, "r")  # persistent: the hand-off itself pays no map
         return src, imp

@@ -54,6 +54,7 @@ class Client:
         self._to_release: list[int] = []
         self._deferred_frees: dict[int, list[weakref.ref]] = {}  # handle -> its views
         self._fence_pool: list[int] = []
+        self._own_segments: dict[int, int] = {}  # exportable buffer handle -> its segment
         self.last_notice: dict | None = None
         self._closed = False
         self._sup_pidfd = -1  # known after hello
@@ -141,6 +142,35 @@ class Client:
                 del self._deferred_frees[h]
             if ready:
                 self._send({"op": "free_many", "id": 0, "bufs": ready})
+                for h in ready:
+                    self._unmap_own(h)
+
+    def _unmap_own(self, handle: int) -> None:
+        """A freed exportable buffer's segment holds nothing else of ours: unmap it (the
+        supervisor hands it again if this client imports the buffer later)."""
+        sid = self._own_segments.pop(handle, None)
+        if sid is not None:
+            self._segments.forget(sid)
+
+    def _take_segments(self, reply: dict[str, Any]) -> None:
+        """Map the buffer segments a reply hands over: their descriptors came with the
+        stream (SCM_RIGHTS), in order. Done for every reply, even one discarded as late,
+        so that the descriptors stay in step with the frames."""
+        segs = reply.get("segs")
+        if not segs:
+            return
+        if not isinstance(segs, list) or not all(
+                isinstance(s, list) and len(s) == 2 and all(type(v) is int for v in s)
+                for s in segs):
+            raise errors.BadPacket(f"malformed segment list {segs!r}")
+        fds = self._chan.take_fds(len(segs))
+        for i, ((sid, size), fd) in enumerate(zip(segs, fds)):
+            try:
+                self._segments.add(Segment.from_fd(fd, sid, size=size))
+            except (OSError, ValueError) as exc:
+                for rest in fds[i + 1:]:
+                    os.close(rest)
+                raise errors.BadPacket(f"segment {sid} handed over is not mappable: {exc}") from None
 
     def _timed_out(self, msg: dict[str, Any]) -> errors.RequestTimeout:
         op, req_id = msg["op"], msg["id"]
@@ -186,6 +216,7 @@ class Client:
     def _drain_reply(self, req_id: int) -> dict[str, Any]:
         while True:
             reply = decode(self._chan.recv(self._timeout), _REPLY)
+            self._take_segments(reply)
             if reply["id"] == 0:  # an unsolicited notice (e.g. a refused notification)
                 self.last_notice = reply.get("error")
                 continue
@@ -242,8 +273,14 @@ class Client:
 
     def alloc(self, shape: Sequence[int] | int, dtype: Any = "float32", *,
               strides: Sequence[int] | None = None, layout: str | None = None,
-              usage: Sequence[str] | None = None, align: int | None = None) -> "Buffer":
+              usage: Sequence[str] | None = None, align: int | None = None,
+              exportable: bool = False) -> "Buffer":
         """A shared buffer from the platform's pool (4 KiB aligned, zero-copy for devices).
+
+        The pool is this process's own: its segments hold only its buffers. ``exportable``
+        gives the buffer a segment of its own (as a dma-buf is one buffer), so that it
+        can be exported: an importer maps that buffer and nothing beside it. Only such a
+        buffer may be exported.
 
         ``layout`` ("NHWC", "NCHW") and ``usage`` (the device kinds or names that will map
         it) are checked against each device that uses it; ``align`` places it at exactly
@@ -251,6 +288,8 @@ class Client:
         visible copy or reformat (see ``hetproc.supervisor._handoff``), never a wrong result."""
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
         fields: dict[str, Any] = {"shape": list(shape), "dtype": np.dtype(dtype).name}
+        if exportable:
+            fields["exportable"] = True
         if strides is not None:
             fields["strides"] = [int(s) for s in strides]
         if layout is not None:
@@ -503,6 +542,9 @@ class Buffer:
         self.layout: str | None = desc.get("layout")
         self.usage = tuple(desc["usage"]) if desc.get("usage") else None
         self.perm: str = desc.get("perm", "rw")  # "r": imported read-only
+        self.exportable: bool = bool(desc.get("exportable"))  # in a segment of its own
+        if self.exportable:
+            client._own_segments[self.handle] = self.segment
         self._freed = False
         self._views: list[weakref.ref] = []  # anchors of the views handed out
 
@@ -513,7 +555,11 @@ class Buffer:
         if self._freed:
             raise errors.StaleHandle(f"buffer {self.handle:#x} was freed")
         self.client.trace.map_buffer(self)
-        seg: Segment = self.client._segments.get(self.segment)
+        try:
+            seg: Segment = self.client._segments.get(self.segment)
+        except KeyError:
+            raise errors.PlatformClosed(f"buffer {self.handle:#x}: its segment is not mapped "
+                                        "in this process (client closed?)") from None
         checked = seg.view(self.offset, self.shape, self.dtype, self.strides)  # bounds
         anchor = _ViewAnchor(checked.shape, checked.dtype, buffer=seg.map, offset=self.offset,
                              strides=checked.strides)
@@ -536,6 +582,8 @@ class Buffer:
                 self.client._deferred_frees[self.handle] = self._views
         else:
             self.client._request("free", buf=self.handle)
+            with self.client._lock:
+                self.client._unmap_own(self.handle)
 
     # -- sharing -------------------------------------------------------------
 
@@ -548,8 +596,8 @@ class Buffer:
         """Segment, its inode (the same in every process that maps it), offset and handle:
         what the zero-copy evidence compares between producer, delegate and device."""
         try:
-            inode = os.stat(f"/dev/shm/{self.segment}").st_ino
-        except OSError:
+            inode = self.client._segments.get(self.segment).inode
+        except KeyError:
             inode = 0
         return {"segment": self.segment, "inode": inode, "offset": self.offset,
                 "buf": self.handle}

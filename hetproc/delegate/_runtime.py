@@ -208,7 +208,7 @@ class DelegatedModel:
         return outcome
 
     def _alloc(self, nbytes: int) -> Any:
-        buf = self.client.alloc((int(nbytes),), "uint8")
+        buf = self.client.alloc((int(nbytes),), "uint8", exportable=True)  # shared assets
         self._buffers.append(buf)
         return buf
 

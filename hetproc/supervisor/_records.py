@@ -50,6 +50,10 @@ class ClientRec:
     # answered again, never run again (``_server.on_request``).
     last_id: int = 0
     answered: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    # Buffer segments (ids) whose descriptors went to this connection, and descriptors
+    # of replies not sent yet: (position in ``outbuf`` of the byte they go with, fds).
+    segments: set[int] = field(default_factory=set)
+    outfds: list = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -86,6 +90,7 @@ class BufferRec:
     usage: tuple[str, ...] | None = None  # device kinds/names that may map it; None: any
     byte_offset: int = 0           # where the tensor starts inside its block
     internal: bool = False         # a runtime-made reformat/copy buffer, never a client's
+    exportable: bool = False       # in a segment of its own (``_memory``): may be exported
     last_writer: str | None = None  # device of the last command that wrote it
     importers: dict[int, str] = field(default_factory=dict)  # client id -> "r" / "rw"
     # Non-coherent devices that may hold this buffer dirty in their cache (written, not
