@@ -78,7 +78,7 @@ _pairs = List(Tuple((Int(0, MAX_OPERANDS - 1), _duration)), max_len=MAX_OPERANDS
 MEM_REQUEST = Map(fields={
     "map_ns?": _duration, "unmap_ns?": _duration, "map_bytes?": Int(0, I64),
     "inv?": _pairs, "clean?": _pairs,
-    "forget?": List(Tuple((Str(255), Int(0, MAX_EXTENT))), max_len=MAX_OPERANDS),
+    "forget?": List(Tuple((Int(0, U64), Int(0, MAX_EXTENT))), max_len=MAX_OPERANDS),
 })
 FAULT = Map(fields={
     "kind": Str(32, choices=_faults.KINDS),

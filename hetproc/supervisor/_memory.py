@@ -37,11 +37,10 @@ INTERNAL = 0  # the tenant key of the runtime's own buffers
 class Memory:
     """The supervisor's buffer memory; see the module docstring."""
 
-    def __init__(self, prefix: str, *, budget: int, tenant_limit: int,
+    def __init__(self, prefix: str, *, budget: int,
                  on_drop: Callable[[int], None] = lambda sid: None) -> None:
         self.prefix = prefix
         self.budget = budget
-        self.tenant_limit = tenant_limit
         self.on_drop = on_drop
         self.segments: dict[int, Segment] = {}     # sid -> every live buffer segment
         self.pools: dict[Any, BlockPool] = {}       # tenant key -> its pool
@@ -102,9 +101,8 @@ class Memory:
             return Block(seg.key, 0, need)
         pool = self.pools.get(tenant)
         if pool is None:
-            limit = self.budget if tenant == INTERNAL else self.tenant_limit
             pool = self.pools[tenant] = BlockPool(
-                self.prefix, limit=limit,
+                self.prefix, limit=self.budget,
                 make_segment=lambda index, size: self._new_segment("p", size))
         block = pool.allocate(nbytes)
         self._pool_of[block.segment] = pool

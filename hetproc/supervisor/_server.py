@@ -77,7 +77,6 @@ from ._iommu import Iommu
 from ._lifetimes import Lifetimes
 from ._memlog import MemLog
 from ._memory import Memory
-from . import _quotas as quota
 from ._metrics import platform_metrics
 from . import _validation as check
 from ._records import ClientRec, Registry
@@ -144,8 +143,10 @@ class Supervisor:
         slots = [StateSlot(self.state_seg.map, i) for i in range(n)]
         # Buffer segments have no name (nothing to record or clean up): they reach
         # clients and devices as descriptors only (``_memory``, ``ipc._fdpass``).
+        # A tenant's pool spans the whole budget (its segments are sparse: pages come on
+        # first touch); its quota (``_quotas``) and the budget bound what it holds.
         self.pool = Memory(self.prefix, budget=self.spec.memory_mib << 20,
-                           tenant_limit=0, on_drop=self._segment_dropped)
+                           on_drop=self._segment_dropped)
         devices: dict[str, DeviceHandle] = {}
         for index, dspec in enumerate(self.spec.devices):
             ring = self._new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
@@ -166,9 +167,7 @@ class Supervisor:
         for dev in devices.values():
             dev.inputs_ready = ready
             dev.segment_of = self.pool.segments.get
-        reg = Registry(self.spec, fences, devices, slots, state)
-        self.pool.tenant_limit = quota.client_bytes_limit(reg)
-        return reg
+        return Registry(self.spec, fences, devices, slots, state)
 
     def _segment_dropped(self, sid: int) -> None:
         """A buffer segment is gone from the supervisor: devices unmap it; a connection
