@@ -203,6 +203,7 @@ class DeviceWorker:
             if data is None:
                 self.flush()
                 self.tr.idle()
+                self._fetch_segments()  # the ring ran dry: unmap segments that are gone
                 return
             try:
                 self.handle(data)

@@ -454,3 +454,48 @@ def test_a_segment_receiver_survives_garbage_and_keeps_working():
         os.close(other)
         seg.close()
         rx.close()
+
+
+def test_a_device_refuses_a_segment_it_was_never_handed():
+    """A descriptor naming a segment id that never came on the device's socket is an
+    IommuFault for that command: nothing is mapped by name, nothing is guessed."""
+    from device_workers._cache import DeviceMemory
+    from ipc import errors
+    mine, theirs = segment_socketpair()
+    cache = SegmentCache()
+    rx = SegmentReceiver(theirs, cache)
+    cache.fetch = rx.drain
+    mem = DeviceMemory(cache, coherent=True, cache_bytes=0)
+    cmd = {"ins": [[42, 0, [16], "uint8", None, "r", 7]], "outs": [], "mem": {},
+           "kernel": "copy", "hold_ns": 0}
+    try:
+        with pytest.raises(errors.IommuFault, match="not mappable"):
+            mem.acquire(cmd, lambda: None)
+        seg = Segment.anonymous_segment("hp.test.p42", 4096, 42)
+        tx = SegmentSender(mine)
+        tx.add(seg)
+        assert tx.flush()
+        ins, _ = mem.acquire(cmd, lambda: None)  # fetched on demand, then mapped
+        assert ins[0].shape == (16,)
+        mem.release(cmd, lambda: None)
+        del ins
+        tx.close()
+        seg.close()
+    finally:
+        rx.close()
+        cache.close()
+
+
+def test_the_supervisor_bounds_its_live_segments():
+    from hetproc.supervisor._memory import Memory
+    mem = Memory("hp.test.", budget=64 << 20, max_segments=3)
+    try:
+        blocks = [mem.allocate(1, 4096, exportable=True) for _ in range(3)]
+        with pytest.raises(MemoryError, match="limit"):
+            mem.allocate(1, 4096, exportable=True)
+        with pytest.raises(MemoryError, match="limit"):
+            mem.allocate(2, 4096)  # a new tenant's pool needs a segment too
+        mem.free(blocks[0])
+        assert mem.allocate(2, 4096).segment not in {b.segment for b in blocks}
+    finally:
+        mem.close()

@@ -37,10 +37,13 @@ INTERNAL = 0  # the tenant key of the runtime's own buffers
 class Memory:
     """The supervisor's buffer memory; see the module docstring."""
 
-    def __init__(self, prefix: str, *, budget: int,
+    def __init__(self, prefix: str, *, budget: int, max_segments: int = 4096,
                  on_drop: Callable[[int], None] = lambda sid: None) -> None:
+        """``max_segments``: live segments at once; each costs the supervisor two
+        descriptors (its own and its mapping's), so the loop's descriptor limit bounds it."""
         self.prefix = prefix
         self.budget = budget
+        self.max_segments = max_segments
         self.on_drop = on_drop
         self.segments: dict[int, Segment] = {}     # sid -> every live buffer segment
         self.pools: dict[Any, BlockPool] = {}       # tenant key -> its pool
@@ -140,8 +143,14 @@ class Memory:
     # -- segments -------------------------------------------------------------------------
 
     def _new_segment(self, kind: str, size: int) -> Segment:
+        if len(self.segments) >= self.max_segments:
+            raise MemoryError(f"{len(self.segments)} buffer segments live: the platform's "
+                              f"limit (descriptors) is {self.max_segments}")
         sid = next(self._sids)
-        seg = Segment.anonymous_segment(f"{self.prefix}{kind}{sid}", size, sid)
+        try:
+            seg = Segment.anonymous_segment(f"{self.prefix}{kind}{sid}", size, sid)
+        except OSError as exc:  # out of descriptors or memory: this request fails alone
+            raise MemoryError(f"cannot make a buffer segment: {exc}") from None
         self.segments[sid] = seg
         self.created += 1
         return seg

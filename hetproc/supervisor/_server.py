@@ -146,6 +146,7 @@ class Supervisor:
         # A tenant's pool spans the whole budget (its segments are sparse: pages come on
         # first touch); its quota (``_quotas``) and the budget bound what it holds.
         self.pool = Memory(self.prefix, budget=self.spec.memory_mib << 20,
+                           max_segments=max(64, (raise_descriptor_limit() - 1024) // 2),
                            on_drop=self._segment_dropped)
         devices: dict[str, DeviceHandle] = {}
         for index, dspec in enumerate(self.spec.devices):
