@@ -588,7 +588,9 @@ class Buffer:
     # -- sharing -------------------------------------------------------------
 
     def export(self, read_only: bool = False) -> int:
-        """A token another client turns into this buffer with ``import_buffer``."""
+        """A token another client turns into this buffer with ``import_buffer``. Only a
+        buffer allocated ``exportable=True`` (a segment of its own) may be exported:
+        ``NotPermitted`` otherwise, as an importer would map its owner's other buffers."""
         _live(self)
         return self.client._request("export", buf=self.handle, read_only=bool(read_only))["token"]
 
