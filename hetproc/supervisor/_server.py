@@ -161,7 +161,7 @@ class Supervisor:
                 return False
         for dev in devices.values():
             dev.inputs_ready = ready
-        return Registry(self.spec, fences, devices, slots, state)
+        return Registry(self.spec, fences, devices, slots, state, tell=self.tell)
 
     def _compose(self) -> None:
         """Build the parts in dependency order; each gets what it uses, nothing more."""
@@ -448,8 +448,8 @@ class Supervisor:
                 return
         for handle in _signal_fences_of(frame):
             rec = self.reg.fence_recs.get(handle)
-            if rec is not None and rec.client is client and self.reg.fences.signal(handle, exc.wire):
-                rec.error = exc.to_dict()
+            if rec is not None and rec.client is client:
+                self.reg.fail_fence(handle, exc, signaller=0xFFFF)
 
     def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
               error: errors.HetprocError | None = None) -> None:
@@ -485,6 +485,28 @@ class Supervisor:
             self.note_error(errors.PlatformError(
                 f"client {client.name!r} stopped reading its replies; disconnected"))
             self.on_client_gone(client)
+
+    def tell(self, client: ClientRec, msg: dict) -> None:
+        """A notice nobody asked for (a failure record, sent ahead of its fence's wake).
+        Sent now, so it is in the client's socket before the wake; never tears anything
+        down from here (this runs inside recovery): a broken connection is found by the
+        loop's next read of it, and a client that stopped reading gets no more notices
+        (its waiters then ask for the record instead)."""
+        frame = pack_frame(encode(msg))
+        if client.outbuf:
+            if len(client.outbuf) + len(frame) <= MAX_OUTBUF:
+                client.outbuf += frame
+            return
+        try:
+            sent = client.conn.send(frame)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return
+        if sent < len(frame):
+            client.outbuf += frame[sent:]
+            self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                            ("client", None))
 
     def on_client_writable(self, conn: socket.socket) -> None:
         client = self.reg.clients.get(conn)
