@@ -428,8 +428,9 @@ class Context:
         it up to 250 ms in the past.
         """
         client = self.client
-        for c in cmds:
-            c.setdefault("cid", client.next_cid())
+        # Copies: the caller's dicts stay as given, so one may be submitted again (or
+        # twice in one batch) and get a fence and a correlation id of its own each time.
+        cmds = [{**c, "cid": c.get("cid") or client.next_cid()} for c in cmds]
         t_submit = client.trace.now()
         # The modeled arrival: the host's submit path (encode, socket, validation) is
         # absorbed, not added to the model (the supervisor bounds how far back it may be).

@@ -539,7 +539,8 @@ class Supervisor:
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
-        self.requests.ddr.forget(client)
+        if not self.reg.tenant(client):  # its process's last connection
+            self.requests.ddr.forget(client.pid)
         if client.owner:
             self.running = False
 
