@@ -16,6 +16,7 @@ submit through one client; fence waits take no lock at all.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import select
@@ -34,6 +35,7 @@ from ._trace_ring import ClientTrace
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
+_RECORDS_KEPT = 4096      # failure records kept for waiters that have not woken yet
 _DETAIL_WAIT_S = 0.25    # how long a failed wait asks for the supervisor's record
 _REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
@@ -56,6 +58,9 @@ class Client:
         self._fence_pool: list[int] = []
         self._own_segments: dict[int, int] = {}  # exportable buffer handle -> its segment
         self.last_notice: dict | None = None
+        # Failure records the supervisor sent ahead of their fences' wakes, by fence
+        # (bounded: the oldest go first; a waiter missing one asks instead).
+        self._failure_records: collections.OrderedDict[int, dict] = collections.OrderedDict()
         self._closed = False
         self._sup_pidfd = -1  # known after hello
         try:
@@ -217,8 +222,8 @@ class Client:
         while True:
             reply = decode(self._chan.recv(self._timeout), _REPLY)
             self._take_segments(reply)
-            if reply["id"] == 0:  # an unsolicited notice (e.g. a refused notification)
-                self.last_notice = reply.get("error")
+            if reply["id"] == 0:  # an unsolicited notice: a failure record, or a refusal
+                self._take_notice(reply)
                 continue
             if reply["id"] != req_id:
                 if 0 < reply["id"] <= self._last_id:
@@ -228,6 +233,30 @@ class Client:
             if not reply["ok"]:
                 raise errors.HetprocError.from_dict(reply.get("error") or {})
             return reply
+
+    def _take_notice(self, reply: dict[str, Any]) -> None:
+        fence = reply.get("fence")
+        if type(fence) is not int or not isinstance(reply.get("error"), dict):
+            self.last_notice = reply.get("error")
+            return
+        self._failure_records[fence] = reply["error"]
+        while len(self._failure_records) > _RECORDS_KEPT:
+            self._failure_records.popitem(last=False)
+
+    def failure_record(self, fence: int) -> dict[str, Any] | None:
+        """The supervisor's record of ``fence``'s failure if it has reached this process:
+        read from what the socket already holds, without a request."""
+        with self._lock:
+            if fence not in self._failure_records and not self._closed:
+                try:
+                    while select.select([self._chan.sock], [], [], 0)[0]:
+                        reply = decode(self._chan.recv(self._timeout), _REPLY)
+                        self._take_segments(reply)  # descriptors stay in step with frames
+                        if reply["id"] == 0:
+                            self._take_notice(reply)  # else: a late reply, discarded
+                except (OSError, errors.HetprocError):
+                    pass  # a broken channel is reported by the next request
+            return self._failure_records.get(fence)
 
     def _door_notice(self) -> dict | None:
         """The supervisor's word on a connection it refused at accept (sent before it
@@ -439,8 +468,9 @@ class Context:
         it up to 250 ms in the past.
         """
         client = self.client
-        for c in cmds:
-            c.setdefault("cid", client.next_cid())
+        # Copies: the caller's dicts stay as given, so one may be submitted again (or
+        # twice in one batch) and get a fence and a correlation id of its own each time.
+        cmds = [{**c, "cid": c.get("cid") or client.next_cid()} for c in cmds]
         t_submit = client.trace.now()
         # The modeled arrival: the host's submit path (encode, socket, validation) is
         # absorbed, not added to the model (the supervisor bounds how far back it may be).
@@ -690,28 +720,34 @@ class Fence:
         has one: its message, evidence (frozen window, incident) and, for a failure that
         began as an exception in a device process, the remote traceback as the cause.
 
-        The word alone answers scope, retryability and buffer trust at once; the record
-        may lag a device-signalled failure by one supervisor turn, so it is asked for a
+        The word alone answers scope, retryability and buffer trust at once. A failure
+        the supervisor sets (reset, crash, cancel, dependency) has its record sent to this
+        process before the wake, so it is read from the socket with no round trip (the
+        supervisor may be busy restarting the device). A failure the device signals
+        itself has its record one supervisor turn later: that one is asked for, for a
         short while only, and never when the supervisor is gone."""
         err = self._error(word)
         deadline = time.monotonic() + _DETAIL_WAIT_S
-        while self.client.supervisor_alive():
+        record = self.client.failure_record(self.handle)
+        while record is None and self.client.supervisor_alive():
             try:
                 record = self.error_detail()
             except errors.HetprocError:
                 return err
-            if record:
-                full = errors.HetprocError.from_dict(record)
-                full.correlation_id = self.cid
-                return full
-            if time.monotonic() > deadline:
-                return err
-            time.sleep(0.002)
-        return err
+            if record is None:
+                if time.monotonic() > deadline:
+                    return err
+                time.sleep(0.002)
+        if record is None:
+            return err
+        full = errors.HetprocError.from_dict(record)
+        full.correlation_id = self.cid
+        return full
 
     def error_detail(self) -> dict[str, Any] | None:
         """The supervisor's full record of this fence's failure (message, detail)."""
-        return self.client._request("fence_error", fence=self.handle)["error"]
+        return (self.client.failure_record(self.handle)
+                or self.client._request("fence_error", fence=self.handle)["error"])
 
     def signal(self, error: type[errors.HetprocError] | None = None) -> bool:
         """Signal a user fence (or fail it with an error class): wakes every waiter.

@@ -194,9 +194,8 @@ class Lifetimes:
         owned = set(client.fences) | {h for h, r in recs.items() if r.client is client}
         for handle in owned:
             rec = recs.get(handle)
-            if rec is not None and not rec.bound and fences.poll(handle)[0] == PENDING:
-                rec.error = gone.to_dict()
-                fences.signal(handle, gone.wire, signaller=0)
+            if rec is not None and not rec.bound:
+                self.reg.fail_fence(handle, gone)
             self.release_fence(handle)
         self._drop_imports_of(client)
 

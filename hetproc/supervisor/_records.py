@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -145,6 +145,29 @@ class Registry:
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
     role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
+    # How a failure record reaches a client's socket (the server's ``send_to``; the I/O
+    # seam, so the tables never touch a connection themselves).
+    tell: Callable[[ClientRec, dict], None] = lambda client, msg: None
+
+    def fail_fence(self, handle: int, exc: errors.HetprocError, signaller: int = 0) -> bool:
+        """Fail a pending fence: its record first, then that record sent to every client
+        entitled to read it (the owner and its importers), then the wake. The record is
+        in a woken waiter's own socket before the waiter runs, so explaining the failure
+        needs no round trip to a supervisor that may be busy resetting the device.
+        False when the fence was already complete (a failure never overwrites it)."""
+        rec = self.fence_recs.get(handle)
+        if rec is None or self.fences.poll(handle)[0] != PENDING:
+            return False
+        rec.error = exc.to_dict()
+        self.tell_failure(rec)
+        return self.fences.signal(handle, exc.wire, signaller=signaller)
+
+    def tell_failure(self, rec: FenceRec) -> None:
+        """Send ``rec``'s error to its owner and importers, nobody else (seed §20)."""
+        notice = {"op": "reply", "id": 0, "ok": False, "fence": rec.handle, "error": rec.error}
+        for client in list(self.clients.values()):
+            if client is rec.client or client.id in rec.importers:
+                self.tell(client, notice)
 
     def tenant(self, client: ClientRec) -> list[ClientRec]:
         """Every connection of ``client``'s process (the kernel's pid): quotas count here,

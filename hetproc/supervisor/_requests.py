@@ -236,12 +236,10 @@ class Requests:
         the signal right to; nobody may signal a fence a command will signal."""
         handle = check.check_signal_right(self.reg, client, msg["fence"])
         code = msg.get("error", 0)
-        word = errors.error_class(code)().wire if code else 0
-        done = self.reg.fences.signal(handle, word, signaller=0xFFFF)
-        if done and code:
-            self.reg.fence_recs[handle].error = errors.error_class(code)(
-                f"failed by client {client.name!r}").to_dict()
-        return {"signalled": done}
+        if code:
+            failure = errors.error_class(code)(f"failed by client {client.name!r}")
+            return {"signalled": self.reg.fail_fence(handle, failure, signaller=0xFFFF)}
+        return {"signalled": self.reg.fences.signal(handle, 0, signaller=0xFFFF)}
 
     # -- commands -----------------------------------------------------------------------
 

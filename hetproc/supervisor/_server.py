@@ -168,7 +168,7 @@ class Supervisor:
         for dev in devices.values():
             dev.inputs_ready = ready
             dev.segment_of = self.pool.segments.get
-        return Registry(self.spec, fences, devices, slots, state)
+        return Registry(self.spec, fences, devices, slots, state, tell=self.tell)
 
     def _segment_dropped(self, sid: int) -> None:
         """A buffer segment is gone from the supervisor: devices unmap it; a connection
@@ -468,8 +468,8 @@ class Supervisor:
                 return
         for handle in _signal_fences_of(frame):
             rec = self.reg.fence_recs.get(handle)
-            if rec is not None and rec.client is client and self.reg.fences.signal(handle, exc.wire):
-                rec.error = exc.to_dict()
+            if rec is not None and rec.client is client:
+                self.reg.fail_fence(handle, exc, signaller=0xFFFF)
 
     def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
               error: errors.HetprocError | None = None, fds: list[int] = ()) -> None:
@@ -519,6 +519,28 @@ class Supervisor:
                 f"client {client.name!r} stopped reading its replies; disconnected"))
             self.on_client_gone(client)
 
+    def tell(self, client: ClientRec, msg: dict) -> None:
+        """A notice nobody asked for (a failure record, sent ahead of its fence's wake).
+        Sent now, so it is in the client's socket before the wake; never tears anything
+        down from here (this runs inside recovery): a broken connection is found by the
+        loop's next read of it, and a client that stopped reading gets no more notices
+        (its waiters then ask for the record instead)."""
+        frame = pack_frame(encode(msg))
+        if client.outbuf:
+            if len(client.outbuf) + len(frame) <= MAX_OUTBUF:
+                client.outbuf += frame
+            return
+        try:
+            sent = client.conn.send(frame)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return
+        if sent < len(frame):
+            client.outbuf += frame[sent:]
+            self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                            ("client", None))
+
     def on_client_writable(self, conn: socket.socket) -> None:
         client = self.reg.clients.get(conn)
         if client is None:
@@ -567,9 +589,9 @@ class Supervisor:
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
         client.segments.clear()
-        if not any(c.pid == client.pid for c in self.reg.clients.values()):
+        if not self.reg.tenant(client):  # its process's last connection
+            self.requests.ddr.forget(client.pid)
             self.pool.tenant_gone(client.pid)  # its pool goes once its blocks are back
-        self.requests.ddr.forget(client)
         if client.owner:
             self.running = False
 
