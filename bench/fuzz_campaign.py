@@ -38,6 +38,7 @@ import math
 import multiprocessing
 import os
 import random
+import reprlib
 import select
 import socket
 import struct
@@ -194,11 +195,15 @@ def same_kind(value: Any, rng: random.Random, depth: int = 0) -> Any:
     return rand_value(rng)
 
 
+_SHORT = reprlib.Repr()  # a bounded repr: the full one of a huge nested value took seconds
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 200
+
+
 def encode(value: Any) -> bytes:
     try:
         return msgpack.packb(value, use_bin_type=True)
     except (OverflowError, ValueError, TypeError):
-        return msgpack.packb(repr(value)[:200])  # what cannot be encoded cannot be sent
+        return msgpack.packb(_SHORT.repr(value)[:200])  # what cannot be encoded cannot be sent
 
 
 def packet(seed: int, index: int, h: dict[str, int], next_id: int) -> tuple[str, bytes]:
