@@ -26,6 +26,10 @@ import time
 import numpy as np
 
 import hetproc
+from hetproc.drills import Option, Scenario
+
+OPTIONS = {"frames": Option(300, "frames in each of the three runs", min=10, max=100_000)}
+QUICK = {"frames": 40}
 
 CPU_MS, NPU_MS, GPU_MS, HANDOFF_MS = 2.0, 10.0, 4.0, 1.0
 SHAPE = (1, 64, 64, 3)
@@ -102,19 +106,21 @@ def _ms(ns: np.ndarray) -> np.ndarray:
     return ns / 1e6
 
 
-def run(s) -> None:
-    frames = s.option("frames", 300)
+def run(s: Scenario) -> None:
+    frames = s.option("frames")
     warmup = max(3, frames // 20)
     scale = s.time_scale
     serial_expected = (CPU_MS + HANDOFF_MS + NPU_MS + HANDOFF_MS + GPU_MS) * scale
     period_expected = max(CPU_MS, NPU_MS, GPU_MS) * scale
     p = Pipeline(s)
 
+    s.progress(f"serial: {frames} frames, one at a time")
     serial = p.run(frames, window=1)
     lat = _ms(serial["end"] - serial["start"])[warmup:]
     s.metric("serial_latency_p50_ms", float(np.median(lat)))
     s.metric("serial_latency_p99_ms", float(np.percentile(lat, 99)))
 
+    s.progress(f"free-running: {frames} frames, {BUFFERS} buffer sets")
     free = p.run(frames, window=BUFFERS)
     period = np.diff(_ms(free["end"]))[warmup:]
     free_lat = _ms(free["end"] - free["start"])[warmup:]
@@ -123,7 +129,11 @@ def run(s) -> None:
     s.metric("free_running_latency_p50_ms", float(np.median(free_lat)))
     s.metric("throughput_fps", 1000.0 / float(np.median(period)) / 1.0)
 
-    interval = period_expected * 1.15  # a camera a little slower than the bottleneck
+    # A camera a little slower than the bottleneck as this run measured it: on a busy
+    # machine the real period is longer than the modeled one, and a camera faster than
+    # the pipeline would queue frames and measure the backlog, not the pipeline.
+    interval = max(period_expected, float(np.median(period))) * 1.15
+    s.progress(f"camera-paced: {frames} frames every {interval:.1f} ms")
     paced = p.run(frames, window=BUFFERS, interval_ns=int(interval * 1e6))
     paced_lat = _ms(paced["end"] - paced["start"])[warmup:]
     s.metric("camera_interval_ms", interval)
@@ -133,8 +143,10 @@ def run(s) -> None:
     s.check_near("serial latency ~ 2+1+10+1+4 ms", float(np.median(lat)), serial_expected)
     s.check_near("pipelined period ~ slowest stage (NPU)", float(np.median(period)),
                  period_expected)
-    s.check_near("pipelined latency still ~ serial latency", float(np.median(paced_lat)),
-                 serial_expected)
+    # Like with like: against the serial latency this same run measured, so a busy
+    # machine's constant per-hop overhead cancels out instead of failing the check.
+    s.check_near("pipelined latency still ~ serial latency (measured in this run)",
+                 float(np.median(paced_lat)), float(np.median(lat)))
     s.check("pipelining raises throughput (period < serial latency)",
             float(np.median(period)) < 0.8 * float(np.median(lat)))
     s.check("free-running frames queue: latency grows above serial",

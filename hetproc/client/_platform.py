@@ -22,7 +22,7 @@ from ipc import cleanup_prefix, errors, socket_address
 
 from .. import trace as _trace
 from ._client import Client
-from .._config import PlatformSpec, load_platform
+from .._config import PlatformSpec, load_platform, to_raw
 
 START_TIMEOUT = 20.0
 
@@ -48,7 +48,7 @@ class Platform:
             trace = os.environ["HETPROC_TRACE"] == "1"
         if trace is not None and trace != self.spec.trace.enabled:
             self.spec = self.spec.with_trace(enabled=trace)
-        self._raw = _raw_of(self.spec)
+        self._raw = {"raw": to_raw(self.spec), "source": self.spec.source}
         self.prefix = ""
         self.proc: subprocess.Popen | None = None
         self.client: Client | None = None
@@ -175,18 +175,6 @@ def _read_ready(fd: int, proc: subprocess.Popen, timeout: float) -> dict[str, An
         cleanup_prefix(lines[0]["prefix"])
         raise errors.PlatformError(f"platform failed to start: {lines[1].get('error')}")
     return {"prefix": lines[0]["prefix"], "pid": lines[1]["pid"]}
-
-
-def _raw_of(spec: PlatformSpec) -> dict[str, Any]:
-    d = spec.to_dict()
-    devices = []
-    for dev in d.pop("devices"):
-        devices.append(dev)
-    raw = {k: v for k, v in d.items() if k not in ("source", "faults", "recovery")}
-    raw["recovery"] = dict(spec.recovery)
-    raw["device"] = devices
-    raw["fault"] = list(spec.faults)
-    return {"raw": raw, "source": spec.source}
 
 
 def connect(platform: str, name: str = "") -> Client:

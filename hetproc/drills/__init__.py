@@ -1,0 +1,33 @@
+"""Whole-platform runs: scenarios, drills, the acceptance matrix and seeded campaigns.
+
+What a scenario script (``hetproc run FILE``) and a user's own tooling may use::
+
+    Scenario          what ``run(s)`` gets: the platform, its client, options, checks
+    Option            a key the script takes from ``--set K=V`` (its ``OPTIONS``)
+    run_scenario      run a script (a path, or a name in ``scenarios``) on a fresh platform
+    scenario_names    the scripts the ``scenarios`` package holds, discovered
+    run_drill, DRILLS the crash/reset drills (``hetproc drill --list``)
+    run_matrix        the acceptance matrix (seed §21)
+    run_campaign      one drill under many seeds, locally or on a Dask cluster
+    leftovers, ...    the one check of what a stopped platform left behind
+    read_checksum     a ``checksum`` kernel's result, as a scenario checks it
+
+Scenarios import only public names: ``hetproc``, ``hetproc.trace`` and this package.
+"""
+
+from device_workers import read_checksum
+
+from ._acceptance import run_matrix
+from ._drills import DRILLS, run_drill
+from ._leaks import alive, assert_no_leftovers, leftovers, new_children, platform_pids
+from ._scenario import (Check, Option, Scenario, check_options, check_output_path,
+                        declared_options, find_scenario, load_scenario, quick_options,
+                        run_on_platform, run_scenario, scenario_names, write_report)
+
+__all__ = [
+    "Scenario", "Check", "Option", "run_scenario", "run_on_platform", "scenario_names",
+    "find_scenario", "load_scenario", "declared_options", "quick_options", "check_options",
+    "check_output_path", "write_report", "run_drill", "DRILLS", "run_matrix",
+    "leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
+    "read_checksum",
+]

@@ -22,6 +22,10 @@ from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
 from ._records import BufferRec, ClientRec, ContextRec
 
 MAX_SHAPE_ELEMENTS = 1 << 31
+# The default watchdog scales with a command's own work (see watchdog_budget_ns): 4x its
+# modeled duration, plus 10 ns per byte its kernel touches (100 MB/s: 64 MiB -> 0.67 s).
+WATCHDOG_MODEL_FACTOR = 4
+WATCHDOG_NS_PER_BYTE = 10
 
 
 class Validation:
@@ -85,13 +89,15 @@ class Validation:
         signal = [self.check_signal_fence(client, c["signal"])] if "signal" in c else []
         if self.faults.rules and self.faults.draw("map", dev.name, c.get("cid", 0)):
             raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
+        hold_ns = self.hold_ns(dev, c, ins, outs)
         return Command(
             seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
-            ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=self.hold_ns(dev, c, ins, outs),
+            ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=hold_ns,
             delay_ns=self.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
             dep_timeout_ns=self.dep_timeout_ns, priority=ctx.priority,
             t_submit=time.monotonic_ns(),
-            timeout_ns=self.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else self.watchdog_ns,
+            timeout_ns=(self.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
+                        else self.watchdog_budget_ns(hold_ns, ins, outs)),
             checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
 
     def check_packet_size(self, c: dict, ins: list, outs: list) -> None:
@@ -130,6 +136,16 @@ class Validation:
         if ms < 0:
             raise errors.InvalidRequest(f"negative duration {ms} ms")
         return int(ms * self.spec.time_scale * 1e6)
+
+    def watchdog_budget_ns(self, hold_ns: int, ins: list, outs: list) -> int:
+        """The default watchdog of one command: the platform's ``watchdog_ms``, or more for
+        a command whose own work is long -- ``WATCHDOG_MODEL_FACTOR`` times its modeled
+        duration, plus the real memory traffic of its kernel at a floor bandwidth a busy
+        machine still reaches. A 64 MiB ``fill`` is slow because it is big, not because
+        its device hung; a hang of a small command is still caught at ``watchdog_ms``."""
+        nbytes = sum(b.nbytes for b in ins + outs)
+        return (max(self.watchdog_ns, WATCHDOG_MODEL_FACTOR * hold_ns)
+                + nbytes * WATCHDOG_NS_PER_BYTE)
 
     def hold_ns(self, dev: DeviceHandle, c: dict, ins: list, outs: list) -> int:
         if "ms" in c:
