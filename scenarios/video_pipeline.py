@@ -7,7 +7,8 @@ steady frame period falls to the slowest stage, ~10 ms, while one frame's latenc
 
 Three runs, each on real device processes ordered only by fences:
 
-* serial: one frame in flight at a time -> serial latency;
+* serial: one frame in flight at a time -> serial latency; every other frame is empty (no
+  modeled time), so the same run also measures what the machine itself adds per frame;
 * free-running, triple-buffered: frames as fast as buffers allow -> frame period; latency
   here grows to ~(buffers x period) because frames queue behind the NPU (seed §10: more
   buffers only postpone drops and raise the latency users see);
@@ -53,18 +54,20 @@ class Pipeline:
                 ctx.map(b[writes], "w")
         self.rng = np.random.default_rng(7)
 
-    def submit(self, i: int) -> tuple[int, "hetproc.Fence", np.ndarray]:
-        """Write frame ``i`` into its buffer set and queue its three stages."""
+    def submit(self, i: int, model: float = 1.0) -> tuple[int, "hetproc.Fence", np.ndarray]:
+        """Write frame ``i`` into its buffer set and queue its three stages, each holding
+        ``model`` times its modeled duration (0: an empty frame, only the real cost of
+        processes, fences and hand-offs remains)."""
         b = self.sets[i % BUFFERS]
         frame = self.rng.standard_normal(SHAPE, dtype=np.float32)
         b["frame"].array()[...] = frame
         t0 = time.monotonic_ns()
         f1 = self.cpu.submit_nowait("scale", [b["frame"]], [b["pre"]], params={"factor": 2.0},
-                                    ms=CPU_MS, handoff_ms=HANDOFF_MS)
+                                    ms=CPU_MS * model, handoff_ms=HANDOFF_MS * model)
         f2 = self.npu.submit_nowait("relu", [b["pre"]], [b["feat"]], wait=[f1],
-                                    ms=NPU_MS, handoff_ms=HANDOFF_MS)
+                                    ms=NPU_MS * model, handoff_ms=HANDOFF_MS * model)
         f3 = self.gpu.submit_nowait("scale", [b["feat"]], [b["out"]], wait=[f2],
-                                    params={"factor": 0.5}, ms=GPU_MS)
+                                    params={"factor": 0.5}, ms=GPU_MS * model)
         for f in (f1, f2):
             f.release()  # still alive while f2/f3 wait on them; recycled afterwards
         return t0, f3, frame
@@ -77,9 +80,11 @@ class Pipeline:
         fence.release()
         return t0, t_done, correct
 
-    def run(self, frames: int, *, window: int, interval_ns: int = 0) -> dict[str, np.ndarray]:
+    def run(self, frames: int, *, window: int, interval_ns: int = 0,
+            empty_every: int = 0) -> dict[str, np.ndarray]:
         """Run ``frames`` frames with at most ``window`` in flight, arriving every
-        ``interval_ns`` (0: as fast as buffers allow). Returns per-frame times."""
+        ``interval_ns`` (0: as fast as buffers allow); with ``empty_every = 2`` every other
+        frame is empty (no modeled time). Returns per-frame times."""
         pending: dict[int, tuple] = {}
         starts, ends, ok = [], [], []
         t_first = time.monotonic_ns()
@@ -89,7 +94,8 @@ class Pipeline:
                 starts.append(t0), ends.append(t_done), ok.append(good)
             if interval_ns:
                 _sleep_until(t_first + i * interval_ns)
-            pending[i] = self.submit(i)
+            empty = bool(empty_every) and i % empty_every == 0
+            pending[i] = self.submit(i, 0.0 if empty else 1.0)
         for j in sorted(pending):
             t0, t_done, good = self.finish(j, *pending.pop(j))
             starts.append(t0), ends.append(t_done), ok.append(good)
@@ -114,11 +120,17 @@ def run(s: Scenario) -> None:
     period_expected = max(CPU_MS, NPU_MS, GPU_MS) * scale
     p = Pipeline(s)
 
-    s.progress(f"serial: {frames} frames, one at a time")
-    serial = p.run(frames, window=1)
-    lat = _ms(serial["end"] - serial["start"])[warmup:]
+    s.progress(f"serial: {frames} frames one at a time, each after an empty one")
+    # Every other serial frame is empty: its latency is what the processes, fences and
+    # hand-offs themselves cost on this machine right now, measured beside the real
+    # frames, so a busy machine moves both and the modeled part is checked alone.
+    both = p.run(2 * frames, window=1, empty_every=2)
+    both_lat = _ms(both["end"] - both["start"])
+    lat = both_lat[1::2][warmup:]
+    overhead = float(np.median(both_lat[0::2][warmup:]))
     s.metric("serial_latency_p50_ms", float(np.median(lat)))
     s.metric("serial_latency_p99_ms", float(np.percentile(lat, 99)))
+    s.metric("empty_frame_latency_p50_ms", overhead)
 
     s.progress(f"free-running: {frames} frames, {BUFFERS} buffer sets")
     free = p.run(frames, window=BUFFERS)
@@ -140,9 +152,10 @@ def run(s: Scenario) -> None:
     s.metric("pipelined_latency_p50_ms", float(np.median(paced_lat)))
     s.metric("pipelined_latency_p99_ms", float(np.percentile(paced_lat, 99)))
 
-    s.check_near("serial latency ~ 2+1+10+1+4 ms", float(np.median(lat)), serial_expected)
-    s.check_near("pipelined period ~ slowest stage (NPU)", float(np.median(period)),
-                 period_expected)
+    s.check_near("serial latency ~ 2+1+10+1+4 ms (+ an empty frame's cost, measured "
+                 "in this run)", float(np.median(lat)), serial_expected + overhead)
+    s.check_near("pipelined period ~ slowest stage (NPU; + its share of an empty frame's "
+                 "cost)", float(np.median(period)), period_expected + overhead / 3)
     # Like with like: against the serial latency this same run measured, so a busy
     # machine's constant per-hop overhead cancels out instead of failing the check.
     s.check_near("pipelined latency still ~ serial latency (measured in this run)",
@@ -151,8 +164,9 @@ def run(s: Scenario) -> None:
             float(np.median(period)) < 0.8 * float(np.median(lat)))
     s.check("free-running frames queue: latency grows above serial",
             float(np.median(free_lat)) > float(np.median(lat)))
-    every = np.concatenate([serial["ok"], free["ok"], paced["ok"]])
+    every = np.concatenate([both["ok"], free["ok"], paced["ok"]])
     s.check("every frame's output is correct (fences ordered every write)", bool(every.all()),
             f"{int((~every).sum())} of {every.size} frames wrong")
+    s.note(f"an empty frame took {overhead:.2f} ms on this machine in this run")
     s.note(f"expected at time scale {scale}: serial {serial_expected:.2f} ms, "
            f"period {period_expected:.2f} ms, pipelined latency {serial_expected:.2f} ms")
