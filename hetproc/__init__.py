@@ -22,12 +22,12 @@ from ipc.errors import *  # noqa: F401,F403  (the one error hierarchy)
 from ipc.errors import __all__ as _error_names
 
 from .client._bufpool import BufferPool, PoolStatistics
-from .client._client import Buffer, Client, Context, Fence, command
+from .client._client import FOREVER, Buffer, Client, Context, Fence, command
 from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
 from .client._platform import Platform, connect
 
 __all__ = [
-    "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
+    "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing",
     *_error_names,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import textwrap
 from typing import Any, Callable, NoReturn, Sequence
@@ -49,8 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hetproc: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, errors.InvalidRequest) else EXIT_FAILED
     except _signals.Interrupted as sig:
-        print(f"hetproc: stopped by {sig}; the platform was stopped and its objects removed",
-              file=sys.stderr)
+        print(f"hetproc: stopped by {sig}; the platform was stopped and its objects removed"
+              + (f" (report written to {args.report})" if getattr(args, "report", None)
+                 and os.path.exists(args.report) else ""), file=sys.stderr)
         return 128 + sig.signum
 
 
@@ -334,6 +336,7 @@ def _conclude(report: dict[str, Any], args: argparse.Namespace, show: Callable) 
     if path:
         report["report_path"] = path
         drills.write_report(report, path)
+    _signals.check()  # interrupted: the report is written, the rest is one line
     if args.json:
         print(json.dumps(report, indent=2))
     else:

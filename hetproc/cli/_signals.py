@@ -5,7 +5,8 @@ The first of them raises ``Interrupted`` in the main thread, so the runner's ``f
 stops the platform (the supervisor and the devices ignore SIGINT and SIGHUP: the terminal
 sends those to the whole process group, and the owner decides when they stop). Further
 signals are ignored while that cleanup runs: a second Ctrl-C must not leave half of it
-undone.
+undone. The signal is also remembered (``check``), for the case where its exception was
+turned into another error inside a C call.
 """
 
 from __future__ import annotations
@@ -25,10 +26,23 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+received: int = 0  # the first signal seen; 0: none
+
+
 def _on_signal(signum: int, frame: Any) -> None:
+    global received
     for sig in HANDLED:
         signal.signal(sig, signal.SIG_IGN)
+    received = received or signum
     raise Interrupted(signum)
+
+
+def check() -> None:
+    """Raise ``Interrupted`` if a signal came but its exception was lost: a signal that
+    lands inside a C call (a semaphore wait) surfaces there as that call's own error,
+    which a scenario may catch; the run then ended early, and must still exit as asked."""
+    if received:
+        raise Interrupted(received)
 
 
 def install() -> None:

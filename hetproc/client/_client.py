@@ -26,6 +26,7 @@ from ._sharing import BufferMemory, ClientMemory, ContextMemory, FenceMemory
 from ._trace_ring import ClientTrace
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
+FOREVER = float("inf")   # Fence.wait(FOREVER): no deadline, because the caller said so
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
 _REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
@@ -357,8 +358,14 @@ class Fence(FenceMemory):
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until done. Raises the command's error, ``FenceTimeout`` after ``timeout``
-        seconds (default 30 s: no wait is forever), or ``SupervisorLost``."""
+        seconds, or ``SupervisorLost``.
+
+        ``timeout=None`` (the default) is ``DEFAULT_TIMEOUT`` (30 s): no wait is forever by
+        accident. ``hetproc.FOREVER`` waits as long as it takes -- only because the caller
+        asked -- and still ends with ``SupervisorLost`` if the supervisor dies."""
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        if not timeout >= 0:  # also refuses nan
+            raise errors.InvalidRequest(f"wait timeout must be >= 0 seconds, got {timeout!r}")
         t_wait = self.client.trace.wait_begin(self.cid)
         deadline = time.monotonic() + timeout
         while True:
