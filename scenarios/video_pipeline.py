@@ -185,10 +185,18 @@ def run(s: Scenario) -> None:
                  "in this run)", float(np.median(lat)), serial_expected + overhead)
     s.check_near("pipelined period ~ slowest stage (NPU; + its share of an empty frame's "
                  "cost)", float(np.median(period)), period_expected + overhead / 3)
-    # Like with like: against the serial latency this same run measured, so a busy
-    # machine's constant per-hop overhead cancels out instead of failing the check.
-    s.check_near("pipelined latency still ~ serial latency (measured in this run)",
-                 float(np.median(paced_lat)), float(np.median(lat)))
+    # Like with like: against the serial latency this same run measured -- or, when the
+    # machine was busier during one of the two phases than the other, against the modeled
+    # latency plus this run's empty-frame cost. A backlog (frames queued behind frames,
+    # ~ buffers x period) matches neither.
+    paced_p50 = float(np.median(paced_lat))
+    refs = {"serial latency measured in this run": float(np.median(lat)),
+            "modeled serial latency + an empty frame's cost": serial_expected + overhead}
+    near = {name: abs(paced_p50 - ref) <= ref * 0.15 + 0.5 for name, ref in refs.items()}
+    s.check("pipelined latency still ~ serial latency", any(near.values()),
+            f"measured {paced_p50:.3f} ms; " + "; ".join(
+                f"{name} {ref:.3f} ± {ref * 0.15 + 0.5:.3f} ms ({'near' if near[name] else 'far'})"
+                for name, ref in refs.items()))
     s.check("pipelining raises throughput (period < serial latency)",
             float(np.median(period)) < 0.8 * float(np.median(lat)))
     s.check("free-running frames queue: latency grows above serial",
