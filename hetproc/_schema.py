@@ -23,7 +23,7 @@ __all__ = ["check_platform", "check_table", "SCHEMA", "OPS", "DTYPES", "LAYOUTS"
 KINDS = ("cpu", "npu", "gpu", "dsp", "isp")
 # The kernels device_workers runs (device_workers._kernels.OPS; a test keeps them equal).
 OPS = ("copy", "fill", "add", "scale", "matmul", "relu", "conv2d", "resize", "quantize",
-       "dequantize", "checksum", "work")
+       "dequantize", "checksum", "transpose", "work")
 DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64")
 LAYOUTS = ("NHWC", "NCHW")
