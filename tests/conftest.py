@@ -6,17 +6,16 @@ from __future__ import annotations
 import pytest
 
 import hetproc
-from hetproc.client import _platform
-from hetproc.drills import leftovers, new_children
+from hetproc.drills import leftovers, new_children, started_prefixes
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail any test after which a platform it started left objects or processes."""
-    started = len(_platform.started_prefixes)
+    started = len(started_prefixes())
     children_before = {p.pid for p in new_children(())}
     yield
-    mine = _platform.started_prefixes[started:]  # not other suites' platforms beside us
+    mine = started_prefixes()[started:]  # not other suites' platforms beside us
     left = {p: leftovers(p)["objects"] for p in mine}
     children = new_children(children_before)
     for child in children:  # do not let one broken test poison the next

@@ -392,11 +392,25 @@ def cmd_platform_show(args: argparse.Namespace) -> int:
 
 
 def cmd_trace_explain(args: argparse.Namespace) -> int:
+    """Attribute under the spinner; print once it is gone."""
+    with _show.Progress("hetproc trace explain", enabled=not args.json) as progress:
+        out = _explain(args, progress)
+    if isinstance(out, str):
+        print(out, file=sys.stderr)
+        return EXIT_FAILED
+    print(out)
+    return EXIT_OK
+
+
+def _explain(args: argparse.Namespace, progress: _show.Progress) -> str | list[str]:
+    """The text to print (a list of lines), or a str: the one-line reason it failed."""
     from ..trace import _explain as ex
+    progress(f"reading {args.file}")
     try:
         trace = ex.load_trace(args.file)
     except (OSError, ValueError) as exc:
         raise errors.InvalidRequest(f"cannot read trace {args.file!r}: {exc}") from None
+    progress("attributing latency")
     if args.id is not None:
         try:
             cid = ex.parse_cid(args.id)
@@ -404,8 +418,7 @@ def cmd_trace_explain(args: argparse.Namespace) -> int:
             raise errors.InvalidRequest(f"--id takes a correlation id, got {args.id!r}") from None
         req = ex.explain(trace, cid)
         if req is None or not req.stages:
-            print(f"hetproc: request {cid:#x} is not in {args.file}", file=sys.stderr)
-            return EXIT_FAILED
+            return f"hetproc: request {cid:#x} is not in {args.file}"
         reqs = [req]
     else:
         frozen = trace.other.get("frozen") or {}
@@ -414,15 +427,10 @@ def cmd_trace_explain(args: argparse.Namespace) -> int:
         else:
             reqs = ex.slowest(trace, args.slowest or 3)
     if args.json:
-        print(json.dumps({"summary": ex.summary_lines(trace),
-                          "requests": [ex.as_dict(trace, r) for r in reqs]}, indent=2))
-        return EXIT_OK
-    for line in ex.summary_lines(trace):
-        print(line)
-    for r in reqs:
-        print()
-        print(ex.format_request(trace, r))
-    return EXIT_OK
+        return json.dumps({"summary": ex.summary_lines(trace),
+                           "requests": [ex.as_dict(trace, r) for r in reqs]}, indent=2)
+    return "\n".join(ex.summary_lines(trace)
+                     + [f"\n{ex.format_request(trace, r)}" for r in reqs])
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
@@ -438,7 +446,9 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
         if not (math.isfinite(window[0]) and math.isfinite(window[1]) and window[0] < window[1]):
             raise errors.InvalidRequest(f"--window takes A:B with A < B, got {args.window!r}")
     try:
-        out = plot_timeline(args.file, args.output, window=window)
+        with _show.Progress("hetproc trace plot") as progress:
+            progress(f"drawing {args.file}")
+            out = plot_timeline(args.file, args.output, window=window)
     except (OSError, ValueError) as exc:
         raise errors.InvalidRequest(f"cannot plot {args.file!r}: {exc}") from None
     print(f"timeline written to {out['path']} ({out['lanes']} lanes, {out['slices']} slices, "

@@ -19,7 +19,8 @@ from device_workers import read_checksum
 
 from ._acceptance import run_matrix
 from ._drills import DRILLS, run_drill
-from ._leaks import alive, assert_no_leftovers, leftovers, new_children, platform_pids
+from ._leaks import (alive, assert_no_leftovers, leftovers, new_children, platform_pids,
+                     started_prefixes)
 from ._scenario import (Check, Option, Scenario, check_options, check_output_path,
                         declared_options, find_scenario, load_scenario, quick_options,
                         run_on_platform, run_scenario, scenario_names, write_report)
@@ -29,5 +30,6 @@ __all__ = [
     "find_scenario", "load_scenario", "declared_options", "quick_options", "check_options",
     "check_output_path", "write_report", "run_drill", "DRILLS", "run_matrix",
     "leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
+    "started_prefixes",
     "read_checksum",
 ]

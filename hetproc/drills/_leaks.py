@@ -14,7 +14,10 @@ import psutil
 
 from ipc import entries_with_prefix
 
-__all__ = ["leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids"]
+from ..client import _platform
+
+__all__ = ["leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
+           "started_prefixes"]
 
 
 def alive(pids: Iterable[int]) -> list[int]:
@@ -62,3 +65,9 @@ def new_children(before: Iterable[int]) -> list[psutil.Process]:
             continue
         out.append(proc)
     return out
+
+
+def started_prefixes() -> list[str]:
+    """The prefixes of every platform this process started, oldest first: a suite or a
+    benchmark notes the length before, and checks the ones after it."""
+    return list(_platform.started_prefixes)

@@ -21,7 +21,7 @@ Nothing here runs inside the supervisor or a device, except ``_export`` and ``_p
 which the supervisor also uses to write the frozen windows it dumps.
 """
 
-from ._explain import Trace, explain, format_request, load_trace, slowest
+from ._explain import Trace, explain, format_request, load_trace, slowest, summary_lines
 from ._export import frozen_to_chrome, records_to_chrome
 from ._live import chrome_trace, export_trace, frozen_windows, snapshot, trace_info, write_frozen
 from ._perfetto import to_chrome_trace, write_chrome_trace
@@ -30,7 +30,8 @@ from ._validate import flow_chains, validate
 
 __all__ = [
     "snapshot", "chrome_trace", "export_trace", "frozen_windows", "write_frozen", "trace_info",
-    "load_trace", "explain", "slowest", "format_request", "Trace", "plot_timeline",
+    "load_trace", "explain", "slowest", "format_request", "summary_lines", "Trace",
+    "plot_timeline",
     "frozen_to_chrome", "records_to_chrome", "to_chrome_trace", "write_chrome_trace",
     "validate", "flow_chains",
 ]
