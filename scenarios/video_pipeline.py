@@ -196,10 +196,18 @@ def run(s: Scenario) -> None:
                  "in this run)", float(np.median(lat)), serial_expected + overhead)
     s.check_near("pipelined period ~ slowest stage (NPU; + its share of an empty frame's "
                  "cost)", float(np.median(period)), period_expected + overhead / 3)
-    # Like with like: against the serial latency measured beside it. A backlog (frames
-    # queued behind frames, ~ buffers x period) would be far above it.
-    s.check_near("pipelined latency still ~ serial latency (measured beside it)",
-                 float(np.median(paced_all)), float(np.median(lat)))
+    # Like with like: against the serial latency measured beside it. Pipelining must not
+    # lower it (the stages of one frame still run one after another), nor add a frame of
+    # queueing (a backlog: ~ buffers x period). Three devices busy at once on a loaded
+    # machine cost a little more than one at a time, so the allowance above is part of a
+    # period, below it the usual 15 %.
+    serial_p50, paced_p50 = float(np.median(lat)), float(np.median(paced_all))
+    lo = serial_p50 * 0.85 - 0.5
+    hi = serial_p50 + 0.75 * float(np.median(period))
+    s.check("pipelined latency still ~ serial latency (measured beside it)",
+            lo <= paced_p50 <= hi,
+            f"measured {paced_p50:.3f} ms, serial {serial_p50:.3f} ms: allowed {lo:.3f} .. "
+            f"{hi:.3f} ms (15 % below, 3/4 of a period above)")
     s.check("pipelining raises throughput (period < serial latency)",
             float(np.median(period)) < 0.8 * float(np.median(lat)))
     s.check("free-running frames queue: latency grows above serial",
