@@ -36,7 +36,7 @@ import numpy as np
 
 import hetproc
 from hetproc.drills import Option, Scenario
-from hetproc.trace import explain, format_request, frozen_to_chrome, load_trace, slowest
+from hetproc.trace import Stage, explain, format_request, frozen_to_chrome, load_trace, slowest
 
 OPTIONS = {
     "frames": Option(150, "camera frames (at least 10 warm-up + stalls + 2)", min=16, max=100_000),
@@ -171,7 +171,6 @@ def run(s: Scenario) -> None:
         mine = w["records"][w["records"]["cid"] == bad]
         stages = {int(x) for x in mine["stage"]}
         pids = {int(x) for x in mine["pid"]}
-        from ipc._trace import Stage
         want = {int(Stage.SUBMIT), int(Stage.QUEUED), int(Stage.ACQUIRE_WAIT), int(Stage.SIGNAL)}
         froze = load_trace(frozen_to_chrome(w))
         req = explain(froze, bad)

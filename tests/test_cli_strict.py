@@ -175,6 +175,16 @@ def test_scenarios_are_discovered_declare_their_options_and_import_only_public_n
         assert drills.check_options(name, declared, drills.quick_options(module))
 
 
+def test_acceptance_cells_are_the_discovered_scenarios_then_every_drill():
+    from hetproc.drills._acceptance import cells
+    got = cells(quick=True)
+    names = drills.scenario_names()
+    assert [n for k, n, _ in got if k == "scenario"] == names
+    assert [n for k, n, _ in got if k == "drill"] == list(drills.DRILLS)
+    quick = {n: o for k, n, o in got if k == "scenario"}
+    assert quick["video_pipeline"] == {"frames": 40}
+
+
 def test_help_reads_as_prose():
     top = _hetproc("--help").stdout
     assert "``" not in top and "emulates a phone SoC" in top

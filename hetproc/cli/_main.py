@@ -50,9 +50,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hetproc: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, errors.InvalidRequest) else EXIT_FAILED
     except _signals.Interrupted as sig:
+        path = getattr(args, "report", None)
+        report = getattr(sig, "report", None)  # what the run collected before it stopped
+        if path and report is not None:
+            drills.write_report({**report, "report_path": path}, path)
         print(f"hetproc: stopped by {sig}; the platform was stopped and its objects removed"
-              + (f" (report written to {args.report})" if getattr(args, "report", None)
-                 and os.path.exists(args.report) else ""), file=sys.stderr)
+              + (f" (report written to {path})" if path and os.path.exists(path) else ""),
+              file=sys.stderr)
         return 128 + sig.signum
 
 

@@ -289,6 +289,7 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
     plat.start()
     s = Scenario(plat, dict(options), declared=dict(declared or {}), on_progress=say)
     error = failure = None
+    interrupted: BaseException | None = None
     pids: list[int] = []
     evidence: dict[str, Any] = {}
     leaks: dict[str, Any] = {}
@@ -299,9 +300,14 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
         try:
             func(s)
         except Exception as exc:  # the report must say what broke, not just crash
-            error = f"{type(exc).__name__}: {exc}"
+            name = type(exc).__name__
+            error = str(exc) if str(exc).startswith(f"{name}:") else f"{name}: {exc}"
             s.check("ran to the end", False, error)
             failure = _failure(plat, exc)
+        except BaseException as exc:  # Ctrl-C, a signal: stop, but keep the evidence first
+            interrupted = exc
+            error = f"interrupted ({type(exc).__name__}: {exc})"
+            s.check("ran to the end", False, error)
         final = _metrics_or_none(plat)  # None: a drill killed the supervisor on purpose
         if final is not None:
             say("letting in-flight news reach the supervisor")
@@ -323,7 +329,7 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
             json.dumps(left))
     if failure is not None:
         failure["evidence"] = _evidence_paths(evidence)
-    return {
+    report = {
         "scenario": name, "description": description,
         "platform": {"name": spec.name, "source": spec.source, "time_scale": spec.time_scale,
                      "devices": [d.name for d in spec.devices]},
@@ -334,6 +340,11 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
         "duration_s": round(time.monotonic() - t0, 3),
         "ok": all(c.passed for c in s.checks),
     }
+    if interrupted is not None:
+        # The interrupt goes on (the caller asked to stop), carrying what was collected.
+        setattr(interrupted, "report", report)  # read back by the CLI: getattr(exc, "report")
+        raise interrupted
+    return report
 
 
 def _metrics_or_none(plat: Platform) -> dict[str, Any] | None:
@@ -370,7 +381,8 @@ def _failure(plat: Platform, exc: Exception) -> dict[str, Any]:
     try:
         client = plat.client
         cid = err.get("correlation_id") or 0
-        history = client.incidents()["history"]
+        got = client.incidents()
+        history = list(got["history"]) + list(got["active"])  # one may still be recovering
         mine = [i for i in history if _touches(i, cid)]
         out["incidents"] = [_incident_line(i) for i in (mine or history)[-3:]]
         windows = _trace.frozen_windows(client, records=False)

@@ -16,10 +16,13 @@ Offline, from a file written by ``--trace`` or ``export_trace``::
     plot_timeline(doc, png)      a picture of the timeline (needs the ``plot`` extra)
     validate(doc)                how Perfetto's importer would misread it (empty: it won't)
     flow_chains(doc)             per request, the slices its arrows connect, in order
+    Stage                        the stage numbers records carry (SUBMIT, QUEUED, EXEC...)
 
 Nothing here runs inside the supervisor or a device, except ``_export`` and ``_perfetto``,
 which the supervisor also uses to write the frozen windows it dumps.
 """
+
+from ipc import Stage
 
 from ._explain import Trace, explain, format_request, load_trace, slowest, summary_lines
 from ._export import frozen_to_chrome, records_to_chrome
@@ -33,5 +36,5 @@ __all__ = [
     "load_trace", "explain", "slowest", "format_request", "summary_lines", "Trace",
     "plot_timeline",
     "frozen_to_chrome", "records_to_chrome", "to_chrome_trace", "write_chrome_trace",
-    "validate", "flow_chains",
+    "validate", "flow_chains", "Stage",
 ]
