@@ -164,7 +164,7 @@ def to_chrome_trace(
             "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
             "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
         }))
-        if cid and sname(stage) in _FLOW_RANK:
+        if cid and sname(stage) in _FLOW_RANK and te > tb:  # an empty slice binds nothing
             by_cid.setdefault(cid, []).append(i)
     flows = 0
     marker_base = 2 * len(slices) + len(points) + 1
@@ -179,6 +179,17 @@ def to_chrome_trace(
             continue
         flows += 1
         spans = _forward_spans([(slices[i][0], slices[i][1]) for i in idxs])
+        # A viewer links the steps in the order it reads them (by time): a step that would
+        # be read before the one it follows is left out (a window cut the request short).
+        kept, t_last = [], 0
+        for i, span in zip(idxs, spans):
+            if span[0] >= t_last:
+                kept.append((i, span))
+                t_last = span[0]
+        if len(kept) < 2:
+            flows -= 1
+            continue
+        idxs, spans = [i for i, _ in kept], [sp for _, sp in kept]
         last = len(idxs) - 1
         for k, (i, (sb, se)) in enumerate(zip(idxs, spans)):
             tb, te, pid, _, stage, _, args, tid = slices[i]
