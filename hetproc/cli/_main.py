@@ -398,16 +398,14 @@ def cmd_platform_show(args: argparse.Namespace) -> int:
 def cmd_trace_explain(args: argparse.Namespace) -> int:
     """Attribute under the spinner; print once it is gone."""
     with _show.Progress("hetproc trace explain", enabled=not args.json) as progress:
-        out = _explain(args, progress)
-    if isinstance(out, str):
-        print(out, file=sys.stderr)
-        return EXIT_FAILED
-    print(out)
-    return EXIT_OK
+        found, text = _explain(args, progress)
+    print(text, file=sys.stdout if found else sys.stderr)
+    return EXIT_OK if found else EXIT_FAILED
 
 
-def _explain(args: argparse.Namespace, progress: _show.Progress) -> str | list[str]:
-    """The text to print (a list of lines), or a str: the one-line reason it failed."""
+def _explain(args: argparse.Namespace, progress: _show.Progress) -> tuple[bool, str]:
+    """(found, the text to print): the explanation, or the one line saying what is not
+    in the trace."""
     from ..trace import _explain as ex
     progress(f"reading {args.file}")
     try:
@@ -422,7 +420,7 @@ def _explain(args: argparse.Namespace, progress: _show.Progress) -> str | list[s
             raise errors.InvalidRequest(f"--id takes a correlation id, got {args.id!r}") from None
         req = ex.explain(trace, cid)
         if req is None or not req.stages:
-            return f"hetproc: request {cid:#x} is not in {args.file}"
+            return False, f"hetproc: request {cid:#x} is not in {args.file}"
         reqs = [req]
     else:
         frozen = trace.other.get("frozen") or {}
@@ -431,9 +429,9 @@ def _explain(args: argparse.Namespace, progress: _show.Progress) -> str | list[s
         else:
             reqs = ex.slowest(trace, args.slowest or 3)
     if args.json:
-        return json.dumps({"summary": ex.summary_lines(trace),
-                           "requests": [ex.as_dict(trace, r) for r in reqs]}, indent=2)
-    return "\n".join(ex.summary_lines(trace)
+        return True, json.dumps({"summary": ex.summary_lines(trace),
+                                 "requests": [ex.as_dict(trace, r) for r in reqs]}, indent=2)
+    return True, "\n".join(ex.summary_lines(trace)
                      + [f"\n{ex.format_request(trace, r)}" for r in reqs])
 
 
