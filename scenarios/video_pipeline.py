@@ -9,7 +9,7 @@ Three kinds of runs, each on real device processes ordered only by fences:
 
 * serial: one frame in flight at a time -> serial latency; every other frame is empty (no
   modeled time), so the same run also measures what the machine itself adds per frame;
-  serial and camera-paced blocks take turns, so both see the same machine;
+  free-running, serial and camera-paced blocks take turns, so all see the same machine;
 * free-running, triple-buffered: frames as fast as buffers allow -> frame period; latency
   here grows to ~(buffers x period) because frames queue behind the NPU (seed §10: more
   buffers only postpone drops and raise the latency users see);
@@ -144,34 +144,30 @@ BLOCK = 25  # frames per block: serial and camera-paced blocks take turns
 
 def run(s: Scenario) -> None:
     frames = s.option("frames")
-    warmup = max(3, frames // 20)
     scale = s.time_scale
+    warmup = 3  # frames of each block while the pipeline fills
     serial_expected = (CPU_MS + HANDOFF_MS + NPU_MS + HANDOFF_MS + GPU_MS) * scale
     period_expected = max(CPU_MS, NPU_MS, GPU_MS) * scale
     p = Pipeline(s)
 
-    s.progress(f"free-running: {frames} frames, {BUFFERS} buffer sets")
-    free = p.run(frames, window=BUFFERS)
-    period = np.diff(_ms(free["end"]))[warmup:]
-    free_lat = _ms(free["end"] - free["start"])[warmup:]
-    s.metric("pipelined_period_p50_ms", float(np.median(period)))
-    s.metric("pipelined_period_p99_ms", float(np.percentile(period, 99)))
-    s.metric("free_running_latency_p50_ms", float(np.median(free_lat)))
-    s.metric("throughput_fps", 1000.0 / float(np.median(period)))
-
-    # A camera a little slower than the bottleneck as this run measured it: on a busy
-    # machine the real period is longer than the modeled one, and a camera faster than
-    # the pipeline would queue frames and measure the backlog, not the pipeline.
-    interval = max(period_expected, float(np.median(period))) * 1.15
-    # Serial frames (each after an empty one) and camera-paced frames take turns in
-    # blocks, so whatever else the machine is doing weighs on both alike: the pipelined
-    # latency is compared with a serial latency measured at the same moments. An empty
-    # frame's latency is what processes, fences and hand-offs cost right now.
-    serial_lat, empty_lat, paced_lat, ok = [], [], [], [free["ok"]]
+    # Free-running, serial (each frame after an empty one) and camera-paced frames take
+    # turns in blocks, so whatever else the machine is doing weighs on all three alike:
+    # each is compared with figures measured at the same moments. An empty frame's
+    # latency is what processes, fences and hand-offs cost right now.
+    periods, free_lats, serial_lat, empty_lat, paced_lat, ok = [], [], [], [], [], []
     dropped = 0
+    intervals = []
     for first in range(0, frames, BLOCK):
         n = min(BLOCK, frames - first)
-        s.progress(f"serial and camera-paced frames {first}..{first + n} of {frames}")
+        s.progress(f"frames {first}..{first + n} of {frames}: free-running, serial, camera")
+        free = p.run(max(n, 2 * warmup), window=BUFFERS)
+        periods.append(np.diff(_ms(free["end"]))[warmup:])
+        free_lats.append(_ms(free["end"] - free["start"])[warmup:])
+        # A camera a little slower than the bottleneck as this block measured it: on a
+        # busy machine the real period is longer than the modeled one, and a camera
+        # faster than the pipeline would queue frames and measure the backlog.
+        interval = max(period_expected, float(np.median(periods[-1]))) * 1.15
+        intervals.append(interval)
         both = p.run(2 * n, window=1, empty_every=2)
         both_lat = _ms(both["end"] - both["start"])
         serial_lat.append(both_lat[1::2][1:])  # the first of a block starts on a cold pipe
@@ -181,13 +177,18 @@ def run(s: Scenario) -> None:
         paced = p.camera(n, interval_ns=int(interval * 1e6), max_in_flight=max_in_flight)
         paced_lat.append(_ms(paced["end"] - paced["start"])[1:])
         dropped += paced["dropped"]
-        ok += [both["ok"], paced["ok"]]
+        ok += [free["ok"], both["ok"], paced["ok"]]
     lat, paced_all = np.concatenate(serial_lat), np.concatenate(paced_lat)
+    period, free_lat = np.concatenate(periods), np.concatenate(free_lats)
+    s.metric("pipelined_period_p50_ms", float(np.median(period)))
+    s.metric("pipelined_period_p99_ms", float(np.percentile(period, 99)))
+    s.metric("free_running_latency_p50_ms", float(np.median(free_lat)))
+    s.metric("throughput_fps", 1000.0 / float(np.median(period)))
     overhead = float(np.median(np.concatenate(empty_lat)))
     s.metric("serial_latency_p50_ms", float(np.median(lat)))
     s.metric("serial_latency_p99_ms", float(np.percentile(lat, 99)))
     s.metric("empty_frame_latency_p50_ms", overhead)
-    s.metric("camera_interval_ms", interval)
+    s.metric("camera_interval_ms", float(np.median(intervals)))
     s.metric("camera_dropped_frames", dropped)
     s.metric("pipelined_latency_p50_ms", float(np.median(paced_all)))
     s.metric("pipelined_latency_p99_ms", float(np.percentile(paced_all, 99)))

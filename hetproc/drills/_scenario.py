@@ -20,7 +20,6 @@ import importlib.util
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
