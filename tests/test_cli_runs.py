@@ -176,3 +176,28 @@ def test_a_campaign_reports_the_same_json_locally_and_on_a_dask_cluster():
         return {k: v for k, v in summary.items() if k not in ("backend", "duration_s", "runs")}
     assert same(remote) == same(local)
     assert [(r["seed"], r["ok"]) for r in remote["runs"]] == [(r["seed"], r["ok"]) for r in local["runs"]]
+
+
+def test_runqueue_wait_tells_a_starved_process_from_a_sleeping_one():
+    """What the watchdog reads before it calls a device hung: two busy processes pinned to
+    one CPU wait for it (a starved device); a sleeping one (a hung device) does not.
+    Measured between two samples, so the processes' own start-up does not count."""
+    from hetproc.supervisor._recovery import runqueue_wait_ns
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    spin = ("import os, time; os.sched_setaffinity(0, {%d}); t = time.time() + 1.5\n"
+            "while time.time() < t: pass" % cpu)
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    procs = busy + [sleeper]
+    try:
+        time.sleep(0.6)
+        before = [runqueue_wait_ns(p.pid) for p in procs]
+        time.sleep(0.5)
+        after = [runqueue_wait_ns(p.pid) for p in procs]
+    finally:
+        for p in procs:
+            p.wait(10)
+    assert None not in before + after
+    queued = [a - b for a, b in zip(after, before)]
+    assert max(queued[:2]) > 50_000_000 > queued[2], queued  # > 50 ms of 500 ms vs. ~none
+    assert runqueue_wait_ns(2**22 + 12345) is None  # no such process: no figure

@@ -104,6 +104,19 @@ class Incident:
         }
 
 
+MAX_STARVED_REARMS = 10  # a starved command may wait up to ~10 more watchdog periods
+
+
+def runqueue_wait_ns(pid: int) -> int | None:
+    """Nanoseconds process ``pid`` has spent runnable but not running (its second field
+    of /proc/<pid>/schedstat); None where the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class Recovery:
     def __init__(self, sup: "Supervisor", policy: Policy) -> None:
         self.sup = sup
@@ -113,6 +126,8 @@ class Recovery:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
         self.verdicts: collections.Counter[str] = collections.Counter()
         self._ids = 0
+        self._waited_at_arm: dict[str, tuple[int, int | None]] = {}  # device -> (seq, ns)
+        self._starved_rearms: collections.Counter[int] = collections.Counter()
 
     # -- watchdog ---------------------------------------------------------------------
 
@@ -137,6 +152,7 @@ class Recovery:
                 return  # the previous command's start time: this one's is not written yet
             cmd.watch_deadline = slot.u64[S.STARTED] + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
+            self._waited_at_arm[dev.name] = (cmd.seq, runqueue_wait_ns(dev.pid))
             return
         if now < cmd.watch_deadline:
             return
@@ -150,8 +166,31 @@ class Recovery:
             self.sup.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="no_hang",
                                 rearm=cmd.rearms, heartbeat_age_ms=round(heartbeat_age_ms, 3))
             return
+        if self._starved(dev, cmd, now):
+            return
         self.verdicts["timed_out"] += 1
         self.start_timeout(dev, cmd, heartbeat_age_ms)
+
+    def _starved(self, dev: "DeviceHandle", cmd: "Command", now: int) -> bool:
+        """A device the OS did not run is not hung: if, since the watchdog was armed, the
+        device process spent more than half the watchdog period runnable but waiting for
+        a CPU (a busy machine), the watchdog is re-armed instead -- at most
+        ``MAX_STARVED_REARMS`` times. A hung device sleeps or spins; only a starved one
+        waits on the run queue."""
+        seq, waited0 = self._waited_at_arm.get(dev.name, (None, None))
+        waited = runqueue_wait_ns(dev.pid)
+        if seq != cmd.seq or waited0 is None or waited is None:
+            return False
+        starved = self._starved_rearms.get(cmd.seq, 0)
+        if waited - waited0 <= cmd.timeout_ns // 2 or starved >= MAX_STARVED_REARMS:
+            return False
+        self._starved_rearms[cmd.seq] = starved + 1
+        self._waited_at_arm[dev.name] = (cmd.seq, waited)
+        cmd.watch_deadline = now + cmd.timeout_ns
+        self.verdicts["starved"] += 1
+        self.sup.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="starved",
+                            runqueue_wait_ms=round((waited - waited0) / 1e6, 3))
+        return True
 
     # -- steps 1-3 ----------------------------------------------------------------------
 
