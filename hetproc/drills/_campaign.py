@@ -48,6 +48,7 @@ def campaign_task(drill: str, seed: int, platform_file: str | None = None,
     left = report["left_behind"]
     return {"seed": seed, "ok": report["ok"],
             "failed_checks": [c["name"] for c in report["checks"] if not c["passed"]],
+            "details": {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]},
             "error": report.get("error"), "leaks": len(left["objects"]) + len(left["processes"]),
             "duration_s": report["duration_s"]}
 
