@@ -201,3 +201,27 @@ def test_runqueue_wait_tells_a_starved_process_from_a_sleeping_one():
     queued = [a - b for a, b in zip(after, before)]
     assert max(queued[:2]) > 50_000_000 > queued[2], queued  # > 50 ms of 500 ms vs. ~none
     assert runqueue_wait_ns(2**22 + 12345) is None  # no such process: no figure
+
+
+def test_a_platform_that_goes_away_during_hello_is_a_clean_error():
+    """``hetproc status`` asks every platform on the machine; one that stops right then
+    (its socket closes during the hello) must be a HetprocError, never a crash."""
+    import socket
+    address = f"\0hetproc-test-{os.getpid()}"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(address)
+    server.listen(1)
+
+    def hang_up() -> None:
+        conn, _ = server.accept()
+        conn.recv(1 << 16)
+        conn.close()
+
+    t = threading.Thread(target=hang_up, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(hetproc.HetprocError):
+            _client.Client(address, "status", timeout=5.0)
+    finally:
+        t.join(5)
+        server.close()

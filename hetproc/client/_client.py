@@ -46,6 +46,7 @@ class Client(ClientMemory):
         self._fence_pool: list[int] = []
         self.last_notice: dict | None = None
         self._closed = False
+        self._sup_pidfd = -1  # until hello names the supervisor: a reset during it is clean
         try:
             self._chan = Channel.connect(address, timeout)
         except OSError as exc:
