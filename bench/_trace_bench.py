@@ -14,7 +14,7 @@ import mmap
 import sys
 import time
 
-from ipc._trace import Stage, TraceRing
+from ipc import Stage, TraceRing
 
 _CAPACITY = 1 << 14
 

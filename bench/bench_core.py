@@ -282,14 +282,14 @@ def _fence_child(prefix: str, pings: list[int], pongs: list[int], ready: int,
     peer = _raw._Peer()
     client = hetproc.connect(prefix, name=f"bench-waiter-{os.getpid()}")
     try:
-        ping = [hetproc.Fence(client, h) for h in pings]
-        pong = [hetproc.Fence(client, h) for h in pongs]
+        ping = [hetproc.Fence(client, h) for h in pings]  # waiting needs no grant
+        pong = [client.import_fence(t) for t in pongs]   # signalling does: imported with it
         for f in ping + pong:
             _open_sem(f)
         n = len(ping)
         fwd, woke = [0] * n, [0] * n
         now, pack_into, unpack_from = time.monotonic_ns, _I64.pack_into, _I64.unpack_from
-        hetproc.Fence(client, ready).signal()
+        client.import_fence(ready).signal()
         for i in range(n):
             _wait(ping[i], peer, "ping fence")
             t1 = now()
@@ -317,7 +317,8 @@ def fence_pingpong(plat: hetproc.Platform, n: int) -> dict:
         for f in mine:
             _open_sem(f)
         proc = _raw._start(_fence_child, (plat.prefix, [f.handle for f in ping],
-                                          [f.handle for f in pong], ready.handle, mm, tx))
+                                          [f.export(signal=True) for f in pong],
+                                          ready.export(signal=True), mm, tx))
         tx.close()
         peer = _raw._Peer(proc)
         _wait(ready, peer, "waiter ready", timeout=30.0)
@@ -335,8 +336,8 @@ def fence_pingpong(plat: hetproc.Platform, n: int) -> dict:
         fwd, woke = _recv(rx, peer, "waiter samples")
         _raw._finish(proc, "fence_wake waiter")
         # The fence's own stamp is written inside signal(), just before the post.
-        inner = [w - c.fences.info(f.handle)["t_ns"] for w, f in zip(woke, ping)]
-        inner += [t - c.fences.info(f.handle)["t_ns"] for t, f in zip(t_back, pong)]
+        inner = [w - c.fences.info(f.handle)["t_host"] for w, f in zip(woke, ping)]
+        inner += [t - c.fences.info(f.handle)["t_host"] for t, f in zip(t_back, pong)]
     finally:
         _raw._reap(proc)
         rx.close()
@@ -401,7 +402,7 @@ def submit_latency(ctx: hetproc.Context, states: DeviceStates, n: int,
         f.wait(WAIT_S)
         t3 = now()
         t_start = states.started_ns(ctx.device)
-        t_sig = fences.info(f.handle)["t_ns"]
+        t_sig = fences.info(f.handle)["t_host"]
         f.release()
         total.append(t3 - t0)
         to_start.append(t_start - t0)
@@ -531,8 +532,8 @@ def handoff_once(c: hetproc.Client, a: hetproc.Context, b: hetproc.Context,
     finally:
         gate.signal()
     fb.wait(WAIT_S)
-    t_a = c.fences.info(fa.handle)["t_ns"]
-    t_b = c.fences.info(fb.handle)["t_ns"]
+    t_a = c.fences.info(fa.handle)["t_host"]
+    t_b = c.fences.info(fb.handle)["t_host"]
     b_start = states.started_ns(b.device)
     for f in (gate, fa, fb):
         f.release()
@@ -666,7 +667,7 @@ def kernel_durations(ctx: hetproc.Context, states: DeviceStates, n: int,
     for _ in range(n):
         f = ctx.submit_nowait("work", ms=ms)
         f.wait(WAIT_S)
-        out.append(ctx.client.fences.info(f.handle)["t_ns"] - states.started_ns(ctx.device))
+        out.append(ctx.client.fences.info(f.handle)["t_host"] - states.started_ns(ctx.device))
         f.release()
     return out
 
@@ -679,7 +680,7 @@ def kernel_periods(ctx: hetproc.Context, n: int, ms: float) -> list[int]:
     failed = [f for f in fences if not f.done() or f.error() is not None]
     if failed:
         raise BenchError(f"{len(failed)} back-to-back kernels did not succeed")
-    stamps = [ctx.client.fences.info(f.handle)["t_ns"] for f in fences]
+    stamps = [ctx.client.fences.info(f.handle)["t_host"] for f in fences]
     for f in fences:
         f.release()
     return [b - a for a, b in zip(stamps, stamps[1:])]

@@ -98,7 +98,7 @@ def _kill_and_measure(plat: hetproc.Platform) -> tuple[list[float], float]:
             break
         except hetproc.Cancelled:
             continue
-    t_ready = client.fences.info(nxt.handle)["t_ns"]
+    t_ready = client.fences.info(nxt.handle)["t_host"]
     for t in threads:
         t.join(10)
     return [(t - t_kill) / 1e3 for t in woke], (t_ready - t_kill) / 1e3

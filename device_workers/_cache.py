@@ -72,7 +72,10 @@ class DeviceMemory:
         self.segments = segments
         self.coherent = coherent
         self.capacity = 0 if coherent else max(0, cache_bytes)
-        self.lines: OrderedDict[tuple[str, int], _Line] = OrderedDict()
+        # Keyed by (segment, offset, buffer handle): a block that changed owner comes with
+        # a new handle, so a line filled for its previous owner can never be hit by the
+        # next one, whatever maintenance the next one's context skips.
+        self.lines: OrderedDict[tuple[str, int, int], _Line] = OrderedDict()
         self.used = 0
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "writebacks": 0,
                       "dropped_dirty": 0, "streamed": 0}
@@ -80,6 +83,8 @@ class DeviceMemory:
         self._reset()
 
     def _reset(self) -> None:
+        self.cursor = 0          # the modeled time the last acquire/release ended at
+        self._anchored = False   # True: modeled work runs from a given start, not from now
         self._ins: list[_Operand] = []
         self._outs: list[_Operand] = []
         self._events: dict[str, list[int]] = {}
@@ -90,43 +95,52 @@ class DeviceMemory:
     # -- the command's life ------------------------------------------------------------
 
     def acquire(self, cmd: dict[str, Any], between: Callable[[], None], *,
-                views: bool = True) -> tuple[list, list]:
+                views: bool = True, t0: int = 0, hold: Callable = hold_until) -> tuple[list, list]:
         """Check, map, invalidate; return the (inputs, outputs) views for the kernel
-        (empty lists without ``views``: a command that only holds time reads nothing)."""
+        (empty lists without ``views``: a command that only holds time reads nothing).
+
+        ``t0``: the command's modeled start; the modeled map and invalidate work runs from
+        there (not from whenever the host got here), and ``cursor`` says where it ended.
+        ``hold(deadline, between)`` holds the device until a modeled deadline."""
         if not cmd["ins"] and not cmd["outs"] and "mem" not in cmd:
             self._idle = True  # no buffer, no memory work: the no-op path stays short
+            self.cursor = t0 or time.monotonic_ns()
             return [], []
         self._reset()
+        self._anchored = bool(t0)
         mem = cmd.get("mem") or {}
         # Every operand is checked before anything is touched: a refused access leaves
         # every buffer, and this device's cache, as it was.
         self._ins = [self._operand(d, "r", "input", i, views) for i, d in enumerate(cmd["ins"])]
         self._outs = [self._operand(d, "w", "output", i, views)
                       for i, d in enumerate(cmd["outs"])]
-        t = time.monotonic_ns()
+        t = t0 or time.monotonic_ns()
         t = self._modeled("map", t, int(mem.get("map_ns", 0)), int(mem.get("map_bytes", 0)))
         for seg, off in _forget_keys(mem.get("forget")):
-            self._drop((seg, off))  # a block about to be reused: its stale lines must go
+            self._forget(seg, off)  # a block about to be reused: its stale lines must go
         for idx, ns in _pairs(mem.get("inv"), len(self._ins)):
             op = self._ins[idx]
             self._drop(op.key)
             t = self._modeled("invalidate", t, ns, op.span)
-        hold_until(t, between)
+        hold(t, between)
+        self.cursor = t
         if not views:
-            self._kernel = [time.monotonic_ns()]
+            self._kernel = [t if self._anchored else time.monotonic_ns()]
             return [], []
         ins = [self._array(op, write=False) for op in self._ins]
         outs = [self._array(op, write=True) for op in self._outs]
-        self._kernel = [time.monotonic_ns()]
+        self._kernel = [t if self._anchored else time.monotonic_ns()]  # kernel on the model
         return ins, outs
 
-    def release(self, cmd: dict[str, Any], between: Callable[[], None]) -> None:
-        """After the kernel: clean what was asked, hold the unmap."""
+    def release(self, cmd: dict[str, Any], between: Callable[[], None], *, t0: int = 0,
+                hold: Callable = hold_until) -> None:
+        """After the kernel: clean what was asked, hold the unmap (from modeled ``t0``)."""
         if self._idle:
+            self.cursor = t0 or time.monotonic_ns()
             return
         mem = cmd.get("mem") or {}
         self._released = True
-        t = time.monotonic_ns()
+        t = t0 or time.monotonic_ns()
         if len(self._kernel) == 1:
             self._kernel.append(t)
         for idx, ns in _pairs(mem.get("clean"), len(self._outs)):
@@ -134,7 +148,17 @@ class DeviceMemory:
             self._write_back(op.key)
             t = self._modeled("clean", t, ns, op.span)
         t = self._modeled("unmap", t, int(mem.get("unmap_ns", 0)), int(mem.get("map_bytes", 0)))
-        hold_until(t, between)
+        hold(t, between)
+        self.cursor = t
+
+    def save(self) -> tuple:
+        """The current command's memory state, for a preemption (``restore`` puts it back)."""
+        return (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,
+                self._released, self._idle)
+
+    def restore(self, state: tuple) -> None:
+        (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,
+         self._released, self._idle) = state
 
     def shared_outputs(self) -> list[np.ndarray]:
         """The current outputs as they are in shared memory, past any cache."""
@@ -194,7 +218,7 @@ class DeviceMemory:
             raise errors.IommuFault(f"{role} {index}: buffer descriptor {desc[:5]!r} is not "
                                     f"mappable: {exc}") from None
         layout = (shared.shape, shared.dtype, shared.strides) if view else None
-        return _Operand((seg, offset), shared, span, perm, handle, seg, offset, layout)
+        return _Operand((seg, offset, handle), shared, span, perm, handle, seg, offset, layout)
 
     def _inode(self, segment: str) -> int:
         """The shm object's inode: the same number in every process that maps it."""
@@ -245,7 +269,12 @@ class DeviceMemory:
             view.flags.writeable = False
         return view
 
-    def _write_back(self, key: tuple[str, int]) -> int:
+    def _forget(self, segment: str, offset: int) -> None:
+        """Drop every line of the block at (segment, offset), whichever owner filled it."""
+        for key in [k for k in self.lines if k[0] == segment and k[1] == offset]:
+            self._drop(key)
+
+    def _write_back(self, key: tuple[str, int, int]) -> int:
         line = self.lines.get(key)
         if line is None or not line.dirty or line.shared is None:
             return 0
@@ -254,7 +283,7 @@ class DeviceMemory:
         self.stats["writebacks"] += 1
         return line.private.nbytes
 
-    def _drop(self, key: tuple[str, int]) -> None:
+    def _drop(self, key: tuple[str, int, int]) -> None:
         """Invalidate: forget the lines; dirty data in them is lost, as on hardware."""
         line = self.lines.pop(key, None)
         if line is not None:
@@ -262,17 +291,18 @@ class DeviceMemory:
             if line.dirty:
                 self.stats["dropped_dirty"] += 1
 
-    def _evict(self, key: tuple[str, int]) -> None:
+    def _evict(self, key: tuple[str, int, int]) -> None:
         self._write_back(key)
         line = self.lines.pop(key)
         self.used -= line.data.nbytes
         self.stats["evictions"] += 1
 
     def _modeled(self, kind: str, t: int, ns: int, nbytes: int) -> int:
-        """Account ``ns`` of modeled work starting at ``t`` (or now, if later)."""
+        """Account ``ns`` of modeled work starting at ``t`` (or now, if later, unless the
+        command runs on an anchored modeled timeline)."""
         if ns <= 0 and kind in ("map", "unmap"):
             return t
-        t0 = max(t, time.monotonic_ns())
+        t0 = t if self._anchored else max(t, time.monotonic_ns())
         t1 = t0 + max(0, ns)
         ev = self._events.get(kind)
         if ev is None:

@@ -17,6 +17,8 @@ wrong_output       flips bits in its outputs after the kernel
 lost_fence         completes but never signals its fences
 heartbeat_stall    stops its heartbeat while still making progress (a healthy slow job)
 oom                fails the command: device memory exhausted
+kernel_bug         the kernel raises an unexpected Python exception (a bug in vendor code):
+                   the request fails with its traceback, the device serves on
 =================  =====================================================================
 """
 
@@ -30,6 +32,10 @@ import numpy as np
 
 from ipc import errors
 
+# The table above, as the command decoder checks a packet's fault against it.
+KINDS = frozenset(("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
+                   "heartbeat_stall", "oom", "kernel_bug"))
+STEPS = frozenset(("before_kernel", "in_kernel", "before_signal"))  # where "crash" exits
 CRASH_EXIT_STATUS = 70
 LATE_WRITE_BYTE = 0xAB
 _FOREVER_S = 120.0  # "forever" is bounded too: the supervisor acts long before this
@@ -54,6 +60,14 @@ def before_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]
     elif kind == "heartbeat_stall":
         worker.heartbeat_frozen = True
         worker.progress_while_frozen = True
+    elif kind == "kernel_bug":
+        _vendor_kernel_with_a_bug(outs)
+
+
+def _vendor_kernel_with_a_bug(outs: Sequence[np.ndarray]) -> None:
+    """An exception no hetproc code expects, raised a few frames deep like a real one."""
+    scale = {"outputs": len(outs)}
+    _ = scale["tiles"]  # KeyError: the "vendor" forgot a key
 
 
 def after_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
@@ -83,6 +97,7 @@ def _hang_honouring_cancel(worker: Any) -> None:
     while time.monotonic() < deadline:
         worker.beat()
         worker.check_cancel()  # raises Cancelled when asked: the supervisor sees the stop
+        worker.maybe_preempt()  # hung, yet a more urgent command still gets the device
         time.sleep(0.001)
 
 

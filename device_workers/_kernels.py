@@ -45,6 +45,7 @@ _INTS = frozenset(np.dtype(f"{s}int{b}") for s in ("", "u") for b in (8, 16, 32,
 _MATMUL = frozenset(np.dtype(t) for t in ("float32", "float64", "int32"))
 _F32 = frozenset([np.dtype("float32")])
 _QUANT = frozenset(np.dtype(t) for t in ("int8", "uint8"))
+_BYTES = frozenset([np.dtype("uint8")])
 
 
 # -- checking helpers: each raises with a message naming the operand and what was expected --
@@ -426,6 +427,22 @@ def read_checksum(out: np.ndarray) -> int:
     return int(np.ascontiguousarray(out).reshape(-1).view("<u8")[0]) if out.nbytes >= 8 else 0
 
 
+def _check_graph(ins, outs, p):
+    # Every operand of a graph asset is raw bytes: the plan inside the asset (input 0)
+    # names dtype, shape and offset of each tensor, and the device checks them at run time.
+    for i, spec in enumerate(ins):
+        _rank(spec, f"input {i}", 1, "bytes")
+        _dtype(spec, f"input {i}", _BYTES)
+    for i, spec in enumerate(outs):
+        _rank(spec, f"output {i}", 1, "bytes")
+        _dtype(spec, f"output {i}", _BYTES)
+
+
+def _run_graph(ins, outs, p, between):
+    from ._graph_asset import run_plan  # numpy op library: loaded when a graph first runs
+    run_plan(ins, outs, between)
+
+
 def _nothing(*_: Any) -> None:
     """``work`` models held time only; the caller holds it."""
 
@@ -456,6 +473,7 @@ _TABLE: dict[str, _Op] = {
     "transpose": _Op((1, 1), 1, frozenset({"axes"}), _check_transpose, _run_transpose,
                      alias_safe=False),
     "checksum": _Op((1, 1), 1, frozenset(), _check_checksum, _run_checksum, alias_safe=False),
+    "graph": _Op((1, 64), -1, frozenset(), _check_graph, _run_graph, alias_safe=False),
     "work": _Op((0, 1 << 30), -1, None, _nothing, _nothing),
 }
 

@@ -21,7 +21,9 @@ STATE_DTYPE = np.dtype([
     ("done", "<u8"), ("busy_ns", "<u8"), ("current_pidx", "<u8"),
     # written by the supervisor
     ("cancel_pidx", "<u8"), ("park", "<u4"), ("want_news", "<u4"),
-    ("_reserved", "<u8", (3,)),
+    ("preempt_pidx", "<u8"),  # run the marked commands up to this one at the next chunk
+    # written by the device
+    ("preemptions", "<u8"), ("switch_ns", "<u8"),
 ])
 assert STATE_DTYPE.itemsize == SLOT_BYTES, STATE_DTYPE.itemsize
 
@@ -53,10 +55,11 @@ class StateSlot:
     WANT_NEWS = STATE_DTYPE.fields["want_news"][1] // 4
     # u64 indexes
     (HEARTBEAT, PROGRESS, CURRENT_SEQ, CURRENT_CID, STARTED, ACK_PIDX, DONE, BUSY,
-     CURRENT_PIDX, CANCEL_PIDX) = (
+     CURRENT_PIDX, CANCEL_PIDX, PREEMPT_PIDX, PREEMPTIONS, SWITCH_NS) = (
         STATE_DTYPE.fields[name][1] // 8 for name in (
             "heartbeat_ns", "progress", "current_seq", "current_cid", "started_ns", "ack_pidx",
-            "done", "busy_ns", "current_pidx", "cancel_pidx"))
+            "done", "busy_ns", "current_pidx", "cancel_pidx", "preempt_pidx", "preemptions",
+            "switch_ns"))
 
     def __init__(self, buf, index: int) -> None:
         raw = memoryview(buf).cast("B")[index * SLOT_BYTES:(index + 1) * SLOT_BYTES]

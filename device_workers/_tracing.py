@@ -14,6 +14,10 @@ command, on its own track::
     SIGNAL        instant        the fence signal: the emulated interrupt; a0 = error code.
                                  Written only for a delayed (hand-off) signal or a command
                                  that never ran; otherwise the EXEC record carries it.
+    HOST_EXEC     instant        beside an EXEC drawn at its modeled times: the host's own
+                                 start (a0), lag past the modeled end (a1), modeled end (a2)
+    PREEMPT       instant        the running command (cid) suspended for pidx a0; a1 = the
+                                 modeled switch cost
 
 A no-op command costs the device one record: every record is ~1 us of Python in a busy
 process, and the trace must stay cheap enough to leave on.
@@ -36,9 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc import TraceBank
-from ipc._trace import Stage
-from ipc._tracebank import COUNTERS
+from ipc import COUNTERS, Stage, TraceBank
 
 SLOT_SUPERVISOR = 0
 TRACK_SUPERVISOR = 0
@@ -50,6 +52,8 @@ POWER_DOWN_NS = 2_000_000
 _ACQ, _EXEC, _MAP, _SIGNAL = int(Stage.ACQUIRE_WAIT), int(Stage.EXEC), int(Stage.MAP), int(Stage.SIGNAL)
 _C_MAPS, _C_IMPORTS, _C_DDR = COUNTERS["maps"], COUNTERS["imports"], COUNTERS["ddr_bytes"]
 _C_POWER, _C_WAITS, _C_WAIT_NS = COUNTERS["power_switches"], COUNTERS["fence_waits"], COUNTERS["fence_wait_ns"]
+_C_LAGS, _C_LAG_NS = COUNTERS["model_lags"], COUNTERS["model_lag_ns"]
+_HOST, _PREEMPT = int(Stage.HOST_EXEC), int(Stage.PREEMPT)
 
 
 def device_slot(index: int) -> int:
@@ -159,17 +163,18 @@ class DeviceTrace:
         self._t_exec = t_ns
 
     def map_buffers(self, memory: Any, cmd: dict[str, Any], between: Any,
-                    views: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                    views: bool, **modeled: Any) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``memory.acquire`` (IOMMU check, maps, cache maintenance, numpy views), traced as
-        a MAP slice: END a0 = bytes viewed, a1 = buffers mapped, a2 = segments imported."""
+        a MAP slice: END a0 = bytes viewed, a1 = buffers mapped, a2 = segments imported.
+        ``modeled``: the modeled start and hold function, passed on to ``acquire``."""
         n = len(cmd["ins"]) + len(cmd["outs"])
         if not n:
-            return memory.acquire(cmd, between, views=views)
+            return memory.acquire(cmd, between, views=views, **modeled)
         cid, ring, c = cmd["cid"], self.ring, self.c
         self._open_map = True
         before = len(self.cache)
         ring.begin(_MAP, cid, self.track)
-        ins, outs = memory.acquire(cmd, between, views=views)
+        ins, outs = memory.acquire(cmd, between, views=views, **modeled)
         imported = len(self.cache) - before
         nbytes = sum(a.nbytes for a in ins) + sum(a.nbytes for a in outs)
         c[_C_MAPS] += n
@@ -181,7 +186,8 @@ class DeviceTrace:
         ring.counter(Stage.DDR_BYTES, c[_C_DDR], self.track)
         return ins, outs
 
-    def done(self, cmd: dict[str, Any], code: int, signal_now: bool) -> None:
+    def done(self, cmd: dict[str, Any], code: int, signal_now: bool,
+             modeled: tuple[int, int, int] | None = None) -> None:
         """The command finished (or failed at any point): close what it left open.
 
         The EXEC slice is one END record: a0 = error code (| ``SIGNALLED_AT_END`` when its
@@ -189,6 +195,12 @@ class DeviceTrace:
         for the SIGNAL too), a1 = when the command was taken off the ring (the end of its
         QUEUED time), a2 = when it started. The export turns it back into BEGIN, END and
         SIGNAL. A command that never started gets its own SIGNAL instant.
+
+        ``modeled`` = (modeled start, modeled end, lag ns) of a command that ran: the EXEC
+        slice is then drawn at its modeled times (invariant 8), and a HOST_EXEC instant at
+        the host's own end carries the host's start (a0), the lag (a1: how far past the
+        modeled end the host finished, 0 when absorbed) and the modeled end (a2). A lag
+        also bumps the ``model_lags`` counter and its trace counter.
         """
         cid, ring = cmd["cid"], self.ring
         if self._open_map:
@@ -196,12 +208,42 @@ class DeviceTrace:
             ring.end(_MAP, cid, self.track, 0, 0, 0)
         if self._open_exec:
             self._open_exec = False
-            ring.end(_EXEC, cid, self.track, code | (SIGNALLED_AT_END if signal_now else 0),
-                     self.t_take, self._t_exec)
+            flags = code | (SIGNALLED_AT_END if signal_now else 0)
+            if modeled is None:
+                ring.end(_EXEC, cid, self.track, flags, self.t_take, self._t_exec)
+            else:
+                m0, m1, lag = modeled
+                ring.instant(_HOST, cid, self.track, self._t_exec, lag, m1)
+                ring.end(_EXEC, cid, self.track, flags, self.t_take, m0, t_ns=m1)
+                if lag:
+                    self.c[_C_LAGS] += 1
+                    self.c[_C_LAG_NS] += lag
+                    ring.counter(Stage.MODEL_LAGS, self.c[_C_LAGS], self.track)
         elif signal_now:
             ring.instant(_SIGNAL, cid, self.track, code)
         if self._open_wait:
             self.wait_end(cid, cmd.get("wait") or [])
+
+    def power(self, speed: float, thermal: Any, temperature_only: bool = False) -> None:
+        """Counters: the speed a command runs at (per mille of the top frequency) and,
+        with a thermal model, the temperature (milli-degrees)."""
+        if not temperature_only:
+            self.ring.counter(Stage.FREQUENCY, int(round(speed * 1000)), self.track)
+        if thermal is not None:
+            self.ring.counter(Stage.TEMPERATURE, int(thermal.temp * 1000), self.track)
+
+    def preempted(self, victim_cid: int, target_pidx: int, switch_ns: int) -> None:
+        """The running command is suspended at a chunk boundary for a more urgent one."""
+        self.ring.instant(_PREEMPT, victim_cid, self.track, target_pidx, switch_ns, 0)
+
+    def save(self) -> tuple:
+        """What is open for the current command, kept across a preemption."""
+        return (self.t_take, self._open_wait, self._open_exec, self._open_map, self._t_wait,
+                self._t_exec)
+
+    def restore(self, state: tuple) -> None:
+        (self.t_take, self._open_wait, self._open_exec, self._open_map, self._t_wait,
+         self._t_exec) = state
 
     def signalled(self, cid: int, code: int) -> None:
         """A delayed (hand-off) signal is being posted now."""

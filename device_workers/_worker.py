@@ -8,19 +8,44 @@
     client ◀──fence semaphore── signal output fences (at once, or after the hand-off delay)
     supervisor ◀──ring+eventfd── completion record (seq, epoch, error code, timestamps)
 
-The device trusts nothing it reads: a malformed command is answered with a ``BadPacket``
-completion and the loop goes on. It publishes heartbeat, progress and state in the shared
-state table, sees a cancel between chunks, and exits on its own when its supervisor dies
-(``PR_SET_PDEATHSIG``, plus a parent check on every idle wake-up).
+Modeled time (invariant 8): a command's modeled start is the latest of its arrival (the
+client's submit plus the modeled dispatch latency, ``arrive_ns``), its inputs' modeled
+signal times (stamped in the fence slots by their producers) and this device's previous
+modeled end. Its map, kernel and unmap time run from there, so the host latency of the
+wake, the decode and the hand-off is absorbed: the work may start late as long as the
+modeled end is still ahead. The device holds until the modeled end and stamps it in the
+fences it signals. When the host finishes past it, the lag is counted and traced.
+
+Preemption (seed §7, §11): the supervisor pushes a more urgent command out of order,
+marked ``pre``, and names it in the state table's ``preempt_pidx``. At its next chunk
+boundary the running command is suspended (a modeled switch cost to save, another to
+restore), every marked command in the ring runs, the others wait in a local backlog in
+ring order, and the suspended command resumes, its modeled end pushed back by the time
+it was off the device.
+
+The device trusts nothing it reads (``_commands``): a command that fails its checks but
+names itself (its ``seq``, next in ring order) is refused with an unsignalled
+``BadPacket`` completion, so the supervisor fails just that command; a record that names
+nothing, or an old one read again, is reported and skipped; the loop goes on. When real
+commands were lost -- ring indices out of range, or a gap in the ring positions the
+supervisor numbers 1, 2, 3... -- the device posts a ``BadPacket`` record saying why and
+exits with ``RING_CORRUPT_EXIT_STATUS``: the supervisor's crash recovery fails what was
+in flight and starts it again on a fresh ring.
+
+It publishes heartbeat, progress and state in the shared state table, sees a cancel
+between chunks, and exits on its own when its supervisor dies (``PR_SET_PDEATHSIG``, plus
+a parent check on every idle wake-up).
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import heapq
 import os
 import signal
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,28 +53,28 @@ import msgpack
 import numpy as np
 import posix_ipc
 
-from ipc import FenceTable, Ring, SegmentCache, decode, errors
+from ipc import FenceTable, Ring, SegmentCache, errors
 
 from . import _faults
 from ._cache import DeviceMemory
+from ._commands import best_effort_ids, decode_command
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
+from ._power import Thermal
 from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
 
 S = StateSlot
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
-OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB  # how often an idle device re-checks its parent and beats its heart
+_TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
+OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB
+# A host that ends this far past the modeled end has lagged: about one cross-core wake-up,
+# below which the spin at the end of a hold cannot tell lateness from its own jitter.
+LAG_TOLERANCE_NS = 50_000
 _PR_SET_PDEATHSIG = 1
 
-_BUF = (list,)
-COMMAND_SCHEMAS = {
-    "exec": {"seq": int, "pidx": int, "cid": int, "kernel": str, "checked?": bool, "params": dict, "ins": list, "outs": list,
-             "wait": list, "signal": list, "hold_ns": int, "delay_ns": int,
-             "dep_timeout_ns": int, "fault?": dict, "mem?": dict},
-    "stop": {},
-}
+RING_CORRUPT_EXIT_STATUS = 71  # the device quit so that the supervisor resets it
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,11 @@ class DeviceBoot:
     trace_segment: str = ""
     coherent: bool = True
     cache_bytes: int = 0
+    chunk_ns: int = 2_000_000   # hold slices: cancel and preemption are seen between them
+    switch_ns: int = 0          # modeled cost of one context switch (save or restore)
+    preemptive: bool = False
+    thermal: dict | None = None  # device_workers._power.Thermal's parameters, when modeled
+    first_pidx: int = 0  # the ring position of the first command pushed to us (0: unknown)
 
 
 class DeviceWorker:
@@ -100,6 +130,19 @@ class DeviceWorker:
         self.heartbeat_frozen = False
         self.progress_while_frozen = False
         self.running = True
+        # The previous command's modeled end: a device (re)started now ran nothing before,
+        # so the time it was hung, dead or restarting is device time the model charges.
+        self.model_end = time.monotonic_ns()
+        self.shift = 0          # modeled time the current command spent preempted
+        self.preemptible = False
+        self.preempt_seen = 0   # the last marked command run by a preemption (its pidx)
+        self.nested = False     # running marked commands under a suspended one
+        self.m_origin = 0       # the running command's modeled start
+        self.backlog: collections.deque = collections.deque()  # set aside by a preemption
+        self.thermal = Thermal(**boot.thermal) if boot.thermal else None
+        self.speed = 1.0        # what the last command ran at
+        self.last_pidx = boot.first_pidx - 1 if boot.first_pidx else 0  # last one taken
+        self.exit_status = 0
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -126,28 +169,81 @@ class DeviceWorker:
 
     def drain(self) -> None:
         while self.running and self.u32[S.PARK] == 0:
+            if self.u64[S.PREEMPT_PIDX] > self.preempt_seen:
+                self.run_marked()  # urgent ones first, even with nothing to preempt
+                continue
+            if self.backlog:
+                self.execute(self.backlog.popleft())
+                continue
             try:
                 data = self.commands.get()
             except errors.BadPacket as exc:
-                self.complete(0, 0, exc.code, str(exc))
-                continue
+                self.ring_corrupt(0, str(exc))
+                return
             if data is None:
                 self.flush()
                 self.tr.idle()
                 return
-            self.handle(data)
+            try:
+                self.handle(data)
+            except Exception as exc:  # last resort: a bug must not end the device loop
+                self.complete(0, 0, errors.InternalError.code,
+                              f"device loop error: {type(exc).__name__}: {exc}"[:1000])
 
     def handle(self, data: bytes) -> None:
+        cmd = self.decode(data)
+        if cmd is not None:
+            self.execute(cmd)
+
+    def decode(self, data: bytes) -> dict[str, Any] | None:
+        """The command in ``data``, checked whole and in ring order; None for a stop
+        (noted), a refused or replayed record (answered) or a lost one (the ring is
+        corrupt: we quit so that the supervisor resets us)."""
         try:
-            cmd = decode(data, COMMAND_SCHEMAS)
+            cmd = decode_command(data)
         except errors.BadPacket as exc:
-            seq = _best_effort_seq(data)
-            self.complete(seq, 0, exc.code, str(exc))
-            return
+            self.refuse(data, exc)
+            return None
         if cmd["op"] == "stop":
             self.running = False
+            return None
+        pidx = cmd["pidx"]
+        if pidx <= self.last_pidx:  # an old slot read again: its command already ran
+            self.complete(0, 0, errors.BadPacket.code, f"{self.boot.name}: replayed command "
+                          f"record (ring position {pidx}, {self.last_pidx} taken) ignored")
+            return None
+        if pidx != self.last_pidx + 1 and (self.last_pidx or self.boot.first_pidx):
+            self.ring_corrupt(cmd["seq"], f"ring position {pidx} follows {self.last_pidx}: "
+                              f"{pidx - self.last_pidx - 1} command(s) lost")
+            return None
+        # Checked in ring order as read, whatever order a preemption then runs them in.
+        self.last_pidx = pidx
+        return cmd
+
+    def refuse(self, data: bytes, exc: errors.BadPacket) -> None:
+        """A record failed its checks. If it names its seq and is next in ring order, only
+        that command is refused: the supervisor fails its fences (we do not trust its
+        handles enough to signal them). A record that names nothing is reported and
+        skipped; had it overwritten a real command, the gap in ring positions shows at
+        the next command and the device resets then."""
+        seq, pidx = best_effort_ids(data)
+        if seq and pidx == self.last_pidx + 1:
+            self.last_pidx = pidx
+            self.post({"seq": seq, "epoch": self.boot.epoch, "code": exc.code,
+                       "msg": f"command refused by {self.boot.name}: {exc}"[:1000],
+                       "t_start": 0, "t_end": time.monotonic_ns(), "unsignalled": True})
             return
-        self.execute(cmd)
+        self.complete(0, 0, exc.code, f"{self.boot.name}: unreadable command record "
+                      f"ignored: {exc}"[:1000])
+
+    def ring_corrupt(self, seq: int, why: str) -> None:
+        """Say why, then quit: the supervisor reaps us (a confirmed stop), fails what was
+        in flight with a clear error and restarts us on a fresh ring."""
+        self.complete(seq, 0, errors.BadPacket.code,
+                      f"{self.boot.name}: command ring corrupt, device resets: {why}"[:1000])
+        self.flush(wake=True)
+        self.running = False
+        self.exit_status = RING_CORRUPT_EXIT_STATUS
 
     # -- one command ------------------------------------------------------------------
 
@@ -163,6 +259,8 @@ class DeviceWorker:
         tr = self.tr
         tr.take(t_start)
         fault = cmd.get("fault") or _NO_FAULT
+        modeled = None
+        self.shift = 0
         try:
             if pidx <= u64[S.CANCEL_PIDX]:
                 raise errors.Cancelled("cancelled before it started")
@@ -173,36 +271,143 @@ class DeviceWorker:
                 tr.wait_begin(cid, len(cmd["wait"]))
                 self.wait_inputs(cmd)
                 tr.wait_end(cid, cmd["wait"])
+            m_start = self.modeled_start(cmd)
+            if m_start > time.monotonic_ns():  # a dispatch latency still to come: idle
+                hold_until(m_start, self.between_chunks, self.boot.chunk_ns)
             t_start = time.monotonic_ns()
             u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
             u32[S.STATE] = DeviceState.BUSY
             tr.exec_begin(cid, t_start)
+            self.m_origin = m_start  # its chunk boundaries are counted from here
+            self.preemptible = self.boot.preemptive and not self.nested
             # "work" only holds time: its operands are checked and maintained, not viewed.
             views = cmd["kernel"] != "work" or bool(fault)
-            ins, outs = tr.map_buffers(self.memory, cmd, self.between_chunks, views)  # traced
-            t_kernel = time.monotonic_ns()  # after the modeled map/invalidate work
+            mem = self.memory
+            ins, outs = tr.map_buffers(mem, cmd, self.between_chunks, views,
+                                       t0=m_start, hold=self.hold_model)  # traced
             # Injected faults act on memory itself: a late DMA write bypasses any cache.
-            _faults.before_kernel(self, fault, self.memory.shared_outputs())
+            _faults.before_kernel(self, fault, mem.shared_outputs())
+            speed = self.run_speed(cmd, mem.cursor)
+            busy = int(cmd["hold_ns"] / speed) if speed != 1.0 else cmd["hold_ns"]
+            m_kernel_end = mem.cursor + busy
             if cmd["kernel"] != "work":
                 run_kernel(cmd["kernel"], ins, outs, cmd["params"], self.between_chunks)
                 if cmd.get("checked"):
                     self.verify(cmd, ins, outs, fault)
-            hold_until(t_kernel + cmd["hold_ns"], self.between_chunks)
+            self.hold_model(m_kernel_end, self.between_chunks)
+            if self.thermal is not None:
+                self.thermal.ran(m_kernel_end + self.shift, busy, speed)
             _faults.after_kernel(self, fault, outs)
-            self.memory.release(cmd, self.between_chunks)
+            # Deadlines are on the command's own timeline; hold_model adds its time off
+            # the device (preempted) to each.
+            mem.release(cmd, self.between_chunks, t0=m_kernel_end, hold=self.hold_model)
+            self.preemptible = False
+            m_end = mem.cursor + self.shift
+            modeled = (m_start, m_end, self.lag_of(m_end))
         except errors.Cancelled as exc:
             u64[S.ACK_PIDX] = max(u64[S.ACK_PIDX], pidx)  # the confirmed stop
             self.finish(cmd, t_start, exc, signal=False)
         except errors.HetprocError as exc:
             self.finish(cmd, t_start, exc)
         except Exception as exc:  # a kernel bug must fail the request, never the device
-            self.finish(cmd, t_start, errors.DeviceFault(f"{type(exc).__name__}: {exc}"))
+            self.finish(cmd, t_start, errors.DeviceFault(
+                f"{type(exc).__name__}: {exc}",
+                detail={"remote_traceback": traceback.format_exc()[-_TRACEBACK_CHARS:]}))
         else:
-            self.finish(cmd, t_start, None, signal=fault.get("kind") != "lost_fence")
+            self.finish(cmd, t_start, None, signal=fault.get("kind") != "lost_fence",
+                        modeled=modeled)
         finally:
+            self.preemptible = False
             self.pidx = 0
             u64[S.CURRENT_SEQ] = 0
             u32[S.STATE] = DeviceState.IDLE
+
+    def modeled_start(self, cmd: dict[str, Any]) -> int:
+        """max(arrival + dispatch, inputs' modeled signal times, previous modeled end)."""
+        start = max(cmd.get("arrive_ns", 0), self.model_end)
+        for h in cmd["wait"]:
+            t = self.fences.producer(h)[2]
+            if t > start:
+                start = t
+        return start or time.monotonic_ns()
+
+    def run_speed(self, cmd: dict[str, Any], t: int) -> float:
+        """The voted speed (``spd``), capped by the thermal model; traced when it changes."""
+        vote = cmd.get("spd", 1.0)
+        vote = vote if 0.05 <= vote <= 1.0 else 1.0  # never trust a number blindly
+        speed = self.thermal.speed(t, vote) if self.thermal is not None else vote
+        if speed != self.speed:
+            self.speed = speed
+            self.tr.power(speed, self.thermal)
+        elif self.thermal is not None:
+            self.tr.power(speed, self.thermal, temperature_only=True)
+        return speed
+
+    def hold_model(self, deadline: int, between: Any) -> None:
+        """Hold until a modeled deadline of the current command, plus the time it spent
+        preempted (which may grow while it holds)."""
+        while True:
+            shift = self.shift
+            hold_until(deadline + shift, between, self.boot.chunk_ns)
+            if self.shift == shift:
+                return
+
+    def lag_of(self, m_end: int) -> int:
+        """How far past the modeled end the host is (0 when within the tolerance)."""
+        late = time.monotonic_ns() - m_end
+        return late if late > LAG_TOLERANCE_NS else 0
+
+    # -- preemption -------------------------------------------------------------------
+
+    def preempt(self) -> None:
+        """Suspend the running command at this chunk boundary; run every marked command
+        in the ring; set the others aside in ring order; resume. The switches cost
+        ``switch_ns`` each in modeled time, and the suspended command's modeled end moves
+        back by its whole time off the device."""
+        target = int(self.u64[S.PREEMPT_PIDX])
+        self.preempt_seen = max(self.preempt_seen, target)
+        marked = self.take_marked()
+        if not marked:
+            return
+        switch = self.boot.switch_ns
+        now = time.monotonic_ns()
+        # Never before the device's last modeled end (an earlier preemption's work).
+        at = max(self.preemption_point(marked[0].get("arrive_ns", 0), now), self.model_end)
+        u32, u64 = self.u32, self.u64
+        speed, progress = self.speed, int(self.u64[S.PROGRESS])
+        saved = (self.pidx, self.shift, self.model_end, self.memory.save(), self.tr.save(),
+                 int(u64[S.CURRENT_SEQ]), int(u64[S.CURRENT_CID]), int(u64[S.CURRENT_PIDX]),
+                 int(u64[S.STARTED]), self.m_origin)
+        self.tr.preempted(saved[6], target, switch)
+        u64[S.PREEMPTIONS] += 1
+        u64[S.SWITCH_NS] += 2 * switch
+        self.preemptible = False
+        self.nested = True
+        self.model_end = at + switch  # saved: the urgent work starts after the save
+        try:
+            while marked and self.running:
+                cmd = marked.pop(0)
+                self.execute(cmd)
+                self.preempt_seen = max(self.preempt_seen, cmd["pidx"])
+                if not marked:
+                    marked = self.take_marked()  # marked while the first ones ran
+        finally:
+            self.nested = False
+        resumed = self.model_end + switch  # restored
+        (self.pidx, shift, _, mem, trs, seq, cid, pidx, started, self.m_origin) = saved
+        self.shift = shift + (resumed - at)
+        self.speed = speed
+        # The urgent work's progress was its own: the watchdog must not take it for the
+        # suspended command's (a hung command stays hung however much ran under it).
+        u64[S.PROGRESS] = progress
+        self.memory.restore(mem)
+        self.tr.restore(trs)
+        u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = seq, cid, pidx
+        u64[S.STARTED] = started
+        u32[S.STATE] = DeviceState.BUSY
+        self.preemptible = True
+        self.flush()
+        self.check_cancel()  # a cancel that came meanwhile stops us before any more work
 
     def verify(self, cmd: dict[str, Any], ins: list, outs: list, fault: dict) -> None:
         """Checked execution: run the kernel a second time into scratch memory and compare
@@ -244,8 +449,41 @@ class DeviceWorker:
         except (ValueError, TypeError, posix_ipc.ExistentialError) as exc:
             raise errors.IommuFault(f"buffer descriptor {desc!r} is not mappable: {exc}") from None
 
+    def run_marked(self) -> None:
+        """Between commands: run the marked ones in the ring before anything else."""
+        self.preempt_seen = max(self.preempt_seen, int(self.u64[S.PREEMPT_PIDX]))
+        for cmd in self.take_marked():
+            self.execute(cmd)
+            self.preempt_seen = max(self.preempt_seen, cmd["pidx"])
+
+    def take_marked(self) -> list[dict[str, Any]]:
+        """Empty the ring: the commands marked to preempt, in ring order; the others go
+        to the backlog, which runs, in order, once the suspended command is done."""
+        marked = []
+        while self.running:
+            try:
+                data = self.commands.get()
+            except errors.BadPacket as exc:
+                self.ring_corrupt(0, str(exc))
+                break
+            if data is None:
+                break
+            cmd = self.decode(data)
+            if cmd is not None:
+                (marked if cmd.get("pre") else self.backlog).append(cmd)
+        return marked
+
+    def preemption_point(self, arrival: int, now: int) -> int:
+        """The modeled chunk boundary of the running command at or after ``arrival``:
+        where the model switches, whatever the host's wake-up added (never past now)."""
+        origin, chunk = self.m_origin + self.shift, self.boot.chunk_ns
+        if arrival <= origin:
+            return min(origin, now)
+        return min(origin + -(-(arrival - origin) // chunk) * chunk, now)
+
     def between_chunks(self) -> None:
-        """Called between kernel chunks and hold slices: progress, heartbeat, cancel."""
+        """Called between kernel chunks and hold slices: progress, heartbeat, cancel,
+        and a preemption the supervisor asked for."""
         if not self.heartbeat_frozen:
             u64 = self.u64
             u64[S.PROGRESS] += 1
@@ -253,6 +491,14 @@ class DeviceWorker:
         elif self.progress_while_frozen:
             self.u64[S.PROGRESS] += 1
         self.check_cancel()
+        self.maybe_preempt()
+
+    def maybe_preempt(self) -> None:
+        """Switch to a marked command if the supervisor asked and we may: even a stuck
+        command can be preempted (the urgent work's own progress is counted as the
+        device's, so the watchdog may re-arm for it, up to its limit)."""
+        if self.preemptible and self.u64[S.PREEMPT_PIDX] > self.preempt_seen:
+            self.preempt()
 
     def check_cancel(self) -> None:
         """Hand-off signals that are due, then the cancel request (no progress counted)."""
@@ -262,45 +508,61 @@ class DeviceWorker:
             raise errors.Cancelled("cancelled while running")
 
     def finish(self, cmd: dict[str, Any], t_start: int, exc: errors.HetprocError | None,
-               signal: bool = True) -> None:
+               signal: bool = True, modeled: tuple[int, int, int] | None = None) -> None:
+        """Close the command: trace, counters, completion record, fences. ``modeled`` =
+        (modeled start, modeled end, lag) of a command that ran to its end; its fences are
+        stamped with the modeled end (plus the hand-off delay)."""
         code, msg = (exc.code, str(exc)) if exc else (0, "")
         t_end = time.monotonic_ns()
         # No longer running it, before anyone can learn it finished: whoever the signal
         # wakes must not read the state table and see this command still on the device.
         self.u64[S.CURRENT_SEQ] = 0
         self.u32[S.STATE] = DeviceState.IDLE
+        delayed = code == 0 and cmd["delay_ns"] > 0
         # Closes what the command opened; when the fences are signalled right below, the
         # EXEC end also marks that signal (it precedes the post: a waiter wakes after it).
-        self.tr.done(cmd, code, signal and not (code == 0 and cmd["delay_ns"] > 0))
+        self.tr.done(cmd, code, signal and not delayed, modeled)
         u64 = self.u64
         u64[S.BUSY] += t_end - t_start
         u64[S.DONE] += 1
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
                   "t_start": t_start, "t_end": t_end, "mem": self.memory.report(),
                   "t_take": self.tr.t_take, "cid": cmd["cid"]}
+        if modeled is not None:
+            record["m0"], record["m1"], record["lag"] = modeled
+            record["spd"] = self.speed
+            if self.thermal is not None:
+                record["temp"], record["thr"] = round(self.thermal.temp, 3), self.thermal.throttled
+            self.model_end = modeled[1]
+        elif t_start and code:
+            self.model_end = max(self.model_end, t_end)  # a failure: the host's time is all we have
+        if exc is not None and exc.detail.get("remote_traceback"):
+            record["tb"] = exc.detail["remote_traceback"]
         if not signal:
             record["unsignalled"] = True
             self.post(record)
             return
-        if code == 0 and cmd["delay_ns"] > 0:
-            heapq.heappush(self.delayed, (t_end + cmd["delay_ns"], cmd["seq"], cmd["signal"], record))
+        m_signal = modeled[1] if modeled is not None else 0
+        if delayed:
+            due = (m_signal or t_end) + cmd["delay_ns"]
+            heapq.heappush(self.delayed, (due, cmd["seq"], cmd["signal"], record))
             return
-        self.signal_all(cmd["signal"], exc.wire if exc else 0)
+        self.signal_all(cmd["signal"], exc.wire if exc else 0, m_signal)
         record["t_signal"] = time.monotonic_ns()
         self.post(record)
 
     def fire_due_signals(self) -> None:
         now = time.monotonic_ns()
         while self.delayed and self.delayed[0][0] <= now:
-            _, _, handles, record = heapq.heappop(self.delayed)
+            due, _, handles, record = heapq.heappop(self.delayed)
             self.tr.signalled(record["cid"], 0)
-            self.signal_all(handles, 0)
+            self.signal_all(handles, 0, due)  # the modeled end plus the hand-off
             record["t_signal"] = time.monotonic_ns()
             self.post(record)
 
-    def signal_all(self, handles: list[int], word: int) -> None:
+    def signal_all(self, handles: list[int], word: int, t_model: int = 0) -> None:
         for handle in handles:
-            self.fences.signal(handle, word, signaller=self.boot.index + 1)
+            self.fences.signal(handle, word, signaller=self.boot.index + 1, t_ns=t_model)
 
     def complete(self, seq: int, t_start: int, code: int, msg: str) -> None:
         self.post({"seq": seq, "epoch": self.boot.epoch, "code": code, "msg": msg,
@@ -312,7 +574,7 @@ class DeviceWorker:
         and the last record before the device would block go out at once."""
         self.outbox.append(record)
         urgent = bool(record["code"] or record.get("unsignalled"))
-        if urgent or len(self.outbox) >= OUTBOX_MAX or self.commands.depth() == 0:
+        if urgent or len(self.outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
             self.flush(wake=urgent)
 
     def flush(self, wake: bool = False) -> None:
@@ -350,18 +612,9 @@ def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
     if len(payload) <= limit:
         return [payload]
     if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
-        return [msgpack.packb([{k: v for k, v in records[0].items() if k != "mem"}])]
+        return [msgpack.packb([{k: v for k, v in records[0].items() if k not in ("mem", "tb")}])]
     mid = len(records) // 2
     return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
-
-
-def _best_effort_seq(data: bytes) -> int:
-    try:
-        msg = msgpack.unpackb(data, raw=False)
-        seq = msg.get("seq", 0) if isinstance(msg, dict) else 0
-        return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
-    except Exception:
-        return 0
 
 
 def device_main(boot: DeviceBoot) -> int:
@@ -371,8 +624,9 @@ def device_main(boot: DeviceBoot) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # so does a closed terminal
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     set_timer_slack_ns(1)
-    DeviceWorker(boot).run()
-    return 0
+    worker = DeviceWorker(boot)
+    worker.run()
+    return worker.exit_status
 
 
 def _die_with_parent(parent_pid: int) -> None:

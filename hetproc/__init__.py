@@ -7,28 +7,65 @@ Public API::
     Client            a connection: contexts, buffers, fences, metrics
     Context           the unit of submission, isolation and failure on one device
     Buffer, Fence     a shared tensor, a completion event (export / import to share them)
+    FOREVER           Fence.wait(FOREVER): the one unbounded wait, asked for explicitly
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
+    Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
+                      (PipelineStage, PipelineReport; seed §10)
+    SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
     load_platform     read a platform file (None: the built-in default)
+    errors            the one error hierarchy (every class is also exported here)
+    trace             evidence, live or from a file: export, explain, plot (seed §22)
+    drills            (import hetproc.drills) scenario runner, drills, the acceptance matrix (seed §21)
+    testing           (import hetproc.testing) the pytest plugin
 
-Evidence (seed §22): ``Platform.export_trace(path)`` (Chrome Trace JSON for Perfetto),
-``Platform.frozen_windows()``, ``Platform.trace_records()``, ``Client.trace.span(stage,
-cid)``; ``hetproc.trace._explain`` attributes a request's latency to its stages.
+General layout: a folder says which process runs its code.
 
-Errors: every class of ``ipc.errors`` is re-exported here (``hetproc.DeviceTimeout``...).
+    ipc/                  the core, in every process: names, shared segments, fences,
+                          rings, packets, trace rings, the error codes; imports nothing of ours
+    device_workers/       one emulated processor (a device process): its loop, kernels,
+                          caches, modeled time; imports ipc only
+    hetproc/_config.py, _schema.py, _protocol.py, errors.py
+                          what every hetproc process shares: the platform file and its
+                          one schema, the control packets, the errors
+    hetproc/client/       the application's process: Platform, Client, Context, Buffer, Fence
+    hetproc/supervisor/   the supervisor process (python -m hetproc.supervisor): composed
+                          of parts, see its _server module; never imported by the client
+    hetproc/trace/        reading evidence anywhere (live rings, files): Chrome Trace
+                          export, explain, plot
+    hetproc/drills/       tools driving whole platforms: scenarios, drills, acceptance,
+                          the one leftovers check
+    hetproc/cli/          the hetproc command
+
+tests/test_layers.py enforces the arrows between them.
+
+Invariants (ARCHITECTURE §3) and the one module that owns each:
+
+    1 reclaim after confirmed stop   supervisor/_lifetimes (how; the only code that
+                                     frees) and supervisor/_recovery (when)
+    2 no forever waits               ipc/_fences (every wait has a deadline) and
+                                     supervisor/_commands (errors set before the wake)
+    3 generations                    ipc/_fences, ipc/_slotmap (handles carry them)
+    4 isolation                      supervisor/_iommu (checked again on the device:
+                                     device_workers/_cache)
+    5 nothing leaks                  ipc/_names (manifest, cleanup); drills check it
+    6 bad input is survivable        supervisor/_validation, ipc/_packets
+    7 tenants cannot see each other  supervisor/_iommu (rights, exports, imports)
+    8 modeled time                   device_workers/_worker (the modeled start, the
+                                     stamp in the fences) and _hold (holding to the end)
 """
 
-from ipc.errors import *  # noqa: F401,F403  (the one error hierarchy)
-from ipc.errors import __all__ as _error_names
-
-from .client._bufpool import BufferPool, PoolStatistics
-from .client._client import FOREVER, Buffer, Client, Context, Fence, command
-from ._config import DeviceSpec, PlatformSpec, Timing, load_platform
-from .client._platform import Platform, connect
+from . import errors
+from .errors import *  # noqa: F401,F403  (the one error hierarchy)
+from .errors import __all__ as _error_names
+from . import trace  # public namespace (hetproc.drills and hetproc.testing: import them)
+from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform
+from .client import (FOREVER, Buffer, BufferPool, Client, Context, Fence, Pipeline,
+                     PipelineReport, PipelineStage, Platform, PoolStatistics, command, connect)
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
-    "BufferPool", "PoolStatistics",
-    "load_platform", "PlatformSpec", "DeviceSpec", "Timing",
+    "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
+    "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     *_error_names,
 ]

@@ -72,6 +72,58 @@ class IommuSpec:
         return (fixed + self.per_mib_us * nbytes / (1 << 20)) / 1000.0
 
 
+POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
+
+
+@dataclass(frozen=True)
+class SchedSpec:
+    """How one device orders its waiting commands (seed §7, §11): ``hetproc.supervisor._scheduler``.
+
+    ``chunk_ms`` is the preemption granularity: a running command can be preempted at a
+    chunk boundary by a more urgent one (0: never preempted); every switch costs
+    ``switch_us`` of modeled save/restore. ``window_ms``: modeled work let into the
+    device's in-order ring ahead of the running command. ``mixed``: priority >=
+    ``realtime_priority`` is real-time (earliest deadline first, strictly first), priority
+    >= 1 is always-on with at least ``min_share`` of the device, 0 is third-party.
+    """
+
+    policy: str = "priority"
+    chunk_ms: float = 2.0
+    switch_us: float = 0.0
+    window_ms: float = 2.0
+    realtime_priority: int = 10
+    min_share: float = 0.2
+
+
+@dataclass(frozen=True)
+class PowerSpec:
+    """Frequency levels and a thermal model (seed §7, §9), all in modeled time.
+
+    ``levels``: relative speeds a device may run at; clients vote (``Context.vote``) and
+    the device runs at the highest vote (no vote: the top level); a kernel's modeled time
+    is divided by its speed. Thermal: a busy device heats by ``heat_c_per_ms`` x speed²
+    per ms and relaxes to ``ambient_c`` with time constant ``tau_ms``; at ``throttle_c`` it
+    drops to ``throttle_speed`` until it has cooled ``hysteresis_c`` below. ``heat_c_per_ms
+    = 0`` (the default) turns the thermal model off.
+    """
+
+    levels: tuple[float, ...] = (1.0,)
+    heat_c_per_ms: float = 0.0
+    tau_ms: float = 2000.0
+    ambient_c: float = 35.0
+    throttle_c: float = 85.0
+    hysteresis_c: float = 5.0
+    throttle_speed: float = 0.5
+
+    @property
+    def top(self) -> float:
+        return max(self.levels)
+
+    def level_for(self, vote: float) -> float:
+        """The lowest level that meets ``vote`` (the top one if none does)."""
+        return min((lv for lv in self.levels if lv >= vote), default=self.top)
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     name: str
@@ -86,6 +138,8 @@ class DeviceSpec:
     strided: bool = True          # False: takes only densely packed buffers
     stride_alignment: int = 1     # every padded stride (a row pitch) must be a multiple
     cache: CacheSpec = field(default_factory=CacheSpec)  # used when coherent is false
+    scheduler: SchedSpec = field(default_factory=SchedSpec)
+    power: PowerSpec = field(default_factory=PowerSpec)
 
 
 @dataclass(frozen=True)
@@ -108,6 +162,27 @@ def parse_trace(raw: dict[str, Any], source: str) -> TraceSpec:
 
 
 @dataclass(frozen=True)
+class LimitsSpec:
+    """What one client may send and hold (the ``[limits]`` table; every client is untrusted).
+
+    Quotas count per client process (its kernel pid), not per connection. ``client_mib``
+    0 means three quarters of ``memory_mib``: no tenant can take the whole pool."""
+
+    max_clients: int = 128             # connections at once; the excess is refused
+    process_clients: int = 32          # ...of them from one process (one tenant)
+    hello_timeout_ms: float = 3000.0   # real time a new connection has to say hello
+    max_duration_ms: float = 600000.0  # ms, handoff_ms, timeout_ms (modeled, before scale)
+    max_name: int = 64                 # characters of a client or context name
+    max_priority: int = 10             # highest context priority of a normal client
+    max_priority_privileged: int = 50  # ...of the owner and of clients granted a role
+    client_mib: int = 0
+    client_buffers: int = 4096
+    client_fences: int = 4096          # of the platform's 8192 fence slots
+    client_contexts: int = 64
+    client_inflight: int = 16384       # commands queued or running
+
+
+@dataclass(frozen=True)
 class PlatformSpec:
     name: str
     devices: tuple[DeviceSpec, ...]
@@ -116,6 +191,10 @@ class PlatformSpec:
     watchdog_ms: float = 200.0
     grace_ms: float = 50.0
     dependency_timeout_ms: float = 2000.0
+    dispatch_us: float = 0.0  # modeled latency from a submit to its earliest device start
+    # DDR bandwidth quota per client name, MB/s ("*": everyone else; absent: unlimited)
+    ddr_quota_mbps: dict[str, float] = field(default_factory=dict)
+    ddr_burst_kib: int = 256   # what a client may move at once before its quota applies
     source: str = "<built-in>"
     faults: tuple[dict[str, Any], ...] = ()
     fault_seed: int = 0
@@ -124,6 +203,7 @@ class PlatformSpec:
     # Default for new contexts: True ("both"), False ("none"), "clean" or "invalidate".
     cache_maintenance: bool | str = True
     trace: TraceSpec = field(default_factory=TraceSpec)
+    limits: LimitsSpec = field(default_factory=LimitsSpec)
 
     def device(self, name: str) -> DeviceSpec:
         for dev in self.devices:
@@ -141,6 +221,15 @@ class PlatformSpec:
             return self
         check_time_scale(time_scale, "time scale")
         return PlatformSpec(**{**self.__dict__, "time_scale": float(time_scale)})
+
+    def with_limits(self, **changes: Any) -> "PlatformSpec":
+        """A copy with ``[limits]`` settings changed (``client_mib=4``...)."""
+        if not changes:
+            return self
+        from ._schema import check_table
+        raw = {**asdict(self.limits), **changes}
+        limits = LimitsSpec(**check_table(raw, "limits", self.source))
+        return PlatformSpec(**{**self.__dict__, "limits": limits})
 
     def with_trace(self, **changes: Any) -> "PlatformSpec":
         """A copy with ``[trace]`` settings changed (``enabled=False``, ``capacity=...``)."""
@@ -182,10 +271,11 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
     top = check_platform(raw, source)
     devices = tuple(_device(d) for d in top.pop("device"))
     return PlatformSpec(
-        **{k: v for k, v in top.items() if k not in ("iommu", "trace", "fault", "recovery")},
+        **{k: v for k, v in top.items()
+           if k not in ("iommu", "trace", "fault", "recovery", "limits")},
         devices=devices, source=source, faults=tuple(top["fault"]),
         recovery=top["recovery"], iommu=IommuSpec(**top["iommu"]),
-        trace=TraceSpec(**top["trace"]))
+        trace=TraceSpec(**top["trace"]), limits=LimitsSpec(**top["limits"]))
 
 
 def _device(d: dict[str, Any]) -> DeviceSpec:
@@ -193,7 +283,10 @@ def _device(d: dict[str, Any]) -> DeviceSpec:
     return DeviceSpec(**{**d, "ops": tuple(d["ops"]), "dtypes": tuple(d["dtypes"]),
                          "layouts": tuple(d["layouts"]),
                          "timing": Timing(t["default_ms"], t["per_mib_ms"], dict(t["ops"])),
-                         "cache": CacheSpec(**d["cache"])})
+                         "cache": CacheSpec(**d["cache"]),
+                         "scheduler": SchedSpec(**d["scheduler"]),
+                         "power": PowerSpec(**{**d["power"],
+                                               "levels": tuple(d["power"]["levels"])})})
 
 
 def to_raw(spec: PlatformSpec) -> dict[str, Any]:

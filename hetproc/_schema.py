@@ -23,13 +23,16 @@ __all__ = ["check_platform", "check_table", "SCHEMA", "OPS", "DTYPES", "LAYOUTS"
 KINDS = ("cpu", "npu", "gpu", "dsp", "isp")
 # The kernels device_workers runs (device_workers._kernels.OPS; a test keeps them equal).
 OPS = ("copy", "fill", "add", "scale", "matmul", "relu", "conv2d", "resize", "quantize",
-       "dequantize", "checksum", "transpose", "work")
+       "dequantize", "transpose", "checksum", "graph", "work")
 DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
           "float16", "float32", "float64")
 LAYOUTS = ("NHWC", "NCHW")
 # Fault kinds of the supervisor's fault plan (hetproc.supervisor._faultplan.FAULTS).
 FAULT_KINDS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
-               "heartbeat_stall", "alloc_fail", "map_fail", "compile_timeout", "oom")
+               "heartbeat_stall", "kernel_bug", "alloc_fail", "map_fail", "compile_timeout",
+               "oom")
+# Scheduling policies of a device (hetproc._config.POLICIES; a test keeps them equal).
+POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
 _MAINTENANCE = ("both", "clean", "invalidate", "none")
 _REQUIRED = object()
 
@@ -51,6 +54,13 @@ def _power_of_two(v: int) -> str | None:
     return None if v > 0 and not v & (v - 1) else f"{v} is not a power of two"
 
 
+def _levels(v: list[Any]) -> str | None:
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.05 <= x <= 1.0:
+            return f"{_short(x)} is not a speed in 0.05 .. 1.0"
+    return None
+
+
 SCHEMA: dict[str, dict[str, Key]] = {
     "": {
         "name": Key("str", "custom", doc="the platform's name, shown in reports"),
@@ -59,11 +69,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "watchdog_ms": Key("float", 200.0, 0.1, 3_600_000, doc="default per-command watchdog"),
         "grace_ms": Key("float", 50.0, 0.1, 600_000, doc="time a device has to confirm a cancel"),
         "dependency_timeout_ms": Key("float", 2000.0, 0.1, 3_600_000),
+        "dispatch_us": Key("float", 0.0, 0, 1e6, doc="modeled latency from a submit to a start"),
+        "ddr_quota_mbps": Key("table", {}, doc="MB/s per client name (\"*\": everyone else)"),
+        "ddr_burst_kib": Key("int", 256, 0, 1_000_000),
         "fault_seed": Key("int", 0, 0, 2**63 - 1),
         "cache_maintenance": Key("maintenance", True),
         "recovery": Key("table", {}),
         "iommu": Key("table", {}),
         "trace": Key("table", {}),
+        "limits": Key("table", {}),
         "device": Key("list", _REQUIRED, doc="[[device]] tables, at least one"),
         "fault": Key("list", []),
     },
@@ -102,6 +116,39 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "strided": Key("bool", True),
         "stride_alignment": Key("int", 1, 1, 1 << 16),
         "cache": Key("table", {}),
+        "scheduler": Key("table", {}),
+        "power": Key("table", {}),
+    },
+    "scheduler": {
+        "policy": Key("str", "priority", choices=POLICIES),
+        "chunk_ms": Key("float", 2.0, 0, 1e6, doc="preemption granularity (0: never)"),
+        "switch_us": Key("float", 0.0, 0, 1e9, doc="modeled cost of a context switch"),
+        "window_ms": Key("float", 2.0, 0, 1e6),
+        "realtime_priority": Key("int", 10, 0, 1_000_000),
+        "min_share": Key("float", 0.2, 0, 1),
+    },
+    "power": {
+        "levels": Key("list", [1.0], 1, None, check=_levels),
+        "heat_c_per_ms": Key("float", 0.0, 0, 1e6),
+        "tau_ms": Key("float", 2000.0, 1e-3, 1e9),
+        "ambient_c": Key("float", 35.0, 0, 1e6),
+        "throttle_c": Key("float", 85.0, 0, 1e6),
+        "hysteresis_c": Key("float", 5.0, 0, 1e6),
+        "throttle_speed": Key("float", 0.5, 0.05, 1.0),
+    },
+    "limits": {
+        "max_clients": Key("int", 128, 1, 1_000_000),
+        "process_clients": Key("int", 32, 1, 1_000_000),
+        "hello_timeout_ms": Key("float", 3000.0, 0, 1e9),
+        "max_duration_ms": Key("float", 600000.0, 0, 1e9),
+        "max_name": Key("int", 64, 0, 1_000_000),
+        "max_priority": Key("int", 10, 0, 1_000_000),
+        "max_priority_privileged": Key("int", 50, 0, 1_000_000),
+        "client_mib": Key("int", 0, 0, 1 << 20, doc="0: three quarters of memory_mib"),
+        "client_buffers": Key("int", 4096, 0, 1 << 30),
+        "client_fences": Key("int", 4096, 0, 1 << 30),
+        "client_contexts": Key("int", 64, 0, 1 << 30),
+        "client_inflight": Key("int", 16384, 0, 1 << 30),
     },
     "timing": {
         "default_ms": Key("float", 0.0, 0, 3_600_000),
@@ -117,6 +164,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "fault": {
         "kind": Key("str", _REQUIRED, choices=FAULT_KINDS),
         "device": Key("optional-str", None),
+        "client": Key("optional-str", None, doc="only this client's work (by name)"),
         "at": Key("optional-int", None, 1, None),
         "every": Key("optional-int", None, 1, None),
         "probability": Key("float", 0.0, 0, 1),
@@ -240,7 +288,7 @@ def check_platform(raw: Any, source: str) -> dict[str, Any]:
         label = d.get("name") if isinstance(d, dict) and isinstance(d.get("name"), str) else str(i)
         where = _Where(source, f"device.{label}")
         dev = check_table(d, "device", source, where)
-        for sub in ("timing", "cache"):
+        for sub in ("timing", "cache", "scheduler", "power"):
             dev[sub] = check_table(dev[sub], sub, source, where.sub(sub))
         timed = dev["timing"]["ops"]
         for op, ms in timed.items():
@@ -249,6 +297,7 @@ def check_platform(raw: Any, source: str) -> dict[str, Any]:
                                                    + closest(op, dev["ops"]))
             timed[op] = _value(Key("float", lo=0, hi=3_600_000), op, ms,
                                where.sub("timing.ops"))
+        dev["power"]["levels"] = sorted(float(x) for x in dev["power"]["levels"])
         devices.append(dev)
     names = [d["name"] for d in devices]
     if not devices:
@@ -257,6 +306,9 @@ def check_platform(raw: Any, source: str) -> dict[str, Any]:
     if dup:
         raise _Where(source, f"device.{dup[0]}").fail("name", "used by two devices")
     top["device"] = devices
+    quotas = _Where(source, "ddr_quota_mbps")
+    top["ddr_quota_mbps"] = {str(n): _value(Key("float", lo=1e-9, hi=1e9), str(n), v, quotas)
+                             for n, v in top["ddr_quota_mbps"].items()}
     fb = top["recovery"]["fallback_device"]
     if fb is not None and fb not in names:
         raise _Where(source, "recovery").fail("fallback_device", f"no device {fb!r}"

@@ -23,11 +23,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from .drills import DRILLS, assert_no_leftovers, leftovers, platform_pids, run_drill
-from .client._platform import Platform
+from .client import Platform
+from .drills import assert_no_leftovers, platform_pids, run_drill
 
-__all__ = ["leftovers", "assert_no_leftovers", "assert_drill_passes", "run_drill", "DRILLS",
-           "hetproc_platform", "hetproc_platform_options"]
+__all__ = ["assert_drill_passes", "hetproc_platform", "hetproc_platform_options"]
+# The drills themselves and the leftovers check (leftovers, assert_no_leftovers): hetproc.drills
 
 
 def assert_drill_passes(name: str, **kw: Any) -> dict[str, Any]:

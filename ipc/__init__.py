@@ -15,25 +15,31 @@ from ._names import (
     entries_with_prefix,
     new_prefix,
     platform_is_alive,
+    platform_process,
     platform_prefixes,
     socket_address,
 )
-from ._packets import VERSION, decode, encode
+from ._packets import (I64, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple,
+                       check_fields, decode, encode, unpack)
 from ._ring import Ring
+from ._buddy import BuddyAllocator
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
 from ._slotmap import SlotMap
-from ._trace import Stage, TraceRing
-from ._tracebank import TraceBank
+from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing, merge, stage_name
+from ._tracebank import COUNTERS, TraceBank
 
 __all__ = [
     "errors",
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
-    "platform_is_alive", "platform_prefixes", "socket_address",
-    "VERSION", "encode", "decode",
+    "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",
+    "VERSION", "encode", "decode", "unpack", "check_fields",
+    "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",
     "Ring",
+    "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
     "SlotMap",
-    "Stage", "TraceRing", "TraceBank",
+    "Stage", "TraceRing", "TraceBank", "RECORD_DTYPE", "BEGIN", "END", "INSTANT", "COUNTER",
+    "merge", "stage_name", "COUNTERS",
 ]

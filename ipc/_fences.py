@@ -1,8 +1,13 @@
 """Fences: a state word in shared memory plus a POSIX semaphore to sleep on.
 
-Layout: one shared table of fixed 32-byte slots. A slot holds its generation, state
-(pending / signalled / error), error code, the id of who signalled it, the signal time
-(CLOCK_MONOTONIC, shared by every process) and the request's correlation id.
+Layout: one shared table of fixed 48-byte slots. A slot holds its generation, state
+(pending / signalled / error), error code, the id of who signalled it, the *modeled* signal
+time (CLOCK_MONOTONIC, shared by every process), the request's correlation id, and the
+host's own signal time. A device stamps the modeled end of the command (plus its
+hand-off), not the moment its host process got round to the post, so a consumer on another
+device anchors its own modeled start to the producer's timeline (invariant 8); a host
+signaller (a client, the supervisor) stamps now. The host time beside it is what host
+latency measurements (``bench/``) read.
 
 A handle is ``generation << 32 | slot``. Every operation checks the generation first, so
 a stale handle, or a late signal from a command that was killed, can never complete or
@@ -31,12 +36,13 @@ from . import errors
 from ._segments import Segment
 
 PENDING, SIGNALLED, FAILED = 0, 1, 2
-SLOT_BYTES = 32
+SLOT_BYTES = 48
 SEM_CHUNK = 64
 SLOT_DTYPE = np.dtype([
     ("gen", "<u4"), ("state", "<u4"), ("error", "<u4"), ("signaller", "<u4"),
-    ("t_ns", "<u8"), ("cid", "<u8"),
+    ("t_ns", "<u8"), ("cid", "<u8"), ("t_host", "<u8"), ("_spare", "<u8"),
 ])
+_W32, _W64 = SLOT_BYTES // 4, SLOT_BYTES // 8  # a slot's width in u32 and u64 words
 assert SLOT_DTYPE.itemsize == SLOT_BYTES
 
 
@@ -58,8 +64,8 @@ class FenceTable:
         self.capacity = segment.size // SLOT_BYTES
         self.slots = np.ndarray(self.capacity, SLOT_DTYPE, buffer=segment.map)  # slow path
         # Hot path: typed views (an item store costs ~40 ns; a numpy field store ~1 us).
-        # Slot i: u32 [8i] gen, [8i+1] state, [8i+2] error, [8i+3] signaller;
-        #         u64 [4i+2] t_ns, [4i+3] cid.
+        # Slot i: u32 [12i] gen, [12i+1] state, [12i+2] error, [12i+3] signaller;
+        #         u64 [6i+2] t_ns (modeled), [6i+3] cid, [6i+4] t_host.
         self._u32 = memoryview(segment.map).cast("B").cast("I")
         self._u64 = memoryview(segment.map).cast("B").cast("Q")
         self._sems: dict[int, posix_ipc.Semaphore] = {}
@@ -84,12 +90,12 @@ class FenceTable:
         if not self._free:
             self._grow()
         slot = self._free.pop()
-        u32, i = self._u32, slot * 8
+        u32, i = self._u32, slot * _W32
         gen = (u32[i] + 1) & 0xFFFFFFFF or 1
         u32[i + 1] = PENDING
         u32[i + 2] = u32[i + 3] = 0
-        self._u64[slot * 4 + 2] = 0
-        self._u64[slot * 4 + 3] = cid
+        self._u64[slot * _W64 + 2] = self._u64[slot * _W64 + 4] = 0
+        self._u64[slot * _W64 + 3] = cid
         u32[i] = gen  # publish last: until now, old handles still saw the old generation
         return make_handle(slot, gen)
 
@@ -100,7 +106,7 @@ class FenceTable:
             return
         # A generation of its own for the free slot: no handle ever matches it, so a late
         # signal between now and the next allocate() touches nothing.
-        self._u32[slot * 8] = (gen + 1) & 0xFFFFFFFF
+        self._u32[slot * _W32] = (gen + 1) & 0xFFFFFFFF
         sem = self._sem(slot)
         while sem.value > 0:  # drain tokens passed between waiters: the next fence starts at 0
             try:
@@ -123,7 +129,7 @@ class FenceTable:
     # -- anyone -----------------------------------------------------------------------
 
     def _owns(self, slot: int, gen: int) -> bool:
-        return 0 <= slot < self.capacity and gen != 0 and self._u32[slot * 8] == gen
+        return 0 <= slot < self.capacity and gen != 0 and self._u32[slot * _W32] == gen
 
     def _sem(self, slot: int) -> posix_ipc.Semaphore:
         sem = self._sems.get(slot)
@@ -136,23 +142,27 @@ class FenceTable:
         slot, gen = split_handle(handle)
         if not 0 <= slot < self.capacity or gen == 0:
             raise errors.InvalidHandle(f"fence handle {handle:#x} names no slot")
-        if self._u32[slot * 8] != gen:
+        if self._u32[slot * _W32] != gen:
             raise errors.StaleHandle(f"fence handle {handle:#x} is stale (slot reused)")
 
-    def signal(self, handle: int, error: int = 0, signaller: int = 0) -> bool:
+    def signal(self, handle: int, error: int = 0, signaller: int = 0, t_ns: int = 0) -> bool:
         """Complete a fence (``error`` 0) or fail it with an error code; wakes all waiters.
+
+        ``t_ns``: the modeled signal time to stamp (0: now).
 
         Returns False, touching nothing, when the handle is stale or the fence already
         completed: the first outcome is final (a late signal never overrides an error).
         """
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
-        u32, i = self._u32, slot * 8
+        u32, i = self._u32, slot * _W32
         if not (0 <= slot < self.capacity and gen and u32[i] == gen and u32[i + 1] == PENDING):
             return False
         sem = self._sem(slot)  # first: a cold sem_open must not sit between stamp and wake
         u32[i + 2] = error
         u32[i + 3] = signaller
-        self._u64[slot * 4 + 2] = time.monotonic_ns()
+        now = time.monotonic_ns()
+        self._u64[slot * _W64 + 2] = t_ns or now
+        self._u64[slot * _W64 + 4] = now
         u32[i + 1] = FAILED if error else SIGNALLED  # the outcome is written before the wake-up
         sem.release()
         return True
@@ -160,7 +170,7 @@ class FenceTable:
     def poll(self, handle: int) -> tuple[int, int]:
         """``(state, error)`` without blocking; raises on a stale handle."""
         self.check(handle)
-        i = (handle & 0xFFFFFFFF) * 8
+        i = (handle & 0xFFFFFFFF) * _W32
         return self._u32[i + 1], self._u32[i + 2]
 
     def wait(self, handle: int, timeout: float) -> int:
@@ -171,7 +181,7 @@ class FenceTable:
         """
         slot, gen = split_handle(handle)
         self.check(handle)
-        u32, i = self._u32, slot * 8
+        u32, i = self._u32, slot * _W32
         if u32[i + 1] != PENDING:
             return u32[i + 2]
         deadline = time.monotonic() + timeout
@@ -198,21 +208,23 @@ class FenceTable:
         client for fences it picks from its pool), so a waiter can name its producer."""
         slot, gen = split_handle(handle)
         if self._owns(slot, gen):
-            self._u64[slot * 4 + 3] = cid
+            self._u64[slot * _W64 + 3] = cid
 
     def producer(self, handle: int) -> tuple[int, int, int]:
         """``(cid, signaller, t_ns)`` of a fence's outcome, cheaply (no numpy): who a
-        waiter was really waiting for. Zeros for a stale handle."""
+        waiter was really waiting for, and the modeled time it signalled. Zeros for a
+        stale handle."""
         slot, gen = split_handle(handle)
         if not self._owns(slot, gen):
             return 0, 0, 0
-        return self._u64[slot * 4 + 3], self._u32[slot * 8 + 3], self._u64[slot * 4 + 2]
+        return self._u64[slot * _W64 + 3], self._u32[slot * _W32 + 3], self._u64[slot * _W64 + 2]
 
     def info(self, handle: int) -> dict:
         slot, gen = split_handle(handle)
         rec = self.slots[slot]
         return {"slot": slot, "gen": gen, "state": int(rec["state"]), "error": int(rec["error"]),
-                "signaller": int(rec["signaller"]), "t_ns": int(rec["t_ns"]), "cid": int(rec["cid"])}
+                "signaller": int(rec["signaller"]), "t_ns": int(rec["t_ns"]), "cid": int(rec["cid"]),
+                "t_host": int(rec["t_host"])}
 
     def free_count(self) -> int:
         """Fences that can still be allocated (free slots plus slots never used)."""

@@ -9,7 +9,11 @@ the kernel removes with its last descriptor: it can never leak.
 
 The manifest (``/dev/shm/<prefix>manifest.json``) records the supervisor's and the
 devices' pids with their start times, so that ``cleanup`` can tell a dead platform from a
-live one even when pids are reused, and kill only processes that are really its own.
+live one even when pids are reused. Any process of the same user can rewrite it, so
+cleanup believes it only as far as it can check: a recorded process is signalled only when
+it is *proven* the platform's own -- same user, the recorded start time, and it maps one
+of the platform's command rings (only its supervisor and devices do; clients never) --
+and only names under the platform's prefix are unlinked, whatever the manifest lists.
 """
 
 from __future__ import annotations
@@ -55,21 +59,6 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
-def same_process_alive(pid: int, start_time: float | None) -> bool:
-    """True if ``pid`` runs and is the process that had ``start_time`` (no pid reuse)."""
-    now = process_start_time(pid)
-    if now is None:
-        return False
-    if start_time is None:
-        return True
-    try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.Error:
-        return False
-    return abs(now - start_time) < 0.05
-
-
 class Manifest:
     """The on-disk list of a platform's pids and objects, rewritten atomically."""
 
@@ -97,6 +86,28 @@ class Manifest:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+    def processes(self) -> list[tuple[str, int, float | None]]:
+        """The recorded (role, pid, start time) entries that are well formed."""
+        procs = self.data.get("processes") if isinstance(self.data, dict) else None
+        out = []
+        for role, entry in (procs.items() if isinstance(procs, dict) else ()):
+            if (isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int
+                    and entry[0] > 0 and (entry[1] is None or type(entry[1]) in (int, float))):
+                out.append((str(role), entry[0], entry[1]))
+        return out
+
+    def objects(self) -> list[tuple[str, str]]:
+        """The recorded (kind, name) entries that name an object under this prefix: a
+        tampered manifest must not get cleanup to unlink anyone else's objects."""
+        objs = self.data.get("objects") if isinstance(self.data, dict) else None
+        out = []
+        for entry in (objs if isinstance(objs, list) else ()):
+            if (isinstance(entry, list) and len(entry) == 2 and entry[0] in ("shm", "sem")
+                    and isinstance(entry[1], str) and "/" not in entry[1]
+                    and prefix_of(entry[1]) == self.prefix):
+                out.append((entry[0], entry[1]))
+        return out
 
     @classmethod
     def load(cls, prefix: str) -> "Manifest | None":
@@ -148,21 +159,48 @@ def platform_prefixes() -> set[str]:
 
 
 def platform_is_alive(prefix: str) -> bool:
-    """A platform is alive while its supervisor (named in the manifest) runs."""
+    """A platform is alive while its supervisor runs. The pid in the prefix is the
+    supervisor's (it made the prefix) and cannot be forged without renaming every object;
+    the manifest's record is believed when its process is proven ours."""
+    pid = int(prefix.split(".")[1])
+    if platform_process(prefix, pid, None, any_object=True):
+        return True
     manifest = Manifest.load(prefix)
     if manifest is None:
         # No manifest yet (starting) or lost: fall back on the creator pid in the prefix.
-        pid = int(prefix.split(".")[1])
         return process_start_time(pid) is not None
-    pid, start = manifest.data["processes"].get("supervisor", [None, None])
-    return pid is not None and same_process_alive(pid, start)
+    for role, pid, start in manifest.processes():
+        if role == "supervisor" and start is not None and platform_process(prefix, pid, start):
+            return True
+    return False
+
+
+def platform_process(prefix: str, pid: int, start_time: float | None, *,
+                     any_object: bool = False) -> bool:
+    """Proof that ``pid`` is one of this platform's own processes: same user, not a
+    zombie, started at ``start_time`` (when given), and mapping one of the platform's
+    command rings (``any_object``: any of its objects, enough to prove liveness)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.uids().real != os.getuid() or proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if start_time is not None and abs(proc.create_time() - start_time) >= 0.05:
+            return False
+        mark = prefix if any_object else prefix + "ring."
+        return any(os.path.basename(m.path).startswith(mark)
+                   for m in proc.memory_maps(grouped=True))
+    except (psutil.Error, OSError, ValueError):
+        return False
 
 
 def kill_recorded_processes(manifest: Manifest, *, timeout: float = 2.0) -> list[int]:
-    """SIGKILL every recorded process that is still the same process; wait for it to go."""
+    """SIGKILL every recorded process proven to be the platform's own; wait for it to go.
+    A tampered entry (an unrelated pid, a forged start time) is left alone."""
     killed = []
-    for pid, start in manifest.data.get("processes", {}).values():
-        if pid != os.getpid() and same_process_alive(pid, start):
+    for _, pid, start in manifest.processes():
+        if pid == os.getpid() or start is None:
+            continue
+        if platform_process(manifest.prefix, pid, start):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
@@ -203,7 +241,7 @@ def _cleanup_one(prefix: str, report: dict[str, Any]) -> dict[str, Any]:
     manifest = Manifest.load(prefix)
     if manifest is not None:
         report["killed"] += kill_recorded_processes(manifest)
-        for kind, name in manifest.data.get("objects", []):
+        for kind, name in manifest.objects():
             if unlink_object(kind, name):
                 report["removed"].append(name)
     report["removed"] += remove_prefix(prefix)

@@ -4,11 +4,20 @@ Everything that crosses a process boundary as a message (control channel, comman
 is one msgpack map with ``"v"`` (the wire version) and ``"op"``. ``decode`` never trusts
 its input: wrong version, wrong types, missing fields, oversize packets and garbage all
 raise ``BadPacket`` with a message saying what was wrong; the reader survives.
+
+A schema maps each field to a type (or a tuple of types), or to a ``Spec`` that also
+bounds it: ``Int`` and ``Num`` ranges (numbers finite), ``Str`` lengths and choices,
+``List`` and ``Map`` sizes with a spec for their items, ``Tuple`` fixed-size records,
+``Plain`` for free-form data of bounded size and depth. A packet passes whole or not at
+all, so a reader can check before it changes any state.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import msgpack
 
@@ -16,12 +25,22 @@ from . import errors
 
 VERSION = 1
 MAX_PACKET = 1 << 20
+MAX_ITEMS = 1 << 16  # elements of one msgpack array or map, before any schema looks
+U64 = (1 << 64) - 1
+I64 = (1 << 63) - 1
 
-Schema = Mapping[str, tuple[type, ...] | type]
+Schema = Mapping[str, Any]  # field -> type, tuple of types, or Spec
 
 
 def encode(msg: Mapping[str, Any]) -> bytes:
     return msgpack.packb({"v": VERSION, **msg}, use_bin_type=True)
+
+
+def unpack(data: bytes) -> Any:
+    """msgpack with every container capped; raises whatever msgpack raises on garbage."""
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, max_bin_len=MAX_PACKET,
+                           max_str_len=MAX_PACKET, max_array_len=MAX_ITEMS,
+                           max_map_len=MAX_ITEMS, max_ext_len=0)
 
 
 def decode(data: bytes, schemas: Mapping[str, Schema]) -> dict[str, Any]:
@@ -29,7 +48,7 @@ def decode(data: bytes, schemas: Mapping[str, Schema]) -> dict[str, Any]:
     if len(data) > MAX_PACKET:
         raise errors.BadPacket(f"packet of {len(data)} bytes exceeds {MAX_PACKET}")
     try:
-        msg = msgpack.unpackb(data, raw=False, strict_map_key=False, max_bin_len=MAX_PACKET)
+        msg = unpack(data)
     except Exception as exc:  # msgpack raises many unrelated types on garbage
         raise errors.BadPacket(f"undecodable packet: {type(exc).__name__}: {exc}") from None
     if not isinstance(msg, dict):
@@ -45,39 +64,74 @@ def decode(data: bytes, schemas: Mapping[str, Schema]) -> dict[str, Any]:
 
 
 # Compiled once per schema object; the cache keeps a reference so an id is never reused.
-_compiled: dict[int, tuple[Schema, dict[str, tuple[type, ...]], tuple[str, ...]]] = {}
+_compiled: dict[int, tuple[Schema, dict[str, Any], tuple[str, ...]]] = {}
 
 
-def _compile(schema: Schema) -> tuple[dict[str, tuple[type, ...]], tuple[str, ...]]:
+def _compile(schema: Schema) -> tuple[dict[str, Any], tuple[str, ...], Callable[[Any], bool]]:
     entry = _compiled.get(id(schema))
     if entry is None or entry[0] is not schema:
-        types = {f.rstrip("?"): _as_tuple(t) for f, t in schema.items()}
+        types = {f.rstrip("?"): t if isinstance(t, Spec) else _as_tuple(t)
+                 for f, t in schema.items()}
         required = tuple(f for f in schema if not f.endswith("?") and f != "*")
-        entry = _compiled[id(schema)] = (schema, types, required)
-    return entry[1], entry[2]
+        entry = _compiled[id(schema)] = (schema, types, required, _fields_ok(types, required))
+    return entry[1], entry[2], entry[3]
 
 
-def check_fields(msg: Mapping[str, Any], schema: Schema, where: str) -> None:
+def _fields_ok(types: dict[str, Any], required: tuple[str, ...]) -> Callable[[Any], bool]:
+    """The whole schema as one predicate: the fast path for packets that pass."""
+    preds = {k: _pred(t) for k, t in types.items() if k != "*"}
+    star = types.get("*")
+    star_ok = None if star is None else _pred(star) if isinstance(star, Spec) else _anything
+    need = frozenset(required)
+
+    def ok(msg: Any) -> bool:
+        get = preds.get
+        for key, value in msg.items():
+            p = get(key)
+            if p is None:
+                if key == "v" or key == "op":
+                    continue
+                if star_ok is None:
+                    return False
+                p = star_ok
+            if not p(value):
+                return False
+        return need <= msg.keys()
+
+    return ok
+
+
+def check_fields(msg: Mapping[str, Any], schema: Schema, where: Any) -> None:
     """Every required field present; every field known and of its type (bool is not int).
 
-    Unknown fields are refused too: a misspelt option must not be silently ignored.
+    Unknown fields are refused too: a misspelt option must not be silently ignored. A
+    packet that passes costs one compiled predicate; only a failing one is walked again
+    to say exactly what is wrong.
     """
-    types, required = _compile(schema)
+    types, required, ok = _compile(schema)
+    if ok(msg):
+        return
     for key, value in msg.items():
         allowed = types.get(key)
         if allowed is None:
-            if key == "v" or key == "op" or "*" in types:  # "*": the schema is open
+            if key == "v" or key == "op":
                 continue
-            raise errors.BadPacket(f"{where}: unknown field {key!r}")
-        if type(value) not in allowed and (type(value) is bool or not isinstance(value, allowed)):
+            if "*" not in types:
+                raise errors.BadPacket(f"{_name(where)}: unknown field {key!r}")
+            allowed = types["*"]  # the schema is open: other fields meet the "*" spec
+            if not isinstance(allowed, Spec):
+                continue
+        if isinstance(allowed, Spec):
+            allowed.check(value, (where, ":", key))  # the name is built only on failure
+        elif type(value) not in allowed and (type(value) is bool
+                                             or not isinstance(value, allowed)):
             raise errors.BadPacket(
-                f"{where}: field {key!r} must be {_names(allowed)}, got {type(value).__name__}")
+                f"{_name(where)}: field {key!r} must be {_names(allowed)}, "
+                f"got {type(value).__name__}")
     for key in required:
         if key not in msg:
-            raise errors.BadPacket(f"{where}: missing field {key!r}")
-
-
-_MISSING = object()
+            raise errors.BadPacket(f"{_name(where)}: missing field {key!r}")
+    raise errors.BadPacket(f"{_name(where)}: does not match its schema")  # never: both agree
 
 
 def _as_tuple(types: tuple[type, ...] | type) -> tuple[type, ...]:
@@ -86,3 +140,284 @@ def _as_tuple(types: tuple[type, ...] | type) -> tuple[type, ...]:
 
 def _names(types: tuple[type, ...] | type) -> str:
     return " or ".join(t.__name__ for t in _as_tuple(types))
+
+
+# -- specs: a type plus its bounds ---------------------------------------------------------
+
+
+class Spec:
+    """One field's contract. ``ok`` is a compiled predicate (the fast path); ``check``
+    raises ``BadPacket`` naming ``where`` and saying what is wrong."""
+
+    def check(self, value: Any, where: Where) -> None:
+        raise NotImplementedError
+
+    @functools.cached_property
+    def ok(self) -> Callable[[Any], bool]:
+        return self._predicate()
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        def ok(value: Any) -> bool:
+            try:
+                self.check(value, "")
+                return True
+            except errors.BadPacket:
+                return False
+        return ok
+
+
+def _anything(value: Any) -> bool:
+    return True
+
+
+def _pred(spec: Any) -> Callable[[Any], bool]:
+    """The predicate of a spec, a type or a tuple of types (None: anything)."""
+    if spec is None:
+        return _anything
+    if isinstance(spec, Spec):
+        return spec.ok
+    allowed = _as_tuple(spec)
+    return lambda v: type(v) in allowed or (type(v) is not bool and isinstance(v, allowed))
+
+
+Where = Any  # a str, or (parent, ":" or "[", key): formatted only when a check fails
+
+
+def _name(where: Where) -> str:
+    if isinstance(where, str):
+        return where
+    parent, kind, key = where
+    return f"{_name(parent)}: field {key!r}" if kind == ":" else f"{_name(parent)}[{key!r}]"
+
+
+def _fail(where: Where, what: str) -> None:
+    raise errors.BadPacket(f"{_name(where)} {what}")
+
+
+def _check(spec: Any, value: Any, where: Where) -> None:
+    """A spec, a type, a tuple of types, or None (anything plain, bounded by the packet)."""
+    if isinstance(spec, Spec):
+        spec.check(value, where)  # never the predicate: the check is its independent oracle
+    elif spec is not None:
+        allowed = _as_tuple(spec)
+        if type(value) not in allowed and (type(value) is bool or not isinstance(value, allowed)):
+            _fail(where, f"must be {_names(allowed)}, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class Int(Spec):
+    """An integer (never a bool) in ``[lo, hi]``."""
+
+    lo: int = 0
+    hi: int = I64
+
+    def check(self, value: Any, where: Where) -> None:
+        if type(value) is not int:
+            _fail(where, f"must be an integer, got {type(value).__name__}")
+        if not self.lo <= value <= self.hi:
+            _fail(where, f"= {value} is outside [{self.lo}, {self.hi}]")
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        lo, hi = self.lo, self.hi
+        return lambda v: type(v) is int and lo <= v <= hi
+
+
+@dataclass(frozen=True)
+class Num(Spec):
+    """A finite number (int or float, never a bool) in ``[lo, hi]``."""
+
+    lo: float = -math.inf
+    hi: float = math.inf
+
+    def check(self, value: Any, where: Where) -> None:
+        if type(value) not in (int, float):
+            _fail(where, f"must be a number, got {type(value).__name__}")
+        if not (math.isfinite(value) and self.lo <= value <= self.hi):
+            _fail(where, f"= {value!r} is not finite within [{self.lo}, {self.hi}]")
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        lo, hi, finite = self.lo, self.hi, math.isfinite
+        return lambda v: ((type(v) is float and finite(v)) or type(v) is int) and lo <= v <= hi
+
+
+@dataclass(frozen=True)
+class Str(Spec):
+    """A string of at most ``max_len`` characters, from ``choices`` when given;
+    ``printable`` refuses control characters (names shown in reports and logs)."""
+
+    max_len: int = 255
+    choices: frozenset[str] | None = None
+    printable: bool = False
+
+    def check(self, value: Any, where: Where) -> None:
+        if type(value) is not str:
+            _fail(where, f"must be a string, got {type(value).__name__}")
+        if len(value) > self.max_len:
+            _fail(where, f"is {len(value)} characters long, more than {self.max_len}")
+        if self.choices is not None and value not in self.choices:
+            _fail(where, f"= {value[:40]!r} is not one of {sorted(self.choices)}")
+        if self.printable and not value.isprintable():
+            _fail(where, "holds control characters")
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        n, choices, printable = self.max_len, self.choices, self.printable
+        if printable:
+            return lambda v: (type(v) is str and len(v) <= n and v.isprintable()
+                              and (choices is None or v in choices))
+        if choices is not None:
+            return lambda v: type(v) is str and len(v) <= n and v in choices
+        return lambda v: type(v) is str and len(v) <= n
+
+
+@dataclass(frozen=True)
+class List(Spec):
+    """A list of ``min_len`` to ``max_len`` items, each checked against ``item``."""
+
+    item: Any = None
+    max_len: int = 1024
+    min_len: int = 0
+
+    def check(self, value: Any, where: Where) -> None:
+        if type(value) is not list:
+            _fail(where, f"must be a list, got {type(value).__name__}")
+        if not self.min_len <= len(value) <= self.max_len:
+            _fail(where, f"has {len(value)} items, not {self.min_len}..{self.max_len}")
+        if self.item is not None:
+            for i, v in enumerate(value):
+                _check(self.item, v, (where, "[", i))
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        lo, hi = self.min_len, self.max_len
+        if self.item is None:
+            return lambda v: type(v) is list and lo <= len(v) <= hi
+        item = _pred(self.item)
+        return lambda v: type(v) is list and lo <= len(v) <= hi and all(map(item, v))
+
+
+@dataclass(frozen=True)
+class Tuple(Spec):
+    """A fixed-length list whose items have one spec each (a record on the wire)."""
+
+    items: tuple[Any, ...]
+
+    def check(self, value: Any, where: Where) -> None:
+        if type(value) is not list or len(value) != len(self.items):
+            _fail(where, f"must be a list of {len(self.items)} items")
+        for i, (spec, v) in enumerate(zip(self.items, value)):
+            _check(spec, v, (where, "[", i))
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        preds, n = tuple(_pred(i) for i in self.items), len(self.items)
+        return lambda v: (type(v) is list and len(v) == n
+                          and all(p(x) for p, x in zip(preds, v)))
+
+
+@dataclass(frozen=True)
+class Map(Spec):
+    """A map with string keys: closed (``fields``, a schema) or open (``values`` for
+    every value), with at most ``max_len`` entries."""
+
+    fields: Any = None
+    values: Any = None
+    max_len: int = 64
+
+    def check(self, value: Any, where: Where) -> None:
+        if type(value) is not dict:
+            _fail(where, f"must be a map, got {type(value).__name__}")
+        if len(value) > self.max_len:
+            _fail(where, f"has {len(value)} entries, more than {self.max_len}")
+        for k in value:
+            if type(k) is not str or len(k) > 64:
+                _fail(where, f"has a key {k!r:.40} that is not a short string")
+        if self.fields is not None:
+            check_fields(value, self.fields, where)
+        else:
+            for k, v in value.items():
+                _check(self.values, v, (where, "[", k))
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        n = self.max_len
+        if self.fields is not None:
+            fields_ok = _compile(self.fields)[2]
+            open_keys = "*" in self.fields
+            return lambda v: (type(v) is dict and len(v) <= n and fields_ok(v)
+                              and (not open_keys or _short_str_keys(v)))
+        values = _pred(self.values)
+        return lambda v: (type(v) is dict and len(v) <= n and _short_str_keys(v)
+                          and all(map(values, v.values())))
+
+
+@dataclass(frozen=True)
+class OneOf(Spec):
+    """The first of several specs that accepts the value (``None`` in ``options`` means
+    the value may be nil)."""
+
+    options: tuple[Any, ...]
+
+    def check(self, value: Any, where: Where) -> None:
+        if value is None and None in self.options:
+            return
+        problems = []
+        for spec in self.options:
+            if spec is None:
+                continue
+            try:
+                _check(spec, value, where)
+                return
+            except errors.BadPacket as exc:
+                problems.append(str(exc))
+        _fail(where, f"matches none of its forms ({'; '.join(problems)[:300]})")
+
+    def _predicate(self) -> Callable[[Any], bool]:
+        nil = None in self.options
+        preds = tuple(_pred(o) for o in self.options if o is not None)
+        return lambda v: (nil and v is None) or any(p(v) for p in preds)
+
+
+@dataclass(frozen=True)
+class Plain(Spec):
+    """Free-form data (kernel params): nil, bools, integers within 64 bits, finite floats,
+    strings, bytes, lists and string-keyed maps, at most ``depth`` deep and ``items`` in all."""
+
+    depth: int = 4
+    items: int = 4096
+    max_len: int = 4096
+
+    def check(self, value: Any, where: Where) -> None:
+        if self._walk(value, where, self.depth) > self.items:
+            _fail(where, f"holds more than {self.items} items")
+
+    def _walk(self, value: Any, where: Where, depth: int) -> int:
+        t = type(value)
+        if value is None or t is bool:
+            return 1
+        if t is int:
+            if not -(1 << 63) <= value <= U64:
+                _fail(where, f"= {value} does not fit 64 bits")
+            return 1
+        if t is float:
+            if not math.isfinite(value):
+                _fail(where, f"= {value!r} is not finite")
+            return 1
+        if t is str or t is bytes:
+            if len(value) > self.max_len:
+                _fail(where, f"is {len(value)} long, more than {self.max_len}")
+            return 1
+        if t is list or t is dict:
+            if depth <= 0:
+                _fail(where, f"nests deeper than {self.depth}")
+            if t is dict and not all(type(k) is str and len(k) <= 64 for k in value):
+                _fail(where, "has a key that is not a short string")
+            children = value.values() if t is dict else value
+            n = 1
+            for v in children:
+                n += self._walk(v, where, depth - 1)
+                if n > self.items:
+                    _fail(where, f"holds more than {self.items} items")
+            return n
+        _fail(where, f"holds a {t.__name__}, which is not plain data")
+        return 0
+
+
+def _short_str_keys(value: dict) -> bool:
+    return all(type(k) is str and len(k) <= 64 for k in value)

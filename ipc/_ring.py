@@ -53,9 +53,6 @@ class Ring:
     def depth(self) -> int:
         return int(self._idx[0]) - int(self._idx[1])
 
-    def free_slots(self) -> int:
-        return self._slots - self.depth()
-
     def try_put(self, payload: bytes) -> bool:
         """Append one payload; False when the ring is full (the caller keeps it queued)."""
         if len(payload) > self.max_payload:
@@ -71,9 +68,16 @@ class Ring:
         return True
 
     def get(self) -> bytes | None:
-        tail = int(self._idx[1])
-        if tail == int(self._idx[0]):
+        """The next payload, None when empty. Raises ``BadPacket`` for a slot or indices
+        that cannot be right (another process scribbled on the ring); the reader then
+        skips past the bad slot, or past everything for bad indices, so it never loops."""
+        tail, head = int(self._idx[1]), int(self._idx[0])
+        if tail == head:
             return None
+        if not 0 < head - tail <= self._slots:
+            self._idx[1] = head  # resynchronise with the producer: what was between is lost
+            raise errors.BadPacket(f"ring indices corrupt: head {head}, tail {tail}, "
+                                   f"{self._slots} slots")
         off = HEADER_BYTES + (tail & self._mask) * self._slot_bytes
         (n,) = _LEN.unpack_from(self._buf, off)
         if n > self.max_payload:

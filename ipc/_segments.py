@@ -2,45 +2,54 @@
 
 A fresh shared-memory page costs ~0.6 ms per MiB in page faults on first touch, while a
 reused one runs at memcpy speed, so steady-state allocation must never create a segment:
-``BlockPool`` carves segments into power-of-two blocks and recycles freed blocks.
-Every block is 4 KiB aligned (more than the 64 bytes a device may demand).
+``BlockPool`` hands out buddy blocks of a few budget-sized segments and recycles freed
+blocks, merged. Every block is 4 KiB aligned (more than the 64 bytes a device may demand).
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
-from collections import defaultdict
+import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 import posix_ipc
 
+from ._buddy import BuddyAllocator
+
 PAGE = mmap.PAGESIZE
 MIN_BLOCK = 4096
-ARENA_BYTES = 4 << 20  # blocks up to this size are carved out of shared arenas
+SCAN_BYTES = 256 << 10  # freed blocks this large are scanned for holes before the scrub
 
 
 class Segment:
     """One mapped POSIX shared-memory object. Only its creator unlinks it."""
 
-    def __init__(self, name: str, size: int, *, create: bool, prefault: bool = False) -> None:
+    def __init__(self, name: str, size: int, *, create: bool, prefault: bool = False,
+                 keep_fd: bool = False) -> None:
         flags = posix_ipc.O_CREX if create else 0
         shm = posix_ipc.SharedMemory(name, flags, size=size if create else 0)
+        self.fd = -1  # kept open only on request (finding the holes of a pool segment)
         try:
             self.size = shm.size
             self.map = mmap.mmap(shm.fd, self.size)
         finally:
-            shm.close_fd()
+            if keep_fd:
+                self.fd = shm.fd
+            else:
+                shm.close_fd()
         self.name = name
         self.created = create
         if prefault:
             self.prefault()
 
     @classmethod
-    def create(cls, name: str, size: int, prefault: bool = False) -> "Segment":
-        return cls(name, size, create=True, prefault=prefault)
+    def create(cls, name: str, size: int, prefault: bool = False,
+               keep_fd: bool = False) -> "Segment":
+        return cls(name, size, create=True, prefault=prefault, keep_fd=keep_fd)
 
     @classmethod
     def attach(cls, name: str) -> "Segment":
@@ -64,6 +73,9 @@ class Segment:
         return np.ndarray(shape, dt, buffer=self.map, offset=offset, strides=strides)
 
     def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         try:
             self.map.close()
         except BufferError:
@@ -128,16 +140,23 @@ class Block:
 
 
 def block_size(nbytes: int) -> int:
-    """The power-of-two size class that holds ``nbytes`` (at least one page)."""
+    """The power-of-two size of the block that holds ``nbytes`` (at least one page)."""
     return max(MIN_BLOCK, 1 << (max(nbytes, 1) - 1).bit_length())
 
 
 class BlockPool:
-    """Power-of-two blocks carved out of shared segments, recycled on free.
+    """Shared memory handed out as buddy blocks (``ipc._buddy``), zeroed between owners.
 
-    Small classes share 4 MiB arenas; a block larger than an arena gets a segment of its
-    own, which is kept for reuse after free rather than unlinked. ``limit`` bounds the
-    bytes of all segments (the platform's memory budget); going past it raises MemoryError.
+    The budget ``limit`` is one address range cut into power-of-two chunks; each chunk is
+    one shared-memory segment, created (sparse: tmpfs gives pages on first touch) when a
+    block is first placed in it and kept until ``close``. Freed blocks coalesce, so a
+    request that fits in an aligned free region succeeds whatever came and went before.
+
+    Tenants never see each other's bytes: a new segment reads as zeros, and ``free``
+    zeroes a block before it can be handed out again. ``free`` is called only once no
+    device may still touch the block (invariant 1), so nothing writes into it after the
+    scrub -- except a client that kept a view past ``free``, which the client API must
+    prevent. The freeing process pays for the scrub (``zero_bytes``; costs in ``bench``).
     """
 
     def __init__(self, prefix: str, *, limit: int,
@@ -145,40 +164,63 @@ class BlockPool:
         self._prefix = prefix
         self._limit = limit
         self._on_new = on_new_segment
-        self._free: dict[int, list[Block]] = defaultdict(list)
+        self.buddy = BuddyAllocator(limit, MIN_BLOCK)
         self.segments: dict[str, Segment] = {}
+        self._by_chunk: list[Segment | None] = [None] * len(self.buddy.chunks)
         self.reserved_bytes = 0
-        self.used_bytes = 0
-        self.live_blocks = 0
+        self.zeroed_bytes = 0  # bytes actually written by scrubs (holes are skipped)
+
+    @property
+    def used_bytes(self) -> int:
+        return self.buddy.used_bytes
+
+    @property
+    def live_blocks(self) -> int:
+        return self.buddy.live_blocks
+
+    @property
+    def free_bytes(self) -> int:
+        return self.buddy.free_bytes
+
+    def largest_free_block(self) -> int:
+        return self.buddy.largest_free()
 
     def allocate(self, nbytes: int) -> Block:
-        size = block_size(nbytes)
-        free = self._free[size]
-        if not free:
-            self._grow(size)
-        block = free.pop()
-        self.used_bytes += size
-        self.live_blocks += 1
-        return block
+        """A zero-filled block of at least ``nbytes``; MemoryError past the budget."""
+        try:
+            address = self.buddy.allocate(nbytes)
+        except MemoryError as exc:
+            raise MemoryError(f"memory budget of {self._limit} bytes: {exc}") from None
+        index, base = self.buddy.chunk_of(address)
+        try:
+            seg = self._chunk_segment(index)
+        except BaseException:
+            self.buddy.free(address)
+            raise
+        return Block(seg.name, address - base, self.buddy.size_of(address))
 
     def free(self, block: Block) -> None:
-        self._free[block.capacity].append(block)
-        self.used_bytes -= block.capacity
-        self.live_blocks -= 1
+        """Scrub the block, then give it back (it may merge with free neighbours)."""
+        seg = self.segments.get(block.segment)
+        index = self._by_chunk.index(seg) if seg is not None else -1
+        if index < 0:
+            raise ValueError(f"{block} is not from this pool")
+        address = self.buddy.chunks[index][0] + block.offset
+        if self.buddy.live_size(address) != block.capacity:
+            raise ValueError(f"{block} is not a live block of this pool (double free?)")
+        self.zeroed_bytes += zero_bytes(seg, block.offset, block.capacity, seg.fd)
+        self.buddy.free(address)
 
-    def _grow(self, size: int) -> None:
-        seg_bytes = max(size, ARENA_BYTES)
-        if self.reserved_bytes + seg_bytes > self._limit:
-            raise MemoryError(
-                f"memory budget of {self._limit} bytes exhausted "
-                f"({self.reserved_bytes} reserved, {seg_bytes} more asked)")
-        name = f"{self._prefix}m{len(self.segments)}"
-        seg = Segment.create(name, seg_bytes)
-        self.segments[name] = seg
-        self.reserved_bytes += seg_bytes
-        self._on_new(seg)
-        # Hand out low offsets first: pop() takes from the end.
-        self._free[size].extend(Block(name, off, size) for off in range(seg_bytes - size, -1, -size))
+    def _chunk_segment(self, index: int) -> Segment:
+        seg = self._by_chunk[index]
+        if seg is None:
+            size = self.buddy.chunks[index][1]
+            seg = Segment.create(f"{self._prefix}m{index}", size, keep_fd=True)
+            self._by_chunk[index] = seg
+            self.segments[seg.name] = seg
+            self.reserved_bytes += size
+            self._on_new(seg)
+        return seg
 
     def close(self, unlink: bool) -> None:
         for seg in self.segments.values():
@@ -186,5 +228,54 @@ class BlockPool:
             if unlink:
                 seg.unlink()
         self.segments.clear()
-        self._free.clear()
+        self._by_chunk = [None] * len(self.buddy.chunks)
 
+
+def zero_bytes(seg: Segment, offset: int, nbytes: int, fd: int = -1) -> int:
+    """Make ``[offset, +nbytes)`` read as zeros in every process that maps it.
+
+    The pages stay in the shared object, so the next owner maps them with a minor fault
+    instead of paying for fresh zero pages (~0.6 ms per MiB). Given the object's ``fd``,
+    the zeros are written with ``pwrite`` -- straight into the shared pages, without
+    mapping them into this process: no page faults here, and the scrubber is not counted
+    as a second user of every page that ever changed owner -- and only where the object
+    holds pages (``SEEK_DATA``): a hole already reads as zeros. Returns the bytes written.
+    """
+    if fd < 0:
+        view = np.frombuffer(seg.map, dtype=np.uint8, count=nbytes, offset=offset)
+        view.fill(0)
+        del view  # dropped at once, so the mapping can still be closed
+        return nbytes
+    written = 0
+    for start, stop in _data_runs(fd, offset, offset + nbytes):
+        pos = start
+        while pos < stop:
+            n = os.pwrite(fd, _ZEROS[:min(len(_ZEROS), stop - pos)], pos)
+            if n <= 0:
+                raise OSError(f"pwrite of zeros into {seg.name} wrote {n} bytes")
+            pos += n
+        written += stop - start
+    return written
+
+
+_ZEROS = memoryview(bytes(1 << 20))
+
+
+def _data_runs(fd: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """The parts of ``[start, stop)`` that hold pages; the whole range when unknown."""
+    if fd < 0 or stop - start < SCAN_BYTES:
+        return [(start, stop)]
+    runs, pos = [], start
+    try:
+        while pos < stop:
+            data = os.lseek(fd, pos, os.SEEK_DATA)
+            if data >= stop:
+                break
+            hole = min(os.lseek(fd, data, os.SEEK_HOLE), stop)
+            runs.append((data, hole))
+            pos = hole
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no data past pos: the rest is a hole
+            return runs
+        return [(start, stop)]  # cannot tell: write it all
+    return runs

@@ -88,6 +88,7 @@ class Stage(IntEnum):
     SIGNAL = 9  # the fence signal: the emulated "interrupt"
     WAKE = 10  # the waiting client woke
     CALLBACK = 11
+    HOST_EXEC = 12  # the host's own timing beside an EXEC drawn at its modeled times
     # -- data movement -------------------------------------------------------------------
     COPY = 20
     REFORMAT = 21
@@ -103,12 +104,16 @@ class Stage(IntEnum):
     DUMP = 45
     FAULT = 46
     ERROR = 47
+    PREEMPT = 48  # a running command suspended at a chunk boundary for a more urgent one
     # -- counters (value in a0) ----------------------------------------------------------
     QUEUE_DEPTH = 100
     INFLIGHT = 101
     DDR_BYTES = 102
     BUFFER_MAPS = 103
     POWER_STATE = 104
+    MODEL_LAGS = 105  # commands whose host finished past their modeled end
+    FREQUENCY = 106  # the speed a device runs at, per mille of its top frequency
+    TEMPERATURE = 107  # a device's modeled temperature, milli-degrees C
 
 
 def stage_name(stage: int) -> str:

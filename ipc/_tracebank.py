@@ -37,7 +37,7 @@ _FLAG_ENABLED = 1
 
 # Counter words of one block. Each block is written only by its ring's writer.
 COUNTER_NAMES = ("maps", "imports", "ddr_bytes", "power_switches", "fence_waits",
-                 "fence_wait_ns", "spare6", "spare7")
+                 "fence_wait_ns", "model_lags", "model_lag_ns")
 COUNTERS = {name: i for i, name in enumerate(COUNTER_NAMES)}
 assert len(COUNTER_NAMES) == _COUNTER_WORDS
 

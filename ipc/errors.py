@@ -18,13 +18,25 @@ Every error answers the questions a runtime must answer after a failure (seed §
 ``buffers_trusted``
     whether the buffers the request touched still hold what they held before (inputs) or
     valid results (outputs). ``False`` means: do not read them, reallocate or rewrite.
+``fallback_possible``
+    whether the same request may succeed on another device (a CPU fallback, say): a
+    device failure or an op the device lacks, yes; a malformed request, no.
+``evidence``
+    where to look: ``trace_window`` (the frozen window's id, ``hetproc trace frozen``)
+    and ``incident`` (the recovery's dump, ``Client.dumps()``), when the supervisor made
+    them; filled in from the supervisor's record of the failure.
+``others_affected``
+    whether other clients may have been touched: a device-scope failure reset the device
+    under every context on it; a process-scope one lost a process they may share.
 ``correlation_id``
     the request's id, to find it in the trace; 0 when there is no request.
-``fallback``
-    the device a fallback ran on, or ``None``.
 
 The tree is small and flat on purpose: callers catch a branch (``InvalidRequest``,
-``DeviceFault``, ``ResourceError``, ``Timeout``, ``PlatformError``) or one leaf.
+``DeviceFault``, ``ResourceError``, ``Timeout``, ``PlatformError``) or one leaf. Every
+timeout, whatever its cause, is a ``Timeout``. ``Cancelled`` (the client's own cancel)
+is not a device fault; ``CancelledByReset`` (someone's failure reset the device) is.
+A failure that began as a Python exception inside a device process carries that
+process's traceback: ``RemoteTraceback`` is chained as the error's ``__cause__``.
 """
 
 from __future__ import annotations
@@ -43,24 +55,30 @@ __all__ = [
     "UnsupportedOp",
     "IommuFault",
     "ForeignBuffer",
+    "NotPermitted",
     "Timeout",
     "FenceTimeout",
     "DeviceTimeout",
     "DependencyTimeout",
+    "RequestTimeout",
     "DeviceFault",
     "Cancelled",
+    "CancelledByReset",
     "DependencyFailed",
     "DeviceCrashed",
     "WrongOutput",
     "ContextLost",
     "ResourceError",
     "OutOfMemory",
+    "QuotaExceeded",
     "AllocationFailed",
     "MapFailed",
     "CompileTimeout",
     "PlatformError",
     "PlatformClosed",
     "SupervisorLost",
+    "InternalError",
+    "RemoteTraceback",
     "error_class",
     "error_from_code",
     "error_from_word",
@@ -84,6 +102,7 @@ class HetprocError(Exception):
     scope = "request"
     retryable = False
     buffers_trusted = True
+    fallback_possible = False
 
     def __init__(
         self,
@@ -93,7 +112,7 @@ class HetprocError(Exception):
         retryable: bool | None = None,
         buffers_trusted: bool | None = None,
         correlation_id: int = 0,
-        fallback: str | None = None,
+        fallback_possible: bool | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message or self.__class__.__doc__.strip().splitlines()[0])
@@ -105,9 +124,13 @@ class HetprocError(Exception):
             self.retryable = retryable
         if buffers_trusted is not None:
             self.buffers_trusted = buffers_trusted
+        if fallback_possible is not None:
+            self.fallback_possible = fallback_possible
         self.correlation_id = correlation_id
-        self.fallback = fallback
         self.detail = detail or {}
+        tb = self.detail.get("remote_traceback")
+        if tb:
+            self.__cause__ = RemoteTraceback(str(tb))
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -118,6 +141,15 @@ class HetprocError(Exception):
     @property
     def name(self) -> str:
         return type(self).__name__
+
+    @property
+    def evidence(self) -> dict[str, Any]:
+        """``{"trace_window": id, "incident": id}``, the parts the supervisor made."""
+        return {k: self.detail[k] for k in ("trace_window", "incident") if self.detail.get(k)}
+
+    @property
+    def others_affected(self) -> bool:
+        return self.scope in ("device", "process")
 
     @property
     def wire(self) -> int:
@@ -138,7 +170,8 @@ class HetprocError(Exception):
             "retryable": self.retryable,
             "buffers_trusted": self.buffers_trusted,
             "correlation_id": self.correlation_id,
-            "fallback": self.fallback,
+            "fallback_possible": self.fallback_possible,
+            "others_affected": self.others_affected,
             "detail": self.detail,
         }
 
@@ -151,12 +184,21 @@ class HetprocError(Exception):
             retryable=d.get("retryable"),
             buffers_trusted=d.get("buffers_trusted"),
             correlation_id=int(d.get("correlation_id") or 0),
-            fallback=d.get("fallback"),
+            fallback_possible=d.get("fallback_possible"),
             detail=d.get("detail") or {},
         )
 
 
 _BY_CODE[HetprocError.code] = HetprocError
+
+
+class RemoteTraceback(Exception):
+    """The traceback of the exception that failed a command inside a device process,
+    chained as the ``__cause__`` of the error the client sees (its text is the remote
+    traceback, as ``concurrent.futures`` does for worker processes)."""
+
+    def __str__(self) -> str:
+        return "\n\n" + str(self.args[0]) if self.args else ""
 
 
 def error_class(code: int) -> type[HetprocError]:
@@ -234,9 +276,12 @@ class DtypeError(InvalidRequest):
 
 
 class UnsupportedOp(InvalidRequest):
-    """The device does not implement the op (the delegate should not have picked it)."""
+    """The device does not implement the op (the delegate should not have picked it).
+
+    Raised at submit or compile time, before anything runs; another device may have it."""
 
     code = 17
+    fallback_possible = True
 
 
 class IommuFault(InvalidRequest):
@@ -260,11 +305,19 @@ class ForeignBuffer(IommuFault, ForeignHandle):
     code = 19
 
 
+class NotPermitted(InvalidRequest):
+    """The client's role or grants do not allow this (another tenant's faults, metrics,
+    trace; signalling a fence it may only wait on; a priority above its role's maximum)."""
+
+    code = 9
+
+
 # -- a deadline passed ------------------------------------------------------------------
 
 
 class Timeout(HetprocError):
-    """A deadline passed."""
+    """A deadline passed: a wait's, a device's watchdog, a dependency's, a compile's or a
+    request's. Catch this to handle every timeout; each subclass says what kept going."""
 
     code = 20
     retryable = True
@@ -277,11 +330,15 @@ class FenceTimeout(Timeout):
 
 
 class DeviceTimeout(Timeout):
-    """The watchdog fired on a running command; its context is lost, its outputs untrusted."""
+    """The watchdog fired on a running command; its context is lost, its outputs untrusted.
+
+    The watchdog runs from the moment the command started executing on the device, not
+    while it waited for its input fences (that is ``DependencyTimeout``)."""
 
     code = 22
     scope = "context"
     buffers_trusted = False
+    fallback_possible = True
 
 
 class DependencyTimeout(Timeout):
@@ -289,6 +346,23 @@ class DependencyTimeout(Timeout):
 
     code = 23
     buffers_trusted = False
+
+
+class RequestTimeout(Timeout):
+    """The supervisor did not answer a request in time. ``detail["may_take_effect"]`` says
+    whether it may still be carried out (it was sent whole, so it may); ``retry()`` on the
+    exception resends it under the same request id, which the supervisor answers at most
+    once, so a retry never runs it twice."""
+
+    code = 24
+    scope = "process"
+    resend: Any = None  # set by the client that raised it: sends the same request again
+
+    def retry(self) -> Any:
+        """Resend the timed-out request under its id; returns its reply."""
+        if self.resend is None:
+            raise InvalidRequest("this timeout carries no request to retry")
+        return self.resend()
 
 
 # -- the device or an upstream command failed --------------------------------------------
@@ -299,13 +373,17 @@ class DeviceFault(HetprocError):
 
     code = 30
     buffers_trusted = False
+    fallback_possible = True
 
 
-class Cancelled(DeviceFault):
-    """The command was cancelled before it finished (by its client or by a device reset)."""
+class Cancelled(HetprocError):
+    """The command was cancelled before it finished by its own client (``Context.cancel``,
+    the context destroyed, the client gone). Not a device fault: nothing failed. A
+    command cancelled because a device was reset raises ``CancelledByReset``."""
 
     code = 31
     retryable = True
+    buffers_trusted = False
 
 
 class DependencyFailed(DeviceFault):
@@ -337,6 +415,16 @@ class ContextLost(DeviceFault):
     scope = "context"
 
 
+class CancelledByReset(Cancelled, DeviceFault):
+    """An innocent command caught in the reset of its device (another request hung or
+    crashed it). Retry it: the device serves again once the reset is done."""
+
+    code = 36
+    scope = "device"
+    retryable = True
+    buffers_trusted = False
+
+
 # -- memory and assets -------------------------------------------------------------------
 
 
@@ -353,6 +441,13 @@ class OutOfMemory(ResourceError):
     code = 41
 
 
+class QuotaExceeded(OutOfMemory):
+    """A per-client limit of the platform file's ``[limits]`` table would be exceeded;
+    ``detail["limit"]`` names it."""
+
+    code = 45
+
+
 class AllocationFailed(ResourceError):
     """An allocation failed (injected or real)."""
 
@@ -365,10 +460,11 @@ class MapFailed(ResourceError):
     code = 43
 
 
-class CompileTimeout(ResourceError):
-    """Preparing the device asset took longer than its deadline."""
+class CompileTimeout(ResourceError, Timeout):
+    """Preparing the device asset took longer than its deadline (also a ``Timeout``)."""
 
     code = 44
+    fallback_possible = True
 
 
 # -- the platform itself ------------------------------------------------------------------
@@ -392,3 +488,13 @@ class SupervisorLost(PlatformError):
 
     code = 52
     buffers_trusted = False
+
+
+class InternalError(PlatformError):
+    """A bug in hetproc itself, caught where it happened: the one request it hit failed,
+    the platform serves on. Report it with the message (it names the exception). Never
+    raised for anything a client did wrong: that is an ``InvalidRequest``."""
+
+    code = 53
+    scope = "request"
+    retryable = True

@@ -5,39 +5,46 @@ takes 2 + 1 + 10 + 1 + 4 = 18 ms. With three buffer sets the stages overlap, so 
 steady frame period falls to the slowest stage, ~10 ms, while one frame's latency stays
 ~18 ms: throughput rises, latency does not fall.
 
-Three kinds of runs, each on real device processes ordered only by fences:
+Three runs, each on real device processes ordered only by fences:
 
-* serial: one frame in flight at a time -> serial latency; every other frame is empty (no
-  modeled time), so the same run also measures what the machine itself adds per frame;
-  free-running, serial and camera-paced blocks take turns, so all see the same machine;
+* serial: one frame in flight at a time -> serial latency;
 * free-running, triple-buffered: frames as fast as buffers allow -> frame period; latency
   here grows to ~(buffers x period) because frames queue behind the NPU (seed §10: more
   buffers only postpone drops and raise the latency users see);
-* camera-paced, triple-buffered: frames arrive a little slower than the period this run
-  measured, as from a camera, which drops a frame that finds the pipeline still full of
-  earlier ones (a stall of the machine costs a few frames, not a lasting backlog) ->
-  pipelined latency, ~18 ms.
+* camera-paced, triple-buffered: frames arrive a little slower than the period, as from a
+  camera -> pipelined latency, ~18 ms, compared like with like: with the serial latency
+  measured in the same run, not only with the nominal 18 ms.
 
 Every frame carries real data: out = gpu_scale(relu(cpu_scale(frame))); the last frames
 are checked against numpy, which fails if a stage ever read a buffer before its producer's
 fence said it was written.
+
+Then the seed's spike (§10), with ``hetproc.Pipeline``: the GPU stage takes 14 ms for a
+run of frames while the camera keeps its pace, so the GPU falls behind. With an unbounded
+queue the backlog and the latency grow for as long as the spike lasts; with a bounded
+queue (2 frames) the latency stays near serial + (queue + buffers) x the spiking period,
+and the report counts the frames dropped (drop oldest) or delayed (backpressure).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from typing import Any
 
 import numpy as np
 
 import hetproc
 from hetproc.drills import Option, Scenario
 
-OPTIONS = {"frames": Option(300, "frames in each of the three runs", min=10, max=100_000)}
-QUICK = {"frames": 40}
+OPTIONS = {
+    "frames": Option(300, "frames in each of the three runs", min=10, max=100_000),
+    "spike_frames": Option(90, "frames of the GPU spike runs (the middle third spikes)",
+                           min=9, max=100_000),
+}
+QUICK = {"frames": 40, "spike_frames": 30}
 
 CPU_MS, NPU_MS, GPU_MS, HANDOFF_MS = 2.0, 10.0, 4.0, 1.0
+GPU_SPIKE_MS = 14.0
+SPIKE_QUEUE = 2
 SHAPE = (1, 64, 64, 3)
 BUFFERS = 3
 
@@ -59,74 +66,94 @@ class Pipeline:
                 ctx.map(b[writes], "w")
         self.rng = np.random.default_rng(7)
 
-    def submit(self, i: int, model: float = 1.0) -> tuple[int, "hetproc.Fence", np.ndarray]:
-        """Write frame ``i`` into its buffer set and queue its three stages, each holding
-        ``model`` times its modeled duration (0: an empty frame, only the real cost of
-        processes, fences and hand-offs remains)."""
+    def submit(self, i: int, t_frame: int = 0) -> tuple[int, "hetproc.Fence", np.ndarray]:
+        """Write frame ``i`` into its buffer set and queue its three stages. ``t_frame``:
+        when the camera produced it (its modeled arrival); default now."""
         b = self.sets[i % BUFFERS]
         frame = self.rng.standard_normal(SHAPE, dtype=np.float32)
         b["frame"].array()[...] = frame
-        t0 = time.monotonic_ns()
+        t0 = min(t_frame, time.monotonic_ns()) if t_frame else time.monotonic_ns()
         f1 = self.cpu.submit_nowait("scale", [b["frame"]], [b["pre"]], params={"factor": 2.0},
-                                    ms=CPU_MS * model, handoff_ms=HANDOFF_MS * model)
+                                    ms=CPU_MS, handoff_ms=HANDOFF_MS, at_ns=t0)
         f2 = self.npu.submit_nowait("relu", [b["pre"]], [b["feat"]], wait=[f1],
-                                    ms=NPU_MS * model, handoff_ms=HANDOFF_MS * model)
+                                    ms=NPU_MS, handoff_ms=HANDOFF_MS, at_ns=t0)
         f3 = self.gpu.submit_nowait("scale", [b["feat"]], [b["out"]], wait=[f2],
-                                    params={"factor": 0.5}, ms=GPU_MS * model)
+                                    params={"factor": 0.5}, ms=GPU_MS, at_ns=t0)
         for f in (f1, f2):
             f.release()  # still alive while f2/f3 wait on them; recycled afterwards
         return t0, f3, frame
 
     def finish(self, i: int, t0: int, fence: "hetproc.Fence", frame: np.ndarray) -> tuple[int, int, bool]:
         fence.wait(5.0 + 0.1 * (CPU_MS + NPU_MS + GPU_MS))
-        t_done = fence.client.fences.info(fence.handle)["t_ns"]
+        t_done = fence.signal_time()  # the modeled end: host wake-ups are not in it
         out = self.sets[i % BUFFERS]["out"].array()
         correct = bool(np.allclose(out, 0.5 * np.maximum(2.0 * frame, 0), atol=1e-6))
         fence.release()
         return t0, t_done, correct
 
-    def run(self, frames: int, *, window: int, empty_every: int = 0) -> dict[str, np.ndarray]:
-        """Run ``frames`` frames as fast as ``window`` buffer sets allow; with
-        ``empty_every = 2`` every other frame is empty (no modeled time). Returns
-        per-frame times."""
+    def run(self, frames: int, *, window: int, interval_ns: int = 0) -> dict[str, np.ndarray]:
+        """Run ``frames`` frames with at most ``window`` in flight, arriving every
+        ``interval_ns`` (0: as fast as buffers allow). Returns per-frame times."""
         pending: dict[int, tuple] = {}
         starts, ends, ok = [], [], []
+        t_first = time.monotonic_ns()
         for i in range(frames):
             if i - window in pending:
                 t0, t_done, good = self.finish(i - window, *pending.pop(i - window))
                 starts.append(t0), ends.append(t_done), ok.append(good)
-            empty = bool(empty_every) and i % empty_every == 0
-            pending[i] = self.submit(i, 0.0 if empty else 1.0)
+            t_frame = 0
+            if interval_ns:
+                t_frame = t_first + i * interval_ns
+                _sleep_until(t_frame)
+            pending[i] = self.submit(i, t_frame)
         for j in sorted(pending):
             t0, t_done, good = self.finish(j, *pending.pop(j))
             starts.append(t0), ends.append(t_done), ok.append(good)
         return {"start": np.array(starts), "end": np.array(ends), "ok": np.array(ok)}
 
-    def camera(self, frames: int, *, interval_ns: int, max_in_flight: int) -> dict[str, Any]:
-        """A camera: a frame every ``interval_ns``, taken only while fewer than
-        ``max_in_flight`` are still in the pipeline, dropped otherwise (as a camera HAL
-        drops a frame with no free buffer). A stall of the machine then costs a few
-        dropped frames, not a backlog that every later frame waits behind."""
-        pending: dict[int, tuple] = {}
-        starts, ends, ok = [], [], []
-        taken = drops = 0
-        t_next = time.monotonic_ns()
-        while taken < frames:
-            _sleep_until(t_next)
-            t_next += interval_ns
-            for j in [j for j in sorted(pending) if pending[j][1].done()]:
-                t0, t_done, good = self.finish(j, *pending.pop(j))
-                starts.append(t0), ends.append(t_done), ok.append(good)
-            if len(pending) >= max_in_flight:
-                drops += 1
-                continue
-            pending[taken] = self.submit(taken)
-            taken += 1
-        for j in sorted(pending):
-            t0, t_done, good = self.finish(j, *pending.pop(j))
-            starts.append(t0), ends.append(t_done), ok.append(good)
-        return {"start": np.array(starts), "end": np.array(ends), "ok": np.array(ok),
-                "dropped": drops}
+
+def spike(s: Scenario, frames: int) -> None:
+    """The §10 spike: frames in the middle third take 14 ms on the GPU."""
+    c, scale = s.client, s.time_scale
+    first, last = frames // 3, 2 * frames // 3
+    gpu_ms = lambda i: GPU_SPIKE_MS if first <= i < last else GPU_MS  # noqa: E731
+    stages = [hetproc.PipelineStage(c.context("cpu0", name="spike pre"), "scale", ms=CPU_MS,
+                                    params={"factor": 2.0}, handoff_ms=HANDOFF_MS),
+              hetproc.PipelineStage(c.context("npu0", name="spike inference"), "relu",
+                                    ms=NPU_MS, handoff_ms=HANDOFF_MS),
+              hetproc.PipelineStage(c.context("gpu0", name="spike post"), "scale", ms=gpu_ms,
+                                    params={"factor": 0.5})]
+    interval = 10.5 * scale  # the camera: a little slower than the NPU, faster than the spike
+    serial = (CPU_MS + HANDOFF_MS + NPU_MS + HANDOFF_MS + GPU_MS) * scale
+    bound = serial + (SPIKE_QUEUE + BUFFERS) * GPU_SPIKE_MS * scale
+    out = {}
+    for name, queue, policy in (("unbounded", frames, "backpressure"),
+                                ("drop_oldest", SPIKE_QUEUE, "drop_oldest"),
+                                ("backpressure", SPIKE_QUEUE, "backpressure")):
+        p = hetproc.Pipeline(c, stages, shape=SHAPE, buffers=BUFFERS, max_queue=queue,
+                             policy=policy, deadline_ms=2 * serial)
+        try:
+            r = p.run(frames, interval_ms=interval, timeout_s=60 + frames * interval / 100)
+        finally:
+            p.close()
+        out[name] = summary = r.summary()
+        for key in ("latency_p50_ms", "latency_p99_ms", "latency_max_ms", "dropped", "delayed",
+                    "deadline_misses", "max_queue_depth"):
+            s.metric(f"spike_{name}_{key}", summary[key])
+    s.check("spike, unbounded queue: the backlog and the latency grow past the bound",
+            out["unbounded"]["latency_max_ms"] > bound and out["unbounded"]["dropped"] == 0,
+            f"max {out['unbounded']['latency_max_ms']:.1f} ms vs bound {bound:.1f} ms")
+    s.check("spike, bounded queue (drop oldest): latency stays near serial + (Q+K) x period, "
+            "drops counted", out["drop_oldest"]["latency_max_ms"] <= bound * 1.05
+            and out["drop_oldest"]["dropped"] > 0,
+            f"max {out['drop_oldest']['latency_max_ms']:.1f} ms, "
+            f"{out['drop_oldest']['dropped']} dropped")
+    s.check("spike, backpressure: nothing dropped, the camera delayed",
+            out["backpressure"]["dropped"] == 0 and out["backpressure"]["delayed"] > 0,
+            f"{out['backpressure']['delayed']} frames delayed")
+    s.note(f"spike: frames {first}..{last - 1} take {GPU_SPIKE_MS} ms on the GPU, camera every "
+           f"{interval:.1f} ms; bound serial + (Q={SPIKE_QUEUE} + K={BUFFERS}) x "
+           f"{GPU_SPIKE_MS * scale:.1f} ms = {bound:.1f} ms")
 
 
 def _sleep_until(t_ns: int) -> None:
@@ -139,73 +166,59 @@ def _ms(ns: np.ndarray) -> np.ndarray:
     return ns / 1e6
 
 
-BLOCK = 25  # frames per block: serial and camera-paced blocks take turns
-
-
 def run(s: Scenario) -> None:
     frames = s.option("frames")
+    warmup = max(3, frames // 20)
     scale = s.time_scale
-    warmup = 3  # frames of each block while the pipeline fills
     serial_expected = (CPU_MS + HANDOFF_MS + NPU_MS + HANDOFF_MS + GPU_MS) * scale
     period_expected = max(CPU_MS, NPU_MS, GPU_MS) * scale
     p = Pipeline(s)
 
-    # Free-running, serial (each frame after an empty one) and camera-paced frames take
-    # turns in blocks, so whatever else the machine is doing weighs on all three alike:
-    # each is compared with figures measured at the same moments. An empty frame's
-    # latency is what processes, fences and hand-offs cost right now.
-    periods, free_lats, serial_lat, empty_lat, paced_lat, ok = [], [], [], [], [], []
-    dropped = 0
-    intervals = []
-    for first in range(0, frames, BLOCK):
-        n = min(BLOCK, frames - first)
-        s.progress(f"frames {first}..{first + n} of {frames}: free-running, serial, camera")
-        free = p.run(max(n, 2 * warmup), window=BUFFERS)
-        periods.append(np.diff(_ms(free["end"]))[warmup:])
-        free_lats.append(_ms(free["end"] - free["start"])[warmup:])
-        # A camera a little slower than the bottleneck as this block measured it: on a
-        # busy machine the real period is longer than the modeled one, and a camera
-        # faster than the pipeline would queue frames and measure the backlog.
-        interval = max(period_expected, float(np.median(periods[-1]))) * 1.15
-        intervals.append(interval)
-        both = p.run(2 * n, window=1, empty_every=2)
-        both_lat = _ms(both["end"] - both["start"])
-        serial_lat.append(both_lat[1::2][1:])  # the first of a block starts on a cold pipe
-        empty_lat.append(both_lat[0::2][1:])
-        # Frames in flight at once when each takes the serial latency: more is a backlog.
-        max_in_flight = min(BUFFERS, max(2, math.ceil(float(np.median(both_lat[1::2])) / interval)))
-        paced = p.camera(n, interval_ns=int(interval * 1e6), max_in_flight=max_in_flight)
-        paced_lat.append(_ms(paced["end"] - paced["start"])[1:])
-        dropped += paced["dropped"]
-        ok += [free["ok"], both["ok"], paced["ok"]]
-    lat, paced_all = np.concatenate(serial_lat), np.concatenate(paced_lat)
-    period, free_lat = np.concatenate(periods), np.concatenate(free_lats)
+    s.progress(f"serial: {frames} frames, one in flight")
+    serial = p.run(frames, window=1)
+    lat = _ms(serial["end"] - serial["start"])[warmup:]
+    s.metric("serial_latency_p50_ms", float(np.median(lat)))
+    s.metric("serial_latency_p99_ms", float(np.percentile(lat, 99)))
+
+    s.progress(f"free-running: {frames} frames, {BUFFERS} buffer sets")
+    free = p.run(frames, window=BUFFERS)
+    period = np.diff(_ms(free["end"]))[warmup:]
+    free_lat = _ms(free["end"] - free["start"])[warmup:]
     s.metric("pipelined_period_p50_ms", float(np.median(period)))
     s.metric("pipelined_period_p99_ms", float(np.percentile(period, 99)))
     s.metric("free_running_latency_p50_ms", float(np.median(free_lat)))
-    s.metric("throughput_fps", 1000.0 / float(np.median(period)))
-    overhead = float(np.median(np.concatenate(empty_lat)))
-    s.metric("serial_latency_p50_ms", float(np.median(lat)))
-    s.metric("serial_latency_p99_ms", float(np.percentile(lat, 99)))
-    s.metric("empty_frame_latency_p50_ms", overhead)
-    s.metric("camera_interval_ms", float(np.median(intervals)))
-    s.metric("camera_dropped_frames", dropped)
-    s.metric("pipelined_latency_p50_ms", float(np.median(paced_all)))
-    s.metric("pipelined_latency_p99_ms", float(np.percentile(paced_all, 99)))
+    s.metric("throughput_fps", 1000.0 / float(np.median(period)) / 1.0)
 
-    s.check_near("serial latency ~ 2+1+10+1+4 ms (+ an empty frame's cost, measured "
-                 "in this run)", float(np.median(lat)), serial_expected + overhead)
-    s.check_near("pipelined period ~ slowest stage (NPU; + its share of an empty frame's "
-                 "cost)", float(np.median(period)), period_expected + overhead / 3)
-    # Like with like: against the serial latency measured beside it. Pipelining must not
+    interval = period_expected * 1.15  # a camera a little slower than the bottleneck
+    s.progress(f"camera-paced: {frames} frames, one every {interval:.2f} ms")
+    paced = p.run(frames, window=BUFFERS, interval_ns=int(interval * 1e6))
+    paced_lat = _ms(paced["end"] - paced["start"])[warmup:]
+    s.metric("camera_interval_ms", interval)
+    s.metric("pipelined_latency_p50_ms", float(np.median(paced_lat)))
+    s.metric("pipelined_latency_p99_ms", float(np.percentile(paced_lat, 99)))
+
+    # Invariant 8: modeled time is exact, or says it is not. A host too slow to keep up
+    # (a busy machine) shows here as lags, never as a silently longer latency.
+    devs = s.platform.metrics()["devices"]
+    lags = {n: d["model_lags"] for n, d in devs.items() if d.get("model_lags")}
+    s.metric("modeled_time_lags", sum(lags.values()))
+    if lags:
+        s.note(f"the host fell behind the modeled timeline {sum(lags.values())} times "
+               f"({lags}): latencies above the model's are host lag, not model")
+    s.progress("the GPU spike: unbounded, drop-oldest and backpressure queues")
+    spike(s, s.option("spike_frames"))
+    s.check_near("serial latency ~ 2+1+10+1+4 ms", float(np.median(lat)), serial_expected)
+    s.check_near("pipelined period ~ slowest stage (NPU)", float(np.median(period)),
+                 period_expected)
+    # Like with like: against the serial latency measured in this run. Pipelining must not
     # lower it (the stages of one frame still run one after another), nor add a frame of
-    # queueing (a backlog: ~ buffers x period). Three devices busy at once on a loaded
-    # machine cost a little more than one at a time, so the allowance above is part of a
-    # period, below it the usual 15 %.
-    serial_p50, paced_p50 = float(np.median(lat)), float(np.median(paced_all))
+    # queueing (a backlog: ~ buffers x period). Modeled time absorbs most of what a busy
+    # machine adds; what it cannot absorb it counts as lags (above), and weighs on the
+    # serial and the paced runs alike, so the allowance above is part of a period.
+    serial_p50, paced_p50 = float(np.median(lat)), float(np.median(paced_lat))
     lo = serial_p50 * 0.85 - 0.5
     hi = serial_p50 + 0.75 * float(np.median(period))
-    s.check("pipelined latency still ~ serial latency (measured beside it)",
+    s.check("pipelined latency still ~ serial latency (measured in this run)",
             lo <= paced_p50 <= hi,
             f"measured {paced_p50:.3f} ms, serial {serial_p50:.3f} ms: allowed {lo:.3f} .. "
             f"{hi:.3f} ms (15 % below, 3/4 of a period above)")
@@ -213,9 +226,8 @@ def run(s: Scenario) -> None:
             float(np.median(period)) < 0.8 * float(np.median(lat)))
     s.check("free-running frames queue: latency grows above serial",
             float(np.median(free_lat)) > float(np.median(lat)))
-    every = np.concatenate(ok)
+    every = np.concatenate([serial["ok"], free["ok"], paced["ok"]])
     s.check("every frame's output is correct (fences ordered every write)", bool(every.all()),
             f"{int((~every).sum())} of {every.size} frames wrong")
-    s.note(f"an empty frame took {overhead:.2f} ms on this machine in this run")
     s.note(f"expected at time scale {scale}: serial {serial_expected:.2f} ms, "
            f"period {period_expected:.2f} ms, pipelined latency {serial_expected:.2f} ms")

@@ -32,7 +32,8 @@ import statistics
 import numpy as np
 import psutil
 
-from hetproc.drills import Option, Scenario, read_checksum
+from device_workers import read_checksum
+from hetproc.drills import Option, Scenario
 
 OPTIONS = {
     "max_mib": Option(64, "largest hand-off measured (sizes 4 KiB .. this)", min=1, max=256),
@@ -82,8 +83,9 @@ class Chain:
         f_cons = self.npu.submit("checksum", [imp], [self.result], wait=[f_seen])
         gate.signal()  # the backend is already waiting: we time the hand-off, not submits
         f_cons.wait(60)
-        t_signal = self.producer.fences.info(f_prod.handle)["t_ns"]
-        ev = self.delegate.memory_events(cids=[f_prod.cid, f_cons.cid], timeout=30)["events"]
+        t_signal = self.producer.fences.info(f_prod.handle)["t_host"]
+        # Both tenants' events: the platform owner's view (a tenant sees only its own).
+        ev = self.s.client.memory_events(cids=[f_prod.cid, f_cons.cid], timeout=30)["events"]
         kernel = next(e for e in ev if e["kind"] == "exec" and e["cid"] == f_cons.cid)
         written = next(e for e in ev if e["kind"] == "exec" and e["cid"] == f_prod.cid)
         copies = [e for e in ev if e["kind"] in ("copy", "reformat")]

@@ -34,14 +34,3 @@ def platform():
 @pytest.fixture
 def client(platform):
     return platform.client
-
-
-def wait_for(predicate, timeout=5.0, interval=0.005):
-    """Poll ``predicate`` until true or the deadline passes; returns its last value."""
-    import time
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)

@@ -142,7 +142,7 @@ def test_to_raw_is_the_inverse_of_the_parser():
 
 
 def test_the_schema_knows_what_the_devices_and_the_fault_plan_know():
-    from device_workers import OPS as kernel_ops
+    from device_workers._kernels import OPS as kernel_ops
     from hetproc.supervisor._faultplan import FAULTS
     assert set(OPS) == set(kernel_ops)
     assert set(FAULT_KINDS) == set(FAULTS)
@@ -152,7 +152,9 @@ def test_the_schema_knows_what_the_devices_and_the_fault_plan_know():
 # -- scenarios as examples -----------------------------------------------------------------
 
 
-PUBLIC = {"hetproc", "hetproc.trace", "hetproc.drills"}
+# The public namespaces (tests/test_exports.py): a scenario reaches no private module.
+PUBLIC = {"hetproc", "hetproc.trace", "hetproc.drills", "hetproc.delegate", "ipc",
+          "device_workers"}
 
 
 def test_scenarios_are_discovered_declare_their_options_and_import_only_public_names():
@@ -182,7 +184,7 @@ def test_acceptance_cells_are_the_discovered_scenarios_then_every_drill():
     assert [n for k, n, _ in got if k == "scenario"] == names
     assert [n for k, n, _ in got if k == "drill"] == list(drills.DRILLS)
     quick = {n: o for k, n, o in got if k == "scenario"}
-    assert quick["video_pipeline"] == {"frames": 40}
+    assert quick["video_pipeline"] == {"frames": 40, "spike_frames": 30}
 
 
 def test_help_reads_as_prose():

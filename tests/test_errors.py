@@ -1,29 +1,43 @@
-"""The error hierarchy: stable codes, scopes, wire round trip, one export per name."""
+"""The error hierarchy: stable codes, the seed's six questions on every error object, the
+branches a caller catches, and errors that explain themselves across real processes."""
+
+import traceback
 
 import pytest
 
 import hetproc
 import ipc.errors as E
+from hetproc import errors
 
 
 def all_error_classes():
-    return [getattr(E, n) for n in E.__all__ if isinstance(getattr(E, n), type)]
+    return [getattr(E, n) for n in E.__all__
+            if isinstance(getattr(E, n), type) and issubclass(getattr(E, n), E.HetprocError)]
 
 
 def test_codes_are_unique_and_stable():
     codes = [c.code for c in all_error_classes()]
     assert len(codes) == len(set(codes))
     assert E.DeviceTimeout.code == 22 and E.StaleHandle.code == 13  # wire-visible: never renumber
+    assert E.Cancelled.code == 31 and E.InternalError.code == 53
 
 
 @pytest.mark.parametrize("cls", all_error_classes())
 def test_every_error_answers_the_runtime_questions(cls):
-    exc = cls("boom", correlation_id=42)
+    exc = cls("boom", correlation_id=42, detail={"trace_window": 3, "incident": 7})
     d = exc.to_dict()
     assert d["scope"] in E.SCOPES
-    assert isinstance(d["retryable"], bool) and isinstance(d["buffers_trusted"], bool)
+    for field in ("retryable", "buffers_trusted", "fallback_possible", "others_affected"):
+        assert isinstance(d[field], bool), field
+    assert exc.evidence == {"trace_window": 3, "incident": 7}
     back = E.HetprocError.from_dict(d)
     assert type(back) is cls and back.correlation_id == 42 and str(back) == "boom"
+    assert back.evidence == exc.evidence and back.fallback_possible == exc.fallback_possible
+
+
+@pytest.mark.parametrize("cls", all_error_classes())
+def test_every_class_says_when_it_is_raised(cls):
+    assert cls.__doc__ and len(cls.__doc__.strip()) > 20
 
 
 def test_unknown_code_maps_to_base_class():
@@ -38,10 +52,48 @@ def test_branches_say_what_a_caller_catches():
     assert E.InvalidRequest.buffers_trusted and not E.InvalidRequest.retryable
 
 
-def test_public_api_exports_each_name_once():
-    names = hetproc.__all__
-    assert len(names) == len(set(names))
-    for name in names:
-        assert getattr(hetproc, name) is not None
-    for name in E.__all__:
-        assert name in names or name in ("error_class", "error_from_code", "SCOPES")
+def test_every_timeout_is_a_timeout():
+    for cls in (E.FenceTimeout, E.DeviceTimeout, E.DependencyTimeout, E.RequestTimeout,
+                E.CompileTimeout):
+        assert issubclass(cls, hetproc.Timeout), cls
+
+
+def test_a_clients_own_cancel_is_not_a_device_fault_but_a_reset_is():
+    assert not issubclass(E.Cancelled, E.DeviceFault)
+    assert issubclass(E.CancelledByReset, E.Cancelled) and issubclass(E.CancelledByReset, E.DeviceFault)
+    assert E.CancelledByReset("x").others_affected and not E.Cancelled("x").others_affected
+
+
+def test_internal_errors_are_their_own_class():
+    assert issubclass(E.InternalError, E.PlatformError) and E.InternalError.scope == "request"
+
+
+def test_classes_show_as_hetproc_names():
+    assert hetproc.errors.DeviceTimeout is E.DeviceTimeout
+    assert E.DeviceTimeout.__module__ == "hetproc"
+    line = traceback.format_exception_only(hetproc.DeviceTimeout("late"))[-1]
+    assert line.startswith("hetproc.DeviceTimeout: late")
+
+
+def test_errors_module_and_package_export_the_same_hierarchy():
+    assert set(errors.__all__) <= set(hetproc.__all__)
+
+
+def test_a_device_side_exception_arrives_with_its_remote_traceback(client):
+    npu = client.context("npu0")
+    client.inject("kernel_bug", device="npu0", at=1)
+    x = client.alloc(16, "float32")
+    with pytest.raises(hetproc.DeviceFault) as info:
+        npu.submit("relu", [x], [x]).wait(5)
+    cause = info.value.__cause__
+    assert isinstance(cause, E.RemoteTraceback)
+    assert "KeyError" in str(cause) and "_vendor_kernel_with_a_bug" in str(cause)
+    assert info.value.evidence.get("trace_window"), "the error says where its window is"
+    npu.submit("relu", [x], [x]).wait(5)  # the device serves on
+
+
+def test_a_timeout_names_its_incident_and_window(client):
+    client.inject("timeout", device="npu0", at=1)
+    with pytest.raises(hetproc.DeviceTimeout) as info:
+        client.context("npu0").submit("work", ms=5, timeout_ms=20).wait(5)
+    assert info.value.evidence.get("incident") and info.value.fallback_possible

@@ -23,7 +23,7 @@ from hetproc.trace._export import frozen_to_chrome
 from ipc import TraceBank
 from ipc._trace import RECORD_DTYPE, Stage
 
-from .conftest import wait_for
+from tests.helpers import wait_for
 
 SHAPE = (1, 16, 16, 3)
 
@@ -61,7 +61,13 @@ def test_every_stage_of_one_request_in_order_across_client_supervisor_and_device
     def end(name):  # in us, rounded to the ns the records carry (ts + dur adds float error)
         return round(first[name]["ts"] + first[name].get("dur", 0), 3)
 
-    assert first["SIGNAL"]["ts"] >= end("EXEC") >= end("MAP")
+    # EXEC is drawn at its modeled times (invariant 8), MAP at the host's: the host's map
+    # may end past the modeled end only when the device recorded a lag for it.
+    host = [e for e in mine if e["name"] == "HOST_EXEC"]
+    assert len(host) == 1 and host[0]["pid"] == first["EXEC"]["pid"]
+    lagged = host[0]["args"]["a1"] > 0
+    assert first["SIGNAL"]["ts"] >= end("EXEC")
+    assert end("EXEC") >= end("MAP") or lagged
     assert end("WAKE") >= first["SIGNAL"]["ts"]
     assert first["CALLBACK"]["ts"] >= end("WAKE")
     npu_pid = platform.metrics()["devices"]["npu0"]["pid"]
@@ -136,7 +142,7 @@ def test_frozen_window_survives_rings_that_wrapped_many_times():
     with hetproc.Platform(spec=spec) as plat:
         c = plat.client
         npu = c.context("npu0")
-        bad = _fail_one(c, npu, linger=0.03)
+        bad = _fail_one(c, npu, linger=0.2)  # dominant even on a loaded machine
         # The window is taken by the supervisor once its "after" part has passed.
         listing = wait_for(lambda: _trace.frozen_windows(c, records=False, flush=False))
         assert [w["cids"] for w in listing] == [[bad]]

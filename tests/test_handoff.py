@@ -15,7 +15,7 @@ import pytest
 
 import hetproc
 from device_workers._kernels import checksum_of, read_checksum
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 def _timeline(client, *fences):

@@ -91,7 +91,7 @@ def resize_ref(x, oh, ow, mode):
 def test_ops_listed():
     assert set(K.OPS) == {
         "copy", "fill", "add", "scale", "matmul", "relu", "conv2d", "resize", "quantize", "dequantize",
-        "transpose", "checksum", "work",
+        "transpose", "checksum", "graph", "work",
     }
 
 

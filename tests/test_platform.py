@@ -17,7 +17,7 @@ import pytest
 
 import hetproc
 from ipc import cleanup_dead, entries_with_prefix
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 def test_fences_order_a_chain_across_three_devices(client):
@@ -306,7 +306,12 @@ def test_status_lists_the_platform_with_its_pids(platform):
     out = subprocess.run([sys.executable, "-m", "hetproc", "status", "--json"],
                          capture_output=True, text=True, timeout=30)
     import json
-    entries = {p["prefix"]: p for p in json.loads(out.stdout)}
+    assert out.returncode == 0, out.stderr
+    try:
+        listed = json.loads(out.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON: {out.stdout[:300]!r} / {out.stderr[-500:]!r}") from None
+    entries = {p["prefix"]: p for p in listed}
     me = entries[platform.prefix]
     assert me["supervisor_pid"] == platform.pid
     assert set(me["devices"]) == {"cpu0", "npu0", "gpu0", "dsp0", "isp0"}
@@ -318,7 +323,9 @@ def test_a_higher_priority_request_overtakes_queued_lower_ones(client):
     priority, so the camera's request does not wait behind a third-party backlog."""
     background = client.context("npu0", priority=0, name="third-party")
     camera = client.context("npu0", priority=10, name="camera")
-    backlog = [background.submit("work", ms=20) for _ in range(5)]
+    # One batch, then the urgent one: two requests, so even a loaded host queues the
+    # urgent one long before the backlog's third command could start.
+    backlog = background.submit_many([hetproc.command("work", ms=50) for _ in range(5)])
     urgent = camera.submit("work", ms=1)
     for f in backlog + [urgent]:
         f.wait(5)

@@ -113,7 +113,7 @@ def test_stress_random_faults_and_kills(platform):
     for d in devices:  # after the storm, every device serves correct results again
         client.context(d).submit("copy", [x], [outs[0]]).wait(5)
         np.testing.assert_array_equal(outs[0].array(), x.array())
-    from tests.conftest import wait_for  # probes of the last recoveries may still run
+    from tests.helpers import wait_for  # probes of the last recoveries may still run
     assert wait_for(lambda: client.metrics()["in_flight"] == 0
                     and client.metrics()["incidents"]["active"] == 0), client.metrics()
     m = client.metrics()
@@ -149,7 +149,7 @@ def test_timeout_falls_back_to_another_device_when_configured():
         c.inject("timeout", device="gpu0")
         ctx.submit("relu", [x], [y]).wait(5)  # succeeds: re-run on cpu0
         assert (y.array() == 0).all()
-        from tests.conftest import wait_for
+        from tests.helpers import wait_for
         history = wait_for(lambda: c.incidents()["history"])  # probes finish it
         assert history and history[-1]["fallback"] == "cpu0"
         with pytest.raises(hetproc.ContextLost):

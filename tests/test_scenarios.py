@@ -61,3 +61,32 @@ def test_platform_file_is_honoured(tmp_path):
         assert plat.client.devices == ["npu7"]
         assert plat.client.time_scale == 0.5
         plat.client.context("npu7").submit("work", ms=1).wait(5)
+
+
+def test_multi_tenant_mixed_keeps_the_camera_and_fifo_does_not(tmp_path):
+    report_path = tmp_path / "mt.json"
+    subprocess.run([sys.executable, "-m", "hetproc", "run", "multi_tenant", "--set",
+                    "seconds=1", "--report", str(report_path)],
+                   capture_output=True, text=True, timeout=300)
+    report = json.loads(report_path.read_text())
+    assert report["left_behind"] == {"objects": [], "processes": []}
+    m = report["metrics"]
+    # Modeled time: what a policy decides does not depend on the host's speed.
+    assert m["mixed_camera_misses"] == 0 and m["mixed_llm_jobs_per_s"] > 0
+    assert m["fifo_camera_misses"] > 0 and m["fifo_preemptions"] == 0
+    assert m["mixed_preemptions"] > 0
+
+
+def test_multi_tenant_storm_scopes_recovery_to_the_faulty_tenant(tmp_path):
+    report_path = tmp_path / "storm.json"
+    subprocess.run([sys.executable, "-m", "hetproc", "run", "multi_tenant", "--set", "storm=1",
+                    "--set", "seconds=1", "--report", str(report_path)],
+                   capture_output=True, text=True, timeout=400)
+    report = json.loads(report_path.read_text())
+    assert report["left_behind"] == {"objects": [], "processes": []}
+    m = report["metrics"]
+    # A fault that answers the cancel is recovered at its context: no reset, no camera loss.
+    assert m["storm_timeout_camera_lost"] == 0 and m["storm_timeout_resets"] == 0
+    assert m["storm_timeout_incidents"] >= 1 and m["storm_timeout_llm_losses"] >= 1
+    # A hang needs a device reset; replaying the camera's innocent work loses nothing.
+    assert m["storm_hang_resets"] >= 1 and m["storm_hang_replay_camera_lost"] == 0

@@ -171,6 +171,9 @@ def _parser() -> argparse.ArgumentParser:
         Remove the named objects and the processes of every platform whose supervisor
         is dead. Live platforms are never touched.""", cmd_cleanup)
     _json_arg(cleanup)
+
+    from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
+    add_model_commands(sub)
     return p
 
 
@@ -286,8 +289,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_run(args: argparse.Namespace) -> int:
     drills.check_output_path(args.report, "--report")
     if args.plot:
-        from ..trace._plot import _import_matplotlib
-        _import_matplotlib()  # say it is missing before the run, not after
+        from ..trace import require_matplotlib
+        require_matplotlib()  # say it is missing before the run, not after
     name = args.scenario
     with _show.Progress(f"hetproc run {name}", enabled=not args.json) as progress:
         report = drills.run_scenario(
@@ -323,7 +326,7 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    from ..drills._campaign import run_campaign
+    from ..drills import run_campaign
     drills.check_output_path(args.report, "--report")
     with _show.Progress(f"hetproc campaign {args.drill}", enabled=not args.json) as progress:
         summary = run_campaign(args.drill, seeds=args.seeds, seed_base=args.seed_base,
@@ -406,7 +409,7 @@ def cmd_trace_explain(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace, progress: _show.Progress) -> tuple[bool, str]:
     """(found, the text to print): the explanation, or the one line saying what is not
     in the trace."""
-    from ..trace import _explain as ex
+    from .. import trace as ex
     progress(f"reading {args.file}")
     try:
         trace = ex.load_trace(args.file)
@@ -436,7 +439,7 @@ def _explain(args: argparse.Namespace, progress: _show.Progress) -> tuple[bool, 
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
-    from ..trace._plot import plot_timeline
+    from ..trace import plot_timeline
     drills.check_output_path(args.output, "--output")
     window = None
     if args.window:
@@ -458,11 +461,18 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _role() -> int | None:
+    """Reading another process's platform trace needs a privileged role: the token its
+    owner granted (``client.grant_role()``), passed in ``HETPROC_ROLE``."""
+    token = os.environ.get("HETPROC_ROLE", "")
+    return int(token) if token.isdigit() else None
+
+
 def cmd_trace_export(args: argparse.Namespace) -> int:
     from .. import trace as _trace
-    from ..client._platform import connect
+    from ..client import connect
     drills.check_output_path(args.file, "FILE")
-    with connect(args.platform, "hetproc-trace") as client:
+    with connect(args.platform, "hetproc-trace", role=_role()) as client:
         out = _trace.export_trace(client, args.file)
     print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
           f"{out['flows']} request flows")
@@ -471,8 +481,8 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
 
 def cmd_trace_frozen(args: argparse.Namespace) -> int:
     from .. import trace as _trace
-    from ..client._platform import connect
-    with connect(args.platform, "hetproc-trace") as client:
+    from ..client import connect
+    with connect(args.platform, "hetproc-trace", role=_role()) as client:
         if args.dir:
             windows = _trace.write_frozen(client, args.dir)
         else:

@@ -1,8 +1,10 @@
 """What the CLI prints: progress while a run takes time, then a summary table.
 
-Progress and tables go through ``rich``. Progress is drawn on stderr, only once a command
-has run for a second (short commands stay quiet) and only on a terminal; it disappears
-when the run ends, so stdout holds the result alone (``--json`` prints nothing else).
+Progress and tables go through ``rich`` when it is installed (the ``rich`` extra), and
+come out as aligned plain text without it (``_plain``). Progress is drawn on stderr, only
+with ``rich``, only once a command has run for a second (short commands stay quiet) and
+only on a terminal; it disappears when the run ends, so stdout holds the result alone
+(``--json`` prints nothing else).
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ import threading
 import time
 from typing import Any, TextIO
 
-from rich.console import Console
-from rich.live import Live
-from rich.spinner import Spinner
-from rich.table import Table
-from rich.text import Text
+try:
+    from rich.console import Console
+    from rich.live import Live
+    from rich.spinner import Spinner
+    from rich.table import Table
+    from rich.text import Text
+    HAVE_RICH = True
+except ImportError:  # the optional extra is not installed: plain text, no spinner
+    from ._plain import Console, Table, Text
+    HAVE_RICH = False
 
 PROGRESS_AFTER_S = 1.0  # a command quicker than this shows no progress at all
 
@@ -34,9 +41,9 @@ class Progress:
         self.phase = "starting"
         self.rows: Table | None = None
         self._console = Console(stderr=True)
-        self._enabled = enabled and self._console.is_terminal
+        self._enabled = enabled and HAVE_RICH and self._console.is_terminal
         self._t0 = time.monotonic()
-        self._live: Live | None = None
+        self._live: Any = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
 

@@ -53,7 +53,7 @@ def live_platforms(query: bool = True) -> list[dict[str, Any]]:
 
 
 def _query(prefix: str) -> dict[str, Any] | None:
-    from ..client._client import Client
+    from ..client import Client
     try:
         with Client(socket_address(prefix), "hetproc-status", timeout=2.0) as c:
             return c.metrics()
@@ -94,11 +94,19 @@ def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
                       file=out)
         cpu = (m or {}).get("cpu_s") or {}
         print(f"  {'device':8s} {'pid':>8s} {'state':10s} {'epoch':>5s} {'queue':>6s} "
-              f"{'done':>8s} {'failed':>6s} {'cpu s':>7s} {'maps':>7s} {'power':>6s}", file=out)
+              f"{'done':>8s} {'failed':>6s} {'cpu s':>7s} {'maps':>7s} {'power':>6s} "
+              f"{'sched':>8s} {'preempt':>7s} {'lags':>5s} {'speed':>5s} {'temp C':>6s}", file=out)
         for name, d in p["devices"].items():
             dm = (m or {}).get("devices", {}).get(name, {})
             print(f"  {name:8s} {d.get('pid', 0):>8} {d.get('state', '?'):10s} "
                   f"{d.get('epoch', '?'):>5} {d.get('queue_depth', '?'):>6} "
                   f"{d.get('completed', '?'):>8} {d.get('failed', '?'):>6} "
                   f"{cpu.get(name, '?')!s:>7} {dm.get('mapped_operands', '?')!s:>7} "
-                  f"{dm.get('power_switches', '?')!s:>6}", file=out)
+                  f"{dm.get('power_switches', '?')!s:>6} {dm.get('scheduler', '?')!s:>8} "
+                  f"{dm.get('preemptions', '?')!s:>7} {dm.get('model_lags', '?')!s:>5} "
+                  f"{_power(dm, 'speed')!s:>5} {_power(dm, 'temperature_c')!s:>6}", file=out)
+
+
+def _power(dm: dict[str, Any], key: str) -> Any:
+    value = ((dm.get("modeled_time") or {}).get("power") or {}).get(key)
+    return "-" if value is None else round(value, 2)

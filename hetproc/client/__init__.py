@@ -1,0 +1,13 @@
+"""The application's side (runs in the user's process): ``Platform`` starts a platform or
+``connect`` joins one; ``Client``, ``Context``, ``Buffer``, ``Fence`` and ``BufferPool`` speak
+to its supervisor over the control socket and touch shared memory directly for data and
+for completion. Nothing here imports the supervisor."""
+
+from ._bufpool import BufferPool, PoolStatistics
+from ._client import FOREVER, Buffer, Client, Context, Fence, command
+from ._pipeline import Pipeline, PipelineReport, PipelineStage
+from ._platform import Platform, connect, same_code_env
+
+__all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
+           "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
+           "same_code_env"]

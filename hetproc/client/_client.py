@@ -5,6 +5,11 @@ ownership (contexts, allocation, submission) and touches shared memory directly 
 (``Buffer.array()``) and for completion (``Fence.wait()`` sleeps on the fence's semaphore;
 the device wakes it, the supervisor is not on that path).
 
+Sharing is explicit and goes through the supervisor: ``Buffer.export`` / ``Fence.export``
+give a token, ``Client.import_buffer`` / ``import_fence`` turn it into the same object in
+another client, ``Context.map`` maps a buffer into a context (the rules, and the checks,
+are the supervisor's IOMMU).
+
 Thread safety: one lock serialises requests on a client's socket, so several threads may
 submit through one client; fence waits take no lock at all.
 """
@@ -16,33 +21,39 @@ import os
 import select
 import threading
 import time
+import weakref
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ipc import Channel, FenceTable, PENDING, Segment, SegmentCache, decode, errors
+from ipc import (Channel, FenceTable, PENDING, Segment, SegmentCache, decode, encode, errors,
+                 pack_frame)
 
-from ._sharing import BufferMemory, ClientMemory, ContextMemory, FenceMemory
 from ._trace_ring import ClientTrace
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 FOREVER = float("inf")   # Fence.wait(FOREVER): no deadline, because the caller said so
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
+_DETAIL_WAIT_S = 0.25    # how long a failed wait asks for the supervisor's record
 _REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
 
-class Client(ClientMemory):
+class Client:
     """A connection to a platform's supervisor. Use ``hetproc.connect`` or ``Platform.client``."""
 
     def __init__(self, address: str, name: str = "", *, owner: bool = False,
-                 timeout: float = REQUEST_TIMEOUT) -> None:
+                 timeout: float = REQUEST_TIMEOUT, role: int | None = None) -> None:
+        """``role``: a token from the owner's ``grant_role()`` (privileged: sees and injects
+        into every tenant's work). ``name`` is capped and must be printable."""
         self.name = name or f"client-{os.getpid()}"
         self._timeout = timeout
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._last_id = 0  # the highest request id sent: replies above it are not ours
         self._cids = itertools.count(1)
         self._to_release: list[int] = []
+        self._deferred_frees: dict[int, list[weakref.ref]] = {}  # handle -> its views
         self._fence_pool: list[int] = []
         self.last_notice: dict | None = None
         self._closed = False
@@ -51,8 +62,20 @@ class Client(ClientMemory):
             self._chan = Channel.connect(address, timeout)
         except OSError as exc:
             raise errors.PlatformClosed(f"cannot reach the platform at {address!r}: {exc}") from None
-        info = self._request("hello", name=self.name, pid=os.getpid(), owner=owner)
+        hello: dict[str, Any] = {"name": self.name, "owner": owner}
+        if role is not None:
+            hello["role"] = int(role)
+        try:
+            info = self._request("hello", **hello)
+        except errors.PlatformClosed:
+            notice = self.last_notice or self._door_notice()
+            self._chan.close()
+            if notice:  # refused at the door (too many clients...): say why
+                raise errors.HetprocError.from_dict(notice) from None
+            raise
         self.info = info
+        self.privileged: bool = info.get("privileged", False)
+        self.max_priority: int = info.get("max_priority", 0)
         self.id: int = info["client_id"]
         self.prefix: str = info["prefix"]
         self.supervisor_pid: int = info["supervisor_pid"]
@@ -73,20 +96,68 @@ class Client(ClientMemory):
             if self._closed:
                 raise errors.PlatformClosed("this client is closed")
             req_id = next(self._ids)
-            msg = {"op": op, "id": req_id, **fields}
-            try:
-                if self._to_release:
-                    # Swap first: a Fence dropped by another thread during the send must
-                    # land in the new list, not in the one already sent.
-                    pending, self._to_release = self._to_release, []
-                    self._chan.send({"op": "fence_release", "id": 0, "fences": pending})
-                self._chan.send(msg)
-                return self._drain_reply(req_id)
-            except (ConnectionError, BrokenPipeError, OSError) as exc:
-                if isinstance(exc, TimeoutError):
-                    raise errors.PlatformError(f"supervisor did not answer {op!r} within "
-                                               f"{self._timeout} s") from None
-                raise self._lost(f"control channel broke during {op!r}: {exc}") from None
+            return self._exchange({"op": op, "id": req_id, **fields})
+
+    def _exchange(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and wait for its reply (lock held). Replies are matched by id:
+        a late reply to a request that timed out is discarded when it comes."""
+        op, req_id = msg["op"], msg["id"]
+        self._last_id = max(self._last_id, req_id)
+        try:
+            self._flush_releases()
+            self._send(msg)
+        except TimeoutError:
+            # The supervisor stopped reading; part of a packet may be in the stream, so the
+            # connection cannot be trusted again: closing it releases all we held.
+            self._closed = True
+            self._chan.close()
+            raise errors.RequestTimeout(
+                f"could not send {op!r} within {self._timeout} s; connection closed",
+                detail={"may_take_effect": False, "op": op, "request_id": req_id}) from None
+        except OSError as exc:
+            raise self._lost(f"control channel broke during {op!r}: {exc}") from None
+        try:
+            return self._drain_reply(req_id)
+        except TimeoutError:
+            raise self._timed_out(msg) from None
+        except OSError as exc:
+            raise self._lost(f"control channel broke during {op!r}: {exc}") from None
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        sock = self._chan.sock
+        sock.settimeout(self._timeout)  # a stopped supervisor must not block us forever
+        sock.sendall(pack_frame(encode(msg)))
+
+    def _flush_releases(self) -> None:
+        """Fences dropped and frees deferred until their last view went: one notification
+        each, ahead of the request."""
+        if self._to_release:
+            # Swap first: a Fence dropped by another thread during the send must
+            # land in the new list, not in the one already sent.
+            pending, self._to_release = self._to_release, []
+            self._send({"op": "fence_release", "id": 0, "fences": pending})
+        if self._deferred_frees:
+            ready = [h for h, views in list(self._deferred_frees.items()) if not _alive(views)]
+            for h in ready:
+                del self._deferred_frees[h]
+            if ready:
+                self._send({"op": "free_many", "id": 0, "bufs": ready})
+
+    def _timed_out(self, msg: dict[str, Any]) -> errors.RequestTimeout:
+        op, req_id = msg["op"], msg["id"]
+        exc = errors.RequestTimeout(
+            f"the supervisor did not answer {op!r} (request {req_id}) within {self._timeout} s; "
+            "it was sent whole, so it may still take effect: retry() resends it under the same "
+            "id, and the supervisor runs it at most once",
+            detail={"may_take_effect": True, "op": op, "request_id": req_id})
+        exc.resend = lambda: self._retry(msg)
+        return exc
+
+    def _retry(self, msg: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if self._closed:
+                raise errors.PlatformClosed("this client is closed")
+            return self._exchange(msg)
 
     def _notify(self, op: str, **fields: Any) -> None:
         """A one-way message (id 0): no answer comes back."""
@@ -94,7 +165,13 @@ class Client(ClientMemory):
             if self._closed:
                 raise errors.PlatformClosed("this client is closed")
             try:
-                self._chan.send({"op": op, "id": 0, **fields})
+                self._send({"op": op, "id": 0, **fields})
+            except TimeoutError:
+                self._closed = True  # part of a packet may be in the stream: unusable
+                self._chan.close()
+                raise errors.RequestTimeout(
+                    f"could not send {op!r} within {self._timeout} s; connection closed",
+                    detail={"may_take_effect": False, "op": op, "request_id": 0}) from None
             except OSError as exc:
                 raise self._lost(f"control channel broke during {op!r}: {exc}") from None
 
@@ -114,10 +191,22 @@ class Client(ClientMemory):
                 self.last_notice = reply.get("error")
                 continue
             if reply["id"] != req_id:
-                raise errors.BadPacket(f"reply id {reply['id']} does not match request {req_id}")
+                if 0 < reply["id"] <= self._last_id:
+                    continue  # the late answer to a request that timed out: discarded
+                raise errors.BadPacket(f"reply id {reply['id']} answers no request sent "
+                                       f"(last sent {self._last_id})")
             if not reply["ok"]:
                 raise errors.HetprocError.from_dict(reply.get("error") or {})
             return reply
+
+    def _door_notice(self) -> dict | None:
+        """The supervisor's word on a connection it refused at accept (sent before it
+        closed), if it can still be read."""
+        try:
+            reply = decode(self._chan.recv(0.2), _REPLY)
+        except (OSError, errors.HetprocError):
+            return None
+        return reply.get("error") if reply["id"] == 0 else None
 
     def _lost(self, why: str) -> errors.HetprocError:
         if self.supervisor_alive():
@@ -136,11 +225,18 @@ class Client(ClientMemory):
     # -- public API -------------------------------------------------------------------
 
     def context(self, device: str, *, priority: int = 0, name: str = "",
-                cache_maintenance: bool | str | None = None) -> "Context":
+                cache_maintenance: bool | str | None = None, period_ms: float | None = None,
+                weight: float | None = None) -> "Context":
         """A context on ``device``: the unit of isolation and of failure (seed §7, §20).
         ``cache_maintenance`` (default: the platform's) set to False, or to "clean" /
-        "invalidate" alone, drops what a non-coherent device needs -- to show stale reads."""
-        extra = {} if cache_maintenance is None else {"cache_maintenance": cache_maintenance}
+        "invalidate" alone, drops what a non-coherent device needs -- to show stale reads.
+        ``period_ms``: its commands' default deadline (``edf``, ``mixed``); ``weight``: its
+        client's share under the ``fair`` scheduler (seed §11)."""
+        extra: dict[str, Any] = {} if cache_maintenance is None else {"cache_maintenance": cache_maintenance}
+        if period_ms is not None:
+            extra["period_ms"] = float(period_ms)
+        if weight is not None:
+            extra["weight"] = float(weight)
         reply = self._request("context_create", device=device, priority=priority, name=name,
                               **extra)
         return Context(self, reply["ctx"], device, priority)
@@ -169,10 +265,18 @@ class Client(ClientMemory):
     def fence(self) -> "Fence":
         """A user fence: the caller signals it (for example a camera frame's acquire fence)."""
         (handle,) = self._request("fence_create")["fences"]
-        return Fence(self, handle, owned=True)
+        return Fence(self, handle, owned=True, may_signal=True)
 
     def metrics(self) -> dict[str, Any]:
+        """The platform's figures; a client without a privileged role sees counters and
+        device states, not other tenants' names, CPU or errors. ``quota``: its own usage."""
         return self._request("metrics")["metrics"]
+
+    def grant_role(self) -> int:
+        """(Owner only.) A token: a client that passes it as ``role=`` when it connects
+        is privileged (sees every tenant's metrics, trace and memory events; injects
+        faults anywhere)."""
+        return self._request("grant_role")["token"]
 
     def inject(self, kind: str, *, device: str | None = None, at: int | None = None,
                every: int | None = None, probability: float = 0.0, count: int = 1,
@@ -206,12 +310,50 @@ class Client(ClientMemory):
                 return
             self._closed = True
             self._chan.close()
+        self._deferred_frees.clear()  # closing the connection frees them all
         self.trace.close()
         self.fences.close()
         self._segments.close()
         if self._sup_pidfd >= 0:
             os.close(self._sup_pidfd)
             self._sup_pidfd = -1
+
+    # -- sharing (rules in the supervisor's IOMMU) ---------------------------
+
+    def import_buffer(self, token: int) -> "Buffer":
+        """The buffer another client exported: the same handle, segment and offset, with
+        the permission the export granted ("r" for ``read_only``). Free it when done: the
+        memory lives until its owner and every importer let go."""
+        return Buffer(self, self._request("import", token=int(token), kind="buffer"))
+
+    def import_fence(self, token: int) -> "Fence":
+        """A fence another client exported, to wait on or to pass in ``wait=``; release
+        it when done (it keeps the fence's slot alive until then)."""
+        reply = self._request("import", token=int(token), kind="fence")
+        # Owned: the import is a reference, and release() (or dropping it) gives it back.
+        return Fence(self, reply["fence"], cid=reply.get("cid", 0), owned=True,
+                     may_signal=reply.get("signal", False))
+
+    def memory_events(self, since: int = 0, limit: int = 4096, *,
+                      cids: Iterable[int] | None = None, timeout: float = 5.0) -> dict[str, Any]:
+        """The memory timeline: maps, unmaps, cleans, invalidates, copies, reformats and
+        kernel slices, oldest first; ``{"events", "last_seq", "missed"}``.
+
+        With ``cids``: only those requests' events, once every command of them retired
+        (a fence wakes its waiter before the supervisor has read the device's record);
+        ``FenceTimeout`` after ``timeout`` seconds."""
+        if cids is None:
+            return self._request("mem_events", since=since, limit=limit)
+        wanted = [int(c) for c in cids]
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self._request("mem_events", since=since, limit=limit, cids=wanted)
+            if not any(out.get("open", {}).values()):
+                return out
+            if time.monotonic() > deadline:
+                raise errors.FenceTimeout(f"requests {wanted} still running after {timeout} s")
+            time.sleep(0.002)
+
 
     def __enter__(self) -> "Client":
         return self
@@ -220,7 +362,7 @@ class Client(ClientMemory):
         self.close()
 
 
-class Context(ContextMemory):
+class Context:
     def __init__(self, client: Client, handle: int, device: str, priority: int) -> None:
         self.client = client
         self.handle = handle
@@ -233,30 +375,40 @@ class Context(ContextMemory):
     def submit(self, kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (),
                *, wait: Iterable["Fence"] = (), params: dict | None = None,
                ms: float | None = None, handoff_ms: float = 0.0,
-               timeout_ms: float | None = None, checked: bool = False) -> "Fence":
+               timeout_ms: float | None = None, checked: bool = False,
+               priority: int | None = None, deadline_ms: float | None = None) -> "Fence":
         """Queue one command; returns the fence it signals when done (or fails)."""
         return self.submit_many([command(kernel, ins, outs, wait=wait, params=params, ms=ms,
                                          handoff_ms=handoff_ms, timeout_ms=timeout_ms,
-                                         checked=checked)])[0]
+                                         checked=checked, priority=priority,
+                                         deadline_ms=deadline_ms)])[0]
 
     def submit_nowait(self, kernel: str, ins: Iterable["Buffer"] = (),
-                      outs: Iterable["Buffer"] = (), **kw: Any) -> "Fence":
+                      outs: Iterable["Buffer"] = (), *, at_ns: int | None = None,
+                      **kw: Any) -> "Fence":
         """Like ``submit`` without waiting for the supervisor's verdict: the fast path.
         A refused command fails its fence, so the error surfaces at ``Fence.wait()``."""
-        return self.submit_many([command(kernel, ins, outs, **kw)], nowait=True)[0]
+        return self.submit_many([command(kernel, ins, outs, **kw)], nowait=True, at_ns=at_ns)[0]
 
-    def submit_many(self, cmds: Sequence[dict[str, Any]], *, nowait: bool = False) -> list["Fence"]:
+    def submit_many(self, cmds: Sequence[dict[str, Any]], *, nowait: bool = False,
+                    at_ns: int | None = None) -> list["Fence"]:
         """Queue a batch in one message (all valid, or none is queued).
 
         With ``nowait`` the client picks the output fences from its own pool and does not
         wait for an answer, so the device may already be running when this returns.
+        ``at_ns``: the modeled arrival (CLOCK_MONOTONIC), e.g. when a camera produced the
+        frame, if the host submits it a little later; default now. The supervisor accepts
+        it up to 250 ms in the past.
         """
         client = self.client
         for c in cmds:
             c.setdefault("cid", client.next_cid())
         t_submit = client.trace.now()
+        # The modeled arrival: the host's submit path (encode, socket, validation) is
+        # absorbed, not added to the model (the supervisor bounds how far back it may be).
+        t_arrive = time.monotonic_ns() if at_ns is None else int(at_ns)
         if not nowait:
-            reply = client._request("submit", ctx=self.handle, cmds=list(cmds))
+            reply = client._request("submit", ctx=self.handle, cmds=list(cmds), t_ns=t_arrive)
             client.trace.submitted(cmds, t_submit)
             return [Fence(client, sig, cid=cid, seq=seq, owned=True)
                     for seq, cid, sig in reply["cmds"]]
@@ -264,9 +416,15 @@ class Context(ContextMemory):
         for c, h in zip(cmds, handles):
             c["signal"] = h
         client.trace.bind(cmds)  # fence slots name their producer before anyone can wait
-        client._notify("submit", ctx=self.handle, cmds=list(cmds))
+        client._notify("submit", ctx=self.handle, cmds=list(cmds), t_ns=t_arrive)
         client.trace.submitted(cmds, t_submit)
         return [Fence(client, h, cid=c["cid"], owned=True) for c, h in zip(cmds, handles)]
+
+    def vote(self, level: float) -> float:
+        """Vote for this context's device frequency (a fraction of its top speed, seed
+        §7): the device runs at its contexts' highest vote, snapped up to one of its
+        levels. Returns the level the device runs at now."""
+        return self.client._request("power_vote", ctx=self.handle, level=float(level))["device_level"]
 
     def prepare(self, kernel: str) -> str | None:
         """Compile ``kernel`` for this context's device. Returns the fallback device if the
@@ -283,14 +441,29 @@ class Context(ContextMemory):
         self.client._request("context_destroy", ctx=self.handle)
 
 
+    # -- mappings ------------------------------------------------------------
+
+    def map(self, buf: "Buffer", perm: str = "rw") -> str:
+        """Map ``buf`` into this context ("r", "w" or "rw") until ``unmap``: later submits
+        pay no map cost. Mapping more than the client may reach is an IommuFault."""
+        return self.client._request("map", ctx=self.handle, buf=buf.handle, perm=perm)["perm"]
+
+    def unmap(self, buf: "Buffer") -> bool:
+        """Drop the mapping; False if commands still use it (it goes when they finish)."""
+        return self.client._request("unmap", ctx=self.handle, buf=buf.handle)["unmapped"]
+
+
 def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (), *,
             wait: Iterable["Fence"] = (), params: dict | None = None, ms: float | None = None,
             handoff_ms: float = 0.0, timeout_ms: float | None = None,
-            checked: bool = False) -> dict[str, Any]:
+            checked: bool = False, priority: int | None = None,
+            deadline_ms: float | None = None) -> dict[str, Any]:
     """One command for ``Context.submit_many``. ``timeout_ms`` overrides the watchdog;
-    ``checked`` re-executes the kernel and compares, so corrupt output fails the request."""
-    c: dict[str, Any] = {"kernel": kernel, "ins": [b.handle for b in ins],
-                         "outs": [b.handle for b in outs], "wait": [f.handle for f in wait]}
+    ``checked`` re-executes the kernel and compares, so corrupt output fails the request.
+    ``priority`` overrides the context's (up to the client's maximum); ``deadline_ms``
+    (after the submit) is what the ``edf`` and ``mixed`` schedulers order by."""
+    c: dict[str, Any] = {"kernel": kernel, "ins": [_live(b) for b in ins],
+                         "outs": [_live(b) for b in outs], "wait": [f.handle for f in wait]}
     if params:
         c["params"] = params
     if ms is not None:
@@ -301,10 +474,22 @@ def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] 
         c["timeout_ms"] = float(timeout_ms)
     if checked:
         c["checked"] = True
+    if priority is not None:
+        c["priority"] = int(priority)
+    if deadline_ms is not None:
+        c["deadline_ms"] = float(deadline_ms)
     return c
 
 
-class Buffer(BufferMemory):
+def _live(buf: "Buffer") -> int:
+    """A buffer's handle for a command; a freed one (its free may still wait for the last
+    view) is refused here, as the supervisor would once the free is through."""
+    if buf._freed:
+        raise errors.StaleHandle(f"buffer {buf.handle:#x} was freed")
+    return buf.handle
+
+
+class Buffer:
     """A tensor in shared memory. ``array()`` maps it as numpy (no copy, ever)."""
 
     def __init__(self, client: Client, desc: dict[str, Any]) -> None:
@@ -320,35 +505,84 @@ class Buffer(BufferMemory):
         self.usage = tuple(desc["usage"]) if desc.get("usage") else None
         self.perm: str = desc.get("perm", "rw")  # "r": imported read-only
         self._freed = False
+        self._views: list[weakref.ref] = []  # anchors of the views handed out
 
     def array(self) -> np.ndarray:
         """A numpy view of the shared memory. Writes are seen by devices that run later;
-        reading a device's output is only safe after waiting on the fence it signals."""
+        reading a device's output is only safe after waiting on the fence it signals.
+        ``StaleHandle`` after ``free()``."""
+        if self._freed:
+            raise errors.StaleHandle(f"buffer {self.handle:#x} was freed")
         self.client.trace.map_buffer(self)
         seg: Segment = self.client._segments.get(self.segment)
-        view = seg.view(self.offset, self.shape, self.dtype, self.strides)
+        checked = seg.view(self.offset, self.shape, self.dtype, self.strides)  # bounds
+        anchor = _ViewAnchor(checked.shape, checked.dtype, buffer=seg.map, offset=self.offset,
+                             strides=checked.strides)
+        self._views = [r for r in self._views if r() is not None] + [weakref.ref(anchor)]
+        view = anchor.view(np.ndarray)
         if "w" not in self.perm:
             view.flags.writeable = False  # a read-only import: the CPU mapping is too
         return view
 
     def free(self) -> None:
-        if not self._freed:
-            self._freed = True
+        """Give the buffer back. While a numpy view taken before is alive (or any array
+        derived from one), the block stays this client's: the free request goes with the
+        first request after the last such view is gone, so the block can never be handed
+        to another tenant under a live view."""
+        if self._freed:
+            return
+        self._freed = True
+        if _alive(self._views):
+            with self.client._lock:
+                self.client._deferred_frees[self.handle] = self._views
+        else:
             self.client._request("free", buf=self.handle)
+
+    # -- sharing -------------------------------------------------------------
+
+    def export(self, read_only: bool = False) -> int:
+        """A token another client turns into this buffer with ``import_buffer``."""
+        _live(self)
+        return self.client._request("export", buf=self.handle, read_only=bool(read_only))["token"]
+
+    def identity(self) -> dict[str, Any]:
+        """Segment, its inode (the same in every process that maps it), offset and handle:
+        what the zero-copy evidence compares between producer, delegate and device."""
+        try:
+            inode = os.stat(f"/dev/shm/{self.segment}").st_ino
+        except OSError:
+            inode = 0
+        return {"segment": self.segment, "inode": inode, "offset": self.offset,
+                "buf": self.handle}
+
 
     def __repr__(self) -> str:
         return f"Buffer({self.handle:#x}, shape={self.shape}, dtype={self.dtype.name})"
 
 
-class Fence(FenceMemory):
+def _alive(views: list[weakref.ref]) -> bool:
+    return any(r() is not None for r in views)
+
+
+class _ViewAnchor(np.ndarray):
+    """The base of every array ``Buffer.array()`` hands out: numpy keeps a view's base
+    chain down to the first array of another type, so every slice, reshape or transpose
+    of the view holds this anchor alive, and a weak set of anchors says whether any view
+    of a buffer is still alive."""
+
+
+class Fence:
     """A completion event. ``wait()`` raises the error the command failed with."""
 
     def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0,
-                 owned: bool = False) -> None:
+                 owned: bool = False, may_signal: bool = False) -> None:
         self.client = client
         self.handle = handle
         self.cid = cid
         self.seq = seq
+        # The supervisor granted this client the right to signal it (it created the user
+        # fence, or imported it with the signal right): signal in shared memory directly.
+        self._may_signal = may_signal
         # Only the object the client got at creation releases the fence when dropped; a
         # Fence built around a known handle (e.g. one shared by another process) never does.
         self._released = not owned
@@ -356,6 +590,14 @@ class Fence(FenceMemory):
     def done(self) -> bool:
         state, _ = self.client.fences.poll(self.handle)
         return state != PENDING
+
+    def signal_time(self) -> int:
+        """The modeled time (CLOCK_MONOTONIC ns) the fence was signalled at: the producer's
+        modeled end plus its hand-off, exact even when the host posted it late. 0 while
+        pending."""
+        if not self.done():
+            return 0
+        return self.client.fences.producer(self.handle)[2]
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until done. Raises the command's error, ``FenceTimeout`` after ``timeout``
@@ -385,7 +627,7 @@ class Fence(FenceMemory):
                         correlation_id=self.cid) from None
         self.client.trace.wait_end(self.cid, t_wait, code)
         if code:
-            raise self._error(code)
+            raise self._explained(code)
 
     def error(self) -> errors.HetprocError | None:
         """The error this fence failed with, None if pending or successful."""
@@ -400,14 +642,47 @@ class Fence(FenceMemory):
             word, f"{name}: request {self.cid:#x} failed (Fence.error_detail() has the "
                   f"supervisor's record)", correlation_id=self.cid)
 
+    def _explained(self, word: int) -> errors.HetprocError:
+        """The error of the fence's word, completed from the supervisor's record when it
+        has one: its message, evidence (frozen window, incident) and, for a failure that
+        began as an exception in a device process, the remote traceback as the cause.
+
+        The word alone answers scope, retryability and buffer trust at once; the record
+        may lag a device-signalled failure by one supervisor turn, so it is asked for a
+        short while only, and never when the supervisor is gone."""
+        err = self._error(word)
+        deadline = time.monotonic() + _DETAIL_WAIT_S
+        while self.client.supervisor_alive():
+            try:
+                record = self.error_detail()
+            except errors.HetprocError:
+                return err
+            if record:
+                full = errors.HetprocError.from_dict(record)
+                full.correlation_id = self.cid
+                return full
+            if time.monotonic() > deadline:
+                return err
+            time.sleep(0.002)
+        return err
+
     def error_detail(self) -> dict[str, Any] | None:
         """The supervisor's full record of this fence's failure (message, detail)."""
         return self.client._request("fence_error", fence=self.handle)["error"]
 
     def signal(self, error: type[errors.HetprocError] | None = None) -> bool:
-        """Signal a user fence (or fail it with an error class): wakes every waiter."""
-        return self.client.fences.signal(self.handle, error().wire if error else 0,
-                                         signaller=0xFFFF)
+        """Signal a user fence (or fail it with an error class): wakes every waiter.
+
+        The right to signal is the supervisor's to grant: the fence's creator has it, and
+        an importer its owner exported it to with ``signal=True``. Such a Fence signals in
+        shared memory at once (a fence wake, no round trip). Any other Fence (one built
+        around a handle) asks the supervisor, which checks the right: ``NotPermitted`` or
+        ``ForeignHandle`` if the client has none. False if it was signalled already."""
+        if self._may_signal:
+            return self.client.fences.signal(self.handle, error().wire if error else 0,
+                                             signaller=0xFFFF)
+        fields = {"error": error.code} if error else {}
+        return self.client._request("fence_signal", fence=self.handle, **fields)["signalled"]
 
     def release(self) -> None:
         """Let the platform recycle this fence (batched into the next request). Dropping
@@ -421,6 +696,17 @@ class Fence(FenceMemory):
         if not getattr(self, "_released", True):  # an owned fence nobody released
             self._released = True
             self.client._to_release.append(self.handle)
+
+    # -- sharing -------------------------------------------------------------
+
+    def export(self, signal: bool = False) -> int:
+        """A token another client turns into this fence with ``import_fence``: to wait on
+        it, and with ``signal=True`` also to signal it."""
+        try:
+            return self.client._request("export", fence=self.handle, signal=bool(signal))["token"]
+        except errors.StaleHandle:
+            raise errors.StaleHandle(f"fence {self.handle:#x} was released") from None
+
 
     def __repr__(self) -> str:
         return f"Fence({self.handle:#x}, cid={self.cid:#x})"

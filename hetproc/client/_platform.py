@@ -25,10 +25,15 @@ from ._client import Client
 from .._config import PlatformSpec, load_platform, to_raw
 
 START_TIMEOUT = 20.0
+# Where this hetproc was imported from: the supervisor runs the same code as its owner,
+# whatever the owner's working directory or the other copies on the path.
+CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
-# Prefixes of the platforms this process started: lets a test suite check its own
-# platforms for leftovers while other suites run beside it on the same machine.
-started_prefixes: list[str] = []
+
+def same_code_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process that must import this very hetproc."""
+    path = os.pathsep.join(p for p in (CODE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 class Platform:
@@ -38,12 +43,19 @@ class Platform:
             npu = plat.client.context("npu0")
     """
 
+    # Prefixes of the platforms this process started, oldest first: lets a test suite
+    # check its own platforms for leftovers while other suites run beside it.
+    started_prefixes: list[str] = []
+
     def __init__(self, platform_file: str | Path | None = None, *,
                  time_scale: float | None = None, spec: PlatformSpec | None = None,
-                 name: str = "owner", trace: bool | None = None) -> None:
+                 name: str = "owner", trace: bool | None = None,
+                 limits: dict[str, Any] | None = None) -> None:
         """``trace``: force the ring trace on or off; None keeps the platform file's
-        setting, unless ``HETPROC_TRACE=0`` (or ``1``) is set in the environment."""
+        setting, unless ``HETPROC_TRACE=0`` (or ``1``) is set in the environment.
+        ``limits``: override keys of the platform file's ``[limits]`` table."""
         self.spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
+        self.spec = self.spec.with_limits(**(limits or {}))
         if trace is None and os.environ.get("HETPROC_TRACE", "") in ("0", "1"):
             trace = os.environ["HETPROC_TRACE"] == "1"
         if trace is not None and trace != self.spec.trace.enabled:
@@ -70,7 +82,7 @@ class Platform:
                 [sys.executable, "-m", "hetproc.supervisor", "--spec", json.dumps(self._raw),
                  "--ready-fd", str(write_fd)],
                 pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
-                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+                env=same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
             )
         finally:
             os.close(write_fd)
@@ -79,7 +91,7 @@ class Platform:
         finally:
             os.close(read_fd)
         self.prefix = ready["prefix"]
-        started_prefixes.append(self.prefix)
+        Platform.started_prefixes.append(self.prefix)
         try:
             self.client = Client(self.address, self._name, owner=True)
         except BaseException:
@@ -87,9 +99,10 @@ class Platform:
             raise
         return self
 
-    def connect(self, name: str = "") -> Client:
-        """Another client in this process (other processes use ``hetproc.connect(address)``)."""
-        return Client(self.address, name)
+    def connect(self, name: str = "", *, role: int | None = None) -> Client:
+        """Another client in this process (other processes use ``hetproc.connect(address)``).
+        It is a normal tenant unless given a ``role`` token from ``client.grant_role()``."""
+        return Client(self.address, name, role=role)
 
     def metrics(self) -> dict[str, Any]:
         assert self.client is not None
@@ -177,11 +190,11 @@ def _read_ready(fd: int, proc: subprocess.Popen, timeout: float) -> dict[str, An
     return {"prefix": lines[0]["prefix"], "pid": lines[1]["pid"]}
 
 
-def connect(platform: str, name: str = "") -> Client:
+def connect(platform: str, name: str = "", *, role: int | None = None) -> Client:
     """Connect to a running platform from any process.
 
     ``platform`` is its prefix (as ``hetproc status`` prints it, ``Platform.prefix``) or
     its socket address (``Platform.address``).
     """
     address = platform if platform.startswith("\0") else socket_address(platform)
-    return Client(address, name)
+    return Client(address, name, role=role)

@@ -27,9 +27,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ipc import TraceBank
-from ipc._trace import Stage
-from ipc._tracebank import COUNTERS
+from ipc import COUNTERS, Stage, TraceBank
 
 
 if TYPE_CHECKING:

@@ -10,26 +10,27 @@ What a scenario script (``hetproc run FILE``) and a user's own tooling may use::
     run_matrix        the acceptance matrix (seed §21)
     run_campaign      one drill under many seeds, locally or on a Dask cluster
     leftovers, ...    the one check of what a stopped platform left behind
-    read_checksum     a ``checksum`` kernel's result, as a scenario checks it
 
-Scenarios import only public names: ``hetproc``, ``hetproc.trace`` and this package.
+Scenarios import only public namespaces: ``hetproc``, ``hetproc.trace``, this package (and
+``device_workers.read_checksum``, ``ipc.Stage`` for the lower layers' own names).
 """
 
-from device_workers import read_checksum
-
 from ._acceptance import run_matrix
+from ._campaign import campaign_task, run_campaign
 from ._drills import DRILLS, run_drill
 from ._leaks import (alive, assert_no_leftovers, leftovers, new_children, platform_pids,
                      started_prefixes)
 from ._scenario import (Check, Option, Scenario, check_options, check_output_path,
-                        declared_options, find_scenario, load_scenario, quick_options,
-                        run_on_platform, run_scenario, scenario_names, write_report)
+                        declared_options, find_scenario, load_module, load_scenario,
+                        quick_options, run_on_platform, run_scenario, scenario_folder,
+                        scenario_names, write_report)
 
 __all__ = [
     "Scenario", "Check", "Option", "run_scenario", "run_on_platform", "scenario_names",
-    "find_scenario", "load_scenario", "declared_options", "quick_options", "check_options",
+    "find_scenario", "scenario_folder", "load_module", "load_scenario", "declared_options",
+    "quick_options", "check_options",
     "check_output_path", "write_report", "run_drill", "DRILLS", "run_matrix",
+    "run_campaign", "campaign_task",
     "leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
     "started_prefixes",
-    "read_checksum",
 ]

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ipc import errors
 
+from ..client import same_code_env
 from ._drills import DRILLS
 
 RUN_TIMEOUT_S = 300.0  # one drill run, platform start and stop included
@@ -35,7 +36,8 @@ def campaign_task(drill: str, seed: int, platform_file: str | None = None,
         cmd += ["--time-scale", repr(time_scale)]
     t0 = time.monotonic()
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                             env=same_code_env())
     except subprocess.TimeoutExpired:
         return {"seed": seed, "ok": False, "failed_checks": [f"ran past {RUN_TIMEOUT_S:.0f} s"],
                 "error": "timeout", "leaks": 0, "duration_s": time.monotonic() - t0}

@@ -25,6 +25,7 @@ import numpy as np
 from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
+from ..client import same_code_env
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
@@ -445,7 +446,7 @@ def _client_crash(d: Drill) -> None:
     base = d.start()
     hold_ms = 300
     proc = subprocess.Popen([sys.executable, "-c", DOOMED, d.plat.prefix, str(hold_ms)],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=same_code_env())
     d.s.extra_pids.append(proc.pid)
     try:
         ready = proc.stdout.readline().strip() == "ready"

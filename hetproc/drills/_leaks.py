@@ -14,7 +14,7 @@ import psutil
 
 from ipc import entries_with_prefix
 
-from ..client import _platform
+from ..client import Platform
 
 __all__ = ["leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
            "started_prefixes"]
@@ -70,4 +70,4 @@ def new_children(before: Iterable[int]) -> list[psutil.Process]:
 def started_prefixes() -> list[str]:
     """The prefixes of every platform this process started, oldest first: a suite or a
     benchmark notes the length before, and checks the ones after it."""
-    return list(_platform.started_prefixes)
+    return list(Platform.started_prefixes)

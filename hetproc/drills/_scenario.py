@@ -31,7 +31,7 @@ from ipc import errors
 
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
-from ..client._platform import Platform
+from ..client import Platform
 from ._leaks import leftovers, platform_pids
 
 Progress = Callable[[str], None]
@@ -142,7 +142,7 @@ class Scenario:
 
     def trace(self) -> dict[str, Any]:
         """The platform's trace now (every process's ring), as a Chrome trace dict: what
-        ``hetproc.trace._explain.load_trace`` and ``--trace FILE`` take."""
+        ``hetproc.trace.load_trace`` and ``--trace FILE`` take."""
         return _trace.chrome_trace(self.client)
 
     def frozen(self) -> list[dict[str, Any]]:
@@ -150,17 +150,18 @@ class Scenario:
         return _trace.frozen_windows(self.client)
 
 
-def scenario_dir() -> Path:
-    """Where the ``scenarios`` package lives, found without importing it."""
+def scenario_folder() -> Path:
+    """Where the built-in scenarios are. Found, not imported: the scenarios are users'
+    examples built on hetproc, and hetproc must not depend on them."""
     spec = importlib.util.find_spec("scenarios")
-    if spec is None or not spec.submodule_search_locations:
-        raise errors.InvalidRequest("the scenarios package is not installed")
-    return Path(list(spec.submodule_search_locations)[0])
+    if spec is None or spec.origin is None:
+        raise errors.PlatformError("the built-in scenarios are not installed")
+    return Path(spec.origin).parent
 
 
 def scenario_names() -> list[str]:
     """Every scenario script of the ``scenarios`` package, discovered (not listed)."""
-    return sorted(p.stem for p in scenario_dir().glob("[!_]*.py"))
+    return sorted(p.stem for p in scenario_folder().glob("[!_]*.py"))
 
 
 def find_scenario(name: str) -> Path:
@@ -170,7 +171,7 @@ def find_scenario(name: str) -> Path:
         if path.is_file():
             return path
         raise errors.InvalidRequest(f"no scenario file {name}")
-    candidate = scenario_dir() / f"{name.replace('-', '_')}.py"
+    candidate = scenario_folder() / f"{name.replace('-', '_')}.py"
     if candidate.exists():
         return candidate
     known = scenario_names()
@@ -458,12 +459,12 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
     if trace_path or plot_path:
         doc = _trace.chrome_trace(client)
         if trace_path:
-            from ..trace._perfetto import write_chrome_trace
+            from ..trace import write_chrome_trace
             write_chrome_trace(trace_path, doc)
             evidence["trace"] = {"path": trace_path, **{k: v for k, v in doc["otherData"].items()
                                                          if not k.startswith("hetproc_")}}
         if plot_path:
-            from ..trace._plot import plot_timeline
+            from ..trace import plot_timeline
             evidence["plot"] = plot_timeline(doc, plot_path, title=f"hetproc: {stem}")
     return evidence
 

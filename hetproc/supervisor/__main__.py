@@ -1,5 +1,10 @@
 """``python -m hetproc.supervisor``: the supervisor process, started by ``Platform.start``.
 
+A supervisor that dies of an exception (a bug: a client's request cannot do it, see
+``_server.Supervisor.on_request``) still tears the platform down, then exits 1 and leaves
+a dump file (``hetproc-crash-<prefix>.txt`` in the platform's trace ``dump_dir``, else the
+temp directory) with the traceback; its path goes to stderr.
+
 It writes two JSON lines to ``--ready-fd``: first the prefix (so the owner can clean up even
 if the start fails later), then ``{"ok": true, "pid": ...}`` once every device runs, or
 ``{"ok": false, "error": ...}``. SIGTERM ends the serve loop; SIGINT and SIGHUP are ignored, because
@@ -13,6 +18,9 @@ import json
 import os
 import signal
 import sys
+import tempfile
+import time
+import traceback
 
 from ipc import cleanup_prefix, new_prefix
 
@@ -35,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     # First line: the prefix, so the owner can clean up even if the start fails later.
     os.write(args.ready_fd, (json.dumps({"prefix": args.prefix}) + "\n").encode())
     sup = None
+    status = 0
     try:
         sup = Supervisor(spec, args.prefix)
         signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "running", False))
@@ -48,15 +57,32 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
-            import traceback
-            traceback.print_exc()
+            status = 1
+            write_crash_dump(spec.trace.dump_dir, args.prefix, traceback.format_exc())
     finally:
-        if sup is not None:
-            sup.shutdown()
-        else:
+        try:
+            if sup is not None:
+                sup.shutdown()
+            else:
+                cleanup_prefix(args.prefix)
+        except Exception:
+            status = 1
+            write_crash_dump(spec.trace.dump_dir, args.prefix, traceback.format_exc())
             cleanup_prefix(args.prefix)
-    return 0
+    return status
 
+
+def write_crash_dump(dump_dir: str, prefix: str, text: str) -> str | None:
+    """Say why we died where a person will look: a file, and its path on stderr."""
+    path = os.path.join(dump_dir or tempfile.gettempdir(), f"hetproc-crash-{prefix.strip('.')}.txt")
+    try:
+        with open(path, "a") as f:
+            f.write(f"supervisor pid {os.getpid()} of platform {prefix} died at "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}:\n{text}\n")
+    except OSError:
+        path = None
+    print(f"hetproc supervisor died; dump: {path}\n{text}", file=sys.stderr)
+    return path
 
 
 sys.exit(main())

@@ -9,9 +9,10 @@ see EOF the moment the supervisor dies.
 
 from __future__ import annotations
 
-import heapq
+import enum
 import os
 import select
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -21,13 +22,23 @@ from device_workers import DeviceBoot, device_main
 from msgpack import packb as _packb
 
 from ipc import VERSION, Ring, Segment, encode
-from device_workers import DeviceState
+from device_workers import DeviceState, StateSlot
 
 from .._config import DeviceSpec
+from ._scheduler import Scheduler, make_scheduler
+from ._timing import ModeledTiming
 
 RING_SLOTS = 256
 RING_SLOT_BYTES = 2048
-MAX_IN_RING = 250  # commands handed to the device at once; the rest wait, by priority, here
+MAX_IN_RING = 250  # commands handed to the device at once; the rest wait, scheduled, here
+
+
+class CommandState(enum.Enum):
+    """Where a command is: waiting in the supervisor, in its device's ring, or retired."""
+
+    QUEUED = "queued"
+    PUSHED = "pushed"
+    DONE = "done"
 
 
 @dataclass(slots=True, eq=False)
@@ -48,15 +59,20 @@ class Command:
     delay_ns: int
     dep_timeout_ns: int
     priority: int
-    t_submit: int
+    t_submit: int          # when the supervisor took it (host time; the watchdog's anchor)
     fault: dict | None = None
+    t_arrive: int = 0      # modeled arrival: the client's submit + modeled dispatch latency
+    deadline_ns: int = 0   # absolute (CLOCK_MONOTONIC); 0 = none (edf, mixed)
+    preemptor: bool = False  # pushed out of order to preempt the running command
     timeout_ns: int = 0
     checked: bool = False
-    state: str = "queued"  # queued -> pushed -> done
+    state: CommandState = CommandState.QUEUED
     pidx: int = 0          # position in the device's ring order (what a cancel names)
     failure: Any = None    # the error recovery decided for it, if any
     watch_deadline: int = 0
     watch_progress: int = 0
+    watch_cpu: int = -1    # the device process's CPU time (ns) when the watchdog armed
+    lagged: bool = False   # the host kept it waiting for a CPU past its deadline
     rearms: int = 0
     probe_of: Any = None   # the incident this no-op probes for
     then: Any = None       # called once the command is retired (success or failure)
@@ -76,7 +92,7 @@ class Command:
             b.trusted = False
 
     def describe(self) -> dict[str, Any]:
-        return {"seq": self.seq, "cid": self.cid, "kernel": self.kernel, "state": self.state,
+        return {"seq": self.seq, "cid": self.cid, "kernel": self.kernel, "state": self.state.value,
                 "pidx": self.pidx, "device": self.device.name,
                 "context": self.ctx.name or hex(self.ctx.handle),
                 "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
@@ -87,7 +103,12 @@ class Command:
                "params": self.params, "ins": _descriptors(self.ins, self.in_perms, "r"),
                "outs": _descriptors(self.outs, self.out_perms, "w"), "wait": self.wait,
                "signal": self.signal, "hold_ns": self.hold_ns, "delay_ns": self.delay_ns,
-               "dep_timeout_ns": self.dep_timeout_ns}
+               "dep_timeout_ns": self.dep_timeout_ns, "arrive_ns": self.t_arrive}
+        if self.preemptor:
+            msg["pre"] = True
+        speed = self.device.speed()
+        if speed != 1.0:
+            msg["spd"] = float(speed)
         if self.fault:
             msg["fault"] = self.fault
         if self.mem:
@@ -117,7 +138,6 @@ class DeviceHandle:
     pid: int = 0
     pidfd: int = -1
     epoch: int = 0
-    queue: list = field(default_factory=list)  # heap of (-priority, seq, Command)
     pushed: dict[int, Command] = field(default_factory=dict)
     completed: int = 0
     failed: int = 0
@@ -125,8 +145,18 @@ class DeviceHandle:
     pushes: int = 0
     paused: bool = False  # during an incident nothing new reaches the device
     window_ns: int = 2_000_000  # modeled work let into the in-order ring at once
+    time_scale: float = 1.0
+    state: Any = None  # its StateSlot (what it runs; where a preemption is requested)
+    sched: Scheduler = field(init=False)
+    timing: ModeledTiming = field(default_factory=ModeledTiming)
+    preemptions: int = 0  # preemptions requested
+    votes: dict[int, float] = field(default_factory=dict)  # context handle -> level voted
+    # A preemptor must be able to run at once: one waiting on unsignalled inputs would
+    # hold the device with the preempted command suspended under it.
+    inputs_ready: Callable[[Command], bool] = lambda cmd: not cmd.wait
 
     def __post_init__(self) -> None:
+        self.sched = make_scheduler(self.spec.scheduler)
         half = Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
         mem = memoryview(self.ring_segment.map)
         self.commands = Ring(mem[:half], slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES, create=True)
@@ -142,30 +172,48 @@ class DeviceHandle:
         return self.spec.name
 
     def queue_depth(self) -> int:
-        return len(self.queue) + len(self.pushed)
+        return len(self.sched) + len(self.pushed)
+
+    @property
+    def preemptive(self) -> bool:
+        return self.spec.scheduler.chunk_ms > 0
 
     def enqueue(self, cmd: Command) -> None:
-        heapq.heappush(self.queue, (-cmd.priority, cmd.seq, cmd))
+        self.sched.add(cmd)
 
     def pump(self) -> int:
-        """Move queued commands into the ring while it has room; ring the doorbell once.
+        """Move scheduled commands into the ring while it has room; ring the doorbell once.
 
         The ring is in-order: once a command is in it, nothing can overtake it. So besides
         the running command and one behind it, only ``window_ns`` of modeled work goes in;
-        the rest waits here, in the priority heap, where a higher-priority arrival still
-        goes first (preemption at command granularity, seed §7, §11). Short commands still
-        go in by the dozen, so throughput does not suffer.
+        the rest waits here, in the scheduler (``hetproc.supervisor._scheduler``), where a
+        more urgent arrival still goes first. Short commands still go in by the dozen, so
+        throughput does not suffer. When the command at the head would preempt the one
+        running, it goes in at once, marked, and the device switches to it at its next
+        chunk boundary (seed §7, §11).
         """
-        if not self.queue:
+        if not self.sched:
             return 0  # the common case after a completion: nothing waits
         moved = 0
         # The oldest command in the ring runs (or waits for its hand-off signal); one more
         # may always wait behind it, so the device never idles between two commands;
         # beyond that, only ``window_ns`` of modeled work. ``pushed`` is in push order.
-        holds = [c.hold_ns for c in self.pushed.values()]
+        holds = [c.hold_ns for c in self.pushed.values() if not c.preemptor]
         queued_ns = sum(holds[1:])
-        while self.queue and len(self.pushed) < MAX_IN_RING and not self.paused and self.pid:
-            cmd = self.queue[0][2]
+        sched = self.sched
+        while sched and len(self.pushed) < MAX_IN_RING and not self.paused and self.pid:
+            cmd = self._head()
+            urgent = self._urgency(cmd) if holds else _NO
+            if urgent is _LATER:
+                break  # it preempts once the preemptor before it ends: nothing goes first
+            if urgent is _NOW:
+                cmd.preemptor = True
+                if not self._push(cmd):
+                    break
+                self.preemptions += 1
+                self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
+                moved += 1
+                continue
             if len(holds) >= 2:
                 if queued_ns + cmd.hold_ns > self.window_ns:
                     break
@@ -173,17 +221,80 @@ class DeviceHandle:
             elif holds:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             holds.append(cmd.hold_ns)
-            cmd.pidx = self.pushes + 1
-            if not self.commands.try_put(cmd.packet()):
+            if not self._push(cmd):
                 break
-            self.pushes += 1
-            heapq.heappop(self.queue)
-            cmd.state = "pushed"
-            self.pushed[cmd.seq] = cmd
             moved += 1
         if moved:
             self.doorbell.release()
         return moved
+
+    def _head(self) -> Command:
+        """The scheduler's choice, unless it waits on a fence that a command still queued
+        here signals: the ring is in order, so that producer must go in first (else the
+        device would wait on work queued behind it, a priority inversion and a deadlock)."""
+        cmd = self.sched.peek(cmd_now())
+        seen = 0
+        while cmd.wait and seen < 64 and not self.inputs_ready(cmd):
+            want = set(cmd.wait)
+            producer = next((c for c in self.sched if want.intersection(c.signal)), None)
+            if producer is None:
+                break
+            cmd, seen = producer, seen + 1
+        return cmd
+
+    def _push(self, cmd: Command) -> bool:
+        cmd.pidx = self.pushes + 1
+        if not self.commands.try_put(cmd.packet()):
+            cmd.preemptor = False
+            return False
+        self.pushes += 1
+        if self.sched.peek(cmd_now()) is cmd:
+            self.sched.pick(cmd_now())  # it leaves the queue
+        else:
+            self.sched.remove_if(lambda c: c is cmd)
+        self.sched.account(cmd, cmd.hold_ns)
+        cmd.state = CommandState.PUSHED
+        self.pushed[cmd.seq] = cmd
+        return True
+
+    def victim(self) -> Command | None:
+        """The command a preemption would suspend: the one the device says it runs, else
+        the oldest long one in the ring that is not a preemptor (finished commands whose
+        records we have not read yet may still be listed: short ones are skipped)."""
+        current = self.pushed.get(int(self.state.u64[_CURRENT_SEQ])) if self.state else None
+        if current is not None and not current.preemptor:
+            return current
+        chunk = self.chunk_ns()
+        for c in self.pushed.values():
+            if not c.preemptor and c.hold_ns > chunk:
+                return c
+        return None
+
+    def _urgency(self, head: Command) -> object:
+        """Whether ``head`` goes into the ring now, out of order, to preempt what runs
+        (``_NOW``); should, but another preemptor is still out (``_LATER``: one at a time,
+        the next chosen by policy when it ends); or not (``_NO``)."""
+        if not self.preemptive or self.state is None:
+            return _NO
+        victim = self.victim()
+        if (victim is None or victim.hold_ns <= self.chunk_ns()
+                or not self.sched.preempts(head, victim) or not self.inputs_ready(head)):
+            return _NO
+        if any(c.preemptor for c in self.pushed.values()):
+            return _LATER
+        return _NOW
+
+    def speed(self) -> float:
+        """The frequency level the clients voted for: the highest vote (none: the top)."""
+        if not self.votes:
+            return self.spec.power.top
+        return max(self.votes.values())
+
+    def chunk_ns(self) -> int:
+        return int(self.spec.scheduler.chunk_ms * self.time_scale * 1e6)
+
+    def switch_ns(self) -> int:
+        return int(self.spec.scheduler.switch_us * self.time_scale * 1e3)
 
     def take_pushed(self) -> list[Command]:
         """The commands the device held when it died, in ring order; queued ones stay."""
@@ -194,9 +305,8 @@ class DeviceHandle:
     def take_all(self) -> list[Command]:
         """Every command not yet completed (pushed first, in order), emptying the queues."""
         cmds = [self.pushed[s] for s in sorted(self.pushed)]
-        cmds += [c for _, _, c in sorted(self.queue)]
+        cmds += self.sched.clear()
         self.pushed.clear()
-        self.queue.clear()
         return cmds
 
     # -- the process ------------------------------------------------------------------
@@ -216,7 +326,9 @@ class DeviceHandle:
                           ring_slot_bytes=RING_SLOT_BYTES, doorbell=self.doorbell.name,
                           completion_fd=self.completion_fd, parent_pid=os.getpid(),
                           coherent=self.spec.coherent, cache_bytes=self.spec.cache.kib << 10,
-                          **boot_args)
+                          chunk_ns=self.chunk_ns() or 2_000_000, switch_ns=self.switch_ns(),
+                          preemptive=self.preemptive, thermal=self._thermal(),
+                          first_pidx=self.pushes + 1, **boot_args)
         pid = os.fork()
         if pid == 0:  # child
             code = 1
@@ -228,6 +340,14 @@ class DeviceHandle:
                 os._exit(code)
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
+
+    def _thermal(self) -> dict | None:
+        p = self.spec.power
+        if p.heat_c_per_ms <= 0:
+            return None
+        return {"heat_c_per_ms": p.heat_c_per_ms, "tau_ms": p.tau_ms * self.time_scale,
+                "ambient_c": p.ambient_c, "throttle_c": p.throttle_c,
+                "hysteresis_c": p.hysteresis_c, "throttle_speed": p.throttle_speed}
 
     def stop_request(self) -> None:
         self.commands.try_put(encode({"op": "stop"}))
@@ -258,6 +378,14 @@ class DeviceHandle:
             self.reap(block=True)
             return True
         return False
+
+
+def cmd_now() -> int:
+    return time.monotonic_ns()
+
+
+_PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
+_NOW, _LATER, _NO = object(), object(), object()
 
 
 def device_state_name(code: int) -> str:

@@ -12,16 +12,18 @@
              │ in flight   │
              │
       error ─┴─▶ freeze_window(reason, cid): when the "after" part of the window has
-                 passed (trace_tick), copy [t_error - before, t_error + after] out of every
+                 passed (tick), copy [t_error - before, t_error + after] out of every
                  ring into an owned array, keep it (bounded), optionally dump it as JSON.
 
 Every record carries the request's correlation id (``cid``), made by the client and
 carried in the command packet and the fence slot, so one request's stages line up across
 the client, supervisor and device processes on the one CLOCK_MONOTONIC timeline.
 
-This is a mixin of ``Supervisor``: the supervisor calls a handful of ``trace_*`` hooks at
-the points where a request passes through it, and gets ``freeze_window``, the ``trace_*``
-requests and the extra metrics from here, so the evidence logic stays out of its loop.
+``Evidence`` is one part of the supervisor: the loop and the command engine call a
+handful of hooks where a request passes through (``hello``, ``submitted``, ``failed``,
+``note_error``...), recovery calls ``freeze_window``; the ``trace_*`` requests and the
+extra metrics come from here, so the evidence logic stays out of the loop. It also keeps
+the platform's ``last_error``: every error the supervisor notes goes through it.
 """
 
 from __future__ import annotations
@@ -30,20 +32,20 @@ import itertools
 import os
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import psutil
 
 from device_workers import DeviceState
-from device_workers._tracing import (QUEUE_TRACK_BASE, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
+from device_workers import (QUEUE_TRACK_BASE, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
                                      device_slot, device_track, queue_track)
 from ipc import TraceBank, errors
-from ipc._trace import Stage
+from ipc import Stage
 
 if TYPE_CHECKING:
     from ._devices import Command, DeviceHandle
-    from ._records import ClientRec
+    from ._records import ClientRec, Registry
 
 _QUEUED, _ERROR = int(Stage.QUEUED), int(Stage.ERROR)
 _DEPTH, _INFLIGHT = int(Stage.QUEUE_DEPTH), int(Stage.INFLIGHT)
@@ -76,22 +78,17 @@ def freezes_on(exc: errors.HetprocError) -> bool:
     return not isinstance(exc, errors.PlatformError)
 
 
-class EvidenceMixin:
-    """Trace bank, per-request hooks, frozen windows and metrics for ``Supervisor``."""
+class Evidence:
+    """Trace bank, per-request hooks, frozen windows, the last error, and their metrics."""
 
-    # Provided by Supervisor.
-    spec: Any
-    prefix: str
-    devices: dict
-    clients: dict
-    last_error: dict | None
-
-    # -- setup ------------------------------------------------------------------------
-
-    def _setup_trace(self) -> None:
+    def __init__(self, reg: "Registry", prefix: str, new_segment: Callable[[str, int], Any]) -> None:
+        self.reg = reg
+        self.spec = reg.spec
+        self.prefix = prefix
+        self.last_error: dict[str, Any] | None = None
         t = self.spec.trace
         rings = 1 + len(self.spec.devices) + t.client_slots
-        seg = self._new_segment("trace", TraceBank.nbytes(rings, t.capacity))  # type: ignore[attr-defined]
+        seg = new_segment("trace", TraceBank.nbytes(rings, t.capacity))
         self.trace_segment = seg
         self.trace_bank = TraceBank(seg.map, create=True, rings=rings, capacity=t.capacity,
                                     enabled=t.enabled)
@@ -110,7 +107,7 @@ class EvidenceMixin:
         self._freeze_times: deque[int] = deque(maxlen=_FREEZES_PER_S)
         self._freezes_suppressed = 0
         self._sampled = 0                    # when counters were last written
-        self._dev_at = {dev.index: dev for dev in self.devices.values()}
+        self._dev_at = {dev.index: dev for dev in reg.devices.values()}
         self._shown: dict[int, int] = {}     # device index (-1: in-flight) -> value written
         scale = max(self.spec.time_scale, 0.05)
         # Scaled like the modeled durations, floored by what the OS itself costs (a wake-up
@@ -119,21 +116,21 @@ class EvidenceMixin:
         self._after_ns = int(max(t.after_ms * scale, 2.0) * 1e6)
         self._lookback_ns = 20 * self._before_ns
 
-    def trace_boot(self) -> dict[str, str]:
+    def boot_args(self) -> dict[str, str]:
         """What a device needs to find its ring (merged into its boot arguments)."""
         return {"trace_segment": self.trace_segment.name}
 
-    def trace_device_spawned(self, dev: "DeviceHandle") -> None:
+    def device_spawned(self, dev: "DeviceHandle") -> None:
         self.trace_names[dev.pid] = f"{dev.name} (device, epoch {dev.epoch})"
 
-    def trace_close(self) -> None:
+    def close(self) -> None:
         if self.spec.trace.dump_dir:
-            self.trace_flush()  # a window still collecting its aftermath reaches its file
+            self.flush()  # a window still collecting its aftermath reaches its file
         self.trace_bank.close()
 
     # -- clients ----------------------------------------------------------------------
 
-    def trace_hello(self, client: "ClientRec") -> dict[str, Any]:
+    def hello(self, client: "ClientRec") -> dict[str, Any]:
         """Hand a ring to a new client (least recently used first, so the previous
         occupant's records stay readable as long as possible)."""
         slot = self._trace_free.popleft() if self._trace_free else -1
@@ -156,7 +153,7 @@ class EvidenceMixin:
         while len(names) > _MAX_NAMES:
             names.pop(next(iter(names)))
 
-    def trace_client_gone(self, client: "ClientRec") -> None:
+    def client_gone(self, client: "ClientRec") -> None:
         slot = self._trace_slot_of.pop(client, None)
         if slot is None:
             return
@@ -167,8 +164,8 @@ class EvidenceMixin:
 
     # -- a request passing through -----------------------------------------------------
 
-    def trace_submitted(self, dev: "DeviceHandle", cmds: list["Command"], t0_ns: int) -> None:
-        """After ``op_submit`` queued ``cmds``: one QUEUED slice per command, open until
+    def submitted(self, dev: "DeviceHandle", cmds: list["Command"], t0_ns: int) -> None:
+        """After a submit queued ``cmds``: one QUEUED slice per command, open until
         the device takes the command off its ring.
 
         The supervisor is the platform's busiest process, so this is the only record it
@@ -187,7 +184,7 @@ class EvidenceMixin:
         if now - self._sampled >= _SAMPLE_NS:
             self._sample(now)
 
-    def trace_failed(self, cmd: "Command", exc: errors.HetprocError) -> None:
+    def failed(self, cmd: "Command", exc: errors.HetprocError) -> None:
         """A command failed without a completion (cancelled, device died): close QUEUED
         (if the device had taken it, its own record says when; explain takes the earlier)."""
         qt = cmd.trace_track
@@ -216,12 +213,15 @@ class EvidenceMixin:
             shown[-1] = total
             counter(_INFLIGHT, total, TRACK_SUPERVISOR, 0, now)
 
-    def trace_on_error(self, exc: errors.HetprocError) -> None:
-        """Every error the supervisor notes: freeze a window for the ones that matter."""
+    def note_error(self, exc: errors.HetprocError) -> None:
+        """Every error the supervisor notes: it becomes the last error, and the ones that
+        matter freeze a window (whose id the last error then names)."""
+        self.last_error = {**exc.to_dict(), "t": time.time()}
         if freezes_on(exc):
             wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
                                      code=exc.code)
-            if self.last_error is not None:
+            if wid:
+                exc.detail["trace_window"] = wid  # the error itself says where to look
                 self.last_error["trace_window"] = wid
 
     # -- frozen windows ---------------------------------------------------------------
@@ -229,7 +229,7 @@ class EvidenceMixin:
     def freeze_window(self, reason: str, cid: int = 0, *, code: int = 0) -> int:
         """Keep the trace around now: [now - before, now + after] from every ring.
 
-        Returns the window's id at once; the copy is taken by ``trace_tick`` once the
+        Returns the window's id at once; the copy is taken by ``tick`` once the
         "after" part has passed (so it holds what happened next, e.g. the recovery).
         Errors while a window is still open join it; an error storm is rate-limited and
         counted as ``freezes_suppressed``. Safe to call from any supervisor code path.
@@ -265,7 +265,7 @@ class EvidenceMixin:
         }
         return wid
 
-    def trace_tick(self) -> None:
+    def tick(self) -> None:
         """Called every loop turn: finish counter tracks whose last sample was skipped;
         take the copy of a window whose "after" part has passed."""
         now = time.monotonic_ns()
@@ -308,21 +308,21 @@ class EvidenceMixin:
         """``[pid, track, cid, started_ns]`` of each command executing now, from the state
         table (its EXEC record is written when it ends)."""
         out = []
-        for dev in self.devices.values():
-            st = self.state[dev.index]  # type: ignore[attr-defined]
+        for dev in self.reg.devices.values():
+            st = self.reg.state[dev.index]
             if int(st["state"]) == DeviceState.BUSY and int(st["current_seq"]) and int(st["started_ns"]):
                 out.append([int(st["pid"]), device_track(dev.index), int(st["current_cid"]),
                             int(st["started_ns"])])
         return out
 
-    def trace_flush(self) -> None:
+    def flush(self) -> None:
         """Take a pending window now (before answering about windows, or at shutdown)."""
         if self._pending_freeze is not None:
             self._complete_freeze()
 
     # -- requests ---------------------------------------------------------------------
 
-    def op_trace_info(self, client: "ClientRec", msg: dict) -> dict:
+    def info(self) -> dict:
         """Where the rings are and what their pids and tracks are called: a reader maps the
         segment and snapshots the rings itself (data never travels on the control channel)."""
         return {"segment": self.trace_segment.name, "rings": self.trace_bank.rings,
@@ -331,19 +331,18 @@ class EvidenceMixin:
                 "tracks": [[t, name] for t, name in self.trace_tracks.items()],
                 "running": self.running_execs()}
 
-    def op_trace_frozen(self, client: "ClientRec", msg: dict) -> dict:
-        """Without ``window``: every kept window's summary. With it: one window, its
+    def frozen_page(self, wid: int | None, offset: int = 0, flush: bool = False) -> dict:
+        """Without ``wid``: every kept window's summary. With it: one window, its
         records paged from ``offset`` (raw RECORD_DTYPE bytes)."""
-        if msg.get("flush", False):
-            self.trace_flush()
-        wid = msg.get("window")
+        if flush:
+            self.flush()
         if wid is None:
             return {"windows": [_summary(w) for w in self.frozen],
                     "pending": self._pending_freeze is not None,
                     "suppressed": self._freezes_suppressed}
         for w in self.frozen:
             if w["id"] == wid:
-                off = int(msg.get("offset", 0))
+                off = int(offset)
                 recs = w["records"][off:off + _PAGE_RECORDS]
                 return {"window": {**_summary(w), "names": [[p, n] for p, n in w["names"].items()],
                                    "tracks": [[t, n] for t, n in w["tracks"].items()],
@@ -354,7 +353,7 @@ class EvidenceMixin:
 
     # -- metrics ----------------------------------------------------------------------
 
-    def evidence_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
+    def add_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
         """Add the §9/§15 figures the trace counters and the OS know: fence waits, buffer
         views (what devices and clients mapped as arrays; the IOMMU's own ``buffer_maps``
         come from ``hetproc.supervisor._handoff``), power-state switches, CPU per process, trace health."""
@@ -362,7 +361,7 @@ class EvidenceMixin:
         maps = imports = 0
         dev_waits = dev_wait_ns = switches = 0
         cpu: dict[str, float | None] = {"supervisor": _cpu_s(os.getpid())}
-        for dev in self.devices.values():
+        for dev in self.reg.devices.values():
             v = bank.counter_values(device_slot(dev.index))
             maps += v["maps"]
             imports += v["imports"]
@@ -372,7 +371,8 @@ class EvidenceMixin:
             m["devices"][dev.name].update(
                 mapped_operands=v["maps"], segment_imports=v["imports"],
                 bytes_touched=v["ddr_bytes"], power_switches=v["power_switches"],
-                acquire_waits=v["fence_waits"], acquire_wait_ms=v["fence_wait_ns"] / 1e6)
+                acquire_waits=v["fence_waits"], acquire_wait_ms=v["fence_wait_ns"] / 1e6,
+                model_lags=v["model_lags"], model_lag_ms=v["model_lag_ns"] / 1e6)
             cpu[dev.name] = _cpu_s(dev.pid) if dev.pid else None
         c_waits, c_wait_ns = self._trace_departed["fence_waits"], self._trace_departed["fence_wait_ns"]
         c_maps = self._trace_departed["maps"]
@@ -383,8 +383,8 @@ class EvidenceMixin:
             imports += v["imports"]
             c_waits += v["fence_waits"]
             c_wait_ns += v["fence_wait_ns"]
-        for client in self.clients.values():
-            if client.id and client.pid:
+        for client in self.reg.live_clients():
+            if client.pid:
                 cpu[f"client {client.name} ({client.pid})"] = _cpu_s(client.pid)
         m.update(
             buffer_views={"device_operands": maps, "client_arrays": c_maps,
@@ -423,8 +423,7 @@ def _summary(w: dict[str, Any]) -> dict[str, Any]:
 def _dump_window(window: dict[str, Any], dump_dir: str, prefix: str) -> str | None:
     """Write one frozen window as Chrome Trace JSON; a failure to write loses the file,
     never the window (it stays in memory) nor the supervisor."""
-    from ..trace._export import frozen_to_chrome
-    from ..trace._perfetto import write_chrome_trace
+    from ..trace import frozen_to_chrome, write_chrome_trace
     try:
         os.makedirs(dump_dir, exist_ok=True)
         path = os.path.join(dump_dir, f"frozen-{prefix.strip('.')}-{window['id']}.json")

@@ -19,7 +19,7 @@ from typing import Any
 from ipc import errors
 
 DEVICE_FAULTS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
-                 "heartbeat_stall")
+                 "heartbeat_stall", "kernel_bug")
 PLATFORM_FAULTS = ("alloc_fail", "map_fail", "compile_timeout", "oom")
 FAULTS = DEVICE_FAULTS + PLATFORM_FAULTS
 _EVENT_OF = {"alloc_fail": "alloc", "oom": "alloc", "map_fail": "map",
@@ -34,7 +34,9 @@ class FaultRule:
     every: int | None = None
     probability: float = 0.0
     count: int = 1  # how many times it may fire; 0 = no limit
+    client: str | None = None  # only this client's work (by name): a tenant's own faults
     params: dict[str, Any] = field(default_factory=dict)
+    owner: int | None = None   # armed by a normal client: fires on that client's work only
     seen: int = 0
     fired: int = 0
 
@@ -44,7 +46,7 @@ class FaultRule:
         kind = str(raw.pop("kind", "")).replace("-", "_")
         if kind not in FAULTS:
             raise errors.InvalidRequest(f"unknown fault {kind!r} (known: {', '.join(FAULTS)})")
-        known = {"device", "at", "every", "probability", "count"}
+        known = {"device", "at", "every", "probability", "count", "client"}
         fields = {k: raw.pop(k) for k in list(raw) if k in known}
         _check_fields(kind, fields)
         rule = cls(kind=kind, **fields)
@@ -57,8 +59,13 @@ class FaultRule:
     def event(self) -> str:
         return _EVENT_OF.get(self.kind, "command")
 
-    def matches(self, event: str, device: str | None, rng: random.Random) -> bool:
+    def matches(self, event: str, device: str | None, rng: random.Random,
+                client: tuple[int, str] | None = None) -> bool:
         if event != self.event or (self.device and device and self.device != device):
+            return False
+        if self.owner is not None and (client is None or client[0] != self.owner):
+            return False
+        if self.client is not None and (client is None or client[1] != self.client):
             return False
         if self.count and self.fired >= self.count:
             return False
@@ -71,7 +78,8 @@ class FaultRule:
         return hit
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "device": self.device, "at": self.at, "every": self.every,
+        return {"kind": self.kind, "device": self.device, "client": self.client,
+                "at": self.at, "every": self.every,
                 "probability": self.probability, "count": self.count, "fired": self.fired,
                 **self.params}
 
@@ -91,6 +99,9 @@ def _check_fields(kind: str, f: dict[str, Any]) -> None:
     d = f.get("device")
     if d is not None and type(d) is not str:
         raise errors.InvalidRequest(f"fault {kind}: device must be a device name")
+    c = f.get("client")
+    if c is not None and type(c) is not str:
+        raise errors.InvalidRequest(f"fault {kind}: client must be a client name")
 
 
 class FaultPlan:
@@ -99,24 +110,34 @@ class FaultPlan:
         self.rules = [FaultRule.parse(r) for r in rules]
         self.log: list[dict[str, Any]] = []
 
-    def add(self, raw: dict[str, Any]) -> FaultRule:
+    def add(self, raw: dict[str, Any], client: int | None = None) -> FaultRule:
+        """Arm a rule; ``client`` (an id) scopes it to that client's own work (a normal
+        client's); the rule's own ``client`` field, a name, narrows it further."""
         rule = FaultRule.parse(raw)
+        rule.owner = client
         self.rules.append(rule)
         return rule
 
-    def clear(self) -> None:
-        self.rules.clear()
+    def clear(self, client: int | None = None) -> None:
+        """Disarm every rule, or (``client``) only the rules that client armed."""
+        if client is None:
+            self.rules.clear()
+        else:
+            self.rules[:] = [r for r in self.rules if r.owner != client]
 
-    def draw(self, event: str, device: str | None = None, cid: int = 0) -> FaultRule | None:
-        """The first rule that fires for this event, or None (the common, cheap case)."""
+    def draw(self, event: str, device: str | None = None, cid: int = 0, *,
+             client: tuple[int, str] | None = None) -> FaultRule | None:
+        """The first rule that fires for this event of ``client``'s work (its id and name),
+        or None (the common, cheap case)."""
         if not self.rules:
             return None
         for rule in self.rules:
-            if rule.matches(event, device, self.rng):
+            if rule.matches(event, device, self.rng, client):
                 self.log.append({"kind": rule.kind, "device": device, "cid": cid})
                 return rule
         return None
 
-    def device_fault(self, device: str, cid: int) -> dict[str, Any] | None:
-        rule = self.draw("command", device, cid)
+    def device_fault(self, device: str, cid: int,
+                     client: tuple[int, str] | None = None) -> dict[str, Any] | None:
+        rule = self.draw("command", device, cid, client=client)
         return {"kind": rule.kind, **rule.params} if rule else None

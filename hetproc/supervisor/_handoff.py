@@ -41,7 +41,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,7 +49,11 @@ from ipc import errors
 
 from ._devices import Command
 from ._memlog import MemLog
-from ._records import BufferRec, ContextRec, nbytes_of
+from ._records import BufferRec, ContextRec, Registry, nbytes_of
+
+if TYPE_CHECKING:
+    from ._iommu import Iommu
+    from ._lifetimes import Lifetimes
 
 LAYOUTS = ("NHWC", "NCHW")
 # "clean": the classic driver bug, cleans after writes but never invalidates before reads.
@@ -83,10 +87,14 @@ class Plan:
 
 
 class Handoff:
-    """The supervisor's hand-off logic; ``sup`` is the Supervisor that owns it."""
+    """The supervisor's hand-off logic: plans, inserted copies, maintenance, counters.
 
-    def __init__(self, sup: Any, log: MemLog) -> None:
-        self.sup = sup
+    Internal buffers and fences come from ``lifetimes`` (and go back through it)."""
+
+    def __init__(self, reg: "Registry", lifetimes: "Lifetimes", iommu: "Iommu", log: MemLog) -> None:
+        self.reg = reg
+        self.lifetimes = lifetimes
+        self.iommu = iommu
         self.log = log
         self._cids = itertools.count(1)
         self.inserted = Counter()   # "copy" / "reformat" commands inserted
@@ -103,7 +111,7 @@ class Handoff:
     def maintenance(self, value: Any) -> str:
         """A context's cache maintenance mode from its create request (None: platform's)."""
         if value is None:
-            value = self.sup.spec.cache_maintenance
+            value = self.reg.spec.cache_maintenance
         if value is True:
             return "both"
         if value is False:
@@ -124,7 +132,7 @@ class Handoff:
                 raise errors.ShapeError(f"layout {layout} needs a rank-4 shape, got {shape}")
         usage = msg.get("usage")
         if usage is not None:
-            known = {d.name for d in self.sup.spec.devices} | {d.kind for d in self.sup.spec.devices}
+            known = {d.name for d in self.reg.spec.devices} | {d.kind for d in self.reg.spec.devices}
             if not usage or not all(isinstance(u, str) and u in known for u in usage):
                 raise errors.InvalidRequest(f"usage {usage!r}: name device kinds or devices "
                                             f"of this platform ({', '.join(sorted(known))})")
@@ -265,21 +273,19 @@ class Handoff:
         return pre + [cmd] + post
 
     def _internal(self, ctx: ContextRec, conv: Conversion) -> BufferRec:
-        sup = self.sup
         nbytes = nbytes_of(conv.shape, conv.dtype, None)
         try:
-            block = sup.pool.allocate(nbytes)
+            block = self.lifetimes.pool.allocate(nbytes)
         except MemoryError as exc:
             raise errors.OutOfMemory(f"no memory for a {conv.role} buffer: {exc}") from None
         # Released from birth: it is reclaimed when the last command using it retires.
         buf = BufferRec(0, block, conv.shape, conv.dtype, None, nbytes, ctx.client,
                         released=True, internal=True, layout=conv.layout)
-        buf.handle = sup.buffers.insert(buf)
-        return buf
+        return self.lifetimes.register(buf)
 
     def _fence(self, cid: int) -> int:
-        handle = self.sup.new_fence(None, cid)
-        self.sup.fence_recs[handle].released = True  # nobody's: dropped when unreferenced
+        handle = self.lifetimes.new_fence(None, cid)
+        self.reg.fence_recs[handle].released = True  # nobody's: dropped when unreferenced
         return handle
 
     def _part(self, cmd: Command, conv: Conversion, src: BufferRec, dst: BufferRec,
@@ -291,31 +297,31 @@ class Handoff:
         return Command(
             seq=0, cid=cmd.cid, ctx=cmd.ctx, device=dev, kernel=kernel,
             params={"axes": list(axes)} if axes else {}, ins=[src], outs=[dst], wait=wait,
-            signal=signal, hold_ns=self.sup.scaled_ns(dev.spec.timing.duration_ms(kernel, moved)),
+            signal=signal, hold_ns=self.reg.scaled_ns(dev.spec.timing.duration_ms(kernel, moved)),
             delay_ns=0, dep_timeout_ns=cmd.dep_timeout_ns, priority=cmd.priority,
-            t_submit=cmd.t_submit, timeout_ns=cmd.timeout_ns, in_perms=[src_perm],
+            t_submit=cmd.t_submit, t_arrive=cmd.t_arrive, deadline_ns=cmd.deadline_ns,
+            timeout_ns=cmd.timeout_ns, in_perms=[src_perm],
             out_perms=[dst_perm], role=conv.role,
             plan={"reasons": list(conv.reasons), "operand": where, "src": src.handle,
                   "dst": dst.handle})
 
     def _undo(self, parts: list[Command]) -> None:
         """Give back what an expansion took, when its batch is refused."""
-        sup = self.sup
         for part in parts:
             for b in part.ins + part.outs:
-                if b.internal and b.refs == 0 and _live(sup.buffers, b):
-                    sup.reclaim_buffer(b)
+                if b.internal and b.refs == 0 and _live(self.reg.buffers, b):
+                    self.lifetimes.reclaim_buffer(b)
             for h in part.signal:
-                rec = sup.fence_recs.get(h)
+                rec = self.reg.fence_recs.get(h)
                 if rec is not None and rec.client is None and rec.refs == 0:
-                    sup.drop_fence(rec)
+                    self.lifetimes.drop_fence(rec)
 
     # -- commit, retire, completion ---------------------------------------------------------
 
     def on_commit(self, cmd: Command) -> None:
         """Mappings and cache maintenance, decided in submission order."""
         self.open_cids[cmd.cid] += 1
-        map_ns, unmap_ns, mapped = self.sup.iommu.on_commit(cmd)
+        map_ns, unmap_ns, mapped = self.iommu.on_commit(cmd)
         mem: dict[str, Any] = {"map_ns": map_ns, "map_bytes": mapped,
                                "unmap_ns": unmap_ns} if map_ns else {}
         self._maintenance(cmd, mem)
@@ -334,7 +340,7 @@ class Handoff:
         if not spec.coherent and mode != "none":
             costs = self._cache_costs.get(spec.name)
             if costs is None:  # ns fixed and per byte, at the platform's time scale
-                c, scaled = spec.cache, self.sup.scaled_ns
+                c, scaled = spec.cache, self.reg.scaled_ns
                 costs = self._cache_costs[spec.name] = (
                     scaled(c.op_us / 1000), scaled(c.invalidate_us_per_mib / 1000) / (1 << 20),
                     scaled(c.op_us / 1000), scaled(c.clean_us_per_mib / 1000) / (1 << 20),
@@ -365,7 +371,7 @@ class Handoff:
             b.last_writer = spec.name
 
     def on_retire(self, cmd: Command) -> None:
-        self.sup.iommu.on_retire(cmd)
+        self.iommu.on_retire(cmd)
         self.open_cids[cmd.cid] -= 1
         if self.open_cids[cmd.cid] <= 0:
             del self.open_cids[cmd.cid]
@@ -375,7 +381,7 @@ class Handoff:
         mem = rec.get("mem")
         code = rec.get("code", 0)
         if code == errors.IommuFault.code:
-            self.sup.iommu.stats["device_faults"] += 1
+            self.iommu.stats["device_faults"] += 1
         if mem is None and not cmd.ins and not cmd.outs:
             return  # it touched no buffer: no memory step to record or count
         shared = {"device": dev.name, "ctx": cmd.ctx.handle, "cid": cmd.cid, "cmd": cmd.seq}
@@ -428,7 +434,7 @@ class Handoff:
     # -- reports ------------------------------------------------------------------------------
 
     def metrics(self) -> dict[str, Any]:
-        iommu = self.sup.iommu
+        iommu = self.iommu
         ddr = {k: self.ddr[k] for k in ("kernel_bytes", "copy_bytes", "reformat_bytes",
                                         "clean_bytes")}
         ddr["bytes"] = sum(ddr.values())
@@ -450,7 +456,7 @@ class Handoff:
                         "copies_done": self.ddr["copy_done"],
                         "reformats_done": self.ddr["reformat_done"],
                         "by_reason": dict(self.reasons),
-                        "internal_buffers": sum(1 for _, b in self.sup.buffers.items()
+                        "internal_buffers": sum(1 for _, b in self.reg.buffers.items()
                                                 if b.internal)},
         }
 

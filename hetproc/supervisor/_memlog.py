@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ipc._trace import Stage
+from ipc import Stage
 
 CAPACITY = 8192
 
@@ -53,18 +53,26 @@ class MemLog:
         self.seq += 1
         self.events.append((self.seq, kind, t0, t1, shared, own))
 
-    def since(self, seq: int = 0, limit: int = CAPACITY,
-              cids: set[int] | None = None) -> dict[str, Any]:
-        """Events with ``seq`` above the given one (oldest first), and how many were lost."""
+    def since(self, seq: int = 0, limit: int = CAPACITY, cids: set[int] | None = None,
+              mine: dict[str, set[int]] | None = None) -> dict[str, Any]:
+        """Events with ``seq`` above the given one (oldest first), and how many were lost.
+        ``mine`` (for a client that sees its own work only): keep an event only if one of
+        its fields (``ctx``, ``buf``, ``client``) holds one of the given values."""
         out = []
         for ev in self.events:
             if ev[0] <= seq or (cids is not None and ev[4].get("cid") not in cids):
+                continue
+            if mine is not None and not _is_mine(ev[4], mine):
                 continue
             out.append(_as_dict(ev))
             if len(out) >= limit:
                 break
         first = self.events[0][0] if self.events else self.seq + 1
         return {"events": out, "last_seq": self.seq, "missed": max(0, first - seq - 1)}
+
+
+def _is_mine(fields: dict[str, Any], mine: dict[str, set[int]]) -> bool:
+    return any(fields.get(key) in values for key, values in mine.items())
 
 
 def _as_dict(ev: tuple) -> dict[str, Any]:

@@ -1,19 +1,29 @@
-"""What the supervisor knows about clients, contexts, buffers and fences.
+"""What the supervisor knows: clients, contexts, buffers, fences, and the ``Registry``
+that holds them.
 
 Lifetimes (seed §1): a buffer or fence is referenced by its client and by every command
 that may still touch it; it is reclaimed only when the client let go *and* no such command
-remains. ``refs`` counts the commands.
+remains. ``refs`` counts the commands. Only ``_lifetimes`` frees or reclaims.
+
+The ``Registry`` is the supervisor's tables, shared by its parts: each part reads what it
+needs and changes only what it owns (``_lifetimes`` the references and the pool,
+``_commands`` the queues and counters, ``_recovery`` its incidents).
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ipc import Block, FrameReader, errors, span_bytes
+from ipc import PENDING, Block, FenceTable, FrameReader, SlotMap, errors, span_bytes
+
+if TYPE_CHECKING:
+    from .._config import PlatformSpec
+    from ._devices import Command, DeviceHandle
 
 
 @dataclass(eq=False)
@@ -31,6 +41,15 @@ class ClientRec:
     reader: FrameReader = field(default_factory=FrameReader)
     pending: collections.deque = field(default_factory=collections.deque)
     outbuf: bytearray = field(default_factory=bytearray)
+    # Identity from the kernel (SO_PEERCRED at accept), never from a packet.
+    uid: int = -1
+    privileged: bool = False  # the owner, or a holder of a role the owner granted
+    hello_deadline: float = 0.0  # monotonic s; a connection silent past it is closed
+    bytes: int = 0  # of its own buffers (quota)
+    # Request ids answered lately and their reply frames: a retry under the same id is
+    # answered again, never run again (``_server.on_request``).
+    last_id: int = 0
+    answered: collections.OrderedDict = field(default_factory=collections.OrderedDict)
 
 
 @dataclass(eq=False)
@@ -46,6 +65,8 @@ class ContextRec:
     # Which cache maintenance the runtime does for this context on a non-coherent device:
     # "both" (correct), "clean" (forgets to invalidate), "invalidate", "none".
     cache_maintenance: str = "both"
+    period_ns: int = 0    # default relative deadline of its commands (0: none)
+    weight: float = 1.0   # its client's share under the fair scheduler
 
 
 @dataclass(eq=False)
@@ -93,7 +114,68 @@ class FenceRec:
     bound: bool = False  # some command will signal it; no second command may
     error: dict | None = None
     importers: set[int] = field(default_factory=set)  # client ids that imported it
+    signallers: set[int] = field(default_factory=set)  # importers granted the signal right
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:
     return span_bytes(shape, np.dtype(dtype).itemsize, strides)
+
+
+@dataclass(eq=False)
+class Registry:
+    """The supervisor's tables and the few queries over them that every part asks."""
+
+    spec: "PlatformSpec"
+    fences: FenceTable
+    devices: dict[str, "DeviceHandle"]
+    slots: list  # one ``device_workers.StateSlot`` per device, by index
+    state: np.ndarray  # the state table (``device_workers.STATE_DTYPE`` rows)
+    clients: dict[Any, ClientRec] = field(default_factory=dict)  # by connection
+    contexts: SlotMap = field(default_factory=lambda: SlotMap("context"))
+    buffers: SlotMap = field(default_factory=lambda: SlotMap("buffer"))
+    fence_recs: dict[int, FenceRec] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=lambda: {
+        "submitted": 0, "completed": 0, "failed": 0, "bad_packets": 0,
+        "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0})
+    events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
+    dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
+    role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
+
+    def tenant(self, client: ClientRec) -> list[ClientRec]:
+        """Every connection of ``client``'s process (the kernel's pid): quotas count here,
+        so a second connection gets no fresh quota."""
+        return [c for c in self.clients.values() if c.pid == client.pid]
+
+    def scaled_ns(self, ms: float) -> int:
+        """A modeled duration in ms, times the platform's time scale, in ns."""
+        if ms < 0:
+            raise errors.InvalidRequest(f"negative duration {ms} ms")
+        return int(ms * self.spec.time_scale * 1e6)
+
+    def note_event(self, kind: str, **detail: Any) -> None:
+        self.events.append({"event": kind, "t": time.time(), **detail})
+
+    def signalled(self, cmd: "Command") -> bool:
+        """Every output fence of ``cmd`` already completed (its record may be lost)."""
+        return all(self.fences.poll(h)[0] != PENDING for h in cmd.signal if h in self.fence_recs)
+
+    def quarantine_count(self) -> int:
+        """Buffers their client freed that a command may still touch: not reusable yet."""
+        return sum(1 for _, b in self.buffers.items() if b.released and b.refs > 0)
+
+    def device_state(self, dev: "DeviceHandle") -> dict[str, Any]:
+        st = self.state[dev.index]
+        return {name: (st[name].tolist() if hasattr(st[name], "tolist") else st[name])
+                for name in st.dtype.names if not name.startswith("_")}
+
+    def buffer_ownership(self, cmd: "Command | None") -> list[dict[str, Any]]:
+        """Who holds which buffer: the guilty command's, and every quarantined one."""
+        mine = {id(b) for b in (cmd.ins + cmd.outs)} if cmd else set()
+        return [{"handle": h, "client": b.client.name, "refs": b.refs, "released": b.released,
+                 "trusted": b.trusted, "segment": b.block.segment, "offset": b.block.offset,
+                 "nbytes": b.nbytes, "of_guilty": id(b) in mine}
+                for h, b in self.buffers.items() if id(b) in mine or (b.released and b.refs)]
+
+    def live_clients(self) -> list[ClientRec]:
+        """Clients that said hello (a connection that did not is nobody yet)."""
+        return [c for c in self.clients.values() if c.id]

@@ -1,6 +1,9 @@
 """Watchdog, the nine-step recovery sequence, and safe reclamation (seed §14).
 
-The watchdog counts from the moment a command *starts on the device* (not from submit).
+The watchdog counts from the moment a command *starts on the device* (not from submit,
+nor while it waits for its input fences), in device time: whatever the host kept the
+device process waiting for a CPU is lag, added to the deadline and counted as a
+``host_lag`` verdict, never blamed on the device.
 When it expires, the verdict is "no hang" if the device's progress counter moved since
 the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed out and an
 ``Incident`` runs the nine steps::
@@ -22,7 +25,21 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
                  failures during the incident are reported
 
 A device that dies on its own (crash, SIGKILL from outside) enters at step 4: its reaping
-is the confirmed stop. ``unsafe_reclaim`` (a debug policy for drills) does steps 4-6 at
+is the confirmed stop.
+
+The watchdog also watches the queue, not only the running command: a device that holds
+commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
+state, done counter, progress, ring read index all unchanged -- for a quiet bound is
+stalled: a tampered ring index or state table (``park``), a lost doorbell, a process
+stopped while idle. The bound is the command watchdog's, scaled the same way, but never
+under ``_QUIET_FLOOR_NS`` of host time (several of the device's idle wake-ups, so a
+device that only missed its doorbell has looked at its ring again). A device that is
+runnable and has had less CPU than the bound since it went quiet waits for the host (a
+loaded machine), not for itself: excused and counted (``idle_host_lag``), as the command
+watchdog does. A stall is a ``stall`` incident with no guilty command: the device is
+killed at once (nothing runs that could acknowledge a cancel), the reaping confirms the
+stop, its commands are failed (``CancelledByReset``, naming the stall) or replayed per
+policy, and it restarts on a fresh ring. ``unsafe_reclaim`` (a debug policy for drills) does steps 4-6 at
 once, before the stop is confirmed: the late-writer drill shows the corruption it causes.
 
 Like drm_sched's ``timedout_job`` and IREE's sticky semaphore failure, the error is set
@@ -36,15 +53,19 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from device_workers import DeviceState
-from device_workers._state import StateSlot as S
+from device_workers import StateSlot as S
 from ipc import errors
 
+from ._devices import CommandState
+
 if TYPE_CHECKING:
+    from ._commands import Commands
     from ._devices import Command, DeviceHandle
-    from ._server import Supervisor
+    from ._evidence import Evidence
+    from ._records import Registry
 
 
 @dataclass
@@ -83,6 +104,7 @@ class Incident:
     fallback: str | None = None
     exit_status: int | None = None
     replay: list["Command"] = field(default_factory=list)  # innocents to run again
+    reason: str = ""  # why the device was reset, told to the innocent commands it cost
 
     def step(self, name: str, **detail: Any) -> None:
         self.steps.append({"step": name, "t_ms": round((time.monotonic_ns() - self.t0) / 1e6, 3),
@@ -104,35 +126,85 @@ class Incident:
         }
 
 
-MAX_STARVED_REARMS = 10  # a starved command may wait up to ~10 more watchdog periods
+_MIN_EXTENSION_NS = 2_000_000  # a starved device is looked at again after at least this
+# A device owing work is stalled only after this much host time without any sign of
+# moving: five of its idle wake-ups (device_workers wakes every 50 ms), so a lost
+# doorbell alone, which the next wake-up repairs, is never called a stall.
+_QUIET_FLOOR_NS = 250_000_000
 
 
-def runqueue_wait_ns(pid: int) -> int | None:
-    """Nanoseconds process ``pid`` has spent runnable but not running (its second field
-    of /proc/<pid>/schedstat); None where the kernel does not say."""
-    try:
-        with open(f"/proc/{pid}/schedstat", "rb") as f:
-            return int(f.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+@dataclass
+class _Quiet:
+    """A device owing work whose signs of life have not changed since ``since``."""
+
+    signature: tuple
+    since: int
+    cpu: int
+    excused: bool = False
+
+
+class DeviceCpu:
+    """Whether a device process is runnable now, and how much CPU it has had (ns, the
+    first field of ``/proc/<pid>/schedstat``), read with ``pread`` on descriptors kept
+    per device (a few us a look). What lets the watchdog tell a device that waits for
+    the host's CPU from one that hangs."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, tuple[int, int, int]] = {}  # device -> (pid, stat fd, schedstat fd)
+
+    def read(self, dev: "DeviceHandle") -> tuple[bool, int]:
+        """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
+        entry = self._fds.get(dev.name)
+        if entry is None or entry[0] != dev.pid:
+            self._forget(dev.name)
+            try:
+                stat = os.open(f"/proc/{dev.pid}/stat", os.O_RDONLY)
+            except OSError:
+                return False, -1
+            try:
+                sched = os.open(f"/proc/{dev.pid}/schedstat", os.O_RDONLY)
+            except OSError:
+                os.close(stat)
+                return False, -1
+            entry = self._fds[dev.name] = (dev.pid, stat, sched)
+        try:
+            state = os.pread(entry[1], 512, 0).rpartition(b")")[2].split()[0]
+            return state == b"R", int(os.pread(entry[2], 128, 0).split()[0])
+        except (OSError, ValueError, IndexError):
+            return False, -1
+
+    def _forget(self, name: str) -> None:
+        entry = self._fds.pop(name, None)
+        if entry is not None:
+            os.close(entry[1])
+            os.close(entry[2])
 
 
 class Recovery:
-    def __init__(self, sup: "Supervisor", policy: Policy) -> None:
-        self.sup = sup
+    """The watchdog and the nine steps, over narrow collaborators: the tables (``reg``),
+    the command engine (fail, retire, requeue, reroute, probe), the evidence (frozen
+    windows) and ``spawn`` (fork a device again). Reclaiming happens when the engine
+    retires the commands this module lets go of (``_lifetimes`` does it)."""
+
+    def __init__(self, policy: Policy, reg: "Registry", commands: "Commands",
+                 evidence: "Evidence", spawn: Callable[["DeviceHandle"], None]) -> None:
         self.policy = policy
+        self.reg = reg
+        self.commands = commands
+        self.evidence = evidence
+        self.spawn = spawn
         self.active: dict[str, Incident] = {}   # by device, until the stop is confirmed
         self.probing: dict[int, Incident] = {}  # by id, after: waiting for the probes
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
         self.verdicts: collections.Counter[str] = collections.Counter()
+        self.device_cpu = DeviceCpu()
+        self._quiet: dict[str, _Quiet] = {}  # by device: owing work, no sign of moving
         self._ids = 0
-        self._waited_at_arm: dict[str, tuple[int, int | None]] = {}  # device -> (seq, ns)
-        self._starved_rearms: collections.Counter[int] = collections.Counter()
 
     # -- watchdog ---------------------------------------------------------------------
 
     def tick(self, now: int) -> None:
-        for dev in self.sup.devices.values():
+        for dev in self.reg.devices.values():
             inc = self.active.get(dev.name)
             if inc is not None:
                 if not inc.confirmed and inc.grace_deadline and now >= inc.grace_deadline:
@@ -141,20 +213,27 @@ class Recovery:
             self.watch(dev, now)
 
     def watch(self, dev: "DeviceHandle", now: int) -> None:
-        slot = self.sup.slots[dev.index]
+        slot = self.reg.slots[dev.index]
+        if self.watch_queue(dev, now):
+            return
+        # The device runs on while we read: the position it runs is read first and again
+        # after the start stamp, so BUSY and the stamp are known to be that command's
+        # (it writes position, stamp, BUSY in that order), never the one before it.
+        pidx = slot.u64[S.CURRENT_PIDX]
         if slot.u32[S.STATE] != DeviceState.BUSY:
             return
         cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        if cmd is None or cmd.pidx != slot.u64[S.CURRENT_PIDX]:
+        if cmd is None or cmd.pidx != pidx:
             return
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
-            if slot.u64[S.STARTED] < cmd.t_submit:
+            started = slot.u64[S.STARTED]
+            if slot.u64[S.CURRENT_PIDX] != pidx or started < cmd.t_submit:
                 return  # the previous command's start time: this one's is not written yet
-            cmd.watch_deadline = slot.u64[S.STARTED] + cmd.timeout_ns
+            cmd.watch_deadline = started + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
-            self._waited_at_arm[dev.name] = (cmd.seq, runqueue_wait_ns(dev.pid))
+            cmd.watch_cpu = self.device_cpu.read(dev)[1]
             return
-        if now < cmd.watch_deadline:
+        if now < cmd.watch_deadline or self._host_lag(dev, cmd):
             return
         progress = slot.u64[S.PROGRESS]
         heartbeat_age_ms = (now - slot.u64[S.HEARTBEAT]) / 1e6
@@ -163,33 +242,76 @@ class Recovery:
             cmd.watch_progress = progress
             cmd.watch_deadline = now + cmd.timeout_ns
             self.verdicts["no_hang"] += 1
-            self.sup.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="no_hang",
+            self.reg.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="no_hang",
                                 rearm=cmd.rearms, heartbeat_age_ms=round(heartbeat_age_ms, 3))
-            return
-        if self._starved(dev, cmd, now):
             return
         self.verdicts["timed_out"] += 1
         self.start_timeout(dev, cmd, heartbeat_age_ms)
 
-    def _starved(self, dev: "DeviceHandle", cmd: "Command", now: int) -> bool:
-        """A device the OS did not run is not hung: if, since the watchdog was armed, the
-        device process spent more than half the watchdog period runnable but waiting for
-        a CPU (a busy machine), the watchdog is re-armed instead -- at most
-        ``MAX_STARVED_REARMS`` times. A hung device sleeps or spins; only a starved one
-        waits on the run queue."""
-        seq, waited0 = self._waited_at_arm.get(dev.name, (None, None))
-        waited = runqueue_wait_ns(dev.pid)
-        if seq != cmd.seq or waited0 is None or waited is None:
+    def watch_queue(self, dev: "DeviceHandle", now: int) -> bool:
+        """A device that owes work and shows no sign of moving for the quiet bound is
+        stalled: True once its incident has started. A running command the command
+        watchdog times is left to it."""
+        slot = self.reg.slots[dev.index]
+        if not dev.pid or dev.paused or not self._owes_work(dev, slot) or self._timed(dev, slot):
+            self._quiet.pop(dev.name, None)
             return False
-        starved = self._starved_rearms.get(cmd.seq, 0)
-        if waited - waited0 <= cmd.timeout_ns // 2 or starved >= MAX_STARVED_REARMS:
+        signature = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE], slot.u64[S.PROGRESS],
+                     slot.u64[S.CURRENT_PIDX], dev.commands.tail)
+        quiet = self._quiet.get(dev.name)
+        if quiet is None or quiet.signature != signature:
+            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1])
             return False
-        self._starved_rearms[cmd.seq] = starved + 1
-        self._waited_at_arm[dev.name] = (cmd.seq, waited)
-        cmd.watch_deadline = now + cmd.timeout_ns
-        self.verdicts["starved"] += 1
-        self.sup.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="starved",
-                            runqueue_wait_ms=round((waited - waited0) / 1e6, 3))
+        bound = max(self.reg.scaled_ns(self.reg.spec.watchdog_ms), _QUIET_FLOOR_NS)
+        if now - quiet.since < bound:
+            return False
+        runnable, cpu = self.device_cpu.read(dev)
+        if runnable and cpu >= 0 and quiet.cpu >= 0 and cpu - quiet.cpu < bound:
+            if not quiet.excused:  # waiting for the host's CPU, not stalled: note it once
+                quiet.excused = True
+                self.reg.note_event("watchdog", device=dev.name, verdict="idle_host_lag",
+                                    cpu_ms=round((cpu - quiet.cpu) / 1e6, 3))
+            self.verdicts["idle_host_lag"] += 1
+            return False
+        del self._quiet[dev.name]
+        self.verdicts["stalled"] += 1
+        self.start_stall(dev, (now - quiet.since) / 1e6)
+        return True
+
+    @staticmethod
+    def _owes_work(dev: "DeviceHandle", slot: Any) -> bool:
+        """A pushed command the device has not finished. One that ran and only waits to
+        signal after its hand-off delay (``delay_ns``) is not owed: nothing moves then."""
+        taken = slot.u64[S.CURRENT_PIDX]
+        return any(c.delay_ns == 0 or c.pidx > taken for c in dev.pushed.values())
+
+    @staticmethod
+    def _timed(dev: "DeviceHandle", slot: Any) -> bool:
+        """The device runs a command of ours: the command watchdog's case."""
+        if slot.u32[S.STATE] != DeviceState.BUSY:
+            return False
+        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+        return cmd is not None and cmd.pidx == slot.u64[S.CURRENT_PIDX]
+
+    def _host_lag(self, dev: "DeviceHandle", cmd: "Command") -> bool:
+        """The watchdog counts device time, not host time. A device process that is
+        runnable at its deadline yet has had less CPU than its whole budget since the
+        command started is waiting for the host, not hung: the deadline moves by the
+        budget it has not had, and the lag is counted and noted, never hidden. A hung
+        device sleeps (not runnable), or spins and so uses its budget of CPU: neither
+        is excused."""
+        runnable, cpu = self.device_cpu.read(dev)
+        if not runnable or cpu < 0 or cmd.watch_cpu < 0:
+            return False
+        unused = cmd.timeout_ns - (cpu - cmd.watch_cpu)
+        if unused <= 0:
+            return False
+        if not cmd.lagged:
+            self.reg.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="host_lag",
+                                cpu_ms=round((cpu - cmd.watch_cpu) / 1e6, 3))
+        cmd.lagged = True
+        self.verdicts["host_lag"] += 1
+        cmd.watch_deadline = time.monotonic_ns() + max(unused, _MIN_EXTENSION_NS)
         return True
 
     # -- steps 1-3 ----------------------------------------------------------------------
@@ -205,24 +327,41 @@ class Recovery:
         inc = self.new_incident("timeout", dev, cmd)
         exc = errors.DeviceTimeout(
             f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms watchdog",
-            correlation_id=cmd.cid)
+            correlation_id=cmd.cid, detail={"incident": inc.id})
         inc.error = exc.to_dict()
         cmd.failure = exc
         inc.step("mark", cid=cmd.cid, seq=cmd.seq, rearms=cmd.rearms,
                  heartbeat_age_ms=round(heartbeat_age_ms, 3))
         if not self.policy.fallback_device:
-            n = self.sup.fail_dependants(cmd, exc)
+            n = self.commands.fail_dependants(cmd, exc)
             inc.steps[-1]["dependants_failed"] = n
-        self.sup.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
+        self.reg.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
         inc.step("cancel", pidx=cmd.pidx)
-        inc.grace_deadline = time.monotonic_ns() + self.sup.scaled_ns(self.sup.spec.grace_ms)
+        inc.grace_deadline = time.monotonic_ns() + self.reg.scaled_ns(self.reg.spec.grace_ms)
         if self.policy.unsafe_reclaim:
             inc.step("UNSAFE_early_reclaim", note="steps 4-6 before the device confirmed")
             self.fail_and_reclaim(dev, inc, [])
 
+    def start_stall(self, dev: "DeviceHandle", quiet_ms: float) -> None:
+        """The device owes work and does not move: reset it now (no command runs that
+        could acknowledge a cancel); its reaping confirms the stop (``on_device_death``)."""
+        inc = self.new_incident("stall", dev, None)
+        slot = self.reg.slots[dev.index]
+        inc.reason = (f"{dev.name} made no progress for {quiet_ms:.0f} ms with "
+                      f"{len(dev.pushed)} command(s) pushed to it")
+        exc = errors.DeviceTimeout(inc.reason, detail={"incident": inc.id})
+        inc.error = exc.to_dict()
+        inc.step("mark", reason="stalled with work queued", quiet_ms=round(quiet_ms, 3),
+                 pushed=len(dev.pushed), state=int(slot.u32[S.STATE]),
+                 ring_tail=dev.commands.tail, ring_head=dev.commands.head,
+                 park=int(slot.u32[S.PARK]))
+        self.evidence.note_error(exc)
+        self.isolate(dev, inc)
+
     def isolate(self, dev: "DeviceHandle", inc: Incident) -> None:
         """No acknowledgement within the grace period: kill; the reaping confirms."""
-        inc.step("isolate", pid=dev.pid, reason="no cancel acknowledgement within grace")
+        inc.step("isolate", pid=dev.pid, reason="stalled" if inc.kind == "stall"
+                 else "no cancel acknowledgement within grace")
         inc.grace_deadline = 0
         if dev.pid:
             os.kill(dev.pid, signal.SIGKILL)
@@ -246,7 +385,7 @@ class Recovery:
             self.after_confirmed(dev, inc)
             return False
         inc.confirmed, inc.how = True, "acknowledged"
-        inc.step("confirm", how="acknowledged", ack_pidx=self.sup.slots[dev.index].u64[S.ACK_PIDX])
+        inc.step("confirm", how="acknowledged", ack_pidx=self.reg.slots[dev.index].u64[S.ACK_PIDX])
         dev.pushed.pop(cmd.seq, None)
         self.after_confirmed(dev, inc)
         return True
@@ -258,7 +397,8 @@ class Recovery:
             running = self.running_command(dev)
             inc = self.new_incident("death", dev, running)
             exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
-                                       correlation_id=running.cid if running else 0)
+                                       correlation_id=running.cid if running else 0,
+                                       detail={"incident": inc.id})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -270,11 +410,11 @@ class Recovery:
         self.after_confirmed(dev, inc, reset=True)
 
     def running_command(self, dev: "DeviceHandle") -> "Command | None":
-        slot = self.sup.slots[dev.index]
+        slot = self.reg.slots[dev.index]
         if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
             return None
         cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        return None if cmd is None or self.sup.signalled(cmd) else cmd
+        return None if cmd is None or self.reg.signalled(cmd) else cmd
 
     # -- steps 4-9 ----------------------------------------------------------------------
 
@@ -289,34 +429,38 @@ class Recovery:
 
     def fail_and_reclaim(self, dev: "DeviceHandle", inc: Incident, innocent: list) -> None:
         g = inc.guilty
-        if g is not None and g.state != "done":
+        if g is not None and g.state is not CommandState.DONE:
             target = self.fallback_target(g, inc)
             if target is None:
-                self.sup.fail_command(g, g.failure or errors.DeviceCrashed("device lost"))
+                self.commands.fail_command(g, g.failure or errors.DeviceCrashed("device lost"))
                 inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
             self.invalidate(g, inc)  # the context's queued commands fail with it...
             if target is not None:  # ...but the guilty request itself re-runs elsewhere
-                self.sup.reroute(g, target)
+                self.commands.reroute(g, target)
                 inc.fallback = target.name
                 inc.step("fallback", device=target.name, cid=g.cid)
         self.fail_innocent(inc, innocent)
-        inc.step("reclaim", quarantined_released=self.sup.quarantine_count())
+        inc.step("reclaim", quarantined_released=self.reg.quarantine_count())
 
     def fail_innocent(self, inc: Incident, innocent: list) -> None:
         replayed, cancelled = [], []
         for cmd in innocent:
-            if cmd.state == "done":
+            if cmd.state is CommandState.DONE:
                 continue
-            if self.sup.signalled(cmd):  # it finished; only its record died with the device
-                self.sup.retire(cmd)
+            if self.reg.signalled(cmd):  # it finished; only its record died with the device
+                ok = all(self.reg.fences.poll(h)[1] == 0
+                         for h in cmd.signal if h in self.reg.fence_recs)
+                self.commands.retire(cmd)
+                if cmd.probe_of is not None:  # a probe that answered: its incident may end
+                    self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
             if self.policy.replay_innocent and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
-                self.sup.fail_command(cmd, errors.Cancelled(
-                    f"cancelled by the reset of {inc.device}", scope="device",
-                    buffers_trusted=False))
+                why = f": {inc.reason}" if inc.reason else ""
+                self.commands.fail_command(cmd, errors.CancelledByReset(
+                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}))
                 cancelled.append(cmd.cid)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
@@ -328,58 +472,58 @@ class Recovery:
         ctx = cmd.ctx
         if ctx.lost is None and ctx.handle:
             ctx.lost = cmd.failure or errors.DeviceFault("context lost")
-            n = self.sup.fail_context_queue(ctx)
+            n = self.commands.fail_context_queue(ctx)
             inc.step("invalidate", context=ctx.name or hex(ctx.handle), queued_failed=n,
                      untrusted_outputs=len(cmd.outs))
         cmd.outs_untrusted()
 
     def fallback_target(self, cmd: "Command", inc: Incident) -> "DeviceHandle | None":
         """The policy's fallback device, if it can run this command; else None."""
-        target = self.sup.devices.get(self.policy.fallback_device or "")
-        if target is None or target is self.sup.devices[inc.device]:
+        target = self.reg.devices.get(self.policy.fallback_device or "")
+        if target is None or target is self.reg.devices[inc.device]:
             return None
-        if not self.sup.can_run_on(cmd, target):
+        if not self.commands.can_run_on(cmd, target):
             inc.step("fallback", device=target.name, possible=False)
             return None
         return target
 
     def dump(self, dev: "DeviceHandle", inc: Incident) -> None:
-        sup = self.sup
         record = {
             "incident": inc.id, "device": dev.name, "error": inc.error,
-            "device_state": sup.device_state(dev),
+            "device_state": self.reg.device_state(dev),
             "in_flight": [c.describe() for c in list(dev.pushed.values()) + inc.innocent],
-            "buffers": sup.buffer_ownership(inc.guilty),
+            "buffers": self.reg.buffer_ownership(inc.guilty),
             # The timeline: a window of every process's trace ring around the incident,
             # copied out once its aftermath is in (Platform.frozen_windows, trace frozen).
-            "trace_window": sup.freeze_window(f"incident {inc.id} on {dev.name}",
+            "trace_window": self.evidence.freeze_window(f"incident {inc.id} on {dev.name}",
                                               inc.guilty.cid if inc.guilty else 0),
         }
-        sup.dumps.append(record)
+        self.reg.dumps.append(record)
         inc.step("dump", trace_window=record["trace_window"], in_flight=len(record["in_flight"]))
 
     def restart(self, dev: "DeviceHandle", inc: Incident, reset: bool) -> None:
         if reset:
-            sup = self.sup
-            sup.spawn(dev)
+            self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
         else:
             inc.step("resume", epoch=dev.epoch, note="cancel acknowledged: no reset needed")
         for cmd in inc.replay:
-            self.sup.requeue(cmd)
+            self.commands.requeue(cmd)
         dev.paused = False
 
     def probe(self, dev: "DeviceHandle", inc: Incident) -> None:
-        targets = {dev.name} | {c.device for c in self.sup.contexts_of_other_clients(inc)}
+        guilty_client = inc.guilty.ctx.client if inc.guilty else None
+        targets = {dev.name} | {c.device for _, c in self.reg.contexts.items()
+                                if c.client is not guilty_client}
         inc.probes = len(targets)
         # The device is serving again: release it to the watchdog (a probe stuck behind
         # another hang must not keep this incident, and so the device, unwatched).
         self.active.pop(dev.name, None)
         self.probing[inc.id] = inc
         for name in sorted(targets):
-            self.sup.submit_probe(self.sup.devices[name], inc)
+            self.commands.submit_probe(self.reg.devices[name], inc)
         inc.step("probe", devices=sorted(targets))
-        self.sup.pump_all()
+        self.commands.pump_all()
 
     def on_probe_done(self, inc: Incident, device: str, ok: bool) -> None:
         inc.step("probe_done", device=device, ok=ok)

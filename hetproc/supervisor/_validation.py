@@ -2,154 +2,386 @@
 
 Buffers, commands and fences from clients are untrusted: every handle and generation,
 owner, op, dtype, shape, packet size and duration is checked here, and a command that
-passes is built into a ``Command``. Mixed into the supervisor, whose registries it reads.
+passes is built into a ``Command``. Plain functions over the supervisor's ``Registry``:
+they read it and change nothing, so a refused request leaves no trace in any table.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
 
-from device_workers._kernels import validate as validate_kernel
+from device_workers import validate_kernel
 from ipc import PENDING, errors
-from ipc._packets import check_fields
 
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
-from ._records import BufferRec, ClientRec, ContextRec
+from ._records import BufferRec, ClientRec, ContextRec, Registry
+
+if TYPE_CHECKING:
+    from .._config import LimitsSpec
+    from ._faultplan import FaultPlan
+    from ._handoff import Handoff
+    from ._iommu import Iommu
 
 MAX_SHAPE_ELEMENTS = 1 << 31
+MAX_BACKDATE_NS = 250_000_000  # how far before its arrival a client may date its submit
+MAX_DEADLINE_MS = 3_600_000.0  # one hour: deadlines and periods beyond are typos
+MAX_WEIGHT = 1000.0
 # The default watchdog scales with a command's own work (see watchdog_budget_ns): 4x its
 # modeled duration, plus 10 ns per byte its kernel touches (100 MB/s: 64 MiB -> 0.67 s).
 WATCHDOG_MODEL_FACTOR = 4
 WATCHDOG_NS_PER_BYTE = 10
 
 
-class Validation:
-    def context_of(self, client: ClientRec, handle: Any, allow_lost: bool = False) -> ContextRec:
-        ctx = self.contexts.get(handle)
-        if ctx.client is not client:
-            raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
-        if ctx.lost is not None and not allow_lost:
-            raise errors.ContextLost(f"context {handle:#x} was lost: {ctx.lost}",
-                                     detail={"cause": ctx.lost.to_dict()})
-        return ctx
+def check_request(msg: dict, limits: "LimitsSpec") -> None:
+    """Every field of a decoded request within its range and size cap, and every command
+    of a submit likewise, before the handler runs: a request is refused whole, so nothing
+    was queued, allocated or signalled for it (invariant 6)."""
+    check_values(msg, limits, "request")
+    if msg["op"] == "submit":
+        for c in msg["cmds"]:
+            check_command(c, limits)
+    elif msg["op"] == "inject":
+        check_depth(msg["fault"], "fault", _protocol.PARAMS_DEPTH, 256)
 
-    def buffer_of(self, client: ClientRec, handle: Any) -> BufferRec:
-        buf = self.buffers.get(handle)
-        if buf.client is not client:
-            raise errors.ForeignHandle(f"buffer {handle:#x} belongs to another client")
-        if buf.released:
-            raise errors.StaleHandle(f"buffer {handle:#x} was freed")
-        return buf
 
-    def check_layout(self, shape: list, dtype: str, strides: list | None):
-        if len(shape) > 8 or not all(isinstance(s, int) and 0 < s < MAX_SHAPE_ELEMENTS for s in shape):
-            raise errors.ShapeError(f"shape {shape!r}: up to 8 positive dimensions")
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise errors.DtypeError(f"unknown dtype {dtype!r}") from None
-        if dt.kind not in "biuf" or dt.itemsize > 8:
-            raise errors.DtypeError(f"dtype {dtype!r} is not a plain numeric type")
-        if strides is not None:
-            if len(strides) != len(shape) or not all(isinstance(s, int) and s > 0 for s in strides):
-                raise errors.ShapeError(f"strides {strides!r} do not fit shape {shape!r}")
-        total = 1
-        for s in shape:
-            total *= s
-        if total * dt.itemsize > self.spec.memory_mib << 20:
-            raise errors.OutOfMemory(f"{total * dt.itemsize} bytes exceed the platform budget")
-        return tuple(shape), dt.name, tuple(strides) if strides else None
+def check_values(msg: dict, limits: "LimitsSpec", where: str) -> None:
+    for key, value in msg.items():
+        kind = type(value)
+        if kind is int:
+            lo, hi = _protocol.INT_RANGES.get(key, _protocol.HANDLE)
+            if not lo <= value <= hi:
+                raise errors.InvalidRequest(f"{where}: {key} = {value} out of range {lo}..{hi}")
+        elif kind is str:
+            cap = limits.max_name if key == "name" else _protocol.STR_CAPS.get(key, 64)
+            if len(value) > cap or not value.isprintable():
+                raise errors.InvalidRequest(f"{where}: {key} must be printable and at most "
+                                            f"{cap} characters (got {len(value)})")
+        elif kind is list:
+            check_list(key, value, where)
+        elif kind is float and key in _protocol.DURATIONS:
+            check_duration(key, value, limits)
+        elif key == "params":
+            check_depth(value, "params", _protocol.PARAMS_DEPTH, _protocol.PARAMS_BYTES)
+    for key in _protocol.DURATIONS:
+        if type(msg.get(key)) is int:
+            check_duration(key, msg[key], limits)
 
-    def build_command(self, ctx: ContextRec, c: Any) -> Command:
-        """Validate one command of a submit: every handle, generation, owner, op, dtype and
-        shape is checked here, before anything reaches a device (seed §20)."""
-        if not isinstance(c, dict):
-            raise errors.BadPacket("a command must be a map")
-        check_fields(c, _protocol.COMMAND, where="command")
-        dev = self.devices[ctx.device]
-        kernel = c["kernel"]
-        if kernel not in dev.spec.ops:
-            raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
-                                       f"(it runs: {', '.join(dev.spec.ops)})")
-        client = ctx.client
-        ins = [self.iommu.resolve(client, h, self.buffers) for h in c["ins"]] if c.get("ins") else []
-        outs = [self.iommu.resolve(client, h, self.buffers) for h in c["outs"]] if c.get("outs") else []
-        in_perms, out_perms = self.iommu.grant(ctx, ins, outs)  # IommuFault if not allowed
-        plan = self.handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
-        params = c.get("params") or {}
-        if kernel != "work":  # "work" only holds time: it accepts any operands
-            validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
-        self.check_packet_size(c, ins, outs)
-        wait = [self.check_fence(client, h) for h in c["wait"]] if c.get("wait") else []
-        signal = [self.check_signal_fence(client, c["signal"])] if "signal" in c else []
-        if self.faults.rules and self.faults.draw("map", dev.name, c.get("cid", 0)):
-            raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
-        hold_ns = self.hold_ns(dev, c, ins, outs)
-        return Command(
-            seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
-            ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=hold_ns,
-            delay_ns=self.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
-            dep_timeout_ns=self.dep_timeout_ns, priority=ctx.priority,
-            t_submit=time.monotonic_ns(),
-            timeout_ns=(self.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
-                        else self.watchdog_budget_ns(hold_ns, ins, outs)),
-            checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
 
-    def check_packet_size(self, c: dict, ins: list, outs: list) -> None:
-        """A command must fit one ring slot once encoded for the device: refuse it here,
-        before anything is committed, never at the device's queue head."""
-        room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
-        params = c.get("params")
-        size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(c.get("wait") or ())
-                + sum(len(b.block.segment) + 60 for b in ins + outs))
-        if size > room:
-            raise errors.BadPacket(f"command too large for a device ring slot "
-                                   f"(~{size} of {room} bytes: params, buffers, waits)")
+def check_command(c: dict, limits: "LimitsSpec") -> None:
+    """One command of a submit: its schema (``_protocol.COMMAND``) and every value's range
+    in one pass -- this runs per command, so it is written for speed."""
+    checks = _COMMAND_CHECKS
+    for key, value in c.items():
+        check = checks.get(key)
+        if check is None:
+            raise errors.BadPacket(f"command: unknown field {key!r}")
+        check(key, value, limits)
+    if "kernel" not in c:
+        raise errors.BadPacket("command: missing field 'kernel'")
 
-    def check_fence(self, client: ClientRec, handle: Any) -> int:
-        if not isinstance(handle, int) or isinstance(handle, bool):
-            raise errors.InvalidHandle(f"fence handle {handle!r} is not a handle")
-        rec = self.fence_recs.get(handle)
-        if rec is None:
-            self.fences.check(handle)  # says stale or invalid precisely
-            raise errors.InvalidHandle(f"fence {handle:#x} is not live")
-        if rec.client is not client and client.id not in rec.importers:
-            raise errors.ForeignHandle(f"fence {handle:#x} belongs to another client")
-        if rec.released and client.id not in rec.importers:  # an import is a reference
-            raise errors.StaleHandle(f"fence {handle:#x} was released by its client")
-        return handle
 
-    def check_signal_fence(self, client: ClientRec, handle: Any) -> int:
-        """A client-chosen output fence must be its own, pending, and not bound already."""
-        self.check_fence(client, handle)
-        rec = self.fence_recs[handle]
-        if rec.bound or self.fences.poll(handle)[0] != PENDING:
-            raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
-        return handle
+def _cmd_handles(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not list:
+        raise errors.BadPacket(f"command: field {key!r} must be list, got {type(value).__name__}")
+    if len(value) > _protocol.LIST_CAPS[key]:
+        raise errors.InvalidRequest(f"command: {key} holds {len(value)} items, at most "
+                                    f"{_protocol.LIST_CAPS[key]}")
+    for v in value:
+        if type(v) is not int or not 0 <= v <= _HANDLE_MAX:
+            raise errors.InvalidRequest(f"command: {key} item {v!r} is not a handle")
 
-    def scaled_ns(self, ms: float) -> int:
-        if ms < 0:
-            raise errors.InvalidRequest(f"negative duration {ms} ms")
-        return int(ms * self.spec.time_scale * 1e6)
 
-    def watchdog_budget_ns(self, hold_ns: int, ins: list, outs: list) -> int:
-        """The default watchdog of one command: the platform's ``watchdog_ms``, or more for
-        a command whose own work is long -- ``WATCHDOG_MODEL_FACTOR`` times its modeled
-        duration, plus the real memory traffic of its kernel at a floor bandwidth a busy
-        machine still reaches. A 64 MiB ``fill`` is slow because it is big, not because
-        its device hung; a hang of a small command is still caught at ``watchdog_ms``."""
-        nbytes = sum(b.nbytes for b in ins + outs)
-        return (max(self.watchdog_ns, WATCHDOG_MODEL_FACTOR * hold_ns)
-                + nbytes * WATCHDOG_NS_PER_BYTE)
+def _cmd_int(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not int:
+        raise errors.BadPacket(f"command: field {key!r} must be int, got {type(value).__name__}")
+    lo, hi = _protocol.INT_RANGES[key]
+    if not lo <= value <= hi:
+        raise errors.InvalidRequest(f"command: {key} = {value} out of range {lo}..{hi}")
 
-    def hold_ns(self, dev: DeviceHandle, c: dict, ins: list, outs: list) -> int:
-        if "ms" in c:
-            return self.scaled_ns(float(c["ms"]))
-        nbytes = sum(b.nbytes for b in ins + outs)
-        return self.scaled_ns(dev.spec.timing.duration_ms(c["kernel"], nbytes))
+
+def _cmd_duration(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not float and type(value) is not int:
+        raise errors.BadPacket(f"command: field {key!r} must be int or float, "
+                               f"got {type(value).__name__}")
+    check_duration(key, value, limits)
+
+
+def _cmd_kernel(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not str:
+        raise errors.BadPacket(f"command: field 'kernel' must be str, got {type(value).__name__}")
+    if len(value) > _protocol.STR_CAPS["kernel"] or not value.isprintable():
+        raise errors.InvalidRequest(f"command: kernel must be a printable name of at most "
+                                    f"{_protocol.STR_CAPS['kernel']} characters")
+
+
+def _cmd_params(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not dict:
+        raise errors.BadPacket(f"command: field 'params' must be dict, got {type(value).__name__}")
+    if value:
+        check_depth(value, "params", _protocol.PARAMS_DEPTH, _protocol.PARAMS_BYTES)
+
+
+def _cmd_bool(key: str, value: Any, limits: Any) -> None:
+    if type(value) is not bool:
+        raise errors.BadPacket(f"command: field {key!r} must be bool, got {type(value).__name__}")
+
+
+_HANDLE_MAX = _protocol.HANDLE[1]
+_COMMAND_CHECKS = {"kernel": _cmd_kernel, "signal": _cmd_int, "cid": _cmd_int,
+                   "ins": _cmd_handles, "outs": _cmd_handles, "wait": _cmd_handles,
+                   "params": _cmd_params, "ms": _cmd_duration, "handoff_ms": _cmd_duration,
+                   "timeout_ms": _cmd_duration, "checked": _cmd_bool, "priority": _cmd_int,
+                   "deadline_ms": _cmd_duration}
+assert set(_COMMAND_CHECKS) == {k.rstrip("?") for k in _protocol.COMMAND}, "one check per field"
+
+
+def check_list(key: str, value: list, where: str) -> None:
+    cap = _protocol.LIST_CAPS.get(key, 64)
+    if len(value) > cap:
+        raise errors.InvalidRequest(f"{where}: {key} holds {len(value)} items, at most {cap}")
+    item = _protocol.LIST_ITEMS.get(key)
+    if item is None:
+        return
+    for v in value:
+        if type(v) is not item:
+            raise errors.InvalidRequest(f"{where}: {key} items must be {item.__name__}, "
+                                        f"got {type(v).__name__}")
+        if item is int and not _protocol.HANDLE[0] <= v <= _protocol.HANDLE[1]:
+            raise errors.InvalidRequest(f"{where}: {key} item {v} out of range")
+        if item is str and (len(v) > 64 or not v.isprintable()):
+            raise errors.InvalidRequest(f"{where}: {key} items must be short printable names")
+
+
+def check_duration(key: str, ms: float, limits: "LimitsSpec") -> None:
+    """Finite, not negative, below the platform's maximum: what passes scales into ns that
+    fit a ring packet's integers (1e30 ms used to overflow the pack after queueing)."""
+    if not (math.isfinite(ms) and 0.0 <= ms <= limits.max_duration_ms):
+        raise errors.InvalidRequest(f"{key} = {ms} is not a duration in 0..{limits.max_duration_ms} "
+                                    "ms (limits.max_duration_ms)")
+
+
+def check_depth(value: Any, where: str, depth: int, max_bytes: int) -> None:
+    """A client's free-form map (params, a fault's parameters): bounded nesting and size,
+    string keys, finite numbers -- what a device may be handed."""
+    def walk(v: Any, level: int) -> None:
+        if level > depth:
+            raise errors.InvalidRequest(f"{where} nested deeper than {depth}")
+        if type(v) is dict:
+            for k, x in v.items():
+                if type(k) is not str:
+                    raise errors.InvalidRequest(f"{where}: keys must be strings")
+                walk(x, level + 1)
+        elif type(v) is list:
+            for x in v:
+                walk(x, level + 1)
+        elif type(v) is float and not math.isfinite(v):
+            raise errors.InvalidRequest(f"{where}: {v} is not a finite number")
+    walk(value, 0)
+    try:
+        size = len(msgpack.packb(value))
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise errors.InvalidRequest(f"{where} cannot be encoded: {exc}") from None
+    if size > max_bytes:
+        raise errors.BadPacket(f"{where} too large: {size} bytes packed, at most {max_bytes}")
+
+
+def max_priority(client: ClientRec, limits: "LimitsSpec") -> int:
+    """The one place a client's priority ceiling is decided: by its role, never by its
+    packets (the owner and clients holding a granted role get the privileged ceiling)."""
+    return limits.max_priority_privileged if client.privileged else limits.max_priority
+
+
+def context_of(reg: Registry, client: ClientRec, handle: Any, allow_lost: bool = False) -> ContextRec:
+    ctx = reg.contexts.get(handle)
+    if ctx.client is not client:
+        raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
+    if ctx.lost is not None and not allow_lost:
+        raise errors.ContextLost(f"context {handle:#x} was lost: {ctx.lost}",
+                                 detail={"cause": ctx.lost.to_dict()})
+    return ctx
+
+
+def buffer_of(reg: Registry, client: ClientRec, handle: Any) -> BufferRec:
+    buf = reg.buffers.get(handle)
+    if buf.client is not client:
+        raise errors.ForeignHandle(f"buffer {handle:#x} belongs to another client")
+    if buf.released:
+        raise errors.StaleHandle(f"buffer {handle:#x} was freed")
+    return buf
+
+
+def check_layout(shape: list, dtype: str, strides: list | None, budget_bytes: int):
+    if len(shape) > 8 or not all(isinstance(s, int) and 0 < s < MAX_SHAPE_ELEMENTS for s in shape):
+        raise errors.ShapeError(f"shape {shape!r}: up to 8 positive dimensions")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise errors.DtypeError(f"unknown dtype {dtype!r}") from None
+    if dt.kind not in "biuf" or dt.itemsize > 8:
+        raise errors.DtypeError(f"dtype {dtype!r} is not a plain numeric type")
+    if strides is not None:
+        if len(strides) != len(shape) or not all(isinstance(s, int) and s > 0 for s in strides):
+            raise errors.ShapeError(f"strides {strides!r} do not fit shape {shape!r}")
+    total = 1
+    for s in shape:
+        total *= s
+    if total * dt.itemsize > budget_bytes:
+        raise errors.OutOfMemory(f"{total * dt.itemsize} bytes exceed the platform budget")
+    return tuple(shape), dt.name, tuple(strides) if strides else None
+
+
+def arrival_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
+    """A submit's modeled arrival: the client's own submit time (so the host's submit path
+    is absorbed, not modeled), never later than now nor more than ``MAX_BACKDATE_NS``
+    before it (an untrusted stamp can shift its own work a little, nobody else's), plus
+    the platform's modeled dispatch latency (invariant 8)."""
+    t = now_ns
+    if isinstance(t_client, int) and not isinstance(t_client, bool):
+        t = min(now_ns, max(now_ns - MAX_BACKDATE_NS, t_client))
+    return t + reg.scaled_ns(reg.spec.dispatch_us / 1000.0)
+
+
+def bounded_ms(value: Any, what: str, lo: float = 0.0, hi: float = MAX_DEADLINE_MS) -> float:
+    """A finite number of ms in ``(lo, hi]``, or a clear error for its sender."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise errors.InvalidRequest(f"{what} must be a number, got {value!r}")
+    v = float(value)
+    if not (lo < v <= hi):  # also false for NaN
+        raise errors.InvalidRequest(f"{what} = {value!r} is out of range ({lo:g}, {hi:g}]")
+    return v
+
+
+def request_priority(reg: Registry, ctx: ContextRec, c: dict) -> int:
+    """The command's priority: its own (0..its client's ceiling, by role), else its
+    context's."""
+    if "priority" not in c:
+        return ctx.priority
+    p, top = c["priority"], max_priority(ctx.client, reg.spec.limits)
+    if not 0 <= p <= top:
+        raise errors.InvalidRequest(f"priority {p} is out of range 0..{top} for this client")
+    return p
+
+
+def deadline_ns(reg: Registry, ctx: ContextRec, c: dict, t_received: int) -> int:
+    """Absolute deadline, counted from when the supervisor received the submit: a client
+    dating its submit earlier must not make its work look more urgent (edf, mixed)."""
+    if "deadline_ms" in c:
+        return t_received + reg.scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
+    return t_received + ctx.period_ns if ctx.period_ns else 0
+
+
+def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
+                  ctx: ContextRec, c: Any, t_arrive: int = 0) -> Command:
+    """Validate one command of a submit: every handle, generation, owner, op, dtype and
+    shape is checked here, before anything reaches a device (seed §20)."""
+    if not isinstance(c, dict):
+        raise errors.BadPacket("a command must be a map")
+    dev = reg.devices[ctx.device]  # fields and ranges: ``check_command``, already
+    kernel = c["kernel"]
+    if kernel not in dev.spec.ops:
+        raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
+                                   f"(it runs: {', '.join(dev.spec.ops)})")
+    client = ctx.client
+    ins = [iommu.resolve(client, h, reg.buffers) for h in c["ins"]] if c.get("ins") else []
+    outs = [iommu.resolve(client, h, reg.buffers) for h in c["outs"]] if c.get("outs") else []
+    in_perms, out_perms = iommu.grant(ctx, ins, outs)  # IommuFault if not allowed
+    plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
+    params = c.get("params") or {}
+    if kernel != "work":  # "work" only holds time: it accepts any operands
+        validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
+    check_packet_size(c, ins, outs)
+    wait = [check_fence(reg, client, h) for h in c["wait"]] if c.get("wait") else []
+    signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
+    priority = request_priority(reg, ctx, c)
+    t_received = time.monotonic_ns()
+    t_arrive = t_arrive or arrival_ns(reg, None, t_received)
+    deadline = deadline_ns(reg, ctx, c, t_received)
+    if faults.rules and faults.draw("map", dev.name, c.get("cid", 0), client=(client.id, client.name)):
+        raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
+    hold = hold_ns(reg, dev, c, ins, outs)
+    return Command(
+        seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
+        ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=hold,
+        delay_ns=reg.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
+        dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=priority,
+        t_submit=time.monotonic_ns(), t_arrive=t_arrive, deadline_ns=deadline,
+        timeout_ns=(reg.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
+                    else watchdog_budget_ns(reg, hold, ins, outs)),
+        checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
+
+
+def check_packet_size(c: dict, ins: list, outs: list) -> None:
+    """A command must fit one ring slot once encoded for the device: refuse it here,
+    before anything is committed, never at the device's queue head."""
+    room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
+    params = c.get("params")
+    size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(c.get("wait") or ())
+            + sum(len(b.block.segment) + 60 for b in ins + outs))
+    if size > room:
+        raise errors.BadPacket(f"command too large for a device ring slot "
+                               f"(~{size} of {room} bytes: params, buffers, waits)")
+
+
+def check_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
+    if not isinstance(handle, int) or isinstance(handle, bool):
+        raise errors.InvalidHandle(f"fence handle {handle!r} is not a handle")
+    rec = reg.fence_recs.get(handle)
+    if rec is None:
+        reg.fences.check(handle)  # says stale or invalid precisely
+        raise errors.InvalidHandle(f"fence {handle:#x} is not live")
+    if rec.client is not client and client.id not in rec.importers:
+        raise errors.ForeignHandle(f"fence {handle:#x} belongs to another client")
+    if rec.released and client.id not in rec.importers:  # an import is a reference
+        raise errors.StaleHandle(f"fence {handle:#x} was released by its client")
+    return handle
+
+
+def check_signal_right(reg: Registry, client: ClientRec, handle: Any) -> int:
+    """Signalling needs more than waiting: the fence's owner, or an importer its owner
+    exported it to with the signal right. An import alone grants waiting only."""
+    check_fence(reg, client, handle)
+    rec = reg.fence_recs[handle]
+    if rec.client is not client and client.id not in rec.signallers:
+        raise errors.NotPermitted(f"fence {handle:#x} may be waited on, not signalled, by "
+                                  f"client {client.name!r} (its owner did not grant the right)")
+    if rec.bound:
+        raise errors.NotPermitted(f"fence {handle:#x} is signalled by a command, not by a client")
+    return handle
+
+
+def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
+    """A client-chosen output fence: one it may signal, pending, and not bound already."""
+    check_fence(reg, client, handle)
+    rec = reg.fence_recs[handle]
+    if rec.bound or reg.fences.poll(handle)[0] != PENDING:
+        raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
+    check_signal_right(reg, client, handle)
+    return handle
+
+
+def watchdog_budget_ns(reg: Registry, hold: int, ins: list, outs: list) -> int:
+    """The default watchdog of one command: the platform's ``watchdog_ms``, or more for a
+    command whose own work is long -- ``WATCHDOG_MODEL_FACTOR`` times its modeled duration,
+    plus the memory traffic of its kernel at a floor bandwidth a busy machine still
+    reaches. A 64 MiB ``fill`` is slow because it is big, not because its device hung; a
+    hang of a small command is still caught at ``watchdog_ms``. Never more than the longest
+    duration a client may name (``limits.max_duration_ms``), unless ``watchdog_ms`` is.
+    (The recovery's watchdog counts the device's CPU time against this budget.)"""
+    floor = reg.scaled_ns(reg.spec.watchdog_ms)
+    nbytes = sum(b.nbytes for b in ins + outs)
+    work = max(floor, WATCHDOG_MODEL_FACTOR * hold) + nbytes * WATCHDOG_NS_PER_BYTE
+    return min(work, max(floor, reg.scaled_ns(reg.spec.limits.max_duration_ms)))
+
+
+def hold_ns(reg: Registry, dev: DeviceHandle, c: dict, ins: list, outs: list) -> int:
+    if "ms" in c:
+        return reg.scaled_ns(float(c["ms"]))
+    nbytes = sum(b.nbytes for b in ins + outs)
+    return reg.scaled_ns(dev.spec.timing.duration_ms(c["kernel"], nbytes))
 

@@ -22,19 +22,18 @@ Nothing here runs inside the supervisor or a device, except ``_export`` and ``_p
 which the supervisor also uses to write the frozen windows it dumps.
 """
 
-from ipc import Stage
-
-from ._explain import Trace, explain, format_request, load_trace, slowest, summary_lines
+from ._explain import (Request, Trace, as_dict, explain, format_request, load_trace, parse_cid,
+                       requests, slowest, summary_lines)
 from ._export import frozen_to_chrome, records_to_chrome
 from ._live import chrome_trace, export_trace, frozen_windows, snapshot, trace_info, write_frozen
 from ._perfetto import to_chrome_trace, write_chrome_trace
-from ._plot import plot_timeline
+from ._plot import plot_timeline, require_matplotlib
 from ._validate import flow_chains, validate
 
 __all__ = [
     "snapshot", "chrome_trace", "export_trace", "frozen_windows", "write_frozen", "trace_info",
-    "load_trace", "explain", "slowest", "format_request", "summary_lines", "Trace",
-    "plot_timeline",
+    "load_trace", "explain", "slowest", "format_request", "Trace", "Request", "requests",
+    "as_dict", "summary_lines", "parse_cid", "plot_timeline", "require_matplotlib",
     "frozen_to_chrome", "records_to_chrome", "to_chrome_trace", "write_chrome_trace",
-    "validate", "flow_chains", "Stage",
+    "validate", "flow_chains",
 ]

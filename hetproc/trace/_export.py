@@ -13,8 +13,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from device_workers._tracing import SIGNALLED_AT_END
-from ipc._trace import BEGIN, END, INSTANT, RECORD_DTYPE, Stage, merge
+from device_workers import SIGNALLED_AT_END
+from ipc import BEGIN, END, INSTANT, RECORD_DTYPE, Stage, merge
 
 from ._perfetto import to_chrome_trace
 
@@ -29,6 +29,9 @@ COUNTER_LABELS = {
     int(Stage.DDR_BYTES): "DDR bytes",
     int(Stage.BUFFER_MAPS): "buffer maps",
     int(Stage.POWER_STATE): "power state",
+    int(Stage.MODEL_LAGS): "modeled-time lags",
+    int(Stage.FREQUENCY): "frequency (per mille)",
+    int(Stage.TEMPERATURE): "temperature (m°C)",
 }
 
 

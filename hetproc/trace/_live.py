@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ipc import TraceBank, errors
-from ipc._trace import RECORD_DTYPE
+from ipc import RECORD_DTYPE
 
 from ._export import frozen_to_chrome, records_from_bytes, records_to_chrome
 from ._perfetto import write_chrome_trace

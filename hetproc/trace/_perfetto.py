@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ipc._trace import BEGIN, COUNTER, END, INSTANT, stage_name
+from ipc import BEGIN, COUNTER, END, INSTANT, stage_name
 
 __all__ = ["to_chrome_trace", "write_chrome_trace", "tid_for", "CATEGORY", "FLOW_NAME",
            "EVENT_CATEGORY", "COUNTER_CATEGORY", "FLOW_STAGES"]

@@ -33,7 +33,8 @@ AUTO_MIN_MS = 60.0     # the automatic window is at least this wide...
 AUTO_REQUESTS = 6.0    # ...and this many times the slowest request
 
 
-def _import_matplotlib():
+def require_matplotlib():
+    """matplotlib's figure classes, or a clear error naming the ``plot`` extra."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -49,7 +50,7 @@ def plot_timeline(trace: "Trace | Mapping[str, Any] | str | os.PathLike[str]",
                   title: str = "") -> dict[str, Any]:
     """Draw ``trace`` (a parsed ``Trace``, a Chrome trace dict or a file) into a PNG at
     ``path``. ``window`` = (start, end) in ms from the trace origin. Returns counts."""
-    Figure, FigureCanvasAgg = _import_matplotlib()
+    Figure, FigureCanvasAgg = require_matplotlib()
     tr = trace if isinstance(trace, Trace) else load_trace(trace)
     slices = [s for req in tr.by_cid.values() for group in req.slices.values() for s in group]
     note = ""

@@ -1,0 +1,51 @@
+"""What checking every client's request costs (issue "every client is untrusted").
+
+``validation``
+    The supervisor checks every field of every request before a handler runs
+    (``hetproc.supervisor._validation.check_request``: ranges, size caps, durations; for
+    a submit, each command's schema and values in one pass). Measured in-process on the
+    packets a client sends for a one-command submit and for a batch of 256, against
+    ``ipc.decode`` of the same packet (unpack plus schema), which every request paid
+    already. The ratio is the added cost relative to decoding; no target: the figure is
+    for the note, and a regression shows as a jump between runs.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hetproc import _protocol
+from hetproc._config import load_platform
+from hetproc.supervisor._validation import check_request
+from ipc import decode, encode
+
+from ._registry import benchmark, make_row
+
+_CMD = {"kernel": "relu", "ins": [1 << 32 | 1], "outs": [1 << 32 | 2], "wait": [],
+        "cid": (1 << 40) | (1 << 39) | 7, "signal": 1 << 32 | 3, "ms": 0.5}
+
+
+def _best_us(fn, n: int, rounds: int = 5) -> float:
+    """Best of ``rounds`` timings of ``n`` calls, per call: the machine's quiet moment."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / n)
+    return best * 1e6
+
+
+@benchmark("validation")
+def bench_validation(quick: bool) -> dict:
+    limits = load_platform().limits
+    n = 2000 if quick else 20000
+    rows = []
+    for label, cmds in (("1-command submit", 1), ("per command, batch of 256", 256)):
+        frame = encode({"op": "submit", "id": 9, "ctx": 1 << 32, "cmds": [dict(_CMD)] * cmds})
+        msg = decode(frame, _protocol.REQUESTS)
+        calls = max(10, n // cmds)
+        check_us = _best_us(lambda: check_request(msg, limits), calls) / cmds
+        decode_us = _best_us(lambda: decode(frame, _protocol.REQUESTS), calls) / cmds
+        rows.append(make_row(f"request check, {label}, vs its decode", check_us, decode_us))
+    return {"rows": rows}

@@ -1,0 +1,288 @@
+"""An N-stage pipeline across devices (seed §3, §10): K buffer sets in rotation, a bounded
+queue in front, a policy for when a stage falls behind, and a per-frame deadline.
+
+::
+
+    source (every interval) ─▶ [queue ≤ max_queue] ─▶ set k: stage 0 ─fence▶ stage 1 ─▶ ... ─▶ done
+                                   │ full:                (device A)        (device B)        │
+                                   │  backpressure: the source waits       set k back ◀──────┘
+                                   │  drop_oldest / drop_newest: a frame is dropped, counted
+
+Frame ``i`` arrives at ``t_first + i * interval`` (its modeled arrival, however late the
+host gets round to it). It goes to a free buffer set at once, or waits in the queue. A set
+carries a frame through every stage, each stage reading buffer ``s`` of the set and
+writing buffer ``s + 1``, ordered only by fences; the first stage also waits on the fence
+that last freed the set, so the model sees that a frame cannot start before its buffers
+are free. Latency is the last stage's modeled end minus the arrival, so host wake-ups do
+not count: what the report says is what the modeled SoC would do.
+
+Decisions follow the model, not the host: before an arrival is placed, every frame that
+could have ended by then (its arrival plus its stages' modeled time) is waited for and,
+if it did end by then, retired, so a host running late drops no more frames than the
+modeled SoC would. Backpressure stalls the source: a frame that found the queue full
+arrives only when a set frees up, and its latency still counts from when it should have arrived (the report
+counts it as delayed). Drops are counted by policy. The report has throughput, latency
+p50/p99, drops, delays, deadline misses and the queue depth over time.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from ipc import errors
+
+if TYPE_CHECKING:
+    from ._client import Buffer, Client, Context, Fence
+
+POLICIES = ("backpressure", "drop_oldest", "drop_newest")
+
+
+@dataclass
+class PipelineStage:
+    """One stage: a kernel on a context's device. ``ms`` is its modeled duration, or a
+    function of the frame index (a spike); ``handoff_ms`` delays its signal (seed §10)."""
+
+    context: "Context"
+    kernel: str = "work"
+    ms: float | Callable[[int], float] | None = None
+    params: dict | None = None
+    handoff_ms: float = 0.0
+    name: str = ""
+
+    def duration(self, frame: int) -> float | None:
+        return self.ms(frame) if callable(self.ms) else self.ms
+
+
+@dataclass
+class PipelineReport:
+    frames: int
+    completed: int
+    dropped: int
+    delayed: int
+    deadline_misses: int
+    latency_ms: np.ndarray
+    throughput_fps: float
+    period_ms: float
+    queue_depth: list[tuple[float, int]]   # (modeled ms since the first arrival, frames waiting)
+    stage_depth: list[tuple[float, list[int]]]  # per stage: frames at or waiting for it
+    dropped_frames: list[int] = field(default_factory=list)
+    failed: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        lat = self.latency_ms
+        return {"frames": self.frames, "completed": self.completed, "dropped": self.dropped,
+                "delayed": self.delayed, "deadline_misses": self.deadline_misses,
+                "failed": self.failed,
+                "latency_p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+                "latency_p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+                "latency_max_ms": float(lat.max()) if lat.size else None,
+                "throughput_fps": self.throughput_fps, "period_ms": self.period_ms,
+                "max_queue_depth": max((d for _, d in self.queue_depth), default=0)}
+
+
+@dataclass
+class _Frame:
+    index: int
+    arrival: int          # modeled arrival (ns)
+    delayed: bool = False
+    slot: int = -1
+    fences: list = field(default_factory=list)
+    min_ns: int = 0       # its stages' modeled time: it cannot end before arrival + this
+
+
+_LATER = object()
+
+
+class Pipeline:
+    """See the module docstring. ``fill(i, array)`` writes frame ``i`` into the first
+    buffer of its set (default: leave it as it is)."""
+
+    def __init__(self, client: "Client", stages: Sequence[PipelineStage], *,
+                 shape: Sequence[int] = (1, 16, 16, 3), dtype: str = "float32",
+                 buffers: int = 3, max_queue: int = 2, policy: str = "backpressure",
+                 deadline_ms: float | None = None,
+                 fill: Callable[[int, np.ndarray], None] | None = None) -> None:
+        if not stages:
+            raise errors.InvalidRequest("a pipeline needs at least one stage")
+        if policy not in POLICIES:
+            raise errors.InvalidRequest(f"policy {policy!r} is not one of {', '.join(POLICIES)}")
+        if buffers < 1 or max_queue < 0:
+            raise errors.InvalidRequest("buffers must be >= 1 and max_queue >= 0")
+        self.client = client
+        self.stages = list(stages)
+        self.policy = policy
+        self.max_queue = max_queue
+        self.deadline_ns = int(deadline_ms * 1e6) if deadline_ms else 0
+        self.fill = fill
+        n = len(self.stages)
+        self.sets: list[list["Buffer"]] = [
+            [client.alloc(shape, dtype) for _ in range(n + 1)] for _ in range(buffers)]
+        for bufs in self.sets:  # mapped once, as a runtime does (no map per frame)
+            for s, st in enumerate(self.stages):
+                st.context.map(bufs[s], "r")
+                st.context.map(bufs[s + 1], "w")
+        self._freed_by: list["Fence | None"] = [None] * buffers
+        self._scale = float(client.info.get("time_scale", 1.0))
+
+    # -- running ----------------------------------------------------------------------
+
+    def run(self, frames: int, *, interval_ms: float | None = None,
+            timeout_s: float = 30.0) -> PipelineReport:
+        """Feed ``frames`` frames, one every ``interval_ms`` (None: as fast as the
+        buffers allow, i.e. always backpressure), and collect them all."""
+        interval = int(interval_ms * 1e6) if interval_ms else 0
+        free = collections.deque(range(len(self.sets)))
+        queue: collections.deque[_Frame] = collections.deque()
+        flight: collections.deque[_Frame] = collections.deque()
+        lat: list[float] = []
+        dropped: list[int] = []
+        samples: list[tuple[float, int]] = []
+        stage_samples: list[tuple[float, list[int]]] = []
+        delayed = misses = failed = 0
+        ends: list[int] = []
+        deadline = time.monotonic() + timeout_s
+        t_first = time.monotonic_ns() + 2_000_000
+        nxt = 0
+
+        def sample(t: int) -> None:
+            samples.append(((t - t_first) / 1e6, len(queue) + len(flight)))
+            stage_samples.append(((t - t_first) / 1e6, self._stage_depths(flight, queue)))
+
+        def finish_oldest(timeout: float, before: int | None = None) -> object:
+            """Retire the oldest frame once its last fence is done: True; False if not
+            done within ``timeout``; ``_LATER`` if it ends (modeled) after ``before``."""
+            nonlocal misses, failed
+            fr = flight[0]
+            last = fr.fences[-1]
+            try:
+                last.wait(timeout)
+            except errors.FenceTimeout:
+                return False
+            except errors.HetprocError:
+                failed += 1
+            else:
+                end = last.signal_time()
+                if before is not None and end > before:
+                    return _LATER  # in the model it still runs at ``before``
+                ends.append(end)
+                lat.append((end - fr.arrival) / 1e6)
+                if self.deadline_ns and end - fr.arrival > self.deadline_ns:
+                    misses += 1
+            flight.popleft()
+            for f in fr.fences[:-1]:
+                f.release()
+            old = self._freed_by[fr.slot]
+            if old is not None:
+                old.release()
+            self._freed_by[fr.slot] = last
+            free.append(fr.slot)
+            sample(max(fr.arrival, last.signal_time() or fr.arrival))
+            return True
+
+        while nxt < frames or queue or flight:
+            if time.monotonic() > deadline:
+                raise errors.FenceTimeout(f"pipeline did not finish within {timeout_s} s")
+            while queue and free:
+                self._submit(queue.popleft(), free.popleft(), flight)
+            t_arrive = t_first + nxt * interval if interval else 0
+            if nxt < frames and (not interval or time.monotonic_ns() >= t_arrive):
+                if interval:
+                    # Decide on the model's state at the arrival, whatever the host's lag:
+                    # every frame that may end by then is waited for (in order), and
+                    # retired if it did; the frames it frees go first (they came first).
+                    while flight and flight[0].arrival + flight[0].min_ns <= t_arrive:
+                        if time.monotonic() > deadline:
+                            raise errors.FenceTimeout(
+                                f"pipeline did not finish within {timeout_s} s")
+                        if finish_oldest(0.05, before=t_arrive) is _LATER:
+                            break
+                    while queue and free:
+                        self._submit(queue.popleft(), free.popleft(), flight)
+                fr = _Frame(nxt, t_arrive or time.monotonic_ns())
+                nxt += 1
+                if free and not queue:
+                    self._submit(fr, free.popleft(), flight)
+                elif len(queue) < self.max_queue:
+                    queue.append(fr)
+                elif self.policy == "drop_oldest" and queue:
+                    dropped.append(queue.popleft().index)
+                    queue.append(fr)
+                elif self.policy != "backpressure":  # drop_newest (or nothing older queued)
+                    dropped.append(fr.index)
+                else:  # backpressure: the source waits for a set to come free
+                    if not interval:
+                        fr.arrival = 0  # as fast as possible: it arrives when accepted
+                    fr.delayed = bool(interval)
+                    delayed += fr.delayed
+                    while not free:
+                        finish_oldest(1.0)
+                    if not fr.arrival:
+                        fr.arrival = time.monotonic_ns()
+                    queue.append(fr)
+                sample(fr.arrival)
+                continue
+            if flight:
+                more = bool(interval) and nxt < frames
+                wait_s = max(0.0, (t_arrive - time.monotonic_ns()) / 1e9) if more else 0.05
+                done = finish_oldest(min(wait_s, 0.05), before=t_arrive if more else None)
+                if done is _LATER:
+                    _sleep_until(t_arrive)  # it ends after the next arrival: that comes first
+            elif interval and nxt < frames:
+                _sleep_until(t_arrive)
+        span = (max(ends) - min(ends)) / 1e6 if len(ends) > 1 else 0.0
+        period = float(np.median(np.diff(sorted(ends)))) / 1e6 if len(ends) > 1 else 0.0
+        return PipelineReport(
+            frames=frames, completed=len(lat), dropped=len(dropped), delayed=delayed,
+            deadline_misses=misses, latency_ms=np.array(lat), failed=failed,
+            throughput_fps=(len(ends) - 1) / span * 1e3 if span else 0.0, period_ms=period,
+            queue_depth=samples, stage_depth=stage_samples, dropped_frames=dropped)
+
+    def _submit(self, fr: _Frame, slot: int, flight: collections.deque) -> None:
+        """Queue frame ``fr``'s stages on buffer set ``slot``, chained by fences."""
+        bufs = self.sets[slot]
+        fr.slot = slot
+        if self.fill is not None:
+            self.fill(fr.index, bufs[0].array())
+        prev = self._freed_by[slot]
+        wait = [prev] if prev is not None else []
+        at = min(fr.arrival, time.monotonic_ns())
+        fr.min_ns = int(sum((st.duration(fr.index) or 0.0) + st.handoff_ms
+                            for st in self.stages) * self._scale * 1e6)
+        for s, st in enumerate(self.stages):
+            f = st.context.submit_nowait(st.kernel, [bufs[s]], [bufs[s + 1]], wait=wait,
+                                         params=st.params, ms=st.duration(fr.index),
+                                         handoff_ms=st.handoff_ms, at_ns=at)
+            fr.fences.append(f)
+            wait = [f]
+        flight.append(fr)
+
+    def _stage_depths(self, flight: collections.deque, queue: collections.deque) -> list[int]:
+        """Frames at, or waiting for, each stage (the queue counts for the first)."""
+        depth = [0] * len(self.stages)
+        depth[0] += len(queue)
+        for fr in flight:
+            for s, f in enumerate(fr.fences):
+                if not f.done():
+                    depth[s] += 1
+                    break
+        return depth
+
+    def close(self) -> None:
+        for f in self._freed_by:
+            if f is not None:
+                f.release()
+        self._freed_by = [None] * len(self.sets)
+        for bufs in self.sets:
+            for b in bufs:
+                b.free()
+
+
+def _sleep_until(t_ns: int) -> None:
+    delay = (t_ns - time.monotonic_ns()) / 1e9
+    if delay > 0:
+        time.sleep(min(delay, 0.05))

@@ -1,0 +1,277 @@
+"""An ONNX model as hetproc sees it: loaded, checked, shape-inferred, and flattened into
+plain nodes, initializers and typed values (no protobuf past this module).
+
+Everything a client hands over is untrusted: a truncated or malformed file, a graph that
+is not topologically sorted, a value without a static type all give ``InvalidRequest``
+(or ``UnsupportedOp``) with the reason, never a protobuf traceback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ipc import errors
+
+onnx: Any = None  # imported on first use: `hetproc --help` must not pay for protobuf
+helper: Any = None
+numpy_helper: Any = None
+shape_inference: Any = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One ONNX node: ``inputs`` holds "" for an omitted optional input."""
+
+    index: int
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Value:
+    name: str
+    dtype: str              # numpy dtype name; "" when unknown
+    shape: tuple[Any, ...]  # ints, or strings for symbolic dims; () for a scalar
+
+
+@dataclass
+class Graph:
+    name: str
+    nodes: list[Node]
+    inputs: list[Value]               # graph inputs that are not initializers
+    outputs: list[Value]
+    initializers: dict[str, np.ndarray]
+    values: dict[str, Value] = field(default_factory=dict)  # every typed value
+    fingerprint: str = ""
+    opset: int = 0
+
+    def producers(self) -> dict[str, int]:
+        return {o: n.index for n in self.nodes for o in n.outputs if o}
+
+    def used_values(self) -> frozenset[str]:
+        """Names some node reads or the graph outputs (an unused output needs no device)."""
+        cached = self.__dict__.get("_used")
+        if cached is None:
+            cached = frozenset(self.consumers()) | {v.name for v in self.outputs}
+            self.__dict__["_used"] = cached
+        return cached
+
+    def consumers(self) -> dict[str, list[int]]:
+        cons: dict[str, list[int]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    cons.setdefault(i, []).append(n.index)
+        return cons
+
+
+def _require_onnx() -> None:
+    global onnx, helper, numpy_helper, shape_inference
+    if onnx is not None:
+        return
+    try:
+        import onnx as _onnx
+        from onnx import helper as _h, numpy_helper as _nh, shape_inference as _si
+    except ImportError:
+        raise errors.UnsupportedOp("ONNX models need the 'onnx' package: "
+                                   "pip install 'hetproc[onnx]'") from None
+    onnx, helper, numpy_helper, shape_inference = _onnx, _h, _nh, _si
+
+
+def load_model(source: Any, input_shapes: dict[str, Any] | None = None) -> Graph:
+    """A ``Graph`` from a path, bytes or an ``onnx.ModelProto``: checked and shape-inferred.
+    ``input_shapes`` binds symbolic input dims (a dim left symbolic becomes 1)."""
+    _require_onnx()
+    proto = _parse(source)
+    if input_shapes is not None or _symbolic_inputs(proto):
+        proto = _bind_inputs(proto, input_shapes or {})
+    try:
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # the checker raises several unrelated classes
+        raise errors.InvalidRequest(f"model fails the ONNX checker: {_first_line(exc)}") from None
+    try:
+        inferred = shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception as exc:
+        raise errors.InvalidRequest(f"shape inference failed: {_first_line(exc)}") from None
+    return _flatten_graph(inferred, hashlib.sha256(proto.SerializeToString()).hexdigest())
+
+
+def _symbolic_inputs(proto: Any) -> bool:
+    return any(not d.HasField("dim_value") for v in proto.graph.input
+               if v.type.HasField("tensor_type") for d in v.type.tensor_type.shape.dim)
+
+
+def _bind_inputs(proto: Any, shapes: dict[str, Any]) -> Any:
+    """A copy with every graph input's dims made concrete (a shape bucket)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(proto)
+    inits = {t.name for t in model.graph.initializer}
+    for v in model.graph.input:
+        if v.name in inits or not v.type.HasField("tensor_type"):
+            continue
+        dims = v.type.tensor_type.shape.dim
+        want = shapes.get(v.name)
+        if want is not None and len(want) != len(dims):
+            raise errors.ShapeError(f"input {v.name!r}: shape {tuple(want)} has rank "
+                                    f"{len(want)}, the model declares {len(dims)}")
+        for i, d in enumerate(dims):
+            if want is not None:
+                if d.HasField("dim_value") and d.dim_value != int(want[i]):
+                    raise errors.ShapeError(f"input {v.name!r}: dim {i} is fixed at "
+                                            f"{d.dim_value}, asked {want[i]}")
+                d.dim_value = int(want[i])
+            elif not d.HasField("dim_value"):
+                d.dim_value = 1
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _parse(source: Any) -> Any:
+    if isinstance(source, onnx.ModelProto):
+        return source
+    if isinstance(source, (str, Path)):
+        try:
+            data = Path(source).read_bytes()
+        except OSError as exc:
+            raise errors.InvalidRequest(f"cannot read model {source}: {exc.strerror}") from None
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    else:
+        raise errors.InvalidRequest(f"a model is a path, bytes or ModelProto, not "
+                                    f"{type(source).__name__}")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as exc:
+        raise errors.InvalidRequest(f"model file is malformed or truncated: "
+                                    f"{_first_line(exc)}") from None
+    if not model.HasField("graph") or not model.graph.node and not model.graph.output:
+        raise errors.InvalidRequest("model file holds no graph (empty, truncated or not ONNX)")
+    return model
+
+
+def _dtype_of(elem_type: int) -> str:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except Exception:
+        return ""
+
+
+def _value(vi: Any) -> Value:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return Value(vi.name, "", ())
+    tt = t.tensor_type
+    dims: tuple[Any, ...] = ()
+    if tt.HasField("shape"):
+        dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                     for d in tt.shape.dim)
+    else:
+        dims = ("*",)  # rank unknown
+    return Value(vi.name, _dtype_of(tt.elem_type), dims)
+
+
+def _attr(a: Any) -> Any:
+    value = helper.get_attribute_value(a)
+    if isinstance(value, onnx.TensorProto):
+        return numpy_helper.to_array(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in value]
+    if isinstance(value, (onnx.GraphProto, onnx.SparseTensorProto, onnx.TypeProto)):
+        raise errors.UnsupportedOp(f"attribute {a.name!r} of type "
+                                   f"{type(value).__name__} is not supported")
+    return value
+
+
+def _flatten_graph(model: Any, fingerprint: str) -> Graph:
+    g = model.graph
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    try:
+        inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    except Exception as exc:
+        raise errors.InvalidRequest(f"an initializer cannot be read: {_first_line(exc)}") from None
+    values = {v.name: _value(v) for v in list(g.input) + list(g.output) + list(g.value_info)}
+    for name, arr in inits.items():
+        values[name] = Value(name, arr.dtype.name, tuple(arr.shape))
+    nodes = []
+    known = set(inits) | {v.name for v in g.input}
+    for i, n in enumerate(g.node):
+        if n.domain not in ("", "ai.onnx"):
+            raise errors.UnsupportedOp(f"node {n.name or i}: op {n.domain}.{n.op_type} is not "
+                                       "in the default ONNX domain")
+        missing = [x for x in n.input if x and x not in known]
+        if missing:
+            raise errors.InvalidRequest(f"node {n.name or i} reads {missing[0]!r} before it is "
+                                        "produced (graph not topologically sorted)")
+        attrs = _normalize(n.op_type, {a.name: _attr(a) for a in n.attribute}, opset,
+                           n.name or str(i))
+        nodes.append(Node(i, n.name or f"{n.op_type}_{i}", n.op_type, tuple(n.input),
+                          tuple(n.output), attrs))
+        known.update(o for o in n.output if o)
+    inputs = [values[v.name] for v in g.input if v.name not in inits]
+    outputs = [values[v.name] for v in g.output]
+    return Graph(g.name or "graph", nodes, inputs, outputs, inits, values, fingerprint, opset)
+
+
+FOLD_MAX_ELEMENTS = 1 << 26
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Nodes whose inputs are all constant (``Constant``, ``ConstantOfShape`` of a fixed
+    shape, reshapes of weights...) are computed once here and become initializers: a
+    compiled asset carries them as weights instead of recomputing them every run."""
+    from device_workers import run_op, unsupported
+    inits = dict(graph.initializers)
+    nodes = []
+    outs = {v.name for v in graph.outputs}
+    for n in graph.nodes:
+        constant = all(not i or i in inits for i in n.inputs)
+        if constant and n.op != "Constant" and unsupported(
+                n.op, n.attrs, [inits[i].dtype.name if i else "" for i in n.inputs],
+                len(n.outputs)) is None:
+            try:
+                results = run_op(n.op, [inits[i] if i else None for i in n.inputs], n.attrs)
+            except errors.HetprocError:
+                results = []
+            if results and sum(r.size for r in results) <= FOLD_MAX_ELEMENTS and not (
+                    set(n.outputs) & outs):
+                inits.update({o: np.ascontiguousarray(r) for o, r in zip(n.outputs, results) if o})
+                continue
+        if n.op == "Constant" and isinstance(n.attrs.get("value"), np.ndarray) and len(n.attrs) == 1:
+            inits[n.outputs[0]] = n.attrs["value"]
+            continue
+        nodes.append(Node(len(nodes), n.name, n.op, n.inputs, n.outputs, n.attrs))
+    return Graph(graph.name, nodes, graph.inputs, graph.outputs, inits, graph.values,
+                 graph.fingerprint, graph.opset)
+
+
+def _normalize(op: str, attrs: dict[str, Any], opset: int, where: str) -> dict[str, Any]:
+    """Attributes in today's semantics, so the op library has one meaning per op."""
+    if op in ("Softmax", "LogSoftmax") and opset < 13:
+        # Before opset 13: flatten to 2-D at ``axis`` (default 1), normalise each row.
+        return {**attrs, "axis": attrs.get("axis", 1), "coerce_2d": 1}
+    if op == "Resize" and opset < 11:
+        raise errors.UnsupportedOp(f"node {where}: Resize of opset {opset} (before 11) is "
+                                   "not supported")
+    return attrs
+
+
+def static_shape(v: Value) -> tuple[int, ...] | None:
+    """The shape when every dim is a known int, else None."""
+    if any(not isinstance(d, int) for d in v.shape):
+        return None
+    return tuple(v.shape)

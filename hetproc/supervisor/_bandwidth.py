@@ -1,0 +1,53 @@
+"""DDR bandwidth quota per client (seed §7, §11), in modeled time.
+
+A client with a quota of ``r`` MB/s may move ``ddr_burst_kib`` at once; beyond that, its
+commands' modeled arrivals are pushed back so that the bytes they touch (inputs and
+outputs) never exceed ``r`` on average: a generic cell rate algorithm whose theoretical
+arrival time advances by ``bytes / r`` per command. One clock per client across every
+device, so a client cannot dodge its quota by spreading work. The quota comes from the
+platform file by client name (``ddr_quota_mbps``, ``"*"`` for everyone else) through
+``quota_mbps`` alone, so that client identity can plug in there later.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._config import PlatformSpec
+
+
+def quota_mbps(spec: PlatformSpec, client: Any) -> float | None:
+    """The client's DDR quota in MB/s, None when unlimited."""
+    table = spec.ddr_quota_mbps
+    return table.get(client.name, table.get("*"))
+
+
+class DdrQuota:
+    def __init__(self, spec: PlatformSpec) -> None:
+        self.spec = spec
+        self.tat: dict[int, float] = {}       # client id -> theoretical arrival time (ns)
+        self.delayed: dict[str, list] = {}    # client name -> [commands delayed, ns delayed]
+
+    def admit(self, client: Any, t_arrive: int, nbytes: int) -> int:
+        """The modeled arrival of a command of ``nbytes`` from ``client`` at ``t_arrive``."""
+        mbps = quota_mbps(self.spec, client)
+        if mbps is None or nbytes <= 0:
+            return t_arrive
+        per_byte_ns = 1e3 / mbps  # 1 MB/s = 1 byte/us
+        tolerance = self.spec.ddr_burst_kib * 1024 * per_byte_ns
+        tat = max(self.tat.get(client.id, 0.0), float(t_arrive))
+        start = max(float(t_arrive), tat - tolerance)
+        self.tat[client.id] = max(tat, start) + nbytes * per_byte_ns
+        if start > t_arrive:
+            rec = self.delayed.setdefault(client.name, [0, 0])
+            rec[0] += 1
+            rec[1] += int(start - t_arrive)
+        return int(start)
+
+    def forget(self, client: Any) -> None:
+        self.tat.pop(client.id, None)
+
+    def metrics(self) -> dict[str, Any]:
+        return {"quota_mbps": dict(self.spec.ddr_quota_mbps),
+                "delayed": {n: {"commands": c, "delay_ms": ns / 1e6}
+                            for n, (c, ns) in self.delayed.items()}}

@@ -1,0 +1,285 @@
+"""The command engine: a validated command's life from commit to retirement.
+
+::
+
+    build_command (_validation) ─▶ commit: seq, cid, output fence, references taken,
+                                    fault drawn, maps and cache maintenance planned
+                                 ─▶ DeviceHandle scheduler (_scheduler) ─▶ pump into ring
+    completion record ─▶ on_command_done ─▶ retire: references dropped (``_lifetimes``)
+    never ran / stopped ─▶ fail_command: error set on the fence *before* it is signalled
+
+Recovery observes completions through ``watcher`` (``Recovery.on_guilty_finished``,
+``note_failure``, ``on_probe_done``); it asks this engine to fail, requeue, reroute and
+probe, and never touches a queue itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from device_workers import decode_completions
+from ipc import PENDING, errors
+
+from ._devices import Command, CommandState, DeviceHandle
+from ._records import ClientRec, ContextRec, Registry
+
+if TYPE_CHECKING:
+    from ._evidence import Evidence
+    from ._faultplan import FaultPlan
+    from ._handoff import Handoff
+    from ._lifetimes import Lifetimes
+
+
+class Watcher(Protocol):
+    """What the engine tells recovery (``Recovery`` implements it)."""
+
+    def on_guilty_finished(self, dev: DeviceHandle, cmd: Command, code: int) -> bool: ...
+    def note_failure(self, cmd: Command) -> None: ...
+    def on_probe_done(self, inc: Any, device: str, ok: bool) -> None: ...
+
+
+class Commands:
+    def __init__(self, reg: Registry, lifetimes: "Lifetimes", handoff: "Handoff",
+                 faults: "FaultPlan", evidence: "Evidence") -> None:
+        self.reg = reg
+        self.lifetimes = lifetimes
+        self.handoff = handoff
+        self.faults = faults
+        self.evidence = evidence
+        self.watcher: Watcher | None = None  # the recovery, once built (it needs us first)
+        self.seq = 0
+        self.system = ClientRec(id=0, name="supervisor", pid=os.getpid(), owner=False, conn=None)
+        self._system_contexts: dict[str, ContextRec] = {}
+
+    # -- from commit to retirement --------------------------------------------------------
+
+    def commit(self, cmd: Command) -> None:
+        """Give a validated command its seq and output fence, and take its references."""
+        self.seq += 1
+        cmd.seq = self.seq
+        if not cmd.cid:
+            cmd.cid = (cmd.ctx.client.id << 40) | self.seq
+        if not cmd.signal:
+            cmd.signal = [self.lifetimes.new_fence(cmd.ctx.client, cmd.cid)]
+        self.lifetimes.take_refs(cmd)
+        cmd.ctx.inflight += 1
+        cmd.ctx.submitted += 1
+        self.reg.stats["submitted"] += 1
+        if self.faults.rules and cmd.ctx.client.id:
+            cmd.fault = self.faults.device_fault(cmd.device.name, cmd.cid,
+                                                 client=(cmd.ctx.client.id, cmd.ctx.client.name))
+        self.handoff.on_commit(cmd)
+
+    def retire(self, cmd: Command) -> None:
+        """Drop a finished (or failed) command's references; reclaim what nobody holds."""
+        if cmd.state is CommandState.DONE:
+            return
+        cmd.state = CommandState.DONE
+        cmd.ctx.inflight -= 1
+        self.handoff.on_retire(cmd)
+        self.lifetimes.drop_refs(cmd)
+        if cmd.then is not None:
+            cmd.then()
+
+    def fail_command(self, cmd: Command, exc: errors.HetprocError) -> None:
+        """Fail a command that will never run (or was stopped): error first, then wake."""
+        exc.correlation_id = cmd.cid
+        self.evidence.failed(cmd, exc)
+        self.evidence.note_error(exc)  # first: it names the frozen window in the detail
+        fences, recs = self.reg.fences, self.reg.fence_recs
+        for h in cmd.signal:
+            rec = recs.get(h)
+            if rec is not None and fences.poll(h)[0] == PENDING:
+                rec.error = exc.to_dict()  # the detail is there before anyone can wake
+                fences.signal(h, exc.wire, signaller=0)
+        self.reg.stats["failed"] += 1
+        cmd.device.failed += 1
+        self.retire(cmd)
+        if cmd.probe_of is not None and self.watcher is not None:
+            self.watcher.on_probe_done(cmd.probe_of, cmd.device.name, ok=False)
+
+    def cancel_queued(self, ctx: ContextRec, like: errors.HetprocError) -> int:
+        """Fail every command of ``ctx`` still waiting in the supervisor (not yet pushed)."""
+        dropped = []
+        for dev in self.reg.devices.values():  # a fallback or reroute may have moved some
+            dropped += dev.sched.remove_if(lambda c: c.ctx is ctx)
+        for cmd in sorted(dropped, key=lambda c: c.seq):
+            # One fresh error per command: each carries its own correlation id.
+            self.fail_command(cmd, errors.error_class(like.code)(like.message, scope=like.scope))
+        return len(dropped)
+
+    def destroy_context(self, ctx: ContextRec, reason: str) -> None:
+        self.cancel_queued(ctx, errors.Cancelled(f"context destroyed ({reason})"))
+        dev = self.reg.devices.get(ctx.device)
+        if dev is not None:
+            dev.votes.pop(ctx.handle, None)  # its frequency vote goes with it
+        self.lifetimes.iommu.drop_context(ctx)
+        ctx.client.contexts.discard(ctx.handle)
+        self.reg.contexts.remove(ctx.handle)
+
+    def fail_dependants(self, cmd: Command, exc: errors.HetprocError) -> int:
+        """Recovery's step 1: fail the queued commands that wait, directly or not, on ``cmd``."""
+        doomed = set(cmd.signal)
+        failed = 0
+        changed = True
+        while changed:
+            changed = False
+            for dev in self.reg.devices.values():
+                hit = dev.sched.remove_if(lambda o: o.state is CommandState.QUEUED
+                                          and bool(doomed.intersection(o.wait)))
+                for other in hit:
+                    doomed.update(other.signal)
+                    self.fail_command(other, errors.DependencyFailed(
+                        f"depends on {cmd.cid:#x}, which failed: {exc.name}",
+                        detail={"upstream_cid": cmd.cid}))
+                    failed += 1
+                    changed = True
+        return failed
+
+    def fail_context_queue(self, ctx: ContextRec) -> int:
+        return self.cancel_queued(ctx, errors.ContextLost(f"context {ctx.name or hex(ctx.handle)} was lost"))
+
+    # -- completions --------------------------------------------------------------------
+
+    def collect_news(self) -> None:
+        """Take in every completion record the devices posted without waking us."""
+        for dev in self.reg.devices.values():
+            if dev.completions.depth():
+                self.on_completions(dev)
+
+    def on_completions(self, dev: DeviceHandle) -> None:
+        try:
+            os.eventfd_read(dev.completion_fd)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                data = dev.completions.get()
+            except errors.BadPacket as exc:
+                self.evidence.note_error(exc)
+                continue
+            if data is None:
+                break
+            self._on_completion(dev, data)
+        dev.pump()
+
+    def _on_completion(self, dev: DeviceHandle, data: bytes) -> None:
+        try:
+            batch = decode_completions(data)  # every field typed and bounded, or refused
+        except errors.BadPacket as exc:
+            self.reg.stats["bad_packets"] += 1
+            self.evidence.note_error(errors.BadPacket(f"{dev.name}: bad completion batch: {exc}"))
+            return
+        records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
+        for rec, seq, epoch, code in records:
+            if epoch != dev.epoch:
+                continue  # from before a reset: that command was already failed
+            cmd = dev.pushed.pop(seq, None)
+            if cmd is None:
+                if code:
+                    self.evidence.note_error(errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}"))
+                continue
+            self._on_command_done(dev, cmd, rec)
+
+    def _on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
+        code = rec["code"]
+        if "m0" in rec:
+            dev.timing.note(rec)
+        self.handoff.on_done(dev, cmd, rec)
+        watcher = self.watcher
+        if watcher is not None and watcher.on_guilty_finished(dev, cmd, code):
+            return
+        if code:
+            self._on_failed(dev, cmd, code, rec)
+            if watcher is not None:
+                watcher.note_failure(cmd)
+        else:
+            if rec.get("unsignalled"):
+                self._repair_lost_fences(dev, cmd)
+            dev.completed += 1
+            self.reg.stats["completed"] += 1
+        self.retire(cmd)
+        if cmd.probe_of is not None and watcher is not None:
+            watcher.on_probe_done(cmd.probe_of, dev.name, ok=not code)
+
+    def _on_failed(self, dev: DeviceHandle, cmd: Command, code: int, rec: dict) -> None:
+        """The device signalled the error itself, except for a cancel: then the fences are
+        still pending and we fail them with the reason we know."""
+        exc = cmd.failure or errors.error_from_code(
+            code, f"{dev.name}: {rec.get('msg', '')}", correlation_id=cmd.cid,
+            detail={"remote_traceback": str(rec["tb"])} if rec.get("tb") else None)
+        exc.correlation_id = cmd.cid
+        if code == errors.Cancelled.code or rec.get("unsignalled"):
+            self.fail_command(cmd, exc)  # the device did not signal: we fail the fences
+            return
+        self.evidence.note_error(exc)  # first: it names the frozen window in the detail
+        for h in cmd.signal:
+            frec = self.reg.fence_recs.get(h)
+            if frec is not None:
+                frec.error = exc.to_dict()
+        dev.failed += 1
+        self.reg.stats["failed"] += 1
+        if not exc.buffers_trusted:
+            cmd.outs_untrusted()
+
+    def _repair_lost_fences(self, dev: DeviceHandle, cmd: Command) -> None:
+        """The device finished but its fence signal never came (a lost interrupt): the
+        completion record proves the work is done, so the supervisor signals for it."""
+        for h in cmd.signal:
+            if self.reg.fences.signal(h, 0, signaller=0):
+                self.reg.note_event("lost_fence_repaired", device=dev.name, cid=cmd.cid, fence=h)
+
+    # -- moving commands (recovery's requests) -------------------------------------------
+
+    def can_run_on(self, cmd: Command, dev: DeviceHandle) -> bool:
+        return cmd.kernel in dev.spec.ops and all(
+            b.dtype in dev.spec.dtypes for b in cmd.ins + cmd.outs)
+
+    def reroute(self, cmd: Command, target: DeviceHandle) -> None:
+        cmd.device, cmd.state, cmd.fault, cmd.failure = target, CommandState.QUEUED, None, None
+        self.handoff.on_reroute(cmd)
+        cmd.watch_deadline = cmd.rearms = 0
+        target.enqueue(cmd)
+
+    def requeue(self, cmd: Command) -> None:
+        cmd.state, cmd.fault, cmd.watch_deadline, cmd.rearms = CommandState.QUEUED, None, 0, 0
+        cmd.device.enqueue(cmd)
+
+    def pump_all(self) -> None:
+        for dev in self.reg.devices.values():
+            dev.pump()
+
+    # -- the supervisor's own commands ----------------------------------------------------
+
+    def submit_probe(self, dev: DeviceHandle, inc: Any) -> None:
+        self.submit_system(dev, probe_of=inc)
+
+    def purge(self, device: str, where: list, then: Callable[[], None]) -> None:
+        """A non-coherent device forgets its cached lines of ``where`` (segment, offset)."""
+        self.submit_system(self.reg.devices[device], then=then, mem={"forget": [where]})
+
+    def submit_system(self, dev: DeviceHandle, *, probe_of: Any = None, then: Any = None,
+                      mem: dict | None = None) -> None:
+        """A no-op of the supervisor's own (a probe, a cache purge) in ``dev``'s queue."""
+        ctx = self._system_context(dev.name)
+        reg = self.reg
+        cmd = Command(seq=0, cid=0, ctx=ctx, device=dev, kernel="work", params={}, ins=[],
+                      outs=[], wait=[], signal=[], hold_ns=0, delay_ns=0,
+                      dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=100,
+                      t_submit=time.monotonic_ns(), timeout_ns=reg.scaled_ns(reg.spec.watchdog_ms),
+                      probe_of=probe_of, then=then)
+        self.commit(cmd)
+        if mem is not None:
+            cmd.mem = mem
+        for h in cmd.signal:
+            self.lifetimes.release_fence(h)  # nobody waits on a system command's fence
+        dev.enqueue(cmd)
+        dev.pump()
+
+    def _system_context(self, device: str) -> ContextRec:
+        ctx = self._system_contexts.get(device)
+        if ctx is None:
+            ctx = self._system_contexts[device] = ContextRec(0, self.system, device, 100, "probe")
+        return ctx

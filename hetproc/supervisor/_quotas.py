@@ -1,0 +1,70 @@
+"""Per-tenant quotas (the ``[limits]`` table): what one client process may hold at once.
+
+A tenant is a process as the kernel names it (the peer pid of each connection), so a
+second connection from the same process gets no fresh quota. Usage is summed over the
+tenant's connections when a request would add to it (a process has few connections);
+each refusal is a ``QuotaExceeded`` naming its limit, raised before anything changed.
+"""
+
+from __future__ import annotations
+
+from ipc import errors
+
+from ._records import ClientRec, Registry
+
+
+def client_bytes_limit(reg: Registry) -> int:
+    mib = reg.spec.limits.client_mib or reg.spec.memory_mib * 3 // 4
+    return mib << 20
+
+
+def check_alloc(reg: Registry, client: ClientRec, nbytes: int) -> None:
+    tenant = reg.tenant(client)
+    limits = reg.spec.limits
+    _check(client, "client_buffers", sum(len(c.buffers) for c in tenant) + 1, limits.client_buffers)
+    cap = client_bytes_limit(reg)
+    used = sum(c.bytes for c in tenant)
+    if used + nbytes > cap:
+        raise _exceeded(client, "client_mib", f"{used} bytes held + {nbytes} > {cap} bytes")
+
+
+def check_fences(reg: Registry, client: ClientRec, n: int) -> None:
+    held = sum(len(c.fences) for c in reg.tenant(client))
+    _check(client, "client_fences", held + n, reg.spec.limits.client_fences)
+
+
+def check_context(reg: Registry, client: ClientRec) -> None:
+    held = sum(len(c.contexts) for c in reg.tenant(client))
+    _check(client, "client_contexts", held + 1, reg.spec.limits.client_contexts)
+
+
+def check_inflight(reg: Registry, client: ClientRec, n: int) -> None:
+    running = sum(_inflight(reg, h) for c in reg.tenant(client) for h in c.contexts)
+    _check(client, "client_inflight", running + n, reg.spec.limits.client_inflight)
+
+
+def _inflight(reg: Registry, handle: int) -> int:
+    try:
+        return reg.contexts.get(handle).inflight
+    except errors.InvalidHandle:
+        return 0
+
+
+def usage(reg: Registry, client: ClientRec) -> dict[str, int]:
+    """What the client's process holds, beside its limits: the figures a tenant may see."""
+    tenant, lim = reg.tenant(client), reg.spec.limits
+    return {"bytes": sum(c.bytes for c in tenant), "bytes_limit": client_bytes_limit(reg),
+            "buffers": sum(len(c.buffers) for c in tenant), "buffers_limit": lim.client_buffers,
+            "fences": sum(len(c.fences) for c in tenant), "fences_limit": lim.client_fences,
+            "contexts": sum(len(c.contexts) for c in tenant), "contexts_limit": lim.client_contexts}
+
+
+def _check(client: ClientRec, limit: str, want: int, cap: int) -> None:
+    if want > cap:
+        raise _exceeded(client, limit, f"{want} > {cap}")
+
+
+def _exceeded(client: ClientRec, limit: str, why: str) -> errors.QuotaExceeded:
+    what = limit.removeprefix("client_")
+    return errors.QuotaExceeded(f"client {client.name!r} (pid {client.pid}): {what} quota "
+                                f"exceeded ({why}; limits.{limit})", detail={"limit": limit})

@@ -1,0 +1,354 @@
+"""Which waiting command a device runs next (seed §7, §11): one interface, five policies.
+
+Every device has one scheduler, chosen in the platform file (``[device.scheduler]``):
+
+    fifo       in order of submission
+    priority   highest priority first; within one level, clients share fairly
+    edf        earliest deadline first (a request's ``deadline_ms``, else its context's
+               ``period_ms``); commands without a deadline after, in order
+    fair       weighted fair share across clients (start-time fair queueing: each client
+               has a virtual time, its service divided by its weight; the least served runs)
+    mixed      the seed's policy: real-time work (camera) strictly first, by deadline;
+               always-on work a guaranteed minimum share; third-party long jobs share
+               what is left fairly, and any of the others preempts them
+
+The interface (``Scheduler``): ``add`` a command, ``pick`` the next one (it leaves the
+queue), ``account`` for what ran (modeled ns, charged to its client), ``preempts`` (would
+this arrival preempt that running command), plus removal and iteration for recovery. The
+device's ring is in order, so ``DeviceHandle.pump`` moves only a short window of picked
+work into it; everything else waits here, where a later, more urgent arrival still wins.
+
+Fair sharing inside a level is what keeps one client's backlog from starving another's:
+a client that joins gets the current virtual time, not credit for the time it was idle.
+Pure logic over plain attributes of a command (``seq``, ``priority``, ``deadline_ns``,
+``hold_ns``, ``ctx.client.id``, ``ctx.weight``), so it is tested by exact order on scripted
+arrivals without any process.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+from typing import Any, Callable, Iterator
+
+from .._config import SchedSpec
+
+NO_DEADLINE = (1 << 63) - 1
+_DECAY = 0.9  # per accounted command, for the mixed policy's recent shares
+
+
+def client_key(cmd: Any) -> int:
+    return cmd.ctx.client.id
+
+
+def weight_of(cmd: Any) -> float:
+    return max(1e-3, float(getattr(cmd.ctx, "weight", 1.0) or 1.0))
+
+
+def max_priority(client: Any) -> int:
+    """The highest priority ``client`` may ask for. One place, so that client identity
+    (roles granted by the platform's owner) can bound it later; today every client may use
+    the whole documented range."""
+    return MAX_PRIORITY
+
+
+MAX_PRIORITY = 99  # the supervisor's own probes run at 100, above any client
+
+
+class Scheduler:
+    """The interface; each policy below is a small subclass."""
+
+    name = "base"
+
+    def __init__(self, spec: SchedSpec) -> None:
+        self.spec = spec
+        self.waiting: dict[int, Any] = {}  # seq -> command, in arrival order
+
+    # -- the interface -------------------------------------------------------------------
+
+    def add(self, cmd: Any) -> None:
+        self.waiting[cmd.seq] = cmd
+        self._add(cmd)
+
+    def pick(self, now_ns: int = 0) -> Any | None:
+        """The next command to run, removed from the queue; None when none waits."""
+        if not self.waiting:
+            return None
+        cmd = self._pick(now_ns)
+        del self.waiting[cmd.seq]
+        return cmd
+
+    def peek(self, now_ns: int = 0) -> Any | None:
+        """What ``pick`` would return, without removing it."""
+        if not self.waiting:
+            return None
+        return self._peek(now_ns)
+
+    def account(self, cmd: Any, ran_ns: int) -> None:
+        """Charge ``ran_ns`` of device time to ``cmd``'s client (fairness, shares)."""
+
+    def preempts(self, new: Any, running: Any) -> bool:
+        """Whether ``new`` is urgent enough to preempt ``running`` at a chunk boundary."""
+        return False
+
+    def remove_if(self, doomed: Callable[[Any], bool]) -> list[Any]:
+        """Take out every waiting command ``doomed`` says, returned in arrival order."""
+        out = [c for c in self.waiting.values() if doomed(c)]
+        if out:
+            for c in out:
+                del self.waiting[c.seq]
+            self._rebuild()
+        return out
+
+    def clear(self) -> list[Any]:
+        return self.remove_if(lambda c: True)
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self.waiting.values()))
+
+    # -- what a policy implements ----------------------------------------------------------
+
+    def _add(self, cmd: Any) -> None:
+        raise NotImplementedError
+
+    def _pick(self, now_ns: int) -> Any:
+        raise NotImplementedError
+
+    def _peek(self, now_ns: int) -> Any:
+        raise NotImplementedError
+
+    def _rebuild(self) -> None:
+        """Rebuild the policy's structures from ``waiting`` after a removal."""
+        cmds = list(self.waiting.values())
+        self._reset()
+        for c in cmds:
+            self._add(c)
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+
+class Fifo(Scheduler):
+    name = "fifo"
+
+    def _reset(self) -> None:
+        pass
+
+    def _add(self, cmd: Any) -> None:
+        pass
+
+    def _peek(self, now_ns: int) -> Any:
+        return next(iter(self.waiting.values()))
+
+    _pick = _peek
+
+
+class FairQueue:
+    """Start-time fair queueing across clients: per-client FIFO queues and virtual times.
+
+    A client's virtual time grows by ``ns / weight`` for what it ran; the backlogged client
+    with the least virtual time goes next (ties: the earliest command). A client that was
+    idle rejoins at the current virtual time, so idling earns no burst later."""
+
+    def __init__(self) -> None:
+        self.queues: dict[int, collections.deque] = {}
+        self.vtime: dict[int, float] = {}
+        self.clock = 0.0  # the virtual time of the last pick
+
+    def add(self, cmd: Any) -> None:
+        key = client_key(cmd)
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = collections.deque()
+            self.vtime[key] = max(self.vtime.get(key, 0.0), self.clock)
+        q.append(cmd)
+
+    def __bool__(self) -> bool:
+        return bool(self.queues)
+
+    def peek(self) -> Any:
+        key = min(self.queues, key=lambda k: (self.vtime[k], self.queues[k][0].seq))
+        return self.queues[key][0]
+
+    def pop(self) -> Any:
+        cmd = self.peek()
+        key = client_key(cmd)
+        q = self.queues[key]
+        q.popleft()
+        if not q:
+            del self.queues[key]
+        self.clock = max(self.clock, self.vtime[key])
+        return cmd
+
+    def charge(self, cmd: Any, ns: int) -> None:
+        key = client_key(cmd)
+        self.vtime[key] = self.vtime.get(key, self.clock) + ns / weight_of(cmd)
+
+    def clear(self) -> None:
+        self.queues.clear()
+
+
+class Fair(Scheduler):
+    name = "fair"
+
+    def __init__(self, spec: SchedSpec) -> None:
+        super().__init__(spec)
+        self.fq = FairQueue()
+
+    def _reset(self) -> None:
+        self.fq.clear()
+
+    def _add(self, cmd: Any) -> None:
+        self.fq.add(cmd)
+
+    def _peek(self, now_ns: int) -> Any:
+        return self.fq.peek()
+
+    def _pick(self, now_ns: int) -> Any:
+        return self.fq.pop()
+
+    def account(self, cmd: Any, ran_ns: int) -> None:
+        self.fq.charge(cmd, ran_ns)
+
+
+class Priority(Scheduler):
+    """Highest priority first; clients of one level share it fairly (``FairQueue``)."""
+
+    name = "priority"
+
+    def __init__(self, spec: SchedSpec) -> None:
+        super().__init__(spec)
+        self.levels: dict[int, FairQueue] = {}
+        self.shared = FairQueue()  # virtual times carried across levels: one per client
+
+    def _reset(self) -> None:
+        self.levels.clear()
+
+    def _add(self, cmd: Any) -> None:
+        fq = self.levels.get(cmd.priority)
+        if fq is None:
+            fq = self.levels[cmd.priority] = FairQueue()
+            fq.vtime = self.shared.vtime  # one virtual time per client, whatever the level
+        fq.clock = self.shared.clock
+        fq.add(cmd)
+
+    def _top(self) -> FairQueue:
+        return self.levels[max(self.levels)]
+
+    def _peek(self, now_ns: int) -> Any:
+        return self._top().peek()
+
+    def _pick(self, now_ns: int) -> Any:
+        level = max(self.levels)
+        fq = self.levels[level]
+        cmd = fq.pop()
+        self.shared.clock = max(self.shared.clock, fq.clock)
+        if not fq:
+            del self.levels[level]
+        return cmd
+
+    def account(self, cmd: Any, ran_ns: int) -> None:
+        self.shared.charge(cmd, ran_ns)
+
+    def preempts(self, new: Any, running: Any) -> bool:
+        return new.priority > running.priority
+
+
+class Edf(Scheduler):
+    name = "edf"
+
+    def __init__(self, spec: SchedSpec) -> None:
+        super().__init__(spec)
+        self.heap: list[tuple[int, int]] = []
+
+    def _reset(self) -> None:
+        self.heap = []
+
+    def _add(self, cmd: Any) -> None:
+        heapq.heappush(self.heap, (cmd.deadline_ns or NO_DEADLINE, cmd.seq))
+
+    def _peek(self, now_ns: int) -> Any:
+        return self.waiting[self.heap[0][1]]
+
+    def _pick(self, now_ns: int) -> Any:
+        return self.waiting[heapq.heappop(self.heap)[1]]
+
+    def preempts(self, new: Any, running: Any) -> bool:
+        return (new.deadline_ns or NO_DEADLINE) < (running.deadline_ns or NO_DEADLINE)
+
+
+REALTIME, ALWAYS_ON, THIRD_PARTY = 2, 1, 0
+
+
+class Mixed(Scheduler):
+    """Real-time strictly first (EDF), except that always-on work below its minimum share
+    goes first when the most urgent real-time command can still meet its deadline after
+    it; always-on before third-party; third-party shares fairly across its clients and is
+    preempted by either class (``preempts``)."""
+
+    name = "mixed"
+
+    def __init__(self, spec: SchedSpec) -> None:
+        super().__init__(spec)
+        self.rt = Edf(spec)
+        self.ao = Fair(spec)
+        self.tp = Fair(spec)
+        self.served = [0.0, 0.0, 0.0]  # recent device time per class, decayed
+
+    def klass(self, cmd: Any) -> int:
+        if cmd.priority >= self.spec.realtime_priority:
+            return REALTIME
+        return ALWAYS_ON if cmd.priority >= 1 else THIRD_PARTY
+
+    def _part(self, cmd: Any) -> Scheduler:
+        return (self.tp, self.ao, self.rt)[self.klass(cmd)]
+
+    def _reset(self) -> None:
+        for part in (self.rt, self.ao, self.tp):
+            part.waiting.clear()
+            part._reset()
+
+    def _add(self, cmd: Any) -> None:
+        self._part(cmd).add(cmd)
+
+    def _choose(self, now_ns: int) -> Scheduler:
+        rt, ao = self.rt.peek(now_ns), self.ao.peek(now_ns)
+        if rt is not None and ao is not None:
+            total = sum(self.served)
+            starved = total > 0 and self.served[ALWAYS_ON] < self.spec.min_share * total
+            slack = (rt.deadline_ns or NO_DEADLINE) - now_ns - rt.hold_ns
+            if starved and slack >= ao.hold_ns:
+                return self.ao
+            return self.rt
+        if rt is not None:
+            return self.rt
+        return self.ao if ao is not None else self.tp
+
+    def _peek(self, now_ns: int) -> Any:
+        return self._choose(now_ns).peek(now_ns)
+
+    def _pick(self, now_ns: int) -> Any:
+        return self._choose(now_ns).pick(now_ns)
+
+    def account(self, cmd: Any, ran_ns: int) -> None:
+        k = self.klass(cmd)
+        self.served = [s * _DECAY for s in self.served]
+        self.served[k] += ran_ns
+        self._part(cmd).account(cmd, ran_ns)
+
+    def preempts(self, new: Any, running: Any) -> bool:
+        kn, kr = self.klass(new), self.klass(running)
+        if kn != kr:
+            return kn > kr
+        return kn == REALTIME and self.rt.preempts(new, running)
+
+
+POLICY_CLASSES: dict[str, type[Scheduler]] = {
+    cls.name: cls for cls in (Fifo, Priority, Edf, Fair, Mixed)}
+
+
+def make_scheduler(spec: SchedSpec) -> Scheduler:
+    return POLICY_CLASSES[spec.policy](spec)

@@ -1,0 +1,62 @@
+"""How well a device kept to its modeled timeline (invariant 8), from completion records.
+
+Each record of a command that ran carries its modeled start and end (``m0``, ``m1``),
+the host's own start (``t_start``) and its lag (how far past the modeled end the host
+finished; 0 when absorbed). The start error, host start minus modeled start, is the host
+latency the model absorbed: it stays invisible in modeled time as long as the command
+still ends on time, and a lag says when it did not.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+
+KEEP = 4096  # the most recent commands summarised
+
+
+class ModeledTiming:
+    def __init__(self) -> None:
+        self.start_error_ns: collections.deque = collections.deque(maxlen=KEEP)
+        self.commands = 0
+        self.lags = 0
+        self.lag_ns_max = 0
+        self.speed = 1.0          # what the last command ran at
+        self.freq_switches = 0    # changes of that speed (votes, throttling)
+        self.throttled = 0        # commands run throttled
+        self.temp_c: float | None = None
+
+    def note(self, rec: dict[str, Any]) -> None:
+        try:
+            err, lag = int(rec["t_start"]) - int(rec["m0"]), int(rec.get("lag", 0))
+        except (TypeError, ValueError, KeyError):
+            return  # a malformed record costs its evidence, never the supervisor
+        self.commands += 1
+        self.start_error_ns.append(err)
+        if lag > 0:
+            self.lags += 1
+            self.lag_ns_max = max(self.lag_ns_max, lag)
+        speed = rec.get("spd", 1.0)
+        if isinstance(speed, (int, float)) and speed != self.speed:
+            self.freq_switches += 1
+            self.speed = float(speed)
+        if rec.get("thr"):
+            self.throttled += 1
+        if isinstance(rec.get("temp"), (int, float)):
+            self.temp_c = float(rec["temp"])
+
+    def summary(self) -> dict[str, Any]:
+        errs = np.array(self.start_error_ns, dtype=np.int64)
+        out: dict[str, Any] = {"commands": self.commands, "lags": self.lags,
+                               "lag_ms_max": self.lag_ns_max / 1e6}
+        out["power"] = {"speed": self.speed, "frequency_switches": self.freq_switches,
+                        "throttled_commands": self.throttled, "temperature_c": self.temp_c}
+        if errs.size:
+            out["start_error_us_p50"] = float(np.percentile(errs, 50)) / 1e3
+            out["start_error_us_p99"] = float(np.percentile(errs, 99)) / 1e3
+        return out
+
+    def reset(self) -> None:
+        self.__init__()

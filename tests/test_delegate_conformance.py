@@ -1,0 +1,116 @@
+"""ONNX's own node tests (``onnx.backend.test``) for every op hetproc claims, twice: on the
+CPU reference executor, and delegated whole to the first accelerator of a real platform
+that takes the model (npu0, gpu0, dsp0; skipped when none does).
+
+Variants hetproc does not implement are excluded here by name, each with its reason, and
+``test_excluded_variants_are_refused`` proves the support query refuses every one of them
+(so a user gets a clear error or a CPU fallback, never a wrong answer)."""
+
+from __future__ import annotations
+
+import re
+import unittest
+import warnings
+
+import pytest
+
+onnx = pytest.importorskip("onnx")
+import onnx.backend.test  # noqa: E402
+
+import hetproc  # noqa: E402
+from hetproc.delegate import backend as hp_backend  # noqa: E402
+from hetproc.delegate.backend import DelegateBackend  # noqa: E402
+
+warnings.filterwarnings("ignore", category=RuntimeWarning)
+
+CLAIMED = ("conv|basic_conv|gemm|matmul|add|mul|sub|relu|clip|sigmoid|hardsigmoid|hardswish|"
+           "batchnorm|maxpool|averagepool|globalaveragepool|softmax|reshape|flatten|transpose|"
+           "concat|squeeze|unsqueeze|resize|quantizelinear|dequantizelinear|argmax|constant|"
+           "identity|constantofshape|dropout|sum|lrn")
+INCLUDE = rf"^test_({CLAIMED})(_.*)?_cpu$"
+# Variants not implemented, with the reason; the support query refuses each of them.
+EXCLUDED = {
+    r"_expanded|_ver\d+": "function expansions and old-opset copies of the same tests",
+    r"^test_batchnorm_.*training_mode": "BatchNormalization training mode (inference only)",
+    r"^test_maxpool_with_argmax": "MaxPool Indices output",
+    r"^test_resize_.*(cubic|antialias)": "Resize cubic / antialias (nearest, linear only)",
+    r"^test_(de)?quantizelinear_(e4m3fn|e5m2|float4e2m1|u?int4|u?int2|blocked)":
+        "float8 / float4 / 4-bit / 2-bit / blocked quantisation (8- and 16-bit only)",
+    r"^test_identity_(sequence|opt)": "sequence and optional types (tensors only)",
+    r"^test_constant_pad": "Pad is not a claimed op (the pattern only matches 'constant')",
+    r"^test_training_dropout": "Dropout training mode (inference only)",
+}
+
+_platform: dict = {}
+
+
+def _client():
+    return _platform["plat"].client
+
+
+def _build(backend, prefix: str) -> dict:
+    bt = onnx.backend.test.BackendTest(backend, __name__)
+    bt.include(INCLUDE)
+    for pattern in EXCLUDED:
+        bt.exclude(pattern)
+    cases = {f"{prefix}{name}": case for name, case in bt.test_cases.items()
+             if "NodeModel" in name}
+    # Drop what the patterns skip instead of collecting thousands of skipped tests.
+    keep, drop = re.compile(INCLUDE), re.compile("|".join(EXCLUDED))
+    for case in cases.values():
+        for attr in [a for a in vars(case) if a.startswith("test_")]:
+            if not keep.search(attr) or drop.search(attr):
+                delattr(case, attr)
+    return cases
+
+
+globals().update(_build(hp_backend, "Reference"))
+class _SkipUnsupported(DelegateBackend):
+    """A model no accelerator takes whole is skipped as unsupported, with the reason."""
+
+    def prepare(self, model, device="CPU", **kwargs):
+        try:
+            return super().prepare(model, device, **kwargs)
+        except hetproc.UnsupportedOp as exc:
+            raise unittest.SkipTest(f"unsupported on every accelerator: {exc.message}") from None
+
+
+_DELEGATED = _SkipUnsupported(_client)
+globals().update(_build(_DELEGATED, "Delegated"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_platform():
+    """One real platform for the delegated cases (started once: they are many)."""
+    with hetproc.Platform(time_scale=0.01) as plat:
+        _platform["plat"] = plat
+        yield
+        _DELEGATED.close()
+        _platform.clear()
+
+
+def _excluded_cases():
+    cases = onnx.backend.test.loader.load_model_tests(kind="node")
+    pick = re.compile(INCLUDE.replace("_cpu$", "$"))
+    skip = re.compile("|".join(p for p in EXCLUDED if not p.startswith(("_exp", "^test_constant"))))
+    return [c for c in cases if pick.match(c.name) and skip.search(c.name)]
+
+
+def test_excluded_variants_are_refused():
+    """Every excluded variant is refused by the support query on every device, the CPU
+    included: it never runs with a wrong answer."""
+    from hetproc.delegate import Options, plan
+    cases = _excluded_cases()
+    assert len(cases) >= 25
+    for case in cases:
+        with pytest.raises(hetproc.InvalidRequest):
+            plan(case.model, None, Options())
+
+
+def test_claimed_ops_are_all_exercised():
+    names = [n for n in globals() if n.startswith("ReferenceOnnxBackendNodeModelTest")]
+    assert names, "the reference suite was not generated"
+    case = globals()[names[0]]
+    tests = [t for t in dir(case) if t.startswith("test_")]
+    for op in CLAIMED.split("|"):
+        assert any(t.startswith(f"test_{op}") for t in tests), op
