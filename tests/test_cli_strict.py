@@ -184,7 +184,7 @@ def test_acceptance_cells_are_the_discovered_scenarios_then_every_drill():
     assert [n for k, n, _ in got if k == "scenario"] == names
     assert [n for k, n, _ in got if k == "drill"] == list(drills.DRILLS)
     quick = {n: o for k, n, o in got if k == "scenario"}
-    assert quick["video_pipeline"] == {"frames": 40, "spike_frames": 30}
+    assert quick["video_pipeline"] == {"frames": 40}
 
 
 def test_help_reads_as_prose():

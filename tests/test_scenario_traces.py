@@ -28,7 +28,13 @@ def test_every_scenario_trace_validates_and_its_flows_end_at_the_client(name, tm
         doc = json.loads(path.read_text())
         problems = validate(doc)
         assert problems == [], (path.name, problems[:5])
-    chains = flow_chains(json.loads(trace.read_text()))
+    doc = json.loads(trace.read_text())
+    if not any(ev.get("name") == "SUBMIT" for ev in doc["traceEvents"]):
+        # multi_tenant runs each scheduling policy on a platform of its own (the NPU's
+        # policy is part of the platform): the scenario's platform saw no request.
+        assert name == "multi_tenant", f"{name}: no request in the trace"
+        return
+    chains = flow_chains(doc)
     assert chains, "no request flows in the trace"
     waited = [steps for steps in chains.values() if any(n in CLIENT_STEPS for n, _ in steps)]
     assert waited

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except errors.HetprocError as exc:
-        print(f"hetproc: {exc}", file=sys.stderr)
+        print(f"hetproc: {exc.name}: {exc}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, errors.InvalidRequest) else EXIT_FAILED
     except _signals.Interrupted as sig:
         path = getattr(args, "report", None)

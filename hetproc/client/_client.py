@@ -618,10 +618,13 @@ class Fence:
                 break
             except errors.FenceTimeout:
                 if remaining <= _LIVENESS_SLICE:
+                    # The wait ends here too: its WAKE slice is closed, not left open.
+                    self.client.trace.wait_end(self.cid, t_wait, errors.FenceTimeout.code)
                     raise errors.FenceTimeout(
                         f"fence {self.handle:#x} still pending after {timeout:.3f} s",
                         correlation_id=self.cid) from None
                 if not self.client.supervisor_alive():
+                    self.client.trace.wait_end(self.cid, t_wait, errors.SupervisorLost.code)
                     raise errors.SupervisorLost(
                         "the supervisor died while this fence was pending",
                         correlation_id=self.cid) from None

@@ -174,18 +174,30 @@ def to_chrome_trace(
             continue  # a single slice has nothing to point at
         # By stage, then by start (a request run in parts has several QUEUED and EXEC).
         idxs.sort(key=lambda i: (_FLOW_RANK[sname(slices[i][4])], slices[i][0]))
+        # A client may wait for one request several times (a timed wait that gave up, then
+        # another): the arrow goes to the wait that ended last, the one that saw it done.
+        wakes = [i for i in idxs if sname(slices[i][4]) == "WAKE"]
+        if len(wakes) > 1:
+            woke = max(wakes, key=lambda i: slices[i][1])
+            idxs = [i for i in idxs if i == woke or i not in wakes]
         idxs = _one_per_overlap(idxs, slices)
         if len(idxs) < 2:
             continue
         flows += 1
-        spans = _forward_spans([(slices[i][0], slices[i][1]) for i in idxs])
         # A viewer links the steps in the order it reads them (by time): a step that would
-        # be read before the one it follows is left out (a window cut the request short).
-        kept, t_last = [], 0
-        for i, span in zip(idxs, spans):
-            if span[0] >= t_last:
-                kept.append((i, span))
-                t_last = span[0]
+        # be read before the one it follows is left out (a window cut the request short,
+        # or a modeled EXEC lies before the host queued it), and the parts the arrows
+        # touch are chosen again among the steps that remain.
+        while True:
+            spans = _forward_spans([(slices[i][0], slices[i][1]) for i in idxs])
+            kept, t_last = [], 0
+            for i, span in zip(idxs, spans):
+                if span[0] >= t_last:
+                    kept.append((i, span))
+                    t_last = span[0]
+            if len(kept) == len(idxs):
+                break
+            idxs = [i for i, _ in kept]
         if len(kept) < 2:
             flows -= 1
             continue
