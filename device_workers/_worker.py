@@ -642,6 +642,7 @@ def device_main(boot: DeviceBoot) -> int:
     """Entry point in the forked device process; returns the exit status."""
     _die_with_parent(boot.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the owner, not to us
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # so does a closed terminal
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     set_timer_slack_ns(1)
     worker = DeviceWorker(boot)

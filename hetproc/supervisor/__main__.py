@@ -7,7 +7,7 @@ temp directory) with the traceback; its path goes to stderr.
 
 It writes two JSON lines to ``--ready-fd``: first the prefix (so the owner can clean up even
 if the start fails later), then ``{"ok": true, "pid": ...}`` once every device runs, or
-``{"ok": false, "error": ...}``. SIGTERM ends the serve loop; SIGINT is ignored, because
+``{"ok": false, "error": ...}``. SIGTERM ends the serve loop; SIGINT and SIGHUP are ignored, because
 the owner decides when the platform stops.
 """
 
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the owner, again
     spec_arg = json.loads(args.spec)
     spec = parse_platform(spec_arg["raw"], spec_arg["source"])
     args.prefix = args.prefix or new_prefix(os.getpid())
