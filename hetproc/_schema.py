@@ -149,6 +149,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "client_fences": Key("int", 4096, 0, 1 << 30),
         "client_contexts": Key("int", 64, 0, 1 << 30),
         "client_inflight": Key("int", 16384, 0, 1 << 30),
+        "client_segments": Key("int", 256, 1, 1 << 20),
     },
     "timing": {
         "default_ms": Key("float", 0.0, 0, 3_600_000),

@@ -209,3 +209,24 @@ def test_help_reads_as_prose():
         assert "``" not in text, cmd
         description = text.split("\n\n")[1]
         assert description.rstrip().endswith(".") and len(description.split()) >= 8, (cmd, description)
+
+@pytest.mark.parametrize("table, spec", [("limits", "LimitsSpec"), ("scheduler", "SchedSpec"),
+                                         ("power", "PowerSpec"), ("iommu", "IommuSpec"),
+                                         ("trace", "TraceSpec"), ("cache", "CacheSpec")])
+def test_every_setting_of_a_table_is_in_the_schema_with_its_default(table, spec):
+    """A setting added to the configuration must be accepted by the strict schema (a
+    platform file naming it would be refused otherwise), with the same default."""
+    import dataclasses
+
+    from hetproc import _config
+    from hetproc._schema import SCHEMA
+
+    fields = {f.name: f.default for f in dataclasses.fields(getattr(_config, spec))
+              if f.default is not dataclasses.MISSING}
+    keys = SCHEMA[table]
+    assert set(fields) <= set(keys), f"missing from the schema: {set(fields) - set(keys)}"
+    def same(v):  # a file's list is the dataclass's tuple
+        return tuple(v) if isinstance(v, list) else v
+
+    for name, default in fields.items():
+        assert same(keys[name].default) == same(default), (name, default)
