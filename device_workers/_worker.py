@@ -53,7 +53,7 @@ import msgpack
 import numpy as np
 import posix_ipc
 
-from ipc import FenceTable, Ring, SegmentCache, errors
+from ipc import FenceTable, Ring, SegmentCache, errors, profiled
 
 from . import _faults
 from ._cache import DeviceMemory
@@ -624,7 +624,8 @@ def device_main(boot: DeviceBoot) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     set_timer_slack_ns(1)
     worker = DeviceWorker(boot)
-    worker.run()
+    with profiled(f"device-{boot.name}"):
+        worker.run()
     return worker.exit_status
 
 

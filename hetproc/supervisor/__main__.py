@@ -22,7 +22,7 @@ import tempfile
 import time
 import traceback
 
-from ipc import cleanup_prefix, new_prefix
+from ipc import cleanup_prefix, new_prefix, profiled
 
 from .._config import parse_platform
 from ._server import Supervisor
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         sup.start_devices()
         os.write(args.ready_fd, (json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())
         os.close(args.ready_fd)
-        sup.serve()
+        with profiled("supervisor"):
+            sup.serve()
     except BaseException as exc:
         try:
             os.write(args.ready_fd, (json.dumps({"ok": False, "error": repr(exc)}) + "\n").encode())
