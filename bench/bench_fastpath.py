@@ -102,15 +102,12 @@ def submit_stream(ctx: hetproc.Context, n: int, behind: int = 256) -> float:
 def validation_us(n: int = 2000) -> float:
     """What the checks of one no-op command cost: the supervisor's decode and check of a
     one-command submit, plus the device's decode of a command record."""
-    from device_workers import decode_command
+    from device_workers import decode_command, encode_command
     limits = load_platform().limits
     cmd = {"kernel": "work", "ins": [], "outs": [], "wait": [], "ms": 0.0,
            "cid": (1 << 40) | (1 << 39) | 7, "signal": 1 << 32 | 3}
     frame = encode({"op": "submit", "id": 9, "ctx": 1 << 32, "cmds": [cmd], "t_ns": 1})
-    record = encode({"op": "exec", "seq": 7, "pidx": 7, "cid": cmd["cid"], "kernel": "work",
-                     "checked": False, "params": {}, "ins": [], "outs": [], "wait": [],
-                     "signal": [cmd["signal"]], "hold_ns": 0, "delay_ns": 0,
-                     "dep_timeout_ns": 10**9, "arrive_ns": 1})
+    record = encode_command(7, 7, cmd["cid"], "work", [], [cmd["signal"]], 0, 0, 10**9, 1)
 
     def once() -> None:
         msg = decode(frame, _protocol.REQUESTS)

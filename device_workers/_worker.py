@@ -49,7 +49,6 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 import posix_ipc
 
@@ -57,7 +56,7 @@ from ipc import FenceTable, Ring, SegmentCache, errors, profiled
 
 from . import _faults
 from ._cache import DeviceMemory
-from ._commands import best_effort_ids, decode_command
+from ._commands import best_effort_ids, decode_command, encode_completions
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._power import Thermal
@@ -608,11 +607,12 @@ class DeviceWorker:
 def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
     """Batches of records that each fit one ring slot: records vary in size (a memory
     report), and a batch too big for its slot must never cost the completion itself."""
-    payload = msgpack.packb(records)
+    payload = encode_completions(records)
     if len(payload) <= limit:
         return [payload]
     if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
-        return [msgpack.packb([{k: v for k, v in records[0].items() if k not in ("mem", "tb")}])]
+        return [encode_completions([{k: v for k, v in records[0].items()
+                                     if k not in ("mem", "tb")}])]
     mid = len(records) // 2
     return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
 

@@ -18,10 +18,9 @@ from typing import Any, Callable
 
 import posix_ipc
 
-from device_workers import DeviceBoot, device_main
-from msgpack import packb as _packb
+from device_workers import DeviceBoot, device_main, encode_command
 
-from ipc import VERSION, Ring, Segment, encode
+from ipc import Ring, Segment, encode
 from device_workers import DeviceState, StateSlot
 
 from .._config import DeviceSpec
@@ -98,22 +97,14 @@ class Command:
                 "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
 
     def packet(self) -> bytes:
-        msg = {"v": VERSION, "op": "exec", "seq": self.seq, "pidx": self.pidx, "cid": self.cid,
-               "kernel": self.kernel, "checked": self.checked,
-               "params": self.params, "ins": _descriptors(self.ins, self.in_perms, "r"),
-               "outs": _descriptors(self.outs, self.out_perms, "w"), "wait": self.wait,
-               "signal": self.signal, "hold_ns": self.hold_ns, "delay_ns": self.delay_ns,
-               "dep_timeout_ns": self.dep_timeout_ns, "arrive_ns": self.t_arrive}
-        if self.preemptor:
-            msg["pre"] = True
+        """The fixed-layout record the device reads (``device_workers.encode_command``)."""
         speed = self.device.speed()
-        if speed != 1.0:
-            msg["spd"] = float(speed)
-        if self.fault:
-            msg["fault"] = self.fault
-        if self.mem:
-            msg["mem"] = self.mem
-        return _packb(msg)  # ipc.encode without its dict copy: this is per command
+        return encode_command(
+            self.seq, self.pidx, self.cid, self.kernel, self.wait, self.signal, self.hold_ns,
+            self.delay_ns, self.dep_timeout_ns, self.t_arrive, checked=self.checked,
+            pre=self.preemptor, spd=float(speed) if speed != 1.0 else None,
+            params=self.params, ins=_descriptors(self.ins, self.in_perms, "r"),
+            outs=_descriptors(self.outs, self.out_perms, "w"), fault=self.fault, mem=self.mem)
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -200,10 +191,14 @@ class DeviceHandle:
         # beyond that, only ``window_ns`` of modeled work. ``pushed`` is in push order.
         holds = [c.hold_ns for c in self.pushed.values() if not c.preemptor]
         queued_ns = sum(holds[1:])
+        # A victim is a pushed command that is no preemptor and longer than a chunk: with
+        # none in the ring there is nothing to preempt, so the search can be skipped.
+        chunk = self.chunk_ns() if self.preemptive else 0
+        long_in_ring = self.preemptive and any(h > chunk for h in holds)
         sched = self.sched
         while sched and len(self.pushed) < MAX_IN_RING and not self.paused and self.pid:
             cmd = self._head()
-            urgent = self._urgency(cmd) if holds else _NO
+            urgent = self._urgency(cmd) if long_in_ring else _NO
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
@@ -221,6 +216,8 @@ class DeviceHandle:
             elif holds:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             holds.append(cmd.hold_ns)
+            if cmd.hold_ns > chunk and self.preemptive:
+                long_in_ring = True
             if not self._push(cmd):
                 break
             moved += 1
