@@ -116,6 +116,55 @@ def _descriptors(bufs: list, perms: list[str], default: str) -> list:
             for i, b in enumerate(bufs)]
 
 
+class InRing(dict):
+    """The commands pushed to a device and not yet completed (seq -> command, in push
+    order), keeping as they come and go what ``pump`` reads on every call: the modeled
+    work of those that are no preemptor, and how many of them are longer than a chunk.
+    (Summed over a full ring on each call, this was most of a one-command submit.)"""
+
+    def __init__(self, chunk_ns: int = 0) -> None:
+        super().__init__()
+        self.chunk_ns = chunk_ns
+        self.work_ns = 0   # hold_ns of every pushed command that is no preemptor
+        self.plain = 0     # how many there are
+        self.long = 0      # how many of them hold longer than a chunk
+
+    def _count(self, cmd: Command, sign: int) -> None:
+        if not cmd.preemptor:
+            self.work_ns += sign * cmd.hold_ns
+            self.plain += sign
+            if cmd.hold_ns > self.chunk_ns:
+                self.long += sign
+
+    def __setitem__(self, seq: int, cmd: Command) -> None:
+        old = dict.get(self, seq)
+        if old is not None:
+            self._count(old, -1)
+        dict.__setitem__(self, seq, cmd)
+        self._count(cmd, 1)
+
+    def pop(self, seq: int, *default: Any) -> Any:
+        if seq in self:
+            cmd = dict.pop(self, seq)
+            self._count(cmd, -1)
+            return cmd
+        return dict.pop(self, seq, *default)
+
+    def __delitem__(self, seq: int) -> None:
+        self.pop(seq)
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.work_ns = self.plain = self.long = 0
+
+    def first_plain_hold(self) -> int:
+        """hold_ns of the oldest pushed command that is no preemptor (0: none)."""
+        for c in self.values():
+            if not c.preemptor:
+                return c.hold_ns
+        return 0
+
+
 @dataclass
 class DeviceHandle:
     spec: DeviceSpec
@@ -129,7 +178,7 @@ class DeviceHandle:
     pid: int = 0
     pidfd: int = -1
     epoch: int = 0
-    pushed: dict[int, Command] = field(default_factory=dict)
+    pushed: InRing = field(default_factory=InRing)
     completed: int = 0
     failed: int = 0
     restarts: int = 0
@@ -148,6 +197,7 @@ class DeviceHandle:
 
     def __post_init__(self) -> None:
         self.sched = make_scheduler(self.spec.scheduler)
+        self.pushed.chunk_ns = self.chunk_ns() if self.preemptive else 0
         half = Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
         mem = memoryview(self.ring_segment.map)
         self.commands = Ring(mem[:half], slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES, create=True)
@@ -189,16 +239,16 @@ class DeviceHandle:
         # The oldest command in the ring runs (or waits for its hand-off signal); one more
         # may always wait behind it, so the device never idles between two commands;
         # beyond that, only ``window_ns`` of modeled work. ``pushed`` is in push order.
-        holds = [c.hold_ns for c in self.pushed.values() if not c.preemptor]
-        queued_ns = sum(holds[1:])
-        # A victim is a pushed command that is no preemptor and longer than a chunk: with
-        # none in the ring there is nothing to preempt, so the search can be skipped.
-        chunk = self.chunk_ns() if self.preemptive else 0
-        long_in_ring = self.preemptive and any(h > chunk for h in holds)
+        pushed = self.pushed
+        # What is in the ring and no preemptor: how many (``plain``), their modeled work
+        # past the oldest (``queued_ns``), whether one is longer than a chunk (a victim a
+        # preemption could suspend: with none, there is nothing to preempt).
+        plain = pushed.plain
+        queued_ns = pushed.work_ns - pushed.first_plain_hold() if plain else 0
         sched = self.sched
-        while sched and len(self.pushed) < MAX_IN_RING and not self.paused and self.pid:
+        while sched and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
             cmd = self._head()
-            urgent = self._urgency(cmd) if long_in_ring else _NO
+            urgent = self._urgency(cmd) if self.preemptive and pushed.long else _NO
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
@@ -209,15 +259,13 @@ class DeviceHandle:
                 self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
                 moved += 1
                 continue
-            if len(holds) >= 2:
+            if plain >= 2:
                 if queued_ns + cmd.hold_ns > self.window_ns:
                     break
                 queued_ns += cmd.hold_ns
-            elif holds:
+            elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
-            holds.append(cmd.hold_ns)
-            if cmd.hold_ns > chunk and self.preemptive:
-                long_in_ring = True
+            plain += 1
             if not self._push(cmd):
                 break
             moved += 1
