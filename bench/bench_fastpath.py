@@ -188,8 +188,12 @@ def bench_fastpath(quick: bool) -> dict:
     with _platform() as (plat, states):
         c = plat.client
         ctx = c.context(_DEVICE)
-        sup_pid, dev_pid = c.supervisor_pid, states.pid(_DEVICE)
         batched_throughput(ctx, 2, 64, 2)  # warm-up: fence pool, slots, rings
+        # Read after the warm-up: a device writes its pid into the state table as its
+        # loop starts, which may be just after the platform said it is up.
+        sup_pid, dev_pid = c.supervisor_pid, states.pid(_DEVICE)
+        if dev_pid <= 0 or not os.path.exists(f"/proc/{dev_pid}"):
+            raise RuntimeError(f"no live pid for {_DEVICE} in the state table ({dev_pid})")
 
         cpu = [cpu_per_command(ctx, sup_pid, dev_pid, _size("cpu_batches", quick))
                for _ in range(3)]
