@@ -30,7 +30,6 @@ the padding may belong to someone else's write.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import OrderedDict
 from typing import Any, Callable
@@ -79,7 +78,6 @@ class DeviceMemory:
         self.used = 0
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "writebacks": 0,
                       "dropped_dirty": 0, "streamed": 0}
-        self._inodes: dict[str, int] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -214,22 +212,24 @@ class DeviceMemory:
                 raise ValueError(f"[{offset}, +{span}) is outside the segment")
             shared = (np.ndarray(shape, dt, buffer=segment.map, offset=offset, strides=strides)
                       if view else None)
-        except (ValueError, TypeError, posix_ipc.ExistentialError) as exc:
+        except (ValueError, TypeError, KeyError, posix_ipc.ExistentialError) as exc:
             raise errors.IommuFault(f"{role} {index}: buffer descriptor {desc[:5]!r} is not "
                                     f"mappable: {exc}") from None
         layout = (shared.shape, shared.dtype, shared.strides) if view else None
         return _Operand((seg, offset, handle), shared, span, perm, handle, seg, offset, layout)
 
-    def _inode(self, segment: str) -> int:
-        """The shm object's inode: the same number in every process that maps it."""
-        ino = self._inodes.get(segment)
-        if ino is None:
-            try:
-                ino = os.stat(f"/dev/shm/{segment}").st_ino
-            except OSError:
-                ino = 0
-            self._inodes[segment] = ino
-        return ino
+    def _inode(self, segment: int) -> int:
+        """The segment's inode: the same number in every process that maps it."""
+        try:
+            return self.segments.get(segment).inode
+        except (KeyError, OSError, posix_ipc.ExistentialError):
+            return 0
+
+    def forget_segment(self, segment: int) -> None:
+        """The segment is gone (every block of it was freed): its lines go too, and
+        with them the last views that would keep it mapped."""
+        for key in [k for k in self.lines if k[0] == segment]:
+            self._drop(key)
 
     # -- the emulated cache --------------------------------------------------------------
 
@@ -269,7 +269,7 @@ class DeviceMemory:
             view.flags.writeable = False
         return view
 
-    def _forget(self, segment: str, offset: int) -> None:
+    def _forget(self, segment: int, offset: int) -> None:
         """Drop every line of the block at (segment, offset), whichever owner filled it."""
         for key in [k for k in self.lines if k[0] == segment and k[1] == offset]:
             self._drop(key)
@@ -333,7 +333,7 @@ def _forget_keys(items: Any) -> list[tuple[str, int]]:
     if not isinstance(items, list):
         return []
     return [(s, o) for s, o in (x for x in items if isinstance(x, list) and len(x) == 2)
-            if isinstance(s, str) and type(o) is int]
+            if type(s) is int and type(o) is int]
 
 
 def _pairs(items: Any, limit: int) -> list[tuple[int, int]]:

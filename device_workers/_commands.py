@@ -50,7 +50,7 @@ MEM_STEPS = frozenset(("map", "invalidate", "clean", "unmap"))
 
 _dims = List(Int(0, MAX_EXTENT), max_len=MAX_DIMS)
 _DESCRIPTOR_FIELDS = Tuple((
-    Str(255),                     # segment name
+    Int(0, U64),                  # segment id (the segment came as a descriptor)
     Int(0, MAX_EXTENT),           # byte offset in the segment
     _dims,                        # shape
     Str(32),                      # dtype (numpy checks the spelling where it maps it)
@@ -75,7 +75,7 @@ class _Descriptor(Spec):
     def _predicate(self) -> Callable[[Any], bool]:
         def ok(v: Any) -> bool:
             return (type(v) is list and len(v) == 7
-                    and type(v[0]) is str and len(v[0]) <= 255
+                    and type(v[0]) is int and 0 <= v[0] <= U64
                     and type(v[1]) is int and 0 <= v[1] <= MAX_EXTENT
                     and _dims_ok(v[2]) and type(v[3]) is str and len(v[3]) <= 32
                     and (v[4] is None or _dims_ok(v[4])) and v[5] in PERMS
@@ -90,7 +90,7 @@ _pairs = List(Tuple((Int(0, MAX_OPERANDS - 1), _duration)), max_len=MAX_OPERANDS
 MEM_REQUEST = Map(fields={
     "map_ns?": _duration, "unmap_ns?": _duration, "map_bytes?": Int(0, I64),
     "inv?": _pairs, "clean?": _pairs,
-    "forget?": List(Tuple((Str(255), Int(0, MAX_EXTENT))), max_len=MAX_OPERANDS),
+    "forget?": List(Tuple((Int(0, U64), Int(0, MAX_EXTENT))), max_len=MAX_OPERANDS),
 })
 FAULT = Map(fields={
     "kind": Str(32, choices=_faults.KINDS),
@@ -264,7 +264,7 @@ _t = Int(0, I64)  # a monotonic-clock stamp in ns
 MEM_REPORT = Map(fields={
     "ev?": List(Tuple((Str(16, choices=MEM_STEPS), _t, _t, Int(0, I64), Int(0, I64))),
                 max_len=len(MEM_STEPS)),
-    "ids?": List(Tuple((Str(1, choices=frozenset("io")), Str(255), Int(0, U64),
+    "ids?": List(Tuple((Str(1, choices=frozenset("io")), Int(0, U64), Int(0, U64),
                         Int(0, MAX_EXTENT), Int(0, U64))), max_len=2 * MAX_OPERANDS),
     "k?": List(_t, min_len=2, max_len=2),
 })

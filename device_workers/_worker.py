@@ -44,6 +44,7 @@ import ctypes
 import heapq
 import os
 import signal
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ from typing import Any
 import numpy as np
 import posix_ipc
 
-from ipc import FenceTable, Ring, SegmentCache, errors, profiled
+from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors, profiled
 
 from . import _faults
 from ._cache import DeviceMemory
@@ -101,12 +102,16 @@ class DeviceBoot:
     preemptive: bool = False
     thermal: dict | None = None  # device_workers._power.Thermal's parameters, when modeled
     first_pidx: int = 0  # the ring position of the first command pushed to us (0: unknown)
+    segment_fd: int = -1  # our end of the segment socket: buffer segments come on it
 
 
 class DeviceWorker:
     def __init__(self, boot: DeviceBoot) -> None:
         self.boot = boot
-        self.cache = SegmentCache()
+        # Named segments (fences, state, ring, trace) are attached by name; buffer
+        # segments only come as descriptors on the segment socket (``ipc._fdpass``).
+        self.cache = SegmentCache(fetch=self._fetch_segments)
+        self.segs: SegmentReceiver | None = None
         fseg = self.cache.get(boot.fence_segment)
         self.fences = FenceTable(boot.prefix, fseg, create=False)
         self.slot = StateSlot(self.cache.get(boot.state_segment).map, boot.index)
@@ -122,6 +127,10 @@ class DeviceWorker:
         # IOMMU check and, when not coherent, the emulated cache (device_workers._cache).
         self.memory = DeviceMemory(self.cache, coherent=boot.coherent,
                                    cache_bytes=boot.cache_bytes)
+        if boot.segment_fd >= 0:
+            self.segs = SegmentReceiver(socket.socket(fileno=boot.segment_fd), self.cache,
+                                        on_drop=self.memory.forget_segment,
+                                        on_garbage=self._segment_garbage)
         self.tr = DeviceTrace.attach(boot, self.cache, self.fences)  # evidence chain (§22)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
         self.pidx = 0
@@ -155,11 +164,22 @@ class DeviceWorker:
             try:
                 self.doorbell.acquire(self._idle_timeout())
             except posix_ipc.BusyError:
-                pass
+                self._fetch_segments()  # idle: unmap segments that are gone
             self.fire_due_signals()
             self.beat()
             self.drain()
         self.u32[S.STATE] = DeviceState.STOPPED
+
+    def _fetch_segments(self) -> None:
+        if self.segs is not None:
+            self.segs.drain()
+
+    def _segment_garbage(self, why: str) -> None:
+        """Only the supervisor holds the other end, so this is a supervisor bug or memory
+        corruption: reported (an error record the supervisor notes), never a wedge; a
+        command naming a segment that never came is refused (IommuFault)."""
+        self.complete(0, 0, errors.BadPacket.code,
+                      f"{self.boot.name}: garbage on the segment socket ignored: {why}"[:1000])
 
     def _idle_timeout(self) -> float:
         if not self.delayed:
@@ -182,6 +202,7 @@ class DeviceWorker:
             if data is None:
                 self.flush()
                 self.tr.idle()
+                self._fetch_segments()  # the ring ran dry: unmap segments that are gone
                 return
             try:
                 self.handle(data)

@@ -49,7 +49,10 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
                                      device_workers/_cache)
     5 nothing leaks                  ipc/_names (manifest, cleanup); drills check it
     6 bad input is survivable        supervisor/_validation, ipc/_packets
-    7 tenants cannot see each other  supervisor/_iommu (rights, exports, imports)
+    7 tenants cannot see each other  supervisor/_iommu (rights, exports, imports) and
+                                     supervisor/_memory (segments per tenant, one per
+                                     exportable buffer, handed over as descriptors only:
+                                     ipc/_fdpass)
     8 modeled time                   device_workers/_worker (the modeled start, the
                                      stamp in the fences) and _hold (holding to the end)
 """

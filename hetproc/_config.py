@@ -173,6 +173,7 @@ class LimitsSpec:
     client_fences: int = 4096          # of the platform's 8192 fence slots
     client_contexts: int = 64
     client_inflight: int = 16384       # commands queued or running
+    client_segments: int = 256         # buffer segments (descriptors) handed to one process
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ REQUESTS = {
                        "cache_maintenance?": (bool, str), "period_ms?": _NUM, "weight?": _NUM},
     "context_destroy": {"id": _I, "ctx": _I},
     "alloc": {"id": _I, "shape": _L, "dtype": str, "strides?": _L, "align?": _I,
-              "layout?": str, "usage?": _L},
+              "layout?": str, "usage?": _L, "exportable?": bool},
     "free": {"id": _I, "buf": _I},
     "free_many": {"id": _I, "bufs": _L},  # frees the client deferred while views lived
     "fence_create": {"id": _I, "count?": _I},

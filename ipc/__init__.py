@@ -25,6 +25,7 @@ from ._profile import profiled
 from ._ring import Ring
 from ._buddy import BuddyAllocator
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
+from ._fdpass import SegmentReceiver, SegmentSender, segment_socketpair
 from ._slotmap import SlotMap
 from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing, merge, stage_name
 from ._tracebank import COUNTERS, TraceBank
@@ -40,6 +41,7 @@ __all__ = [
     "Ring", "profiled",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
+    "SegmentSender", "SegmentReceiver", "segment_socketpair",
     "SlotMap",
     "Stage", "TraceRing", "TraceBank", "RECORD_DTYPE", "BEGIN", "END", "INSTANT", "COUNTER",
     "merge", "stage_name", "COUNTERS",

@@ -8,6 +8,7 @@ the blocking, deadline-bound half a client uses.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import time
@@ -17,6 +18,7 @@ from . import errors
 from ._packets import MAX_PACKET, encode
 
 _HDR = struct.Struct("<I")
+MAX_FDS_PER_READ = 32  # descriptors one read may carry (a reply carries a few at most)
 
 
 def pack_frame(body: bytes) -> bytes:
@@ -51,6 +53,10 @@ class Channel:
         self.sock = sock
         self._reader = FrameReader()
         self._pending: list[bytes] = []
+        # Descriptors that came with the stream (SCM_RIGHTS), in order: a frame that
+        # announces n of them takes the first n (``take_fds``), which arrived with or
+        # before its bytes.
+        self.fds: list[int] = []
 
     @classmethod
     def connect(cls, address: str, timeout: float = 5.0) -> "Channel":
@@ -75,15 +81,32 @@ class Channel:
                 raise TimeoutError("no reply on the control channel")
             self.sock.settimeout(remaining)
             try:
-                data = self.sock.recv(1 << 16)
+                data, fds, flags, _ = socket.recv_fds(self.sock, 1 << 16, MAX_FDS_PER_READ)
             except socket.timeout:
                 raise TimeoutError("no reply on the control channel") from None
+            self.fds.extend(fds)
+            if flags & socket.MSG_CTRUNC:
+                raise errors.BadPacket("descriptors were lost in transit (control data "
+                                       "truncated): the channel cannot be trusted")
             if not data:
                 raise ConnectionError("control channel closed by the other side")
             self._pending.extend(self._reader.feed(data))
         return self._pending.pop(0)
 
+    def take_fds(self, n: int) -> list[int]:
+        """The next ``n`` descriptors received; BadPacket if fewer came."""
+        if n > len(self.fds):
+            raise errors.BadPacket(f"a reply announced {n} descriptors, {len(self.fds)} came")
+        taken, self.fds = self.fds[:n], self.fds[n:]
+        return taken
+
     def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
         try:
             self.sock.close()
         except OSError:

@@ -26,7 +26,14 @@ SCAN_BYTES = 256 << 10  # freed blocks this large are scanned for holes before t
 
 
 class Segment:
-    """One mapped POSIX shared-memory object. Only its creator unlinks it."""
+    """One mapped shared-memory object. Only its creator unlinks it.
+
+    Named (``create`` / ``attach``: a POSIX shm object under the platform's prefix, which
+    any process of the same user can open by name), or anonymous (``anonymous``: a memfd
+    that never has a name; other processes get it only as a descriptor passed to them,
+    ``from_fd``). ``key`` is how caches and blocks refer to it: the name, or the small id
+    its creator gave an anonymous one. ``inode`` is the same in every process mapping it.
+    """
 
     def __init__(self, name: str, size: int, *, create: bool, prefault: bool = False,
                  keep_fd: bool = False) -> None:
@@ -36,15 +43,65 @@ class Segment:
         try:
             self.size = shm.size
             self.map = mmap.mmap(shm.fd, self.size)
+            self.inode = os.fstat(shm.fd).st_ino
         finally:
             if keep_fd:
                 self.fd = shm.fd
             else:
                 shm.close_fd()
         self.name = name
+        self.key: str | int = name
         self.created = create
+        self.anonymous = False
         if prefault:
             self.prefault()
+
+    @classmethod
+    def anonymous_segment(cls, label: str, size: int, key: int) -> "Segment":
+        """A nameless segment (memfd) of ``size`` bytes, sparse until touched; its
+        descriptor is kept (``fd``) to be passed to the processes that may map it."""
+        fd = os.memfd_create(label, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            return cls._over_fd(fd, label, key, created=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def from_fd(cls, fd: int, key: int, *, size: int | None = None,
+                keep_fd: bool = False) -> "Segment":
+        """Map a segment handed over as a descriptor. ``size``: what the sender said it
+        is (ValueError if the object is not exactly that). The descriptor is closed
+        unless ``keep_fd`` (the mapping holds the memory, not the descriptor)."""
+        try:
+            st = os.fstat(fd)
+            if size is not None and st.st_size != size:
+                raise ValueError(f"segment {key}: {st.st_size} bytes, announced {size}")
+            if st.st_size <= 0:
+                raise ValueError(f"segment {key} is empty")
+            seg = cls._over_fd(fd, f"segment {key}", key, created=False)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not keep_fd:
+            os.close(seg.fd)
+            seg.fd = -1
+        return seg
+
+    @classmethod
+    def _over_fd(cls, fd: int, label: str, key: int, *, created: bool) -> "Segment":
+        seg = cls.__new__(cls)
+        st = os.fstat(fd)
+        seg.size = st.st_size
+        seg.map = mmap.mmap(fd, seg.size)
+        seg.inode = st.st_ino
+        seg.fd = fd
+        seg.name = label
+        seg.key = key
+        seg.created = created
+        seg.anonymous = True
+        return seg
 
     @classmethod
     def create(cls, name: str, size: int, prefault: bool = False,
@@ -83,6 +140,8 @@ class Segment:
             pass
 
     def unlink(self) -> None:
+        if self.anonymous:
+            return  # never had a name: it goes with its last descriptor and mapping
         try:
             posix_ipc.unlink_shared_memory(self.name)
         except posix_ipc.ExistentialError:
@@ -101,28 +160,47 @@ def span_bytes(shape: Sequence[int], itemsize: int, strides: Sequence[int] | Non
 
 
 class SegmentCache:
-    """Attach-on-demand mappings, cached: attaching costs 3-5 us, a lookup far less."""
+    """Mappings by key, cached: attaching costs 3-5 us, a lookup far less.
 
-    def __init__(self) -> None:
-        self._segments: dict[str, Segment] = {}
+    A named segment (a ``str`` key) is attached on first use; an anonymous one (an
+    ``int`` key) only exists here once its descriptor was received and ``add``ed:
+    ``get`` of an unknown id asks ``fetch`` (e.g. read the descriptors waiting on a
+    socket), then raises ``KeyError``."""
 
-    def get(self, name: str) -> Segment:
-        seg = self._segments.get(name)
+    def __init__(self, fetch: Callable[[], None] | None = None) -> None:
+        self._segments: dict[str | int, Segment] = {}
+        self.fetch = fetch
+
+    def get(self, key: str | int) -> Segment:
+        seg = self._segments.get(key)
         if seg is None:
-            seg = self._segments[name] = Segment.attach(name)
+            if type(key) is str:
+                seg = self._segments[key] = Segment.attach(key)
+            else:
+                if self.fetch is not None:
+                    self.fetch()
+                    seg = self._segments.get(key)
+                if seg is None:
+                    raise KeyError(f"segment {key!r} was never handed to this process")
         return seg
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._segments
+    def __contains__(self, key: str | int) -> bool:
+        return key in self._segments
 
     def __len__(self) -> int:
         return len(self._segments)
 
-    def add(self, seg: Segment) -> None:
-        self._segments[seg.name] = seg
+    def keys(self) -> list[str | int]:
+        return list(self._segments)
 
-    def forget(self, name: str) -> None:
-        seg = self._segments.pop(name, None)
+    def add(self, seg: Segment) -> None:
+        old = self._segments.get(seg.key)
+        if old is not None and old is not seg:
+            old.close()
+        self._segments[seg.key] = seg
+
+    def forget(self, key: str | int) -> None:
+        seg = self._segments.pop(key, None)
         if seg is not None:
             seg.close()
 
@@ -134,7 +212,7 @@ class SegmentCache:
 
 @dataclass(frozen=True)
 class Block:
-    segment: str
+    segment: str | int  # the segment's key: its name, or the id of an anonymous one
     offset: int
     capacity: int
 
@@ -160,12 +238,17 @@ class BlockPool:
     """
 
     def __init__(self, prefix: str, *, limit: int,
-                 on_new_segment: Callable[[Segment], None] = lambda seg: None) -> None:
+                 on_new_segment: Callable[[Segment], None] = lambda seg: None,
+                 make_segment: Callable[[int, int], Segment] | None = None) -> None:
+        """``make_segment(chunk index, size)``: how a chunk's segment is made (default: a
+        named one, ``<prefix>m<index>``); blocks name their segment by its ``key``."""
         self._prefix = prefix
         self._limit = limit
         self._on_new = on_new_segment
+        self._make = make_segment or (lambda index, size: Segment.create(
+            f"{prefix}m{index}", size, keep_fd=True))
         self.buddy = BuddyAllocator(limit, MIN_BLOCK)
-        self.segments: dict[str, Segment] = {}
+        self.segments: dict[str | int, Segment] = {}
         self._by_chunk: list[Segment | None] = [None] * len(self.buddy.chunks)
         self.reserved_bytes = 0
         self.zeroed_bytes = 0  # bytes actually written by scrubs (holes are skipped)
@@ -197,7 +280,7 @@ class BlockPool:
         except BaseException:
             self.buddy.free(address)
             raise
-        return Block(seg.name, address - base, self.buddy.size_of(address))
+        return Block(seg.key, address - base, self.buddy.size_of(address))
 
     def free(self, block: Block) -> None:
         """Scrub the block, then give it back (it may merge with free neighbours)."""
@@ -215,9 +298,9 @@ class BlockPool:
         seg = self._by_chunk[index]
         if seg is None:
             size = self.buddy.chunks[index][1]
-            seg = Segment.create(f"{self._prefix}m{index}", size, keep_fd=True)
+            seg = self._make(index, size)
             self._by_chunk[index] = seg
-            self.segments[seg.name] = seg
+            self.segments[seg.key] = seg
             self.reserved_bytes += size
             self._on_new(seg)
         return seg

@@ -55,7 +55,8 @@ class Chain:
     def make(self, nbytes: int, *, copy: bool):
         rows = max(1, nbytes // ROW)
         src = self.producer.alloc((rows, ROW), "uint8",
-                                  strides=(ROW + PAD, 1) if copy else None)
+                                  strides=(ROW + PAD, 1) if copy else None,
+                                  exportable=True)
         imp = self.delegate.import_buffer(src.export(read_only=True))
         self.npu.map(imp, "r")  # persistent: the hand-off itself pays no map
         return src, imp
@@ -107,11 +108,13 @@ def _device_memory(s) -> dict[str, dict[str, int]]:
     return out
 
 
-def _mapped_by(pid: int, segment: str) -> bool:
-    """The OS's view: is the shm object mapped into that process?"""
+def _mapped_by(pid: int, inode: int) -> bool:
+    """The OS's view: does that process map the shared object (by its inode: a buffer
+    segment has no name, only the descriptor the supervisor handed over)?"""
     try:
-        return any(segment in m.path for m in psutil.Process(pid).memory_maps(grouped=True))
-    except psutil.Error:
+        with open(f"/proc/{pid}/maps") as f:
+            return any(len(p) >= 5 and p[4] == str(inode) for p in map(str.split, f))
+    except OSError:
         return False
 
 
@@ -164,7 +167,7 @@ def _memory_evidence(s, chain: Chain, nbytes: int) -> None:
     s.metric("zero_copy_uss_npu0_mib", zero["uss_npu0_mib"])
     s.metric("forced_copy_pss_cpu0+npu0_mib", copy["pss_cpu0_mib"] + copy["pss_npu0_mib"])
     s.metric("forced_copy_uss_npu0_mib", copy["uss_npu0_mib"])
-    both = {n: _mapped_by(pid, a_src.segment) for n, pid in pids.items()}
+    both = {n: _mapped_by(pid, a_src.identity()["inode"]) for n, pid in pids.items()}
     s.metric("shared_segment_mapped_by", both)
     s.check("OS: the shared physical buffer is mapped by both device processes",
             all(both.values()), str(both))

@@ -79,7 +79,7 @@ CHILD = textwrap.dedent("""
     if signal_at %% 2 == 0:                          # 0: never signalled, dies holding it
         user.release()                               # the parent's import keeps it alive
         c.ping()
-    gift = c.alloc(%d)                               # the child's own buffer, exported rw
+    gift = c.alloc(%d, exportable=True)  # the child's own buffer, exported rw
     gift.array()[:] = 4
     print("gift", gift.export(), flush=True)
     outs = [c.alloc(%d) for _ in range(3)]
@@ -346,10 +346,10 @@ class _Run:
         self.by_ctxs = _Ctxs(by, [(self.canaries[0][0], "r")])
         self.by_out = by.alloc(N)
         # a's inputs; b imports them read-only, and a's outputs read-write
-        self.ins = [a.alloc(N) for _ in range(3)]
-        self.const = const = a.alloc(N)   # the child's input, constant for the run
+        self.ins = [a.alloc(N, exportable=True) for _ in range(3)]
+        self.const = const = a.alloc(N, exportable=True)  # the child's input, constant for the run
         const.array()[:] = np.arange(N, dtype=np.float32) - 100
-        self.outs = outs = [a.alloc(N) for _ in range(8)]
+        self.outs = outs = [a.alloc(N, exportable=i >= 4) for i in range(8)]
         self.b_ins = [b.import_buffer(x.export(read_only=True)) for x in self.ins]
         self.b_outs = {o.handle: b.import_buffer(o.export()) for o in outs[4:]}
         self.a_ctxs = _Ctxs(a, [(self.ins[0], "r"), (outs[0], "w")])  # persistent maps

@@ -89,9 +89,10 @@ c.close()
 
 @pytest.mark.parametrize("nbytes", [64 * 1024, 16 * MiB], ids=["small", "scanned-for-holes"])
 def test_the_next_owner_never_reads_the_previous_owners_bytes(platform, client, nbytes):
-    """Client A fills a block and frees it; client B, another process, gets the very same
-    block and must read zeros (small blocks are memset whole, large ones where they hold
-    pages: both paths)."""
+    """Client A fills a block and frees it. Another process never gets that block (each
+    process has a pool of its own) and reads zeros; another connection of the same process
+    gets the very same block and must read zeros too (small blocks are memset whole, large
+    ones where they hold pages: both paths)."""
     secret = client.alloc(nbytes, "uint8")
     secret.array()[:] = 0xA5
     where = f"{secret.segment}:{secret.offset}"
@@ -100,8 +101,15 @@ def test_the_next_owner_never_reads_the_previous_owners_bytes(platform, client, 
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seg, off, nonzero = out.stdout.split()[0].split(":")
-    assert f"{seg}:{off}" == where, "the second client got the same block"
-    assert int(nonzero) == 0, f"{nonzero} bytes of the previous owner were readable"
+    assert seg != str(secret.segment), "another process got a block of this process's segment"
+    assert int(nonzero) == 0, f"{nonzero} bytes of someone else were readable"
+    other = platform.connect("next-owner")
+    try:
+        b = other.alloc(nbytes, "uint8")
+        assert f"{b.segment}:{b.offset}" == where, "the next connection got the same block"
+        assert not b.array().any(), "the previous owner's bytes were readable"
+    finally:
+        other.close()
 
 
 def test_the_scrub_writes_only_pages_that_were_touched():

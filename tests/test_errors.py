@@ -1,13 +1,17 @@
 """The error hierarchy: stable codes, the seed's six questions on every error object, the
 branches a caller catches, and errors that explain themselves across real processes."""
 
+import os
+import signal
 import traceback
 
 import pytest
 
 import hetproc
 import ipc.errors as E
-from hetproc import errors
+from hetproc import Client, errors
+
+from tests.helpers import wait_for
 
 
 def all_error_classes():
@@ -97,3 +101,34 @@ def test_a_timeout_names_its_incident_and_window(client):
     with pytest.raises(hetproc.DeviceTimeout) as info:
         client.context("npu0").submit("work", ms=5, timeout_ms=20).wait(5)
     assert info.value.evidence.get("incident") and info.value.fallback_possible
+
+
+def test_a_crash_is_explained_by_the_record_sent_ahead_of_the_wake(platform, monkeypatch):
+    """While the supervisor resets the device, the woken waiter already holds the record
+    that explains its failure: it is sent to the fence's owner and importers before the
+    wake, so explaining asks the busy supervisor nothing. Nobody else receives it."""
+    owner = platform.client
+    importer, bystander = platform.connect("importer"), platform.connect("bystander")
+    fence = owner.context("npu0").submit("work", ms=5000)
+    theirs = importer.import_fence(fence.export())
+    assert wait_for(lambda: owner.metrics()["devices"]["npu0"]["state"] == "busy")
+    asked: list[str] = []
+    request = Client._request
+
+    def counted(self, op, **fields):
+        asked.append(op)
+        return request(self, op, **fields)
+
+    monkeypatch.setattr(Client, "_request", counted)
+    os.kill(owner.metrics()["devices"]["npu0"]["pid"], signal.SIGKILL)
+    asked.clear()
+    with pytest.raises(hetproc.DeviceCrashed) as info:
+        fence.wait(5)
+    assert asked == [], "the failure was explained without a request"
+    assert "npu0" in str(info.value) and "died" in str(info.value)
+    assert info.value.evidence.get("incident")
+    assert importer.failure_record(theirs.handle)["message"] == info.value.message
+    assert bystander.failure_record(fence.handle) is None
+    assert asked == []
+    importer.close()
+    bystander.close()

@@ -151,7 +151,7 @@ def test_unmap_while_in_use_waits_for_the_command(client):
 def test_export_import_shares_the_same_buffer_with_the_exported_rights(platform, client):
     other = platform.connect("app")
     try:
-        x = client.alloc((4, 64), "uint8")
+        x = client.alloc((4, 64), "uint8", exportable=True)
         x.array()[:] = 5
         shared = other.import_buffer(x.export(read_only=True))
         assert (shared.handle, shared.segment, shared.offset) == (x.handle, x.segment, x.offset)
@@ -195,7 +195,7 @@ sys.stdin.readline()
 
 
 def test_an_importer_that_dies_releases_its_reference(platform, client):
-    x = client.alloc(1 << 16, "uint8")
+    x = client.alloc(1 << 16, "uint8", exportable=True)
     token = x.export()
     blocks = client.metrics()["pool"]["live_blocks"]
     proc = subprocess.Popen([sys.executable, "-c", IMPORTER, platform.prefix, str(token)],
@@ -240,7 +240,7 @@ def test_the_device_checks_the_permission_itself():
     with _platform(check_at_submit=False) as plat:  # a driver that forgot to check
         owner, app = plat.client, plat.connect("app")
         try:
-            x = owner.alloc(64)
+            x = owner.alloc(64, exportable=True)
             secret = owner.alloc(64)
             x.array()[:] = 3.0
             secret.array()[:] = 7.0

@@ -108,6 +108,8 @@ def _two_clients_backlog(plat: hetproc.Platform) -> tuple[list, list]:
     b = plat.connect("tenant-b")
     try:
         ca, cb = a.context("npu0"), b.context("npu0")
+        for ctx in (ca, cb):  # contexts and fence pools ready: the two submits come close
+            ctx.submit("work", ms=0).wait(5)
         t0 = time.monotonic_ns()
         fa = [ca.submit_nowait("work", ms=4, at_ns=t0) for _ in range(8)]
         fb = [cb.submit_nowait("work", ms=4, at_ns=t0) for _ in range(2)]

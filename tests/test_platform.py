@@ -333,3 +333,18 @@ def test_a_higher_priority_request_overtakes_queued_lower_ones(client):
     assert done[id(urgent)] < done[id(backlog[2])], "the urgent request waited its turn"
     order = sorted(backlog, key=lambda f: done[id(f)])
     assert order == backlog, "equal priorities keep their submission order"
+
+
+@pytest.mark.parametrize("nowait", [False, True])
+def test_one_command_dict_may_be_submitted_again_and_twice_in_a_batch(client, nowait):
+    """A batch is built from the caller's dicts without changing them: the same dict
+    submitted twice in a batch, and again later, gets its own fence and id each time."""
+    ctx = client.context("cpu0")
+    cmd = hetproc.command("work", ms=0.1)
+    first = ctx.submit_many([cmd, cmd], nowait=nowait)
+    again = ctx.submit_many([cmd], nowait=nowait)
+    for f in first + again:
+        f.wait(5)
+    assert len({f.handle for f in first + again}) == 3
+    assert len({f.cid for f in first + again}) == 3
+    assert cmd == hetproc.command("work", ms=0.1)

@@ -110,3 +110,35 @@ def test_a_ddr_quota_spaces_a_clients_commands_and_spares_the_others():
             assert q["tenant"]["commands"] == 2 and "owner" not in q  # the first had room
         finally:
             t.close()
+
+
+def test_a_second_connection_of_a_process_shares_its_ddr_clock():
+    """The quota is the process's, as every quota is: commands spread over two
+    connections of one process are spaced as if they came over one (a clock per
+    connection would let each connection's first command through at once)."""
+    with platform_with_power(ddr_quota_mbps={"tenant": 1.0}, ddr_burst_kib=0) as plat:
+        a, b = plat.connect("tenant"), plat.connect("tenant")
+        try:
+            ctxs = [a.context("npu0"), b.context("npu0")]
+            bufs = [(c.alloc(1024), c.alloc(1024)) for c in (a, b)]
+            for ctx, (x, y) in zip(ctxs, bufs):
+                ctx.submit("work", [x], [y], ms=0).wait(5)
+            time.sleep(0.05)  # the warm-ups' quota is spent: the clock is in the past
+
+            def delayed() -> int:
+                q = plat.client.metrics()["ddr_quota"]["delayed"]
+                return q.get("tenant", {}).get("commands", 0)
+
+            before, t0 = delayed(), time.monotonic_ns()
+            fs = [f for ctx, (x, y) in zip(ctxs, bufs)  # all four arrive at t0
+                  for f in ctx.submit_many([hetproc.command("work", [x], [y], ms=1)
+                                            for _ in range(2)], nowait=True, at_ns=t0)]
+            for f in fs:
+                f.wait(5)
+            assert delayed() - before == 3  # one clock: all but the first wait their turn
+            starts = sorted(f.signal_time() - 1 * MS for f in fs)
+            gaps = [b - a for a, b in zip(starts, starts[1:])]
+            assert all(g > 8_192_000 - 50_000 for g in gaps), gaps
+        finally:
+            a.close()
+            b.close()

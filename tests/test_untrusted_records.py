@@ -25,18 +25,18 @@ FUZZ = settings(max_examples=300, deadline=None,
 VALID_EXEC = {
     "v": 1, "op": "exec", "seq": 7, "pidx": 3, "cid": (1 << 40) | 7, "kernel": "scale",
     "checked": False, "params": {"factor": 2.0, "axes": [1, 0]},
-    "ins": [["hp.1.abcdef.m0", 4096, [64, 64], "float32", None, "r", 0x10001]],
-    "outs": [["hp.1.abcdef.m0", 20480, [64, 64], "float32", [256, 4], "rw", 0x20001]],
+    "ins": [[3, 4096, [64, 64], "float32", None, "r", 0x10001]],
+    "outs": [[3, 20480, [64, 64], "float32", [256, 4], "rw", 0x20001]],
     "wait": [0x30001], "signal": [0x40001], "hold_ns": 5_000_000, "delay_ns": 0,
     "dep_timeout_ns": 2_000_000_000, "fault": {"kind": "crash", "step": "in_kernel",
                                                 "after_s": 0.01},
     "mem": {"map_ns": 1000, "unmap_ns": 500, "map_bytes": 32768, "inv": [[0, 100]],
-            "clean": [[0, 200]], "forget": [["hp.1.abcdef.m0", 8192]]},
+            "clean": [[0, 200]], "forget": [[3, 8192]]},
 }
 VALID_COMPLETION = {
     "seq": 7, "epoch": 1, "code": 0, "msg": "", "t_start": 10, "t_end": 20, "t_take": 5,
     "t_signal": 21, "cid": 7, "mem": {"ev": [["map", 10, 11, 4096, 1]],
-                                      "ids": [["i", "hp.1.abcdef.m0", 123, 4096, 0x10001]],
+                                      "ids": [["i", 3, 123, 4096, 0x10001]],
                                       "k": [11, 19]},
 }
 
@@ -94,7 +94,7 @@ def _assert_exec_in_contract(cmd: dict) -> None:
     for f in ("ins", "outs"):
         assert len(cmd[f]) <= MAX_OPERANDS
         for seg, off, shape, dtype, strides, perm, handle in cmd[f]:
-            assert type(seg) is str and type(off) is int and off >= 0
+            assert type(seg) is int and 0 <= seg <= U64 and type(off) is int and off >= 0
             assert all(type(n) is int and n >= 0 for n in shape)
             assert strides is None or all(type(n) is int and n >= 0 for n in strides)
             assert perm in ("", "r", "w", "rw") and type(handle) is int
@@ -196,8 +196,8 @@ def test_the_fast_predicates_agree_with_the_checks(data):
     ("signal", list(range(MAX_FENCES + 1)), "items"),
     ("kernel", "k" * 65, "characters long"),
     ("params", {"f": math.inf}, "not finite"),
-    ("ins", [["seg", 0, [1] * 9, "uint8", None, "r", 1]], "items"),
-    ("ins", [["seg", 0, [4], "uint8", None, "x", 1]], "not one of"),
+    ("ins", [[3, 0, [1] * 9, "uint8", None, "r", 1]], "items"),
+    ("ins", [[3, 0, [4], "uint8", None, "x", 1]], "not one of"),
     ("fault", {"kind": "hang", "seconds": 1e9}, "not finite within"),
 ])
 def test_each_bound_names_the_field(field, value, why):

@@ -52,6 +52,8 @@ class BufferPool:
         self.client = client
         self.buffers: list["Buffer"] = []
         try:
+            # Exportable by default: a pool's buffers are made to be shared with consumers.
+            alloc.setdefault("exportable", True)
             for _ in range(count):
                 self.buffers.append(client.alloc(shape, dtype, **alloc))
         except BaseException:

@@ -16,6 +16,7 @@ submit through one client; fence waits take no lock at all.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import select
@@ -34,6 +35,7 @@ from ._trace_ring import ClientTrace
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
+_RECORDS_KEPT = 4096      # failure records kept for waiters that have not woken yet
 _DETAIL_WAIT_S = 0.25    # how long a failed wait asks for the supervisor's record
 _REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
@@ -54,7 +56,11 @@ class Client:
         self._to_release: list[int] = []
         self._deferred_frees: dict[int, list[weakref.ref]] = {}  # handle -> its views
         self._fence_pool: list[int] = []
+        self._own_segments: dict[int, int] = {}  # exportable buffer handle -> its segment
         self.last_notice: dict | None = None
+        # Failure records the supervisor sent ahead of their fences' wakes, by fence
+        # (bounded: the oldest go first; a waiter missing one asks instead).
+        self._failure_records: collections.OrderedDict[int, dict] = collections.OrderedDict()
         self._closed = False
         self._sup_pidfd = -1  # known after hello
         try:
@@ -141,6 +147,35 @@ class Client:
                 del self._deferred_frees[h]
             if ready:
                 self._send({"op": "free_many", "id": 0, "bufs": ready})
+                for h in ready:
+                    self._unmap_own(h)
+
+    def _unmap_own(self, handle: int) -> None:
+        """A freed exportable buffer's segment holds nothing else of ours: unmap it (the
+        supervisor hands it again if this client imports the buffer later)."""
+        sid = self._own_segments.pop(handle, None)
+        if sid is not None:
+            self._segments.forget(sid)
+
+    def _take_segments(self, reply: dict[str, Any]) -> None:
+        """Map the buffer segments a reply hands over: their descriptors came with the
+        stream (SCM_RIGHTS), in order. Done for every reply, even one discarded as late,
+        so that the descriptors stay in step with the frames."""
+        segs = reply.get("segs")
+        if not segs:
+            return
+        if not isinstance(segs, list) or not all(
+                isinstance(s, list) and len(s) == 2 and all(type(v) is int for v in s)
+                for s in segs):
+            raise errors.BadPacket(f"malformed segment list {segs!r}")
+        fds = self._chan.take_fds(len(segs))
+        for i, ((sid, size), fd) in enumerate(zip(segs, fds)):
+            try:
+                self._segments.add(Segment.from_fd(fd, sid, size=size))
+            except (OSError, ValueError) as exc:
+                for rest in fds[i + 1:]:
+                    os.close(rest)
+                raise errors.BadPacket(f"segment {sid} handed over is not mappable: {exc}") from None
 
     def _timed_out(self, msg: dict[str, Any]) -> errors.RequestTimeout:
         op, req_id = msg["op"], msg["id"]
@@ -186,8 +221,9 @@ class Client:
     def _drain_reply(self, req_id: int) -> dict[str, Any]:
         while True:
             reply = decode(self._chan.recv(self._timeout), _REPLY)
-            if reply["id"] == 0:  # an unsolicited notice (e.g. a refused notification)
-                self.last_notice = reply.get("error")
+            self._take_segments(reply)
+            if reply["id"] == 0:  # an unsolicited notice: a failure record, or a refusal
+                self._take_notice(reply)
                 continue
             if reply["id"] != req_id:
                 if 0 < reply["id"] <= self._last_id:
@@ -197,6 +233,30 @@ class Client:
             if not reply["ok"]:
                 raise errors.HetprocError.from_dict(reply.get("error") or {})
             return reply
+
+    def _take_notice(self, reply: dict[str, Any]) -> None:
+        fence = reply.get("fence")
+        if type(fence) is not int or not isinstance(reply.get("error"), dict):
+            self.last_notice = reply.get("error")
+            return
+        self._failure_records[fence] = reply["error"]
+        while len(self._failure_records) > _RECORDS_KEPT:
+            self._failure_records.popitem(last=False)
+
+    def failure_record(self, fence: int) -> dict[str, Any] | None:
+        """The supervisor's record of ``fence``'s failure if it has reached this process:
+        read from what the socket already holds, without a request."""
+        with self._lock:
+            if fence not in self._failure_records and not self._closed:
+                try:
+                    while select.select([self._chan.sock], [], [], 0)[0]:
+                        reply = decode(self._chan.recv(self._timeout), _REPLY)
+                        self._take_segments(reply)  # descriptors stay in step with frames
+                        if reply["id"] == 0:
+                            self._take_notice(reply)  # else: a late reply, discarded
+                except (OSError, errors.HetprocError):
+                    pass  # a broken channel is reported by the next request
+            return self._failure_records.get(fence)
 
     def _door_notice(self) -> dict | None:
         """The supervisor's word on a connection it refused at accept (sent before it
@@ -242,8 +302,14 @@ class Client:
 
     def alloc(self, shape: Sequence[int] | int, dtype: Any = "float32", *,
               strides: Sequence[int] | None = None, layout: str | None = None,
-              usage: Sequence[str] | None = None, align: int | None = None) -> "Buffer":
+              usage: Sequence[str] | None = None, align: int | None = None,
+              exportable: bool = False) -> "Buffer":
         """A shared buffer from the platform's pool (4 KiB aligned, zero-copy for devices).
+
+        The pool is this process's own: its segments hold only its buffers. ``exportable``
+        gives the buffer a segment of its own (as a dma-buf is one buffer), so that it
+        can be exported: an importer maps that buffer and nothing beside it. Only such a
+        buffer may be exported.
 
         ``layout`` ("NHWC", "NCHW") and ``usage`` (the device kinds or names that will map
         it) are checked against each device that uses it; ``align`` places it at exactly
@@ -251,6 +317,8 @@ class Client:
         visible copy or reformat (see ``hetproc.supervisor._handoff``), never a wrong result."""
         shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
         fields: dict[str, Any] = {"shape": list(shape), "dtype": np.dtype(dtype).name}
+        if exportable:
+            fields["exportable"] = True
         if strides is not None:
             fields["strides"] = [int(s) for s in strides]
         if layout is not None:
@@ -400,8 +468,9 @@ class Context:
         it up to 250 ms in the past.
         """
         client = self.client
-        for c in cmds:
-            c.setdefault("cid", client.next_cid())
+        # Copies: the caller's dicts stay as given, so one may be submitted again (or
+        # twice in one batch) and get a fence and a correlation id of its own each time.
+        cmds = [{**c, "cid": c.get("cid") or client.next_cid()} for c in cmds]
         t_submit = client.trace.now()
         # The modeled arrival: the host's submit path (encode, socket, validation) is
         # absorbed, not added to the model (the supervisor bounds how far back it may be).
@@ -503,6 +572,9 @@ class Buffer:
         self.layout: str | None = desc.get("layout")
         self.usage = tuple(desc["usage"]) if desc.get("usage") else None
         self.perm: str = desc.get("perm", "rw")  # "r": imported read-only
+        self.exportable: bool = bool(desc.get("exportable"))  # in a segment of its own
+        if self.exportable:
+            client._own_segments[self.handle] = self.segment
         self._freed = False
         self._views: list[weakref.ref] = []  # anchors of the views handed out
 
@@ -513,7 +585,11 @@ class Buffer:
         if self._freed:
             raise errors.StaleHandle(f"buffer {self.handle:#x} was freed")
         self.client.trace.map_buffer(self)
-        seg: Segment = self.client._segments.get(self.segment)
+        try:
+            seg: Segment = self.client._segments.get(self.segment)
+        except KeyError:
+            raise errors.PlatformClosed(f"buffer {self.handle:#x}: its segment is not mapped "
+                                        "in this process (client closed?)") from None
         checked = seg.view(self.offset, self.shape, self.dtype, self.strides)  # bounds
         anchor = _ViewAnchor(checked.shape, checked.dtype, buffer=seg.map, offset=self.offset,
                              strides=checked.strides)
@@ -536,11 +612,15 @@ class Buffer:
                 self.client._deferred_frees[self.handle] = self._views
         else:
             self.client._request("free", buf=self.handle)
+            with self.client._lock:
+                self.client._unmap_own(self.handle)
 
     # -- sharing -------------------------------------------------------------
 
     def export(self, read_only: bool = False) -> int:
-        """A token another client turns into this buffer with ``import_buffer``."""
+        """A token another client turns into this buffer with ``import_buffer``. Only a
+        buffer allocated ``exportable=True`` (a segment of its own) may be exported:
+        ``NotPermitted`` otherwise, as an importer would map its owner's other buffers."""
         _live(self)
         return self.client._request("export", buf=self.handle, read_only=bool(read_only))["token"]
 
@@ -548,8 +628,8 @@ class Buffer:
         """Segment, its inode (the same in every process that maps it), offset and handle:
         what the zero-copy evidence compares between producer, delegate and device."""
         try:
-            inode = os.stat(f"/dev/shm/{self.segment}").st_ino
-        except OSError:
+            inode = self.client._segments.get(self.segment).inode
+        except KeyError:
             inode = 0
         return {"segment": self.segment, "inode": inode, "offset": self.offset,
                 "buf": self.handle}
@@ -640,28 +720,34 @@ class Fence:
         has one: its message, evidence (frozen window, incident) and, for a failure that
         began as an exception in a device process, the remote traceback as the cause.
 
-        The word alone answers scope, retryability and buffer trust at once; the record
-        may lag a device-signalled failure by one supervisor turn, so it is asked for a
+        The word alone answers scope, retryability and buffer trust at once. A failure
+        the supervisor sets (reset, crash, cancel, dependency) has its record sent to this
+        process before the wake, so it is read from the socket with no round trip (the
+        supervisor may be busy restarting the device). A failure the device signals
+        itself has its record one supervisor turn later: that one is asked for, for a
         short while only, and never when the supervisor is gone."""
         err = self._error(word)
         deadline = time.monotonic() + _DETAIL_WAIT_S
-        while self.client.supervisor_alive():
+        record = self.client.failure_record(self.handle)
+        while record is None and self.client.supervisor_alive():
             try:
                 record = self.error_detail()
             except errors.HetprocError:
                 return err
-            if record:
-                full = errors.HetprocError.from_dict(record)
-                full.correlation_id = self.cid
-                return full
-            if time.monotonic() > deadline:
-                return err
-            time.sleep(0.002)
-        return err
+            if record is None:
+                if time.monotonic() > deadline:
+                    return err
+                time.sleep(0.002)
+        if record is None:
+            return err
+        full = errors.HetprocError.from_dict(record)
+        full.correlation_id = self.cid
+        return full
 
     def error_detail(self) -> dict[str, Any] | None:
         """The supervisor's full record of this fence's failure (message, detail)."""
-        return self.client._request("fence_error", fence=self.handle)["error"]
+        return (self.client.failure_record(self.handle)
+                or self.client._request("fence_error", fence=self.handle)["error"])
 
     def signal(self, error: type[errors.HetprocError] | None = None) -> bool:
         """Signal a user fence (or fail it with an error class): wakes every waiter.

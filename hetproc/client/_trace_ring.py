@@ -51,6 +51,7 @@ class ClientTrace:
     def __init__(self, client: "Client", info: dict[str, Any] | None) -> None:
         self._client = client
         self._lock = threading.Lock()
+        self._mapped: set = set()  # segments some Buffer.array() mapped already
         self.slot = info["slot"] if info else -1
         self.track = info["track"] if info else 0
         if self.slot >= 0:
@@ -103,8 +104,9 @@ class ClientTrace:
     def map_buffer(self, buf: "Buffer") -> None:
         """``Buffer.array()`` is about to map ``buf``: count it; the first map of its
         segment in this process is an import."""
-        imported = buf.segment not in self._client._segments
         with self._lock:
+            imported = buf.segment not in self._mapped
+            self._mapped.add(buf.segment)
             self._c[_C_MAPS] += 1
             if imported:
                 self._c[_C_IMPORTS] += 1

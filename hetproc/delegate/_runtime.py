@@ -108,8 +108,18 @@ class DelegatedModel:
         except BaseException:
             self.close()
             raise
+        if graph is not model:  # a Graph the caller passed keeps what the caller gave it
+            self._drop_host_weights()
         self.load_info["load_s"] = time.perf_counter() - t0
         return self
+
+    def _drop_host_weights(self) -> None:
+        """Once uploaded, the weights live in the assets' shared memory alone: this
+        process keeps no private copy (two applications sharing one asset would otherwise
+        still hold a copy each, and sharing would save nothing; seed §19)."""
+        for cp in self.compiled.partitions:
+            cp.weights = []
+        self.graph.initializers = {}  # the placement's and the specs' graph: one object
 
     def _upload(self) -> None:
         c = self.compiled
@@ -208,7 +218,7 @@ class DelegatedModel:
         return outcome
 
     def _alloc(self, nbytes: int) -> Any:
-        buf = self.client.alloc((int(nbytes),), "uint8")
+        buf = self.client.alloc((int(nbytes),), "uint8", exportable=True)  # shared assets
         self._buffers.append(buf)
         return buf
 

@@ -6,7 +6,10 @@ outputs) never exceed ``r`` on average: a generic cell rate algorithm whose theo
 arrival time advances by ``bytes / r`` per command. One clock per client across every
 device, so a client cannot dodge its quota by spreading work. The quota comes from the
 platform file by client name (``ddr_quota_mbps``, ``"*"`` for everyone else) through
-``quota_mbps`` alone, so that client identity can plug in there later.
+``quota_mbps`` alone. The clock is the process's (the kernel's pid, as for every quota of
+``[limits]``): a second connection does not start a fresh budget. A name is a class of
+service the client declares, not an identity: a client that renames itself gets that
+name's rate (on its one clock); what a client may not choose is bounded by its role.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def quota_mbps(spec: PlatformSpec, client: Any) -> float | None:
 class DdrQuota:
     def __init__(self, spec: PlatformSpec) -> None:
         self.spec = spec
-        self.tat: dict[int, float] = {}       # client id -> theoretical arrival time (ns)
+        self.tat: dict[int, float] = {}       # client pid -> theoretical arrival time (ns)
         self.delayed: dict[str, list] = {}    # client name -> [commands delayed, ns delayed]
 
     def admit(self, client: Any, t_arrive: int, nbytes: int) -> int:
@@ -35,17 +38,18 @@ class DdrQuota:
             return t_arrive
         per_byte_ns = 1e3 / mbps  # 1 MB/s = 1 byte/us
         tolerance = self.spec.ddr_burst_kib * 1024 * per_byte_ns
-        tat = max(self.tat.get(client.id, 0.0), float(t_arrive))
+        tat = max(self.tat.get(client.pid, 0.0), float(t_arrive))
         start = max(float(t_arrive), tat - tolerance)
-        self.tat[client.id] = max(tat, start) + nbytes * per_byte_ns
+        self.tat[client.pid] = max(tat, start) + nbytes * per_byte_ns
         if start > t_arrive:
             rec = self.delayed.setdefault(client.name, [0, 0])
             rec[0] += 1
             rec[1] += int(start - t_arrive)
         return int(start)
 
-    def forget(self, client: Any) -> None:
-        self.tat.pop(client.id, None)
+    def forget(self, pid: int) -> None:
+        """The process's last connection is gone."""
+        self.tat.pop(pid, None)
 
     def metrics(self) -> dict[str, Any]:
         return {"quota_mbps": dict(self.spec.ddr_quota_mbps),

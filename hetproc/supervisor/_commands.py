@@ -88,12 +88,8 @@ class Commands:
         exc.correlation_id = cmd.cid
         self.evidence.failed(cmd, exc)
         self.evidence.note_error(exc)  # first: it names the frozen window in the detail
-        fences, recs = self.reg.fences, self.reg.fence_recs
         for h in cmd.signal:
-            rec = recs.get(h)
-            if rec is not None and fences.poll(h)[0] == PENDING:
-                rec.error = exc.to_dict()  # the detail is there before anyone can wake
-                fences.signal(h, exc.wire, signaller=0)
+            self.reg.fail_fence(h, exc)  # the record is there before anyone can wake
         self.reg.stats["failed"] += 1
         cmd.device.failed += 1
         self.retire(cmd)
@@ -217,8 +213,9 @@ class Commands:
         self.evidence.note_error(exc)  # first: it names the frozen window in the detail
         for h in cmd.signal:
             frec = self.reg.fence_recs.get(h)
-            if frec is not None:
+            if frec is not None:  # the device woke its waiters; the record follows them
                 frec.error = exc.to_dict()
+                self.reg.tell_failure(frec)
         dev.failed += 1
         self.reg.stats["failed"] += 1
         if not exc.buffers_trusted:

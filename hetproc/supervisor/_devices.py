@@ -9,6 +9,7 @@ see EOF the moment the supervisor dies.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import select
@@ -20,7 +21,7 @@ import posix_ipc
 
 from device_workers import DeviceBoot, device_main, encode_command
 
-from ipc import Ring, Segment, encode
+from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 from device_workers import DeviceState, StateSlot
 
 from .._config import DeviceSpec
@@ -194,6 +195,10 @@ class DeviceHandle:
     # A preemptor must be able to run at once: one waiting on unsignalled inputs would
     # hold the device with the preempted command suspended under it.
     inputs_ready: Callable[[Command], bool] = lambda cmd: not cmd.wait
+    # Buffer segments reach the device as descriptors on its own socket (``ipc._fdpass``),
+    # each before the first command that uses it; ``segment_of(sid)`` finds them.
+    segment_of: Callable[[int], Segment | None] = lambda sid: None
+    segs: SegmentSender | None = None
 
     def __post_init__(self) -> None:
         self.sched = make_scheduler(self.spec.scheduler)
@@ -287,9 +292,29 @@ class DeviceHandle:
             cmd, seen = producer, seen + 1
         return cmd
 
+    def _hand_segments(self, cmd: Command) -> bool:
+        """Every segment ``cmd`` names is on its way to the device before the command is:
+        False while the device's segment socket is full (it drains it on every wake)."""
+        segs = self.segs
+        if segs is None:
+            return False
+        for b in cmd.ins + cmd.outs:
+            sid = b.block.segment
+            if sid not in segs.sent:
+                seg = self.segment_of(sid)
+                if seg is not None:
+                    segs.add(seg)
+        return segs.flush()
+
+    def forget_segment(self, sid: int) -> None:
+        """The segment is gone: the device unmaps it (in order after its commands)."""
+        if self.segs is not None:
+            self.segs.drop(sid)
+            self.segs.flush()
+
     def _push(self, cmd: Command) -> bool:
         cmd.pidx = self.pushes + 1
-        if not self.commands.try_put(cmd.packet()):
+        if not self._hand_segments(cmd) or not self.commands.try_put(cmd.packet()):
             cmd.preemptor = False
             return False
         self.pushes += 1
@@ -374,15 +399,22 @@ class DeviceHandle:
                           chunk_ns=self.chunk_ns() or 2_000_000, switch_ns=self.switch_ns(),
                           preemptive=self.preemptive, thermal=self._thermal(),
                           first_pidx=self.pushes + 1, **boot_args)
+        # A fresh segment socket per epoch: the new process holds no segment yet.
+        if self.segs is not None:
+            self.segs.close()
+        mine, theirs = segment_socketpair()
+        boot = dataclasses.replace(boot, segment_fd=theirs.fileno())
         pid = os.fork()
         if pid == 0:  # child
             code = 1
             try:
-                _close_inherited({0, 1, 2, self.completion_fd} | keep_fds())
+                _close_inherited({0, 1, 2, self.completion_fd, theirs.fileno()} | keep_fds())
                 _set_comm(f"hp-{self.name}")
                 code = device_main(boot)
             finally:
                 os._exit(code)
+        theirs.close()
+        self.segs = SegmentSender(mine)
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
 

@@ -49,6 +49,7 @@ from ipc import errors
 
 from ._devices import Command
 from ._memlog import MemLog
+from ._memory import INTERNAL
 from ._records import BufferRec, ContextRec, Registry, nbytes_of
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class Handoff:
     def describe(self, buf: BufferRec) -> dict[str, Any]:
         """What a client learns of a buffer it allocated or imported."""
         return {"buf": buf.handle, "segment": buf.block.segment, "offset": buf.offset,
+                "exportable": buf.exportable,
                 "nbytes": buf.nbytes, "shape": list(buf.shape), "dtype": buf.dtype,
                 "strides": list(buf.strides) if buf.strides else None,
                 "layout": buf.layout, "usage": list(buf.usage) if buf.usage else None}
@@ -275,7 +277,7 @@ class Handoff:
     def _internal(self, ctx: ContextRec, conv: Conversion) -> BufferRec:
         nbytes = nbytes_of(conv.shape, conv.dtype, None)
         try:
-            block = self.lifetimes.pool.allocate(nbytes)
+            block = self.lifetimes.pool.allocate(INTERNAL, nbytes)  # devices only
         except MemoryError as exc:
             raise errors.OutOfMemory(f"no memory for a {conv.role} buffer: {exc}") from None
         # Released from birth: it is reclaimed when the last command using it retires.

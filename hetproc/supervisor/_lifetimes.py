@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ipc import PENDING, BlockPool, errors
+from ipc import PENDING, errors
 
 from ._records import BufferRec, ClientRec, FenceRec, Registry
 
 if TYPE_CHECKING:
     from ._devices import Command
     from ._iommu import Iommu
+    from ._memory import Memory
 
 # purge(device_name, [segment, offset], then): queue a cache purge on that device and call
 # ``then`` once the device ran it (the supervisor's command engine provides it).
@@ -35,7 +36,7 @@ Purge = Callable[[str, list, Callable[[], None]], None]
 
 
 class Lifetimes:
-    def __init__(self, reg: Registry, pool: BlockPool, iommu: "Iommu", purge: Purge) -> None:
+    def __init__(self, reg: Registry, pool: "Memory", iommu: "Iommu", purge: Purge) -> None:
         self.reg = reg
         self.pool = pool
         self.iommu = iommu
@@ -193,9 +194,8 @@ class Lifetimes:
         owned = set(client.fences) | {h for h, r in recs.items() if r.client is client}
         for handle in owned:
             rec = recs.get(handle)
-            if rec is not None and not rec.bound and fences.poll(handle)[0] == PENDING:
-                rec.error = gone.to_dict()
-                fences.signal(handle, gone.wire, signaller=0)
+            if rec is not None and not rec.bound:
+                self.reg.fail_fence(handle, gone)
             self.release_fence(handle)
         self._drop_imports_of(client)
 

@@ -11,18 +11,17 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from ipc import BlockPool
-
 from ._devices import device_state_name
 from ._records import Registry
 
 if TYPE_CHECKING:
     from ._evidence import Evidence
     from ._handoff import Handoff
+    from ._memory import Memory
     from ._recovery import Recovery
 
 
-def platform_metrics(reg: Registry, pool: BlockPool, recovery: "Recovery", handoff: "Handoff",
+def platform_metrics(reg: Registry, pool: "Memory", recovery: "Recovery", handoff: "Handoff",
                      evidence: "Evidence", prefix: str) -> dict[str, Any]:
     stats = reg.stats
     steady = stats["submit_us_total"] / stats["submit_count"] if stats["submit_count"] else None
@@ -42,10 +41,7 @@ def platform_metrics(reg: Registry, pool: BlockPool, recovery: "Recovery", hando
         "incidents": {"active": len(recovery.active) + len(recovery.probing),
                       "recovered": len(recovery.history),
                       "watchdog_verdicts": dict(recovery.verdicts)},
-        "pool": {"segments": len(pool.segments), "reserved_bytes": pool.reserved_bytes,
-                 "used_bytes": pool.used_bytes, "live_blocks": pool.live_blocks,
-                 "largest_free_bytes": pool.largest_free_block(),
-                 "zeroed_bytes": pool.zeroed_bytes},
+        "pool": pool.metrics(),
     }
     m.update(handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
     return evidence.add_metrics(m)

@@ -28,6 +28,18 @@ def check_alloc(reg: Registry, client: ClientRec, nbytes: int) -> None:
         raise _exceeded(client, "client_mib", f"{used} bytes held + {nbytes} > {cap} bytes")
 
 
+def segments_held(reg: Registry, client: ClientRec) -> int:
+    """Buffer segments handed to the client's process (each connection maps its own)."""
+    return sum(len(c.segments) for c in reg.tenant(client))
+
+
+def check_segments(reg: Registry, client: ClientRec, new: int) -> None:
+    """Each segment handed over is one more descriptor and mapping in the client."""
+    if new:
+        _check(client, "client_segments", segments_held(reg, client) + new,
+               reg.spec.limits.client_segments)
+
+
 def check_fences(reg: Registry, client: ClientRec, n: int) -> None:
     held = sum(len(c.fences) for c in reg.tenant(client))
     _check(client, "client_fences", held + n, reg.spec.limits.client_fences)
@@ -56,7 +68,8 @@ def usage(reg: Registry, client: ClientRec) -> dict[str, int]:
     return {"bytes": sum(c.bytes for c in tenant), "bytes_limit": client_bytes_limit(reg),
             "buffers": sum(len(c.buffers) for c in tenant), "buffers_limit": lim.client_buffers,
             "fences": sum(len(c.fences) for c in tenant), "fences_limit": lim.client_fences,
-            "contexts": sum(len(c.contexts) for c in tenant), "contexts_limit": lim.client_contexts}
+            "contexts": sum(len(c.contexts) for c in tenant), "contexts_limit": lim.client_contexts,
+            "segments": sum(len(c.segments) for c in tenant), "segments_limit": lim.client_segments}
 
 
 def _check(client: ClientRec, limit: str, want: int, cap: int) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -50,6 +50,10 @@ class ClientRec:
     # answered again, never run again (``_server.on_request``).
     last_id: int = 0
     answered: collections.OrderedDict = field(default_factory=collections.OrderedDict)
+    # Buffer segments (ids) whose descriptors went to this connection, and descriptors
+    # of replies not sent yet: (position in ``outbuf`` of the byte they go with, fds).
+    segments: set[int] = field(default_factory=set)
+    outfds: list = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -86,6 +90,7 @@ class BufferRec:
     usage: tuple[str, ...] | None = None  # device kinds/names that may map it; None: any
     byte_offset: int = 0           # where the tensor starts inside its block
     internal: bool = False         # a runtime-made reformat/copy buffer, never a client's
+    exportable: bool = False       # in a segment of its own (``_memory``): may be exported
     last_writer: str | None = None  # device of the last command that wrote it
     importers: dict[int, str] = field(default_factory=dict)  # client id -> "r" / "rw"
     # Non-coherent devices that may hold this buffer dirty in their cache (written, not
@@ -140,6 +145,29 @@ class Registry:
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
     role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
+    # How a failure record reaches a client's socket (the server's ``send_to``; the I/O
+    # seam, so the tables never touch a connection themselves).
+    tell: Callable[[ClientRec, dict], None] = lambda client, msg: None
+
+    def fail_fence(self, handle: int, exc: errors.HetprocError, signaller: int = 0) -> bool:
+        """Fail a pending fence: its record first, then that record sent to every client
+        entitled to read it (the owner and its importers), then the wake. The record is
+        in a woken waiter's own socket before the waiter runs, so explaining the failure
+        needs no round trip to a supervisor that may be busy resetting the device.
+        False when the fence was already complete (a failure never overwrites it)."""
+        rec = self.fence_recs.get(handle)
+        if rec is None or self.fences.poll(handle)[0] != PENDING:
+            return False
+        rec.error = exc.to_dict()
+        self.tell_failure(rec)
+        return self.fences.signal(handle, exc.wire, signaller=signaller)
+
+    def tell_failure(self, rec: FenceRec) -> None:
+        """Send ``rec``'s error to its owner and importers, nobody else (seed §20)."""
+        notice = {"op": "reply", "id": 0, "ok": False, "fence": rec.handle, "error": rec.error}
+        for client in list(self.clients.values()):
+            if client is rec.client or client.id in rec.importers:
+                self.tell(client, notice)
 
     def tenant(self, client: ClientRec) -> list[ClientRec]:
         """Every connection of ``client``'s process (the kernel's pid): quotas count here,

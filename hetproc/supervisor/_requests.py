@@ -14,7 +14,7 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ipc import BlockPool, errors
+from ipc import errors
 
 from . import _quotas as quota
 from . import _validation as check
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._iommu import Iommu
     from ._lifetimes import Lifetimes
     from ._memlog import MemLog
+    from ._memory import Memory
     from ._recovery import Recovery
 
 Handler = Callable[[ClientRec, dict], dict]
@@ -59,7 +60,7 @@ class Requests:
     answers about the platform; ``stop`` ends the serve loop; ``metrics`` assembles the
     platform's metrics."""
 
-    def __init__(self, reg: Registry, pool: BlockPool, lifetimes: "Lifetimes",
+    def __init__(self, reg: Registry, pool: "Memory", lifetimes: "Lifetimes",
                  commands: "Commands", iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
                  recovery: "Recovery", evidence: "Evidence", memlog: "MemLog", *,
                  platform: dict[str, Any], stop: Callable[[], None],
@@ -152,19 +153,51 @@ class Requests:
         if rule is not None:
             cls = errors.OutOfMemory if rule.kind == "oom" else errors.AllocationFailed
             raise cls(f"allocation of {nbytes} bytes failed (injected {rule.kind})")
+        exportable = bool(msg.get("exportable", False))
         try:
-            block = self.pool.allocate(nbytes + extra["byte_offset"])
+            # A tenant is a process: its connections share one pool, nobody else's.
+            block = self.pool.allocate(client.pid, nbytes + extra["byte_offset"],
+                                       exportable=exportable)
         except MemoryError as exc:
             raise errors.OutOfMemory(str(exc)) from None
-        buf = self.lifetimes.register(BufferRec(0, block, shape, dtype, strides, nbytes, client, **extra))
-        return self.handoff.describe(buf)
+        try:
+            segs = self._hand(client, block.segment)
+        except BaseException:
+            self.pool.free(block)
+            raise
+        buf = self.lifetimes.register(BufferRec(0, block, shape, dtype, strides, nbytes, client,
+                                                exportable=exportable, **extra))
+        return {**self.handoff.describe(buf), "segs": segs}
+
+    def _hand(self, client: ClientRec, sid: int) -> list:
+        """``[[sid, bytes]]`` if the segment's descriptor must go with the reply (this
+        connection does not hold it yet; ``_server`` attaches the descriptor), else []."""
+        if sid in client.segments:
+            return []
+        quota.check_segments(self.reg, client, 1)
+        client.segments.add(sid)
+        return [[sid, self.pool.segments[sid].size]]
+
+    def _own_segment_of(self, handle: object) -> int | None:
+        """The segment of an exportable buffer (one of its own), else None."""
+        try:
+            buf = self.reg.buffers.get(handle)
+        except errors.HetprocError:
+            return None
+        return buf.block.segment if buf.exportable else None
 
     def free(self, client: ClientRec, msg: dict) -> dict:
+        # A client unmaps a buffer's own segment when it frees the buffer: a later import
+        # of it hands the descriptor again.
+        own = self._own_segment_of(msg["buf"])
         dropped = self.lifetimes.drop_import(client, msg["buf"])  # an importer lets go
         if dropped is not None:
+            client.segments.discard(own)
             return dropped
         buf = check.buffer_of(self.reg, client, msg["buf"])
-        return {"reclaimed": self.lifetimes.release_buffer(buf)}
+        reclaimed = self.lifetimes.release_buffer(buf)
+        client.segments.discard(own)
+        return {"reclaimed": reclaimed}
 
     def free_many(self, client: ClientRec, msg: dict) -> dict:
         """Frees the client deferred until its last numpy view of each buffer was gone
@@ -203,12 +236,10 @@ class Requests:
         the signal right to; nobody may signal a fence a command will signal."""
         handle = check.check_signal_right(self.reg, client, msg["fence"])
         code = msg.get("error", 0)
-        word = errors.error_class(code)().wire if code else 0
-        done = self.reg.fences.signal(handle, word, signaller=0xFFFF)
-        if done and code:
-            self.reg.fence_recs[handle].error = errors.error_class(code)(
-                f"failed by client {client.name!r}").to_dict()
-        return {"signalled": done}
+        if code:
+            failure = errors.error_class(code)(f"failed by client {client.name!r}")
+            return {"signalled": self.reg.fail_fence(handle, failure, signaller=0xFFFF)}
+        return {"signalled": self.reg.fences.signal(handle, 0, signaller=0xFFFF)}
 
     # -- commands -----------------------------------------------------------------------
 
@@ -311,6 +342,12 @@ class Requests:
                 raise self.iommu.fault(errors.IommuFault(
                     f"cannot export buffer {buf.handle:#x} {perm!r}: the client holds {rights!r}",
                     detail={"buffer": buf.handle, "need": perm, "perm": rights}))
+            if not buf.exportable:
+                raise errors.NotPermitted(
+                    f"buffer {buf.handle:#x} shares its segment with its owner's other "
+                    "buffers, so it cannot be exported (an importer would map them too): "
+                    "allocate it with exportable=True (a segment of its own)",
+                    detail={"buffer": buf.handle})
             return {"token": self.iommu.export("buffer", buf.handle, perm, client)}
         if "fence" in msg:
             handle = check.check_fence(self.reg, client, msg["fence"])
@@ -333,8 +370,14 @@ class Requests:
             return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
                     "signal": rec.client is client or client.id in rec.signallers}
         buf = self.reg.buffers.get(exp.handle)
-        perm = self.iommu.add_buffer_import(client, buf, exp.perm)
-        return {**self.handoff.describe(buf), "perm": perm}
+        segs = self._hand(client, buf.block.segment)  # quota first: nothing changed yet
+        try:
+            perm = self.iommu.add_buffer_import(client, buf, exp.perm)
+        except BaseException:
+            if segs:
+                client.segments.discard(buf.block.segment)
+            raise
+        return {**self.handoff.describe(buf), "perm": perm, "segs": segs}
 
     def mem_events(self, client: ClientRec, msg: dict) -> dict:
         cids = msg.get("cids")

@@ -63,8 +63,8 @@ import msgpack
 import posix_ipc
 
 from device_workers import STATE_DTYPE, StateSlot, state_table
-from ipc import (PENDING, BlockPool, FenceTable, Manifest, Segment, cleanup_prefix, decode,
-                 encode, errors, pack_frame, socket_address)
+from ipc import (PENDING, FenceTable, Manifest, Segment, cleanup_prefix, decode, encode, errors,
+                 pack_frame, socket_address)
 
 from .. import _protocol
 from .._config import PlatformSpec
@@ -76,6 +76,7 @@ from ._handoff import Handoff
 from ._iommu import Iommu
 from ._lifetimes import Lifetimes
 from ._memlog import MemLog
+from ._memory import Memory
 from ._metrics import platform_metrics
 from . import _validation as check
 from ._records import ClientRec, Registry
@@ -140,8 +141,13 @@ class Supervisor:
         state = state_table(self.state_seg.map, n)
         state[:] = 0
         slots = [StateSlot(self.state_seg.map, i) for i in range(n)]
-        self.pool = BlockPool(self.prefix, limit=self.spec.memory_mib << 20,
-                              on_new_segment=lambda s: self._record_object("shm", s.name))
+        # Buffer segments have no name (nothing to record or clean up): they reach
+        # clients and devices as descriptors only (``_memory``, ``ipc._fdpass``).
+        # A tenant's pool spans the whole budget (its segments are sparse: pages come on
+        # first touch); its quota (``_quotas``) and the budget bound what it holds.
+        self.pool = Memory(self.prefix, budget=self.spec.memory_mib << 20,
+                           max_segments=max(64, (raise_descriptor_limit() - 1024) // 2),
+                           on_drop=self._segment_dropped)
         devices: dict[str, DeviceHandle] = {}
         for index, dspec in enumerate(self.spec.devices):
             ring = self._new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
@@ -161,7 +167,16 @@ class Supervisor:
                 return False
         for dev in devices.values():
             dev.inputs_ready = ready
-        return Registry(self.spec, fences, devices, slots, state)
+            dev.segment_of = self.pool.segments.get
+        return Registry(self.spec, fences, devices, slots, state, tell=self.tell)
+
+    def _segment_dropped(self, sid: int) -> None:
+        """A buffer segment is gone from the supervisor: devices unmap it; a connection
+        that held it unmapped it already (at its free) or is gone."""
+        for dev in self.reg.devices.values():
+            dev.forget_segment(sid)
+        for client in self.reg.clients.values():
+            client.segments.discard(sid)
 
     def _compose(self) -> None:
         """Build the parts in dependency order; each gets what it uses, nothing more."""
@@ -416,7 +431,12 @@ class Supervisor:
             self.refuse(client, req_id, err, frame)
         else:
             if req_id:  # id 0 is a notification: the sender does not wait for an answer
-                self.reply(client, req_id, result=result)
+                self.reply(client, req_id, result=result, fds=self._fds_of(result))
+
+    def _fds_of(self, result: dict | None) -> list[int]:
+        """The descriptors of the segments a reply hands over (``segs``), in its order."""
+        segs = result.get("segs") if result else None
+        return [self.pool.segments[sid].fd for sid, _ in segs] if segs else []
 
     def answer_again(self, client: ClientRec, req_id: int) -> bool:
         """Request ids only grow on a connection. One seen before is a retry (the client
@@ -448,57 +468,105 @@ class Supervisor:
                 return
         for handle in _signal_fences_of(frame):
             rec = self.reg.fence_recs.get(handle)
-            if rec is not None and rec.client is client and self.reg.fences.signal(handle, exc.wire):
-                rec.error = exc.to_dict()
+            if rec is not None and rec.client is client:
+                self.reg.fail_fence(handle, exc, signaller=0xFFFF)
 
     def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
-              error: errors.HetprocError | None = None) -> None:
+              error: errors.HetprocError | None = None, fds: list[int] = ()) -> None:
         msg: dict[str, Any] = {"op": "reply", "id": req_id, "ok": error is None}
         if error is not None:
             msg["error"] = error.to_dict()
         else:
             msg.update(result or {})
         frame = pack_frame(encode(msg))
-        if req_id > 0 and len(frame) <= ANSWERED_MAX_BYTES:
+        # A reply that hands descriptors over is not kept: sent again without them it
+        # would announce what never comes (a retry of it is refused instead).
+        if req_id > 0 and len(frame) <= ANSWERED_MAX_BYTES and not fds:
             client.answered[req_id] = frame
             if len(client.answered) > ANSWERED_KEPT:
                 client.answered.popitem(last=False)
-        self.send_to(client, frame)
+        self.send_to(client, frame, fds)
 
-    def send_to(self, client: ClientRec, frame: bytes) -> None:
+    def send_to(self, client: ClientRec, frame: bytes, fds: list[int] = ()) -> None:
+        """Send now what the socket takes, buffer the rest. Descriptors go with the
+        frame's first byte (SCM_RIGHTS); until sent they are our own duplicates, so a
+        segment dropped meanwhile cannot turn them into someone else's descriptors."""
         out = client.outbuf
+        if fds:
+            fds = [os.dup(fd) for fd in fds]
         if not out:
             try:
-                sent = client.conn.send(frame)
+                sent = _send(client.conn, frame, fds)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError:
+                _close_all(fds)
                 self.on_client_gone(client)
                 return
+            if sent:
+                _close_all(fds)  # they went with the first byte
+                fds = []
             if sent == len(frame):
                 return
             frame = frame[sent:]
             self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
                             ("client", None))
+        if fds:
+            client.outfds.append((len(out), fds))
         out += frame
         if len(out) > MAX_OUTBUF:
             self.note_error(errors.PlatformError(
                 f"client {client.name!r} stopped reading its replies; disconnected"))
             self.on_client_gone(client)
 
+    def tell(self, client: ClientRec, msg: dict) -> None:
+        """A notice nobody asked for (a failure record, sent ahead of its fence's wake).
+        Sent now, so it is in the client's socket before the wake; never tears anything
+        down from here (this runs inside recovery): a broken connection is found by the
+        loop's next read of it, and a client that stopped reading gets no more notices
+        (its waiters then ask for the record instead)."""
+        frame = pack_frame(encode(msg))
+        if client.outbuf:
+            if len(client.outbuf) + len(frame) <= MAX_OUTBUF:
+                client.outbuf += frame
+            return
+        try:
+            sent = client.conn.send(frame)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return
+        if sent < len(frame):
+            client.outbuf += frame[sent:]
+            self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
+                            ("client", None))
+
     def on_client_writable(self, conn: socket.socket) -> None:
         client = self.reg.clients.get(conn)
         if client is None:
             return
         out = client.outbuf
+        fds: list[int] = []
+        end = len(out)
+        if client.outfds:  # send up to the next descriptors, or with them
+            pos, pending = client.outfds[0]
+            if pos == 0:
+                fds = pending
+                end = client.outfds[1][0] if len(client.outfds) > 1 else len(out)
+            else:
+                end = pos
         try:
-            sent = conn.send(out)
+            sent = _send(conn, bytes(out[:end]), fds)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self.on_client_gone(client)
             return
+        if fds and sent:
+            _close_all(client.outfds.pop(0)[1])
         del out[:sent]
+        if client.outfds:
+            client.outfds = [(pos - sent, f) for pos, f in client.outfds]
         if not out:
             self.sel.modify(conn, selectors.EVENT_READ, ("client", None))
 
@@ -513,11 +581,17 @@ class Supervisor:
         except (KeyError, ValueError):
             pass
         client.conn.close()
+        for _, fds in client.outfds:
+            _close_all(fds)
+        client.outfds = []
         self.evidence.client_gone(client)
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
-        self.requests.ddr.forget(client)
+        client.segments.clear()
+        if not self.reg.tenant(client):  # its process's last connection
+            self.requests.ddr.forget(client.pid)
+            self.pool.tenant_gone(client.pid)  # its pool goes once its blocks are back
         if client.owner:
             self.running = False
 
@@ -547,8 +621,10 @@ class Supervisor:
         self.listener.close()
         self.evidence.close()
         self.reg.fences.close(unlink=True)
-        self.pool.close(unlink=True)
+        self.pool.close()
         for dev in self.reg.devices.values():
+            if dev.segs is not None:
+                dev.segs.close()
             dev.doorbell.unlink()
             dev.doorbell.close()
             os.close(dev.completion_fd)
@@ -574,6 +650,20 @@ def raise_descriptor_limit() -> int:
         except (ValueError, OSError):
             pass
     return soft
+
+
+def _send(conn: socket.socket, data: bytes, fds: list[int]) -> int:
+    if fds:
+        return socket.send_fds(conn, [data], fds)
+    return conn.send(data)
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:

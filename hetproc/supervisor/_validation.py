@@ -316,7 +316,7 @@ def check_packet_size(c: dict, ins: list, outs: list) -> None:
     room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
     params = c.get("params")
     size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(c.get("wait") or ())
-            + sum(len(b.block.segment) + 60 for b in ins + outs))
+            + 70 * len(ins + outs))  # a descriptor: segment id, offset, layout, handle
     if size > room:
         raise errors.BadPacket(f"command too large for a device ring slot "
                                f"(~{size} of {room} bytes: params, buffers, waits)")
