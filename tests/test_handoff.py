@@ -159,10 +159,10 @@ def test_completion_batches_are_split_to_fit_a_ring_slot():
     from device_workers._worker import _payloads
     base = {"epoch": 1, "code": 0, "msg": "", "t_start": 1, "t_end": 2}
     records = [{**base, "seq": i,
-                "mem": {"ids": [["i", "x" * 40, 1, 2, 3]] * 8}} for i in range(40)]
+                "mem": {"ids": [["i", 1 << 62, 1, 2, 3]] * 8}} for i in range(40)]
     payloads = _payloads(records, 2000)
     assert len(payloads) > 1 and all(len(p) <= 2000 for p in payloads)
     assert [r["seq"] for p in payloads for r in decode_completions(p)] == list(range(40))
-    (alone,) = _payloads([{**base, "seq": 7, "mem": {"ids": [["i", "y" * 200, 1, 2, 3]] * 40}}],
-                         2000)
+    big = ["i", 1 << 63, 1 << 63, 1 << 40, 1 << 63]  # segment ids are ints: 39 bytes each
+    (alone,) = _payloads([{**base, "seq": 7, "mem": {"ids": [big] * 60}}], 2000)
     assert decode_completions(alone) == [{**base, "seq": 7}], "the outcome survives"
