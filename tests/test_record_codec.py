@@ -204,6 +204,26 @@ def test_a_completion_batch_count_and_trailing_bytes_are_checked():
             decode_completions(bad)
 
 
+
+def test_segments_are_named_by_id_in_the_record_tails_and_a_name_is_refused():
+    """Buffer segments come as descriptors and are named by a small int: the tail of a
+    command record (operands, forget) and of a completion (ids) carries that id, and the
+    reader refuses the older name form rather than pass a string on to a lookup."""
+    desc = VALID_EXEC["ins"][0]
+    assert type(desc[0]) is int
+    assert decode_command(_valid_record(ins=[desc], outs=[]))["ins"] == [desc]
+    named = ["hp.seg.0", *desc[1:]]
+    for over in ({"ins": [named]}, {"outs": [named]},
+                 {"mem": {"forget": [["hp.seg.0", 0]]}}, {"ins": [[-1, *desc[1:]]]}):
+        with pytest.raises(errors.BadPacket):
+            decode_command(_valid_record(**over))
+    assert decode_command(_valid_record(mem={"forget": [[3, 0]]}))["mem"] == {"forget": [[3, 0]]}
+    ids = {"ids": [["i", 3, 0x10001, 0, 1]]}
+    assert decode_completions(encode_completions([_done(mem=ids)]))[0]["mem"] == ids
+    with pytest.raises(errors.BadPacket):
+        decode_completions(encode_completions([_done(mem={"ids": [["i", "hp.seg.0", 1, 0, 1]]})]))
+
+
 # -- real rings, real processes ---------------------------------------------------------------
 
 def test_scribbled_records_in_a_command_ring_are_reported_and_the_device_goes_on(platform,
