@@ -173,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     _json_arg(cleanup)
 
     from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
-    add_model_commands(sub)
+    add_model_commands(sub, _sub)
     return p
 
 

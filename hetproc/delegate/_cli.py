@@ -9,44 +9,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import textwrap
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .._config import TIME_SCALE_RANGE, check_time_scale
 
 
-def _prose(text: str) -> str:
-    return textwrap.dedent(text).strip()
-
-
-def _sub(sub: Any, name: str, summary: str, text: str, func: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=summary, description=_prose(text),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.set_defaults(func=func)
-    return p
-
-
-def add_model_commands(sub: Any) -> None:
-    """Register ``model inspect|run|diff`` on the top-level subparsers."""
-    model = sub.add_parser("model", help="ONNX models on the platform: inspect, run, diff",
-                           description=_prose("""
+def add_model_commands(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register ``model inspect|run|diff`` on the top-level subparsers; ``command(sub,
+    name, summary, prose, func)`` is the CLI's own way of adding a command, so these read
+    like every other one."""
+    model = command(sub, "model", "ONNX models on the platform: inspect, run, diff", """
         ONNX models partitioned across the emulated devices (seed §2, §6, §13; needs the
         'onnx' extra). inspect prints where each node would run and why, run runs the
-        model on a fresh platform, diff compares two placements of one model."""),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        model on a fresh platform, diff compares two placements of one model.""", None)
     msub = model.add_subparsers(title="commands", metavar="COMMAND")
-    ins = _sub(msub, "inspect", "print the placement log and partitions", """
+    ins = command(msub, "inspect", "print the placement log and partitions", """
         Place the model on the platform's devices without starting it: which device
         takes each node and why, the partitions, the work at their boundaries, and per
         accelerator the line "Replacing N out of M node(s) with delegate (npu0),
         yielding K partitions".""", cmd_inspect)
     _common(ins)
     ins.add_argument("--json", action="store_true", help="print the placement as JSON on stdout")
-    run = _sub(msub, "run", "run a model partitioned across the devices", """
+    run = command(msub, "run", "run a model partitioned across the devices", """
         Start a platform, compile the model's partitions into assets, run it (one graph
         command per partition, fences only at partition boundaries) and print the
         timings and the outputs' shapes. The output and trace paths are checked before
@@ -63,7 +51,7 @@ def add_model_commands(sub: Any) -> None:
     run.add_argument("--cache-dir", metavar="DIR",
                      help="asset cache directory (a second run with it loads warm)")
     run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    diff = _sub(msub, "diff", "compare two placements of one model (upgrade check)", """
+    diff = command(msub, "diff", "compare two placements of one model (upgrade check)", """
         Place the model twice -- on two platform files, or with two sets of partition
         limits -- and compare the delegated nodes, partitions, boundary tensors and
         modeled end-to-end time (seed §16). Exit status 1 when the placements differ.""",
