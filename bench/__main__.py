@@ -17,6 +17,8 @@ import sys
 import time
 import traceback
 
+from hetproc.drills import leftovers, started_prefixes
+
 from . import _baselines  # importing registers the raw baselines first
 from ._registry import BENCHMARKS
 from ._stats import format_us, print_table
@@ -108,6 +110,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _left_behind(since: int) -> dict[str, list]:
+    """Named objects left by the platforms a benchmark started (the one leftovers check,
+    as the tests and the scenario runner use it)."""
+    out = {}
+    for prefix in started_prefixes()[since:]:
+        objects = leftovers(prefix)["objects"]
+        if objects:
+            out[prefix] = objects
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import_failures = discover()
@@ -135,6 +148,7 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
 
     for name in names:
+        prefixes_before = len(started_prefixes())
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         try:
@@ -146,6 +160,10 @@ def main(argv=None) -> int:
             table.append([name, "(error)", "-", "-", "-", "-", "NO"])
             continue
         res["seconds"] = time.monotonic() - t0
+        left = _left_behind(prefixes_before)
+        if left:  # a benchmark that leaks is an error, whatever its numbers
+            errors[name] = f"left behind: {left}"
+            print(f"[bench] {name} left behind {left}", file=sys.stderr, flush=True)
         print(f"[bench] {name} done in {res['seconds']:.1f} s", file=sys.stderr, flush=True)
         results[name] = res
         table.extend(table_cells(name, row) for row in res["rows"])

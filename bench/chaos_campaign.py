@@ -35,7 +35,8 @@ from typing import Any
 
 import psutil
 
-from ipc import cleanup_prefix, entries_with_prefix
+from hetproc.drills import leftovers
+from ipc import cleanup_prefix
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTLE_S = 2.0  # how long the dead run's processes get to follow their parent out
@@ -122,7 +123,7 @@ def run_seed(seed: int, deadline_s: float) -> SeedResult:
     prefix, phase, result = _parse(text)
     left_procs = _settled(sid, SETTLE_S)
     _kill_all(left_procs)
-    left_objs = entries_with_prefix(prefix) if prefix else []
+    left_objs = leftovers(prefix)["objects"] if prefix else []  # the one check
     tail = "\n".join(text.splitlines()[-30:])
     if hung:
         cleaned = cleanup_prefix(prefix) if prefix else {}

@@ -53,7 +53,8 @@ import psutil
 
 import hetproc
 from hetproc import _protocol
-from ipc import entries_with_prefix, pack_frame
+from hetproc.drills import leftovers, new_children
+from ipc import pack_frame
 from ipc._packets import MAX_PACKET
 
 DEVICES = ("cpu0", "npu0", "gpu0", "dsp0", "isp0")
@@ -595,11 +596,10 @@ def run_campaign(packets: int, seed: int = 1, start: int = 0) -> dict[str, Any]:
             devices = plat.client.metrics()["devices"]
             incidents = plat.client.incidents()
             problems += _device_problems(sup_pid, before, devices, incidents)
-    leftovers = entries_with_prefix(prefix)
-    if leftovers:
-        problems.append(f"named objects left after stop: {leftovers}")
-    stray = [p.pid for p in psutil.Process().children(recursive=True)
-             if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())]
+    left = leftovers(prefix)["objects"]  # the one leftovers check (hetproc.drills)
+    if left:
+        problems.append(f"named objects left after stop: {left}")
+    stray = [p.pid for p in new_children(())]
     if stray:
         problems.append(f"processes left after stop: {stray}")
     if "error" in report:

@@ -4,7 +4,7 @@ Built on ``ipc`` only. The supervisor (in ``hetproc``) forks one process per dev
 calls ``device_main`` in it.
 """
 
-from ._commands import COMMAND_SCHEMAS, decode_command, decode_completions
+from ._commands import COMMAND_SCHEMAS, decode_command, decode_completions, encode_command
 from ._graph_asset import asset_layout, plan_bytes, read_asset, write_asset
 from ._graph_ops import GRAPH_OPS, op_flops, run_op, unsupported
 from ._kernels import checksum_of, read_checksum
@@ -15,7 +15,7 @@ from ._tracing import (QUEUE_TRACK_BASE, SIGNALLED_AT_END, SLOT_SUPERVISOR, TRAC
 from ._worker import RING_CORRUPT_EXIT_STATUS, DeviceBoot, DeviceWorker, device_main
 
 __all__ = ["DeviceBoot", "DeviceWorker", "device_main", "COMMAND_SCHEMAS",
-           "decode_command", "decode_completions", "RING_CORRUPT_EXIT_STATUS",
+           "decode_command", "decode_completions", "encode_command", "RING_CORRUPT_EXIT_STATUS",
            "DeviceState", "StateSlot", "STATE_DTYPE", "state_table",
            "validate_kernel", "checksum_of", "read_checksum",
            "QUEUE_TRACK_BASE", "SIGNALLED_AT_END", "SLOT_SUPERVISOR", "TRACK_SUPERVISOR",

@@ -50,15 +50,14 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import numpy as np
 import posix_ipc
 
-from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors
+from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors, profiled
 
 from . import _faults
 from ._cache import DeviceMemory
-from ._commands import best_effort_ids, decode_command
+from ._commands import best_effort_ids, decode_command, encode_completions
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._power import Thermal
@@ -629,11 +628,12 @@ class DeviceWorker:
 def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
     """Batches of records that each fit one ring slot: records vary in size (a memory
     report), and a batch too big for its slot must never cost the completion itself."""
-    payload = msgpack.packb(records)
+    payload = encode_completions(records)
     if len(payload) <= limit:
         return [payload]
     if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
-        return [msgpack.packb([{k: v for k, v in records[0].items() if k not in ("mem", "tb")}])]
+        return [encode_completions([{k: v for k, v in records[0].items()
+                                     if k not in ("mem", "tb")}])]
     mid = len(records) // 2
     return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
 
@@ -642,10 +642,12 @@ def device_main(boot: DeviceBoot) -> int:
     """Entry point in the forked device process; returns the exit status."""
     _die_with_parent(boot.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the owner, not to us
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # so does a closed terminal
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     set_timer_slack_ns(1)
     worker = DeviceWorker(boot)
-    worker.run()
+    with profiled(f"device-{boot.name}"):
+        worker.run()
     return worker.exit_status
 
 

@@ -7,6 +7,7 @@ Public API::
     Client            a connection: contexts, buffers, fences, metrics
     Context           the unit of submission, isolation and failure on one device
     Buffer, Fence     a shared tensor, a completion event (export / import to share them)
+    FOREVER           Fence.wait(FOREVER): the one unbounded wait, asked for explicitly
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
@@ -24,9 +25,9 @@ General layout: a folder says which process runs its code.
                           rings, packets, trace rings, the error codes; imports nothing of ours
     device_workers/       one emulated processor (a device process): its loop, kernels,
                           caches, modeled time; imports ipc only
-    hetproc/_config.py, _protocol.py, errors.py
-                          what every hetproc process shares: the platform file, the
-                          control packets, the errors
+    hetproc/_config.py, _schema.py, _protocol.py, errors.py
+                          what every hetproc process shares: the platform file and its
+                          one schema, the control packets, the errors
     hetproc/client/       the application's process: Platform, Client, Context, Buffer, Fence
     hetproc/supervisor/   the supervisor process (python -m hetproc.supervisor): composed
                           of parts, see its _server module; never imported by the client
@@ -62,11 +63,11 @@ from .errors import *  # noqa: F401,F403  (the one error hierarchy)
 from .errors import __all__ as _error_names
 from . import trace  # public namespace (hetproc.drills and hetproc.testing: import them)
 from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform
-from .client import (Buffer, BufferPool, Client, Context, Fence, Pipeline, PipelineReport,
-                     PipelineStage, Platform, PoolStatistics, command, connect)
+from .client import (FOREVER, Buffer, BufferPool, Client, Context, Fence, Pipeline,
+                     PipelineReport, PipelineStage, Platform, PoolStatistics, command, connect)
 
 __all__ = [
-    "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
+    "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     *_error_names,

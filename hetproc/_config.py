@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields, asdict
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -11,6 +11,22 @@ from typing import Any
 from ipc import errors
 
 KINDS = ("cpu", "npu", "gpu", "dsp", "isp")
+# Every modeled duration is multiplied by the time scale. Below 0.01 the fixed cost of real
+# processes (a wake-up, a context switch) dwarfs the modeled times; above 10 a 200 ms
+# watchdog becomes half a minute per drill.
+TIME_SCALE_RANGE = (0.01, 10.0)
+
+
+def check_time_scale(value: Any, what: str) -> float:
+    """A finite time scale in ``TIME_SCALE_RANGE``; InvalidRequest naming ``what`` if not."""
+    lo, hi = TIME_SCALE_RANGE
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise errors.InvalidRequest(f"{what}: {value!r} is not a number") from None
+    if not lo <= x <= hi:  # also refuses nan and inf
+        raise errors.InvalidRequest(f"{what}: {value!r} is outside {lo} .. {hi}")
+    return x
 
 
 @dataclass(frozen=True)
@@ -140,18 +156,9 @@ class TraceSpec:
 
 
 def parse_trace(raw: dict[str, Any], source: str) -> TraceSpec:
-    t = TraceSpec(
-        enabled=bool(raw.get("enabled", True)), capacity=int(raw.get("capacity", 16384)),
-        client_slots=int(raw.get("client_slots", 8)), before_ms=float(raw.get("before_ms", 50.0)),
-        after_ms=float(raw.get("after_ms", 10.0)), keep=int(raw.get("keep", 16)),
-        dump_dir=str(raw.get("dump_dir", "")))
-    cap = t.capacity
-    if cap < 2 or cap & (cap - 1) or cap > 1 << 22:
-        raise errors.InvalidRequest(f"platform file {source}: trace capacity {cap} is not a "
-                                    f"power of two in 2..{1 << 22}")
-    if not 0 <= t.client_slots <= 1024 or t.keep < 1 or t.before_ms < 0 or t.after_ms < 0:
-        raise errors.InvalidRequest(f"platform file {source}: bad [trace] table {raw!r}")
-    return t
+    """The ``[trace]`` table, checked against the schema (see ``_schema``)."""
+    from ._schema import check_table
+    return TraceSpec(**check_table(raw, "trace", source))
 
 
 @dataclass(frozen=True)
@@ -213,16 +220,16 @@ class PlatformSpec:
     def with_time_scale(self, time_scale: float | None) -> "PlatformSpec":
         if time_scale is None:
             return self
-        if not time_scale > 0:
-            raise errors.InvalidRequest(f"time scale must be > 0, got {time_scale}")
+        check_time_scale(time_scale, "time scale")
         return PlatformSpec(**{**self.__dict__, "time_scale": float(time_scale)})
 
     def with_limits(self, **changes: Any) -> "PlatformSpec":
         """A copy with ``[limits]`` settings changed (``client_mib=4``...)."""
         if not changes:
             return self
+        from ._schema import check_table
         raw = {**asdict(self.limits), **changes}
-        limits = _parse_table(LimitsSpec, raw, f"{self.source}: limits")
+        limits = LimitsSpec(**check_table(raw, "limits", self.source))
         return PlatformSpec(**{**self.__dict__, "limits": limits})
 
     def with_trace(self, **changes: Any) -> "PlatformSpec":
@@ -234,160 +241,70 @@ class PlatformSpec:
 
 
 def load_platform(path: str | Path | None = None) -> PlatformSpec:
-    """Read a platform file, or the built-in default when ``path`` is None."""
+    """Read a platform file, or the built-in default when ``path`` is None.
+
+    Every mistake in the file is an ``InvalidRequest`` with one line,
+    ``file: table.key: problem`` (see ``hetproc platform check FILE``)."""
     if path is None:
         text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
         source = "<built-in>"
     else:
-        text = Path(path).read_text()
         source = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except IsADirectoryError:
+            raise errors.InvalidRequest(f"{source}: is a directory, not a platform file") from None
+        except FileNotFoundError:
+            raise errors.InvalidRequest(f"{source}: no such platform file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise errors.InvalidRequest(f"{source}: cannot read it: {exc}") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise errors.InvalidRequest(f"platform file {source}: {exc}") from None
+        raise errors.InvalidRequest(f"{source}: not valid TOML: {exc}") from None
     return parse_platform(raw, source)
 
 
 def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
-    devices = tuple(_parse_device(d, source) for d in raw.get("device", []))
-    if not devices:
-        raise errors.InvalidRequest(f"platform file {source}: no [[device]] entries")
-    names = [d.name for d in devices]
-    if len(set(names)) != len(names):
-        raise errors.InvalidRequest(f"platform file {source}: duplicate device names {names}")
-    spec = PlatformSpec(
-        name=str(raw.get("name", "custom")),
-        devices=devices,
-        time_scale=float(raw.get("time_scale", 1.0)),
-        memory_mib=int(raw.get("memory_mib", 1024)),
-        watchdog_ms=float(raw.get("watchdog_ms", 200.0)),
-        grace_ms=float(raw.get("grace_ms", 50.0)),
-        dependency_timeout_ms=float(raw.get("dependency_timeout_ms", 2000.0)),
-        dispatch_us=_non_negative(raw.get("dispatch_us", 0.0), "dispatch_us", source),
-        ddr_quota_mbps=_quotas(raw.get("ddr_quota_mbps", {}), source),
-        ddr_burst_kib=int(_non_negative(raw.get("ddr_burst_kib", 256), "ddr_burst_kib", source)),
-        source=source,
-        faults=tuple(raw.get("fault", [])),
-        fault_seed=int(raw.get("fault_seed", 0)),
-        recovery=dict(raw.get("recovery", {})),
-        iommu=_parse_iommu(raw.get("iommu", {}), source),
-        cache_maintenance=_maintenance(raw.get("cache_maintenance", True), source),
-        trace=parse_trace(raw.get("trace", {}), source),
-        limits=_parse_table(LimitsSpec, raw.get("limits", {}), f"{source}: limits"),
-    )
-    return spec.with_time_scale(spec.time_scale)
+    """A platform from its raw tables, every key checked (types, ranges, names): the one
+    schema lives in ``_schema``; ``to_raw`` is the inverse."""
+    from ._schema import check_platform
+    top = check_platform(raw, source)
+    devices = tuple(_device(d) for d in top.pop("device"))
+    return PlatformSpec(
+        **{k: v for k, v in top.items()
+           if k not in ("iommu", "trace", "fault", "recovery", "limits")},
+        devices=devices, source=source, faults=tuple(top["fault"]),
+        recovery=top["recovery"], iommu=IommuSpec(**top["iommu"]),
+        trace=TraceSpec(**top["trace"]), limits=LimitsSpec(**top["limits"]))
 
 
-def _parse_device(d: dict[str, Any], source: str) -> DeviceSpec:
-    try:
-        kind = str(d["kind"])
-        name = str(d["name"])
-    except KeyError as exc:
-        raise errors.InvalidRequest(f"platform file {source}: device without {exc}") from None
-    if kind not in KINDS:
-        raise errors.InvalidRequest(f"platform file {source}: device {name}: kind {kind!r} "
-                                    f"not one of {KINDS}")
-    t = d.get("timing", {})
-    alignment = int(d.get("alignment", 64))
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise errors.InvalidRequest(f"device {name}: alignment {alignment} is not a power of two")
-    stride_alignment = int(d.get("stride_alignment", 1))
-    if stride_alignment <= 0:
-        raise errors.InvalidRequest(f"device {name}: stride_alignment must be > 0")
-    return DeviceSpec(
-        name=name, kind=kind,
-        ops=tuple(d.get("ops", ())), dtypes=tuple(d.get("dtypes", ("float32",))),
-        layouts=tuple(d.get("layouts", ("NHWC",))), alignment=alignment,
-        coherent=bool(d.get("coherent", True)), sram_kib=int(d.get("sram_kib", 0)),
-        timing=Timing(float(t.get("default_ms", 0.0)), float(t.get("per_mib_ms", 0.0)),
-                      {k: float(v) for k, v in t.get("ops", {}).items()}),
-        strided=bool(d.get("strided", True)), stride_alignment=stride_alignment,
-        cache=_parse_table(CacheSpec, d.get("cache", {}), f"{source}: device {name}: cache"),
-        scheduler=_parse_scheduler(d.get("scheduler", {}), f"{source}: device {name}: scheduler"),
-        power=_parse_power(d.get("power", {}), f"{source}: device {name}: power"),
-    )
+def _device(d: dict[str, Any]) -> DeviceSpec:
+    t = d.pop("timing")
+    return DeviceSpec(**{**d, "ops": tuple(d["ops"]), "dtypes": tuple(d["dtypes"]),
+                         "layouts": tuple(d["layouts"]),
+                         "timing": Timing(t["default_ms"], t["per_mib_ms"], dict(t["ops"])),
+                         "cache": CacheSpec(**d["cache"]),
+                         "scheduler": SchedSpec(**d["scheduler"]),
+                         "power": PowerSpec(**{**d["power"],
+                                               "levels": tuple(d["power"]["levels"])})})
 
 
-def _parse_power(raw: Any, where: str) -> PowerSpec:
-    if not isinstance(raw, dict):
-        raise errors.InvalidRequest(f"platform file {where}: expected a table")
-    raw = dict(raw)
-    levels = raw.pop("levels", (1.0,))
-    try:
-        levels = tuple(sorted(float(v) for v in levels))
-    except (TypeError, ValueError):
-        raise errors.InvalidRequest(f"platform file {where}: levels must be numbers") from None
-    if not levels or not all(0.05 <= v <= 1.0 for v in levels):
-        raise errors.InvalidRequest(f"platform file {where}: levels must be in 0.05..1.0")
-    spec = _parse_table(PowerSpec, raw, where)
-    if not 0.05 <= spec.throttle_speed <= 1.0 or spec.tau_ms <= 0:
-        raise errors.InvalidRequest(f"platform file {where}: throttle_speed in 0.05..1.0, "
-                                    "tau_ms > 0")
-    return PowerSpec(**{**spec.__dict__, "levels": levels})
+def to_raw(spec: PlatformSpec) -> dict[str, Any]:
+    """The inverse of ``parse_platform``: the tables a platform file would hold, so a spec
+    crosses a process boundary as data (the supervisor re-parses and re-checks it)."""
+    d = _plain(spec.to_dict())
+    raw = {k: v for k, v in d.items() if k not in ("source", "faults", "recovery", "devices")}
+    raw["recovery"] = {k: v for k, v in spec.recovery.items() if v is not None}
+    raw["device"] = d["devices"]
+    raw["fault"] = [dict(f) for f in spec.faults]
+    return raw
 
 
-def _quotas(raw: Any, source: str) -> dict[str, float]:
-    if not isinstance(raw, dict):
-        raise errors.InvalidRequest(f"platform file {source}: ddr_quota_mbps must be a table")
-    out = {}
-    for name, v in raw.items():
-        mbps = _non_negative(v, f"ddr_quota_mbps.{name}", source)
-        if mbps <= 0:
-            raise errors.InvalidRequest(f"platform file {source}: ddr_quota_mbps.{name} "
-                                        "must be > 0")
-        out[str(name)] = mbps
-    return out
-
-
-def _parse_scheduler(raw: Any, where: str) -> SchedSpec:
-    spec = _parse_table(SchedSpec, raw, where)
-    if spec.policy not in POLICIES:
-        raise errors.InvalidRequest(f"platform file {where}: policy {spec.policy!r} is not one "
-                                    f"of {', '.join(POLICIES)}")
-    if not 0.0 <= spec.min_share <= 1.0:
-        raise errors.InvalidRequest(f"platform file {where}: min_share must be in 0..1")
-    return spec
-
-
-def _non_negative(value: Any, key: str, source: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise errors.InvalidRequest(f"platform file {source}: {key} = {value!r} is not a number") from None
-    if not 0.0 <= v < 1e6:
-        raise errors.InvalidRequest(f"platform file {source}: {key} must be in 0..1e6")
-    return v
-
-
-def _maintenance(value: Any, source: str) -> bool | str:
-    if isinstance(value, bool) or value in ("both", "clean", "invalidate", "none"):
-        return value
-    raise errors.InvalidRequest(f"platform file {source}: cache_maintenance {value!r} is not "
-                                "a bool or one of both/clean/invalidate/none")
-
-
-def _parse_iommu(raw: Any, source: str) -> IommuSpec:
-    return _parse_table(IommuSpec, raw, f"{source}: iommu")
-
-
-def _parse_table(cls: type, raw: Any, where: str) -> Any:
-    """A small table of typed keys; an unknown key is a typo, and typos are errors."""
-    if not isinstance(raw, dict):
-        raise errors.InvalidRequest(f"platform file {where}: expected a table")
-    known = {f.name: f.type for f in fields(cls)}
-    unknown = set(raw) - set(known)
-    if unknown:
-        raise errors.InvalidRequest(f"platform file {where}: unknown keys {sorted(unknown)} "
-                                    f"(known: {sorted(known)})")
-    default = cls()
-    values = {}
-    for key, value in raw.items():
-        kind = type(getattr(default, key))
-        try:
-            values[key] = kind(value)
-        except (TypeError, ValueError):
-            raise errors.InvalidRequest(f"platform file {where}: {key} = {value!r} is not "
-                                        f"a {kind.__name__}") from None
-        if kind in (int, float) and not 0 <= values[key] < 1e9:  # also refuses NaN
-            raise errors.InvalidRequest(f"platform file {where}: {key} must be >= 0")
-    return cls(**values)
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: what TOML (and the schema) calls a list."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -21,33 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-import psutil
 import pytest
 
-from ipc import entries_with_prefix
-
 from .client import Platform
-from .drills import run_drill
+from .drills import assert_no_leftovers, platform_pids, run_drill
 
-__all__ = ["leftovers", "assert_no_leftovers", "assert_drill_passes",
-           "hetproc_platform", "hetproc_platform_options"]  # drills themselves: hetproc.drills
-
-
-def leftovers(prefix: str, pids: list[int]) -> dict[str, list]:
-    """What a stopped platform left: named objects under its prefix, live processes."""
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return {"objects": entries_with_prefix(prefix), "processes": alive}
-
-
-def assert_no_leftovers(prefix: str, pids: list[int]) -> None:
-    left = leftovers(prefix, pids)
-    assert left == {"objects": [], "processes": []}, f"platform {prefix} left {left}"
+__all__ = ["assert_drill_passes", "hetproc_platform", "hetproc_platform_options"]
+# The drills themselves and the leftovers check (leftovers, assert_no_leftovers): hetproc.drills
 
 
 def assert_drill_passes(name: str, **kw: Any) -> dict[str, Any]:
@@ -68,7 +48,7 @@ def hetproc_platform_options() -> dict[str, Any]:
 def hetproc_platform(hetproc_platform_options: dict[str, Any]) -> Iterator[Platform]:
     """A running platform for one test; stopped after it, and checked for leftovers."""
     plat = Platform(**hetproc_platform_options).start()
-    pids = [plat.pid] + [d["pid"] for d in plat.metrics()["devices"].values() if d["pid"]]
+    pids = platform_pids(plat)
     try:
         yield plat
     finally:

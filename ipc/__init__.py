@@ -21,6 +21,7 @@ from ._names import (
 )
 from ._packets import (I64, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple,
                        check_fields, decode, encode, unpack)
+from ._profile import profiled
 from ._ring import Ring
 from ._buddy import BuddyAllocator
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
@@ -37,7 +38,7 @@ __all__ = [
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",
     "VERSION", "encode", "decode", "unpack", "check_fields",
     "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",
-    "Ring",
+    "Ring", "profiled",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
     "SegmentSender", "SegmentReceiver", "segment_socketpair",

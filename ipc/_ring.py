@@ -20,6 +20,7 @@ from . import errors
 
 HEADER_BYTES = 128
 _LEN = struct.Struct("<I")
+_TAIL = 8  # the tail's index in 8-byte words: its own cache line
 
 
 class Ring:
@@ -31,6 +32,9 @@ class Ring:
             raise ValueError(f"ring needs {need} bytes, got {len(buf)}")
         self._buf = buf
         self._idx = np.ndarray(2, np.uint64, buffer=buf, offset=0, strides=(64,))
+        # The same two words through a cast memoryview: a third of numpy's cost per read,
+        # and read on every put, get and depth. Head is word 0, tail word 8 (64 bytes on).
+        self._q = buf[:HEADER_BYTES].cast("Q")
         self._slots = slots
         self._mask = slots - 1
         self._slot_bytes = slot_bytes
@@ -44,48 +48,52 @@ class Ring:
 
     @property
     def head(self) -> int:
-        return int(self._idx[0])
+        return self._q[0]
 
     @property
     def tail(self) -> int:
-        return int(self._idx[1])
+        return self._q[_TAIL]
 
     def depth(self) -> int:
-        return int(self._idx[0]) - int(self._idx[1])
+        q = self._q
+        return q[0] - q[_TAIL]
 
     def try_put(self, payload: bytes) -> bool:
         """Append one payload; False when the ring is full (the caller keeps it queued)."""
         if len(payload) > self.max_payload:
             raise errors.BadPacket(f"packet of {len(payload)} bytes exceeds the ring slot "
                                    f"({self.max_payload} bytes)")
-        head = int(self._idx[0])
-        if head - int(self._idx[1]) >= self._slots:
+        q = self._q
+        head = q[0]
+        if head - q[_TAIL] >= self._slots:
             return False
         off = HEADER_BYTES + (head & self._mask) * self._slot_bytes
-        _LEN.pack_into(self._buf, off, len(payload))
-        self._buf[off + 4: off + 4 + len(payload)] = payload
-        self._idx[0] = head + 1  # publish after the payload
+        n = len(payload)
+        _LEN.pack_into(self._buf, off, n)
+        self._buf[off + 4: off + 4 + n] = payload
+        q[0] = head + 1  # publish after the payload
         return True
 
     def get(self) -> bytes | None:
         """The next payload, None when empty. Raises ``BadPacket`` for a slot or indices
         that cannot be right (another process scribbled on the ring); the reader then
         skips past the bad slot, or past everything for bad indices, so it never loops."""
-        tail, head = int(self._idx[1]), int(self._idx[0])
+        q = self._q
+        tail, head = q[_TAIL], q[0]
         if tail == head:
             return None
         if not 0 < head - tail <= self._slots:
-            self._idx[1] = head  # resynchronise with the producer: what was between is lost
+            q[_TAIL] = head  # resynchronise with the producer: what was between is lost
             raise errors.BadPacket(f"ring indices corrupt: head {head}, tail {tail}, "
                                    f"{self._slots} slots")
         off = HEADER_BYTES + (tail & self._mask) * self._slot_bytes
         (n,) = _LEN.unpack_from(self._buf, off)
         if n > self.max_payload:
             # A corrupt length must not make us read past the slot: skip the slot.
-            self._idx[1] = tail + 1
+            q[_TAIL] = tail + 1
             raise errors.BadPacket(f"ring slot {tail} holds a length of {n} bytes")
         data = bytes(self._buf[off + 4: off + 4 + n])
-        self._idx[1] = tail + 1
+        q[_TAIL] = tail + 1
         return data
 
     def reset(self) -> None:

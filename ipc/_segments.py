@@ -282,8 +282,10 @@ class BlockPool:
             raise
         return Block(seg.key, address - base, self.buddy.size_of(address))
 
-    def free(self, block: Block) -> None:
-        """Scrub the block, then give it back (it may merge with free neighbours)."""
+    def free(self, block: Block, release: bool = False) -> None:
+        """Scrub the block, then give it back (it may merge with free neighbours).
+        ``release``: hand its pages back to the kernel instead (they read as zeros, and
+        the next owner pays for fresh ones): what keeps freed memory from piling up."""
         seg = self.segments.get(block.segment)
         index = self._by_chunk.index(seg) if seg is not None else -1
         if index < 0:
@@ -291,7 +293,10 @@ class BlockPool:
         address = self.buddy.chunks[index][0] + block.offset
         if self.buddy.live_size(address) != block.capacity:
             raise ValueError(f"{block} is not a live block of this pool (double free?)")
-        self.zeroed_bytes += zero_bytes(seg, block.offset, block.capacity, seg.fd)
+        if release:
+            seg.map.madvise(mmap.MADV_REMOVE, block.offset, block.capacity)
+        else:
+            self.zeroed_bytes += zero_bytes(seg, block.offset, block.capacity, seg.fd)
         self.buddy.free(address)
 
     def _chunk_segment(self, index: int) -> Segment:

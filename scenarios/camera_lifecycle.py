@@ -36,10 +36,17 @@ import numpy as np
 
 import hetproc
 from device_workers import read_checksum
+from hetproc.drills import Option, Scenario
 
 H, W, C = 120, 160, 3
 PADDED_PITCH = 512          # 160 * 3 = 480 bytes of pixels, padded to a multiple of 64
 POOL = 3
+OPTIONS = {
+    "frames": Option(60, "frames per variant (more than the pool's 3 buffers)", min=POOL + 1,
+                     max=100_000),
+    "variant": Option("both", "which frames to run", choices=("both", "dense", "padded")),
+}
+QUICK = {"frames": 20}
 ISP_MS, NPU_MS, GPU_MS = 3.0, 8.0, 4.0
 
 
@@ -155,13 +162,14 @@ class Variant:
                 "pool_blocks_after": after["pool"]["live_blocks"]}
 
 
-def run(s) -> None:
-    frames = max(POOL + 1, s.option("frames", 60))
-    which = s.option("variant", "both")
+def run(s: Scenario) -> None:
+    frames = s.option("frames")
+    which = s.option("variant")
     names = ["dense", "padded"] if which == "both" else [which]
     base = s.client.metrics()["pool"]["live_blocks"]
     results = {}
     for name in names:
+        s.progress(f"{name} frames: {frames}")
         v = Variant(s, name)
         try:
             r = v.run(frames)

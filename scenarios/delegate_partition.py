@@ -21,6 +21,17 @@ import numpy as np
 
 from hetproc.delegate import AssetCache, DelegatedModel, Options, load_model, run_reference
 from hetproc.delegate import light_model_path, mobilenet_like
+from hetproc.drills import Option, Scenario
+
+TOPOLOGIES = ("squeezenet", "shufflenet", "resnet50", "densenet121", "inception_v1",
+              "inception_v2", "bvlc_alexnet", "vgg19", "zfnet512", "none")
+OPTIONS = {
+    "topology": Option("squeezenet", "the real topology onnx ships (light_<name>.onnx), or "
+                       "none for the MobileNet-like case alone", choices=TOPOLOGIES),
+    "cache_dir": Option("", "keep the compiled assets in this directory (default: a "
+                        "temporary one, cold then warm)"),
+}
+QUICK = {"topology": "none"}
 
 SPREAD = Options(min_nodes_per_partition=1, weigh_costs=False)
 
@@ -35,7 +46,7 @@ def _ort(model, feeds):
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
-def _case(s, label: str, model, options: Options, cache: AssetCache) -> None:
+def _case(s: Scenario, label: str, model, options: Options, cache: AssetCache) -> None:
     graph = load_model(model)
     rng = np.random.default_rng(3)
     feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in graph.inputs}
@@ -88,8 +99,13 @@ def _case(s, label: str, model, options: Options, cache: AssetCache) -> None:
                 bool(np.allclose(out[name], want, rtol=1e-4, atol=1e-7)))
 
 
-def run(s) -> None:
-    cache_dir = s.option("cache_dir", "")
+def run(s: Scenario) -> None:
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        s.note("skipped: ONNX models need the 'onnx' extra (pip install -e '.[onnx]')")
+        return
+    cache_dir = s.option("cache_dir")
     if cache_dir:
         _run(s, AssetCache(cache_dir))
         return
@@ -97,9 +113,10 @@ def run(s) -> None:
         _run(s, AssetCache(tmp))
 
 
-def _run(s, cache: AssetCache) -> None:
+def _run(s: Scenario, cache: AssetCache) -> None:
     before = {d: v["busy_ms"] for d, v in s.client.metrics()["devices"].items()}
-    real = light_model_path(s.option("topology", "squeezenet"))
+    topology = s.option("topology")
+    real = None if topology == "none" else light_model_path(topology)
     if real is None:
         s.note("onnx ships no light model here: the real-topology case is skipped")
     else:

@@ -15,7 +15,7 @@ and a few frames, picked at random (seeded), get a stall of STALL_MS in one stag
     execute   the NPU itself runs long
     callback  the client is late: it sleeps before waiting for its frame
 
-``hetproc.trace._explain`` reads the trace (the same JSON ``--trace FILE`` writes) and must name
+``hetproc.trace.explain`` reads the trace (the same JSON ``--trace FILE`` writes) and must name
 ``acquire``, ``queued``, ``execute`` and ``wake-up`` respectively as each stalled frame's
 dominant stage, and every stalled frame must stand out from the normal ones (a frame the
 machine itself stalled is explained and reported in a note). One more frame fails:
@@ -34,8 +34,17 @@ import time
 
 import numpy as np
 
-from ipc import errors
+import hetproc
+from hetproc.drills import Option, Scenario
+from ipc import Stage
 from hetproc.trace import explain, format_request, frozen_to_chrome, load_trace, slowest
+
+OPTIONS = {
+    "frames": Option(150, "camera frames (at least 10 warm-up + stalls + 2)", min=16, max=100_000),
+    "stalls": Option(8, "injected stalls, a multiple of 4 (one of each kind per 4)", min=4, max=400),
+    "seed": Option(22, "where the stalls fall and of which kind", min=0),
+}
+QUICK = {"frames": 60, "stalls": 4}
 
 ISP_MS, NPU_MS, STALL_MS = 2.0, 6.0, 60.0
 MIN_STALL_MS = 25.0
@@ -44,16 +53,16 @@ KINDS = ("acquire", "queue", "execute", "callback")
 EXPECTED = {"acquire": "acquire", "queue": "queued", "execute": "execute", "callback": "wake-up"}
 
 
-def run(s) -> None:
-    frames = s.option("frames", 150)
-    n_stalls = s.option("stalls", 8)
-    rng = np.random.default_rng(s.option("seed", 22))
+def run(s: Scenario) -> None:
+    frames = s.option("frames")
+    n_stalls = s.option("stalls")
+    rng = np.random.default_rng(s.option("seed"))
     scale = s.time_scale
     stall_ms = max(STALL_MS * scale, MIN_STALL_MS)  # real ms
     stall_param = stall_ms / scale  # what to ask for, since the platform scales "ms"
     warmup = 10
     if frames < warmup + n_stalls + 2 or n_stalls % len(KINDS):
-        raise errors.InvalidRequest(f"need frames >= {warmup + n_stalls + 2} and stalls a "
+        raise hetproc.InvalidRequest(f"need frames >= {warmup + n_stalls + 2} and stalls a "
                                     f"multiple of {len(KINDS)}, got {frames} and {n_stalls}")
     picked = rng.choice(np.arange(warmup, frames), n_stalls + 1, replace=False)
     kinds = list(rng.permutation(np.repeat(KINDS, n_stalls // len(KINDS))))
@@ -90,13 +99,13 @@ def run(s) -> None:
         npu_cid[i] = done.cid
         if i == error_frame:
             time.sleep(stall_ms / 1000.0)  # the ISP gives up on the frame late, then fails it
-            acquire.signal(errors.DeviceFault)
+            acquire.signal(hetproc.DeviceFault)
         acquire.release()
         if kind == "callback":
             time.sleep(stall_ms / 1000.0)  # the client's callback thread is late
         try:
             done.wait(10.0 + 0.01 * stall_ms)
-        except errors.DependencyFailed as exc:
+        except hetproc.DependencyFailed as exc:
             error_seen = exc
         else:
             with c.trace.span("CALLBACK", done.cid):  # consume the frame
@@ -163,7 +172,6 @@ def run(s) -> None:
         mine = w["records"][w["records"]["cid"] == bad]
         stages = {int(x) for x in mine["stage"]}
         pids = {int(x) for x in mine["pid"]}
-        from ipc import Stage
         want = {int(Stage.SUBMIT), int(Stage.QUEUED), int(Stage.ACQUIRE_WAIT), int(Stage.SIGNAL)}
         froze = load_trace(frozen_to_chrome(w))
         req = explain(froze, bad)

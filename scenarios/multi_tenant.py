@@ -37,6 +37,15 @@ import time
 import numpy as np
 
 import hetproc
+from hetproc.drills import Option, Scenario
+
+OPTIONS = {
+    "seconds": Option(2.0, "modeled seconds of arrivals per policy (or per storm row)",
+                      min=0.2, max=600.0),
+    "storm": Option(0, "1: the fault storm under mixed instead of the policy table",
+                    choices=(0, 1)),
+}
+QUICK = {"seconds": 1.0}
 
 POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
 CAMERA_PERIOD_MS, CAMERA_MS, CAMERA_DEADLINE_MS = 1000 / 30, 8.0, 33.0
@@ -169,12 +178,15 @@ def _figures(cams, voices, jobs, t0, t_end, seconds, scale, ms) -> dict:
             "client_late_ms_max": max((x[2] for x in cams + voices), default=0) / 1e6}
 
 
-def run(s) -> None:
-    seconds = s.option("seconds", 2.0)
+def run(s: Scenario) -> None:
+    seconds = s.option("seconds")
     base = s.platform.spec
-    if s.option("storm", 0):
+    if s.option("storm"):
         return run_storm(s, base, seconds)
-    rows = [run_policy(base, p, seconds, s.time_scale) for p in POLICIES]
+    rows = []
+    for p in POLICIES:
+        s.progress(f"policy {p}: camera, voice and LLM on one NPU for {seconds:g} s")
+        rows.append(run_policy(base, p, seconds, s.time_scale))
     header = (f"{'policy':9} {'cam miss':>8} {'host-late':>9} {'cam p99':>8} {'voice p99':>9} "
               f"{'LLM/s':>6} {'preempt':>7} {'switch':>7} {'lags':>5} {'late':>6}")
     s.note("table (modeled ms; switch = % of device busy time):\n    " + header + "\n" +
@@ -206,9 +218,12 @@ def run(s) -> None:
 STORM_KINDS = ("timeout", "crash", "hang")
 
 
-def run_storm(s, base, seconds: float) -> None:
-    rows = [run_policy(base, "mixed", seconds, s.time_scale, storm=k, replay=r)
-            for k in STORM_KINDS for r in (False, True)]
+def run_storm(s: Scenario, base, seconds: float) -> None:
+    rows = []
+    for k in STORM_KINDS:
+        for r in (False, True):
+            s.progress(f"storm: {k} faults, {'with' if r else 'without'} replay")
+            rows.append(run_policy(base, "mixed", seconds, s.time_scale, storm=k, replay=r))
     header = (f"{'fault':8} {'replay':6} {'cam lost':>8} {'lost as':22} {'cam miss':>8} "
               f"{'cam p99':>8} {'voice p99':>9} {'LLM/s':>6} {'LLM ctx lost':>12} "
               f"{'incidents':>9} {'resets':>6}")

@@ -33,6 +33,14 @@ import numpy as np
 import psutil
 
 from device_workers import read_checksum
+from hetproc.drills import Option, Scenario
+
+OPTIONS = {
+    "max_mib": Option(64, "largest hand-off measured (sizes 4 KiB .. this)", min=1, max=256),
+    "pss_mib": Option(64, "buffer size of the PSS/USS comparison", min=1, max=256),
+    "reps": Option(3, "repetitions of each hand-off", min=1, max=100),
+}
+QUICK = {"max_mib": 16, "pss_mib": 16, "reps": 2}
 
 ROW = 1024   # bytes per row: the tensors are uint8 [rows, ROW]; 4 KiB is already 4 rows
 PAD = 128    # the forced copy's padded pitch is ROW + PAD
@@ -241,10 +249,10 @@ def _label(nbytes: int) -> str:
     return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // 1024} KiB"
 
 
-def run(s) -> None:
-    max_mib = s.option("max_mib", 64)
-    pss_mib = s.option("pss_mib", 64)
-    reps = max(1, s.option("reps", 3))
+def run(s: Scenario) -> None:
+    max_mib = s.option("max_mib")
+    pss_mib = s.option("pss_mib")
+    reps = s.option("reps")
     sizes = [4096]
     while sizes[-1] * 16 <= max_mib * MIB:
         sizes.append(sizes[-1] * 16)

@@ -934,21 +934,12 @@ class _Run:
 # -- one seed as a process (what bench.chaos_campaign runs) -----------------------------------
 
 def _leftovers(prefix: str, children_before: set[int]) -> dict[str, Any]:
-    """What the run left: named objects under its prefix, live child processes."""
-    import psutil
+    """What the run left: named objects under its prefix, live child processes (the one
+    leftovers check, ``hetproc.drills``)."""
+    from hetproc.drills import leftovers, new_children
 
-    from ipc import entries_with_prefix
-
-    objects = entries_with_prefix(prefix) if prefix else []
-    alive = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if (p.pid not in children_before and p.status() != psutil.STATUS_ZOMBIE
-                    and "resource_tracker" not in " ".join(p.cmdline())):
-                alive.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return {"objects": objects, "processes": alive}
+    objects = leftovers(prefix)["objects"] if prefix else []
+    return {"objects": objects, "processes": [p.pid for p in new_children(children_before)]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -957,9 +948,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, required=True)
     args = ap.parse_args(argv)
-    import psutil
+    from hetproc.drills import new_children
 
-    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    children_before = {p.pid for p in new_children(())}
     prefix = ""
 
     def got_prefix(p: str) -> None:

@@ -129,3 +129,28 @@ def test_product_style_row_uses_same_run_baseline(monkeypatch, capsys):
     assert main(["--quick", "--only", "sem_pingpong,fake_product", "--strict"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if "fake wake p50" in ln][0]
     assert "1.10x" in line and "<= 1.3x" in line and line.rstrip().endswith("yes")
+
+
+def test_fastpath_reports_every_figure_beside_its_floor_and_a_profile(tmp_path, monkeypatch):
+    """The fast-path benchmark end to end (quick): CPU per command of each process, the
+    rates and latencies with their targets, and a profile naming functions of the
+    supervisor, the device and the client. The figures themselves are not judged here;
+    whether a target is met is the benchmark's (``--strict``), not the test's."""
+    from bench.__main__ import main
+
+    out = tmp_path / "fast.json"
+    rc = main(["--quick", "--only", "fastpath", "--json", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())["results"]["fastpath"]
+    metrics = [r["metric"] for r in res["rows"]]
+    for proc in ("supervisor", "device", "client"):
+        assert f"CPU per no-op cmd, batches of 64: {proc}" in metrics
+        assert res["profile"][{"device": "device-npu0"}.get(proc, proc)]["top"], proc
+    targeted = [r for r in res["rows"] if r.get("target")]
+    assert len(targeted) == 8 and all(r["ok"] in (True, False) for r in targeted)
+    assert any(m.startswith("single submit_nowait stream") for m in metrics)
+    assert all(r.get("baseline") or r.get("baseline_us") for r in targeted
+               if "throughput" in r["metric"] or "p50" in r["metric"])
+    # The supervisor's profile names its own functions (its loop really ran profiled).
+    sup = " ".join(fn for fn, _, _ in res["profile"]["supervisor"]["top"])
+    assert "_validation.py" in sup or "_devices.py" in sup or "_requests.py" in sup

@@ -496,13 +496,15 @@ def test_hostile_sizes_are_refused_not_allocated():
 
 
 def test_long_producers_are_awaited_by_the_client_not_past_the_dependency_timeout():
-    """At a tiny time scale the platform's dependency timeout (2 s x scale) is shorter than
-    a partition's real numpy compute: consumers are then submitted once their producers
-    finished, instead of timing out on the device."""
+    """A platform whose dependency timeout is shorter than a partition's real numpy
+    compute: consumers are then submitted once their producers finished, instead of
+    timing out on the device."""
+    import dataclasses
     model = mobilenet_like()
     feeds = {"x": _input((1, 3, 32, 32))}
     want = run_reference(load_model(model), feeds)["prob"]
-    with hetproc.Platform(time_scale=0.0001) as plat:  # dependency timeout: 0.2 ms
+    spec = dataclasses.replace(hetproc.load_platform(), dependency_timeout_ms=0.2)
+    with hetproc.Platform(spec=spec, time_scale=1.0) as plat:  # dependency timeout: 0.2 ms
         with DelegatedModel.load(plat.client, model, options=SPREAD) as dm:
             assert len(dm.placement.partitions) > 2
             for _ in range(3):

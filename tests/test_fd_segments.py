@@ -10,6 +10,7 @@ segment socket survives garbage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -499,3 +500,49 @@ def test_the_supervisor_bounds_its_live_segments():
         assert mem.allocate(2, 4096).segment not in {b.segment for b in blocks}
     finally:
         mem.close()
+
+
+# -- pages kept for reuse stay within the budget -----------------------------------------
+
+_CHURN = """
+import sys, hetproc
+c = hetproc.connect(sys.argv[1], "churn")
+bufs = [c.alloc(16 << 20, "uint8") for _ in range(2)]
+for b in bufs:
+    b.array()[:] = 7  # every page touched: the kernel holds them
+for b in bufs:
+    b.free()
+print("freed", flush=True)
+sys.stdin.readline()
+c.close()
+"""
+
+
+def test_pages_tenants_keep_after_free_stay_within_the_platform_budget():
+    """Each tenant's pool keeps its freed (scrubbed) pages for its next allocation; three
+    tenants that each touched and freed half the budget would keep one and a half budgets
+    of pages. Past the budget, a freed block's pages go back to the kernel instead."""
+    budget = 64 << 20
+    spec = dataclasses.replace(hetproc.load_platform(), memory_mib=64)
+    with hetproc.Platform(spec=spec) as plat:
+        owner = plat.client
+        mine = [owner.alloc(16 << 20, "uint8") for _ in range(2)]
+        for b in mine:
+            b.array()[:] = 7
+        for b in mine:
+            b.free()
+        procs = []
+        try:
+            for _ in range(2):
+                procs.append(subprocess.Popen([sys.executable, "-c", _CHURN, plat.prefix],
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              text=True))
+                assert procs[-1].stdout.readline().strip() == "freed"
+            pool = owner.metrics()["pool"]
+            assert pool["tenant_pools"] == 3 and pool["used_bytes"] == 0
+            assert pool["resident_bytes"] <= budget, pool
+            again = owner.alloc(16 << 20, "uint8")  # a kept or a released block: zeros
+            assert not again.array().any()
+        finally:
+            for p in procs:
+                p.communicate("\n", timeout=30)

@@ -155,12 +155,14 @@ def test_a_burst_of_commands_with_memory_reports_completes_without_a_device_rese
 
 
 def test_completion_batches_are_split_to_fit_a_ring_slot():
-    import msgpack
+    from device_workers import decode_completions
     from device_workers._worker import _payloads
-    records = [{"seq": i, "code": 0, "mem": {"ids": [["i", "x" * 40, 1, 2, 3]] * 8}}
-               for i in range(40)]
+    base = {"epoch": 1, "code": 0, "msg": "", "t_start": 1, "t_end": 2}
+    records = [{**base, "seq": i,
+                "mem": {"ids": [["i", 1 << 62, 1, 2, 3]] * 8}} for i in range(40)]
     payloads = _payloads(records, 2000)
     assert len(payloads) > 1 and all(len(p) <= 2000 for p in payloads)
-    assert [r["seq"] for p in payloads for r in msgpack.unpackb(p)] == list(range(40))
-    (alone,) = _payloads([{"seq": 7, "code": 0, "mem": {"pad": "y" * 5000}}], 2000)
-    assert msgpack.unpackb(alone) == [{"seq": 7, "code": 0}], "the outcome survives"
+    assert [r["seq"] for p in payloads for r in decode_completions(p)] == list(range(40))
+    big = ["i", 1 << 63, 1 << 63, 1 << 40, 1 << 63]  # segment ids are ints: 39 bytes each
+    (alone,) = _payloads([{**base, "seq": 7, "mem": {"ids": [big] * 60}}], 2000)
+    assert decode_completions(alone) == [{**base, "seq": 7}], "the outcome survives"

@@ -479,10 +479,10 @@ def test_a_supervisor_that_dies_exits_non_zero_and_leaves_a_dump(tmp_path):
     """A bug no handler caught (here: the loop's timer raises) still tears the platform
     down; the process exits 1 and writes a dump saying why (was: exit status 0, no word)."""
     import json
-    from hetproc.client._platform import _raw_of
+    from hetproc._config import to_raw
     spec = hetproc.load_platform().with_trace(dump_dir=str(tmp_path))
     read_fd, write_fd = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", _DYING, "--spec", json.dumps(_raw_of(spec)),
+    proc = subprocess.Popen([sys.executable, "-c", _DYING, "--spec", json.dumps({"raw": to_raw(spec), "source": spec.source}),
                              "--ready-fd", str(write_fd)], pass_fds=(write_fd,),
                             stderr=subprocess.PIPE, text=True)
     os.close(write_fd)

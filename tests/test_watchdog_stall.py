@@ -101,6 +101,9 @@ def test_a_ring_read_index_moved_past_pushed_commands_is_noticed_and_they_replay
             slot.release()
             rseg.close()
             seg.close()
+        # The replayed commands finish before the incident does: it stays active until
+        # its probes (one per device in use) have answered, and only then is history.
+        assert wait_for(lambda: _stalls(client, "gpu0"), 5), "the incident is recorded"
         inc = _stalls(client, "gpu0")[0]
         assert len(inc["innocent"]) == 2 and inc["steps"][0]["pushed"] == 2
         assert _device(client, "gpu0")["restarts"] == 1

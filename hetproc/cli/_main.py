@@ -1,31 +1,40 @@
-"""The ``hetproc`` command.
+"""The ``hetproc`` command: argument parsing and one function per subcommand.
 
-    hetproc run SCENARIO [--platform FILE] [--time-scale X] [--report FILE] [--set K=V ...]
-                         [--trace FILE] [--plot FILE.png] [--no-trace]
-    hetproc drill NAME [--report FILE] [--unsafe-reclaim] | hetproc drill --list
-    hetproc acceptance [--report FILE] [--quick]
-    hetproc status [--json]
-    hetproc cleanup [--json]
-    hetproc trace explain FILE [--id ID | --slowest N] [--json]
-    hetproc trace plot FILE -o FILE.png [--window A:B]
-    hetproc trace export PLATFORM FILE        (a live platform's rings, as they are now)
-    hetproc trace frozen PLATFORM [--dir DIR] (the windows frozen around its errors)
-
-Exit status: 0 when every check of the run held, 1 when a check failed, 2 on bad usage.
+Every user mistake (a bad flag value, an unknown scenario, option or drill, a platform
+file that does not check, an output path whose directory is missing) ends in one line on
+stderr and exit status 2, before anything starts. A run that went wrong still writes its
+report and trace, then exits 1. A signal (Ctrl-C, SIGTERM, a closed terminal) stops the
+platform, removes everything and prints one line.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import math
+import os
 import sys
-from typing import Any, Sequence
+import textwrap
+from typing import Any, Callable, NoReturn, Sequence
 
 from ipc import cleanup_dead, errors
 
-from ..drills import print_report, run_scenario, write_report
-from ._status import live_platforms, print_status
+from .. import drills
+from .._config import TIME_SCALE_RANGE
+from . import _show, _signals
+from ._status import dead_platforms, live_platforms, print_status
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+FRAMES_RANGE = (1, 1_000_000)
+
+_INTRO = """\
+hetproc emulates a phone SoC -- CPU, NPU, GPU, DSP and ISP -- as real processes: one per
+device, a supervisor that validates, schedules and recovers, shared-memory buffers and
+semaphore fences between them. These commands run scenarios and crash drills on a fresh
+platform, read the traces they leave, and look after the platforms of this machine.
+
+Exit status: 0 when every check held, 1 when one failed, 2 for a usage mistake (nothing
+was started), 128+N after signal N (the platform was stopped and removed)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,157 +42,327 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    _signals.install()
     try:
         return args.func(args)
     except errors.HetprocError as exc:
         print(f"hetproc: {exc.name}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE if isinstance(exc, errors.InvalidRequest) else EXIT_FAILED
+    except _signals.Interrupted as sig:
+        path = getattr(args, "report", None)
+        report = getattr(sig, "report", None)  # what the run collected before it stopped
+        if path and report is not None:
+            drills.write_report({**report, "report_path": path}, path)
+        print(f"hetproc: stopped by {sig}; the platform was stopped and its objects removed"
+              + (f" (report written to {path})" if path and os.path.exists(path) else ""),
+              file=sys.stderr)
+        return 128 + sig.signum
+
+
+# -- the parser ---------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage mistake is one line (and where to read more), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _prose(text: str) -> str:
+    return textwrap.dedent(text).strip()
+
+
+def _sub(sub: Any, name: str, summary: str, text: str, func: Callable) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=summary, description=_prose(text),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hetproc", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers()
+    p = _Parser(prog="hetproc", description=_INTRO,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run a scenario script")
-    run.add_argument("scenario", help="a path, or the name of a script in scenarios/")
+    run = _sub(sub, "run", "run a scenario on a fresh platform", """
+        Start a platform, run one scenario script on it, stop it, and print what the
+        script measured and checked. SCENARIO is a name from the scenarios package
+        (video_pipeline, zero_copy_evidence, camera_lifecycle, intermittent_stall) or a
+        path to your own script. The run passes only if every check held and nothing was
+        left behind. If it stops on an error, the error, its scope, the supervisor's
+        record of it and the files holding the evidence are printed.""", cmd_run)
+    run.add_argument("scenario", help="a scenario name, or a path to a .py script")
     _platform_args(run)
-    run.add_argument("--report", metavar="FILE", help="write the JSON report here")
+    run.add_argument("--report", metavar="FILE", help="write the JSON report here (also on failure)")
     run.add_argument("--set", metavar="K=V", action="append", default=[],
-                     help="scenario option, e.g. --set frames=100")
-    run.add_argument("--frames", type=int, help="shorthand for --set frames=N")
-    run.add_argument("--trace", metavar="FILE",
-                     help="write the run's trace as Chrome Trace Event JSON (Perfetto); "
-                          "windows frozen around errors go next to it")
+                     help="set one of the scenario's options (an unknown key is an error "
+                          "that lists the valid ones)")
+    run.add_argument("--frames", type=_frames, metavar="N",
+                     help=f"shorthand for --set frames=N ({FRAMES_RANGE[0]} .. {FRAMES_RANGE[1]})")
+    run.add_argument("--trace", metavar="FILE.json",
+                     help="write the run's trace for Perfetto (also on failure), and every "
+                          "window frozen around an error next to it; the directory must exist")
     run.add_argument("--plot", metavar="FILE.png",
                      help="draw the run's timeline (needs the 'plot' extra: matplotlib)")
     run.add_argument("--no-trace", action="store_true",
                      help="run with the ring trace off (as HETPROC_TRACE=0)")
-    run.set_defaults(func=cmd_run)
+    _json_arg(run)
 
-    dr = sub.add_parser("drill", help="run a crash/reset drill")
-    dr.add_argument("name", nargs="?", help="drill name (see --list)")
-    dr.add_argument("--list", action="store_true", help="list the drills")
+    dr = _sub(sub, "drill", "inject one fault and check the recovery", """
+        A crash/reset drill: one fault is injected while a bystander client keeps
+        working on another device. The recovery timeline and every check are printed;
+        the drill passes only if the platform recovered as seed §14 says and nothing
+        leaked. --list names them all.""", cmd_drill)
+    dr.add_argument("name", nargs="?", help="a drill name (see --list)")
+    dr.add_argument("--list", action="store_true", help="list the drills and what each does")
     _platform_args(dr)
-    dr.add_argument("--report", metavar="FILE", help="write the JSON report here")
+    dr.add_argument("--report", metavar="FILE", help="write the JSON report here (also on failure)")
     dr.add_argument("--unsafe-reclaim", action="store_true",
-                    help="debug policy: reclaim buffers before the device confirmed its stop")
-    dr.set_defaults(func=cmd_drill)
+                    help="debug policy: reclaim buffers before the device confirmed its stop "
+                         "(the drill then shows the corruption this causes)")
+    dr.add_argument("--seed", type=int, metavar="S",
+                    help="seed the platform's fault plan (what a campaign varies)")
+    _json_arg(dr)
 
-    acc = sub.add_parser("acceptance", help="the acceptance matrix: every drill and scenario")
+    acc = _sub(sub, "acceptance", "every scenario and drill, as a table", """
+        The acceptance matrix of seed §21: every scenario and every drill, each on its
+        own fresh platform, with pass/fail, leaks and recovery time. With --jobs N, N
+        cells run at once (each in its own process); the table fills in as they end.""",
+               cmd_acceptance)
     _platform_args(acc)
     acc.add_argument("--report", metavar="FILE", help="write the JSON matrix here")
-    acc.add_argument("--quick", action="store_true", help="short scenarios")
-    acc.set_defaults(func=cmd_acceptance)
+    acc.add_argument("--quick", action="store_true", help="short scenarios (each script's QUICK options)")
+    acc.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                     help="cells run at once (default 1)")
+    _json_arg(acc)
 
-    trace = sub.add_parser("trace", help="read traces: attribute latency, plot, export")
-    tsub = trace.add_subparsers()
-    ex = tsub.add_parser("explain", help="break requests' latency into stages and name "
-                                         "the dominant one (seed §22)")
-    ex.add_argument("file", help="a trace written by --trace, export or a frozen window")
-    which = ex.add_mutually_exclusive_group()
-    which.add_argument("--id", metavar="ID", help="one request's correlation id (0x... or decimal)")
-    which.add_argument("--slowest", type=int, metavar="N", help="the N slowest requests")
-    ex.add_argument("--json", action="store_true")
-    ex.set_defaults(func=cmd_trace_explain)
-    pl = tsub.add_parser("plot", help="draw a trace file's timeline as PNG")
-    pl.add_argument("file")
-    pl.add_argument("-o", "--output", required=True, metavar="FILE.png")
-    pl.add_argument("--window", metavar="A:B", help="only ms A..B from the trace start")
-    pl.set_defaults(func=cmd_trace_plot)
-    exp = tsub.add_parser("export", help="write a live platform's trace as Chrome JSON")
-    exp.add_argument("platform", help="its prefix, as 'hetproc status' prints it")
-    exp.add_argument("file")
-    exp.set_defaults(func=cmd_trace_export)
-    fr = tsub.add_parser("frozen", help="list (or write) a live platform's frozen windows")
-    fr.add_argument("platform", help="its prefix, as 'hetproc status' prints it")
-    fr.add_argument("--dir", metavar="DIR", help="write each window as DIR/frozen-<id>.json")
-    fr.set_defaults(func=cmd_trace_frozen)
+    camp = _sub(sub, "campaign", "run one drill under many seeds", """
+        Run a drill N times, each with its own seed (the seed drives the platform's
+        fault plan and the drill's own choices), and summarise the failures with the
+        seeds that reproduce them: rerun one with --seed-base S --seeds 1. The runs go
+        to local processes (--jobs) or to a Dask cluster (--scheduler ADDRESS, needs the
+        'dask' extra); the JSON result is the same whichever ran them.""", cmd_campaign)
+    camp.add_argument("drill", help="a drill name (see hetproc drill --list)")
+    camp.add_argument("--seeds", type=_positive_int, required=True, metavar="N",
+                      help="how many seeded runs")
+    camp.add_argument("--seed-base", type=int, default=0, metavar="S", help="first seed (default 0)")
+    camp.add_argument("--jobs", type=_positive_int, default=1, metavar="J",
+                      help="local runs at once (default 1)")
+    camp.add_argument("--scheduler", metavar="ADDRESS",
+                      help="a Dask scheduler (tcp://host:8786); each task starts its own "
+                           "platform in a subprocess on its worker")
+    _platform_args(camp)
+    camp.add_argument("--report", metavar="FILE", help="write the JSON summary here")
+    _json_arg(camp)
 
-    status = sub.add_parser("status", help="list the live platforms on this machine")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_status)
+    _trace_parsers(sub)
+    _platform_parsers(sub)
 
-    cleanup = sub.add_parser("cleanup", help="remove what dead platforms left behind")
-    cleanup.add_argument("--json", action="store_true")
-    cleanup.set_defaults(func=cmd_cleanup)
+    status = _sub(sub, "status", "the platforms on this machine", """
+        The live platforms on this machine, with supervisor and device pids, device
+        states, queues, CPU time, buffer maps, fence waits, power switches and the last
+        error; then the dead platforms that left named objects behind, which
+        `hetproc cleanup` removes.""", cmd_status)
+    _json_arg(status)
+
+    cleanup = _sub(sub, "cleanup", "remove what dead platforms left behind", """
+        Remove the named objects and the processes of every platform whose supervisor
+        is dead. Live platforms are never touched.""", cmd_cleanup)
+    _json_arg(cleanup)
 
     from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
-    add_model_commands(sub)
+    add_model_commands(sub, _sub)
     return p
 
 
+def _trace_parsers(sub: Any) -> None:
+    trace = sub.add_parser("trace", help="read traces: attribute latency, plot, export",
+                           description="Read the evidence a platform keeps (seed §22).")
+    tsub = trace.add_subparsers(title="commands", metavar="COMMAND")
+    ex = _sub(tsub, "explain", "where did a request's time go", """
+        Break requests' latency into stages (submit, queued, acquire, execute, signal,
+        wake-up, callback), name the dominant one and what it implies. By default the
+        three slowest requests; on a frozen window, the requests that failed.""",
+              cmd_trace_explain)
+    ex.add_argument("file", help="a trace written by --trace, trace export or a frozen window")
+    which = ex.add_mutually_exclusive_group()
+    which.add_argument("--id", metavar="ID", help="one request's correlation id (0x... or decimal)")
+    which.add_argument("--slowest", type=_positive_int, metavar="N", help="the N slowest requests")
+    _json_arg(ex)
+    pl = _sub(tsub, "plot", "draw a trace's timeline as PNG", """
+        Draw a lane per client, device queue and device, with fences as arrows. Without
+        --window, a long trace is drawn around its slowest request, in a window short
+        enough to read.""", cmd_trace_plot)
+    pl.add_argument("file")
+    pl.add_argument("-o", "--output", required=True, metavar="FILE.png")
+    pl.add_argument("--window", metavar="A:B", help="only ms A..B from the trace start")
+    exp = _sub(tsub, "export", "write a live platform's trace", """
+        Write a live platform's rings, as they are now, as Chrome Trace Event JSON
+        (open it in ui.perfetto.dev).""", cmd_trace_export)
+    exp.add_argument("platform", help="its prefix, as 'hetproc status' prints it")
+    exp.add_argument("file")
+    fr = _sub(tsub, "frozen", "a live platform's frozen windows", """
+        List the windows a live platform froze around its errors, or write each as its
+        own trace file with --dir.""", cmd_trace_frozen)
+    fr.add_argument("platform", help="its prefix, as 'hetproc status' prints it")
+    fr.add_argument("--dir", metavar="DIR", help="write each window as DIR/frozen-<id>.json")
+
+
+def _platform_parsers(sub: Any) -> None:
+    plat = sub.add_parser("platform", help="check or show a platform file",
+                          description="Platform files: which devices exist, what they accept, "
+                                      "how long things take.")
+    psub = plat.add_subparsers(title="commands", metavar="COMMAND")
+    chk = _sub(psub, "check", "validate a platform file", """
+        Check a platform file against the schema: every table and key, types, ranges,
+        known ops, dtypes and layouts. The first problem is printed as one line,
+        file: table.key: problem, with the closest valid key for a typo.""",
+               cmd_platform_check)
+    chk.add_argument("file")
+    _json_arg(chk)
+    _sub(psub, "show", "print the built-in platform file", """
+        Print the built-in platform file, which documents every key: copy it, change it
+        and pass it with --platform FILE.""", cmd_platform_show)
+
+
 def _platform_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--platform", metavar="FILE", help="platform TOML (default: built-in)")
-    p.add_argument("--time-scale", type=float, help="multiply every modeled duration")
+    lo, hi = TIME_SCALE_RANGE
+    p.add_argument("--platform", metavar="FILE", help="platform TOML (default: the built-in one)")
+    p.add_argument("--time-scale", type=_time_scale, metavar="X",
+                   help=f"multiply every modeled duration ({lo} .. {hi}; 0.2 runs five "
+                        "times faster than real time)")
+
+
+def _json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def _time_scale(text: str) -> float:
+    lo, hi = TIME_SCALE_RANGE
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(x) or not lo <= x <= hi:
+        raise argparse.ArgumentTypeError(f"{text} is outside {lo} .. {hi}")
+    return x
+
+
+def _frames(text: str) -> int:
+    lo, hi = FRAMES_RANGE
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not lo <= n <= hi:
+        raise argparse.ArgumentTypeError(f"{n} is outside {lo} .. {hi}")
+    return n
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not >= 1")
+    return n
+
+
+# -- scenario, drill, acceptance, campaign ------------------------------------------------
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key:
             raise errors.InvalidRequest(f"--set takes K=V, got {item!r}")
-        opts[key] = _number(value)
+        opts[key] = value
     if args.frames is not None:
         opts["frames"] = args.frames
     return opts
 
 
-def _number(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def cmd_run(args: argparse.Namespace) -> int:
+    drills.check_output_path(args.report, "--report")
     if args.plot:
         from ..trace import require_matplotlib
         require_matplotlib()  # say it is missing before the run, not after
-    report = run_scenario(args.scenario, platform_file=args.platform,
-                          time_scale=args.time_scale, options=_options(args),
-                          trace_path=args.trace, plot_path=args.plot,
-                          trace=False if args.no_trace else None)
-    return _conclude(report, args.report, print_report)
+    name = args.scenario
+    with _show.Progress(f"hetproc run {name}", enabled=not args.json) as progress:
+        report = drills.run_scenario(
+            name, platform_file=args.platform, time_scale=args.time_scale,
+            options=_options(args), trace_path=args.trace, plot_path=args.plot,
+            trace=False if args.no_trace else None, progress=progress)
+    return _conclude(report, args, _show.print_report)
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from ..drills import DRILLS, run_drill
     if args.list or not args.name:
-        for name, (_, doc, _) in DRILLS.items():
+        for name, (_, doc, _) in drills.DRILLS.items():
             print(f"{name:18s} {doc}")
-        return 0 if args.list else 2
-    report = run_drill(args.name, platform_file=args.platform, time_scale=args.time_scale,
-                       unsafe_reclaim=args.unsafe_reclaim)
-    return _conclude(report, args.report, print_report)
+        return EXIT_OK if args.list else EXIT_USAGE
+    drills.check_output_path(args.report, "--report")
+    with _show.Progress(f"hetproc drill {args.name}", enabled=not args.json) as progress:
+        report = drills.run_drill(args.name, platform_file=args.platform,
+                                  time_scale=args.time_scale,
+                                  unsafe_reclaim=args.unsafe_reclaim, progress=progress,
+                                  seed=args.seed)
+    return _conclude(report, args, _show.print_report)
 
 
 def cmd_acceptance(args: argparse.Namespace) -> int:
-    from ..drills import print_matrix, run_matrix
-    matrix = run_matrix(platform_file=args.platform, time_scale=args.time_scale,
-                        quick=args.quick)
-    return _conclude(matrix, args.report, print_matrix)
+    drills.check_output_path(args.report, "--report")
+    with _show.Progress("hetproc acceptance", enabled=not args.json) as progress:
+        def on_row(rows: list[dict[str, Any]], pending: list[str]) -> None:
+            progress.rows = _show.matrix_table(rows, pending)
+            progress(f"{len(rows)} of {len(rows) + len(pending)} done")
+        matrix = drills.run_matrix(platform_file=args.platform, time_scale=args.time_scale,
+                                   quick=args.quick, jobs=args.jobs, on_row=on_row)
+    return _conclude(matrix, args, _show.print_matrix)
 
 
-def _conclude(report: dict[str, Any], path: str | None, show: Any) -> int:
-    """Print a run's report, write it if asked; exit 0 only if every check held."""
-    show(report)
+def cmd_campaign(args: argparse.Namespace) -> int:
+    from ..drills import run_campaign
+    drills.check_output_path(args.report, "--report")
+    with _show.Progress(f"hetproc campaign {args.drill}", enabled=not args.json) as progress:
+        summary = run_campaign(args.drill, seeds=args.seeds, seed_base=args.seed_base,
+                               jobs=args.jobs, scheduler=args.scheduler,
+                               platform_file=args.platform, time_scale=args.time_scale,
+                               progress=progress)
+    return _conclude(summary, args, _show.print_campaign)
+
+
+def _conclude(report: dict[str, Any], args: argparse.Namespace, show: Callable) -> int:
+    """Write the report if asked (whatever the outcome), print it; exit 0 only if every
+    check held."""
+    path = getattr(args, "report", None)
     if path:
-        write_report(report, path)
-        print(f"report written to {path}")
-    return 0 if report["ok"] else 1
+        report["report_path"] = path
+        drills.write_report(report, path)
+    _signals.check()  # interrupted: the report is written, the rest is one line
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        show(report)
+        if path:
+            print(f"report written to {path}")
+    return EXIT_OK if report["ok"] else EXIT_FAILED
+
+
+# -- status, cleanup, platform files ------------------------------------------------------
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    platforms = live_platforms()
+    platforms = live_platforms() + dead_platforms()
     if args.json:
         print(json.dumps(platforms, indent=2))
     else:
         print_status(platforms)
-    return 0
+    return EXIT_OK
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -194,15 +373,49 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         print(f"removed {len(report['platforms'])} dead platform(s): "
               f"{len(report['removed'])} object(s), {len(report['killed'])} process(es) killed; "
               f"{len(report['live'])} live platform(s) left alone")
-    return 0
+    return EXIT_OK
+
+
+def cmd_platform_check(args: argparse.Namespace) -> int:
+    from .._config import load_platform
+    spec = load_platform(args.file)  # InvalidRequest: one line, exit 2
+    summary = {"file": args.file, "ok": True, "name": spec.name,
+               "devices": [d.name for d in spec.devices], "time_scale": spec.time_scale}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"{args.file}: ok, platform {spec.name!r} with devices "
+              f"{', '.join(summary['devices'])}")
+    return EXIT_OK
+
+
+def cmd_platform_show(args: argparse.Namespace) -> int:
+    from importlib import resources
+    sys.stdout.write(resources.files("hetproc.platforms").joinpath("default.toml").read_text())
+    return EXIT_OK
+
+
+# -- traces -------------------------------------------------------------------------------
 
 
 def cmd_trace_explain(args: argparse.Namespace) -> int:
+    """Attribute under the spinner; print once it is gone."""
+    with _show.Progress("hetproc trace explain", enabled=not args.json) as progress:
+        found, text = _explain(args, progress)
+    print(text, file=sys.stdout if found else sys.stderr)
+    return EXIT_OK if found else EXIT_FAILED
+
+
+def _explain(args: argparse.Namespace, progress: _show.Progress) -> tuple[bool, str]:
+    """(found, the text to print): the explanation, or the one line saying what is not
+    in the trace."""
     from .. import trace as ex
+    progress(f"reading {args.file}")
     try:
         trace = ex.load_trace(args.file)
     except (OSError, ValueError) as exc:
         raise errors.InvalidRequest(f"cannot read trace {args.file!r}: {exc}") from None
+    progress("attributing latency")
     if args.id is not None:
         try:
             cid = ex.parse_cid(args.id)
@@ -210,8 +423,7 @@ def cmd_trace_explain(args: argparse.Namespace) -> int:
             raise errors.InvalidRequest(f"--id takes a correlation id, got {args.id!r}") from None
         req = ex.explain(trace, cid)
         if req is None or not req.stages:
-            print(f"hetproc: request {cid:#x} is not in {args.file}", file=sys.stderr)
-            return 1
+            return False, f"hetproc: request {cid:#x} is not in {args.file}"
         reqs = [req]
     else:
         frozen = trace.other.get("frozen") or {}
@@ -220,19 +432,15 @@ def cmd_trace_explain(args: argparse.Namespace) -> int:
         else:
             reqs = ex.slowest(trace, args.slowest or 3)
     if args.json:
-        print(json.dumps({"summary": ex.summary_lines(trace),
-                          "requests": [ex.as_dict(trace, r) for r in reqs]}, indent=2))
-        return 0
-    for line in ex.summary_lines(trace):
-        print(line)
-    for r in reqs:
-        print()
-        print(ex.format_request(trace, r))
-    return 0
+        return True, json.dumps({"summary": ex.summary_lines(trace),
+                                 "requests": [ex.as_dict(trace, r) for r in reqs]}, indent=2)
+    return True, "\n".join(ex.summary_lines(trace)
+                     + [f"\n{ex.format_request(trace, r)}" for r in reqs])
 
 
 def cmd_trace_plot(args: argparse.Namespace) -> int:
     from ..trace import plot_timeline
+    drills.check_output_path(args.output, "--output")
     window = None
     if args.window:
         a, sep, b = args.window.partition(":")
@@ -240,13 +448,17 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
             window = (float(a), float(b))
         except ValueError:
             raise errors.InvalidRequest(f"--window takes A:B in ms, got {args.window!r}") from None
+        if not (math.isfinite(window[0]) and math.isfinite(window[1]) and window[0] < window[1]):
+            raise errors.InvalidRequest(f"--window takes A:B with A < B, got {args.window!r}")
     try:
-        out = plot_timeline(args.file, args.output, window=window)
+        with _show.Progress("hetproc trace plot") as progress:
+            progress(f"drawing {args.file}")
+            out = plot_timeline(args.file, args.output, window=window)
     except (OSError, ValueError) as exc:
         raise errors.InvalidRequest(f"cannot plot {args.file!r}: {exc}") from None
     print(f"timeline written to {out['path']} ({out['lanes']} lanes, {out['slices']} slices, "
-          f"{out['arrows']} fence arrows)")
-    return 0
+          f"{out['arrows']} fence arrows)" + (f"; {out['note']}" if out.get("note") else ""))
+    return EXIT_OK
 
 
 def _role() -> int | None:
@@ -259,11 +471,12 @@ def _role() -> int | None:
 def cmd_trace_export(args: argparse.Namespace) -> int:
     from .. import trace as _trace
     from ..client import connect
+    drills.check_output_path(args.file, "FILE")
     with connect(args.platform, "hetproc-trace", role=_role()) as client:
         out = _trace.export_trace(client, args.file)
     print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
           f"{out['flows']} request flows")
-    return 0
+    return EXIT_OK
 
 
 def cmd_trace_frozen(args: argparse.Namespace) -> int:
@@ -279,4 +492,4 @@ def cmd_trace_frozen(args: argparse.Namespace) -> int:
     for w in windows:
         print(f"window {w['id']}: {w['reason']} (cids {', '.join(f'{c:#x}' for c in w['cids']) or '-'}, "
               f"{w['records']} records" + (f", {w['file']}" if w.get("file") else "") + ")")
-    return 0
+    return EXIT_OK

@@ -9,7 +9,24 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ipc import Manifest, errors, platform_is_alive, platform_prefixes, socket_address
+from ipc import (Manifest, entries_with_prefix, errors, platform_is_alive, platform_prefixes,
+                 socket_address)
+
+
+def dead_platforms() -> list[dict[str, Any]]:
+    """Platforms whose supervisor is gone but whose named objects are still in /dev/shm
+    (an owner killed with SIGKILL, a crash): ``hetproc cleanup`` removes them."""
+    out = []
+    for prefix in sorted(platform_prefixes()):
+        if platform_is_alive(prefix):
+            continue
+        manifest = Manifest.load(prefix)
+        procs = manifest.data.get("processes", {}) if manifest else {}
+        out.append({"prefix": prefix, "alive": False,
+                    "platform": manifest.data.get("platform") if manifest else None,
+                    "supervisor_pid": procs.get("supervisor", [None])[0],
+                    "objects": len(entries_with_prefix(prefix))})
+    return out
 
 
 def live_platforms(query: bool = True) -> list[dict[str, Any]]:
@@ -20,7 +37,7 @@ def live_platforms(query: bool = True) -> list[dict[str, Any]]:
             continue
         procs = manifest.data.get("processes", {})
         entry: dict[str, Any] = {
-            "prefix": prefix, "platform": manifest.data.get("platform"),
+            "prefix": prefix, "alive": True, "platform": manifest.data.get("platform"),
             "supervisor_pid": procs.get("supervisor", [None])[0],
             "owner_pid": manifest.data.get("owner_pid"),
             "devices": {name: {"pid": pid} for name, pid in manifest.data.get("devices", {}).items()},
@@ -45,9 +62,16 @@ def _query(prefix: str) -> dict[str, Any] | None:
 
 
 def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
+    dead = [p for p in platforms if not p.get("alive", True)]
+    platforms = [p for p in platforms if p.get("alive", True)]
     if not platforms:
         print("no live hetproc platforms", file=out)
-        return
+    for p in dead:
+        print(f"{p['prefix']}  DEAD (supervisor pid {p['supervisor_pid'] or '?'} is gone), "
+              f"{p['objects']} named object(s) left in /dev/shm", file=out)
+    if dead:
+        print(f"{len(dead)} dead platform(s) left objects behind: run `hetproc cleanup` to "
+              "remove them", file=out)
     for p in platforms:
         m = p.get("metrics") or {}
         print(f"{p['prefix']}  {p['platform']}  supervisor pid {p['supervisor_pid']}  "

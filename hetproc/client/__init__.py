@@ -4,9 +4,10 @@ to its supervisor over the control socket and touch shared memory directly for d
 for completion. Nothing here imports the supervisor."""
 
 from ._bufpool import BufferPool, PoolStatistics
-from ._client import Buffer, Client, Context, Fence, command
+from ._client import FOREVER, Buffer, Client, Context, Fence, command
 from ._pipeline import Pipeline, PipelineReport, PipelineStage
-from ._platform import Platform, connect
+from ._platform import Platform, connect, same_code_env
 
-__all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command",
-           "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport"]
+__all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
+           "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
+           "same_code_env"]

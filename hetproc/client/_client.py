@@ -33,6 +33,7 @@ from ipc import (Channel, FenceTable, PENDING, Segment, SegmentCache, decode, en
 from ._trace_ring import ClientTrace
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
+FOREVER = float("inf")   # Fence.wait(FOREVER): no deadline, because the caller said so
 REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
 _RECORDS_KEPT = 4096      # failure records kept for waiters that have not woken yet
@@ -62,7 +63,7 @@ class Client:
         # (bounded: the oldest go first; a waiter missing one asks instead).
         self._failure_records: collections.OrderedDict[int, dict] = collections.OrderedDict()
         self._closed = False
-        self._sup_pidfd = -1  # known after hello
+        self._sup_pidfd = -1  # until hello names the supervisor: a reset during it is clean
         try:
             self._chan = Channel.connect(address, timeout)
         except OSError as exc:
@@ -680,8 +681,14 @@ class Fence:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until done. Raises the command's error, ``FenceTimeout`` after ``timeout``
-        seconds (default 30 s: no wait is forever), or ``SupervisorLost``."""
+        seconds, or ``SupervisorLost``.
+
+        ``timeout=None`` (the default) is ``DEFAULT_TIMEOUT`` (30 s): no wait is forever by
+        accident. ``hetproc.FOREVER`` waits as long as it takes -- only because the caller
+        asked -- and still ends with ``SupervisorLost`` if the supervisor dies."""
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        if not timeout >= 0:  # also refuses nan
+            raise errors.InvalidRequest(f"wait timeout must be >= 0 seconds, got {timeout!r}")
         t_wait = self.client.trace.wait_begin(self.cid)
         deadline = time.monotonic() + timeout
         while True:
@@ -691,10 +698,13 @@ class Fence:
                 break
             except errors.FenceTimeout:
                 if remaining <= _LIVENESS_SLICE:
+                    # The wait ends here too: its WAKE slice is closed, not left open.
+                    self.client.trace.wait_end(self.cid, t_wait, errors.FenceTimeout.code)
                     raise errors.FenceTimeout(
                         f"fence {self.handle:#x} still pending after {timeout:.3f} s",
                         correlation_id=self.cid) from None
                 if not self.client.supervisor_alive():
+                    self.client.trace.wait_end(self.cid, t_wait, errors.SupervisorLost.code)
                     raise errors.SupervisorLost(
                         "the supervisor died while this fence was pending",
                         correlation_id=self.cid) from None

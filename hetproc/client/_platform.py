@@ -22,13 +22,18 @@ from ipc import cleanup_prefix, errors, socket_address
 
 from .. import trace as _trace
 from ._client import Client
-from .._config import PlatformSpec, load_platform
+from .._config import PlatformSpec, load_platform, to_raw
 
 START_TIMEOUT = 20.0
+# Where this hetproc was imported from: the supervisor runs the same code as its owner,
+# whatever the owner's working directory or the other copies on the path.
+CODE_ROOT = str(Path(__file__).resolve().parents[2])
 
-# Prefixes of the platforms this process started: lets a test suite check its own
-# platforms for leftovers while other suites run beside it on the same machine.
-started_prefixes: list[str] = []
+
+def same_code_env(**extra: str) -> dict[str, str]:
+    """The environment for a child process that must import this very hetproc."""
+    path = os.pathsep.join(p for p in (CODE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 class Platform:
@@ -37,6 +42,10 @@ class Platform:
         with hetproc.Platform() as plat:
             npu = plat.client.context("npu0")
     """
+
+    # Prefixes of the platforms this process started, oldest first: lets a test suite
+    # check its own platforms for leftovers while other suites run beside it.
+    started_prefixes: list[str] = []
 
     def __init__(self, platform_file: str | Path | None = None, *,
                  time_scale: float | None = None, spec: PlatformSpec | None = None,
@@ -51,7 +60,7 @@ class Platform:
             trace = os.environ["HETPROC_TRACE"] == "1"
         if trace is not None and trace != self.spec.trace.enabled:
             self.spec = self.spec.with_trace(enabled=trace)
-        self._raw = _raw_of(self.spec)
+        self._raw = {"raw": to_raw(self.spec), "source": self.spec.source}
         self.prefix = ""
         self.proc: subprocess.Popen | None = None
         self.client: Client | None = None
@@ -73,7 +82,7 @@ class Platform:
                 [sys.executable, "-m", "hetproc.supervisor", "--spec", json.dumps(self._raw),
                  "--ready-fd", str(write_fd)],
                 pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
-                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
+                env=same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
             )
         finally:
             os.close(write_fd)
@@ -82,7 +91,7 @@ class Platform:
         finally:
             os.close(read_fd)
         self.prefix = ready["prefix"]
-        started_prefixes.append(self.prefix)
+        Platform.started_prefixes.append(self.prefix)
         try:
             self.client = Client(self.address, self._name, owner=True)
         except BaseException:
@@ -179,18 +188,6 @@ def _read_ready(fd: int, proc: subprocess.Popen, timeout: float) -> dict[str, An
         cleanup_prefix(lines[0]["prefix"])
         raise errors.PlatformError(f"platform failed to start: {lines[1].get('error')}")
     return {"prefix": lines[0]["prefix"], "pid": lines[1]["pid"]}
-
-
-def _raw_of(spec: PlatformSpec) -> dict[str, Any]:
-    d = spec.to_dict()
-    devices = []
-    for dev in d.pop("devices"):
-        devices.append(dev)
-    raw = {k: v for k, v in d.items() if k not in ("source", "faults", "recovery")}
-    raw["recovery"] = dict(spec.recovery)
-    raw["device"] = devices
-    raw["fault"] = list(spec.faults)
-    return {"raw": raw, "source": spec.source}
 
 
 def connect(platform: str, name: str = "", *, role: int | None = None) -> Client:

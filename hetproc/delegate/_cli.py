@@ -10,48 +10,99 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
+from .._config import TIME_SCALE_RANGE, check_time_scale
 
-def add_model_commands(sub: Any) -> None:
-    """Register ``model inspect|run|diff`` on the top-level subparsers."""
-    model = sub.add_parser("model", help="ONNX models on the platform: inspect, run, diff")
-    msub = model.add_subparsers()
-    ins = msub.add_parser("inspect", help="print the placement log and partitions")
+
+def add_model_commands(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
+    """Register ``model inspect|run|diff`` on the top-level subparsers; ``command(sub,
+    name, summary, prose, func)`` is the CLI's own way of adding a command, so these read
+    like every other one."""
+    model = command(sub, "model", "ONNX models on the platform: inspect, run, diff", """
+        ONNX models partitioned across the emulated devices (seed §2, §6, §13; needs the
+        'onnx' extra). inspect prints where each node would run and why, run runs the
+        model on a fresh platform, diff compares two placements of one model.""", None)
+    msub = model.add_subparsers(title="commands", metavar="COMMAND")
+    ins = command(msub, "inspect", "print the placement log and partitions", """
+        Place the model on the platform's devices without starting it: which device
+        takes each node and why, the partitions, the work at their boundaries, and per
+        accelerator the line "Replacing N out of M node(s) with delegate (npu0),
+        yielding K partitions".""", cmd_inspect)
     _common(ins)
-    ins.add_argument("--json", action="store_true", help="the placement as JSON")
-    ins.set_defaults(func=cmd_inspect)
-    run = msub.add_parser("run", help="run a model partitioned across the devices")
+    ins.add_argument("--json", action="store_true", help="print the placement as JSON on stdout")
+    run = command(msub, "run", "run a model partitioned across the devices", """
+        Start a platform, compile the model's partitions into assets, run it (one graph
+        command per partition, fences only at partition boundaries) and print the
+        timings and the outputs' shapes. The output and trace paths are checked before
+        anything starts.""", cmd_run)
     _common(run)
     run.add_argument("--inputs", metavar="F.npz", help="inputs by name (default: seeded random)")
     run.add_argument("--output", metavar="F.npz", help="write the outputs by tensor name")
     run.add_argument("--trace", metavar="F.json", help="write the timeline (Chrome Trace JSON)")
-    run.add_argument("--time-scale", type=float, default=1.0, help="multiply modeled durations")
-    run.add_argument("--runs", type=int, default=1, help="how many times to run it")
+    run.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="X",
+                     help="multiply every modeled duration "
+                          f"({TIME_SCALE_RANGE[0]} .. {TIME_SCALE_RANGE[1]})")
+    run.add_argument("--runs", type=_positive_int, default=1, metavar="N",
+                     help="how many times to run it (the best time is printed)")
     run.add_argument("--cache-dir", metavar="DIR",
                      help="asset cache directory (a second run with it loads warm)")
-    run.set_defaults(func=cmd_run)
-    diff = msub.add_parser("diff", help="compare two placements of one model (upgrade check)")
+    run.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    diff = command(msub, "diff", "compare two placements of one model (upgrade check)", """
+        Place the model twice -- on two platform files, or with two sets of partition
+        limits -- and compare the delegated nodes, partitions, boundary tensors and
+        modeled end-to-end time (seed §16). Exit status 1 when the placements differ.""",
+                cmd_diff)
     _common(diff)
     diff.add_argument("--against", metavar="FILE", help="the other platform file (default: same)")
-    diff.add_argument("--against-max-partitions", type=int, help="max_partitions of the other")
-    diff.add_argument("--against-min-nodes", type=int, help="min_nodes_per_partition of the other")
-    diff.set_defaults(func=cmd_diff)
+    diff.add_argument("--against-max-partitions", type=_positive_int, metavar="N",
+                      help="max_partitions of the other")
+    diff.add_argument("--against-min-nodes", type=_positive_int, metavar="N",
+                      help="min_nodes_per_partition of the other")
+    diff.add_argument("--json", action="store_true", help="print both placements as JSON")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--platform", metavar="FILE", help="platform TOML (default: built-in)")
     p.add_argument("--strict", action="store_true", help="refuse if any node would fall back")
-    p.add_argument("--max-partitions", type=int, default=8)
-    p.add_argument("--min-nodes", type=int, default=2, help="min_nodes_per_partition")
+    p.add_argument("--max-partitions", type=_positive_int, default=8, metavar="N",
+                   help="at most this many partitions (default 8)")
+    p.add_argument("--min-nodes", type=_positive_int, default=2, metavar="N",
+                   help="min_nodes_per_partition (default 2)")
     p.add_argument("--ignore-costs", action="store_true",
                    help="offload every supported node (no copy-vs-gain weighing)")
     p.add_argument("--accelerators", help="comma-separated device names, preferred first")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,..",
                    help="bind a symbolic input shape (a shape bucket)")
+
+
+def _time_scale(text: str) -> float:
+    from hetproc import InvalidRequest
+    try:
+        return check_time_scale(text, "--time-scale")
+    except InvalidRequest as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--time-scale: ")) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not >= 1")
+    return n
+
+
+def _check_path(path: str | None, flag: str) -> None:
+    """An output path whose directory exists: checked before anything runs, never created."""
+    from hetproc import InvalidRequest
+    if path and not Path(path).resolve().parent.is_dir():
+        raise InvalidRequest(f"{flag} {path}: the directory {Path(path).parent} does not exist")
 
 
 def _options(args: argparse.Namespace, **over: Any) -> Any:
@@ -126,36 +177,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     import hetproc
 
     from . import AssetCache, DelegatedModel, load_model
+    _check_path(args.output, "--output")
+    _check_path(args.trace, "--trace")
     graph = load_model(args.model, _shapes(args))
     feeds = _feeds(graph, args.inputs)
     cache = AssetCache(args.cache_dir) if args.cache_dir else None
+    lines: list[str] = []
+    result: dict[str, Any] = {}
     with hetproc.Platform(args.platform, time_scale=args.time_scale) as plat:
         t0 = time.perf_counter()
         with DelegatedModel.load(plat.client, graph, options=_options(args), cache=cache) as dm:
             t_load = time.perf_counter() - t0
             if cache is not None:
-                print(f"assets: {', '.join(dm.load_info['cache'])}; modeled compile/load "
-                      f"{sum(dm.load_info['compile_ms'].values()):.2f} ms")
-            for line in dm.placement.summary:
-                print(line)
+                lines.append(f"assets: {', '.join(dm.load_info['cache'])}; modeled "
+                             f"compile/load {sum(dm.load_info['compile_ms'].values()):.2f} ms")
+            lines += list(dm.placement.summary)
             for p in dm.placement.partitions:
-                print(f"partition {p.index} on {p.device}: {len(p.nodes)} node(s), "
-                      f"modeled {p.modeled_us:.1f} us")
+                lines.append(f"partition {p.index} on {p.device}: {len(p.nodes)} node(s), "
+                             f"modeled {p.modeled_us:.1f} us")
             walls = []
-            for _ in range(max(1, args.runs)):
+            for _ in range(args.runs):
                 out = dm.run(feeds)
                 walls.append(dm.last_run["wall_s"])
-            print(f"load {t_load * 1000:.1f} ms; run {min(walls) * 1000:.2f} ms "
-                  f"(best of {len(walls)}), {dm.last_run['commands']} command(s), modeled "
-                  f"{dm.last_run['modeled_us']:.1f} us")
-        for name, arr in out.items():
-            print(f"output {name}: {arr.dtype} {list(arr.shape)}")
+            lines.append(f"load {t_load * 1000:.1f} ms; run {min(walls) * 1000:.2f} ms "
+                         f"(best of {len(walls)}), {dm.last_run['commands']} command(s), "
+                         f"modeled {dm.last_run['modeled_us']:.1f} us")
+            result = {"placement": placement_dict(dm.placement),
+                      "cache": list(dm.load_info["cache"]) if cache is not None else None,
+                      "load_ms": round(t_load * 1000, 3),
+                      "run_ms_best": round(min(walls) * 1000, 3), "runs": len(walls),
+                      "commands": dm.last_run["commands"],
+                      "modeled_us": round(dm.last_run["modeled_us"], 1)}
+        lines += [f"output {name}: {arr.dtype} {list(arr.shape)}" for name, arr in out.items()]
+        result["outputs"] = {name: {"dtype": str(arr.dtype), "shape": list(arr.shape)}
+                             for name, arr in out.items()}
         if args.output:
             np.savez(args.output, **out)
-            print(f"outputs written to {args.output}")
+            lines.append(f"outputs written to {args.output}")
         if args.trace:
             plat.export_trace(args.trace)
-            print(f"trace written to {args.trace}")
+            lines.append(f"trace written to {args.trace}")
+    result.update(output=args.output, trace=args.trace)
+    print(json.dumps(result, indent=2) if args.json else "\n".join(lines))
     return 0
 
 
@@ -166,13 +229,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     b = placement_dict(plan(graph, _spec(args.against or args.platform), _options(
         args, max_partitions=args.against_max_partitions,
         min_nodes_per_partition=args.against_min_nodes)))
+    same = a["partitions"] == b["partitions"]
+    if args.json:
+        print(json.dumps({"a": a, "b": b, "identical": same}, indent=2))
+        return 0 if same else 1
     for label, d in (("A", a), ("B", b)):
         print(f"[{label}] " + "; ".join(d["summary"]))
         print(f"[{label}] {len(d['partitions'])} partitions: " + ", ".join(
             f"{p['device']}#{p['nodes'][0]}..{p['nodes'][1]}" for p in d["partitions"]))
         print(f"[{label}] boundary tensors: {sorted({x['tensor'] for x in d['boundaries']})}")
         print(f"[{label}] modeled end-to-end: {d['modeled_us']:.1f} us")
-    same = a["partitions"] == b["partitions"]
     print("placement identical" if same else
           f"placement differs: modeled {a['modeled_us']:.1f} -> {b['modeled_us']:.1f} us")
     return 0 if same else 1

@@ -1,12 +1,36 @@
-"""Whole-platform runs, from the user's shell or a test: scenario scripts, crash and
-reset drills, the acceptance matrix (seed §21). Each starts its own platform (or is given
-one), drives it through the public client API, checks what must hold, and reports."""
+"""Whole-platform runs: scenarios, drills, the acceptance matrix and seeded campaigns.
 
-from ._acceptance import print_matrix, run_matrix
+What a scenario script (``hetproc run FILE``) and a user's own tooling may use::
+
+    Scenario          what ``run(s)`` gets: the platform, its client, options, checks
+    Option            a key the script takes from ``--set K=V`` (its ``OPTIONS``)
+    run_scenario      run a script (a path, or a name in ``scenarios``) on a fresh platform
+    scenario_names    the scripts the ``scenarios`` package holds, discovered
+    run_drill, DRILLS the crash/reset drills (``hetproc drill --list``)
+    run_matrix        the acceptance matrix (seed §21)
+    run_campaign      one drill under many seeds, locally or on a Dask cluster
+    leftovers, ...    the one check of what a stopped platform left behind
+
+Scenarios import only public namespaces: ``hetproc``, ``hetproc.trace``, this package (and
+``device_workers.read_checksum``, ``ipc.Stage`` for the lower layers' own names).
+"""
+
+from ._acceptance import run_matrix
+from ._campaign import campaign_task, run_campaign
 from ._drills import DRILLS, run_drill
-from ._scenario import (Scenario, find_scenario, load_module, print_report, run_on_platform,
-                        run_scenario, scenario_folder, write_report)
+from ._leaks import (alive, assert_no_leftovers, leftovers, new_children, platform_pids,
+                     started_prefixes)
+from ._scenario import (Check, Option, Scenario, check_options, check_output_path,
+                        declared_options, find_scenario, load_module, load_scenario,
+                        quick_options, run_on_platform, run_scenario, scenario_folder,
+                        scenario_names, write_report)
 
-__all__ = ["Scenario", "run_scenario", "run_on_platform", "find_scenario", "scenario_folder",
-           "load_module", "print_report", "write_report", "DRILLS", "run_drill",
-           "run_matrix", "print_matrix"]
+__all__ = [
+    "Scenario", "Check", "Option", "run_scenario", "run_on_platform", "scenario_names",
+    "find_scenario", "scenario_folder", "load_module", "load_scenario", "declared_options",
+    "quick_options", "check_options",
+    "check_output_path", "write_report", "run_drill", "DRILLS", "run_matrix",
+    "run_campaign", "campaign_task",
+    "leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
+    "started_prefixes",
+]

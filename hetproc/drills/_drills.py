@@ -12,7 +12,7 @@ trips when the mechanism it guards is broken (``--unsafe-reclaim`` shows one doi
 from __future__ import annotations
 
 import dataclasses
-import os
+import difflib
 import signal
 import subprocess
 import sys
@@ -25,6 +25,8 @@ import numpy as np
 from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
+from ..client import same_code_env
+from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
 DRILLS: dict[str, tuple[Callable[["Drill"], None], str, dict[str, Any]]] = {}
@@ -362,7 +364,9 @@ def _heartbeat_stall(d: Drill) -> None:
     ctx = d.client.context("dsp0", name="long-job")
     spec = d.plat.spec
     d.client.inject("heartbeat_stall", device="dsp0")
-    f = ctx.submit("work", ms=spec.watchdog_ms * 2.5)  # longer than the watchdog
+    # Longer than the watchdog, which is named explicitly: the default would grow with the
+    # command's modeled duration and never fire, and the re-arm is what this drill checks.
+    f = ctx.submit("work", ms=spec.watchdog_ms * 2.5, timeout_ms=spec.watchdog_ms)
     d.check_completes("the long, progressing job completed (not killed)", f)
     verdicts = d.client.incidents()["verdicts"]
     d.s.check("watchdog verdict was 'no hang' (re-armed on progress)",
@@ -412,9 +416,9 @@ def _supervisor_crash(d: Drill) -> None:
               err.name if err else "success")
     d.s.check("no waiter waited past watchdog + grace", waited <= d.bound_ms, f"{waited:.1f} ms")
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and alive(pids):
         time.sleep(0.01)
-    d.s.check("every device process exited on its own", not any(_alive(p) for p in pids[1:]))
+    d.s.check("every device process exited on its own", not alive(pids[1:]))
     try:
         d.client.ping()
         d.s.check("the next call gets a clear error", False, "it succeeded")
@@ -422,7 +426,7 @@ def _supervisor_crash(d: Drill) -> None:
         d.s.check("the next call gets a clear error", True, exc.name)
     report = cleanup_dead()
     d.s.check("hetproc cleanup removed the dead platform", plat.prefix in report["platforms"])
-    d.s.check("nothing of it remains in /dev/shm", entries_with_prefix(plat.prefix) == [])
+    d.s.check("nothing of it remains in /dev/shm", not leftovers(plat.prefix)["objects"])
 
 
 DOOMED = """
@@ -442,7 +446,7 @@ def _client_crash(d: Drill) -> None:
     base = d.start()
     hold_ms = 300
     proc = subprocess.Popen([sys.executable, "-c", DOOMED, d.plat.prefix, str(hold_ms)],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=same_code_env())
     d.s.extra_pids.append(proc.pid)
     try:
         ready = proc.stdout.readline().strip() == "ready"
@@ -464,18 +468,6 @@ def _client_crash(d: Drill) -> None:
     d.finish(base)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def _check_context_lost(d: Drill, ctx) -> None:
     try:
         ctx.submit("work", ms=0)
@@ -488,26 +480,34 @@ def _check_context_lost(d: Drill, ctx) -> None:
 
 
 def drill_spec(name: str, *, platform_file: str | None = None, time_scale: float | None = None,
-               unsafe_reclaim: bool = False) -> PlatformSpec:
+               unsafe_reclaim: bool = False, seed: int | None = None) -> PlatformSpec:
     spec = load_platform(platform_file).with_time_scale(time_scale)
     _, _, recovery = DRILLS[name]
     policy = {**spec.recovery, **recovery}
     if unsafe_reclaim:
         policy["unsafe_reclaim"] = True
     changes: dict[str, Any] = {"recovery": policy}
+    if seed is not None:
+        changes["fault_seed"] = seed  # drives the fault plan's seeded generator
     if name == "oom":
         changes["memory_mib"] = 64
     return dataclasses.replace(spec, **changes)
 
 
 def run_drill(name: str, *, platform_file: str | None = None, time_scale: float | None = None,
-              unsafe_reclaim: bool = False) -> dict[str, Any]:
+              unsafe_reclaim: bool = False, progress: Callable[[str], None] | None = None,
+              seed: int | None = None) -> dict[str, Any]:
+    """Run one drill on a fresh platform; its report. ``seed`` seeds the platform's fault
+    plan (a campaign runs one drill under many seeds)."""
     if name not in DRILLS:
-        raise errors.InvalidRequest(f"no drill {name!r} (known: {', '.join(DRILLS)})")
+        near = difflib.get_close_matches(name, list(DRILLS), n=1)
+        raise errors.InvalidRequest(f"no drill {name!r}" + (f" (did you mean {near[0]!r}?)" if near
+                                    else "") + f"; known: {', '.join(DRILLS)}")
     fn, doc, _ = DRILLS[name]
     spec = drill_spec(name, platform_file=platform_file, time_scale=time_scale,
-                      unsafe_reclaim=unsafe_reclaim)
+                      unsafe_reclaim=unsafe_reclaim, seed=seed)
     report = run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
-                             {"unsafe_reclaim": unsafe_reclaim})
+                             {"unsafe_reclaim": unsafe_reclaim}, progress=progress)
     report["drill"] = name
+    report["seed"] = seed
     return report

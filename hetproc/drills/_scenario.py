@@ -1,17 +1,25 @@
 """Running a scenario script and reporting what it measured and checked.
 
-A scenario is a Python file with ``run(s: Scenario) -> None``. The runner starts the
-platform, hands the scenario a ``Scenario`` to record metrics and checks on, stops the
-platform, then looks for anything left behind (named objects, processes) and writes the
-report. The run passes only if every check held and nothing leaked.
+A scenario is a Python file with ``run(s: Scenario) -> None``, and optionally
+``OPTIONS = {"frames": Option(300, "frames per run", min=10)}`` (the keys ``--set K=V``
+may change, checked and typed here) and ``QUICK = {"frames": 40}`` (what ``acceptance
+--quick`` runs). Scripts in the ``scenarios`` package are found by name, not listed.
+
+The runner starts the platform, hands the scenario a ``Scenario`` to record metrics and
+checks on, writes the evidence (trace, frozen windows, picture) whether or not the
+scenario got to its end, stops the platform, then looks for anything left behind (named
+objects, processes). The run passes only if every check held and nothing leaked. When
+the scenario stopped on an error, the report's ``failure`` says what failed, how far the
+damage went, the supervisor's own record of it and where the evidence is.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
+import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,13 +27,56 @@ from types import ModuleType
 from typing import Any, Callable
 
 import numpy as np
-import psutil
-
-from ipc import entries_with_prefix, errors
+from ipc import errors
 
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
 from ..client import Platform
+from ._leaks import leftovers, platform_pids
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Option:
+    """A key a scenario takes from ``--set K=V``: its default (which fixes its type), what
+    it means, and its range (inclusive) or its choices."""
+
+    default: Any
+    help: str = ""
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def parse(self, value: Any, where: str) -> Any:
+        """``value`` (a string from the command line, or a Python value) as this option's
+        type, in range; InvalidRequest naming ``where`` otherwise."""
+        kind = type(self.default)
+        try:
+            if kind is bool and isinstance(value, str):
+                if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                    raise ValueError(value)
+                value = value.lower() in ("1", "true", "yes")
+            elif kind is int and isinstance(value, float) and value.is_integer():
+                value = int(value)
+            value = kind(value)
+        except (TypeError, ValueError):
+            raise errors.InvalidRequest(f"{where}: {value!r} is not {_a(kind)}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise errors.InvalidRequest(f"{where}: {value!r} is not a finite number")
+        if self.min is not None and value < self.min:
+            raise errors.InvalidRequest(f"{where}: {value!r} is below the minimum {self.min}")
+        if self.max is not None and value > self.max:
+            raise errors.InvalidRequest(f"{where}: {value!r} is above the maximum {self.max}")
+        if self.choices is not None and value not in self.choices:
+            raise errors.InvalidRequest(f"{where}: {value!r} is not one of "
+                                        f"{', '.join(map(str, self.choices))}")
+        return value
+
+
+def _a(kind: type) -> str:
+    return {int: "a whole number", float: "a number", bool: "true or false",
+            str: "a string"}.get(kind, kind.__name__)
 
 
 @dataclass
@@ -46,6 +97,8 @@ class Scenario:
     notes: list[str] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
     extra_pids: list[int] = field(default_factory=list)  # processes it started itself
+    declared: dict[str, Option] = field(default_factory=dict)  # the script's OPTIONS
+    on_progress: Progress | None = None
 
     @property
     def client(self):
@@ -55,9 +108,18 @@ class Scenario:
     def time_scale(self) -> float:
         return self.platform.spec.time_scale
 
-    def option(self, name: str, default: Any) -> Any:
+    def option(self, name: str, default: Any = None) -> Any:
+        """An option's value: as set (``--set``), else the script's declared default,
+        else ``default``."""
+        if name in self.declared:
+            return self.options.get(name, self.declared[name].default)
         value = self.options.get(name, default)
         return type(default)(value) if default is not None and value is not None else value
+
+    def progress(self, text: str) -> None:
+        """Say what the scenario is doing now (the CLI shows it beside a spinner)."""
+        if self.on_progress is not None:
+            self.on_progress(text)
 
     def metric(self, name: str, value: Any) -> Any:
         self.metrics[name] = _plain(value)
@@ -97,17 +159,25 @@ def scenario_folder() -> Path:
     return Path(spec.origin).parent
 
 
+def scenario_names() -> list[str]:
+    """Every scenario script of the ``scenarios`` package, discovered (not listed)."""
+    return sorted(p.stem for p in scenario_folder().glob("[!_]*.py"))
+
+
 def find_scenario(name: str) -> Path:
-    """A path, or the name of a script in the ``scenarios`` package."""
+    """A path to a ``.py`` file, or the name of a script in the ``scenarios`` package."""
     path = Path(name)
-    if path.suffix == ".py" and path.exists():
-        return path
-    folder = scenario_folder()
-    candidate = folder / f"{name.replace('-', '_')}.py"
+    if path.suffix == ".py":
+        if path.is_file():
+            return path
+        raise errors.InvalidRequest(f"no scenario file {name}")
+    candidate = scenario_folder() / f"{name.replace('-', '_')}.py"
     if candidate.exists():
         return candidate
-    known = sorted(p.stem for p in folder.glob("[!_]*.py"))
-    raise errors.InvalidRequest(f"no scenario {name!r} (known: {', '.join(known)})")
+    known = scenario_names()
+    near = difflib.get_close_matches(name, known, n=1)
+    raise errors.InvalidRequest(f"no scenario {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                                + f"; known: {', '.join(known)}")
 
 
 def load_module(path: Path) -> ModuleType:
@@ -121,90 +191,235 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
+def load_scenario(name: str) -> ModuleType:
+    """The scenario module ``name`` (a path or a name), loaded and checked."""
+    return load_module(find_scenario(name))
+
+
+def declared_options(module: ModuleType) -> dict[str, Option]:
+    """The keys a scenario script takes (its ``OPTIONS``), each as an ``Option``."""
+    raw = getattr(module, "OPTIONS", None) or {}
+    return {k: v if isinstance(v, Option) else Option(v) for k, v in raw.items()}
+
+
+def quick_options(module: ModuleType) -> dict[str, Any]:
+    """What ``acceptance --quick`` runs the scenario with (its ``QUICK``)."""
+    return dict(getattr(module, "QUICK", None) or {})
+
+
+def check_options(name: str, declared: dict[str, Option], options: dict[str, Any]) -> dict[str, Any]:
+    """Every option set must be one the scenario declares, of the right type and range."""
+    out = {}
+    for key, value in options.items():
+        if key not in declared:
+            valid = sorted(declared)
+            near = difflib.get_close_matches(key, valid, n=1)
+            hint = (f"did you mean {near[0]!r}? " if near else "") + (
+                f"it takes: {', '.join(valid)}" if valid else "it takes no options")
+            raise errors.InvalidRequest(f"scenario {name}: unknown option {key!r} ({hint})")
+        out[key] = declared[key].parse(value, f"scenario {name}: option {key}")
+    return out
+
+
+def check_output_path(path: str | os.PathLike[str] | None, flag: str) -> None:
+    """Refuse, before a run, a file the run could not write at its end: its directory
+    must exist already (never created silently) and the path must not be a directory."""
+    if path is None:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise errors.InvalidRequest(f"{flag} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise errors.InvalidRequest(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise errors.InvalidRequest(f"{flag} {path}: directory {parent} is not writable")
+
+
 def run_scenario(name: str, *, platform_file: str | None = None,
                  time_scale: float | None = None, options: dict[str, Any] | None = None,
                  spec: PlatformSpec | None = None, trace_path: str | None = None,
-                 plot_path: str | None = None, trace: bool | None = None) -> dict[str, Any]:
+                 plot_path: str | None = None, trace: bool | None = None,
+                 progress: Progress | None = None) -> dict[str, Any]:
     """Run one scenario script on a fresh platform; returns its report.
 
-    ``trace_path``: also write the run's trace (Chrome Trace Event JSON) and, next to it,
-    every window frozen around an error; ``plot_path``: draw the timeline as PNG;
-    ``trace``: force the ring trace on or off (None: the platform's setting).
+    ``options`` must be keys the script declares (``OPTIONS``), checked before anything
+    starts, as are the output paths. ``trace_path``: also write the run's trace (Chrome
+    Trace Event JSON) and, next to it, every window frozen around an error -- on failure
+    too; ``plot_path``: draw the timeline as PNG; ``trace``: force the ring trace on or off
+    (None: the platform's setting); ``progress``: called with what the run is doing now.
     """
     path = find_scenario(name)
     module = load_module(path)
+    declared = declared_options(module)
+    options = check_options(path.stem, declared, options or {})
+    check_output_path(trace_path, "--trace")
+    check_output_path(plot_path, "--plot")
     spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
     doc = (module.__doc__ or "").strip()
     return run_on_platform(module.run, path.stem, doc.splitlines()[0] if doc else "", spec,
-                           options or {}, trace_path=trace_path, plot_path=plot_path,
-                           trace=trace, strict_leaks=True)
+                           options, trace_path=trace_path, plot_path=plot_path,
+                           trace=trace, strict_leaks=True, progress=progress,
+                           declared=declared)
 
 
 def run_on_platform(func: Callable[[Scenario], None], name: str, description: str,
                     spec: PlatformSpec, options: dict[str, Any], *,
                     trace_path: str | None = None, plot_path: str | None = None,
-                    trace: bool | None = None, strict_leaks: bool = False) -> dict[str, Any]:
-    """Start a platform, run ``func`` on it, stop it, look for leftovers, report.
+                    trace: bool | None = None, strict_leaks: bool = False,
+                    progress: Progress | None = None,
+                    declared: dict[str, Option] | None = None) -> dict[str, Any]:
+    """Start a platform, run ``func`` on it, write the evidence, stop it, look for
+    leftovers, report.
 
     The report says what ran (scenario, platform), what was measured (metrics), what was
     checked (checks with pass/fail), what was left behind (objects, processes), the leak
     check (§15 counts before and after; with ``strict_leaks`` a command left in flight or
-    a client left connected fails the run) and the evidence (frozen windows, trace file,
-    timeline picture).
+    a client left connected fails the run), the evidence (frozen windows, trace file,
+    timeline picture) and, when ``func`` raised, the ``failure`` explained.
     """
+    say = progress or (lambda text: None)
     if (trace_path or plot_path) and spec.trace.capacity < _EXPORT_CAPACITY:
         # A whole run is wanted, not just the last moments: larger rings (memory is only
         # touched as records are written).
         spec = spec.with_trace(capacity=_EXPORT_CAPACITY)
     t0 = time.monotonic()
+    say("starting the platform")
     plat = Platform(spec=spec, trace=True if (trace_path or plot_path) and trace is None else trace)
     plat.start()
-    s = Scenario(plat, dict(options))
-    error = None
+    s = Scenario(plat, dict(options), declared=dict(declared or {}), on_progress=say)
+    error = failure = None
+    interrupted: BaseException | None = None
     pids: list[int] = []
     evidence: dict[str, Any] = {}
     leaks: dict[str, Any] = {}
     try:
-        pids = _platform_pids(plat)
+        pids = platform_pids(plat)
         before = _counts(plat.metrics())
-        func(s)
+        say("running")
         try:
-            final = plat.metrics()
-        except errors.HetprocError:
-            final = None  # a drill may have killed the supervisor on purpose
+            func(s)
+        except Exception as exc:  # the report must say what broke, not just crash
+            name = type(exc).__name__
+            error = str(exc) if str(exc).startswith(f"{name}:") else f"{name}: {exc}"
+            s.check("ran to the end", False, error)
+            failure = _failure(plat, exc)
+        except BaseException as exc:  # Ctrl-C, a signal: stop, but keep the evidence first
+            interrupted = exc
+            error = f"interrupted ({type(exc).__name__}: {exc})"
+            s.check("ran to the end", False, error)
+        final = _metrics_or_none(plat)  # None: a drill killed the supervisor on purpose
         if final is not None:
-            leaks = _leak_check(before, _counts(final))
-            deadline = time.monotonic() + _SETTLE_S
-            while not leaks["ok"] and time.monotonic() < deadline:
-                # A client's goodbye and a device's completion record reach the supervisor
-                # a moment after the scenario saw its fence or closed its socket.
-                time.sleep(0.01)
-                final = plat.metrics()
-                leaks = _leak_check(before, _counts(final))
-            s.metrics.setdefault("platform_metrics", _plain(final))
+            say("letting in-flight news reach the supervisor")
+            leaks = _settled_leak_check(plat, before, final)
+            s.metrics.setdefault("platform_metrics", _plain(leaks.pop("final")))
             if strict_leaks:
                 s.check("leak check: no command left in flight or queued, no client left "
                         "connected", leaks["ok"], json.dumps(leaks["grown"]))
+            say("writing the evidence")
             evidence = _collect_evidence(plat, trace_path, plot_path, name)
-    except Exception as exc:  # the report must say what broke, not just crash
-        error = f"{type(exc).__name__}: {exc}"
-        s.check("ran to the end", False, error)
+    except Exception as exc:  # the platform itself broke while we looked at it
+        error = error or f"{type(exc).__name__}: {exc}"
+        s.check("the platform answered after the run", False, f"{type(exc).__name__}: {exc}")
     finally:
+        say("stopping the platform")
         plat.stop()
-    left = _left_behind(plat.prefix, pids + s.extra_pids)
+    left = leftovers(plat.prefix, pids + s.extra_pids)
     s.check("nothing left behind", not left["objects"] and not left["processes"],
             json.dumps(left))
-    return {
+    if failure is not None:
+        failure["evidence"] = _evidence_paths(evidence)
+    report = {
         "scenario": name, "description": description,
         "platform": {"name": spec.name, "source": spec.source, "time_scale": spec.time_scale,
                      "devices": [d.name for d in spec.devices]},
         "options": s.options, "metrics": s.metrics,
         "checks": [c.__dict__ for c in s.checks], "notes": s.notes,
         "timeline": s.timeline, "left_behind": left, "leak_check": leaks,
-        "evidence": evidence, "error": error,
+        "evidence": evidence, "error": error, "failure": failure,
         "duration_s": round(time.monotonic() - t0, 3),
         "ok": all(c.passed for c in s.checks),
     }
+    if interrupted is not None:
+        # The interrupt goes on (the caller asked to stop), carrying what was collected.
+        setattr(interrupted, "report", report)  # read back by the CLI: getattr(exc, "report")
+        raise interrupted
+    return report
+
+
+def _metrics_or_none(plat: Platform) -> dict[str, Any] | None:
+    try:
+        return plat.metrics()
+    except errors.HetprocError:
+        return None
+
+
+def _settled_leak_check(plat: Platform, before: dict[str, int],
+                        final: dict[str, Any]) -> dict[str, Any]:
+    """The leak check, retried for a moment: a client's goodbye and a device's completion
+    record reach the supervisor a moment after the scenario saw its fence or closed."""
+    leaks = _leak_check(before, _counts(final))
+    deadline = time.monotonic() + _SETTLE_S
+    while not leaks["ok"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+        final = plat.metrics()
+        leaks = _leak_check(before, _counts(final))
+    return {**leaks, "final": final}
+
+
+def _failure(plat: Platform, exc: Exception) -> dict[str, Any]:
+    """What a CLI user needs when a scenario stopped on an error, read from the platform
+    while it still runs: the error (scope, retryable, buffers trusted, request id), the
+    supervisor's record of it (its incidents: which device, which command, which
+    watchdog; its frozen windows: which errors), in plain data."""
+    if isinstance(exc, errors.HetprocError):
+        err = exc.to_dict()
+    else:
+        err = {"name": type(exc).__name__, "message": str(exc), "scope": None,
+               "correlation_id": 0}
+    out: dict[str, Any] = {"error": err, "incidents": [], "windows": [], "last_error": None}
+    try:
+        client = plat.client
+        cid = err.get("correlation_id") or 0
+        got = client.incidents()
+        history = list(got["history"]) + list(got["active"])  # one may still be recovering
+        mine = [i for i in history if _touches(i, cid)]
+        out["incidents"] = [_incident_line(i) for i in (mine or history)[-3:]]
+        windows = _trace.frozen_windows(client, records=False)
+        related = [w for w in windows if cid and cid in (w.get("cids") or [])]
+        out["windows"] = [{"id": w["id"], "reason": w["reason"]} for w in (related or windows)[-3:]]
+        out["last_error"] = client.metrics().get("last_error")
+    except errors.HetprocError as lookup:
+        out["lookup_failed"] = f"{lookup.name}: {lookup}"
+    return out
+
+
+def _touches(incident: dict[str, Any], cid: int) -> bool:
+    if not cid:
+        return False
+    g = incident.get("guilty") or {}
+    e = incident.get("error") or {}
+    return cid in (g.get("cid"), e.get("correlation_id"))
+
+
+def _incident_line(i: dict[str, Any]) -> str:
+    """One incident in plain words: what, where, which command, the verdict."""
+    g = i.get("guilty") or {}
+    what = (f"{g.get('kernel')} (request {g.get('cid', 0):#x}, context {g.get('context')!r} "
+            f"of client {g.get('client')!r})" if g else "no single guilty command")
+    err = i.get("error") or {}
+    why = f": {err.get('name')}: {err.get('message')}" if err else ""
+    return (f"incident {i['id']} ({i['kind']}) on {i['device']}, guilty {what}{why}; "
+            f"stop {i.get('confirmed_stop')}, recovered in {i.get('recovery_ms')} ms")
+
+
+def _evidence_paths(evidence: dict[str, Any]) -> list[str]:
+    paths = [w["file"] for w in evidence.get("frozen", []) if w.get("file")]
+    if evidence.get("trace"):
+        paths.insert(0, evidence["trace"]["path"])
+    if evidence.get("plot"):
+        paths.append(evidence["plot"]["path"])
+    return paths
 
 
 _EXPORT_CAPACITY = 1 << 17
@@ -254,64 +469,11 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
     return evidence
 
 
-def _platform_pids(plat: Platform) -> list[int]:
-    m = plat.metrics()
-    return [plat.pid] + [d["pid"] for d in m["devices"].values() if d["pid"]]
-
-
-def _left_behind(prefix: str, pids: list[int]) -> dict[str, list]:
-    alive = []
-    for pid in pids:
-        try:
-            p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return {"objects": entries_with_prefix(prefix), "processes": alive}
-
-
-def print_report(report: dict[str, Any], out=sys.stdout) -> None:
-    print(f"scenario {report['scenario']} on {report['platform']['name']} "
-          f"(time scale {report['platform']['time_scale']}, {report['duration_s']} s)", file=out)
-    for key, value in report["metrics"].items():
-        if not isinstance(value, dict):
-            print(f"  {key:38s} {_fmt(value)}", file=out)
-    for c in report["checks"]:
-        mark = "PASS" if c["passed"] else "FAIL"
-        print(f"  [{mark}] {c['name']}" + (f": {c['detail']}" if c["detail"] else ""), file=out)
-    for note in report["notes"]:
-        print(f"  note: {note}", file=out)
-    for inc in report.get("timeline") or []:
-        print(f"  recovery timeline: incident {inc['id']} ({inc['kind']}) on {inc['device']}, "
-              f"stop {inc['confirmed_stop']}, recovered in {inc['recovery_ms']} ms", file=out)
-        for step in inc["steps"]:
-            extra = {k: v for k, v in step.items() if k not in ("step", "t_ms")}
-            print(f"    {step['t_ms']:9.3f} ms  {step['step']:22s} "
-                  f"{json.dumps(extra) if extra else ''}", file=out)
-    ev = report.get("evidence") or {}
-    for w in ev.get("frozen", []):
-        print(f"  frozen window {w['id']}: {w['reason']}"
-              + (f" -> {w['file']}" if w.get("file") else ""), file=out)
-    if ev.get("trace"):
-        print(f"  trace: {ev['trace']['path']} ({ev['trace']['records']} records, "
-              f"{ev['trace']['flows']} request flows)", file=out)
-    if ev.get("plot"):
-        print(f"  timeline: {ev['plot']['path']}", file=out)
-    print("OK" if report["ok"] else "FAILED", file=out)
-
-
 def write_report(report: dict[str, Any], path: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(report, f, indent=2)
     os.replace(tmp, path)
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
 
 
 def _plain(value: Any) -> Any:

@@ -7,13 +7,14 @@ temp directory) with the traceback; its path goes to stderr.
 
 It writes two JSON lines to ``--ready-fd``: first the prefix (so the owner can clean up even
 if the start fails later), then ``{"ok": true, "pid": ...}`` once every device runs, or
-``{"ok": false, "error": ...}``. SIGTERM ends the serve loop; SIGINT is ignored, because
+``{"ok": false, "error": ...}``. SIGTERM ends the serve loop; SIGINT and SIGHUP are ignored, because
 the owner decides when the platform stops.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ import tempfile
 import time
 import traceback
 
-from ipc import cleanup_prefix, new_prefix
+from ipc import cleanup_prefix, new_prefix, profiled
 
 from .._config import parse_platform
 from ._server import Supervisor
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the owner, again
     spec_arg = json.loads(args.spec)
     spec = parse_platform(spec_arg["raw"], spec_arg["source"])
     args.prefix = args.prefix or new_prefix(os.getpid())
@@ -49,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         sup.start_devices()
         os.write(args.ready_fd, (json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())
         os.close(args.ready_fd)
-        sup.serve()
+        quiet_collector()
+        with profiled("supervisor"):
+            sup.serve()
     except BaseException as exc:
         try:
             os.write(args.ready_fd, (json.dumps({"ok": False, "error": repr(exc)}) + "\n").encode())
@@ -69,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
             write_crash_dump(spec.trace.dump_dir, args.prefix, traceback.format_exc())
             cleanup_prefix(args.prefix)
     return status
+
+
+def quiet_collector() -> None:
+    """The supervisor holds many long-lived records (commands, fences, buffers, the
+    tables): the cyclic collector walking them every 700 allocations cost ~7 % of a
+    command's CPU (measured in-process, 37.2 -> 34.6 us per no-op command in batches of
+    64). What exists once the platform is up lives as long as it does: frozen out of the
+    collector. Cycles made later are still collected, every 10,000 allocations."""
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def write_crash_dump(dump_dir: str, prefix: str, text: str) -> str | None:

@@ -19,10 +19,9 @@ from typing import Any, Callable
 
 import posix_ipc
 
-from device_workers import DeviceBoot, device_main
-from msgpack import packb as _packb
+from device_workers import DeviceBoot, device_main, encode_command
 
-from ipc import VERSION, Ring, Segment, SegmentSender, encode, segment_socketpair
+from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 from device_workers import DeviceState, StateSlot
 
 from .._config import DeviceSpec
@@ -99,22 +98,14 @@ class Command:
                 "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
 
     def packet(self) -> bytes:
-        msg = {"v": VERSION, "op": "exec", "seq": self.seq, "pidx": self.pidx, "cid": self.cid,
-               "kernel": self.kernel, "checked": self.checked,
-               "params": self.params, "ins": _descriptors(self.ins, self.in_perms, "r"),
-               "outs": _descriptors(self.outs, self.out_perms, "w"), "wait": self.wait,
-               "signal": self.signal, "hold_ns": self.hold_ns, "delay_ns": self.delay_ns,
-               "dep_timeout_ns": self.dep_timeout_ns, "arrive_ns": self.t_arrive}
-        if self.preemptor:
-            msg["pre"] = True
+        """The fixed-layout record the device reads (``device_workers.encode_command``)."""
         speed = self.device.speed()
-        if speed != 1.0:
-            msg["spd"] = float(speed)
-        if self.fault:
-            msg["fault"] = self.fault
-        if self.mem:
-            msg["mem"] = self.mem
-        return _packb(msg)  # ipc.encode without its dict copy: this is per command
+        return encode_command(
+            self.seq, self.pidx, self.cid, self.kernel, self.wait, self.signal, self.hold_ns,
+            self.delay_ns, self.dep_timeout_ns, self.t_arrive, checked=self.checked,
+            pre=self.preemptor, spd=float(speed) if speed != 1.0 else None,
+            params=self.params, ins=_descriptors(self.ins, self.in_perms, "r"),
+            outs=_descriptors(self.outs, self.out_perms, "w"), fault=self.fault, mem=self.mem)
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -124,6 +115,55 @@ def _descriptors(bufs: list, perms: list[str], default: str) -> list:
     permission its role needs."""
     return [b.descriptor() + [perms[i] if i < len(perms) else default, b.handle]
             for i, b in enumerate(bufs)]
+
+
+class InRing(dict):
+    """The commands pushed to a device and not yet completed (seq -> command, in push
+    order), keeping as they come and go what ``pump`` reads on every call: the modeled
+    work of those that are no preemptor, and how many of them are longer than a chunk.
+    (Summed over a full ring on each call, this was most of a one-command submit.)"""
+
+    def __init__(self, chunk_ns: int = 0) -> None:
+        super().__init__()
+        self.chunk_ns = chunk_ns
+        self.work_ns = 0   # hold_ns of every pushed command that is no preemptor
+        self.plain = 0     # how many there are
+        self.long = 0      # how many of them hold longer than a chunk
+
+    def _count(self, cmd: Command, sign: int) -> None:
+        if not cmd.preemptor:
+            self.work_ns += sign * cmd.hold_ns
+            self.plain += sign
+            if cmd.hold_ns > self.chunk_ns:
+                self.long += sign
+
+    def __setitem__(self, seq: int, cmd: Command) -> None:
+        old = dict.get(self, seq)
+        if old is not None:
+            self._count(old, -1)
+        dict.__setitem__(self, seq, cmd)
+        self._count(cmd, 1)
+
+    def pop(self, seq: int, *default: Any) -> Any:
+        if seq in self:
+            cmd = dict.pop(self, seq)
+            self._count(cmd, -1)
+            return cmd
+        return dict.pop(self, seq, *default)
+
+    def __delitem__(self, seq: int) -> None:
+        self.pop(seq)
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.work_ns = self.plain = self.long = 0
+
+    def first_plain_hold(self) -> int:
+        """hold_ns of the oldest pushed command that is no preemptor (0: none)."""
+        for c in self.values():
+            if not c.preemptor:
+                return c.hold_ns
+        return 0
 
 
 @dataclass
@@ -139,7 +179,7 @@ class DeviceHandle:
     pid: int = 0
     pidfd: int = -1
     epoch: int = 0
-    pushed: dict[int, Command] = field(default_factory=dict)
+    pushed: InRing = field(default_factory=InRing)
     completed: int = 0
     failed: int = 0
     restarts: int = 0
@@ -162,6 +202,7 @@ class DeviceHandle:
 
     def __post_init__(self) -> None:
         self.sched = make_scheduler(self.spec.scheduler)
+        self.pushed.chunk_ns = self.chunk_ns() if self.preemptive else 0
         half = Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
         mem = memoryview(self.ring_segment.map)
         self.commands = Ring(mem[:half], slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES, create=True)
@@ -203,12 +244,16 @@ class DeviceHandle:
         # The oldest command in the ring runs (or waits for its hand-off signal); one more
         # may always wait behind it, so the device never idles between two commands;
         # beyond that, only ``window_ns`` of modeled work. ``pushed`` is in push order.
-        holds = [c.hold_ns for c in self.pushed.values() if not c.preemptor]
-        queued_ns = sum(holds[1:])
+        pushed = self.pushed
+        # What is in the ring and no preemptor: how many (``plain``), their modeled work
+        # past the oldest (``queued_ns``), whether one is longer than a chunk (a victim a
+        # preemption could suspend: with none, there is nothing to preempt).
+        plain = pushed.plain
+        queued_ns = pushed.work_ns - pushed.first_plain_hold() if plain else 0
         sched = self.sched
-        while sched and len(self.pushed) < MAX_IN_RING and not self.paused and self.pid:
+        while sched and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
             cmd = self._head()
-            urgent = self._urgency(cmd) if holds else _NO
+            urgent = self._urgency(cmd) if self.preemptive and pushed.long else _NO
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
@@ -219,13 +264,13 @@ class DeviceHandle:
                 self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
                 moved += 1
                 continue
-            if len(holds) >= 2:
+            if plain >= 2:
                 if queued_ns + cmd.hold_ns > self.window_ns:
                     break
                 queued_ns += cmd.hold_ns
-            elif holds:
+            elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
-            holds.append(cmd.hold_ns)
+            plain += 1
             if not self._push(cmd):
                 break
             moved += 1

@@ -20,13 +20,15 @@ its own descriptor and mapping when the segment is empty (an own segment when it
 is reclaimed; a pool when its tenant left and its last block came back) and tells the
 devices to drop theirs (``on_drop``); a client unmaps an own segment when it frees the
 buffer, and a pool when it closes. The platform budget (``memory_mib``) counts every
-tenant's blocks together.
+tenant's blocks together; the pages kept for reuse in tenants' pools stay within it too
+(``free``).
 """
 
 from __future__ import annotations
 
 import itertools
 import mmap
+import os
 from typing import Any, Callable
 
 from ipc import Block, BlockPool, Segment, block_size
@@ -69,6 +71,11 @@ class Memory:
         return sum(p.live_blocks for p in self._all_pools()) + len(self.own)
 
     @property
+    def resident_bytes(self) -> int:
+        """Pages the kernel holds for every buffer segment, in use or kept free."""
+        return sum(os.fstat(seg.fd).st_blocks * 512 for seg in self.segments.values())
+
+    @property
     def reserved_bytes(self) -> int:
         return sum(s.size for s in self.segments.values())
 
@@ -83,6 +90,7 @@ class Memory:
         return {"segments": len(self.segments), "reserved_bytes": self.reserved_bytes,
                 "used_bytes": self.used_bytes, "live_blocks": self.live_blocks,
                 "largest_free_bytes": self.largest_free_block(),
+                "resident_bytes": self.resident_bytes,
                 "zeroed_bytes": self.zeroed_bytes, "tenant_pools": len(self.pools),
                 "orphan_pools": len(self._orphans), "own_segments": len(self.own),
                 "segments_created": self.created, "segments_dropped": self.dropped}
@@ -121,7 +129,11 @@ class Memory:
         pool = self._pool_of.get(sid)
         if pool is None:
             raise ValueError(f"{block} is not from this memory")
-        pool.free(block)
+        # A freed block keeps its pages (scrubbed) for its tenant's next allocation, while
+        # the platform's pages stay within its budget: past it, they go back to the
+        # kernel. Pages in use are within the budget, and so are those kept: together at
+        # most twice the budget, however many tenants come and go.
+        pool.free(block, release=self.resident_bytes > self.budget)
         if pool.live_blocks == 0 and pool in self._orphans:
             self._orphans.remove(pool)
             self._drop_pool(pool)

@@ -210,6 +210,9 @@ class Recovery:
                 if not inc.confirmed and inc.grace_deadline and now >= inc.grace_deadline:
                     self.isolate(dev, inc)
                 continue
+            if not dev.pushed:  # nothing in its ring: nothing to time, nothing owed
+                self._quiet.pop(dev.name, None)
+                continue
             self.watch(dev, now)
 
     def watch(self, dev: "DeviceHandle", now: int) -> None:

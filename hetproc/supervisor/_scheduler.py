@@ -170,8 +170,12 @@ class FairQueue:
         return bool(self.queues)
 
     def peek(self) -> Any:
-        key = min(self.queues, key=lambda k: (self.vtime[k], self.queues[k][0].seq))
-        return self.queues[key][0]
+        queues = self.queues
+        if len(queues) == 1:  # one backlogged client: its oldest command, no comparison
+            for q in queues.values():
+                return q[0]
+        key = min(queues, key=lambda k: (self.vtime[k], queues[k][0].seq))
+        return queues[key][0]
 
     def pop(self) -> Any:
         cmd = self.peek()

@@ -32,6 +32,11 @@ MAX_SHAPE_ELEMENTS = 1 << 31
 MAX_BACKDATE_NS = 250_000_000  # how far before its arrival a client may date its submit
 MAX_DEADLINE_MS = 3_600_000.0  # one hour: deadlines and periods beyond are typos
 MAX_WEIGHT = 1000.0
+# The default watchdog scales with a command's own work (see watchdog_budget_ns): 4x the
+# duration the platform models for it, plus 10 ns per byte its kernel touches (100 MB/s:
+# 64 MiB -> 0.67 s).
+WATCHDOG_MODEL_FACTOR = 4
+WATCHDOG_NS_PER_BYTE = 10
 
 
 def check_request(msg: dict, limits: "LimitsSpec") -> None:
@@ -306,7 +311,8 @@ def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "Fa
         delay_ns=reg.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
         dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=priority,
         t_submit=time.monotonic_ns(), t_arrive=t_arrive, deadline_ns=deadline,
-        timeout_ns=reg.scaled_ns(c["timeout_ms"] if "timeout_ms" in c else reg.spec.watchdog_ms),
+        timeout_ns=(reg.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
+                    else watchdog_budget_ns(reg, dev, kernel, ins, outs)),
         checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
 
 
@@ -357,6 +363,24 @@ def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
         raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
     check_signal_right(reg, client, handle)
     return handle
+
+
+def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, ins: list,
+                       outs: list) -> int:
+    """The default watchdog of one command: the platform's ``watchdog_ms``, or more for a
+    command whose work is long by the platform's own model -- ``WATCHDOG_MODEL_FACTOR``
+    times the duration its device's timing table gives it, plus the memory traffic of its
+    kernel at a floor bandwidth a busy machine still reaches. A 64 MiB ``fill`` is slow
+    because it is big, not because its device hung; a hang of a small command is still
+    caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it (every client is
+    untrusted: a long ``ms`` needs a ``timeout_ms`` too, within ``limits.max_duration_ms``),
+    and it never exceeds that limit unless ``watchdog_ms`` does. The recovery's watchdog
+    counts the device's CPU time against this budget (a starved device is not hung)."""
+    floor = reg.scaled_ns(reg.spec.watchdog_ms)
+    nbytes = sum(b.nbytes for b in ins + outs)
+    modeled = reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes))
+    work = max(floor, WATCHDOG_MODEL_FACTOR * modeled) + nbytes * WATCHDOG_NS_PER_BYTE
+    return min(work, max(floor, reg.scaled_ns(reg.spec.limits.max_duration_ms)))
 
 
 def hold_ns(reg: Registry, dev: DeviceHandle, c: dict, ins: list, outs: list) -> int:

@@ -14,6 +14,9 @@ Offline, from a file written by ``--trace`` or ``export_trace``::
     explain(trace, cid)          a request's latency broken into stages, and what it implies
     slowest(trace, n)            the n slowest requests
     plot_timeline(doc, png)      a picture of the timeline (needs the ``plot`` extra)
+    validate(doc)                how Perfetto's importer would misread it (empty: it won't)
+    flow_chains(doc)             per request, the slices its arrows connect, in order
+    Stage                        the stage numbers records carry (SUBMIT, QUEUED, EXEC...)
 
 Nothing here runs inside the supervisor or a device, except ``_export`` and ``_perfetto``,
 which the supervisor also uses to write the frozen windows it dumps.
@@ -25,10 +28,12 @@ from ._export import frozen_to_chrome, records_to_chrome
 from ._live import chrome_trace, export_trace, frozen_windows, snapshot, trace_info, write_frozen
 from ._perfetto import to_chrome_trace, write_chrome_trace
 from ._plot import plot_timeline, require_matplotlib
+from ._validate import flow_chains, validate
 
 __all__ = [
     "snapshot", "chrome_trace", "export_trace", "frozen_windows", "write_frozen", "trace_info",
     "load_trace", "explain", "slowest", "format_request", "Trace", "Request", "requests",
     "as_dict", "summary_lines", "parse_cid", "plot_timeline", "require_matplotlib",
     "frozen_to_chrome", "records_to_chrome", "to_chrome_trace", "write_chrome_trace",
+    "validate", "flow_chains",
 ]

@@ -28,6 +28,7 @@ the same "runtime timeout" seen from the API means very different things::
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from dataclasses import dataclass, field
@@ -94,6 +95,7 @@ class Request:
     instants: dict[str, list[Slice]] = field(default_factory=dict)
     stages: list[Span] = field(default_factory=list)
     unfinished: bool = False
+    detailed: bool = False  # stages carry their evidence (``detail``), not only times
 
     @property
     def start(self) -> float:
@@ -120,8 +122,41 @@ class Request:
         return got[-1] if got else None
 
 
+class _ByRow:
+    """Slices of one kind grouped by row and sorted by start, for the interval questions
+    attribution asks ("what ran on this device between t0 and t1"): each answer looks at
+    the slices that can overlap, found by bisection, never at the whole trace."""
+
+    def __init__(self, trace: "Trace", slices: list[Slice]) -> None:
+        rows: dict[str, list[Slice]] = {}
+        for sl in slices:
+            rows.setdefault(trace.row(sl.pid, sl.tid), []).append(sl)
+        self.rows = {}
+        for row, items in rows.items():
+            items.sort(key=lambda sl: sl.t0)
+            self.rows[row] = ([sl.t0 for sl in items], items,
+                              max((sl.dur for sl in items), default=0.0))
+
+    def overlapping(self, row: str, t0: float, t1: float) -> Iterable[Slice]:
+        """Slices of ``row`` with start < t1 and end > t0."""
+        starts, items, longest = self.rows.get(row, ((), (), 0.0))
+        lo = bisect.bisect_left(starts, t0 - longest)
+        hi = bisect.bisect_left(starts, t1)
+        return (sl for sl in items[lo:hi] if sl.t1 > t0)
+
+    def covering(self, row: str, t: float) -> Iterable[Slice]:
+        """Slices of ``row`` with start <= t < end."""
+        starts, items, longest = self.rows.get(row, ((), (), 0.0))
+        lo = bisect.bisect_left(starts, t - longest)
+        hi = bisect.bisect_right(starts, t)
+        return (sl for sl in items[lo:hi] if sl.t1 > t)
+
+
 class Trace:
-    """A parsed Chrome trace: slices by cid, names of processes and rows, counters."""
+    """A parsed Chrome trace: slices by cid, names of processes and rows, counters.
+
+    Reading is linear in the records; the interval indexes (``by_row``) and the list of
+    requests are built once, on first use."""
 
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.doc = doc
@@ -168,12 +203,26 @@ class Trace:
             for group in (req.slices, req.instants):
                 for items in group.values():
                     items.sort(key=lambda s: s.t0)
+        for series in self.counters.values():
+            series.sort(key=lambda tv: tv[0])
+        self._index: dict[str, _ByRow] = {}
+        self._requests: list[Request] | None = None
+        self._rows: dict[tuple[int, int], str] = {}
+
+    def by_row(self, kind: str) -> _ByRow:
+        """``"execs"``, ``"queued"`` or ``"waits"`` indexed by row and start."""
+        if kind not in self._index:
+            self._index[kind] = _ByRow(self, getattr(self, kind))
+        return self._index[kind]
 
     def row(self, pid: int, tid: int) -> str:
         """A row's name without the overflow suffix (``"npu0 queue #1"`` -> ``"npu0 queue"``)."""
-        row = self.threads.get((pid, tid), "")
-        head, sep, tail = row.rpartition(" #")
-        return head if sep and tail.isdigit() else row
+        got = self._rows.get((pid, tid))
+        if got is None:
+            row = self.threads.get((pid, tid), "")
+            head, sep, tail = row.rpartition(" #")
+            got = self._rows[(pid, tid)] = head if sep and tail.isdigit() else row
+        return got
 
     def where(self, s: Slice) -> str:
         row = self.row(s.pid, s.tid)
@@ -192,12 +241,11 @@ class Trace:
         return "?"
 
     def counter_at(self, name: str, t: float) -> float | None:
-        value = None
-        for ts, v in self.counters.get(name, ()):
-            if ts > t:
-                break
-            value = v
-        return value
+        series = self.counters.get(name)
+        if not series:
+            return None
+        i = bisect.bisect_right(series, t, key=lambda tv: tv[0])
+        return series[i - 1][1] if i else None
 
 
 def load_trace(path_or_doc: str | os.PathLike[str] | Mapping[str, Any]) -> Trace:
@@ -266,19 +314,24 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
     return out
 
 
-def explain(trace: Trace, cid: int) -> Request | None:
-    """Cut request ``cid`` into stages and describe each; None if the trace lacks it."""
+def explain(trace: Trace, cid: int, *, detail: bool = True) -> Request | None:
+    """Cut request ``cid`` into stages and describe each; None if the trace lacks it.
+
+    ``detail=False`` gives the stages' times and places only (what ranking needs); the
+    evidence of each stage (who ran meanwhile, which producer was late) is looked up
+    only for the requests that are shown. Either is computed once per request."""
     req = trace.by_cid.get(cid)
     if req is None:
         return None
+    if req.stages and (req.detailed or not detail):
+        return req
     pts = _points(req)
     req.stages = []
     for (_, t_prev, _), (name, t, kind) in zip(pts, pts[1:]):
-        req.stages.append(Span(name, t_prev, t, _where(trace, req, name), _detail(trace, req, name, t_prev, t)))
+        req.stages.append(Span(name, t_prev, t, _where(trace, req, name),
+                               _detail(trace, req, name, t_prev, t) if detail else ""))
+    req.detailed = detail
     return req
-
-
-_explaining: set[int] = set()
 
 
 def _where(trace: Trace, req: Request, stage: str) -> str:
@@ -308,14 +361,8 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         elif who == 0 and handle:
             text += ", failed by the supervisor"
         if pcid and pcid != req.cid:
-            prod = trace.by_cid.get(pcid)
+            prod = explain(trace, pcid, detail=False)  # its times only: no chain to follow
             if prod is not None:
-                if not prod.stages and pcid not in _explaining:
-                    _explaining.add(pcid)  # a chain of producers, never a cycle
-                    try:
-                        explain(trace, pcid)
-                    finally:
-                        _explaining.discard(pcid)
                 dom = prod.dominant
                 text += (f", produced by request {pcid:#x} on {trace.device_of(prod)}"
                          + (f" (its {dom.name} {dom.dur:.3f} ms)" if dom else ""))
@@ -326,9 +373,9 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         q = req.first("QUEUED")
         dev = trace.device_of(req)
         others: dict[int, float] = {}
-        for ex in trace.execs:
+        for ex in trace.by_row("execs").overlapping(dev, t0, t1):
             c = int(ex.args.get("cid") or 0)
-            if c != req.cid and ex.t0 < t1 and ex.t1 > t0 and trace.row(ex.pid, ex.tid) == dev:
+            if c != req.cid:
                 others[c] = others.get(c, 0.0) + min(ex.t1, t1) - max(ex.t0, t0)
         parts = []
         if q is not None:
@@ -337,8 +384,7 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
             # Exact, from the slices (the counter track is sampled): commands in this queue
             # when this one arrived, itself included.
             row = trace.row(q.pid, q.tid)
-            depth = sum(1 for o in trace.queued
-                        if o.t0 <= q.t0 < o.t1 and trace.row(o.pid, o.tid) == row)
+            depth = sum(1 for _ in trace.by_row("queued").covering(row, q.t0))
             parts.append(f"{max(depth, 1)} waiting to start on arrival (itself included)")
         power = trace.counter_at(f"power state {dev}", t0)
         if power is not None:
@@ -348,9 +394,9 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
             parts.append(f"{dev} ran meanwhile: " + ", ".join(
                 f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
         blocked: dict[int, float] = {}  # head-of-line: the device waited for another's input
-        for w in trace.waits:
+        for w in trace.by_row("waits").overlapping(dev, t0, t1):
             c = int(w.args.get("cid") or 0)
-            if c != req.cid and w.t0 < t1 and w.t1 > t0 and trace.row(w.pid, w.tid) == dev:
+            if c != req.cid:
                 blocked[c] = blocked.get(c, 0.0) + min(w.t1, t1) - max(w.t0, t0)
         if blocked:
             top = sorted(blocked.items(), key=lambda kv: -kv[1])[:3]
@@ -404,22 +450,27 @@ def _owner(trace: Trace, cid: int) -> str:
 
 
 def requests(trace: Trace) -> list[Request]:
-    """Every request the trace saw running or queued (a cid with QUEUED or EXEC)."""
-    out = []
-    for cid, req in trace.by_cid.items():
-        if "EXEC" in req.slices or "QUEUED" in req.slices:
-            explain(trace, cid)
-            if req.stages:
-                out.append(req)
-    return out
+    """Every request the trace saw running or queued (a cid with QUEUED or EXEC), cut
+    into stages (times only; ``explain`` adds the evidence). Computed once per trace."""
+    if trace._requests is None:
+        out = []
+        for cid, req in trace.by_cid.items():
+            if "EXEC" in req.slices or "QUEUED" in req.slices:
+                explain(trace, cid, detail=False)
+                if req.stages:
+                    out.append(req)
+        trace._requests = out
+    return trace._requests
 
 
 def slowest(trace: Trace, n: int, among: Iterable[int] | None = None) -> list[Request]:
+    """The ``n`` slowest requests (of ``among``, if given), explained with evidence."""
     reqs = requests(trace)
     if among is not None:
         keep = set(among)
         reqs = [r for r in reqs if r.cid in keep]
-    return sorted(reqs, key=lambda r: -r.total)[:n]
+    top = sorted(reqs, key=lambda r: -r.total)[:n]
+    return [explain(trace, r.cid) or r for r in top]
 
 
 # -- text -------------------------------------------------------------------------------

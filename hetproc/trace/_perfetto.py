@@ -7,7 +7,7 @@ Mapping (one record array in, one JSON object out)::
     BEGIN .. END               -> "X" complete slice, matched per (pid, track, stage, cid)
     INSTANT                    -> "i" with "s": "t"
     COUNTER (value in a0)      -> "C" named "<stage> <track name>": one counter per pair
-    slices sharing a cid != 0  -> one flow chain "s" -> "t"... -> "f" in time order
+    slices sharing a cid != 0  -> one flow chain "s" -> "t"... -> "f" in stage order
 
 Three choices differ from the obvious and have reasons:
 
@@ -17,6 +17,15 @@ Three choices differ from the obvious and have reasons:
 * Lanes: slices on one thread row must nest, but a device queue with depth > 1 has
   overlapping QUEUED slices. Such a slice moves to an extra row of the same track
   (``"npu0 queue #1"``), instead of being cut or mis-nested by the viewer.
+* A request's flow follows its stages, not its slices' starts: submit -> enqueue ->
+  queued -> acquire -> device -> client wake -> callback, so it ends at the client. The
+  client's WAKE slice starts early (it waits before the device runs), so the arrow would
+  enter it before the device's step ended; the step binds instead to a short slice
+  ``WOKE`` nested at the end of WAKE (and a blocking SUBMIT leaves from ``SENT``, nested
+  at its start), so every arrow points forward in time (see ``_forward_spans``).
+  Slices that are parts of another (MAP inside EXEC) carry no step of their own.
+* Categories: slices and flows are ``hetproc``; instants ``hetproc.event`` and counters
+  ``hetproc.counter``, so each can be filtered on its own.
 * Timestamps are rebased to the earliest record (``otherData.origin_monotonic_ns`` keeps
   the origin), so microsecond floats stay exact; pass ``origin_ns=0`` to keep them raw.
 """
@@ -31,9 +40,15 @@ import numpy as np
 
 from ipc import BEGIN, COUNTER, END, INSTANT, stage_name
 
-__all__ = ["to_chrome_trace", "write_chrome_trace", "tid_for", "CATEGORY", "FLOW_NAME"]
+__all__ = ["to_chrome_trace", "write_chrome_trace", "tid_for", "CATEGORY", "FLOW_NAME",
+           "EVENT_CATEGORY", "COUNTER_CATEGORY", "FLOW_STAGES"]
 
 CATEGORY = "hetproc"
+EVENT_CATEGORY = "hetproc.event"
+COUNTER_CATEGORY = "hetproc.counter"
+# The stages a request's flow steps through, in its order (the Stage names).
+FLOW_STAGES = ("SUBMIT", "ENQUEUE", "QUEUED", "ACQUIRE_WAIT", "EXEC", "WAKE", "CALLBACK")
+_FLOW_RANK = {name: i for i, name in enumerate(FLOW_STAGES)}
 # Perfetto keys a v1 flow by (id, cat, name): every event of one chain must share them.
 FLOW_NAME = "request"
 _LANE_SHIFT = 17  # track + 1 <= 65536 < 2**17, so lanes never collide with tracks
@@ -104,14 +119,14 @@ def to_chrome_trace(
             slices.append([tb, t, pid, track, stage, cid, args])
         elif phase == INSTANT:
             points.append((t, len(points), {
-                "name": sname(stage), "cat": CATEGORY, "ph": "i", "s": "t",
+                "name": sname(stage), "cat": EVENT_CATEGORY, "ph": "i", "s": "t",
                 "ts": _us(t - t0), "pid": pid, "tid": tid_for(track),
                 "args": {"cid": cid, "a0": a0, "a1": a1, "a2": a2},
             }))
         elif phase == COUNTER:
             points.append((t, len(points), {
                 "name": f"{sname(stage)} {track_names.get(track, f'track {track}')}",
-                "cat": CATEGORY, "ph": "C", "ts": _us(t - t0), "pid": pid,
+                "cat": COUNTER_CATEGORY, "ph": "C", "ts": _us(t - t0), "pid": pid,
                 "tid": tid_for(track), "args": {"value": a0},
             }))
     unfinished = 0
@@ -149,24 +164,66 @@ def to_chrome_trace(
             "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
             "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
         }))
-        if cid:
+        if cid and sname(stage) in _FLOW_RANK and te > tb:  # an empty slice binds nothing
             by_cid.setdefault(cid, []).append(i)
     flows = 0
+    marker_base = 2 * len(slices) + len(points) + 1
+    markers = 0
     for cid, idxs in by_cid.items():
         if len(idxs) < 2:
             continue  # a single slice has nothing to point at
+        # By stage, then by start (a request run in parts has several QUEUED and EXEC).
+        idxs.sort(key=lambda i: (_FLOW_RANK[sname(slices[i][4])], slices[i][0]))
+        # A client may wait for one request several times (a timed wait that gave up, then
+        # another): the arrow goes to the wait that ended last, the one that saw it done.
+        wakes = [i for i in idxs if sname(slices[i][4]) == "WAKE"]
+        if len(wakes) > 1:
+            woke = max(wakes, key=lambda i: slices[i][1])
+            idxs = [i for i in idxs if i == woke or i not in wakes]
+        idxs = _one_per_overlap(idxs, slices)
+        if len(idxs) < 2:
+            continue
         flows += 1
+        # A viewer links the steps in the order it reads them (by time): a step that would
+        # be read before the one it follows is left out (a window cut the request short,
+        # or a modeled EXEC lies before the host queued it), and the parts the arrows
+        # touch are chosen again among the steps that remain.
+        while True:
+            spans = _forward_spans([(slices[i][0], slices[i][1]) for i in idxs])
+            kept, t_last = [], 0
+            for i, span in zip(idxs, spans):
+                if span[0] >= t_last:
+                    kept.append((i, span))
+                    t_last = span[0]
+            if len(kept) == len(idxs):
+                break
+            idxs = [i for i, _ in kept]
+        if len(kept) < 2:
+            flows -= 1
+            continue
+        idxs, spans = [i for i, _ in kept], [sp for _, sp in kept]
         last = len(idxs) - 1
-        for k, i in enumerate(idxs):  # already in time order: slices were sorted
-            tb, te, pid, _, _, _, _, tid = slices[i]
+        for k, (i, (sb, se)) in enumerate(zip(idxs, spans)):
+            tb, te, pid, _, stage, _, args, tid = slices[i]
             ev = {"name": FLOW_NAME, "cat": CATEGORY, "id": cid,
                   "ph": "s" if k == 0 else ("f" if k == last else "t"),
-                  "ts": _us(tb - t0), "pid": pid, "tid": tid}
+                  "ts": _us(sb - t0), "pid": pid, "tid": tid}
             if k == last:
                 ev["bp"] = "e"  # bind the finish to the enclosing slice, not the next one
-            # ts equal to the slice start binds to that slice only if the flow event comes
-            # after it among equal timestamps: same sort key, odd order right after it.
-            timed.append((tb, tb - te, 2 * i + 1, ev))
+            if (sb, se) == (tb, te):
+                # ts equal to the slice start binds to that slice only if the flow event
+                # comes after it among equal timestamps: its sort key, odd order after it.
+                timed.append((tb, tb - te, 2 * i + 1, ev))
+                continue
+            # The part of the slice the arrow should touch, as a slice nested in it: the
+            # step binds to it, and the arrow leaves or enters at the right moment.
+            order = marker_base + 2 * markers
+            markers += 1
+            timed.append((sb, sb - se, order, {
+                "name": _MARKER.get(sname(stage), sname(stage).lower()), "cat": CATEGORY,
+                "ph": "X", "ts": _us(sb - t0), "dur": _us(se - sb), "pid": pid, "tid": tid,
+                "args": {"cid": cid, "marks": sname(stage)}}))
+            timed.append((sb, sb - se, order + 1, ev))
     for t, order, ev in points:
         # Points sort after every slice starting at the same time (so they nest inside).
         timed.append((t, 0, 2 * len(slices) + order, ev))
@@ -199,6 +256,44 @@ def to_chrome_trace(
             "flows": flows,
         },
     }
+
+
+_MARKER = {"SUBMIT": "SENT", "WAKE": "WOKE"}
+_MIN_MARK_NS = 2000  # a part narrower than this is not drawn apart (nor bound to)
+
+
+def _one_per_overlap(idxs: list[int], slices: list[list[Any]]) -> list[int]:
+    """A request run in parts (a runtime-inserted copy, then the kernel) has a slice per
+    part for some stages; parts of one stage that overlap (both enqueued at once) are one
+    step of the flow, parts that follow each other (executed in turn) are steps each."""
+    out: list[int] = []
+    for i in idxs:
+        if out:
+            j = out[-1]
+            if slices[j][4] == slices[i][4] and slices[i][0] < slices[j][1]:
+                continue
+        out.append(i)
+    return out
+
+
+def _forward_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """For consecutive flow steps, the part of each slice an arrow should connect, so that
+    it leaves a slice no later than it enters the next one (a viewer draws the arrow from
+    the end of one to the start of the next). A client's WAKE starts when it begins to
+    wait, before the device even runs: its arrow enters at the moment the device's step
+    ended (``WOKE``). A blocking SUBMIT ends after the supervisor answered: its arrow
+    leaves where the supervisor's step begins (``SENT``). Unchanged where already in order
+    or where no such part exists."""
+    out = list(spans)
+    for k in range(1, len(out)):
+        (ab, ae), (bb, be) = out[k - 1], out[k]
+        if bb >= ae:
+            continue
+        if ae <= be and be - ae >= _MIN_MARK_NS:
+            out[k] = (ae, be)               # enter this slice where the previous one ends
+        elif ab <= bb and bb - ab >= _MIN_MARK_NS:
+            out[k - 1] = (ab, bb)           # leave the previous slice where this one starts
+    return out
 
 
 def write_chrome_trace(path: str | os.PathLike[str], trace: Mapping[str, Any]) -> str:

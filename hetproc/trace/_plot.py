@@ -2,6 +2,11 @@
 stage of each command, and the fences as arrows (producer's signal -> the consumer that
 waited on it; device's signal -> the client it woke).
 
+A long trace drawn whole is a smear: without a ``window`` a trace longer than
+``AUTO_SPAN_MS`` is drawn around its slowest request (and says so), where bars and arrows
+can be read. Bars are drawn one call per stage and lane, so the cost grows with the lanes,
+not with the slices.
+
 matplotlib is the optional extra ``plot`` (``pip install -e '.[plot]'``); it is imported
 only when a picture is asked for, so the rest of hetproc never needs it.
 """
@@ -23,6 +28,9 @@ _STYLE = {
     "WAKE": ("#d9f0d3", 0.5), "CALLBACK": ("#9467bd", 0.8),
 }
 _MAX_ARROWS = 400
+AUTO_SPAN_MS = 250.0   # longer traces get a window of their own unless one is given
+AUTO_MIN_MS = 60.0     # the automatic window is at least this wide...
+AUTO_REQUESTS = 6.0    # ...and this many times the slowest request
 
 
 def require_matplotlib():
@@ -45,6 +53,9 @@ def plot_timeline(trace: "Trace | Mapping[str, Any] | str | os.PathLike[str]",
     Figure, FigureCanvasAgg = require_matplotlib()
     tr = trace if isinstance(trace, Trace) else load_trace(trace)
     slices = [s for req in tr.by_cid.values() for group in req.slices.values() for s in group]
+    note = ""
+    if window is None:
+        window, note = _auto_window(tr, slices)
     if window is not None:
         lo, hi = window
         slices = [s for s in slices if s.t1 >= lo and s.t0 <= hi]
@@ -61,14 +72,14 @@ def plot_timeline(trace: "Trace | Mapping[str, Any] | str | os.PathLike[str]",
     fig = Figure(figsize=(14, 1.0 + 0.55 * max(1, len(order))), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    by_style: dict[str, list[tuple[int, float, float]]] = {}
+    by_style: dict[str, dict[int, list[tuple[float, float]]]] = {}
     for s in slices:
         if s.name in _STYLE:
-            by_style.setdefault(s.name, []).append((y_of[(s.pid, s.tid)], s.t0, max(s.dur, 1e-3)))
+            lane = by_style.setdefault(s.name, {}).setdefault(y_of[(s.pid, s.tid)], [])
+            lane.append((s.t0, max(s.dur, 1e-3)))
     for name, (colour, height) in _STYLE.items():
-        for y, t0, dur in by_style.get(name, ()):
-            ax.broken_barh([(t0, dur)], (y - height / 2, height), facecolors=colour,
-                           edgecolors="none")
+        for y, bars in by_style.get(name, {}).items():
+            ax.broken_barh(bars, (y - height / 2, height), facecolors=colour, edgecolors="none")
     arrows = _fence_arrows(tr, y_of, window)
     for (x0, y0), (x1, y1) in arrows[-_MAX_ARROWS:]:
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
@@ -88,7 +99,31 @@ def plot_timeline(trace: "Trace | Mapping[str, Any] | str | os.PathLike[str]",
     fig.tight_layout()
     fig.savefig(os.fspath(path), format="png")
     return {"path": os.fspath(path), "lanes": len(order), "slices": len(slices),
-            "arrows": min(len(arrows), _MAX_ARROWS)}
+            "arrows": min(len(arrows), _MAX_ARROWS), "window": list(window) if window else None,
+            "note": note}
+
+
+def _auto_window(tr: Trace, slices: list) -> tuple[tuple[float, float] | None, str]:
+    """A readable part of a long trace: around its slowest request. None: draw it all."""
+    if not slices:
+        return None, ""
+    t_lo = min(s.t0 for s in slices)
+    t_hi = max(s.t1 for s in slices)
+    if t_hi - t_lo <= AUTO_SPAN_MS:
+        return None, ""
+    from ._explain import slowest
+    top = slowest(tr, 1)
+    if top:
+        req = top[0]
+        width = max(AUTO_MIN_MS, AUTO_REQUESTS * req.total)
+        mid = (req.start + req.end) / 2
+        what = f"around the slowest request {req.cid:#x} ({req.total:.1f} ms)"
+    else:
+        width, mid, what = AUTO_MIN_MS, (t_lo + t_hi) / 2, "its middle"
+    lo = max(t_lo, mid - width / 2)
+    hi = min(t_hi, lo + width)
+    return (lo, hi), (f"drew {what}, ms {lo:.1f}..{hi:.1f} of a {t_hi - t_lo:.0f} ms trace; "
+                      f"--window A:B draws another part")
 
 
 def _lane_rank(row: str) -> int:

@@ -1,0 +1,50 @@
+"""SIGINT, SIGTERM and SIGHUP end a CLI run the same way: stop the platform, remove
+everything, say so in one line.
+
+The first of them raises ``Interrupted`` in the main thread, so the runner's ``finally``
+stops the platform (the supervisor and the devices ignore SIGINT and SIGHUP: the terminal
+sends those to the whole process group, and the owner decides when they stop). Further
+signals are ignored while that cleanup runs: a second Ctrl-C must not leave half of it
+undone. The signal is also remembered (``check``), for the case where its exception was
+turned into another error inside a C call.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(BaseException):
+    """A signal asked the command to stop (a BaseException: no ``except Exception`` in a
+    scenario swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+received: int = 0  # the first signal seen; 0: none
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    global received
+    for sig in HANDLED:
+        signal.signal(sig, signal.SIG_IGN)
+    received = received or signum
+    raise Interrupted(signum)
+
+
+def check() -> None:
+    """Raise ``Interrupted`` if a signal came but its exception was lost: a signal that
+    lands inside a C call (a semaphore wait) surfaces there as that call's own error,
+    which a scenario may catch; the run then ended early, and must still exit as asked."""
+    if received:
+        raise Interrupted(received)
+
+
+def install() -> None:
+    for sig in HANDLED:
+        signal.signal(sig, _on_signal)

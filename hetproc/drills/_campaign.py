@@ -1,0 +1,115 @@
+"""``hetproc campaign DRILL --seeds N``: one drill under many seeds, failures grouped with
+the seeds that reproduce them.
+
+Every run is ``hetproc drill DRILL --seed S --json`` in a subprocess of its own: locally
+(``jobs`` at once) or as a task on a Dask cluster (``scheduler``; the optional
+``hetproc[dask]`` extra). A Dask worker is a daemonic process and may not fork children of
+its own through multiprocessing, so the task starts the platform one process further
+away, and returns the run's compact result. The summary is the same JSON whichever
+backend ran the seeds (runs sorted by seed).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from ipc import errors
+
+from ..client import same_code_env
+from ._drills import DRILLS
+
+RUN_TIMEOUT_S = 300.0  # one drill run, platform start and stop included
+
+
+def campaign_task(drill: str, seed: int, platform_file: str | None = None,
+                  time_scale: float | None = None) -> dict[str, Any]:
+    """One seeded run in a subprocess; its compact result. Runs on any backend."""
+    cmd = [sys.executable, "-m", "hetproc", "drill", drill, "--seed", str(seed), "--json"]
+    if platform_file:
+        cmd += ["--platform", platform_file]
+    if time_scale is not None:
+        cmd += ["--time-scale", repr(time_scale)]
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                             env=same_code_env())
+    except subprocess.TimeoutExpired:
+        return {"seed": seed, "ok": False, "failed_checks": [f"ran past {RUN_TIMEOUT_S:.0f} s"],
+                "error": "timeout", "leaks": 0, "duration_s": time.monotonic() - t0}
+    try:
+        report = json.loads(out.stdout)
+    except ValueError:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"seed": seed, "ok": False, "failed_checks": [f"exit {out.returncode}: {last}"],
+                "error": last, "leaks": 0, "duration_s": time.monotonic() - t0}
+    left = report["left_behind"]
+    return {"seed": seed, "ok": report["ok"],
+            "failed_checks": [c["name"] for c in report["checks"] if not c["passed"]],
+            "details": {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]},
+            "error": report.get("error"), "leaks": len(left["objects"]) + len(left["processes"]),
+            "duration_s": report["duration_s"]}
+
+
+def run_campaign(drill: str, *, seeds: int, seed_base: int = 0, jobs: int = 1,
+                 scheduler: str | None = None, platform_file: str | None = None,
+                 time_scale: float | None = None,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    if drill not in DRILLS:
+        raise errors.InvalidRequest(f"no drill {drill!r}; known: {', '.join(DRILLS)}")
+    say = progress or (lambda text: None)
+    todo = list(range(seed_base, seed_base + seeds))
+    t0 = time.monotonic()
+    runs: list[dict[str, Any]] = []
+
+    def done(run: dict[str, Any]) -> None:
+        runs.append(run)
+        failed = sum(1 for r in runs if not r["ok"])
+        say(f"{len(runs)} of {len(todo)} seeds run, {failed} failed")
+
+    if scheduler:
+        backend = f"dask {scheduler}"
+        _on_dask(scheduler, drill, todo, platform_file, time_scale, done)
+    else:
+        backend = f"local, {jobs} at once"
+        with cf.ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait
+            futures = [pool.submit(campaign_task, drill, s, platform_file, time_scale)
+                       for s in todo]
+            for fut in cf.as_completed(futures):
+                done(fut.result())
+    return summarise(drill, runs, backend, time.monotonic() - t0)
+
+
+def _on_dask(scheduler: str, drill: str, seeds: list[int], platform_file: str | None,
+             time_scale: float | None, done: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        from dask.distributed import Client, as_completed
+    except ImportError:
+        raise errors.InvalidRequest("--scheduler needs the 'dask' extra: "
+                                    "pip install 'hetproc[dask]'") from None
+    with Client(scheduler, timeout=30) as client:
+        futures = client.map(campaign_task, [drill] * len(seeds), seeds,
+                             [platform_file] * len(seeds), [time_scale] * len(seeds),
+                             pure=False)
+        for fut in as_completed(futures):
+            done(fut.result())
+
+
+def summarise(drill: str, runs: list[dict[str, Any]], backend: str,
+              duration_s: float) -> dict[str, Any]:
+    """Runs sorted by seed; each failed check with the seeds that reproduce it."""
+    runs = sorted(runs, key=lambda r: r["seed"])
+    by_check: dict[str, list[int]] = {}
+    for r in runs:
+        for check in r["failed_checks"] or ([] if r["ok"] else ["(no check named)"]):
+            by_check.setdefault(check, []).append(r["seed"])
+    failures = [{"check": c, "seeds": s} for c, s in
+                sorted(by_check.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    failed = sum(1 for r in runs if not r["ok"])
+    return {"drill": drill, "seeds": len(runs), "backend": backend,
+            "passed": len(runs) - failed, "failed": failed, "failures": failures,
+            "runs": runs, "duration_s": round(duration_s, 3), "ok": failed == 0}

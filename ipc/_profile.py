@@ -1,0 +1,38 @@
+"""Opt-in profile of a process's loop, for finding where per-command time goes.
+
+``HETPROC_PROFILE=<dir>`` in the environment of a platform's owner: the supervisor and
+each device process run their loop under ``cProfile`` and write
+``<dir>/<role>-<pid>.prof`` when the loop ends (``pstats`` reads it). Wall time (a CPU-time
+timer costs a system call per function call): blocking calls show as their own rows.
+Unset, this costs nothing. ``bench.bench_fastpath`` uses it for its per-command profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+ENV = "HETPROC_PROFILE"
+
+
+@contextlib.contextmanager
+def profiled(role: str) -> Iterator[None]:
+    where = os.environ.get(ENV, "")
+    if not where:
+        yield
+        return
+    import cProfile
+
+    sys.setprofile(None)  # a forked child drops its parent's profiler
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        try:
+            prof.dump_stats(os.path.join(where, f"{role}-{os.getpid()}.prof"))
+        except OSError:
+            pass

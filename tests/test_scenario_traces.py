@@ -1,0 +1,43 @@
+"""Every scenario's trace reads in Perfetto as hetproc means it: checked with the
+validator that follows Perfetto's JSON importer (``hetproc.trace.validate``), and every
+request a client waited for has arrows that end at that client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hetproc import drills
+from hetproc.trace import flow_chains, validate
+
+CLIENT_STEPS = {"WAKE", "WOKE", "CALLBACK"}
+
+
+@pytest.mark.parametrize("name", drills.scenario_names())
+def test_every_scenario_trace_validates_and_its_flows_end_at_the_client(name, tmp_path):
+    module = drills.load_scenario(name)
+    trace = tmp_path / f"{name}.json"
+    report = drills.run_scenario(name, time_scale=0.3, options=drills.quick_options(module),
+                                 trace_path=str(trace))
+    assert report["left_behind"] == {"objects": [], "processes": []}
+    files = [trace] + [Path(w["file"]) for w in report["evidence"].get("frozen", [])
+                       if w.get("file")]
+    for path in files:
+        doc = json.loads(path.read_text())
+        problems = validate(doc)
+        assert problems == [], (path.name, problems[:5])
+    doc = json.loads(trace.read_text())
+    if not any(ev.get("name") == "SUBMIT" for ev in doc["traceEvents"]):
+        # multi_tenant runs each scheduling policy on a platform of its own (the NPU's
+        # policy is part of the platform): the scenario's platform saw no request.
+        assert name == "multi_tenant", f"{name}: no request in the trace"
+        return
+    chains = flow_chains(doc)
+    assert chains, "no request flows in the trace"
+    waited = [steps for steps in chains.values() if any(n in CLIENT_STEPS for n, _ in steps)]
+    assert waited
+    for steps in waited:
+        last_name, last_row = steps[-1]
+        assert last_name in CLIENT_STEPS and last_row.startswith("client"), steps
