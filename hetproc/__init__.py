@@ -25,9 +25,10 @@ General layout: a folder says which process runs its code.
                           rings, packets, trace rings, the error codes; imports nothing of ours
     device_workers/       one emulated processor (a device process): its loop, kernels,
                           caches, modeled time; imports ipc only
-    hetproc/_config.py, _schema.py, _protocol.py, errors.py
+    hetproc/_config.py, _schema.py, _protocol.py, _argtypes.py, errors.py
                           what every hetproc process shares: the platform file and its
-                          one schema, the control packets, the errors
+                          one schema, the control packets, checked command-line values,
+                          the errors
     hetproc/client/       the application's process: Platform, Client, Context, Buffer, Fence
     hetproc/supervisor/   the supervisor process (python -m hetproc.supervisor): composed
                           of parts, see its _server module; never imported by the client

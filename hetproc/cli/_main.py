@@ -20,6 +20,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from ipc import cleanup_dead, errors
 
 from .. import drills
+from .._argtypes import int_in, positive_int, time_scale
 from .._config import TIME_SCALE_RANGE
 from . import _show, _signals
 from ._status import dead_platforms, live_platforms, print_status
@@ -99,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--set", metavar="K=V", action="append", default=[],
                      help="set one of the scenario's options (an unknown key is an error "
                           "that lists the valid ones)")
-    run.add_argument("--frames", type=_frames, metavar="N",
+    run.add_argument("--frames", type=int_in(*FRAMES_RANGE), metavar="N",
                      help=f"shorthand for --set frames=N ({FRAMES_RANGE[0]} .. {FRAMES_RANGE[1]})")
     run.add_argument("--trace", metavar="FILE.json",
                      help="write the run's trace for Perfetto (also on failure), and every "
@@ -134,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
     _platform_args(acc)
     acc.add_argument("--report", metavar="FILE", help="write the JSON matrix here")
     acc.add_argument("--quick", action="store_true", help="short scenarios (each script's QUICK options)")
-    acc.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+    acc.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                      help="cells run at once (default 1)")
     _json_arg(acc)
 
@@ -145,10 +146,10 @@ def _parser() -> argparse.ArgumentParser:
         to local processes (--jobs) or to a Dask cluster (--scheduler ADDRESS, needs the
         'dask' extra); the JSON result is the same whichever ran them.""", cmd_campaign)
     camp.add_argument("drill", help="a drill name (see hetproc drill --list)")
-    camp.add_argument("--seeds", type=_positive_int, required=True, metavar="N",
+    camp.add_argument("--seeds", type=positive_int, required=True, metavar="N",
                       help="how many seeded runs")
     camp.add_argument("--seed-base", type=int, default=0, metavar="S", help="first seed (default 0)")
-    camp.add_argument("--jobs", type=_positive_int, default=1, metavar="J",
+    camp.add_argument("--jobs", type=positive_int, default=1, metavar="J",
                       help="local runs at once (default 1)")
     camp.add_argument("--scheduler", metavar="ADDRESS",
                       help="a Dask scheduler (tcp://host:8786); each task starts its own "
@@ -189,7 +190,7 @@ def _trace_parsers(sub: Any) -> None:
     ex.add_argument("file", help="a trace written by --trace, trace export or a frozen window")
     which = ex.add_mutually_exclusive_group()
     which.add_argument("--id", metavar="ID", help="one request's correlation id (0x... or decimal)")
-    which.add_argument("--slowest", type=_positive_int, metavar="N", help="the N slowest requests")
+    which.add_argument("--slowest", type=positive_int, metavar="N", help="the N slowest requests")
     _json_arg(ex)
     pl = _sub(tsub, "plot", "draw a trace's timeline as PNG", """
         Draw a lane per client, device queue and device, with fences as arrows. Without
@@ -230,45 +231,13 @@ def _platform_parsers(sub: Any) -> None:
 def _platform_args(p: argparse.ArgumentParser) -> None:
     lo, hi = TIME_SCALE_RANGE
     p.add_argument("--platform", metavar="FILE", help="platform TOML (default: the built-in one)")
-    p.add_argument("--time-scale", type=_time_scale, metavar="X",
+    p.add_argument("--time-scale", type=time_scale, metavar="X",
                    help=f"multiply every modeled duration ({lo} .. {hi}; 0.2 runs five "
                         "times faster than real time)")
 
 
 def _json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-
-
-def _time_scale(text: str) -> float:
-    lo, hi = TIME_SCALE_RANGE
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(x) or not lo <= x <= hi:
-        raise argparse.ArgumentTypeError(f"{text} is outside {lo} .. {hi}")
-    return x
-
-
-def _frames(text: str) -> int:
-    lo, hi = FRAMES_RANGE
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not lo <= n <= hi:
-        raise argparse.ArgumentTypeError(f"{n} is outside {lo} .. {hi}")
-    return n
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not >= 1")
-    return n
 
 
 # -- scenario, drill, acceptance, campaign ------------------------------------------------

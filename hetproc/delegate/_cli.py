@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._config import TIME_SCALE_RANGE, check_time_scale
+from .._argtypes import positive_int, time_scale
+from .._config import TIME_SCALE_RANGE
 
 
 def add_model_commands(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -43,10 +44,10 @@ def add_model_commands(sub: Any, command: Callable[..., argparse.ArgumentParser]
     run.add_argument("--inputs", metavar="F.npz", help="inputs by name (default: seeded random)")
     run.add_argument("--output", metavar="F.npz", help="write the outputs by tensor name")
     run.add_argument("--trace", metavar="F.json", help="write the timeline (Chrome Trace JSON)")
-    run.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="X",
+    run.add_argument("--time-scale", type=time_scale, default=1.0, metavar="X",
                      help="multiply every modeled duration "
                           f"({TIME_SCALE_RANGE[0]} .. {TIME_SCALE_RANGE[1]})")
-    run.add_argument("--runs", type=_positive_int, default=1, metavar="N",
+    run.add_argument("--runs", type=positive_int, default=1, metavar="N",
                      help="how many times to run it (the best time is printed)")
     run.add_argument("--cache-dir", metavar="DIR",
                      help="asset cache directory (a second run with it loads warm)")
@@ -58,9 +59,9 @@ def add_model_commands(sub: Any, command: Callable[..., argparse.ArgumentParser]
                 cmd_diff)
     _common(diff)
     diff.add_argument("--against", metavar="FILE", help="the other platform file (default: same)")
-    diff.add_argument("--against-max-partitions", type=_positive_int, metavar="N",
+    diff.add_argument("--against-max-partitions", type=positive_int, metavar="N",
                       help="max_partitions of the other")
-    diff.add_argument("--against-min-nodes", type=_positive_int, metavar="N",
+    diff.add_argument("--against-min-nodes", type=positive_int, metavar="N",
                       help="min_nodes_per_partition of the other")
     diff.add_argument("--json", action="store_true", help="print both placements as JSON")
 
@@ -69,33 +70,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--platform", metavar="FILE", help="platform TOML (default: built-in)")
     p.add_argument("--strict", action="store_true", help="refuse if any node would fall back")
-    p.add_argument("--max-partitions", type=_positive_int, default=8, metavar="N",
+    p.add_argument("--max-partitions", type=positive_int, default=8, metavar="N",
                    help="at most this many partitions (default 8)")
-    p.add_argument("--min-nodes", type=_positive_int, default=2, metavar="N",
+    p.add_argument("--min-nodes", type=positive_int, default=2, metavar="N",
                    help="min_nodes_per_partition (default 2)")
     p.add_argument("--ignore-costs", action="store_true",
                    help="offload every supported node (no copy-vs-gain weighing)")
     p.add_argument("--accelerators", help="comma-separated device names, preferred first")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=D,D,..",
                    help="bind a symbolic input shape (a shape bucket)")
-
-
-def _time_scale(text: str) -> float:
-    from hetproc import InvalidRequest
-    try:
-        return check_time_scale(text, "--time-scale")
-    except InvalidRequest as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--time-scale: ")) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not >= 1")
-    return n
 
 
 def _check_path(path: str | None, flag: str) -> None:
