@@ -23,7 +23,7 @@ import select
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from ipc import (Channel, FenceTable, PENDING, Segment, SegmentCache, decode, en
                  pack_frame)
 
 from ._trace_ring import ClientTrace
+
+if TYPE_CHECKING:
+    from ._queue import Queue
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 FOREVER = float("inf")   # Fence.wait(FOREVER): no deadline, because the caller said so
@@ -488,6 +491,12 @@ class Context:
         client._notify("submit", ctx=self.handle, cmds=list(cmds), t_ns=t_arrive)
         client.trace.submitted(cmds, t_submit)
         return [Fence(client, h, cid=c["cid"], owned=True) for c, h in zip(cmds, handles)]
+
+    def queue(self, slots: int = 256) -> "Queue":
+        """A submission queue on this context's device: ``work`` commands written
+        straight into a ring the device reads, no supervisor hop (``hetproc.Queue``)."""
+        from ._queue import Queue
+        return Queue(self, slots)
 
     def vote(self, level: float) -> float:
         """Vote for this context's device frequency (a fraction of its top speed, seed
