@@ -161,8 +161,16 @@ class DeviceQueues:
         except errors.BadPacket:
             signal = 0
         if signal and self.fences.owner(signal) == q.tag:
+            msg = f"queue record refused by {self.name}: {exc}"
+            q.ring.write_note(signal, exc.code, msg)  # before the wake: the waiter reads it
             self.fences.signal(signal, exc.wire, signaller=0)
         q.ring.set_tail(q.pos)
+
+    def failing(self, cmd: dict[str, Any], exc: errors.HetprocError) -> None:
+        """A command is about to fail its fence: the note that explains it goes first."""
+        q: DeviceQueue = cmd["queue"]
+        if self.queues.get(q.qid) is q:
+            q.ring.write_note(cmd["signal"][0], exc.code, f"{self.name}: {exc}")
 
     def finished(self, cmd: dict[str, Any], code: int) -> None:
         """The command ran (its fence was signalled or failed): free its slot."""

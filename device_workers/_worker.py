@@ -601,6 +601,8 @@ class DeviceWorker:
             self.model_end = modeled[1]
         elif t_start and exc is not None:
             self.model_end = max(self.model_end, t_end)
+        if exc is not None:
+            self.queues.failing(cmd, exc)
         self.signal_all(cmd["signal"], exc.wire if exc else 0, modeled[1] if modeled else 0)
         self.queues.finished(cmd, exc.code if exc else 0)
 

@@ -14,7 +14,12 @@ Layout (one memfd): a 128-byte header, then ``slots`` fixed slots of ``SLOT_BYTE
 
     word 0   head   records written (client)         -- its own cache line
     word 8   tail   records finished (device)        -- its own cache line
+    word 14  notes  failure notes written (device)
     word 15  state  OPEN / LOST / CLOSED (supervisor)
+
+After the slots, ``NOTES`` failure notes (fence, error code, message) the device writes
+for each queue command it fails or refuses: with no supervisor on the path, this is how
+the client's failed wait explains itself without asking anyone.
 
 The tail moves when a record's command *finishes*, not when it is read: the slot of the
 command on the device stays intact, so after a device reset the supervisor can read every
@@ -40,7 +45,10 @@ MAX_WAIT = 8
 QUEUE_TAG = 0xC2
 KERNELS = ("work",)  # index = the record's kernel byte
 OPEN, LOST, CLOSED = 0, 1, 2
-_HEAD, _TAIL, _STATE = 0, 8, 15
+_HEAD, _TAIL, _NOTES, _STATE = 0, 8, 14, 15
+NOTES, NOTE_BYTES = 8, 256
+_NOTE = struct.Struct("<QII")  # fence, error code, message length
+_NOTE_TEXT = NOTE_BYTES - _NOTE.size
 # tag, flags, kernel, n_wait, pad(4), qseq, cid, signal, arrive_ns, hold_ns
 RECORD = struct.Struct("<BBBB4x5Q")
 _WAITS = [struct.Struct(f"<{n}Q") for n in range(MAX_WAIT + 1)]
@@ -88,7 +96,7 @@ def decode_record(data: bytes | memoryview) -> QueueRecord:
 
 
 def queue_bytes(slots: int) -> int:
-    return HEADER_BYTES + slots * SLOT_BYTES
+    return HEADER_BYTES + slots * SLOT_BYTES + NOTES * NOTE_BYTES
 
 
 class QueueRing:
@@ -109,6 +117,7 @@ class QueueRing:
         self._q = buf[:HEADER_BYTES].cast("Q")
         self.slots = slots
         self._mask = slots - 1
+        self._notes_at = HEADER_BYTES + slots * SLOT_BYTES
 
     @property
     def head(self) -> int:
@@ -163,6 +172,29 @@ class QueueRing:
         q = self._q
         q[_TAIL] = q[_HEAD]
         return q[_TAIL]
+
+    def write_note(self, fence: int, code: int, message: str) -> None:
+        """Say why a command failed (the oldest of ``NOTES`` notes goes)."""
+        q = self._q
+        off = self._notes_at + (q[_NOTES] % NOTES) * NOTE_BYTES
+        text = message.encode(errors="replace")[:_NOTE_TEXT]
+        _NOTE.pack_into(self._buf, off, 0, code & 0xFFFF, len(text))  # unnamed while written
+        self._buf[off + _NOTE.size:off + _NOTE.size + len(text)] = text
+        _NOTE.pack_into(self._buf, off, fence, code & 0xFFFF, len(text))
+        q[_NOTES] += 1
+
+    def find_note(self, fence: int) -> tuple[int, str] | None:
+        """``(code, message)`` of a note about ``fence``, if one is kept. The notes are
+        the device's writing in memory the client can also write: bounded, decoded
+        leniently, only ever used to explain the client's own failed fence."""
+        for i in range(NOTES):
+            off = self._notes_at + i * NOTE_BYTES
+            handle, code, n = _NOTE.unpack_from(self._buf, off)
+            if handle == fence and fence:
+                n = min(n, _NOTE_TEXT)
+                text = bytes(self._buf[off + _NOTE.size:off + _NOTE.size + n])
+                return code, text.decode(errors="replace")
+        return None
 
     def release(self) -> None:
         self._q.release()

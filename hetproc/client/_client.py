@@ -675,6 +675,7 @@ class Fence:
         # Only the object the client got at creation releases the fence when dropped; a
         # Fence built around a known handle (e.g. one shared by another process) never does.
         self._released = not owned
+        self._queue: "Queue | None" = None  # set by the queue whose command signals it
 
     def done(self) -> bool:
         state, _ = self.client.fences.poll(self.handle)
@@ -746,6 +747,8 @@ class Fence:
         itself has its record one supervisor turn later: that one is asked for, for a
         short while only, and never when the supervisor is gone."""
         err = self._error(word)
+        if self._queue is not None:  # no supervisor on that path: the device's note
+            return self._queue.explain(self.handle, word, self.cid) or err
         deadline = time.monotonic() + _DETAIL_WAIT_S
         record = self.client.failure_record(self.handle)
         while record is None and self.client.supervisor_alive():

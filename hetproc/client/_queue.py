@@ -88,7 +88,10 @@ class Queue:
                 self._wait_for_space(record)
         self._doorbell.release()
         client.trace.submitted(cmds, t_submit)
-        return [Fence(client, h, cid=c, owned=True) for h, c in zip(handles, cids)]
+        fences = [Fence(client, h, cid=c, owned=True) for h, c in zip(handles, cids)]
+        for f in fences:
+            f._queue = self
+        return fences
 
     def _hold_ns(self, ms: float) -> int:
         ms = float(ms)
@@ -117,6 +120,20 @@ class Queue:
         if self._ring.state != QUEUE_OPEN:
             raise errors.CancelledByReset(f"queue {self.qid} on {self.ctx.device} was lost "
                                           f"in a device reset: open a new one")
+
+    def explain(self, fence: int, word: int, cid: int) -> errors.HetprocError | None:
+        """The error of a failed queue command, from the supervisor's record (a reset or
+        a close: sent ahead of the wake) or the device's note in the ring."""
+        record = self.client.failure_record(fence)
+        if record is None and not self._closed:
+            note = self._ring.find_note(fence)
+            if note is not None and note[0] == word & 0xFFFF:
+                record = {"code": note[0], "message": note[1]}
+        if record is None:
+            return None
+        err = errors.HetprocError.from_dict(record)
+        err.correlation_id = cid
+        return err
 
     def pending(self) -> int:
         """Records written and not finished yet."""

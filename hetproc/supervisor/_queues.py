@@ -131,6 +131,7 @@ class Queues:
         q = self.open_queues.get(qid)
         if q is None or q.client is not client:
             raise errors.InvalidHandle(f"queue {qid} is not open on this connection")
+        q.ring.set_state(QUEUE_CLOSED)
         self.stats["fences_failed"] += self._fail_owed(q, None, "the queue was closed")
         self._drop(q, QUEUE_CLOSED)
         self.stats["closed"] += 1
@@ -149,6 +150,7 @@ class Queues:
     def device_gone(self, dev: "DeviceHandle", why: str) -> None:
         """The device process ended (its stop is confirmed): lose its queues."""
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
+            q.ring.set_state(QUEUE_LOST)  # before any waiter wakes: a submit sees it
             self.stats["fences_failed"] += self._fail_owed(q, dev, why)
             self.stats["lost"] += 1
             self._drop(q, QUEUE_LOST, tell_device=False)
