@@ -150,7 +150,7 @@ class DeviceQueues:
                 "wait": list(rec.wait), "signal": [rec.signal], "hold_ns": rec.hold_ns,
                 "delay_ns": 0, "dep_timeout_ns": q.dep_timeout_ns,
                 "arrive_ns": arrive + q.dispatch_ns, "params": {}, "ins": [],
-                "outs": [], "queue": q}
+                "outs": [], "queue": q, "t_queued": arrive}
 
     def _refuse(self, q: DeviceQueue, data: bytes, exc: errors.BadPacket) -> None:
         """Fail the record's fence if it is the client's own (what a client's wait then

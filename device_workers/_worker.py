@@ -297,6 +297,8 @@ class DeviceWorker:
         t_start = time.monotonic_ns()
         tr = self.tr
         tr.take(t_start)
+        if "queue" in cmd:
+            tr.queued(cid, cmd["t_queued"], t_start, self.boot.index)
         fault = cmd.get("fault") or _NO_FAULT
         modeled = None
         self.shift = 0
