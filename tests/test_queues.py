@@ -10,6 +10,7 @@ device owed, a close cancels, a killed client leaves nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -283,3 +284,25 @@ def test_open_checks_its_numbers(platform):
         ctx.queue(slots=16)
     for q in queues:
         q.close()
+
+
+def test_a_queue_request_has_every_stage_in_the_trace(tmp_path):
+    """No supervisor on the path, yet the evidence chain is whole: the client's SUBMIT,
+    the device's QUEUED (arrival to take), EXEC, SIGNAL and the client's WAKE; the
+    export passes the Perfetto rules."""
+    from hetproc import trace
+    with hetproc.Platform(time_scale=1.0, trace=True) as plat:
+        with plat.client.context("npu0").queue() as q:
+            fences = [q.submit_nowait(0.2) for _ in range(3)]
+            for f in fences:
+                f.wait(WAIT)
+        path = tmp_path / "queue.json"
+        plat.export_trace(path)
+    doc = json.loads(path.read_text())
+    assert trace.validate(doc) == []
+    reqs = {r.cid: r for r in trace.requests(trace.load_trace(path))}
+    for f in fences:
+        req = reqs[f.cid]
+        for stage in ("SUBMIT", "QUEUED", "EXEC", "WAKE"):
+            assert req.first(stage) is not None, (stage, f.cid)
+        assert req.instants.get("SIGNAL"), f.cid
