@@ -75,10 +75,11 @@ def test_a_queue_command_starts_after_the_fences_it_waits_on(platform):
     client = platform.client
     gpu, npu = client.context("gpu0"), client.context("npu0")
     with npu.queue() as q:
-        gpu.submit_nowait("work", ms=0.0).wait(WAIT)  # both devices have run once
-        q.submit_nowait(0.0).wait(WAIT)
-        producer = gpu.submit_nowait("work", ms=3.0)
-        consumer = q.submit_nowait(1.0, wait=[producer])
+        # One arrival for both: the consumer's own arrival must not be what it waits for
+        # (a client's first submits may take milliseconds of host time).
+        at = time.monotonic_ns()
+        producer = gpu.submit_nowait("work", ms=3.0, at_ns=at)
+        consumer = q.submit_nowait(1.0, wait=[producer], at_ns=at)
         consumer.wait(WAIT)
         assert consumer.signal_time() == producer.signal_time() + 1_000_000
 
