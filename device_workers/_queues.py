@@ -33,6 +33,7 @@ from ipc import FenceTable, SegmentCache, errors
 from ipc import QueueRing, decode_queue_record as decode_record, queue_bytes
 
 ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
+REFUSALS_PER_TURN = 32
 
 
 @dataclass(eq=False)
@@ -118,7 +119,9 @@ class DeviceQueues:
         return None
 
     def _take_from(self, q: DeviceQueue) -> dict[str, Any] | None:
-        while True:
+        # Refusals are bounded per turn: a client writing garbage as fast as it can must
+        # not keep the device from the supervisor's ring and the other queues.
+        for _ in range(REFUSALS_PER_TURN):
             head = q.ring.head
             if not 0 < head - q.pos <= q.ring.slots:
                 return None  # nothing owed, or a head that cannot be: the client's loss
@@ -131,6 +134,7 @@ class DeviceQueues:
                 continue
             q.busy = True
             return cmd
+        return None
 
     def _command(self, q: DeviceQueue, data: bytes) -> dict[str, Any]:
         rec = decode_record(data)

@@ -111,11 +111,16 @@ class Queues:
         except errors.HetprocError:
             self.pool.free(block)
             raise
+        dev.segs.add(seg)
+        if not dev.segs.flush():  # the descriptor must be on its way before the record
+            dev.segs.drop(seg.key)
+            client.segments.discard(seg.key)
+            self.pool.free(block)
+            raise errors.ResourceError(f"{dev.name} is not taking descriptors now: open the "
+                                       f"queue again", retryable=True)
         self._ids += 1
         q = QueueRec(self._ids, client, ctx, dev.name, block,
                      QueueRing(memoryview(seg.map)[:nbytes], slots), slots)
-        dev.segs.add(seg)
-        dev.segs.flush()  # the descriptor is on its way before the record that names it
         spec, scaled = self.reg.spec, self.reg.scaled_ns
         self._control(dev, {"op": "qattach", "qid": q.qid, "sid": q.sid, "slots": slots,
                             "tag": client.id, "max_hold_ns": scaled(spec.watchdog_ms),
