@@ -31,6 +31,7 @@ import pstats
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import hetproc
 from hetproc import _protocol
@@ -71,7 +72,26 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
-def cpu_per_command(ctx: hetproc.Context, sup_pid: int, dev_pid: int, batches: int,
+class _QueuePath:
+    """A ``hetproc.Queue`` behind the same calls the bench makes of a context, so every
+    figure is measured the same way on both paths."""
+
+    def __init__(self, queue: hetproc.Queue) -> None:
+        self.queue = queue
+        self.client = queue.client
+        self.device = queue.ctx.device
+
+    def submit_nowait(self, kernel: str, ms: float = 0.0) -> hetproc.Fence:
+        return self.queue.submit_nowait(ms)
+
+    def submit(self, kernel: str, ms: float = 0.0) -> hetproc.Fence:
+        return self.queue.submit_nowait(ms)
+
+    def submit_many(self, cmds: list, nowait: bool = True) -> list:
+        return self.queue.submit_many([c.get("ms", 0.0) for c in cmds])
+
+
+def cpu_per_command(ctx: Any, sup_pid: int, dev_pid: int, batches: int,
                     batch: int = 64, depth: int = 4) -> dict[str, float]:
     """us of CPU per command in each process over a batched no-op run."""
     s0, d0, c0 = cpu_ns(sup_pid), cpu_ns(dev_pid), time.process_time_ns()
@@ -83,7 +103,7 @@ def cpu_per_command(ctx: hetproc.Context, sup_pid: int, dev_pid: int, batches: i
             "client": (c1 - c0) / n / 1e3, "cmds_per_s": res["cmds_per_s"]}
 
 
-def submit_stream(ctx: hetproc.Context, n: int, behind: int = 256) -> float:
+def submit_stream(ctx: Any, n: int, behind: int = 256) -> float:
     """cmd/s of single ``submit_nowait`` calls, fences waited and released ``behind``."""
     pending = []
     t0 = time.monotonic_ns()
@@ -123,6 +143,35 @@ def validation_us(n: int = 2000) -> float:
     return best / 1e3
 
 
+def queue_checks_us(n: int = 2000) -> float:
+    """What the checks of one queue command cost the device: decoding the record and the
+    owner, pending and bound checks (``device_workers._queues``)."""
+    from ipc import FenceTable, Segment
+    from ipc import decode_queue_record as decode_record
+    from ipc import encode_queue_record as encode_record
+    seg = Segment.anonymous_segment("bench-fences", FenceTable.segment_bytes(64), 1)
+    fences = FenceTable("bench-none-", seg, create=False)
+    try:
+        record = encode_record(1, 7, 1 << 32 | 3, time.monotonic_ns(), 0)
+
+        def once() -> None:
+            rec = decode_record(record)
+            fences.owner(rec.signal)
+            fences.pending(rec.signal)
+            _ = rec.hold_ns <= 10**9 and rec.qseq == 1
+
+        best = float("inf")
+        for _ in range(5):
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                once()
+            best = min(best, (time.perf_counter_ns() - t0) / n)
+        return best / 1e3
+    finally:
+        fences.close()
+        seg.close()
+
+
 _BLOCKING = ("acquire", "release", "recv", "send", "select", "poll", "sleep", "eventfd")
 
 
@@ -143,9 +192,9 @@ def _top(stats: pstats.Stats, n_cmds: int, k: int = 10) -> tuple[float, list]:
     return sum(r[1] for r in rows), rows[:k]
 
 
-def profile_rows(batches: int, batch: int = 64) -> tuple[list[dict], dict]:
-    """One platform under ``HETPROC_PROFILE``: the batched no-op run, then the top
-    functions per process (own time per command)."""
+def profile_rows(batches: int, batch: int = 64, queue: bool = True) -> tuple[list[dict], dict]:
+    """One platform under ``HETPROC_PROFILE``: the batched no-op run (through a queue, or
+    the supervisor's path), then the top functions per process (own time per command)."""
     import cProfile
     rows, detail = [], {}
     with tempfile.TemporaryDirectory(prefix="hetproc-prof-") as where:
@@ -154,12 +203,16 @@ def profile_rows(batches: int, batch: int = 64) -> tuple[list[dict], dict]:
         try:
             with _platform() as (plat, states):
                 ctx = plat.client.context(_DEVICE)
-                batched_throughput(ctx, 2, batch, 2)  # warm-up
+                q = ctx.queue(slots=1024) if queue else None
+                path = _QueuePath(q) if q is not None else ctx
+                batched_throughput(path, 2, batch, 2)  # warm-up
                 prof = cProfile.Profile()
                 prof.enable()
-                batched_throughput(ctx, batches, batch, 4)
+                batched_throughput(path, batches, batch, 4)
                 prof.disable()
                 plat.client.ping()
+                if q is not None:
+                    q.close()
         finally:
             if old is None:
                 os.environ.pop("HETPROC_PROFILE", None)
@@ -174,14 +227,104 @@ def profile_rows(batches: int, batch: int = 64) -> tuple[list[dict], dict]:
         for role, (stats, cmds) in found.items():
             total, top = _top(stats, cmds)
             detail[role] = {"total_us_per_cmd": total, "top": top}
-            rows.append(make_row(f"profile {role}: own time / cmd, blocking calls out (profiled)", total))
+            label = "queue" if queue else "supervisor path"
+            rows.append(make_row(f"profile, {label}, {role}: own time / cmd, blocking calls "
+                                 f"out (profiled)", total))
             for fn, own, cum in top[:8]:
                 rows.append(make_row(f"  {fn[:60]} (cum {cum:.1f} us)", own))
     return rows, detail
 
 
+def _throughputs(path: Any, quick: bool, ring: list[float]) -> dict[int, list[float]]:
+    """Batched no-op rates (64 and 512), alternating with the raw ring's in one run."""
+    tput: dict[int, list[float]] = {64: [], 512: []}
+    for r in range(_size("tput_rounds", quick)):
+        for which in (("raw", "prod") if r % 2 == 0 else ("prod", "raw")):
+            if which == "raw":
+                ring.append(_raw.ring_throughput(_baselines.size("ring_n", quick))["msgs_per_s"])
+            else:
+                for b in tput:
+                    nb = _size("tput_batches", quick) * 64 // b + 2
+                    tput[b].append(batched_throughput(path, nb, b, 4)["cmds_per_s"])
+    return tput
+
+
+def _latencies(path: Any, states: DeviceStates, quick: bool, here: set, other: set,
+               others: tuple[int, ...]) -> dict[str, list]:
+    """submit_nowait + wait and submit -> device start, pinned across CPUs, alternating
+    with the raw semaphore ping-pong."""
+    acc: dict[str, list] = {"total": [], "to_start": [], "raw_rtt": [], "raw_one": []}
+    everywhere = os.sched_getaffinity(0)
+    submit_latency(path, states, 100, sync=False)
+    for r in range(_size("lat_rounds", quick)):
+        for pid in others:
+            _pin(pid, other)
+        with _pinned(here, other):
+            for which in (("raw", "prod") if r % 2 == 0 else ("prod", "raw")):
+                if which == "raw":
+                    raw = _raw.sem_pingpong(_size("lat_n", quick))
+                    acc["raw_rtt"].append(raw["rtt_ns"])
+                    acc["raw_one"].append(raw["one_way_ns"])
+                else:
+                    res = submit_latency(path, states, _size("lat_n", quick), sync=False)
+                    acc["total"].append(res["total"])
+                    acc["to_start"].append(res["to_start"])
+    for pid in others:
+        _pin(pid, everywhere)
+    return acc
+
+
+def _path_rows(label: str, path: Any, states: DeviceStates, quick: bool, sup_pid: int,
+               dev_pid: int, cross: str, where: dict, checks_us: float,
+               targets: bool) -> tuple[list[dict], dict]:
+    """Every figure of one submission path; ``targets``: judge them (the fast path)."""
+    rows, detail = [], {}
+
+    def judged(ok: bool) -> bool | None:
+        return ok if targets else None
+
+    cpu = [cpu_per_command(path, sup_pid, dev_pid, _size("cpu_batches", quick))
+           for _ in range(3)]
+    detail["cpu_rounds"] = cpu
+    for proc, limit in CPU_TARGETS_US.items():
+        v = statistics.median(r[proc] for r in cpu)
+        rows.append(make_row(f"{label}: CPU per no-op cmd, batches of 64: {proc}", v,
+                             target=f"<= {limit:g} us" if targets else None,
+                             ok=judged(v <= limit)))
+    ring: list[float] = []
+    tput = _throughputs(path, quick, ring)
+    ring_rate = statistics.median(ring)
+    for b, rates in tput.items():
+        rate = statistics.median(rates)
+        ok = rate >= TPUT_TARGET and rate >= TPUT_RING_RATIO * ring_rate
+        target = f">= {TPUT_TARGET / 1000:.0f}k/s, >= {TPUT_RING_RATIO}x ring"
+        rows.append(dict(make_row(f"{label}: no-op throughput, batches of {b}", None,
+                                  target=target if targets else None, ok=judged(ok)),
+                         value=rate, baseline=ring_rate, ratio=rate / ring_rate, unit="/s"))
+    detail["throughput"] = {"prod": tput, "ring": ring}
+    stream = [submit_stream(path, _size("stream_n", quick)) for _ in range(2)]
+    rate = statistics.median(stream)
+    rows.append(dict(make_row(f"{label}: single submit_nowait stream", None,
+                              target=f">= {STREAM_TARGET / 1000:.0f}k/s" if targets else None,
+                              ok=judged(rate >= STREAM_TARGET)), value=rate, unit="/s"))
+    detail["stream"] = stream
+    here, other = where[cross]
+    acc = _latencies(path, states, quick, here, other, (sup_pid, dev_pid))
+    rtt, raw_rtt = _p(acc["total"], "p50_us"), _p(acc["raw_rtt"], "p50_us")
+    rows.append(make_row(f"{label}: submit_nowait+wait p50, {cross}", rtt, raw_rtt,
+                         target="<= 3x" if targets else None))
+    start, raw_one = _p(acc["to_start"], "p50_us"), _p(acc["raw_one"], "p50_us")
+    rows.append(make_row(f"{label}: submit -> device start p50, {cross} (floor: one-way "
+                         f"{raw_one:.1f} + checks {checks_us:.1f} us)", start,
+                         raw_one + checks_us, target="<= 2x" if targets else None))
+    return rows, detail
+
+
 @benchmark("fastpath")
 def bench_fastpath(quick: bool) -> dict:
+    """Both submission paths, each in full: the queue (``Context.queue``: the fast path,
+    judged against the targets) and the supervisor's (``Context.submit_nowait``:
+    every figure beside it, for comparison)."""
     rows, detail = [], {}
     where = placements()
     cross = "cross CPU" if "cross CPU" in where else next(iter(where))
@@ -194,73 +337,20 @@ def bench_fastpath(quick: bool) -> dict:
         sup_pid, dev_pid = c.supervisor_pid, states.pid(_DEVICE)
         if dev_pid <= 0 or not os.path.exists(f"/proc/{dev_pid}"):
             raise RuntimeError(f"no live pid for {_DEVICE} in the state table ({dev_pid})")
-
-        cpu = [cpu_per_command(ctx, sup_pid, dev_pid, _size("cpu_batches", quick))
-               for _ in range(3)]
-        detail["cpu_rounds"] = cpu
-        for proc, limit in CPU_TARGETS_US.items():
-            v = statistics.median(r[proc] for r in cpu)
-            rows.append(make_row(f"CPU per no-op cmd, batches of 64: {proc}", v,
-                                 target=f"<= {limit:g} us", ok=v <= limit))
-
-        tput = {64: [], 512: []}
-        ring = []
-        for r in range(_size("tput_rounds", quick)):
-            for which in (("raw", "prod") if r % 2 == 0 else ("prod", "raw")):
-                if which == "raw":
-                    ring.append(_raw.ring_throughput(_baselines.size("ring_n", quick))["msgs_per_s"])
-                else:
-                    for b in tput:
-                        nb = _size("tput_batches", quick) * 64 // b + 2
-                        tput[b].append(batched_throughput(ctx, nb, b, 4)["cmds_per_s"])
-        ring_rate = statistics.median(ring)
-        for b, rates in tput.items():
-            rate = statistics.median(rates)
-            ok = rate >= TPUT_TARGET and rate >= TPUT_RING_RATIO * ring_rate
-            rows.append(dict(make_row(f"no-op throughput, batches of {b}", None,
-                                      target=f">= {TPUT_TARGET / 1000:.0f}k/s, >= "
-                                             f"{TPUT_RING_RATIO}x ring", ok=ok),
-                             value=rate, baseline=ring_rate, ratio=rate / ring_rate, unit="/s"))
-        detail["throughput"] = {"prod": tput, "ring": ring}
-
-        stream = [submit_stream(ctx, _size("stream_n", quick)) for _ in range(2)]
-        rate = statistics.median(stream)
-        rows.append(dict(make_row("single submit_nowait stream", None,
-                                  target=f">= {STREAM_TARGET / 1000:.0f}k/s",
-                                  ok=rate >= STREAM_TARGET), value=rate, unit="/s"))
-        detail["stream"] = stream
-
-        # Latencies, pinned as in bench_core (the product's other side on the other CPU).
-        here, other = where[cross]
-        acc: dict[str, list] = {"total": [], "to_start": [], "raw_rtt": [], "raw_one": []}
-        others = (sup_pid, dev_pid)
-        everywhere = os.sched_getaffinity(0)
-        submit_latency(ctx, states, 100, sync=False)
-        for r in range(_size("lat_rounds", quick)):
-            for pid in others:
-                _pin(pid, other)
-            with _pinned(here, other):
-                for which in (("raw", "prod") if r % 2 == 0 else ("prod", "raw")):
-                    if which == "raw":
-                        raw = _raw.sem_pingpong(_size("lat_n", quick))
-                        acc["raw_rtt"].append(raw["rtt_ns"])
-                        acc["raw_one"].append(raw["one_way_ns"])
-                    else:
-                        res = submit_latency(ctx, states, _size("lat_n", quick), sync=False)
-                        acc["total"].append(res["total"])
-                        acc["to_start"].append(res["to_start"])
-        for pid in others:
-            _pin(pid, everywhere)
+        with ctx.queue(slots=1024) as queue:
+            qpath = _QueuePath(queue)
+            batched_throughput(qpath, 2, 64, 2)
+            qrows, detail["queue"] = _path_rows(
+                "queue", qpath, states, quick, sup_pid, dev_pid, cross, where,
+                queue_checks_us(300 if quick else 2000), targets=True)
+        srows, detail["supervisor_path"] = _path_rows(
+            "supervisor path", ctx, states, quick, sup_pid, dev_pid, cross, where,
+            validation_us(300 if quick else 2000), targets=False)
+        rows += qrows + srows
         c.ping()
-    check_us = validation_us(300 if quick else 2000)
-    rtt, raw_rtt = _p(acc["total"], "p50_us"), _p(acc["raw_rtt"], "p50_us")
-    rows.append(make_row(f"submit_nowait+wait p50, {cross}", rtt, raw_rtt, target="<= 3x"))
-    start, raw_one = _p(acc["to_start"], "p50_us"), _p(acc["raw_one"], "p50_us")
-    rows.append(make_row(f"submit -> device start p50, {cross} (floor: one-way "
-                         f"{raw_one:.1f} + checks {check_us:.1f} us)", start,
-                         raw_one + check_us, target="<= 2x"))
-    detail["validation_us"] = check_us
 
-    prof_rows, detail["profile"] = profile_rows(_size("prof_batches", quick))
-    rows.extend(prof_rows)
+    for queue in (True, False):
+        prof_rows, detail["profile_queue" if queue else "profile"] = profile_rows(
+            _size("prof_batches", quick), queue=queue)
+        rows.extend(prof_rows)
     return {"rows": rows, **detail}

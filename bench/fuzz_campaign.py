@@ -131,6 +131,8 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
                   "exportable": True},
         "free": {"buf": h["buf4"]}, "free_many": {"bufs": [h["buf4"]]},
         "fence_create": {"count": 2}, "fence_release": {"fences": [h["fence2"]]},
+        "queue_open": {"ctx": h["ctx"], "slots": rng.choice((16, 64, 3, 1 << 16))},
+        "queue_close": {"queue": rng.choice(EDGE_INTS[:12])},
         "fence_error": {"fence": h["fence"]}, "fence_signal": {"fence": h["fence"], "error": 0},
         "submit": {"ctx": h["ctx"], "cmds": [dict(cmd), dict(cmd)]},
         "cancel": {"ctx": h["ctx2"]},

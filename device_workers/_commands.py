@@ -111,6 +111,12 @@ COMMAND_SCHEMAS = {
              # modeled time (invariant 8), preemption and the voted speed (seed §7, §11)
              "arrive_ns?": Int(0, I64), "pre?": bool, "spd?": Num(0.0, 1.0)},
     "stop": {},
+    # user-mode queues (``_queues``): the supervisor attaches and detaches them in order
+    # with the commands it pushes
+    "qattach": {"qid": Int(1, U64), "sid": Int(1, U64), "slots": Int(1, 1 << 16),
+                "tag": Int(0, U64), "max_hold_ns": _duration, "dep_timeout_ns": _duration,
+                "dispatch_ns": _duration, "first": Int(0, I64)},
+    "qdetach": {"qid": Int(1, U64)},
 }
 
 

@@ -127,6 +127,11 @@ class DeviceTrace:
 
     # -- one command ------------------------------------------------------------------
 
+    def queued(self, cid: int, t_queued: int, t_take: int, index: int) -> None:
+        """A command read from a user-mode queue: no supervisor opened its QUEUED slice,
+        so the device draws it whole, from the record's arrival to the take."""
+        self.ring.complete(Stage.QUEUED, cid, queue_track(index), min(t_queued, t_take), t_take)
+
     def take(self, t_ns: int) -> None:
         """A command came off the ring at ``t_ns`` (the end of its QUEUED time)."""
         self.t_take = t_ns

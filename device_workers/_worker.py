@@ -61,6 +61,7 @@ from ._commands import best_effort_ids, decode_command, encode_completions
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._power import Thermal
+from ._queues import DeviceQueues
 from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
 
@@ -127,9 +128,12 @@ class DeviceWorker:
         # IOMMU check and, when not coherent, the emulated cache (device_workers._cache).
         self.memory = DeviceMemory(self.cache, coherent=boot.coherent,
                                    cache_bytes=boot.cache_bytes)
+        # User-mode queues read directly (``_queues``): between the supervisor's commands.
+        self.queues = DeviceQueues(self.cache, self.fences, boot.name,
+                                   report=lambda code, msg: self.complete(0, 0, code, msg))
         if boot.segment_fd >= 0:
             self.segs = SegmentReceiver(socket.socket(fileno=boot.segment_fd), self.cache,
-                                        on_drop=self.memory.forget_segment,
+                                        on_drop=self._segment_dropped,
                                         on_garbage=self._segment_garbage)
         self.tr = DeviceTrace.attach(boot, self.cache, self.fences)  # evidence chain (§22)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
@@ -174,6 +178,10 @@ class DeviceWorker:
         if self.segs is not None:
             self.segs.drain()
 
+    def _segment_dropped(self, sid: int) -> None:
+        self.queues.forget_segment(sid)
+        self.memory.forget_segment(sid)
+
     def _segment_garbage(self, why: str) -> None:
         """Only the supervisor holds the other end, so this is a supervisor bug or memory
         corruption: reported (an error record the supervisor notes), never a wedge; a
@@ -200,6 +208,11 @@ class DeviceWorker:
                 self.ring_corrupt(0, str(exc))
                 return
             if data is None:
+                # The supervisor's ring is empty: one record from the queues, if any.
+                cmd = self.queues.take() if self.queues else None
+                if cmd is not None:
+                    self.execute(cmd)
+                    continue
                 self.flush()
                 self.tr.idle()
                 self._fetch_segments()  # the ring ran dry: unmap segments that are gone
@@ -224,8 +237,14 @@ class DeviceWorker:
         except errors.BadPacket as exc:
             self.refuse(data, exc)
             return None
-        if cmd["op"] == "stop":
-            self.running = False
+        op = cmd["op"]
+        if op != "exec":
+            if op == "stop":
+                self.running = False
+            elif op == "qattach":
+                self.queues.attach(cmd)
+            elif op == "qdetach":
+                self.queues.detach(cmd["qid"])
             return None
         pidx = cmd["pidx"]
         if pidx <= self.last_pidx:  # an old slot read again: its command already ran
@@ -278,11 +297,13 @@ class DeviceWorker:
         t_start = time.monotonic_ns()
         tr = self.tr
         tr.take(t_start)
+        if "queue" in cmd:
+            tr.queued(cid, cmd["t_queued"], t_start, self.boot.index)
         fault = cmd.get("fault") or _NO_FAULT
         modeled = None
         self.shift = 0
         try:
-            if pidx <= u64[S.CANCEL_PIDX]:
+            if pidx and pidx <= u64[S.CANCEL_PIDX]:  # 0: a queue's, not cancellable
                 raise errors.Cancelled("cancelled before it started")
             if cmd["wait"] or cmd["hold_ns"]:
                 self.flush()  # about to block: the supervisor must not wait for our news
@@ -545,6 +566,9 @@ class DeviceWorker:
         u64 = self.u64
         u64[S.BUSY] += t_end - t_start
         u64[S.DONE] += 1
+        if "queue" in cmd:
+            self.finish_queued(cmd, exc, modeled, t_start, t_end)
+            return
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code, "msg": msg,
                   "t_start": t_start, "t_end": t_end, "mem": self.memory.report(),
                   "t_take": self.tr.t_take, "cid": cmd["cid"]}
@@ -570,6 +594,19 @@ class DeviceWorker:
         self.signal_all(cmd["signal"], exc.wire if exc else 0, m_signal)
         record["t_signal"] = time.monotonic_ns()
         self.post(record)
+
+    def finish_queued(self, cmd: dict[str, Any], exc: errors.HetprocError | None,
+                      modeled: tuple[int, int, int] | None, t_start: int, t_end: int) -> None:
+        """A queue's command: no supervisor to tell, so its fence is always completed
+        here (a failure included), then its slot is freed."""
+        if modeled is not None:
+            self.model_end = modeled[1]
+        elif t_start and exc is not None:
+            self.model_end = max(self.model_end, t_end)
+        if exc is not None:
+            self.queues.failing(cmd, exc)
+        self.signal_all(cmd["signal"], exc.wire if exc else 0, modeled[1] if modeled else 0)
+        self.queues.finished(cmd, exc.code if exc else 0)
 
     def fire_due_signals(self) -> None:
         now = time.monotonic_ns()

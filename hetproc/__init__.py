@@ -10,6 +10,8 @@ Public API::
     FOREVER           Fence.wait(FOREVER): the one unbounded wait, asked for explicitly
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
+    Queue             Context.queue(): records straight to the device, no supervisor hop
+                      (a user-mode queue; ``work`` commands)
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
                       (PipelineStage, PipelineReport; seed §10)
     SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
@@ -65,11 +67,12 @@ from .errors import __all__ as _error_names
 from . import trace  # public namespace (hetproc.drills and hetproc.testing: import them)
 from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform
 from .client import (FOREVER, Buffer, BufferPool, Client, Context, Fence, Pipeline,
-                     PipelineReport, PipelineStage, Platform, PoolStatistics, command, connect)
+                     PipelineReport, PipelineStage, Platform, PoolStatistics, Queue, command,
+                     connect)
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
-    "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
+    "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     *_error_names,
 ]

@@ -21,6 +21,9 @@ REQUESTS = {
     "free": {"id": _I, "buf": _I},
     "free_many": {"id": _I, "bufs": _L},  # frees the client deferred while views lived
     "fence_create": {"id": _I, "count?": _I},
+    # user-mode submission queues: a ring the client writes and the device reads
+    "queue_open": {"id": _I, "ctx": _I, "slots?": _I},
+    "queue_close": {"id": _I, "queue": _I},
     "fence_release": {"id": _I, "fences": _L},
     "fence_error": {"id": _I, "fence": _I},
     "submit": {"id": _I, "ctx": _I, "cmds": _L, "t_ns?": _I},
@@ -55,7 +58,7 @@ HANDLE = (0, (1 << 63) - 1)
 INT_RANGES = {
     "id": HANDLE, "ctx": HANDLE, "buf": HANDLE, "fence": HANDLE, "token": HANDLE,
     "role": HANDLE, "since": HANDLE, "t_ns": HANDLE, "offset": HANDLE, "window": HANDLE, "signal": HANDLE,
-    "cid": (0, (1 << 64) - 1), "count": (1, 1024), "limit": (1, 65536), "align": (1, 1 << 30),
+    "cid": (0, (1 << 64) - 1), "count": (1, 1024), "limit": (1, 65536), "align": (1, 1 << 30), "slots": (1, 1 << 16), "queue": HANDLE,
     "error": (0, 0xFFFF), "priority": (-(1 << 31), 1 << 31), "pid": (-(1 << 63), (1 << 63) - 1),
 }
 STR_CAPS = {"device": 64, "dtype": 16, "layout": 16, "perm": 2, "kind": 16, "kernel": 64,

@@ -23,6 +23,10 @@ from ._packets import (I64, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spe
                        check_fields, decode, encode, unpack)
 from ._profile import profiled
 from ._ring import Ring
+from ._queues import (QueueRecord, QueueRing, queue_bytes)
+from ._queues import decode_record as decode_queue_record
+from ._queues import encode_record as encode_queue_record
+from ._queues import CLOSED as QUEUE_CLOSED, LOST as QUEUE_LOST, OPEN as QUEUE_OPEN
 from ._buddy import BuddyAllocator
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
 from ._fdpass import SegmentReceiver, SegmentSender, segment_socketpair
@@ -39,6 +43,8 @@ __all__ = [
     "VERSION", "encode", "decode", "unpack", "check_fields",
     "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",
     "Ring", "profiled",
+    "QueueRing", "QueueRecord", "queue_bytes", "decode_queue_record", "encode_queue_record",
+    "QUEUE_OPEN", "QUEUE_LOST", "QUEUE_CLOSED",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
     "SegmentSender", "SegmentReceiver", "segment_socketpair",

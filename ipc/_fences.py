@@ -40,7 +40,7 @@ SLOT_BYTES = 48
 SEM_CHUNK = 64
 SLOT_DTYPE = np.dtype([
     ("gen", "<u4"), ("state", "<u4"), ("error", "<u4"), ("signaller", "<u4"),
-    ("t_ns", "<u8"), ("cid", "<u8"), ("t_host", "<u8"), ("_spare", "<u8"),
+    ("t_ns", "<u8"), ("cid", "<u8"), ("t_host", "<u8"), ("owner", "<u8"),
 ])
 _W32, _W64 = SLOT_BYTES // 4, SLOT_BYTES // 8  # a slot's width in u32 and u64 words
 assert SLOT_DTYPE.itemsize == SLOT_BYTES
@@ -65,7 +65,7 @@ class FenceTable:
         self.slots = np.ndarray(self.capacity, SLOT_DTYPE, buffer=segment.map)  # slow path
         # Hot path: typed views (an item store costs ~40 ns; a numpy field store ~1 us).
         # Slot i: u32 [12i] gen, [12i+1] state, [12i+2] error, [12i+3] signaller;
-        #         u64 [6i+2] t_ns (modeled), [6i+3] cid, [6i+4] t_host.
+        #         u64 [6i+2] t_ns (modeled), [6i+3] cid, [6i+4] t_host, [6i+5] owner.
         self._u32 = memoryview(segment.map).cast("B").cast("I")
         self._u64 = memoryview(segment.map).cast("B").cast("Q")
         self._sems: dict[int, posix_ipc.Semaphore] = {}
@@ -85,8 +85,10 @@ class FenceTable:
 
     # -- creator side -----------------------------------------------------------------
 
-    def allocate(self, cid: int = 0) -> int:
-        """A new pending fence; raises ``OutOfMemory`` when every slot is live."""
+    def allocate(self, cid: int = 0, owner: int = 0) -> int:
+        """A new pending fence; raises ``OutOfMemory`` when every slot is live.
+        ``owner``: the tag of the client connection it belongs to (0: the supervisor's),
+        what a device checks before it signals a fence named in a queue record."""
         if not self._free:
             self._grow()
         slot = self._free.pop()
@@ -96,6 +98,7 @@ class FenceTable:
         u32[i + 2] = u32[i + 3] = 0
         self._u64[slot * _W64 + 2] = self._u64[slot * _W64 + 4] = 0
         self._u64[slot * _W64 + 3] = cid
+        self._u64[slot * _W64 + 5] = owner
         u32[i] = gen  # publish last: until now, old handles still saw the old generation
         return make_handle(slot, gen)
 
@@ -218,6 +221,17 @@ class FenceTable:
         if not self._owns(slot, gen):
             return 0, 0, 0
         return self._u64[slot * _W64 + 3], self._u32[slot * _W32 + 3], self._u64[slot * _W64 + 2]
+
+    def owner(self, handle: int) -> int:
+        """The owner tag of a live fence, -1 for a stale or impossible handle."""
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        if not self._owns(slot, gen):
+            return -1
+        return self._u64[slot * _W64 + 5]
+
+    def pending(self, handle: int) -> bool:
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        return self._owns(slot, gen) and self._u32[slot * _W32 + 1] == PENDING
 
     def info(self, handle: int) -> dict:
         slot, gen = split_handle(handle)

@@ -27,7 +27,11 @@ InternalError); a pipeline with a drop policy (every frame it reports completed 
 a delegated model partitioned across devices (every run it completes equals the CPU
 reference within the delegate tests' tolerance); fence signal rights (an import may
 signal only with the right, a failed signal fails the command waiting on it); and a
-granted role (a client's priority ceiling is its role's). Faults stay off the pipeline's
+granted role (a client's priority ceiling is its role's); and a user-mode queue (half
+the seeds, drawn from a generator of its own so that the other draws of a seed stay as
+they were): a client submits work straight to a device through it, every fence resolves,
+the successes keep queue order, a queue lost to a device reset refuses further submits
+and a new one is opened. Faults stay off the pipeline's
 and the model's commands (they are not re-checked by the device), except crashes.
 
 A run walks through named phases (``PHASES``); a failure is a ``ChaosFailure`` naming its
@@ -192,6 +196,17 @@ def draw_mix(rng: random.Random) -> Mix:
                model=rng.random() < 0.35,
                signal_rights=rng.random() < 0.5,
                role=rng.random() < 0.5)
+
+
+def queue_rng(seed: int) -> random.Random:
+    """The generator of a seed's queue choices: its own, so that adding queues to the mix
+    left every other draw of every seed as it was."""
+    return random.Random(f"queue-{seed}")
+
+
+def draw_queue(rng: random.Random) -> str:
+    """The device the seed's queue runs on ('' for none): the first draws of ``queue_rng``."""
+    return rng.choice(["npu0", "gpu0", "dsp0"]) if rng.random() < 0.5 else ""
 
 
 def platform_spec(mix: Mix) -> hetproc.PlatformSpec:
@@ -406,6 +421,11 @@ class _Run:
         self.pipe: hetproc.Client | None = None
         self.model_client: hetproc.Client | None = None
         self.dm: Any = None
+        # A generator of its own: the seed's other draws stay as they were before queues.
+        self.qrng = queue_rng(seed)
+        self.queue_device = draw_queue(self.qrng)
+        self.queue: hetproc.Queue | None = None
+        self.tally["queue"] = collections.Counter()
 
     def go(self) -> dict[str, Any]:
         self.others: list[hetproc.Client] = []
@@ -593,6 +613,7 @@ class _Run:
             self.model_round()
         if rng.random() < 0.15:
             self.role_check()
+        queued = self.queue_round() if self.queue_device else []
 
         for f, out, kernel, want, label in pending:
             try:
@@ -611,6 +632,7 @@ class _Run:
             elif out is not None and not _right(kernel, out.array(), want):
                 tally["wrong"].append((rnd, label))
         self.ph.check(not tally["wrong"], f"successful commands were wrong: {tally}")
+        self.queue_verdict(rnd, queued)
         for fence in self.user_fences:
             fence.release()
         self.user_fences.clear()
@@ -710,6 +732,47 @@ class _Run:
             return []
         return [(f, self.sig_out, "copy", MUST_FAIL if fail else views[0],
                  f"{dev}:signalled{'-failed' if fail else ''}")]
+
+    def queue_round(self) -> list:
+        """A few work commands through the queue (opened again after a reset lost it)."""
+        q, t = self.queue, self.tally["queue"]
+        if q is not None and q._ring.state != 0:  # lost in a reset: its submits refuse
+            try:
+                q.submit_nowait(0.0)
+                self.ph.fail("a lost queue accepted a submit")
+            except hetproc.CancelledByReset:
+                t["lost"] += 1
+            q.close()
+            q = self.queue = None
+        if q is None:
+            try:
+                q = self.queue = self.by.context(self.queue_device).queue(slots=64)
+                t["opened"] += 1
+            except hetproc.ResourceError:  # the device is resetting: next round
+                t["busy"] += 1
+                return []
+        durations = [self.qrng.choice([0.0, 0.05, 0.2]) for _ in range(self.qrng.randint(1, 6))]
+        try:
+            return q.submit_many(durations)
+        except hetproc.CancelledByReset:  # lost between the check and the write
+            t["lost_at_submit"] += 1
+            return []
+
+    def queue_verdict(self, rnd: int, fences: list) -> None:
+        """Every queue fence resolves; the successes signal in queue order."""
+        t, done = self.tally["queue"], []
+        for f in fences:
+            try:
+                f.wait(WAIT_S)
+            except hetproc.FenceTimeout:
+                self.ph.fail(f"round {rnd}: a queue command hung: {dict(t)}")
+            except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled) as exc:
+                t[type(exc).__name__] += 1
+            else:
+                t["ok"] += 1
+                done.append(f.signal_time())
+            f.release()
+        self.ph.check(done == sorted(done), f"round {rnd}: queue commands out of order")
 
     def role_check(self) -> None:
         """b's priority ceiling is its role's: one above it is refused, cleanly."""
@@ -892,6 +955,13 @@ class _Run:
     def drain(self) -> None:
         """After the storm: every device serves a clean request, nothing is held."""
         a, seed = self.plat.client, self.seed
+        if self.queue is not None:
+            self.queue.close()
+            self.queue = None
+        self.ph.check(a.metrics()["queues"]["open"] == 0, "a closed queue is still open")
+        if self.queue_device:
+            self.ph.check(self.tally["queue"]["ok"] > 0, f"no queue command ran: "
+                                                         f"{dict(self.tally['queue'])}")
         a.clear_faults()
         x, y = self.ins[0], a.alloc(N)
         for d in DEVICES:

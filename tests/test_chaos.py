@@ -18,7 +18,8 @@ import pytest
 import hetproc
 import random
 
-from tests.chaos import POLICIES, ChaosFailure, draw_mix, faults_on, judge_child_dependent, run
+from tests.chaos import (POLICIES, ChaosFailure, draw_mix, draw_queue, faults_on,
+                         judge_child_dependent, queue_rng, run)
 from tests.helpers import wait_for
 
 # The default seeds: together their mixes draw every scheduling policy and every part
@@ -44,6 +45,8 @@ def test_the_default_seeds_cover_the_whole_mix():
     for feature in ("sched_cmds", "hostile", "pipeline", "model", "signal_rights", "role"):
         assert {bool(getattr(m, feature)) for m in mixes} == {True, False}, feature
     assert any(c > 0 for m in mixes for c in m.chunk_ms)  # preemption somewhere
+    queues = {draw_queue(queue_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
+    assert "" in queues and len(queues) > 1  # a queue in some seeds, not in others
     assert all(m == draw_mix(random.Random(int(s)))
                for m, s in zip(mixes, DEFAULT_SEEDS.split(",")))  # a seed fixes its mix
 

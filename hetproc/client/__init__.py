@@ -7,7 +7,8 @@ from ._bufpool import BufferPool, PoolStatistics
 from ._client import FOREVER, Buffer, Client, Context, Fence, command
 from ._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._platform import Platform, connect, same_code_env
+from ._queue import Queue
 
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
            "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
-           "same_code_env"]
+           "Queue", "same_code_env"]

@@ -23,7 +23,7 @@ import select
 import threading
 import time
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from ipc import (Channel, FenceTable, PENDING, Segment, SegmentCache, decode, en
                  pack_frame)
 
 from ._trace_ring import ClientTrace
+
+if TYPE_CHECKING:
+    from ._queue import Queue
 
 DEFAULT_TIMEOUT = 30.0   # upper bound of any wait the caller did not bound itself
 FOREVER = float("inf")   # Fence.wait(FOREVER): no deadline, because the caller said so
@@ -489,6 +492,12 @@ class Context:
         client.trace.submitted(cmds, t_submit)
         return [Fence(client, h, cid=c["cid"], owned=True) for c, h in zip(cmds, handles)]
 
+    def queue(self, slots: int = 256) -> "Queue":
+        """A submission queue on this context's device: ``work`` commands written
+        straight into a ring the device reads, no supervisor hop (``hetproc.Queue``)."""
+        from ._queue import Queue
+        return Queue(self, slots)
+
     def vote(self, level: float) -> float:
         """Vote for this context's device frequency (a fraction of its top speed, seed
         §7): the device runs at its contexts' highest vote, snapped up to one of its
@@ -666,6 +675,7 @@ class Fence:
         # Only the object the client got at creation releases the fence when dropped; a
         # Fence built around a known handle (e.g. one shared by another process) never does.
         self._released = not owned
+        self._queue: "Queue | None" = None  # set by the queue whose command signals it
 
     def done(self) -> bool:
         state, _ = self.client.fences.poll(self.handle)
@@ -737,6 +747,8 @@ class Fence:
         itself has its record one supervisor turn later: that one is asked for, for a
         short while only, and never when the supervisor is gone."""
         err = self._error(word)
+        if self._queue is not None:  # no supervisor on that path: the device's note
+            return self._queue.explain(self.handle, word, self.cid) or err
         deadline = time.monotonic() + _DETAIL_WAIT_S
         record = self.client.failure_record(self.handle)
         while record is None and self.client.supervisor_alive():

@@ -46,7 +46,7 @@ class Lifetimes:
 
     def new_fence(self, client: ClientRec | None, cid: int = 0) -> int:
         """A fence of ``client``'s; its handler checked the quota (``_quotas``) first."""
-        handle = self.reg.fences.allocate(cid)
+        handle = self.reg.fences.allocate(cid, client.id if client is not None else 0)
         self.reg.fence_recs[handle] = FenceRec(handle, client)
         if client is not None:
             client.fences.add(handle)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ._lifetimes import Lifetimes
     from ._memlog import MemLog
     from ._memory import Memory
+    from ._queues import Queues
     from ._recovery import Recovery
 
 Handler = Callable[[ClientRec, dict], dict]
@@ -52,6 +53,7 @@ HANDLERS = {
     "inject": "inject", "faults_clear": "faults_clear",
     "trace_info": "trace_info", "trace_frozen": "trace_frozen",
     "power_vote": "power_vote",
+    "queue_open": "queue_open", "queue_close": "queue_close",
 }
 
 
@@ -62,12 +64,14 @@ class Requests:
 
     def __init__(self, reg: Registry, pool: "Memory", lifetimes: "Lifetimes",
                  commands: "Commands", iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
-                 recovery: "Recovery", evidence: "Evidence", memlog: "MemLog", *,
+                 recovery: "Recovery", evidence: "Evidence", memlog: "MemLog",
+                 queues: "Queues", *,
                  platform: dict[str, Any], stop: Callable[[], None],
                  metrics: Callable[[], dict], owner_pid: int) -> None:
         self.reg, self.pool, self.lifetimes, self.commands = reg, pool, lifetimes, commands
         self.iommu, self.handoff, self.faults = iommu, handoff, faults
         self.recovery, self.evidence, self.memlog = recovery, evidence, memlog
+        self.queues = queues
         self.platform, self.stop, self.metrics = platform, stop, metrics
         self._client_ids = itertools.count(1)
         self.owner_pid = owner_pid  # the process that started the platform (kernel's word)
@@ -140,6 +144,7 @@ class Requests:
 
     def context_destroy(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"], allow_lost=True)
+        self.queues.context_gone(ctx)
         self.commands.destroy_context(ctx, reason="destroyed by its client")
         return {}
 
@@ -213,6 +218,13 @@ class Requests:
         count = msg.get("count", 1)  # 1..1024, checked with the packet
         quota.check_fences(self.reg, client, count)
         return {"fences": [self.lifetimes.new_fence(client) for _ in range(count)]}
+
+    def queue_open(self, client: ClientRec, msg: dict) -> dict:
+        ctx = check.context_of(self.reg, client, msg["ctx"])
+        return self.queues.open(client, ctx, msg.get("slots", 256), hand=self._hand)
+
+    def queue_close(self, client: ClientRec, msg: dict) -> dict:
+        return self.queues.close(client, msg["queue"])
 
     def fence_release(self, client: ClientRec, msg: dict) -> dict:
         for handle in msg["fences"]:

@@ -81,6 +81,7 @@ from ._metrics import platform_metrics
 from . import _validation as check
 from ._records import ClientRec, Registry
 from ._recovery import Policy, Recovery
+from ._queues import Queues
 from ._requests import Requests
 
 TICK_S = 0.005
@@ -197,9 +198,10 @@ class Supervisor:
                     "fence_segment": reg.fences.segment.name,
                     "state_segment": self.state_seg.name, "time_scale": spec.time_scale,
                     "devices": [d.name for d in spec.devices], "spec": spec.to_dict()}
+        self.queues = Queues(reg, self.pool)
         self.requests = Requests(reg, self.pool, self.lifetimes, self.commands, self.iommu,
                                  self.handoff, self.faults, self.recovery, self.evidence,
-                                 self.memlog, platform=platform, stop=self.stop,
+                                 self.memlog, self.queues, platform=platform, stop=self.stop,
                                  metrics=self.metrics, owner_pid=os.getppid())
 
     def _watch_owner(self) -> None:
@@ -226,6 +228,8 @@ class Supervisor:
     def spawn(self, dev: DeviceHandle) -> None:
         boot = {"fence_segment": self.reg.fences.segment.name, "state_segment": self.state_seg.name,
                 "device_count": len(self.reg.devices), **self.evidence.boot_args()}
+        if dev.epoch:  # a restart: the old process is reaped, its queues are lost
+            self.queues.device_gone(dev, f"{dev.name} was reset (epoch {dev.epoch} ended)")
         self.reg.state[dev.index]["cancel_pidx"] = 0
         self.reg.state[dev.index]["park"] = 0
         self.reg.state[dev.index]["preempt_pidx"] = 0
@@ -243,6 +247,7 @@ class Supervisor:
         m = platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
                              self.evidence, self.prefix)
         m["ddr_quota"] = self.requests.ddr.metrics()
+        m["queues"] = self.queues.metrics()
         return m
 
     # -- the loop ---------------------------------------------------------------------
@@ -298,6 +303,7 @@ class Supervisor:
         # Completion records it posted before dying are facts: take them in first, so a
         # command that finished is neither blamed, cancelled nor replayed.
         self.commands.on_completions(dev)
+        self.queues.device_gone(dev, f"{dev.name} stopped (exit status {status})")
         self.recovery.on_device_death(dev, status)  # reads what the slot says it ran
 
     # -- clients ----------------------------------------------------------------------
@@ -585,6 +591,7 @@ class Supervisor:
             _close_all(fds)
         client.outfds = []
         self.evidence.client_gone(client)
+        self.queues.client_gone(client)
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)

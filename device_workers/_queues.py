@@ -1,0 +1,185 @@
+"""The device's end of user-mode submission queues (``ipc._queues``).
+
+The supervisor attaches a queue with a control record on the device's own command ring
+(``qattach``: which segment, whose fences, the bounds it granted); from then on the
+device reads that client's records directly, between the commands the supervisor
+schedules (those go first: they were chosen by the platform's policy, and a queue must
+not starve them), round robin over its queues, one record per queue per turn.
+
+Everything in a queue segment is the client's writing, so each record is checked here,
+where it is used, before any state changes:
+
+* its fields' ranges (``decode_record``), its ``qseq`` equal to its ring position;
+* the fence it signals is live, pending and owned by the queue's client (the owner tag
+  the supervisor stamped in the fence slot): a client can complete only its own fences;
+* its modeled duration within the bound the supervisor granted (so a record cannot
+  occupy the device past the watchdog); its arrival is clamped to ``ARRIVAL_PAST_NS``
+  in the past at most and never in the future (so it cannot hold the device idle);
+* wait fences are checked when waited on (a bad one fails the command, as ever).
+
+A record that fails is refused: its fence, when it is the client's own and pending, fails
+with ``BadPacket`` so the client's wait explains it; the slot is consumed either way and
+the queue goes on. The device's own position counter, not the shared tail, says which
+slot comes next, so a scribbled tail or head cannot make it read out of order or loop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ipc import FenceTable, SegmentCache, errors
+from ipc import QueueRing, decode_queue_record as decode_record, queue_bytes
+
+ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
+REFUSALS_PER_TURN = 32
+
+
+@dataclass(eq=False)
+class DeviceQueue:
+    qid: int
+    sid: int
+    ring: QueueRing
+    tag: int             # the owner tag of the client's fences
+    max_hold_ns: int
+    dep_timeout_ns: int
+    dispatch_ns: int
+    pos: int             # records consumed (the device's own count; the tail mirrors it)
+    busy: bool = False
+    stats: dict[str, int] = field(default_factory=lambda: {"done": 0, "failed": 0,
+                                                           "refused": 0})
+
+
+class DeviceQueues:
+    """The queues attached to one device (see the module docstring)."""
+
+    def __init__(self, cache: SegmentCache, fences: FenceTable, name: str,
+                 report: Callable[[int, str], None]) -> None:
+        self.cache = cache
+        self.fences = fences
+        self.name = name
+        self.report = report  # (error code, message): news for the supervisor
+        self.queues: dict[int, DeviceQueue] = {}
+        self._order: list[DeviceQueue] = []
+        self._next = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._order)
+
+    # -- control (records from the supervisor's ring) ----------------------------------
+
+    def attach(self, rec: dict[str, Any]) -> None:
+        qid, sid, slots = rec["qid"], rec["sid"], rec["slots"]
+        try:
+            seg = self.cache.get(sid)
+            buf = memoryview(seg.map)[:queue_bytes(slots)]
+            ring = QueueRing(buf, slots)
+        except (KeyError, ValueError, TypeError) as exc:
+            self.report(errors.BadPacket.code, f"{self.name}: queue {qid} not attached: {exc}")
+            return
+        self.detach(qid)
+        q = DeviceQueue(qid, sid, ring, rec["tag"], rec["max_hold_ns"], rec["dep_timeout_ns"],
+                        rec["dispatch_ns"], pos=rec["first"])
+        self.queues[qid] = q
+        self._order.append(q)
+
+    def detach(self, qid: int) -> None:
+        q = self.queues.pop(qid, None)
+        if q is None:
+            return
+        self._order.remove(q)
+        q.ring.release()
+
+    def forget_segment(self, sid: int) -> None:
+        """The segment is going: release our views of it first (an unmap with views
+        exported would fail)."""
+        for q in [q for q in self._order if q.sid == sid]:
+            self.detach(q.qid)
+
+    def close(self) -> None:
+        for qid in list(self.queues):
+            self.detach(qid)
+
+    # -- records ------------------------------------------------------------------------
+
+    def take(self) -> dict[str, Any] | None:
+        """The next command from the queues, round robin; None when none is owed."""
+        order = self._order
+        for _ in range(len(order)):
+            if self._next >= len(order):
+                self._next = 0
+            q = order[self._next]
+            self._next += 1
+            if q.busy:
+                continue
+            cmd = self._take_from(q)
+            if cmd is not None:
+                return cmd
+        return None
+
+    def _take_from(self, q: DeviceQueue) -> dict[str, Any] | None:
+        # Refusals are bounded per turn: a client writing garbage as fast as it can must
+        # not keep the device from the supervisor's ring and the other queues.
+        for _ in range(REFUSALS_PER_TURN):
+            head = q.ring.head
+            if not 0 < head - q.pos <= q.ring.slots:
+                return None  # nothing owed, or a head that cannot be: the client's loss
+            data = q.ring.slot(q.pos)
+            q.pos += 1
+            try:
+                cmd = self._command(q, data)
+            except errors.BadPacket as exc:
+                self._refuse(q, data, exc)
+                continue
+            q.busy = True
+            return cmd
+        return None
+
+    def _command(self, q: DeviceQueue, data: bytes) -> dict[str, Any]:
+        rec = decode_record(data)
+        if rec.qseq != q.pos:
+            raise errors.BadPacket(f"queue record qseq {rec.qseq} in ring position {q.pos}")
+        if self.fences.owner(rec.signal) != q.tag or not self.fences.pending(rec.signal):
+            raise errors.BadPacket(f"queue record signals fence {rec.signal:#x}: not a "
+                                   f"pending fence of this queue's client")
+        if rec.hold_ns > q.max_hold_ns:
+            raise errors.BadPacket(f"queue record holds {rec.hold_ns} ns, past the "
+                                   f"{q.max_hold_ns} ns this queue may run")
+        # As the supervisor does: an untrusted stamp shifts its own work a little, never
+        # to a far start that would hold the device idle for others.
+        now = time.monotonic_ns()
+        arrive = min(now, max(now - ARRIVAL_PAST_NS, rec.arrive_ns))
+        return {"op": "exec", "seq": 0, "pidx": 0, "cid": rec.cid, "kernel": rec.kernel,
+                "wait": list(rec.wait), "signal": [rec.signal], "hold_ns": rec.hold_ns,
+                "delay_ns": 0, "dep_timeout_ns": q.dep_timeout_ns,
+                "arrive_ns": arrive + q.dispatch_ns, "params": {}, "ins": [],
+                "outs": [], "queue": q, "t_queued": arrive}
+
+    def _refuse(self, q: DeviceQueue, data: bytes, exc: errors.BadPacket) -> None:
+        """Fail the record's fence if it is the client's own (what a client's wait then
+        explains); consume the slot either way."""
+        q.stats["refused"] += 1
+        try:
+            signal = decode_record(data).signal
+        except errors.BadPacket:
+            signal = 0
+        if signal and self.fences.owner(signal) == q.tag:
+            msg = f"queue record refused by {self.name}: {exc}"
+            q.ring.write_note(signal, exc.code, msg)  # before the wake: the waiter reads it
+            self.fences.signal(signal, exc.wire, signaller=0)
+        q.ring.set_tail(q.pos)
+
+    def failing(self, cmd: dict[str, Any], exc: errors.HetprocError) -> None:
+        """A command is about to fail its fence: the note that explains it goes first."""
+        q: DeviceQueue = cmd["queue"]
+        if self.queues.get(q.qid) is q:
+            q.ring.write_note(cmd["signal"][0], exc.code, f"{self.name}: {exc}")
+
+    def finished(self, cmd: dict[str, Any], code: int) -> None:
+        """The command ran (its fence was signalled or failed): free its slot."""
+        q: DeviceQueue = cmd["queue"]
+        q.busy = False
+        q.stats["failed" if code else "done"] += 1
+        if self.queues.get(q.qid) is q:
+            q.ring.set_tail(q.pos)

@@ -1,0 +1,157 @@
+"""``Queue``: submit straight to a device, no supervisor hop (a user-mode queue).
+
+``Context.queue()`` asks the supervisor for a ring on the context's device; after that a
+submit is a record written into shared memory plus one semaphore post, and the device
+signals the fence the client waits on: one process hop each way, as user-mode queues on
+current GPUs. The supervisor stays in charge of control and recovery (see
+``hetproc.supervisor._queues``); the device checks every record (``device_workers._queues``).
+
+A queue runs ``work`` commands (a modeled duration, input fences): the timing and
+scheduling workloads whose granularity the per-command cost limits. Commands with buffers
+go through ``Context.submit``, where the supervisor validates and maps them.
+
+When the device is reset, its queues are lost (as on a GPU): their pending fences fail
+with ``CancelledByReset`` (``DeviceCrashed`` for the one running) and further submits
+raise ``CancelledByReset``; open a new queue once the device serves again.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+import posix_ipc
+
+from ipc import QUEUE_OPEN, QueueRing, encode_queue_record, errors
+
+if TYPE_CHECKING:
+    from ._client import Context, Fence
+
+FULL_WAIT_S = 5.0  # how long a submit waits for a free slot before it says so
+
+
+class Queue:
+    """A submission queue on one context's device; see the module docstring."""
+
+    def __init__(self, ctx: "Context", slots: int = 256) -> None:
+        client = self.client = ctx.client
+        self.ctx = ctx
+        info = client._request("queue_open", ctx=ctx.handle, slots=int(slots))
+        self.qid, self.sid, self.slots = info["qid"], info["sid"], info["slots"]
+        self.max_hold_ns = info["max_hold_ns"]
+        self._scale = client.time_scale
+        seg = client._segments.get(self.sid)
+        self._ring = QueueRing(memoryview(seg.map)[:info["bytes"]], self.slots)
+        self._doorbell = posix_ipc.Semaphore(info["doorbell"])
+        self._qseq = self._ring.head  # 0 on a new ring
+        self._closed = False
+
+    def __enter__(self) -> "Queue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.qid} on {self.ctx.device}, {self.slots} slots>"
+
+    # -- submitting -------------------------------------------------------------------
+
+    def submit_nowait(self, ms: float = 0.0, *, wait: Iterable["Fence"] = (),
+                      at_ns: int | None = None) -> "Fence":
+        """One ``work`` command of ``ms`` modeled milliseconds (times the platform's time
+        scale) after the fences in ``wait``; returns the fence it signals."""
+        return self.submit_many([ms], wait=wait, at_ns=at_ns)[0]
+
+    def submit_many(self, durations_ms: Sequence[float], *, wait: Iterable["Fence"] = (),
+                    at_ns: int | None = None) -> list["Fence"]:
+        """One ``work`` command per duration, in order, with one doorbell post; the
+        first waits on ``wait`` (the rest follow it in queue order anyway)."""
+        from ._client import Fence
+        self._check_open()
+        client = self.client
+        n = len(durations_ms)
+        holds = [self._hold_ns(ms) for ms in durations_ms]
+        waits = [f.handle for f in wait]
+        handles = client._take_fences(n)
+        cids = [client.next_cid() for _ in range(n)]
+        cmds = [{"cid": c, "signal": h} for c, h in zip(cids, handles)]
+        t_submit = client.trace.now()
+        client.trace.bind(cmds)
+        arrive = time.monotonic_ns() if at_ns is None else int(at_ns)
+        ring, put = self._ring, self._ring.put
+        for i in range(n):
+            self._qseq += 1
+            record = encode_queue_record(self._qseq, cids[i], handles[i], arrive, holds[i],
+                                         waits if i == 0 else ())
+            if not put(record):
+                self._wait_for_space(record)
+        self._doorbell.release()
+        client.trace.submitted(cmds, t_submit)
+        fences = [Fence(client, h, cid=c, owned=True) for h, c in zip(handles, cids)]
+        for f in fences:
+            f._queue = self
+        return fences
+
+    def _hold_ns(self, ms: float) -> int:
+        ms = float(ms)
+        if not 0.0 <= ms < float("inf"):
+            raise errors.InvalidRequest(f"a duration must be a finite number of ms >= 0, got {ms}")
+        hold = int(ms * self._scale * 1e6)
+        if hold > self.max_hold_ns:
+            raise errors.InvalidRequest(f"{ms} ms is past the {self.max_hold_ns / 1e6:g} ms "
+                                        f"(modeled) a queue command may run")
+        return hold
+
+    def _wait_for_space(self, record: bytes) -> None:
+        """The ring is full: wake the device and give it time to drain, within a bound."""
+        self._doorbell.release()
+        deadline = time.monotonic() + FULL_WAIT_S
+        while not self._ring.put(record):
+            self._check_open()
+            if time.monotonic() > deadline:
+                raise errors.ResourceError(f"queue {self.qid} stayed full for {FULL_WAIT_S} s: "
+                                           f"the device is not draining it", retryable=True)
+            time.sleep(0.0002)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.InvalidHandle(f"queue {self.qid} is closed")
+        if self._ring.state != QUEUE_OPEN:
+            raise errors.CancelledByReset(f"queue {self.qid} on {self.ctx.device} was lost "
+                                          f"in a device reset: open a new one")
+
+    def explain(self, fence: int, word: int, cid: int) -> errors.HetprocError | None:
+        """The error of a failed queue command, from the supervisor's record (a reset or
+        a close: sent ahead of the wake) or the device's note in the ring."""
+        record = self.client.failure_record(fence)
+        if record is None and not self._closed:
+            note = self._ring.find_note(fence)
+            if note is not None and note[0] == word & 0xFFFF:
+                record = {"code": note[0], "message": note[1]}
+        if record is None:
+            return None
+        err = errors.HetprocError.from_dict(record)
+        err.correlation_id = cid
+        return err
+
+    def pending(self) -> int:
+        """Records written and not finished yet."""
+        return self._ring.head - self._ring.tail
+
+    # -- closing ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Detach the queue and unmap its ring; records not finished yet fail with
+        ``Cancelled``."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client._request("queue_close", queue=self.qid)
+        except errors.InvalidHandle:
+            pass  # lost in a reset meanwhile: the supervisor dropped it already
+        finally:
+            self._ring.release()
+            self._doorbell.close()
+            self.client._segments.forget(self.sid)

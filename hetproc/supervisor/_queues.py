@@ -1,0 +1,220 @@
+"""User-mode submission queues: the supervisor's part is control, not the hot path.
+
+A client opens a queue on one of its contexts (``queue_open``). The supervisor makes the
+ring (``ipc.QueueRing`` over an anonymous segment from the client's memory budget), hands
+its descriptor to that connection (in the reply) and to the context's device (on its
+segment socket), then attaches it on the device with a control record in the device's
+own command ring, carrying what the device must enforce: whose fences the queue may
+complete (the owner tag stamped in the fence table by ``fence_create``), the longest
+modeled duration a record may ask (the platform's watchdog), the dependency timeout and
+the dispatch latency. From then on the client writes records and rings the device's
+doorbell; the device checks and runs them (``device_workers._queues``). The supervisor
+sees none of it, which is the point: one process hop instead of three.
+
+It stays in charge of everything else:
+
+* **close / client gone** -- a detach record goes to the device in ring order, then the
+  segment is dropped (the device releases its view of it first);
+* **device reset** (any confirmed stop that ends the device process: crash, kill by the
+  watchdog, a stall) -- every queue on that device is lost, as a GPU reset loses the
+  user-mode queues on it: the supervisor reads the records the device still owed
+  (``[tail, head)``, which includes the one it was running: a slot is freed only when
+  its command finishes), fails each one's fence -- only fences owned by that queue's
+  client, whatever a scribbled record names -- with ``CancelledByReset`` (or
+  ``DeviceCrashed`` for the command the device was running), marks the ring LOST and
+  tells the client. The client opens a new queue on the restarted device.
+
+What a queue does not do (yet): buffer operands (a record names no buffer, so there is
+nothing to validate, map, or reclaim: ``work`` commands only -- modeled durations and
+fence dependencies), fault injection rules, the command watchdog (a record's duration is
+bounded instead), the supervisor's scheduling policy (queue records run when no command
+the supervisor scheduled is ready on that device, round robin between queues).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from device_workers import DeviceState
+from device_workers import StateSlot as S
+from ipc import (QUEUE_CLOSED, QUEUE_LOST, Block, QueueRing, decode_queue_record, encode,
+                 errors, queue_bytes)
+
+from ._devices import RING_SLOTS
+
+if TYPE_CHECKING:
+    from ._devices import DeviceHandle
+    from ._memory import Memory
+    from ._records import ClientRec, ContextRec, Registry
+
+MIN_SLOTS, MAX_SLOTS = 16, 4096
+MAX_PER_CLIENT = 8       # queues one connection may hold open
+MAX_PER_DEVICE = 32      # queues one device reads (each costs it a look per idle turn)
+
+
+@dataclass(eq=False)
+class QueueRec:
+    qid: int
+    client: "ClientRec"
+    ctx: "ContextRec"
+    device: str
+    block: Block
+    ring: QueueRing
+    slots: int
+
+    @property
+    def sid(self) -> int:
+        return int(self.block.segment)
+
+
+class Queues:
+    """Every open queue of the platform (see the module docstring)."""
+
+    def __init__(self, reg: "Registry", pool: "Memory") -> None:
+        self.reg = reg
+        self.pool = pool
+        self.open_queues: dict[int, QueueRec] = {}
+        self._ids = 0
+        self.stats = {"opened": 0, "closed": 0, "lost": 0, "fences_failed": 0}
+
+    def _device(self, name: str) -> "DeviceHandle":
+        return self.reg.devices[name]
+
+    # -- requests -----------------------------------------------------------------------
+
+    def open(self, client: "ClientRec", ctx: "ContextRec", slots: int,
+             hand: Callable[["ClientRec", int], list]) -> dict[str, Any]:
+        """``hand(client, sid)``: the reply's ``segs`` entry for the ring's segment."""
+        if slots < MIN_SLOTS or slots > MAX_SLOTS or slots & (slots - 1):
+            raise errors.InvalidRequest(f"queue slots must be a power of two in "
+                                        f"{MIN_SLOTS}..{MAX_SLOTS}, got {slots}")
+        mine = [q for q in self.open_queues.values() if q.client is client]
+        if len(mine) >= MAX_PER_CLIENT:
+            raise errors.QuotaExceeded(f"{MAX_PER_CLIENT} queues open on this connection")
+        dev = self._device(ctx.device)
+        if sum(q.device == dev.name for q in self.open_queues.values()) >= MAX_PER_DEVICE:
+            raise errors.QuotaExceeded(f"{MAX_PER_DEVICE} queues open on {dev.name}")
+        if not dev.pid or dev.paused or dev.segs is None:
+            raise errors.ResourceError(f"{dev.name} is resetting: open the queue again "
+                                       f"once it serves", retryable=True)
+        if dev.commands.depth() >= RING_SLOTS - 2:
+            raise errors.ResourceError(f"{dev.name}'s command ring is full", retryable=True)
+        nbytes = queue_bytes(slots)
+        try:
+            block = self.pool.allocate(client.pid, nbytes, exportable=True)
+        except MemoryError as exc:
+            raise errors.OutOfMemory(f"no memory for a queue of {slots} slots: {exc}") from None
+        seg = self.pool.segments[block.segment]
+        try:
+            segs = hand(client, seg.key)
+        except errors.HetprocError:
+            self.pool.free(block)
+            raise
+        dev.segs.add(seg)
+        if not dev.segs.flush():  # the descriptor must be on its way before the record
+            dev.segs.drop(seg.key)
+            client.segments.discard(seg.key)
+            self.pool.free(block)
+            raise errors.ResourceError(f"{dev.name} is not taking descriptors now: open the "
+                                       f"queue again", retryable=True)
+        self._ids += 1
+        q = QueueRec(self._ids, client, ctx, dev.name, block,
+                     QueueRing(memoryview(seg.map)[:nbytes], slots), slots)
+        spec, scaled = self.reg.spec, self.reg.scaled_ns
+        self._control(dev, {"op": "qattach", "qid": q.qid, "sid": q.sid, "slots": slots,
+                            "tag": client.id, "max_hold_ns": scaled(spec.watchdog_ms),
+                            "dep_timeout_ns": scaled(spec.dependency_timeout_ms),
+                            "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0})
+        self.open_queues[q.qid] = q
+        self.stats["opened"] += 1
+        return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": nbytes,
+                "doorbell": dev.doorbell.name, "tag": client.id,
+                "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs}
+
+    def close(self, client: "ClientRec", qid: int) -> dict[str, Any]:
+        q = self.open_queues.get(qid)
+        if q is None or q.client is not client:
+            raise errors.InvalidHandle(f"queue {qid} is not open on this connection")
+        q.ring.set_state(QUEUE_CLOSED)
+        self.stats["fences_failed"] += self._fail_owed(q, None, "the queue was closed")
+        self._drop(q, QUEUE_CLOSED)
+        self.stats["closed"] += 1
+        return {}
+
+    # -- what ends queues -----------------------------------------------------------------
+
+    def client_gone(self, client: "ClientRec") -> None:
+        for q in [q for q in self.open_queues.values() if q.client is client]:
+            self._drop(q, QUEUE_CLOSED)
+
+    def context_gone(self, ctx: "ContextRec") -> None:
+        for q in [q for q in self.open_queues.values() if q.ctx is ctx]:
+            self._drop(q, QUEUE_CLOSED)
+
+    def device_gone(self, dev: "DeviceHandle", why: str) -> None:
+        """The device process ended (its stop is confirmed): lose its queues."""
+        for q in [q for q in self.open_queues.values() if q.device == dev.name]:
+            q.ring.set_state(QUEUE_LOST)  # before any waiter wakes: a submit sees it
+            self.stats["fences_failed"] += self._fail_owed(q, dev, why)
+            self.stats["lost"] += 1
+            self._drop(q, QUEUE_LOST, tell_device=False)
+            self.reg.tell(q.client, {"op": "reply", "id": 0, "ok": False, "queue": q.qid,
+                                     "error": errors.CancelledByReset(
+                                         f"queue {q.qid} on {dev.name} was lost: {why}").to_dict()})
+
+    def _fail_owed(self, q: QueueRec, dev: "DeviceHandle | None", why: str) -> int:
+        """Fail the fences of the records the device owed (``dev``: it was reset; None:
+        the queue was closed). The records are the client's
+        writing: a fence is failed only if it is that client's own and still pending."""
+        ring, fences, tag = q.ring, self.reg.fences, q.client.id
+        running_cid = -1
+        if dev is not None:  # a reset: the command it was running gets the blame
+            slot = self.reg.slots[dev.index]
+            if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
+                                                                     DeviceState.WAITING):
+                running_cid = slot.u64[S.CURRENT_CID]
+        tail = ring.tail
+        owed = min(max(ring.head - tail, 0), q.slots)
+        failed = 0
+        for i in range(tail, tail + owed):
+            try:
+                rec = decode_queue_record(ring.slot(i))
+            except errors.BadPacket:
+                continue
+            if fences.owner(rec.signal) != tag or not fences.pending(rec.signal):
+                continue
+            exc: errors.HetprocError
+            if dev is None:
+                exc = errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=rec.cid)
+            elif i == tail and rec.cid == running_cid:
+                exc = errors.DeviceCrashed(f"{dev.name} stopped while running queue "
+                                           f"{q.qid}'s command: {why}", correlation_id=rec.cid)
+            else:
+                exc = errors.CancelledByReset(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                              correlation_id=rec.cid)
+            if not self.reg.fail_fence(rec.signal, exc):  # the record goes to its owner first
+                fences.signal(rec.signal, exc.wire)
+            failed += 1
+        return failed
+
+    def _drop(self, q: QueueRec, state: int, tell_device: bool = True) -> None:
+        del self.open_queues[q.qid]
+        q.ring.set_state(state)
+        if tell_device:
+            dev = self._device(q.device)
+            if dev.pid:
+                self._control(dev, {"op": "qdetach", "qid": q.qid})
+        q.ring.release()
+        q.client.segments.discard(q.sid)
+        self.pool.free(q.block)  # the devices drop the segment after the detach record
+
+    def _control(self, dev: "DeviceHandle", record: dict[str, Any]) -> None:
+        """A control record in the device's ring, in order with its commands. The ring
+        keeps a slot for these (``open`` refuses when it is full), and a detach that
+        does not fit is not needed: the segment's drop detaches the queue as well."""
+        if dev.commands.try_put(encode(record)):
+            dev.doorbell.release()
+
+    def metrics(self) -> dict[str, int]:
+        return {"open": len(self.open_queues), **self.stats}

@@ -1,0 +1,309 @@
+"""User-mode submission queues (``Context.queue``), across real processes.
+
+A queue's records go from the client straight to the device: these tests check that the
+model is the same as through the supervisor (exact modeled times, dependencies), that the
+device trusts nothing in the ring (another tenant's fence, a wrong ring position, a
+duration past the bound, a far arrival, garbage, scribbled indices), and that the
+supervisor's control holds: a device reset loses the queue and fails exactly what the
+device owed, a close cancels, a killed client leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hetproc
+from hetproc import errors
+from ipc import QUEUE_LOST, decode_queue_record, encode_queue_record
+from tests.helpers import wait_for
+
+WAIT = 10.0
+
+
+def _device_pid(client: hetproc.Client, device: str = "npu0") -> int:
+    return client.metrics()["devices"][device]["pid"]
+
+
+def _raw_put(q: hetproc.Queue, record: bytes) -> None:
+    """Write a record as a misbehaving client would: straight into the ring."""
+    assert q._ring.put(record)
+    q._doorbell.release()
+
+
+def _own_fence(q: hetproc.Queue) -> hetproc.Fence:
+    """One of the client's pool fences, as the queue would bind it."""
+    fence = hetproc.Fence(q.client, q.client._take_fences(1)[0], owned=True)
+    fence._queue = q
+    return fence
+
+
+def _next_seq(q: hetproc.Queue) -> int:
+    q._qseq += 1
+    return q._qseq
+
+
+def test_a_queue_runs_in_order_on_the_modeled_clock(platform):
+    """A batch submitted at one arrival: command i signals at the arrival plus the sum
+    of the first i+1 durations, exactly (the host's wake-ups are absorbed)."""
+    ctx = platform.client.context("npu0")
+    with ctx.queue() as q:
+        durations = [0.5, 0.0, 1.25, 0.25, 2.0]
+        at = time.monotonic_ns()
+        fences = q.submit_many(durations, at_ns=at)
+        for f in fences:
+            f.wait(WAIT)
+        expected, t = [], at
+        for ms in durations:
+            t += int(ms * 1e6)
+            expected.append(t)
+        assert [f.signal_time() for f in fences] == expected
+        assert wait_for(lambda: q.pending() == 0)
+
+
+def test_a_queue_command_starts_after_the_fences_it_waits_on(platform):
+    """Dependencies cross paths: a queue command on the NPU waits for a command the GPU
+    ran through the supervisor, and starts at its modeled end."""
+    client = platform.client
+    gpu, npu = client.context("gpu0"), client.context("npu0")
+    with npu.queue() as q:
+        # One arrival for both: the consumer's own arrival must not be what it waits for
+        # (a client's first submits may take milliseconds of host time).
+        at = time.monotonic_ns()
+        producer = gpu.submit_nowait("work", ms=3.0, at_ns=at)
+        consumer = q.submit_nowait(1.0, wait=[producer], at_ns=at)
+        consumer.wait(WAIT)
+        assert consumer.signal_time() == producer.signal_time() + 1_000_000
+
+
+def test_a_queue_costs_the_supervisor_nothing_per_command(platform):
+    """The point of a queue: the supervisor handles no request per command."""
+    client = platform.client
+    ctx = client.context("npu0")
+    with ctx.queue() as q:
+        before = client.metrics()["submitted"]
+        for f in q.submit_many([0.0] * 200):
+            f.wait(WAIT)
+        assert client.metrics()["submitted"] == before
+        assert client.metrics()["queues"]["open"] == 1
+
+
+def test_a_forged_record_cannot_complete_another_tenants_fence(platform):
+    """Tenant B writes a record naming tenant A's pending fence: the device refuses it
+    (the fence's owner tag is A's), A's fence stays pending, B's queue goes on."""
+    a = platform.client
+    b = platform.connect("tenant-b")
+    try:
+        victim = a.context("gpu0").submit_nowait("work", ms=200.0)
+        with b.context("npu0").queue() as q:
+            _raw_put(q, encode_queue_record(_next_seq(q), 1, victim.handle,
+                                            time.monotonic_ns(), 0))
+            after = q.submit_nowait(0.0)
+            after.wait(WAIT)  # the forged record was consumed before it
+            assert not victim.done()
+            assert wait_for(lambda: q.pending() == 0)  # the slot is freed just after the signal
+        victim.wait(WAIT)
+    finally:
+        b.close()
+
+
+def test_a_record_out_of_ring_order_fails_its_own_fence(platform):
+    ctx = platform.client.context("npu0")
+    with ctx.queue() as q:
+        fence = _own_fence(q)
+        _raw_put(q, encode_queue_record(_next_seq(q) + 5, 1, fence.handle, time.monotonic_ns(), 0))
+        with pytest.raises(errors.BadPacket, match="qseq"):
+            fence.wait(WAIT)
+        q.submit_nowait(0.0).wait(WAIT)  # the queue goes on
+
+
+def test_a_duration_past_the_bound_is_refused_by_client_and_device(platform):
+    ctx = platform.client.context("npu0")
+    with ctx.queue() as q:
+        too_long = q.max_hold_ns / 1e6 + 1.0
+        with pytest.raises(errors.InvalidRequest, match="past the"):
+            q.submit_nowait(too_long)
+        fence = _own_fence(q)
+        _raw_put(q, encode_queue_record(_next_seq(q), 1, fence.handle, time.monotonic_ns(),
+                                        q.max_hold_ns + 1))
+        with pytest.raises(errors.BadPacket, match="holds"):
+            fence.wait(WAIT)
+
+
+def test_a_far_arrival_cannot_hold_the_device(platform):
+    """An arrival an hour ahead is clamped to now: the command runs at once."""
+    ctx = platform.client.context("npu0")
+    with ctx.queue() as q:
+        t0 = time.monotonic_ns()
+        f = q.submit_nowait(0.0, at_ns=t0 + 3600 * 10**9)
+        f.wait(WAIT)
+        assert f.signal_time() < t0 + 10**9
+
+
+def test_garbage_and_scribbled_indices_cost_only_the_writer(platform):
+    client = platform.client
+    ctx = client.context("npu0")
+    other = client.context("npu0").queue()
+    with ctx.queue() as q:
+        _raw_put(q, b"\xff" * 128)             # not a record
+        _next_seq(q)
+        q.submit_nowait(0.0).wait(WAIT)        # consumed in order, the queue goes on
+        q._ring._q[0] = q._ring.head + (1 << 40)  # a head no ring can have
+        q._doorbell.release()
+        other.submit_nowait(0.0).wait(WAIT)    # the device still serves everyone
+        pid = _device_pid(client)
+    other.close()
+    assert _device_pid(client) == pid
+    assert client.metrics()["devices"]["npu0"]["restarts"] == 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.binary(min_size=0, max_size=128), min_size=1, max_size=8))
+def test_any_bytes_in_the_ring_leave_the_device_serving(queue_platform, slots):
+    plat, q = queue_platform
+    for data in slots:
+        _raw_put(q, data.ljust(1, b"\0"))
+        _next_seq(q)
+    q.submit_nowait(0.0).wait(WAIT)
+    assert wait_for(lambda: q.pending() == 0)
+
+
+@pytest.fixture(scope="module")
+def queue_platform():
+    with hetproc.Platform(time_scale=1.0) as plat:
+        with plat.client.context("npu0").queue(slots=64) as q:
+            yield plat, q
+
+
+def test_decode_refuses_every_field_out_of_range():
+    good = encode_queue_record(1, 2, 3, 4, 5, [6, 7])
+    assert decode_queue_record(good).wait == (6, 7)
+    bad = [good[:10], b"\xc3" + good[1:], good[:1] + b"\x01" + good[2:],
+           good[:2] + b"\x09" + good[3:], good[:3] + b"\x09" + good[4:],
+           encode_queue_record(0, 2, 3, 4, 5), encode_queue_record(1, 2, 3, 4, 10**18)]
+    for data in bad:
+        with pytest.raises(errors.BadPacket):
+            decode_queue_record(data)
+
+
+def test_a_device_reset_loses_the_queue_and_fails_exactly_what_it_owed(platform):
+    """SIGKILL the device mid-command: the running record fails DeviceCrashed, the
+    queued ones CancelledByReset, the finished one stays a success; the queue refuses
+    more; a new queue on the restarted device runs."""
+    client = platform.client
+    ctx = client.context("npu0")
+    q = ctx.queue()
+    done = q.submit_nowait(0.0)
+    done.wait(WAIT)
+    running, *queued = q.submit_many([150.0, 1.0, 1.0])
+    assert wait_for(lambda: client.metrics()["devices"]["npu0"]["state"] == "busy", timeout=WAIT)
+    os.kill(_device_pid(client), signal.SIGKILL)
+    with pytest.raises(errors.DeviceCrashed):
+        running.wait(WAIT)
+    for f in queued:
+        with pytest.raises(errors.CancelledByReset):
+            f.wait(WAIT)
+    done.wait(0)  # a success stays one
+    assert q._ring.state == QUEUE_LOST
+    with pytest.raises(errors.CancelledByReset):
+        q.submit_nowait(0.0)
+    q.close()
+    q2 = _open_when_served(ctx)
+    q2.submit_nowait(0.0).wait(WAIT)
+    q2.close()
+    assert client.metrics()["queues"]["lost"] == 1
+
+
+def _open_when_served(ctx: hetproc.Context) -> hetproc.Queue:
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            return ctx.queue()
+        except errors.ResourceError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def test_closing_a_queue_cancels_what_it_had_not_run(platform):
+    ctx = platform.client.context("npu0")
+    q = ctx.queue()
+    first, *rest = q.submit_many([100.0, 1.0, 1.0])
+    q.close()
+    for f in rest:
+        with pytest.raises(errors.Cancelled):
+            f.wait(WAIT)
+    with pytest.raises(errors.InvalidHandle):
+        q.submit_nowait(0.0)
+
+
+_CHILD = """
+import sys, time, hetproc
+c = hetproc.connect(sys.argv[1], "doomed")
+q = c.context("npu0").queue()
+q.submit_many([1.0] * 50)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_client_leaves_no_queue_and_the_device_serves_on(platform):
+    client = platform.client
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, platform.prefix],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert client.metrics()["queues"]["open"] == 1
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        proc.stdout.close()
+    assert wait_for(lambda: client.metrics()["queues"]["open"] == 0, timeout=WAIT)
+    with client.context("npu0").queue() as q:
+        q.submit_nowait(0.0).wait(WAIT)
+    assert client.metrics()["devices"]["npu0"]["restarts"] == 0
+
+
+def test_open_checks_its_numbers(platform):
+    ctx = platform.client.context("npu0")
+    for slots in (0, 3, 8, 1 << 13):
+        with pytest.raises(errors.InvalidRequest):
+            ctx.queue(slots=slots)
+    queues = [ctx.queue(slots=16) for _ in range(8)]
+    with pytest.raises(errors.QuotaExceeded):
+        ctx.queue(slots=16)
+    for q in queues:
+        q.close()
+
+
+def test_a_queue_request_has_every_stage_in_the_trace(tmp_path):
+    """No supervisor on the path, yet the evidence chain is whole: the client's SUBMIT,
+    the device's QUEUED (arrival to take), EXEC, SIGNAL and the client's WAKE; the
+    export passes the Perfetto rules."""
+    from hetproc import trace
+    with hetproc.Platform(time_scale=1.0, trace=True) as plat:
+        with plat.client.context("npu0").queue() as q:
+            fences = [q.submit_nowait(0.2) for _ in range(3)]
+            for f in fences:
+                f.wait(WAIT)
+        path = tmp_path / "queue.json"
+        plat.export_trace(path)
+    doc = json.loads(path.read_text())
+    assert trace.validate(doc) == []
+    reqs = {r.cid: r for r in trace.requests(trace.load_trace(path))}
+    for f in fences:
+        req = reqs[f.cid]
+        for stage in ("SUBMIT", "QUEUED", "EXEC", "WAKE"):
+            assert req.first(stage) is not None, (stage, f.cid)
+        assert req.instants.get("SIGNAL"), f.cid
