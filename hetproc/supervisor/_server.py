@@ -15,6 +15,10 @@ Data flow::
                                           ▼
                                the waiting client wakes directly; no supervisor hop
 
+    client ──queue ring (memfd) + doorbell──▶ device     a user-mode queue (``_queues``):
+                                                         the supervisor only opens, closes
+                                                         and, on a reset, fails it
+
 The loop is single-threaded (``selectors``): client sockets, one eventfd and one pidfd
 per device, the owner's pidfd, and a 5 ms tick for timers. Single-threaded is what makes
 forking a device (reset in a few ms) safe. Nothing here blocks without a deadline: client
@@ -34,6 +38,7 @@ The supervisor is composed of parts, each given what it needs in its constructor
     Recovery    (_recovery)    the watchdog and the nine steps of seed §14
     Requests    (_requests)    one handler per request of ``hetproc._protocol``
     FaultPlan   (_faultplan)   injected faults
+    Queues      (_queues)      user-mode queues: open, close, lost with their device
     (functions) _validation    every field of a request checked before any handler runs
     (functions) _quotas        per-tenant limits (a tenant = a client process)
 
