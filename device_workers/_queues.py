@@ -15,7 +15,11 @@ where it is used, before any state changes:
 * its modeled duration within the bound the supervisor granted (so a record cannot
   occupy the device past the watchdog); its arrival is clamped to ``ARRIVAL_PAST_NS``
   in the past at most and never in the future (so it cannot hold the device idle);
-* wait fences are checked when waited on (a bad one fails the command, as ever).
+* wait fences are checked when waited on (a bad one fails the command, as ever). A
+  record whose inputs are not ready holds the device only while nothing else is ready
+  (the supervisor's ring, another queue): then it is set back, untouched, and taken again
+  later, its dependency timeout counted from when it was first found waiting. A tenant
+  cannot block a shared device with records waiting on fences it never signals.
 
 A record that fails is refused: its fence, when it is the client's own and pending, fails
 with ``BadPacket`` so the client's wait explains it; the slot is consumed either way and
@@ -47,6 +51,10 @@ class DeviceQueue:
     dispatch_ns: int
     pos: int             # records consumed (the device's own count; the tail mirrors it)
     busy: bool = False
+    # The record at ``blocked_pos`` waits for input fences since ``blocked_since`` (ns):
+    # set back while other work is ready, its dependency timeout counted from then.
+    blocked_pos: int = -1
+    blocked_since: int = 0
     stats: dict[str, int] = field(default_factory=lambda: {"done": 0, "failed": 0,
                                                            "refused": 0})
 
@@ -154,7 +162,8 @@ class DeviceQueues:
                 "wait": list(rec.wait), "signal": [rec.signal], "hold_ns": rec.hold_ns,
                 "delay_ns": 0, "dep_timeout_ns": q.dep_timeout_ns,
                 "arrive_ns": arrive + q.dispatch_ns, "params": {}, "ins": [],
-                "outs": [], "queue": q, "t_queued": arrive}
+                "outs": [], "queue": q,
+                "t_queued": min(now, max(now - ARRIVAL_PAST_NS, rec.t_written or arrive))}
 
     def _refuse(self, q: DeviceQueue, data: bytes, exc: errors.BadPacket) -> None:
         """Fail the record's fence if it is the client's own (what a client's wait then
@@ -169,6 +178,28 @@ class DeviceQueues:
             q.ring.write_note(signal, exc.code, msg)  # before the wake: the waiter reads it
             self.fences.signal(signal, exc.wire, signaller=0)
         q.ring.set_tail(q.pos)
+
+    def set_back(self, cmd: dict[str, Any]) -> None:
+        """Put a taken record back, untouched: its inputs are not ready and other work
+        is. Nothing of it ran, so it is taken again later, whole."""
+        q: DeviceQueue = cmd["queue"]
+        q.busy = False
+        q.pos -= 1
+
+    def blocked_since(self, cmd: dict[str, Any], now: int) -> int:
+        """When this record was first found waiting for its inputs."""
+        q: DeviceQueue = cmd["queue"]
+        if q.blocked_pos != q.pos:
+            q.blocked_pos, q.blocked_since = q.pos, now
+        return q.blocked_since
+
+    def other_ready(self, q: DeviceQueue) -> bool:
+        """Another queue has a record that is not known to wait for its inputs."""
+        for o in self._order:
+            if o is not q and not o.busy and 0 < o.ring.head - o.pos <= o.ring.slots \
+                    and o.blocked_pos != o.pos + 1:
+                return True
+        return False
 
     def failing(self, cmd: dict[str, Any], exc: errors.HetprocError) -> None:
         """A command is about to fail its fence: the note that explains it goes first."""

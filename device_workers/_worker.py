@@ -68,6 +68,7 @@ from ._tracing import DeviceTrace
 S = StateSlot
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
+QUEUE_INPUT_SLICE_S = 0.001  # a queue command waiting for inputs looks for other work this often
 _TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
 OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB
 # A host that ends this far past the modeled end has lagged: about one cross-core wake-up,
@@ -211,7 +212,8 @@ class DeviceWorker:
                 # The supervisor's ring is empty: one record from the queues, if any.
                 cmd = self.queues.take() if self.queues else None
                 if cmd is not None:
-                    self.execute(cmd)
+                    if not cmd["wait"] or self.await_queue_inputs(cmd):
+                        self.execute(cmd)
                     continue
                 self.flush()
                 self.tr.idle()
@@ -222,6 +224,36 @@ class DeviceWorker:
             except Exception as exc:  # last resort: a bug must not end the device loop
                 self.complete(0, 0, errors.InternalError.code,
                               f"device loop error: {type(exc).__name__}: {exc}"[:1000])
+
+    def await_queue_inputs(self, cmd: dict[str, Any]) -> bool:
+        """Wait for a queue command's input fences while nothing else wants the device;
+        False when it was set back for other work (``_queues``). Waits in short slices,
+        looking at the supervisor's ring and the other queues between them."""
+        now = time.monotonic_ns()
+        deadline = self.queues.blocked_since(cmd, now) + cmd["dep_timeout_ns"]
+        for handle in cmd["wait"]:
+            while self.fences.pending(handle) and self.running:
+                now = time.monotonic_ns()
+                if now >= deadline:
+                    break
+                if self.commands.depth() or self.queues.other_ready(cmd["queue"]) \
+                        or self.u32[S.PARK]:
+                    self.queues.set_back(cmd)
+                    return False
+                self.beat()
+                try:
+                    self.fences.wait(handle, min(QUEUE_INPUT_SLICE_S, (deadline - now) / 1e9))
+                except errors.FenceTimeout:
+                    continue
+                except errors.HetprocError:
+                    break  # stale: execute's own wait says so
+        # What is left of its dependency timeout, counted from when it first waited (all
+        # inputs there: enough that its own wait does not time out on a rounding).
+        left = deadline - time.monotonic_ns()
+        if not any(self.fences.pending(h) for h in cmd["wait"]):
+            left = max(left, 1_000_000)
+        cmd["dep_timeout_ns"] = max(0, left)
+        return True
 
     def handle(self, data: bytes) -> None:
         cmd = self.decode(data)

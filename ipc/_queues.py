@@ -27,7 +27,8 @@ record the device owed (``[tail, head)``) and fail their fences.
 
 A record is fixed-size binary (``RECORD``): tag, flags, kernel, number of wait fences,
 then qseq (1, 2, 3... in ring order), cid, the signal fence, the modeled arrival, the
-modeled duration, and up to ``MAX_WAIT`` wait fences. Everything in the segment is
+modeled duration, when it was written (for the trace), and up to ``MAX_WAIT`` wait
+fences. Everything in the segment is
 written by an untrusted process: ``decode_record`` checks every field's range and the
 reader checks what the record *means* (qseq in order, the fence its queue's own).
 """
@@ -49,8 +50,8 @@ _HEAD, _TAIL, _NOTES, _STATE = 0, 8, 14, 15
 NOTES, NOTE_BYTES = 8, 256
 _NOTE = struct.Struct("<QII")  # fence, error code, message length
 _NOTE_TEXT = NOTE_BYTES - _NOTE.size
-# tag, flags, kernel, n_wait, pad(4), qseq, cid, signal, arrive_ns, hold_ns
-RECORD = struct.Struct("<BBBB4x5Q")
+# tag, flags, kernel, n_wait, pad(4), qseq, cid, signal, arrive_ns, hold_ns, t_written
+RECORD = struct.Struct("<BBBB4x6Q")
 _WAITS = [struct.Struct(f"<{n}Q") for n in range(MAX_WAIT + 1)]
 MAX_U63 = (1 << 63) - 1
 MAX_HOLD_NS = 3600 * 10**9
@@ -64,15 +65,17 @@ class QueueRecord(NamedTuple):
     hold_ns: int
     kernel: str
     wait: tuple[int, ...]
+    t_written: int  # the host's clock as the client wrote it (evidence only: QUEUED)
 
 
 def encode_record(qseq: int, cid: int, signal: int, arrive_ns: int, hold_ns: int,
-                  wait: tuple[int, ...] | list[int] = (), kernel: int = 0) -> bytes:
+                  wait: tuple[int, ...] | list[int] = (), kernel: int = 0,
+                  t_written: int = 0) -> bytes:
     n = len(wait)
     if n > MAX_WAIT:
         raise errors.InvalidRequest(f"a queue command waits on at most {MAX_WAIT} fences, got {n}")
-    return RECORD.pack(QUEUE_TAG, 0, kernel, n, qseq, cid, signal, arrive_ns, hold_ns) + \
-        _WAITS[n].pack(*wait)
+    return RECORD.pack(QUEUE_TAG, 0, kernel, n, qseq, cid, signal, arrive_ns, hold_ns,
+                       t_written) + _WAITS[n].pack(*wait)
 
 
 def decode_record(data: bytes | memoryview) -> QueueRecord:
@@ -80,7 +83,7 @@ def decode_record(data: bytes | memoryview) -> QueueRecord:
     n = len(data)
     if n < RECORD.size:
         raise errors.BadPacket(f"queue record of {n} bytes, shorter than {RECORD.size}")
-    tag, flags, kernel, nw, qseq, cid, signal, arrive, hold = RECORD.unpack_from(data)
+    tag, flags, kernel, nw, qseq, cid, signal, arrive, hold, written = RECORD.unpack_from(data)
     if tag != QUEUE_TAG or flags:
         raise errors.BadPacket(f"queue record tag {tag:#x} flags {flags:#x}")
     if kernel >= len(KERNELS):
@@ -88,11 +91,11 @@ def decode_record(data: bytes | memoryview) -> QueueRecord:
     if nw > MAX_WAIT or n < RECORD.size + 8 * nw:  # a slot may hold bytes past its record
         raise errors.BadPacket(f"queue record of {n} bytes with {nw} wait fences")
     if not (0 < qseq <= MAX_U63 and 0 <= cid <= MAX_U63 and 0 <= arrive <= MAX_U63
-            and 0 <= hold <= MAX_HOLD_NS):
+            and 0 <= hold <= MAX_HOLD_NS and 0 <= written <= MAX_U63):
         raise errors.BadPacket(f"queue record qseq {qseq}, cid {cid}, arrive_ns {arrive} or "
                                f"hold_ns {hold} out of range")
     wait = _WAITS[nw].unpack_from(data, RECORD.size) if nw else ()
-    return QueueRecord(qseq, cid, signal, arrive, hold, KERNELS[kernel], wait)
+    return QueueRecord(qseq, cid, signal, arrive, hold, KERNELS[kernel], wait, written)
 
 
 def queue_bytes(slots: int) -> int:

@@ -307,3 +307,25 @@ def test_a_queue_request_has_every_stage_in_the_trace(tmp_path):
         for stage in ("SUBMIT", "QUEUED", "EXEC", "WAKE"):
             assert req.first(stage) is not None, (stage, f.cid)
         assert req.instants.get("SIGNAL"), f.cid
+
+
+def test_a_queue_record_waiting_on_a_fence_never_signalled_does_not_hold_the_device(platform):
+    """Tenant A's queue record waits on a fence A never signals; tenant B's commands on
+    the same device (a queue of its own and the supervisor's path) complete meanwhile,
+    and A's record ends with DependencyTimeout, not sooner."""
+    a = platform.client
+    b = platform.connect("tenant-b")
+    try:
+        never = a.fence()
+        with a.context("npu0").queue() as qa, b.context("npu0").queue() as qb:
+            stuck = qa.submit_nowait(0.0, wait=[never])
+            b_ctx = b.context("npu0")
+            for _ in range(3):
+                qb.submit_nowait(0.0).wait(WAIT)
+                b_ctx.submit_nowait("work", ms=0.0).wait(WAIT)
+                assert not stuck.done()  # B's work went by while A's record waited
+            with pytest.raises(errors.DependencyTimeout):
+                stuck.wait(WAIT)
+        never.release()
+    finally:
+        b.close()

@@ -79,11 +79,12 @@ class Queue:
         t_submit = client.trace.now()
         client.trace.bind(cmds)
         arrive = time.monotonic_ns() if at_ns is None else int(at_ns)
-        ring, put = self._ring, self._ring.put
+        put = self._ring.put
+        written = time.monotonic_ns()
         for i in range(n):
             self._qseq += 1
             record = encode_queue_record(self._qseq, cids[i], handles[i], arrive, holds[i],
-                                         waits if i == 0 else ())
+                                         waits if i == 0 else (), t_written=written)
             if not put(record):
                 self._wait_for_space(record)
         self._doorbell.release()
