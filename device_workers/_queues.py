@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ipc import FenceTable, SegmentCache, errors
-from ipc import QueueRing, decode_queue_record as decode_record, queue_bytes
+from ipc import QueueRecord, QueueRing, decode_queue_record as decode_record, queue_bytes
 
 ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
 REFUSALS_PER_TURN = 32
@@ -129,26 +129,25 @@ class DeviceQueues:
     def _take_from(self, q: DeviceQueue) -> dict[str, Any] | None:
         # Refusals are bounded per turn: a client writing garbage as fast as it can must
         # not keep the device from the supervisor's ring and the other queues.
+        ring = q.ring
         for _ in range(REFUSALS_PER_TURN):
-            head = q.ring.head
-            if not 0 < head - q.pos <= q.ring.slots:
+            if not 0 < ring.head - q.pos <= ring.slots:
                 return None  # nothing owed, or a head that cannot be: the client's loss
-            data = q.ring.slot(q.pos)
+            pos = q.pos
             q.pos += 1
             try:
-                cmd = self._command(q, data)
+                cmd = self._command(q, ring.read(pos))
             except errors.BadPacket as exc:
-                self._refuse(q, data, exc)
+                self._refuse(q, ring.slot(pos), exc)
                 continue
             q.busy = True
             return cmd
         return None
 
-    def _command(self, q: DeviceQueue, data: bytes) -> dict[str, Any]:
-        rec = decode_record(data)
+    def _command(self, q: DeviceQueue, rec: QueueRecord) -> dict[str, Any]:
         if rec.qseq != q.pos:
             raise errors.BadPacket(f"queue record qseq {rec.qseq} in ring position {q.pos}")
-        if self.fences.owner(rec.signal) != q.tag or not self.fences.pending(rec.signal):
+        if self.fences.pending_owner(rec.signal) != q.tag:
             raise errors.BadPacket(f"queue record signals fence {rec.signal:#x}: not a "
                                    f"pending fence of this queue's client")
         if rec.hold_ns > q.max_hold_ns:

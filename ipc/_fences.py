@@ -229,6 +229,14 @@ class FenceTable:
             return -1
         return self._u64[slot * _W64 + 5]
 
+    def pending_owner(self, handle: int) -> int:
+        """The owner tag of a live, pending fence; -1 otherwise (one read for both)."""
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        if not (0 <= slot < self.capacity and gen and self._u32[slot * _W32] == gen
+                and self._u32[slot * _W32 + 1] == PENDING):
+            return -1
+        return self._u64[slot * _W64 + 5]
+
     def pending(self, handle: int) -> bool:
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
         return self._owns(slot, gen) and self._u32[slot * _W32 + 1] == PENDING

@@ -78,12 +78,16 @@ def encode_record(qseq: int, cid: int, signal: int, arrive_ns: int, hold_ns: int
                        t_written) + _WAITS[n].pack(*wait)
 
 
-def decode_record(data: bytes | memoryview) -> QueueRecord:
-    """One record, every field in range; ``BadPacket`` otherwise."""
-    n = len(data)
+def decode_record(data: bytes | memoryview, offset: int = 0,
+                  size: int | None = None) -> QueueRecord:
+    """One record at ``offset`` of ``data`` (``size`` bytes of it, default all that
+    follows), every field in range; ``BadPacket`` otherwise. Each field is read once, so
+    a writer changing the bytes meanwhile cannot make a check and a use disagree."""
+    n = len(data) - offset if size is None else size
     if n < RECORD.size:
         raise errors.BadPacket(f"queue record of {n} bytes, shorter than {RECORD.size}")
-    tag, flags, kernel, nw, qseq, cid, signal, arrive, hold, written = RECORD.unpack_from(data)
+    tag, flags, kernel, nw, qseq, cid, signal, arrive, hold, written = \
+        RECORD.unpack_from(data, offset)
     if tag != QUEUE_TAG or flags:
         raise errors.BadPacket(f"queue record tag {tag:#x} flags {flags:#x}")
     if kernel >= len(KERNELS):
@@ -94,7 +98,7 @@ def decode_record(data: bytes | memoryview) -> QueueRecord:
             and 0 <= hold <= MAX_HOLD_NS and 0 <= written <= MAX_U63):
         raise errors.BadPacket(f"queue record qseq {qseq}, cid {cid}, arrive_ns {arrive} or "
                                f"hold_ns {hold} out of range")
-    wait = _WAITS[nw].unpack_from(data, RECORD.size) if nw else ()
+    wait = _WAITS[nw].unpack_from(data, offset + RECORD.size) if nw else ()
     return QueueRecord(qseq, cid, signal, arrive, hold, KERNELS[kernel], wait, written)
 
 
@@ -151,6 +155,11 @@ class QueueRing:
         self._buf[off:off + len(record)] = record
         q[_HEAD] = head + 1  # publish after the record (x86-64 keeps store order; the
         return True          # doorbell post that follows is the barrier elsewhere)
+
+    def read(self, index: int) -> QueueRecord:
+        """The record in slot ``index``, decoded in place (``decode_record``)."""
+        return decode_record(self._buf, HEADER_BYTES + (index & self._mask) * SLOT_BYTES,
+                             SLOT_BYTES)
 
     def slot(self, index: int) -> bytes:
         """The bytes of slot ``index`` (a copy: the writer may change them meanwhile)."""
