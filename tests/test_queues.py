@@ -283,6 +283,12 @@ def test_open_checks_its_numbers(platform):
     queues = [ctx.queue(slots=16) for _ in range(8)]
     with pytest.raises(errors.QuotaExceeded):
         ctx.queue(slots=16)
+    second = platform.connect("same-process")  # a process's connections share the limit
+    try:
+        with pytest.raises(errors.QuotaExceeded):
+            second.context("npu0").queue(slots=16)
+    finally:
+        second.close()
     for q in queues:
         q.close()
 

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ._records import ClientRec, ContextRec, Registry
 
 MIN_SLOTS, MAX_SLOTS = 16, 4096
-MAX_PER_CLIENT = 8       # queues one connection may hold open
+MAX_PER_CLIENT = 8       # queues one client process may hold open (all its connections)
 MAX_PER_DEVICE = 32      # queues one device reads (each costs it a look per idle turn)
 
 
@@ -89,9 +89,10 @@ class Queues:
         if slots < MIN_SLOTS or slots > MAX_SLOTS or slots & (slots - 1):
             raise errors.InvalidRequest(f"queue slots must be a power of two in "
                                         f"{MIN_SLOTS}..{MAX_SLOTS}, got {slots}")
-        mine = [q for q in self.open_queues.values() if q.client is client]
+        tenant = {id(c) for c in self.reg.tenant(client)}  # every connection of its process
+        mine = [q for q in self.open_queues.values() if id(q.client) in tenant]
         if len(mine) >= MAX_PER_CLIENT:
-            raise errors.QuotaExceeded(f"{MAX_PER_CLIENT} queues open on this connection")
+            raise errors.QuotaExceeded(f"{MAX_PER_CLIENT} queues open in this client process")
         dev = self._device(ctx.device)
         if sum(q.device == dev.name for q in self.open_queues.values()) >= MAX_PER_DEVICE:
             raise errors.QuotaExceeded(f"{MAX_PER_DEVICE} queues open on {dev.name}")
