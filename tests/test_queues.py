@@ -10,6 +10,7 @@ device owed, a close cancels, a killed client leaves nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -335,3 +336,28 @@ def test_a_queue_record_waiting_on_a_fence_never_signalled_does_not_hold_the_dev
         never.release()
     finally:
         b.close()
+
+
+def test_a_device_stopped_with_queue_work_is_reset_and_its_records_fail(platform):
+    """SIGSTOP the device while only queue records are owed (nothing the supervisor
+    pushed): the watchdog sees its own signs stop -- counters and heartbeat -- resets it,
+    and the records fail instead of hanging; the restarted device serves."""
+    client = platform.client
+    ctx = client.context("npu0")
+    q = ctx.queue()
+    q.submit_nowait(0.0).wait(WAIT)
+    pid = _device_pid(client)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        fences = q.submit_many([0.0, 0.0])
+        for f in fences:
+            with pytest.raises(errors.CancelledByReset):
+                f.wait(WAIT)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert client.metrics()["incidents"]["watchdog_verdicts"].get("stalled") == 1
+    q.close()
+    q2 = _open_when_served(ctx)
+    q2.submit_nowait(0.0).wait(WAIT)
+    q2.close()

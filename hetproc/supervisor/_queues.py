@@ -24,6 +24,10 @@ It stays in charge of everything else:
   ``DeviceCrashed`` for the command the device was running), marks the ring LOST and
   tells the client. The client opens a new queue on the restarted device.
 
+* **stall** -- records owed (``owed``) count as work for the watchdog's stall check
+  (``_recovery``), judged by the device's own signs (counters and heartbeat), never by
+  the ring a client writes.
+
 What a queue does not do (yet): buffer operands (a record names no buffer, so there is
 nothing to validate, map, or reclaim: ``work`` commands only -- modeled durations and
 fence dependencies), fault injection rules, the command watchdog (a record's duration is
@@ -216,6 +220,16 @@ class Queues:
         does not fit is not needed: the segment's drop detaches the queue as well."""
         if dev.commands.try_put(encode(record)):
             dev.doorbell.release()
+
+    def owed(self, dev: "DeviceHandle") -> int:
+        """Records the queues on ``dev`` hold and the device has not finished, as far as
+        the rings say (indices that cannot be count as none)."""
+        total = 0
+        for q in self.open_queues.values():
+            if q.device == dev.name:
+                n = q.ring.head - q.ring.tail
+                total += n if 0 < n <= q.slots else 0
+        return total
 
     def metrics(self) -> dict[str, int]:
         return {"open": len(self.open_queues), **self.stats}

@@ -187,8 +187,12 @@ class Recovery:
     retires the commands this module lets go of (``_lifetimes`` does it)."""
 
     def __init__(self, policy: Policy, reg: "Registry", commands: "Commands",
-                 evidence: "Evidence", spawn: Callable[["DeviceHandle"], None]) -> None:
+                 evidence: "Evidence", spawn: Callable[["DeviceHandle"], None],
+                 queue_owed: Callable[["DeviceHandle"], int] = lambda dev: 0) -> None:
+        """``queue_owed(dev)``: records its user-mode queues hold for it (``_queues``):
+        work it owes that no pushed command shows."""
         self.policy = policy
+        self.queue_owed = queue_owed
         self.reg = reg
         self.commands = commands
         self.evidence = evidence
@@ -210,7 +214,7 @@ class Recovery:
                 if not inc.confirmed and inc.grace_deadline and now >= inc.grace_deadline:
                     self.isolate(dev, inc)
                 continue
-            if not dev.pushed:  # nothing in its ring: nothing to time, nothing owed
+            if not dev.pushed and not self.queue_owed(dev):  # nothing to time, nothing owed
                 self._quiet.pop(dev.name, None)
                 continue
             self.watch(dev, now)
@@ -261,6 +265,12 @@ class Recovery:
             return False
         signature = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE], slot.u64[S.PROGRESS],
                      slot.u64[S.CURRENT_PIDX], dev.commands.tail)
+        if not dev.pushed:
+            # Only queue records are owed. They are a client's writing (a scribbled head
+            # owes nothing the device can see), and a record waiting for its inputs does
+            # not move the counters: the device's heartbeat, which its loop keeps while it
+            # waits, must have stopped too. A process stopped or hung beats no more.
+            signature += (slot.u64[S.HEARTBEAT],)
         quiet = self._quiet.get(dev.name)
         if quiet is None or quiet.signature != signature:
             self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1])
@@ -281,12 +291,13 @@ class Recovery:
         self.start_stall(dev, (now - quiet.since) / 1e6)
         return True
 
-    @staticmethod
-    def _owes_work(dev: "DeviceHandle", slot: Any) -> bool:
-        """A pushed command the device has not finished. One that ran and only waits to
-        signal after its hand-off delay (``delay_ns``) is not owed: nothing moves then."""
+    def _owes_work(self, dev: "DeviceHandle", slot: Any) -> bool:
+        """A pushed command the device has not finished, or a queue record it has not.
+        A command that ran and only waits to signal after its hand-off delay
+        (``delay_ns``) is not owed: nothing moves then."""
         taken = slot.u64[S.CURRENT_PIDX]
-        return any(c.delay_ns == 0 or c.pidx > taken for c in dev.pushed.values())
+        return (any(c.delay_ns == 0 or c.pidx > taken for c in dev.pushed.values())
+                or bool(self.queue_owed(dev)))
 
     @staticmethod
     def _timed(dev: "DeviceHandle", slot: Any) -> bool:
@@ -351,7 +362,8 @@ class Recovery:
         inc = self.new_incident("stall", dev, None)
         slot = self.reg.slots[dev.index]
         inc.reason = (f"{dev.name} made no progress for {quiet_ms:.0f} ms with "
-                      f"{len(dev.pushed)} command(s) pushed to it")
+                      f"{len(dev.pushed)} command(s) pushed to it and "
+                      f"{self.queue_owed(dev)} record(s) in its queues")
         exc = errors.DeviceTimeout(inc.reason, detail={"incident": inc.id})
         inc.error = exc.to_dict()
         inc.step("mark", reason="stalled with work queued", quiet_ms=round(quiet_ms, 3),

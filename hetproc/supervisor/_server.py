@@ -196,14 +196,14 @@ class Supervisor:
         self.handoff = Handoff(reg, self.lifetimes, self.iommu, self.memlog)
         self.evidence = Evidence(reg, self.prefix, self._new_segment)
         self.commands = Commands(reg, self.lifetimes, self.handoff, self.faults, self.evidence)
+        self.queues = Queues(reg, self.pool)
         self.recovery = Recovery(Policy.from_dict(spec.recovery), reg, self.commands,
-                                 self.evidence, self.spawn)
+                                 self.evidence, self.spawn, queue_owed=self.queues.owed)
         self.commands.watcher = self.recovery
         platform = {"prefix": self.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                     "fence_segment": reg.fences.segment.name,
                     "state_segment": self.state_seg.name, "time_scale": spec.time_scale,
                     "devices": [d.name for d in spec.devices], "spec": spec.to_dict()}
-        self.queues = Queues(reg, self.pool)
         self.requests = Requests(reg, self.pool, self.lifetimes, self.commands, self.iommu,
                                  self.handoff, self.faults, self.recovery, self.evidence,
                                  self.memlog, self.queues, platform=platform, stop=self.stop,
