@@ -224,6 +224,23 @@ class DeviceTrace:
         if self._open_wait:
             self.wait_end(cid, cmd.get("wait") or [])
 
+    def ran(self, cid: int, signal_now: bool, m0: int, m1: int, lag: int) -> None:
+        """``done`` for a command that ran to its end with only EXEC open (no input wait,
+        no map: ``execute_hold``): the same records, HOST_EXEC then EXEC's END."""
+        if self._open_map or self._open_wait or not self._open_exec:
+            self.done({"cid": cid}, 0, signal_now, (m0, m1, lag))
+            return
+        self._open_exec = False
+        ring, track = self.ring, self.track
+        ring.instant(_HOST, cid, track, self._t_exec, lag, m1)
+        ring.end(_EXEC, cid, track, SIGNALLED_AT_END if signal_now else 0, self.t_take, m0,
+                 t_ns=m1)
+        if lag:
+            c = self.c
+            c[_C_LAGS] += 1
+            c[_C_LAG_NS] += lag
+            ring.counter(Stage.MODEL_LAGS, c[_C_LAGS], track)
+
     def power(self, speed: float, thermal: Any, temperature_only: bool = False) -> None:
         """Counters: the speed a command runs at (per mille of the top frequency) and,
         with a thermal model, the temperature (milli-degrees)."""

@@ -57,7 +57,8 @@ from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors, profile
 
 from . import _faults
 from ._cache import DeviceMemory
-from ._commands import best_effort_ids, decode_command, encode_completions
+from ._commands import (BATCH_HEAD, MAX_BATCH, best_effort_ids, completion_batch,
+                        decode_command, encode_completion, encode_ran)
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._power import Thermal
@@ -134,7 +135,7 @@ class DeviceWorker:
         self.tr = DeviceTrace.attach(boot, self.cache, self.fences)  # evidence chain (§22)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
         self.pidx = 0
-        self.outbox: list[dict[str, Any]] = []
+        self.outbox: list[bytes] = []  # encoded completion records not yet in the ring
         self.heartbeat_frozen = False
         self.progress_while_frozen = False
         self.running = True
@@ -271,6 +272,10 @@ class DeviceWorker:
         """Run one command. A cancelled command does not signal its fences: the
         supervisor, which knows *why* it was cancelled (watchdog, reset, client), fails
         them with the right error once this device has acknowledged the stop."""
+        if (cmd["kernel"] == "work" and not cmd["wait"] and not cmd["ins"] and not cmd["outs"]
+                and "fault" not in cmd and "mem" not in cmd):
+            self.execute_hold(cmd)
+            return
         pidx, cid = cmd["pidx"], cmd["cid"]
         self.pidx = pidx
         u32, u64 = self.u32, self.u64
@@ -341,6 +346,103 @@ class DeviceWorker:
             self.pidx = 0
             u64[S.CURRENT_SEQ] = 0
             u32[S.STATE] = DeviceState.IDLE
+
+    def execute_hold(self, cmd: dict[str, Any]) -> None:
+        """``execute`` for a command that only holds modeled time -- no input fence, no
+        buffer, no memory work, no fault (every no-op): the same steps in the same order,
+        the same state-table words (position, start stamp, BUSY; then not running, IDLE,
+        before the signal), trace records and completion record; the steps that cannot
+        apply (fence waits, maps, kernel, cache work) are left out."""
+        pidx, cid = cmd["pidx"], cmd["cid"]
+        self.pidx = pidx
+        u32, u64 = self.u32, self.u64
+        u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = cmd["seq"], cid, pidx
+        now = time.monotonic_ns
+        t_start = now()
+        tr = self.tr
+        tr.take(t_start)
+        self.shift = 0
+        try:
+            if pidx <= u64[S.CANCEL_PIDX]:
+                raise errors.Cancelled("cancelled before it started")
+            hold_ns = cmd["hold_ns"]
+            if hold_ns:
+                self.flush()  # about to block: the supervisor must not wait for our news
+            m_start = max(cmd["arrive_ns"], self.model_end) or now()  # no inputs to wait for
+            if m_start > now():  # a dispatch latency still to come: idle
+                hold_until(m_start, self.between_chunks, self.boot.chunk_ns)
+            t_start = now()
+            u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
+            u32[S.STATE] = DeviceState.BUSY
+            tr.exec_begin(cid, t_start)
+            self.m_origin = m_start
+            self.preemptible = self.boot.preemptive and not self.nested
+            mem = self.memory
+            mem.no_buffers(m_start)
+            speed = (self.run_speed(cmd, m_start)
+                     if self.thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
+            busy = int(hold_ns / speed) if speed != 1.0 else hold_ns
+            m_kernel_end = m_start + busy
+            if m_kernel_end + self.shift > now():
+                self.hold_model(m_kernel_end, self.between_chunks)
+            if self.thermal is not None:
+                self.thermal.ran(m_kernel_end + self.shift, busy, speed)
+            mem.cursor = m_kernel_end  # what ``release`` leaves for a command without buffers
+            self.preemptible = False
+            m_end = m_kernel_end + self.shift
+            late = now() - m_end
+            lag = late if late > LAG_TOLERANCE_NS else 0
+        except errors.Cancelled as exc:
+            u64[S.ACK_PIDX] = max(u64[S.ACK_PIDX], pidx)  # the confirmed stop
+            self.finish(cmd, t_start, exc, signal=False)
+        except errors.HetprocError as exc:
+            self.finish(cmd, t_start, exc)
+        except Exception as exc:  # a bug must fail the request, never the device
+            self.finish(cmd, t_start, errors.DeviceFault(
+                f"{type(exc).__name__}: {exc}",
+                detail={"remote_traceback": traceback.format_exc()[-_TRACEBACK_CHARS:]}))
+        else:
+            self.finish_held(cmd, t_start, m_start, m_end, lag)
+        finally:
+            self.preemptible = False
+            self.pidx = 0
+            u64[S.CURRENT_SEQ] = 0
+            u32[S.STATE] = DeviceState.IDLE
+
+    def finish_held(self, cmd: dict[str, Any], t_start: int, m_start: int, m_end: int,
+                    lag: int) -> None:
+        """``finish`` for a command of ``execute_hold`` that ran to its end: the record is
+        packed as it goes into the outbox, no map built (``encode_ran``)."""
+        now = time.monotonic_ns
+        t_end = now()
+        u64 = self.u64
+        u64[S.CURRENT_SEQ] = 0  # before anyone can learn it finished (see ``finish``)
+        self.u32[S.STATE] = DeviceState.IDLE
+        delay = cmd["delay_ns"]
+        tr = self.tr
+        tr.ran(cmd["cid"], not delay, m_start, m_end, lag)
+        u64[S.BUSY] += t_end - t_start
+        u64[S.DONE] += 1
+        self.model_end = m_end
+        thermal = self.thermal
+        if delay:  # signalled after the hand-off: the general record waits in the heap
+            record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": 0, "msg": "",
+                      "t_start": t_start, "t_end": t_end, "mem": None, "t_take": tr.t_take,
+                      "cid": cmd["cid"], "m0": m_start, "m1": m_end, "lag": lag,
+                      "spd": self.speed}
+            if thermal is not None:
+                record["temp"], record["thr"] = round(thermal.temp, 3), thermal.throttled
+            heapq.heappush(self.delayed, (m_end + delay, cmd["seq"], cmd["signal"], record))
+            return
+        signal, who = self.fences.signal, self.boot.index + 1
+        for handle in cmd["signal"]:
+            signal(handle, 0, who, m_end)
+        self.outbox.append(encode_ran(
+            cmd["seq"], self.boot.epoch, t_start, t_end, tr.t_take, now(), cmd["cid"], m_start,
+            m_end, lag, self.speed, *(() if thermal is None else
+                                      (round(thermal.temp, 3), thermal.throttled))))
+        if len(self.outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
+            self.flush()
 
     def modeled_start(self, cmd: dict[str, Any]) -> int:
         """max(arrival + dispatch, inputs' modeled signal times, previous modeled end)."""
@@ -592,7 +694,7 @@ class DeviceWorker:
         """Queue a completion record. Successes are batched while more commands wait in
         the ring (one message and one eventfd write per batch, not per command); errors
         and the last record before the device would block go out at once."""
-        self.outbox.append(record)
+        self.outbox.append(_encoded(record, self.completions.max_payload))
         urgent = bool(record["code"] or record.get("unsignalled"))
         if urgent or len(self.outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
             self.flush(wake=urgent)
@@ -606,7 +708,7 @@ class DeviceWorker:
         if not self.outbox:
             return
         batch, self.outbox = self.outbox, []
-        for payload in _payloads(batch, self.completions.max_payload):
+        for payload in _batches(batch, self.completions.max_payload):
             # The supervisor drains completions as fast as we post them; a full ring means
             # it is stalled, and it owns the recovery of that. Wait briefly, re-check the parent.
             while not self.completions.try_put(payload):
@@ -625,17 +727,35 @@ class DeviceWorker:
             self.u64[S.HEARTBEAT] = time.monotonic_ns()
 
 
+def _encoded(record: dict[str, Any], limit: int) -> bytes:
+    """A completion record, encoded to fit a ring slot alone: records vary in size (a
+    memory report), and a record too big for its slot must never cost the completion
+    itself -- its evidence goes, not its outcome."""
+    data = encode_completion(record)
+    if len(data) + BATCH_HEAD.size > limit:
+        data = encode_completion({k: v for k, v in record.items() if k not in ("mem", "tb")})
+    return data
+
+
+def _batches(records: list[bytes], limit: int) -> list[bytes]:
+    """Encoded records in ring-slot batches of at most ``limit`` bytes, in order."""
+    out: list[bytes] = []
+    part: list[bytes] = []
+    size = BATCH_HEAD.size
+    for rec in records:
+        if part and (size + len(rec) > limit or len(part) >= MAX_BATCH):
+            out.append(completion_batch(part))
+            part, size = [], BATCH_HEAD.size
+        part.append(rec)
+        size += len(rec)
+    if part:
+        out.append(completion_batch(part))
+    return out
+
+
 def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
-    """Batches of records that each fit one ring slot: records vary in size (a memory
-    report), and a batch too big for its slot must never cost the completion itself."""
-    payload = encode_completions(records)
-    if len(payload) <= limit:
-        return [payload]
-    if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
-        return [encode_completions([{k: v for k, v in records[0].items()
-                                     if k not in ("mem", "tb")}])]
-    mid = len(records) // 2
-    return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
+    """Completion records in batches that each fit one ring slot."""
+    return _batches([_encoded(r, limit) for r in records], limit)
 
 
 def device_main(boot: DeviceBoot) -> int:
