@@ -200,10 +200,19 @@ def _check_head(flags: int, pad: int, klen: int, nw: int, ns: int, seq: int, pid
                    f"0..{MAX_DURATION_NS}")
 
 
-def _decode_record(data: bytes) -> dict[str, Any]:
+_HEAD_BYTES = CMD_HEAD.size
+_TAG = b"\xc1"
+
+
+def decode_command(data: bytes) -> dict[str, Any]:
+    """A command from the device's ring, checked whole; ``BadPacket`` otherwise. A
+    fixed-layout record (what the supervisor writes) or a msgpack map (``stop``, and the
+    general form of ``exec``): both end in the same dict, every field in its range."""
+    if data[:1] != _TAG:
+        return decode(data, COMMAND_SCHEMAS)
     n = len(data)
-    if n < CMD_HEAD.size:
-        raise _bad(f"{n} bytes, shorter than its {CMD_HEAD.size}-byte header")
+    if n < _HEAD_BYTES:
+        raise _bad(f"{n} bytes, shorter than its {_HEAD_BYTES}-byte header")
     (_tag, flags, klen, pad, nw, ns, tlen, seq, pidx, cid, hold, delay, dep, arrive,
      spd_bits) = _CMD_HEAD_RAW.unpack_from(data)
     # Every header field in its range (seq, pidx, cid, arrive_ns are signed 64-bit: only
@@ -213,7 +222,7 @@ def _decode_record(data: bytes) -> dict[str, Any]:
             or hold > MAX_DURATION_NS or delay > MAX_DURATION_NS or dep > MAX_DURATION_NS):
         _check_head(flags, pad, klen, nw, ns, seq, pidx, cid, hold, delay, dep, arrive)
     nf = nw + ns
-    off = CMD_HEAD.size + klen
+    off = _HEAD_BYTES + klen
     if n != off + 8 * nf + tlen:
         raise _bad(f"{n} bytes, but its header describes {off + 8 * nf + tlen}")
     if flags & _F_SPD:
@@ -222,7 +231,7 @@ def _decode_record(data: bytes) -> dict[str, Any]:
             raise _bad(f"spd {spd} outside 0..1")
     elif spd_bits:  # anything but +0.0
         raise _bad("spd set without its flag")
-    raw = data[CMD_HEAD.size:off]
+    raw = data[_HEAD_BYTES:off]
     kernel = _KERNEL_NAMES.get(raw)
     if kernel is None:
         try:
@@ -231,17 +240,17 @@ def _decode_record(data: bytes) -> dict[str, Any]:
             raise _bad("kernel name is not UTF-8") from None
         if len(_KERNEL_NAMES) < 256:
             _KERNEL_NAMES[raw] = kernel
-    if nf == 1:
-        fences = _U64S[1].unpack_from(data, off)
-    elif nf:
+    if nw:
         fences = (_U64S[nf] if nf < 4 else struct.Struct(f"<{nf}Q")).unpack_from(data, off)
+        wait, signal = list(fences[:nw]), list(fences[nw:])
+    elif ns == 1:
+        wait, signal = [], [_U64S[1].unpack_from(data, off)[0]]
     else:
-        fences = ()
-    off += 8 * nf
+        wait = []
+        signal = list((_U64S[ns] if ns < 4 else struct.Struct(f"<{ns}Q")).unpack_from(data, off))
     cmd = {"op": "exec", "seq": seq, "pidx": pidx, "cid": cid, "kernel": kernel,
-           "wait": list(fences[:nw]) if nw else [], "signal": list(fences[nw:]),
-           "hold_ns": hold, "delay_ns": delay, "dep_timeout_ns": dep, "arrive_ns": arrive,
-           "params": {}, "ins": [], "outs": []}
+           "wait": wait, "signal": signal, "hold_ns": hold, "delay_ns": delay,
+           "dep_timeout_ns": dep, "arrive_ns": arrive, "params": {}, "ins": [], "outs": []}
     if flags:
         if flags & _F_CHECKED:
             cmd["checked"] = True
@@ -250,6 +259,7 @@ def _decode_record(data: bytes) -> dict[str, Any]:
         if flags & _F_SPD:
             cmd["spd"] = spd
     if tlen:
+        off += 8 * nf
         try:
             tail = unpack(data[off:])
         except Exception as exc:  # msgpack raises many unrelated types on garbage
@@ -262,15 +272,6 @@ def _decode_record(data: bytes) -> dict[str, Any]:
         check_fields(tail, _TAIL, where="command record tail")
         cmd.update(tail)
     return cmd
-
-
-def decode_command(data: bytes) -> dict[str, Any]:
-    """A command from the device's ring, checked whole; ``BadPacket`` otherwise. A
-    fixed-layout record (what the supervisor writes) or a msgpack map (``stop``, and the
-    general form of ``exec``): both end in the same dict, every field in its range."""
-    if data[:1] == b"\xc1":
-        return _decode_record(data)
-    return decode(data, COMMAND_SCHEMAS)
 
 
 def best_effort_ids(data: bytes) -> tuple[int, int]:

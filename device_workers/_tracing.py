@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc import COUNTERS, Stage, TraceBank
+from ipc import COUNTERS, END, INSTANT, Stage, TraceBank
 
 SLOT_SUPERVISOR = 0
 TRACK_SUPERVISOR = 0
@@ -232,9 +232,8 @@ class DeviceTrace:
             return
         self._open_exec = False
         ring, track = self.ring, self.track
-        ring.instant(_HOST, cid, track, self._t_exec, lag, m1)
-        ring.end(_EXEC, cid, track, SIGNALLED_AT_END if signal_now else 0, self.t_take, m0,
-                 t_ns=m1)
+        ring.pair(cid, track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec, lag, m1,
+                  _EXEC, END, m1, SIGNALLED_AT_END if signal_now else 0, self.t_take, m0)
         if lag:
             c = self.c
             c[_C_LAGS] += 1

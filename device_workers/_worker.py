@@ -66,6 +66,13 @@ from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
 
 S = StateSlot
+# The fast path's state-table words and values as plain ints (an enum member or a class
+# attribute per store costs more than the store).
+(_CURRENT_SEQ, _CURRENT_CID, _CURRENT_PIDX, _CANCEL_PIDX, _STARTED, _ACK_PIDX, _BUSY,
+ _DONE) = (S.CURRENT_SEQ, S.CURRENT_CID, S.CURRENT_PIDX, S.CANCEL_PIDX, S.STARTED,
+           S.ACK_PIDX, S.BUSY, S.DONE)
+_STATE, _PARK, _PREEMPT_PIDX = S.STATE, S.PARK, S.PREEMPT_PIDX
+_BUSY_STATE, _IDLE_STATE = int(DeviceState.BUSY), int(DeviceState.IDLE)
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
 _TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
@@ -188,15 +195,16 @@ class DeviceWorker:
         return max(0.0, min(IDLE_WAKE_S, (self.delayed[0][0] - time.monotonic_ns()) / 1e9))
 
     def drain(self) -> None:
-        while self.running and self.u32[S.PARK] == 0:
-            if self.u64[S.PREEMPT_PIDX] > self.preempt_seen:
+        u32, u64, get = self.u32, self.u64, self.commands.get
+        while self.running and u32[_PARK] == 0:
+            if u64[_PREEMPT_PIDX] > self.preempt_seen:
                 self.run_marked()  # urgent ones first, even with nothing to preempt
                 continue
             if self.backlog:
                 self.execute(self.backlog.popleft())
                 continue
             try:
-                data = self.commands.get()
+                data = get()
             except errors.BadPacket as exc:
                 self.ring_corrupt(0, str(exc))
                 return
@@ -206,15 +214,12 @@ class DeviceWorker:
                 self._fetch_segments()  # the ring ran dry: unmap segments that are gone
                 return
             try:
-                self.handle(data)
+                cmd = self.decode(data)
+                if cmd is not None:
+                    self.execute(cmd)
             except Exception as exc:  # last resort: a bug must not end the device loop
                 self.complete(0, 0, errors.InternalError.code,
                               f"device loop error: {type(exc).__name__}: {exc}"[:1000])
-
-    def handle(self, data: bytes) -> None:
-        cmd = self.decode(data)
-        if cmd is not None:
-            self.execute(cmd)
 
     def decode(self, data: bytes) -> dict[str, Any] | None:
         """The command in ``data``, checked whole and in ring order; None for a stop
@@ -356,14 +361,14 @@ class DeviceWorker:
         pidx, cid = cmd["pidx"], cmd["cid"]
         self.pidx = pidx
         u32, u64 = self.u32, self.u64
-        u64[S.CURRENT_SEQ], u64[S.CURRENT_CID], u64[S.CURRENT_PIDX] = cmd["seq"], cid, pidx
+        u64[_CURRENT_SEQ], u64[_CURRENT_CID], u64[_CURRENT_PIDX] = cmd["seq"], cid, pidx
         now = time.monotonic_ns
         t_start = now()
         tr = self.tr
         tr.take(t_start)
         self.shift = 0
         try:
-            if pidx <= u64[S.CANCEL_PIDX]:
+            if pidx <= u64[_CANCEL_PIDX]:
                 raise errors.Cancelled("cancelled before it started")
             hold_ns = cmd["hold_ns"]
             if hold_ns:
@@ -372,8 +377,8 @@ class DeviceWorker:
             if m_start > now():  # a dispatch latency still to come: idle
                 hold_until(m_start, self.between_chunks, self.boot.chunk_ns)
             t_start = now()
-            u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
-            u32[S.STATE] = DeviceState.BUSY
+            u64[_STARTED] = t_start  # before BUSY: the watchdog times from this stamp
+            u32[_STATE] = _BUSY_STATE
             tr.exec_begin(cid, t_start)
             self.m_origin = m_start
             self.preemptible = self.boot.preemptive and not self.nested
@@ -393,7 +398,7 @@ class DeviceWorker:
             late = now() - m_end
             lag = late if late > LAG_TOLERANCE_NS else 0
         except errors.Cancelled as exc:
-            u64[S.ACK_PIDX] = max(u64[S.ACK_PIDX], pidx)  # the confirmed stop
+            u64[_ACK_PIDX] = max(u64[_ACK_PIDX], pidx)  # the confirmed stop
             self.finish(cmd, t_start, exc, signal=False)
         except errors.HetprocError as exc:
             self.finish(cmd, t_start, exc)
@@ -406,8 +411,8 @@ class DeviceWorker:
         finally:
             self.preemptible = False
             self.pidx = 0
-            u64[S.CURRENT_SEQ] = 0
-            u32[S.STATE] = DeviceState.IDLE
+            u64[_CURRENT_SEQ] = 0
+            u32[_STATE] = _IDLE_STATE
 
     def finish_held(self, cmd: dict[str, Any], t_start: int, m_start: int, m_end: int,
                     lag: int) -> None:
@@ -416,13 +421,13 @@ class DeviceWorker:
         now = time.monotonic_ns
         t_end = now()
         u64 = self.u64
-        u64[S.CURRENT_SEQ] = 0  # before anyone can learn it finished (see ``finish``)
-        self.u32[S.STATE] = DeviceState.IDLE
+        u64[_CURRENT_SEQ] = 0  # before anyone can learn it finished (see ``finish``)
+        self.u32[_STATE] = _IDLE_STATE
         delay = cmd["delay_ns"]
         tr = self.tr
         tr.ran(cmd["cid"], not delay, m_start, m_end, lag)
-        u64[S.BUSY] += t_end - t_start
-        u64[S.DONE] += 1
+        u64[_BUSY] += t_end - t_start
+        u64[_DONE] += 1
         self.model_end = m_end
         thermal = self.thermal
         if delay:  # signalled after the hand-off: the general record waits in the heap
@@ -434,14 +439,19 @@ class DeviceWorker:
                 record["temp"], record["thr"] = round(thermal.temp, 3), thermal.throttled
             heapq.heappush(self.delayed, (m_end + delay, cmd["seq"], cmd["signal"], record))
             return
-        signal, who = self.fences.signal, self.boot.index + 1
+        boot = self.boot
+        signal = self.fences.signal
         for handle in cmd["signal"]:
-            signal(handle, 0, who, m_end)
-        self.outbox.append(encode_ran(
-            cmd["seq"], self.boot.epoch, t_start, t_end, tr.t_take, now(), cmd["cid"], m_start,
-            m_end, lag, self.speed, *(() if thermal is None else
-                                      (round(thermal.temp, 3), thermal.throttled))))
-        if len(self.outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
+            signal(handle, 0, boot.index + 1, m_end)
+        outbox = self.outbox
+        if thermal is None:
+            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take, now(),
+                                     cmd["cid"], m_start, m_end, lag, self.speed))
+        else:
+            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take, now(),
+                                     cmd["cid"], m_start, m_end, lag, self.speed,
+                                     round(thermal.temp, 3), thermal.throttled))
+        if len(outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
             self.flush()
 
     def modeled_start(self, cmd: dict[str, Any]) -> int:
