@@ -277,7 +277,7 @@ class DeviceWorker:
         """Run one command. A cancelled command does not signal its fences: the
         supervisor, which knows *why* it was cancelled (watchdog, reset, client), fails
         them with the right error once this device has acknowledged the stop."""
-        if (cmd["kernel"] == "work" and not cmd["wait"] and not cmd["ins"] and not cmd["outs"]
+        if (cmd["kernel"] == "work" and not cmd["ins"] and not cmd["outs"] and not cmd["wait"]
                 and "fault" not in cmd and "mem" not in cmd):
             self.execute_hold(cmd)
             return
@@ -374,9 +374,10 @@ class DeviceWorker:
             if hold_ns:
                 self.flush()  # about to block: the supervisor must not wait for our news
             m_start = max(cmd["arrive_ns"], self.model_end) or now()  # no inputs to wait for
-            if m_start > now():  # a dispatch latency still to come: idle
-                hold_until(m_start, self.between_chunks, self.boot.chunk_ns)
             t_start = now()
+            if m_start > t_start:  # a dispatch latency still to come: idle
+                hold_until(m_start, self.between_chunks, self.boot.chunk_ns)
+                t_start = now()
             u64[_STARTED] = t_start  # before BUSY: the watchdog times from this stamp
             u32[_STATE] = _BUSY_STATE
             tr.exec_begin(cid, t_start)
@@ -388,14 +389,16 @@ class DeviceWorker:
                      if self.thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
             busy = int(hold_ns / speed) if speed != 1.0 else hold_ns
             m_kernel_end = m_start + busy
-            if m_kernel_end + self.shift > now():
+            t_end = now()
+            if m_kernel_end + self.shift > t_end:
                 self.hold_model(m_kernel_end, self.between_chunks)
+                t_end = now()
+            m_end = m_kernel_end + self.shift
             if self.thermal is not None:
-                self.thermal.ran(m_kernel_end + self.shift, busy, speed)
+                self.thermal.ran(m_end, busy, speed)
             mem.cursor = m_kernel_end  # what ``release`` leaves for a command without buffers
             self.preemptible = False
-            m_end = m_kernel_end + self.shift
-            late = now() - m_end
+            late = t_end - m_end
             lag = late if late > LAG_TOLERANCE_NS else 0
         except errors.Cancelled as exc:
             u64[_ACK_PIDX] = max(u64[_ACK_PIDX], pidx)  # the confirmed stop
@@ -407,19 +410,17 @@ class DeviceWorker:
                 f"{type(exc).__name__}: {exc}",
                 detail={"remote_traceback": traceback.format_exc()[-_TRACEBACK_CHARS:]}))
         else:
-            self.finish_held(cmd, t_start, m_start, m_end, lag)
+            self.finish_held(cmd, t_start, t_end, m_start, m_end, lag)
         finally:
             self.preemptible = False
             self.pidx = 0
             u64[_CURRENT_SEQ] = 0
             u32[_STATE] = _IDLE_STATE
 
-    def finish_held(self, cmd: dict[str, Any], t_start: int, m_start: int, m_end: int,
-                    lag: int) -> None:
-        """``finish`` for a command of ``execute_hold`` that ran to its end: the record is
-        packed as it goes into the outbox, no map built (``encode_ran``)."""
-        now = time.monotonic_ns
-        t_end = now()
+    def finish_held(self, cmd: dict[str, Any], t_start: int, t_end: int, m_start: int,
+                    m_end: int, lag: int) -> None:
+        """``finish`` for a command of ``execute_hold`` that ran to its end (at ``t_end``):
+        the record is packed as it goes into the outbox, no map built (``encode_ran``)."""
         u64 = self.u64
         u64[_CURRENT_SEQ] = 0  # before anyone can learn it finished (see ``finish``)
         self.u32[_STATE] = _IDLE_STATE
@@ -445,10 +446,12 @@ class DeviceWorker:
             signal(handle, 0, boot.index + 1, m_end)
         outbox = self.outbox
         if thermal is None:
-            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take, now(),
-                                     cmd["cid"], m_start, m_end, lag, self.speed))
+            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take,
+                                     time.monotonic_ns(), cmd["cid"], m_start, m_end, lag,
+                                     self.speed))
         else:
-            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take, now(),
+            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take,
+                                     time.monotonic_ns(),
                                      cmd["cid"], m_start, m_end, lag, self.speed,
                                      round(thermal.temp, 3), thermal.throttled))
         if len(outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
