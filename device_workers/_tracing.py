@@ -236,14 +236,16 @@ class DeviceTrace:
             self.done({"cid": cid}, 0, signal_now, (m0, m1, lag))
             return
         self._open_exec = False
-        ring, track = self.ring, self.track
-        ring.pair(cid, track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec, lag, m1,
-                  _EXEC, END, m1, SIGNALLED_AT_END if signal_now else 0, self.t_take, m0)
-        if lag:
-            c = self.c
-            c[_C_LAGS] += 1
-            c[_C_LAG_NS] += lag
-            ring.counter(_MODEL_LAGS, c[_C_LAGS], track)
+        flags = SIGNALLED_AT_END if signal_now else 0
+        if not lag:
+            self.ring.pair(cid, self.track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec,
+                           0, m1, _EXEC, END, m1, flags, self.t_take, m0)
+            return
+        c = self.c
+        c[_C_LAGS] += 1
+        c[_C_LAG_NS] += lag
+        self.ring.pair(cid, self.track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec, lag,
+                       m1, _EXEC, END, m1, flags, self.t_take, m0, _MODEL_LAGS, c[_C_LAGS])
 
     def power(self, speed: float, thermal: Any, temperature_only: bool = False) -> None:
         """Counters: the speed a command runs at (per mille of the top frequency) and,

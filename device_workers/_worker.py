@@ -220,6 +220,9 @@ class DeviceWorker:
             except Exception as exc:  # last resort: a bug must not end the device loop
                 self.complete(0, 0, errors.InternalError.code,
                               f"device loop error: {type(exc).__name__}: {exc}"[:1000])
+        # Stopped or parked: what ``post`` flushes at once had the ring been empty.
+        if self.outbox and self.commands.depth() == 0 and not self.backlog:
+            self.flush()
 
     def decode(self, data: bytes) -> dict[str, Any] | None:
         """The command in ``data``, checked whole and in ring order; None for a stop
@@ -454,8 +457,10 @@ class DeviceWorker:
                                      time.monotonic_ns(),
                                      cmd["cid"], m_start, m_end, lag, self.speed,
                                      round(thermal.temp, 3), thermal.throttled))
-        if len(outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
+        if len(outbox) >= OUTBOX_MAX:
             self.flush()
+        # Otherwise the loop flushes as it finds the ring empty or leaves it (``drain``),
+        # where ``post`` would have had the ring been empty: nothing runs in between.
 
     def modeled_start(self, cmd: dict[str, Any]) -> int:
         """max(arrival + dispatch, inputs' modeled signal times, previous modeled end)."""
