@@ -220,7 +220,7 @@ class DeviceWorker:
             except Exception as exc:  # last resort: a bug must not end the device loop
                 self.complete(0, 0, errors.InternalError.code,
                               f"device loop error: {type(exc).__name__}: {exc}"[:1000])
-        # Stopped or parked: what ``post`` flushes at once had the ring been empty.
+        # Stopped or parked with the ring empty: the records ``execute_hold`` left.
         if self.outbox and self.commands.depth() == 0 and not self.backlog:
             self.flush()
 
@@ -454,13 +454,13 @@ class DeviceWorker:
                                      self.speed))
         else:
             outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take,
-                                     time.monotonic_ns(),
-                                     cmd["cid"], m_start, m_end, lag, self.speed,
-                                     round(thermal.temp, 3), thermal.throttled))
+                                     time.monotonic_ns(), cmd["cid"], m_start, m_end, lag,
+                                     self.speed, round(thermal.temp, 3), thermal.throttled))
         if len(outbox) >= OUTBOX_MAX:
             self.flush()
-        # Otherwise the loop flushes as it finds the ring empty or leaves it (``drain``),
-        # where ``post`` would have had the ring been empty: nothing runs in between.
+        # The last record before the ring runs dry is flushed by the loop (``drain``) as
+        # it finds the ring empty, or leaves it empty: where ``post`` checks the ring after
+        # every record, this checks it once per wake-up.
 
     def modeled_start(self, cmd: dict[str, Any]) -> int:
         """max(arrival + dispatch, inputs' modeled signal times, previous modeled end)."""
@@ -772,7 +772,8 @@ def _batches(records: list[bytes], limit: int) -> list[bytes]:
 
 
 def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
-    """Completion records in batches that each fit one ring slot."""
+    """Completion records in batches that each fit one ring slot (what ``post`` and
+    ``flush`` make of them)."""
     return _batches([_encoded(r, limit) for r in records], limit)
 
 
