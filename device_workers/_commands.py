@@ -17,10 +17,11 @@ Anything malformed raises ``BadPacket`` (of the one hierarchy in ``ipc.errors``)
 another exception type.
 
 Two formats reach both readers, each checked as strictly: the fixed-layout records the
-supervisor and the device write on the hot path (``encode_command``,
-``encode_completions``: a struct header whose every field is range-checked, no map to
-build or walk; about a fifth of the CPU of a msgpack map and its schema check, measured
-by ``python -m bench --only codec,fastpath``), and msgpack maps (the ``stop`` record, and
+supervisor and the device write on the hot path (``encode_command``; ``encode_ran`` or
+``encode_completion`` per record, ``completion_batch`` per ring slot: a struct header
+whose every field is range-checked, no map to build or walk; about a fifth of the CPU of
+a msgpack map and its schema check, measured by ``python -m bench --only
+codec,fastpath``), and msgpack maps (the ``stop`` record, and
 the general form anything may still write). The first byte tells them apart: 0xC1 is
 never used by msgpack.
 """

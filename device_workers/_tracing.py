@@ -19,8 +19,9 @@ command, on its own track::
     PREEMPT       instant        the running command (cid) suspended for pidx a0; a1 = the
                                  modeled switch cost
 
-A no-op command costs the device one record: every record is ~1 us of Python in a busy
-process, and the trace must stay cheap enough to leave on.
+A no-op command costs the device two records, HOST_EXEC and EXEC's END, written by one
+call (``TraceRing.pair``), and a third, the MODEL_LAGS sample, when it ran late: a call is
+~0.3 us of Python, and the trace must stay cheap enough to leave on.
 
 plus the counters BUFFER_MAPS, DDR_BYTES (cumulative) and POWER_STATE (1 active, 0 low
 power), and it counts maps, imports, bytes, fence waits and power switches in its counter
