@@ -28,7 +28,6 @@ never used by msgpack.
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any, Callable
 

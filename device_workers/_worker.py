@@ -283,7 +283,11 @@ class DeviceWorker:
         if (cmd["kernel"] == "work" and not cmd["ins"] and not cmd["outs"] and not cmd["wait"]
                 and "fault" not in cmd and "mem" not in cmd):
             self.execute_hold(cmd)
-            return
+        else:
+            self.execute_general(cmd)
+
+    def execute_general(self, cmd: dict[str, Any]) -> None:
+        """``execute`` for any command: wait, map, kernel, hold, release, finish."""
         pidx, cid = cmd["pidx"], cmd["cid"]
         self.pidx = pidx
         u32, u64 = self.u32, self.u64
