@@ -101,8 +101,7 @@ class DeviceMemory:
         there (not from whenever the host got here), and ``cursor`` says where it ended.
         ``hold(deadline, between)`` holds the device until a modeled deadline."""
         if not cmd["ins"] and not cmd["outs"] and "mem" not in cmd:
-            self._idle = True  # no buffer, no memory work: the no-op path stays short
-            self.cursor = t0 or time.monotonic_ns()
+            self.no_buffers(t0)  # no buffer, no memory work: the no-op path stays short
             return [], []
         self._reset()
         self._anchored = bool(t0)
@@ -129,6 +128,12 @@ class DeviceMemory:
         outs = [self._array(op, write=True) for op in self._outs]
         self._kernel = [t if self._anchored else time.monotonic_ns()]  # kernel on the model
         return ins, outs
+
+    def no_buffers(self, t0: int = 0) -> None:
+        """``acquire`` for a command with no buffer and no memory work: nothing to check,
+        map or report (``report`` gives None); its modeled time starts at ``t0``."""
+        self._idle = True
+        self.cursor = t0 or time.monotonic_ns()
 
     def release(self, cmd: dict[str, Any], between: Callable[[], None], *, t0: int = 0,
                 hold: Callable = hold_until) -> None:

@@ -17,17 +17,17 @@ Anything malformed raises ``BadPacket`` (of the one hierarchy in ``ipc.errors``)
 another exception type.
 
 Two formats reach both readers, each checked as strictly: the fixed-layout records the
-supervisor and the device write on the hot path (``encode_command``,
-``encode_completions``: a struct header whose every field is range-checked, no map to
-build or walk; about a fifth of the CPU of a msgpack map and its schema check, measured
-by ``python -m bench --only codec,fastpath``), and msgpack maps (the ``stop`` record, and
+supervisor and the device write on the hot path (``encode_command``; ``encode_ran`` or
+``encode_completion`` per record, ``completion_batch`` per ring slot: a struct header
+whose every field is range-checked, no map to build or walk; about a fifth of the CPU of
+a msgpack map and its schema check, measured by ``python -m bench --only
+codec,fastpath``), and msgpack maps (the ``stop`` record, and
 the general form anything may still write). The first byte tells them apart: 0xC1 is
 never used by msgpack.
 """
 
 from __future__ import annotations
 
-import math
 import struct
 from typing import Any, Callable
 
@@ -178,50 +178,94 @@ def _bad(what: str) -> errors.BadPacket:
     return errors.BadPacket(f"command record: {what}")
 
 
-def _decode_record(data: bytes) -> dict[str, Any]:
-    n = len(data)
-    if n < CMD_HEAD.size:
-        raise _bad(f"{n} bytes, shorter than its {CMD_HEAD.size}-byte header")
-    (_tag, flags, klen, pad, nw, ns, tlen, seq, pidx, cid, hold, delay, dep, arrive,
-     spd) = CMD_HEAD.unpack_from(data)
+# The header again with ``spd`` as its raw 64 bits: the common record has no speed, and
+# "no speed" must be exactly +0.0, all bits clear (not -0.0, not a NaN), one compare.
+_CMD_HEAD_RAW = struct.Struct("<BBBBHHI7qQ")
+_F64 = struct.Struct("<d")
+_SPD_AT = CMD_HEAD.size - 8
+# Several fields are checked at once where that is exact: an OR of ints is negative iff one
+# of them is, and it is below a power of two iff each of them is. A record that fails a
+# combined check goes through the field-by-field one, which says which field is wrong.
+_FENCE_BITS = MAX_FENCES.bit_length() - 1  # below 2 ** this, both counts are in range
+_KERNEL_NAMES: dict[bytes, str] = {}  # the few kernel names seen, decoded once each
+
+
+def _check_head(flags: int, pad: int, klen: int, nw: int, ns: int, seq: int, pidx: int,
+                cid: int, hold: int, delay: int, dep: int, arrive: int) -> None:
+    """The header's checks one field at a time, raising for the first that fails."""
     if flags & ~_CMD_FLAGS or pad:
         raise _bad(f"unknown flags {flags:#x} or padding {pad}")
     if klen > MAX_KERNEL or nw > MAX_FENCES or ns > MAX_FENCES:
         raise _bad(f"kernel name of {klen} bytes, {nw} wait and {ns} signal fences "
                    f"(at most {MAX_KERNEL}, {MAX_FENCES}, {MAX_FENCES})")
-    if n != CMD_HEAD.size + klen + 8 * (nw + ns) + tlen:
-        raise _bad(f"{n} bytes, but its header describes "
-                   f"{CMD_HEAD.size + klen + 8 * (nw + ns) + tlen}")
     if not (0 <= seq <= I64 and 0 <= pidx <= I64 and 0 <= cid <= I64 and 0 <= arrive):
         raise _bad(f"seq {seq}, pidx {pidx}, cid {cid} or arrive_ns {arrive} out of range")
     if not (0 <= hold <= MAX_DURATION_NS and 0 <= delay <= MAX_DURATION_NS
             and 0 <= dep <= MAX_DURATION_NS):
         raise _bad(f"hold_ns {hold}, delay_ns {delay} or dep_timeout_ns {dep} outside "
                    f"0..{MAX_DURATION_NS}")
+
+
+_HEAD_BYTES = CMD_HEAD.size
+_TAG = b"\xc1"
+
+
+def decode_command(data: bytes) -> dict[str, Any]:
+    """A command from the device's ring, checked whole; ``BadPacket`` otherwise. A
+    fixed-layout record (what the supervisor writes) or a msgpack map (``stop``, and the
+    general form of ``exec``): both end in the same dict, every field in its range."""
+    if data[:1] != _TAG:
+        return decode(data, COMMAND_SCHEMAS)
+    n = len(data)
+    if n < _HEAD_BYTES:
+        raise _bad(f"{n} bytes, shorter than its {_HEAD_BYTES}-byte header")
+    (_tag, flags, klen, pad, nw, ns, tlen, seq, pidx, cid, hold, delay, dep, arrive,
+     spd_bits) = _CMD_HEAD_RAW.unpack_from(data)
+    # Every header field in its range (seq, pidx, cid, arrive_ns are signed 64-bit: only
+    # their sign is left to check); the field-by-field check runs when this one fails.
+    if (flags & ~_CMD_FLAGS or pad or klen > MAX_KERNEL or (nw | ns) >> _FENCE_BITS
+            or (seq | pidx | cid | arrive | hold | delay | dep) < 0
+            or hold > MAX_DURATION_NS or delay > MAX_DURATION_NS or dep > MAX_DURATION_NS):
+        _check_head(flags, pad, klen, nw, ns, seq, pidx, cid, hold, delay, dep, arrive)
+    nf = nw + ns
+    off = _HEAD_BYTES + klen
+    if n != off + 8 * nf + tlen:
+        raise _bad(f"{n} bytes, but its header describes {off + 8 * nf + tlen}")
     if flags & _F_SPD:
+        spd = _F64.unpack_from(data, _SPD_AT)[0]
         if not 0.0 <= spd <= 1.0:  # NaN fails too
             raise _bad(f"spd {spd} outside 0..1")
-    elif spd != 0.0 or math.copysign(1.0, spd) < 0:
+    elif spd_bits:  # anything but +0.0
         raise _bad("spd set without its flag")
-    off = CMD_HEAD.size
-    try:
-        kernel = data[off:off + klen].decode()
-    except UnicodeDecodeError:
-        raise _bad("kernel name is not UTF-8") from None
-    off += klen
-    fences = struct.unpack_from(f"<{nw + ns}Q", data, off) if nw + ns else ()
-    off += 8 * (nw + ns)
+    raw = data[_HEAD_BYTES:off]
+    kernel = _KERNEL_NAMES.get(raw)
+    if kernel is None:
+        try:
+            kernel = raw.decode()
+        except UnicodeDecodeError:
+            raise _bad("kernel name is not UTF-8") from None
+        if len(_KERNEL_NAMES) < 256:
+            _KERNEL_NAMES[raw] = kernel
+    if nw:
+        fences = (_U64S[nf] if nf < 4 else struct.Struct(f"<{nf}Q")).unpack_from(data, off)
+        wait, signal = list(fences[:nw]), list(fences[nw:])
+    elif ns == 1:
+        wait, signal = [], [_U64S[1].unpack_from(data, off)[0]]
+    else:
+        wait = []
+        signal = list((_U64S[ns] if ns < 4 else struct.Struct(f"<{ns}Q")).unpack_from(data, off))
     cmd = {"op": "exec", "seq": seq, "pidx": pidx, "cid": cid, "kernel": kernel,
-           "wait": list(fences[:nw]), "signal": list(fences[nw:]), "hold_ns": hold,
-           "delay_ns": delay, "dep_timeout_ns": dep, "arrive_ns": arrive,
-           "params": {}, "ins": [], "outs": []}
-    if flags & _F_CHECKED:
-        cmd["checked"] = True
-    if flags & _F_PRE:
-        cmd["pre"] = True
-    if flags & _F_SPD:
-        cmd["spd"] = spd
+           "wait": wait, "signal": signal, "hold_ns": hold, "delay_ns": delay,
+           "dep_timeout_ns": dep, "arrive_ns": arrive, "params": {}, "ins": [], "outs": []}
+    if flags:
+        if flags & _F_CHECKED:
+            cmd["checked"] = True
+        if flags & _F_PRE:
+            cmd["pre"] = True
+        if flags & _F_SPD:
+            cmd["spd"] = spd
     if tlen:
+        off += 8 * nf
         try:
             tail = unpack(data[off:])
         except Exception as exc:  # msgpack raises many unrelated types on garbage
@@ -234,15 +278,6 @@ def _decode_record(data: bytes) -> dict[str, Any]:
         check_fields(tail, _TAIL, where="command record tail")
         cmd.update(tail)
     return cmd
-
-
-def decode_command(data: bytes) -> dict[str, Any]:
-    """A command from the device's ring, checked whole; ``BadPacket`` otherwise. A
-    fixed-layout record (what the supervisor writes) or a msgpack map (``stop``, and the
-    general form of ``exec``): both end in the same dict, every field in its range."""
-    if data[:1] == b"\xc1":
-        return _decode_record(data)
-    return decode(data, COMMAND_SCHEMAS)
 
 
 def best_effort_ids(data: bytes) -> tuple[int, int]:
@@ -305,39 +340,63 @@ _DONE_TAIL = {"tb?": COMPLETION["tb?"], "mem?": COMPLETION["mem?"]}
 _MAX_MSG_BYTES = 4 * MAX_MESSAGE
 
 
+RAN_FLAGS = _D_TAKE | _D_SIGNAL | _D_CID | _D_MODELED  # a command that ran and signalled
+RAN_TEMP_FLAGS = RAN_FLAGS | _D_TEMP
+
+
+def encode_ran(seq: int, epoch: int, t_start: int, t_end: int, t_take: int, t_signal: int,
+               cid: int, m0: int, m1: int, lag: int, spd: float, temp: float | None = None,
+               thr: bool = False) -> bytes:
+    """One record of a command that ran to its end and signalled its fences, no message,
+    no memory report: what ``encode_completion`` makes of that record's map, without the
+    map (a device's most common record)."""
+    if temp is None:
+        return DONE.pack(seq, epoch, t_start, t_end, t_take, t_signal, cid, m0, m1, lag, spd,
+                         0.0, 0, RAN_FLAGS, 0, 0)
+    return DONE.pack(seq, epoch, t_start, t_end, t_take, t_signal, cid, m0, m1, lag, spd,
+                     temp, 0, RAN_TEMP_FLAGS | (_D_THR if thr else 0), 0, 0)
+
+
+def encode_completion(r: dict[str, Any]) -> bytes:
+    """One completion record (its fixed part, message and tail), for ``completion_batch``."""
+    get = r.get
+    flags = 0
+    if "t_take" in r:
+        flags |= _D_TAKE
+    if "t_signal" in r:
+        flags |= _D_SIGNAL
+    if "cid" in r:
+        flags |= _D_CID
+    if get("unsignalled"):
+        flags |= _D_UNSIGNALLED
+    if "m0" in r:
+        flags |= _D_MODELED
+    if "temp" in r:
+        flags |= _D_TEMP | (_D_THR if get("thr") else 0)
+    msg = r["msg"].encode()
+    tail = {}
+    if get("tb"):
+        tail["tb"] = r["tb"]
+    if get("mem") is not None:
+        tail["mem"] = r["mem"]
+    tail_bytes = msgpack.packb(tail, use_bin_type=True) if tail else _EMPTY
+    return b"".join((DONE.pack(r["seq"], r["epoch"], r["t_start"], r["t_end"],
+                               get("t_take", 0), get("t_signal", 0), get("cid", 0),
+                               get("m0", 0), get("m1", 0), get("lag", 0), get("spd", 0.0),
+                               get("temp", 0.0), r["code"], flags, len(msg),
+                               len(tail_bytes)),
+                     msg, tail_bytes))
+
+
+def completion_batch(records: list[bytes]) -> bytes:
+    """One ring slot of encoded records (``encode_completion``, ``encode_ran``): the
+    batch ``decode_completions`` reads."""
+    return BATCH_HEAD.pack(RECORD_TAG, len(records), 0) + b"".join(records)
+
+
 def encode_completions(records: list[dict[str, Any]]) -> bytes:
     """One ring slot of completion records (see ``decode_completions``)."""
-    parts = [BATCH_HEAD.pack(RECORD_TAG, len(records), 0)]
-    pack = DONE.pack
-    for r in records:
-        get = r.get
-        flags = 0
-        if "t_take" in r:
-            flags |= _D_TAKE
-        if "t_signal" in r:
-            flags |= _D_SIGNAL
-        if "cid" in r:
-            flags |= _D_CID
-        if get("unsignalled"):
-            flags |= _D_UNSIGNALLED
-        if "m0" in r:
-            flags |= _D_MODELED
-        if "temp" in r:
-            flags |= _D_TEMP | (_D_THR if get("thr") else 0)
-        msg = r["msg"].encode()
-        tail = {}
-        if get("tb"):
-            tail["tb"] = r["tb"]
-        if get("mem") is not None:
-            tail["mem"] = r["mem"]
-        tail_bytes = msgpack.packb(tail, use_bin_type=True) if tail else _EMPTY
-        parts.append(pack(r["seq"], r["epoch"], r["t_start"], r["t_end"], get("t_take", 0),
-                          get("t_signal", 0), get("cid", 0), get("m0", 0), get("m1", 0),
-                          get("lag", 0), get("spd", 0.0), get("temp", 0.0), r["code"], flags,
-                          len(msg), len(tail_bytes)))
-        parts.append(msg)
-        parts.append(tail_bytes)
-    return b"".join(parts)
+    return completion_batch([encode_completion(r) for r in records])
 
 
 def _bad_done(i: int, what: str) -> errors.BadPacket:

@@ -19,8 +19,9 @@ command, on its own track::
     PREEMPT       instant        the running command (cid) suspended for pidx a0; a1 = the
                                  modeled switch cost
 
-A no-op command costs the device one record: every record is ~1 us of Python in a busy
-process, and the trace must stay cheap enough to leave on.
+A no-op command costs the device two records, HOST_EXEC and EXEC's END, written by one
+call (``TraceRing.pair``), and a third, the MODEL_LAGS sample, when it ran late: a call is
+~0.3 us of Python, and the trace must stay cheap enough to leave on.
 
 plus the counters BUFFER_MAPS, DDR_BYTES (cumulative) and POWER_STATE (1 active, 0 low
 power), and it counts maps, imports, bytes, fence waits and power switches in its counter
@@ -40,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ipc import COUNTERS, Stage, TraceBank
+from ipc import COUNTERS, END, INSTANT, Stage, TraceBank
 
 SLOT_SUPERVISOR = 0
 TRACK_SUPERVISOR = 0
@@ -54,6 +55,11 @@ _C_MAPS, _C_IMPORTS, _C_DDR = COUNTERS["maps"], COUNTERS["imports"], COUNTERS["d
 _C_POWER, _C_WAITS, _C_WAIT_NS = COUNTERS["power_switches"], COUNTERS["fence_waits"], COUNTERS["fence_wait_ns"]
 _C_LAGS, _C_LAG_NS = COUNTERS["model_lags"], COUNTERS["model_lag_ns"]
 _HOST, _PREEMPT = int(Stage.HOST_EXEC), int(Stage.PREEMPT)
+# Counter stages as plain ints: an enum member costs a lookup and an ``__index__`` per write.
+_POWER_STATE, _BUFFER_MAPS, _DDR_BYTES = (int(Stage.POWER_STATE), int(Stage.BUFFER_MAPS),
+                                          int(Stage.DDR_BYTES))
+_MODEL_LAGS, _FREQUENCY, _TEMPERATURE = (int(Stage.MODEL_LAGS), int(Stage.FREQUENCY),
+                                         int(Stage.TEMPERATURE))
 
 
 def device_slot(index: int) -> int:
@@ -93,7 +99,7 @@ class DeviceTrace:
         self._t_wait = self._t_exec = 0
         self._active = False
         self._idle_since = 0
-        self.ring.counter(Stage.POWER_STATE, 0, self.track)
+        self.ring.counter(_POWER_STATE, 0, self.track)
 
     @classmethod
     def attach(cls, boot: Any, cache: Any, fences: Any) -> "DeviceTrace":
@@ -123,7 +129,7 @@ class DeviceTrace:
         self._active = bool(state)
         self._idle_since = 0
         self.c[_C_POWER] += 1
-        self.ring.counter(Stage.POWER_STATE, state, self.track, t_ns=t_ns)
+        self.ring.counter(_POWER_STATE, state, self.track, t_ns=t_ns)
 
     # -- one command ------------------------------------------------------------------
 
@@ -187,8 +193,8 @@ class DeviceTrace:
         c[_C_DDR] += nbytes
         self._open_map = False
         ring.end(_MAP, cid, self.track, nbytes, n, imported)
-        ring.counter(Stage.BUFFER_MAPS, c[_C_MAPS], self.track)
-        ring.counter(Stage.DDR_BYTES, c[_C_DDR], self.track)
+        ring.counter(_BUFFER_MAPS, c[_C_MAPS], self.track)
+        ring.counter(_DDR_BYTES, c[_C_DDR], self.track)
         return ins, outs
 
     def done(self, cmd: dict[str, Any], code: int, signal_now: bool,
@@ -223,19 +229,37 @@ class DeviceTrace:
                 if lag:
                     self.c[_C_LAGS] += 1
                     self.c[_C_LAG_NS] += lag
-                    ring.counter(Stage.MODEL_LAGS, self.c[_C_LAGS], self.track)
+                    ring.counter(_MODEL_LAGS, self.c[_C_LAGS], self.track)
         elif signal_now:
             ring.instant(_SIGNAL, cid, self.track, code)
         if self._open_wait:
             self.wait_end(cid, cmd.get("wait") or [])
 
+    def ran(self, cid: int, signal_now: bool, m0: int, m1: int, lag: int) -> None:
+        """``done`` for a command that ran to its end with only EXEC open (no input wait,
+        no map: ``execute_hold``): the same records, HOST_EXEC then EXEC's END."""
+        if self._open_map or self._open_wait or not self._open_exec:
+            self.done({"cid": cid}, 0, signal_now, (m0, m1, lag))
+            return
+        self._open_exec = False
+        flags = SIGNALLED_AT_END if signal_now else 0
+        if not lag:
+            self.ring.pair(cid, self.track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec,
+                           0, m1, _EXEC, END, m1, flags, self.t_take, m0)
+            return
+        c = self.c
+        c[_C_LAGS] += 1
+        c[_C_LAG_NS] += lag
+        self.ring.pair(cid, self.track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec, lag,
+                       m1, _EXEC, END, m1, flags, self.t_take, m0, _MODEL_LAGS, c[_C_LAGS])
+
     def power(self, speed: float, thermal: Any, temperature_only: bool = False) -> None:
         """Counters: the speed a command runs at (per mille of the top frequency) and,
         with a thermal model, the temperature (milli-degrees)."""
         if not temperature_only:
-            self.ring.counter(Stage.FREQUENCY, int(round(speed * 1000)), self.track)
+            self.ring.counter(_FREQUENCY, int(round(speed * 1000)), self.track)
         if thermal is not None:
-            self.ring.counter(Stage.TEMPERATURE, int(thermal.temp * 1000), self.track)
+            self.ring.counter(_TEMPERATURE, int(thermal.temp * 1000), self.track)
 
     def preempted(self, victim_cid: int, target_pidx: int, switch_ns: int) -> None:
         """The running command is suspended at a chunk boundary for a more urgent one."""

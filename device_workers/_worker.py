@@ -57,7 +57,8 @@ from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors, profile
 
 from . import _faults
 from ._cache import DeviceMemory
-from ._commands import best_effort_ids, decode_command, encode_completions
+from ._commands import (BATCH_HEAD, MAX_BATCH, best_effort_ids, completion_batch,
+                        decode_command, encode_completion, encode_ran)
 from ._hold import hold_until, set_timer_slack_ns
 from ._kernels import run_kernel
 from ._power import Thermal
@@ -66,6 +67,13 @@ from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
 
 S = StateSlot
+# The fast path's state-table words and values as plain ints (an enum member or a class
+# attribute per store costs more than the store).
+(_CURRENT_SEQ, _CURRENT_CID, _CURRENT_PIDX, _CANCEL_PIDX, _STARTED, _ACK_PIDX, _BUSY,
+ _DONE) = (S.CURRENT_SEQ, S.CURRENT_CID, S.CURRENT_PIDX, S.CANCEL_PIDX, S.STARTED,
+           S.ACK_PIDX, S.BUSY, S.DONE)
+_STATE, _PARK, _PREEMPT_PIDX = S.STATE, S.PARK, S.PREEMPT_PIDX
+_BUSY_STATE, _IDLE_STATE = int(DeviceState.BUSY), int(DeviceState.IDLE)
 _NO_FAULT: dict = {}
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
 QUEUE_INPUT_SLICE_S = 0.001  # a queue command waiting for inputs looks for other work this often
@@ -139,7 +147,7 @@ class DeviceWorker:
         self.tr = DeviceTrace.attach(boot, self.cache, self.fences)  # evidence chain (§22)
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
         self.pidx = 0
-        self.outbox: list[dict[str, Any]] = []
+        self.outbox: list[bytes] = []  # encoded completion records not yet in the ring
         self.heartbeat_frozen = False
         self.progress_while_frozen = False
         self.running = True
@@ -196,22 +204,27 @@ class DeviceWorker:
         return max(0.0, min(IDLE_WAKE_S, (self.delayed[0][0] - time.monotonic_ns()) / 1e9))
 
     def drain(self) -> None:
-        while self.running and self.u32[S.PARK] == 0:
-            if self.u64[S.PREEMPT_PIDX] > self.preempt_seen:
+        u32, u64, get = self.u32, self.u64, self.commands.get
+        while self.running and u32[_PARK] == 0:
+            if u64[_PREEMPT_PIDX] > self.preempt_seen:
                 self.run_marked()  # urgent ones first, even with nothing to preempt
                 continue
             if self.backlog:
                 self.execute(self.backlog.popleft())
                 continue
             try:
-                data = self.commands.get()
+                data = get()
             except errors.BadPacket as exc:
                 self.ring_corrupt(0, str(exc))
                 return
             if data is None:
-                # The supervisor's ring is empty: one record from the queues, if any.
+                # The supervisor's ring is empty: one record from the queues, if any. The
+                # records of its commands go out first: a queue command may wait or hold,
+                # and the supervisor must not take a finished command for a stalled one.
                 cmd = self.queues.take() if self.queues else None
                 if cmd is not None:
+                    if self.outbox:
+                        self.flush()
                     if not cmd["wait"] or self.await_queue_inputs(cmd):
                         self.execute(cmd)
                     continue
@@ -220,10 +233,15 @@ class DeviceWorker:
                 self._fetch_segments()  # the ring ran dry: unmap segments that are gone
                 return
             try:
-                self.handle(data)
+                cmd = self.decode(data)
+                if cmd is not None:
+                    self.execute(cmd)
             except Exception as exc:  # last resort: a bug must not end the device loop
                 self.complete(0, 0, errors.InternalError.code,
                               f"device loop error: {type(exc).__name__}: {exc}"[:1000])
+        # Stopped or parked with the ring empty: the records ``execute_hold`` left.
+        if self.outbox and self.commands.depth() == 0 and not self.backlog:
+            self.flush()
 
     def await_queue_inputs(self, cmd: dict[str, Any]) -> bool:
         """Wait for a queue command's input fences while nothing else wants the device;
@@ -254,11 +272,6 @@ class DeviceWorker:
             left = max(left, 1_000_000)
         cmd["dep_timeout_ns"] = max(0, left)
         return True
-
-    def handle(self, data: bytes) -> None:
-        cmd = self.decode(data)
-        if cmd is not None:
-            self.execute(cmd)
 
     def decode(self, data: bytes) -> dict[str, Any] | None:
         """The command in ``data``, checked whole and in ring order; None for a stop
@@ -322,6 +335,14 @@ class DeviceWorker:
         """Run one command. A cancelled command does not signal its fences: the
         supervisor, which knows *why* it was cancelled (watchdog, reset, client), fails
         them with the right error once this device has acknowledged the stop."""
+        if (cmd["kernel"] == "work" and not cmd["ins"] and not cmd["outs"] and not cmd["wait"]
+                and "fault" not in cmd and "mem" not in cmd):
+            self.execute_hold(cmd)
+        else:
+            self.execute_general(cmd)
+
+    def execute_general(self, cmd: dict[str, Any]) -> None:
+        """``execute`` for any command: wait, map, kernel, hold, release, finish."""
         pidx, cid = cmd["pidx"], cmd["cid"]
         self.pidx = pidx
         u32, u64 = self.u32, self.u64
@@ -394,6 +415,120 @@ class DeviceWorker:
             self.pidx = 0
             u64[S.CURRENT_SEQ] = 0
             u32[S.STATE] = DeviceState.IDLE
+
+    def execute_hold(self, cmd: dict[str, Any]) -> None:
+        """``execute`` for a command that only holds modeled time -- no input fence, no
+        buffer, no memory work, no fault (every no-op): the same steps in the same order,
+        the same state-table words (position, start stamp, BUSY; then not running, IDLE,
+        before the signal), trace records and completion record; the steps that cannot
+        apply (fence waits, maps, kernel, cache work) are left out."""
+        pidx, cid = cmd["pidx"], cmd["cid"]
+        self.pidx = pidx
+        u32, u64 = self.u32, self.u64
+        u64[_CURRENT_SEQ], u64[_CURRENT_CID], u64[_CURRENT_PIDX] = cmd["seq"], cid, pidx
+        now = time.monotonic_ns
+        t_start = now()
+        tr = self.tr
+        tr.take(t_start)
+        queue = cmd.get("queue")
+        if queue is not None:
+            tr.queued(cid, cmd["t_queued"], t_start, self.boot.index)
+        self.shift = 0
+        try:
+            if pidx and pidx <= u64[_CANCEL_PIDX]:  # 0: a queue's, not cancellable
+                raise errors.Cancelled("cancelled before it started")
+            hold_ns = cmd["hold_ns"]
+            if hold_ns:
+                self.flush()  # about to block: the supervisor must not wait for our news
+            m_start = max(cmd["arrive_ns"], self.model_end) or now()  # no inputs to wait for
+            t_start = now()
+            if m_start > t_start:  # a dispatch latency still to come: idle
+                hold_until(m_start, self.between_chunks, self.boot.chunk_ns)
+                t_start = now()
+            u64[_STARTED] = t_start  # before BUSY: the watchdog times from this stamp
+            u32[_STATE] = _BUSY_STATE
+            tr.exec_begin(cid, t_start)
+            self.m_origin = m_start
+            self.preemptible = self.boot.preemptive and not self.nested
+            mem = self.memory
+            mem.no_buffers(m_start)
+            speed = (self.run_speed(cmd, m_start)
+                     if self.thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
+            busy = int(hold_ns / speed) if speed != 1.0 else hold_ns
+            m_kernel_end = m_start + busy
+            t_end = now()
+            if m_kernel_end + self.shift > t_end:
+                self.hold_model(m_kernel_end, self.between_chunks)
+                t_end = now()
+            m_end = m_kernel_end + self.shift
+            if self.thermal is not None:
+                self.thermal.ran(m_end, busy, speed)
+            mem.cursor = m_kernel_end  # what ``release`` leaves for a command without buffers
+            self.preemptible = False
+            late = t_end - m_end
+            lag = late if late > LAG_TOLERANCE_NS else 0
+        except errors.Cancelled as exc:
+            u64[_ACK_PIDX] = max(u64[_ACK_PIDX], pidx)  # the confirmed stop
+            self.finish(cmd, t_start, exc, signal=False)
+        except errors.HetprocError as exc:
+            self.finish(cmd, t_start, exc)
+        except Exception as exc:  # a bug must fail the request, never the device
+            self.finish(cmd, t_start, errors.DeviceFault(
+                f"{type(exc).__name__}: {exc}",
+                detail={"remote_traceback": traceback.format_exc()[-_TRACEBACK_CHARS:]}))
+        else:
+            self.finish_held(cmd, t_start, t_end, m_start, m_end, lag)
+        finally:
+            self.preemptible = False
+            self.pidx = 0
+            u64[_CURRENT_SEQ] = 0
+            u32[_STATE] = _IDLE_STATE
+
+    def finish_held(self, cmd: dict[str, Any], t_start: int, t_end: int, m_start: int,
+                    m_end: int, lag: int) -> None:
+        """``finish`` for a command of ``execute_hold`` that ran to its end (at ``t_end``):
+        the record is packed as it goes into the outbox, no map built (``encode_ran``)."""
+        u64 = self.u64
+        u64[_CURRENT_SEQ] = 0  # before anyone can learn it finished (see ``finish``)
+        self.u32[_STATE] = _IDLE_STATE
+        delay = cmd["delay_ns"]
+        tr = self.tr
+        tr.ran(cmd["cid"], not delay, m_start, m_end, lag)
+        u64[_BUSY] += t_end - t_start
+        u64[_DONE] += 1
+        self.model_end = m_end
+        if "queue" in cmd:  # no supervisor to tell: signal, then free its slot
+            self.signal_all(cmd["signal"], 0, m_end)
+            self.queues.finished(cmd, 0)
+            return
+        thermal = self.thermal
+        if delay:  # signalled after the hand-off: the general record waits in the heap
+            record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": 0, "msg": "",
+                      "t_start": t_start, "t_end": t_end, "mem": None, "t_take": tr.t_take,
+                      "cid": cmd["cid"], "m0": m_start, "m1": m_end, "lag": lag,
+                      "spd": self.speed}
+            if thermal is not None:
+                record["temp"], record["thr"] = round(thermal.temp, 3), thermal.throttled
+            heapq.heappush(self.delayed, (m_end + delay, cmd["seq"], cmd["signal"], record))
+            return
+        boot = self.boot
+        signal = self.fences.signal
+        for handle in cmd["signal"]:
+            signal(handle, 0, boot.index + 1, m_end)
+        outbox = self.outbox
+        if thermal is None:
+            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take,
+                                     time.monotonic_ns(), cmd["cid"], m_start, m_end, lag,
+                                     self.speed))
+        else:
+            outbox.append(encode_ran(cmd["seq"], boot.epoch, t_start, t_end, tr.t_take,
+                                     time.monotonic_ns(), cmd["cid"], m_start, m_end, lag,
+                                     self.speed, round(thermal.temp, 3), thermal.throttled))
+        if len(outbox) >= OUTBOX_MAX:
+            self.flush()
+        # The last record before the ring runs dry is flushed by the loop (``drain``) as
+        # it finds the ring empty, or leaves it empty: where ``post`` checks the ring after
+        # every record, this checks it once per wake-up.
 
     def modeled_start(self, cmd: dict[str, Any]) -> int:
         """max(arrival + dispatch, inputs' modeled signal times, previous modeled end)."""
@@ -661,7 +796,7 @@ class DeviceWorker:
         """Queue a completion record. Successes are batched while more commands wait in
         the ring (one message and one eventfd write per batch, not per command); errors
         and the last record before the device would block go out at once."""
-        self.outbox.append(record)
+        self.outbox.append(_encoded(record, self.completions.max_payload))
         urgent = bool(record["code"] or record.get("unsignalled"))
         if urgent or len(self.outbox) >= OUTBOX_MAX or (self.commands.depth() == 0 and not self.backlog):
             self.flush(wake=urgent)
@@ -675,7 +810,7 @@ class DeviceWorker:
         if not self.outbox:
             return
         batch, self.outbox = self.outbox, []
-        for payload in _payloads(batch, self.completions.max_payload):
+        for payload in _batches(batch, self.completions.max_payload):
             # The supervisor drains completions as fast as we post them; a full ring means
             # it is stalled, and it owns the recovery of that. Wait briefly, re-check the parent.
             while not self.completions.try_put(payload):
@@ -694,17 +829,36 @@ class DeviceWorker:
             self.u64[S.HEARTBEAT] = time.monotonic_ns()
 
 
+def _encoded(record: dict[str, Any], limit: int) -> bytes:
+    """A completion record, encoded to fit a ring slot alone: records vary in size (a
+    memory report), and a record too big for its slot must never cost the completion
+    itself -- its evidence goes, not its outcome."""
+    data = encode_completion(record)
+    if len(data) + BATCH_HEAD.size > limit:
+        data = encode_completion({k: v for k, v in record.items() if k not in ("mem", "tb")})
+    return data
+
+
+def _batches(records: list[bytes], limit: int) -> list[bytes]:
+    """Encoded records in ring-slot batches of at most ``limit`` bytes, in order."""
+    out: list[bytes] = []
+    part: list[bytes] = []
+    size = BATCH_HEAD.size
+    for rec in records:
+        if part and (size + len(rec) > limit or len(part) >= MAX_BATCH):
+            out.append(completion_batch(part))
+            part, size = [], BATCH_HEAD.size
+        part.append(rec)
+        size += len(rec)
+    if part:
+        out.append(completion_batch(part))
+    return out
+
+
 def _payloads(records: list[dict[str, Any]], limit: int) -> list[bytes]:
-    """Batches of records that each fit one ring slot: records vary in size (a memory
-    report), and a batch too big for its slot must never cost the completion itself."""
-    payload = encode_completions(records)
-    if len(payload) <= limit:
-        return [payload]
-    if len(records) == 1:  # one record alone too big: its evidence goes, not its outcome
-        return [encode_completions([{k: v for k, v in records[0].items()
-                                     if k not in ("mem", "tb")}])]
-    mid = len(records) // 2
-    return _payloads(records[:mid], limit) + _payloads(records[mid:], limit)
+    """Completion records in batches that each fit one ring slot (what ``post`` and
+    ``flush`` make of them)."""
+    return _batches([_encoded(r, limit) for r in records], limit)
 
 
 def device_main(boot: DeviceBoot) -> int:

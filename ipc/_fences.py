@@ -156,16 +156,18 @@ class FenceTable:
         Returns False, touching nothing, when the handle is stale or the fence already
         completed: the first outcome is final (a late signal never overrides an error).
         """
-        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32  # slot >= 0 by construction
         u32, i = self._u32, slot * _W32
-        if not (0 <= slot < self.capacity and gen and u32[i] == gen and u32[i + 1] == PENDING):
+        if not (slot < self.capacity and gen and u32[i] == gen and u32[i + 1] == PENDING):
             return False
-        sem = self._sem(slot)  # first: a cold sem_open must not sit between stamp and wake
+        # First: a cold sem_open must not sit between stamp and wake.
+        sem = self._sems.get(slot) or self._sem(slot)
         u32[i + 2] = error
         u32[i + 3] = signaller
         now = time.monotonic_ns()
-        self._u64[slot * _W64 + 2] = t_ns or now
-        self._u64[slot * _W64 + 4] = now
+        u64, j = self._u64, slot * _W64
+        u64[j + 2] = t_ns or now
+        u64[j + 4] = now
         u32[i + 1] = FAILED if error else SIGNALLED  # the outcome is written before the wake-up
         sem.release()
         return True

@@ -129,6 +129,8 @@ def stage_name(stage: int) -> str:
 # t_ns u64, cid u64, a0 a1 a2 i64, pid u32, track u16, stage u8, phase u8 = 48 bytes.
 RECORD = struct.Struct("<QQqqqIHBB")
 RECORD_BYTES = RECORD.size
+_RECORD_PAIR = struct.Struct("<" + "QQqqqIHBB" * 2)  # two consecutive records
+_RECORD_TRIPLE = struct.Struct("<" + "QQqqqIHBB" * 3)  # three
 RECORD_DTYPE = np.dtype(
     [
         ("t_ns", "<u8"),
@@ -358,6 +360,44 @@ class TraceRing:
             n += 2
             hq[2] = n
 
+        pack2 = _RECORD_PAIR.pack_into
+        pack3 = _RECORD_TRIPLE.pack_into
+
+        def pair(cid: int, track: int, stage0: int, phase0: int, t0: int, a00: int, a01: int,
+                 a02: int, stage1: int, phase1: int, t1: int, a10: int = 0, a11: int = 0,
+                 a12: int = 0, counter_stage: int = -1, counter_value: int = 0) -> None:
+            """Two records of one request on one track (each: stage, phase, time, a0..a2),
+            then, given ``counter_stage``, a counter sample on the same track (cid 0, at
+            the first record's time): what ``emit`` and ``counter`` called in turn would
+            write, claimed and published at once."""
+            nonlocal n
+            if not on:
+                return
+            slot = n & mask
+            if counter_stage < 0:
+                hq[3] = n + 2
+                if slot != mask:  # both in one stretch: one pack of 96 bytes
+                    pack2(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0,
+                          t1, cid, a10, a11, a12, pid, track, stage1, phase1)
+                else:  # the first in the last slot, the second wraps to slot 0
+                    pack(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0)
+                    pack(recs, 0, t1, cid, a10, a11, a12, pid, track, stage1, phase1)
+                n += 2
+            else:
+                hq[3] = n + 3
+                if slot < mask - 1:  # all three in one stretch
+                    pack3(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0,
+                          t1, cid, a10, a11, a12, pid, track, stage1, phase1,
+                          t0, 0, counter_value, 0, 0, pid, track, counter_stage, 4)
+                else:
+                    pack(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0)
+                    pack(recs, ((n + 1) & mask) * 48, t1, cid, a10, a11, a12, pid, track,
+                         stage1, phase1)
+                    pack(recs, ((n + 2) & mask) * 48, t0, 0, counter_value, 0, 0, pid, track,
+                         counter_stage, 4)
+                n += 3
+            hq[2] = n
+
         # The literal 2/3/4/48 above are _W_PUBLISHED/_W_CLAIMED/COUNTER/RECORD_BYTES:
         # constants folded by hand because a global lookup per store is measurable.
         assert (_W_PUBLISHED, _W_CLAIMED, COUNTER, RECORD_BYTES) == (2, 3, 4, 48)
@@ -369,6 +409,7 @@ class TraceRing:
         self.instant = phased(INSTANT)
         self.counter = counter
         self.complete = complete
+        self.pair = pair
         self.begin.__doc__ = "Open a slice (matched with ``end`` on the same stage, track, cid)."
         self.end.__doc__ = "Close the slice ``begin`` opened; a0..a2 may carry a result."
         self.instant.__doc__ = "Mark a point in time."

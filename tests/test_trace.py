@@ -189,6 +189,31 @@ def test_wrapped_ring_keeps_the_last_capacity_records_and_a_frozen_window_its_ol
         assert frozen.base is None or not isinstance(frozen.base, memoryview)
 
 
+def test_a_pair_writes_what_two_emits_and_a_counter_write_also_across_the_ring_end():
+    cap = 8
+    for start in range(cap):  # every first slot: the last ones wrap
+        for counted in (False, True):
+            one = TraceRing(bytearray(TraceRing.nbytes(cap)), create=True, capacity=cap, pid=42)
+            two = TraceRing(bytearray(TraceRing.nbytes(cap)), create=True, capacity=cap, pid=42)
+            for i in range(start):
+                one.counter(Stage.INFLIGHT, i, 1, t_ns=500 + i)
+                two.counter(Stage.INFLIGHT, i, 1, t_ns=500 + i)
+            one.emit(Stage.HOST_EXEC, INSTANT, 7, 5, 10, -1, 7, t_ns=1_000)
+            one.emit(Stage.EXEC, END, 7, 5, 3, 4, 9, t_ns=2_000)
+            extra = ()
+            if counted:  # the counter sample after them, at the first record's time
+                one.counter(Stage.MODEL_LAGS, 11, 5, t_ns=1_000)
+                extra = (Stage.MODEL_LAGS, 11)
+            two.pair(7, 5, Stage.HOST_EXEC, INSTANT, 1_000, 10, -1, 7, Stage.EXEC, END, 2_000,
+                     3, 4, 9, *extra)
+            assert two.written == one.written
+            assert one.snapshot().tobytes() == two.snapshot().tobytes()
+    two.enabled = False
+    two.pair(0, 0, Stage.EXEC, INSTANT, 1, 0, 0, 0, Stage.EXEC, INSTANT, 2)
+    two.pair(0, 0, Stage.EXEC, INSTANT, 1, 0, 0, 0, Stage.EXEC, INSTANT, 2, 0, 0, 0, 9, 1)
+    assert two.written == one.written
+
+
 def _hammer(buf, cap, started, n):
     ring = TraceRing(buf[:TraceRing.nbytes(cap)], create=False, pid=os.getpid())
     started.set()
