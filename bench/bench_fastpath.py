@@ -203,7 +203,7 @@ def profile_rows(batches: int, batch: int = 64, queue: bool = True) -> tuple[lis
         try:
             with _platform() as (plat, states):
                 ctx = plat.client.context(_DEVICE)
-                q = ctx.queue(slots=1024) if queue else None
+                q = ctx.queue(slots=4096) if queue else None
                 path = _QueuePath(q) if q is not None else ctx
                 batched_throughput(path, 2, batch, 2)  # warm-up
                 prof = cProfile.Profile()
@@ -337,7 +337,7 @@ def bench_fastpath(quick: bool) -> dict:
         sup_pid, dev_pid = c.supervisor_pid, states.pid(_DEVICE)
         if dev_pid <= 0 or not os.path.exists(f"/proc/{dev_pid}"):
             raise RuntimeError(f"no live pid for {_DEVICE} in the state table ({dev_pid})")
-        with ctx.queue(slots=1024) as queue:
+        with ctx.queue(slots=4096) as queue:
             qpath = _QueuePath(queue)
             batched_throughput(qpath, 2, 64, 2)
             qrows, detail["queue"] = _path_rows(
