@@ -2,7 +2,7 @@
 
 ::
 
-    build_command (_validation) ─▶ commit: seq, cid, output fence, references taken,
+    build_commands (_validation) ─▶ commit: seq, cid, output fence, references taken,
                                     fault drawn, maps and cache maintenance planned
                                  ─▶ DeviceHandle scheduler (_scheduler) ─▶ pump into ring
     completion record ─▶ on_command_done ─▶ retire: references dropped (``_lifetimes``)

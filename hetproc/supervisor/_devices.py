@@ -104,8 +104,10 @@ class Command:
             self.seq, self.pidx, self.cid, self.kernel, self.wait, self.signal, self.hold_ns,
             self.delay_ns, self.dep_timeout_ns, self.t_arrive, checked=self.checked,
             pre=self.preemptor, spd=float(speed) if speed != 1.0 else None,
-            params=self.params, ins=_descriptors(self.ins, self.in_perms, "r"),
-            outs=_descriptors(self.outs, self.out_perms, "w"), fault=self.fault, mem=self.mem)
+            params=self.params,
+            ins=_descriptors(self.ins, self.in_perms, "r") if self.ins else None,
+            outs=_descriptors(self.outs, self.out_perms, "w") if self.outs else None,
+            fault=self.fault, mem=self.mem)
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -252,13 +254,14 @@ class DeviceHandle:
         queued_ns = pushed.work_ns - pushed.first_plain_hold() if plain else 0
         sched = self.sched
         while sched and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
-            cmd = self._head()
+            now = cmd_now()
+            cmd, first = self._head(now)
             urgent = self._urgency(cmd) if self.preemptive and pushed.long else _NO
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
                 cmd.preemptor = True
-                if not self._push(cmd):
+                if not self._push(cmd, now if first else -1):
                     break
                 self.preemptions += 1
                 self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
@@ -271,18 +274,19 @@ class DeviceHandle:
             elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             plain += 1
-            if not self._push(cmd):
+            if not self._push(cmd, now if first else -1):
                 break
             moved += 1
         if moved:
             self.doorbell.release()
         return moved
 
-    def _head(self) -> Command:
-        """The scheduler's choice, unless it waits on a fence that a command still queued
-        here signals: the ring is in order, so that producer must go in first (else the
-        device would wait on work queued behind it, a priority inversion and a deadlock)."""
-        cmd = self.sched.peek(cmd_now())
+    def _head(self, now: int) -> tuple[Command, bool]:
+        """The scheduler's choice at ``now``, unless it waits on a fence that a command
+        still queued here signals: the ring is in order, so that producer must go in first
+        (else the device would wait on work queued behind it, a priority inversion and a
+        deadlock). True with the scheduler's own choice, False with a producer."""
+        cmd = self.sched.peek(now)
         seen = 0
         while cmd.wait and seen < 64 and not self.inputs_ready(cmd):
             want = set(cmd.wait)
@@ -290,7 +294,7 @@ class DeviceHandle:
             if producer is None:
                 break
             cmd, seen = producer, seen + 1
-        return cmd
+        return cmd, seen == 0
 
     def _hand_segments(self, cmd: Command) -> bool:
         """Every segment ``cmd`` names is on its way to the device before the command is:
@@ -312,17 +316,25 @@ class DeviceHandle:
             self.segs.drop(sid)
             self.segs.flush()
 
-    def _push(self, cmd: Command) -> bool:
+    def _push(self, cmd: Command, peeked: int = -1) -> bool:
+        """Put ``cmd`` into the ring. ``peeked``: the time at which the scheduler's
+        ``peek`` named it (it leaves the queue by ``pick`` at that same time); -1: it
+        was not the scheduler's choice (it leaves by removal)."""
         cmd.pidx = self.pushes + 1
-        if not self._hand_segments(cmd) or not self.commands.try_put(cmd.packet()):
+        segs = self.segs
+        # (A command without operands needs no segment: only what still waits is sent.)
+        if (segs is None or ((cmd.ins or cmd.outs or segs.waiting)
+                             and not self._hand_segments(cmd))
+                or not self.commands.try_put(cmd.packet())):
             cmd.preemptor = False
             return False
         self.pushes += 1
-        if self.sched.peek(cmd_now()) is cmd:
-            self.sched.pick(cmd_now())  # it leaves the queue
+        sched = self.sched
+        if peeked >= 0:
+            sched.pick(peeked)  # it leaves the queue
         else:
-            self.sched.remove_if(lambda c: c is cmd)
-        self.sched.account(cmd, cmd.hold_ns)
+            sched.remove_if(lambda c: c is cmd)
+        sched.account(cmd, cmd.hold_ns)
         cmd.state = CommandState.PUSHED
         self.pushed[cmd.seq] = cmd
         return True

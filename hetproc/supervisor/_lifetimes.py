@@ -76,23 +76,32 @@ class Lifetimes:
 
     def take_refs(self, cmd: "Command") -> None:
         """A committed command holds its buffers and fences until it retires."""
+        recs = self.reg.fence_recs
         for h in cmd.signal:
-            self.reg.fence_recs[h].bound = True
-        for b in cmd.ins + cmd.outs:
+            rec = recs[h]
+            rec.bound = True
+            rec.refs += 1
+        for h in cmd.wait:
+            recs[h].refs += 1
+        for b in cmd.ins:
             b.refs += 1
-        for h in cmd.wait + cmd.signal:
-            self.reg.fence_recs[h].refs += 1
+        for b in cmd.outs:
+            b.refs += 1
 
     def drop_refs(self, cmd: "Command") -> None:
         """A retired command lets go; what nobody else holds is reclaimed now."""
-        for b in cmd.ins + cmd.outs:
-            b.refs -= 1
-            if b.released and b.refs == 0:
-                self.reclaim_buffer(b)
-        for h in cmd.wait + cmd.signal:
-            rec = self.reg.fence_recs.get(h)
+        if cmd.ins or cmd.outs:
+            for b in cmd.ins + cmd.outs:
+                b.refs -= 1
+                if b.released and b.refs == 0:
+                    self.reclaim_buffer(b)
+        recs = self.reg.fence_recs
+        for h in (cmd.wait + cmd.signal) if cmd.wait else cmd.signal:
+            rec = recs.get(h)
             if rec is not None:
-                self._unref_fence(rec)
+                rec.refs -= 1
+                if rec.released and rec.refs == 0:
+                    self.drop_fence(rec)
 
     # -- buffers ------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from ipc import PENDING, errors
 
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
-from ._records import BufferRec, ClientRec, ContextRec, Registry
+from ._records import BufferRec, ClientRec, ContextRec, FenceRec, Registry
 
 if TYPE_CHECKING:
     from .._config import LimitsSpec
@@ -269,66 +269,109 @@ def request_priority(reg: Registry, ctx: ContextRec, c: dict) -> int:
     return p
 
 
-def deadline_ns(reg: Registry, ctx: ContextRec, c: dict, t_received: int) -> int:
-    """Absolute deadline, counted from when the supervisor received the submit: a client
-    dating its submit earlier must not make its work look more urgent (edf, mixed)."""
-    if "deadline_ms" in c:
-        return t_received + reg.scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
-    return t_received + ctx.period_ns if ctx.period_ns else 0
+def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
+                   ctx: ContextRec, cmds: list, t_arrive: int, t_received: int) -> list[Command]:
+    """Validate every command of one submit: every handle, generation, owner, op, dtype and
+    shape is checked here, before anything reaches a device (seed §20). All valid, or an
+    error for the first one that is not (nothing was changed for any of them).
 
-
-def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
-                  ctx: ContextRec, c: Any, t_arrive: int = 0) -> Command:
-    """Validate one command of a submit: every handle, generation, owner, op, dtype and
-    shape is checked here, before anything reaches a device (seed §20)."""
-    if not isinstance(c, dict):
-        raise errors.BadPacket("a command must be a map")
-    dev = reg.devices[ctx.device]  # fields and ranges: ``check_command``, already
-    kernel = c["kernel"]
-    if kernel not in dev.spec.ops:
-        raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
-                                   f"(it runs: {', '.join(dev.spec.ops)})")
-    client = ctx.client
-    ins = [iommu.resolve(client, h, reg.buffers) for h in c["ins"]] if c.get("ins") else []
-    outs = [iommu.resolve(client, h, reg.buffers) for h in c["outs"]] if c.get("outs") else []
-    in_perms, out_perms = iommu.grant(ctx, ins, outs)  # IommuFault if not allowed
-    plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
-    params = c.get("params") or {}
-    if kernel != "work":  # "work" only holds time: it accepts any operands
-        validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
-    check_packet_size(c, ins, outs)
-    wait = [check_fence(reg, client, h) for h in c["wait"]] if c.get("wait") else []
-    signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
-    priority = request_priority(reg, ctx, c)
-    t_received = time.monotonic_ns()
-    t_arrive = t_arrive or arrival_ns(reg, None, t_received)
-    deadline = deadline_ns(reg, ctx, c, t_received)
-    if faults.rules and faults.draw("map", dev.name, c.get("cid", 0), client=(client.id, client.name)):
-        raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
-    return Command(
-        seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
-        ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=hold_ns(reg, dev, c, ins, outs),
-        delay_ns=reg.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
-        dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=priority,
-        t_submit=time.monotonic_ns(), t_arrive=t_arrive, deadline_ns=deadline,
-        timeout_ns=(reg.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
-                    else watchdog_budget_ns(reg, dev, kernel, ins, outs)),
-        checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
-
-
-def check_packet_size(c: dict, ins: list, outs: list) -> None:
-    """A command must fit one ring slot once encoded for the device: refuse it here,
-    before anything is committed, never at the device's queue head."""
+    What is the same for every command of the message is looked up once: the device and
+    the ops it runs, the client, the context's defaults (priority, deadline from its
+    period, counted from ``t_received``, when the supervisor received the message), the
+    dependency timeout, and per (kernel, bytes touched) the modeled hold and the default
+    watchdog. Every check that depends on a command's own fields runs for each command
+    (``check_request`` checked every field's type and range already)."""
+    dev = reg.devices[ctx.device]
+    ops, client, buffers = dev.spec.ops, ctx.client, reg.buffers
+    resolve, scaled_ns = iommu.resolve, reg.scaled_ns
+    dep_timeout_ns = scaled_ns(reg.spec.dependency_timeout_ms)
+    default_deadline = t_received + ctx.period_ns if ctx.period_ns else 0
+    default_priority = ctx.priority
     room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
-    params = c.get("params")
-    size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(c.get("wait") or ())
-            + 70 * len(ins + outs))  # a descriptor: segment id, offset, layout, handle
-    if size > room:
-        raise errors.BadPacket(f"command too large for a device ring slot "
-                               f"(~{size} of {room} bytes: params, buffers, waits)")
+    runs: set[str] = set()  # kernels of this batch the device runs
+    modeled: dict[tuple[str, int], tuple[int, int]] = {}  # -> (hold ns, watchdog ns)
+    held: dict[Any, int] = {}  # a command's own ms -> hold ns
+    out = []
+    for c in cmds:
+        if type(c) is not dict:
+            raise errors.BadPacket("a command must be a map")
+        kernel = c["kernel"]  # fields and ranges: ``check_command``, already
+        if kernel not in runs:
+            if kernel not in ops:
+                raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
+                                           f"(it runs: {', '.join(dev.spec.ops)})")
+            runs.add(kernel)
+        h = c.get("ins")
+        ins = [resolve(client, x, buffers) for x in h] if h else []
+        h = c.get("outs")
+        outs = [resolve(client, x, buffers) for x in h] if h else []
+        params = c.get("params") or {}
+        h = c.get("wait")
+        if ins or outs:
+            in_perms, out_perms = iommu.grant(ctx, ins, outs)  # IommuFault if not allowed
+            plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
+            if kernel != "work":  # "work" only holds time: it accepts any operands
+                validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
+            nbytes = sum(b.nbytes for b in ins) + sum(b.nbytes for b in outs)
+        else:  # no operand: nothing to grant, map or convert
+            in_perms, out_perms, plan, nbytes = [], [], None, 0
+            if kernel != "work":
+                validate_kernel(kernel, [], [], params)
+        # A command must fit one ring slot once encoded for the device: refused here,
+        # before anything is committed, never at the device's queue head.
+        size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(h or ())
+                + 70 * (len(ins) + len(outs)))  # a descriptor: segment, offset, layout, handle
+        if size > room:
+            raise errors.BadPacket(f"command too large for a device ring slot "
+                                   f"(~{size} of {room} bytes: params, buffers, waits)")
+        wait = [check_fence(reg, client, x) for x in h] if h else []
+        signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
+        priority = request_priority(reg, ctx, c) if "priority" in c else default_priority
+        # Counted from when the supervisor received the submit: a client dating its
+        # submit earlier must not make its work look more urgent (edf, mixed).
+        deadline = (t_received + scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
+                    if "deadline_ms" in c else default_deadline)
+        cid = c.get("cid", 0)
+        if faults.rules and faults.draw("map", dev.name, cid, client=(client.id, client.name)):
+            raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
+        if "ms" in c:
+            ms = c["ms"]
+            hold = held.get(ms)
+            if hold is None:
+                hold = held[ms] = scaled_ns(float(ms))
+        else:
+            hold = _modeled(modeled, reg, dev, kernel, nbytes)[0]
+        out.append(Command(
+            seq=0, cid=cid, ctx=ctx, device=dev, kernel=kernel, params=params, ins=ins,
+            outs=outs, wait=wait, signal=signal, hold_ns=hold,
+            delay_ns=scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
+            dep_timeout_ns=dep_timeout_ns, priority=priority, t_submit=0,
+            t_arrive=t_arrive, deadline_ns=deadline,
+            timeout_ns=(scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
+                        else _modeled(modeled, reg, dev, kernel, nbytes)[1]),
+            checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms,
+            plan=plan))
+    return out
+
+
+def _modeled(memo: dict, reg: Registry, dev: DeviceHandle, kernel: str,
+             nbytes: int) -> tuple[int, int]:
+    """(modeled hold ns, default watchdog ns) of ``kernel`` touching ``nbytes`` on
+    ``dev``, computed once per batch for each pair."""
+    m = memo.get((kernel, nbytes))
+    if m is None:
+        m = memo[kernel, nbytes] = (reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
+                                    watchdog_budget_ns(reg, dev, kernel, nbytes))
+    return m
 
 
 def check_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
+    fence_rec(reg, client, handle)
+    return handle
+
+
+def fence_rec(reg: Registry, client: ClientRec, handle: Any) -> FenceRec:
+    """The record of a live fence ``client`` may wait on (its own, or imported)."""
     if not isinstance(handle, int) or isinstance(handle, bool):
         raise errors.InvalidHandle(f"fence handle {handle!r} is not a handle")
     rec = reg.fence_recs.get(handle)
@@ -339,34 +382,35 @@ def check_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
         raise errors.ForeignHandle(f"fence {handle:#x} belongs to another client")
     if rec.released and client.id not in rec.importers:  # an import is a reference
         raise errors.StaleHandle(f"fence {handle:#x} was released by its client")
-    return handle
+    return rec
 
 
 def check_signal_right(reg: Registry, client: ClientRec, handle: Any) -> int:
     """Signalling needs more than waiting: the fence's owner, or an importer its owner
     exported it to with the signal right. An import alone grants waiting only."""
-    check_fence(reg, client, handle)
-    rec = reg.fence_recs[handle]
-    if rec.client is not client and client.id not in rec.signallers:
-        raise errors.NotPermitted(f"fence {handle:#x} may be waited on, not signalled, by "
-                                  f"client {client.name!r} (its owner did not grant the right)")
+    rec = fence_rec(reg, client, handle)
+    _signal_right(rec, client, handle)
     if rec.bound:
         raise errors.NotPermitted(f"fence {handle:#x} is signalled by a command, not by a client")
     return handle
 
 
+def _signal_right(rec: FenceRec, client: ClientRec, handle: int) -> None:
+    if rec.client is not client and client.id not in rec.signallers:
+        raise errors.NotPermitted(f"fence {handle:#x} may be waited on, not signalled, by "
+                                  f"client {client.name!r} (its owner did not grant the right)")
+
+
 def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
     """A client-chosen output fence: one it may signal, pending, and not bound already."""
-    check_fence(reg, client, handle)
-    rec = reg.fence_recs[handle]
+    rec = fence_rec(reg, client, handle)
     if rec.bound or reg.fences.poll(handle)[0] != PENDING:
         raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
-    check_signal_right(reg, client, handle)
+    _signal_right(rec, client, handle)  # (not bound: checked just above)
     return handle
 
 
-def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, ins: list,
-                       outs: list) -> int:
+def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int) -> int:
     """The default watchdog of one command: the platform's ``watchdog_ms``, or more for a
     command whose work is long by the platform's own model -- ``WATCHDOG_MODEL_FACTOR``
     times the duration its device's timing table gives it, plus the memory traffic of its
@@ -375,17 +419,9 @@ def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, ins: list,
     caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it (every client is
     untrusted: a long ``ms`` needs a ``timeout_ms`` too, within ``limits.max_duration_ms``),
     and it never exceeds that limit unless ``watchdog_ms`` does. The recovery's watchdog
-    counts the device's CPU time against this budget (a starved device is not hung)."""
+    counts the device's CPU time against this budget (a starved device is not hung).
+    ``nbytes``: what the command's operands hold, together."""
     floor = reg.scaled_ns(reg.spec.watchdog_ms)
-    nbytes = sum(b.nbytes for b in ins + outs)
     modeled = reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes))
     work = max(floor, WATCHDOG_MODEL_FACTOR * modeled) + nbytes * WATCHDOG_NS_PER_BYTE
     return min(work, max(floor, reg.scaled_ns(reg.spec.limits.max_duration_ms)))
-
-
-def hold_ns(reg: Registry, dev: DeviceHandle, c: dict, ins: list, outs: list) -> int:
-    if "ms" in c:
-        return reg.scaled_ns(float(c["ms"]))
-    nbytes = sum(b.nbytes for b in ins + outs)
-    return reg.scaled_ns(dev.spec.timing.duration_ms(c["kernel"], nbytes))
-
