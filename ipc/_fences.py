@@ -101,13 +101,16 @@ class FenceTable:
 
     def release(self, handle: int) -> None:
         """Recycle a fence's slot. Its handle, and every copy of it, goes stale at once."""
-        slot, gen = split_handle(handle)
-        if not self._owns(slot, gen):
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32  # split_handle, _owns: inline
+        u32 = self._u32
+        if not (slot < self.capacity and gen and u32[slot * _W32] == gen):
             return
         # A generation of its own for the free slot: no handle ever matches it, so a late
         # signal between now and the next allocate() touches nothing.
-        self._u32[slot * _W32] = (gen + 1) & 0xFFFFFFFF
-        sem = self._sem(slot)
+        u32[slot * _W32] = (gen + 1) & 0xFFFFFFFF
+        sem = self._sems.get(slot)
+        if sem is None:
+            sem = self._sem(slot)
         while sem.value > 0:  # drain tokens passed between waiters: the next fence starts at 0
             try:
                 sem.acquire(0)

@@ -168,22 +168,26 @@ class Commands:
             self.reg.stats["bad_packets"] += 1
             self.evidence.note_error(errors.BadPacket(f"{dev.name}: bad completion batch: {exc}"))
             return
-        records = [(r, r["seq"], r["epoch"], r["code"]) for r in batch]
-        for rec, seq, epoch, code in records:
-            if epoch != dev.epoch:
-                continue  # from before a reset: that command was already failed
-            cmd = dev.pushed.pop(seq, None)
-            if cmd is None:
-                if code:
-                    self.evidence.note_error(errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}"))
-                continue
-            self._on_command_done(dev, cmd, rec)
+        done = []  # the records of commands we knew, for the modeled-time summary
+        try:
+            for rec in batch:
+                if rec["epoch"] != dev.epoch:
+                    continue  # from before a reset: that command was already failed
+                cmd = dev.pushed.pop(rec["seq"], None)
+                if cmd is None:
+                    code = rec["code"]
+                    if code:
+                        self.evidence.note_error(errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}"))
+                    continue
+                done.append(rec)
+                self._on_command_done(dev, cmd, rec)
+        finally:
+            dev.timing.note_many(done)
 
     def _on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]
-        if "m0" in rec:
-            dev.timing.note(rec)
-        self.handoff.on_done(dev, cmd, rec)
+        if cmd.ins or cmd.outs or code or "mem" in rec:  # else no memory step to log
+            self.handoff.on_done(dev, cmd, rec)
         watcher = self.watcher
         if watcher is not None and watcher.on_guilty_finished(dev, cmd, code):
             return

@@ -97,9 +97,11 @@ class Command:
                 "context": self.ctx.name or hex(self.ctx.handle),
                 "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
 
-    def packet(self) -> bytes:
-        """The fixed-layout record the device reads (``device_workers.encode_command``)."""
-        speed = self.device.speed()
+    def packet(self, speed: float | None = None) -> bytes:
+        """The fixed-layout record the device reads (``device_workers.encode_command``);
+        ``speed``: its device's (None: asked now)."""
+        if speed is None:
+            speed = self.device.speed()
         return encode_command(
             self.seq, self.pidx, self.cid, self.kernel, self.wait, self.signal, self.hold_ns,
             self.delay_ns, self.dep_timeout_ns, self.t_arrive, checked=self.checked,
@@ -140,18 +142,25 @@ class InRing(dict):
                 self.long += sign
 
     def __setitem__(self, seq: int, cmd: Command) -> None:
-        old = dict.get(self, seq)
-        if old is not None:
-            self._count(old, -1)
+        if seq in self:
+            self._count(dict.__getitem__(self, seq), -1)
         dict.__setitem__(self, seq, cmd)
-        self._count(cmd, 1)
+        if not cmd.preemptor:  # _count(cmd, 1), inline: this runs per command
+            self.work_ns += cmd.hold_ns
+            self.plain += 1
+            if cmd.hold_ns > self.chunk_ns:
+                self.long += 1
 
     def pop(self, seq: int, *default: Any) -> Any:
-        if seq in self:
-            cmd = dict.pop(self, seq)
-            self._count(cmd, -1)
-            return cmd
-        return dict.pop(self, seq, *default)
+        cmd = dict.pop(self, seq, None)
+        if cmd is None:
+            return dict.pop(self, seq, *default)  # (a command is never None)
+        if not cmd.preemptor:  # _count(cmd, -1)
+            self.work_ns -= cmd.hold_ns
+            self.plain -= 1
+            if cmd.hold_ns > self.chunk_ns:
+                self.long -= 1
+        return cmd
 
     def __delitem__(self, seq: int) -> None:
         self.pop(seq)
@@ -253,15 +262,21 @@ class DeviceHandle:
         plain = pushed.plain
         queued_ns = pushed.work_ns - pushed.first_plain_hold() if plain else 0
         sched = self.sched
-        while sched and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
-            now = cmd_now()
-            cmd, first = self._head(now)
-            urgent = self._urgency(cmd) if self.preemptive and pushed.long else _NO
+        waiting = sched.waiting  # (what ``len(sched)`` counts)
+        preemptive = self.preemptive
+        speed = self.speed()  # the votes do not change while we push
+        while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
+            now = time.monotonic_ns()
+            cmd = sched.peek(now)
+            first = True
+            if cmd.wait and not self.inputs_ready(cmd):
+                cmd, first = self._producer_first(cmd)
+            urgent = self._urgency(cmd) if preemptive and pushed.long else _NO
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
                 cmd.preemptor = True
-                if not self._push(cmd, now if first else -1):
+                if not self._push(cmd, now if first else -1, speed):
                     break
                 self.preemptions += 1
                 self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
@@ -274,19 +289,18 @@ class DeviceHandle:
             elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             plain += 1
-            if not self._push(cmd, now if first else -1):
+            if not self._push(cmd, now if first else -1, speed):
                 break
             moved += 1
         if moved:
             self.doorbell.release()
         return moved
 
-    def _head(self, now: int) -> tuple[Command, bool]:
-        """The scheduler's choice at ``now``, unless it waits on a fence that a command
-        still queued here signals: the ring is in order, so that producer must go in first
-        (else the device would wait on work queued behind it, a priority inversion and a
-        deadlock). True with the scheduler's own choice, False with a producer."""
-        cmd = self.sched.peek(now)
+    def _producer_first(self, cmd: Command) -> tuple[Command, bool]:
+        """The scheduler chose ``cmd``, which waits on fences not signalled yet: if a
+        command still queued here signals one, that producer must go in first (the ring
+        is in order, else the device would wait on work queued behind it, a priority
+        inversion and a deadlock). True when ``cmd`` itself goes, False for a producer."""
         seen = 0
         while cmd.wait and seen < 64 and not self.inputs_ready(cmd):
             want = set(cmd.wait)
@@ -316,7 +330,7 @@ class DeviceHandle:
             self.segs.drop(sid)
             self.segs.flush()
 
-    def _push(self, cmd: Command, peeked: int = -1) -> bool:
+    def _push(self, cmd: Command, peeked: int = -1, speed: float | None = None) -> bool:
         """Put ``cmd`` into the ring. ``peeked``: the time at which the scheduler's
         ``peek`` named it (it leaves the queue by ``pick`` at that same time); -1: it
         was not the scheduler's choice (it leaves by removal)."""
@@ -325,7 +339,7 @@ class DeviceHandle:
         # (A command without operands needs no segment: only what still waits is sent.)
         if (segs is None or ((cmd.ins or cmd.outs or segs.waiting)
                              and not self._hand_segments(cmd))
-                or not self.commands.try_put(cmd.packet())):
+                or not self.commands.try_put(cmd.packet(speed))):
             cmd.preemptor = False
             return False
         self.pushes += 1
@@ -467,10 +481,6 @@ class DeviceHandle:
             self.reap(block=True)
             return True
         return False
-
-
-def cmd_now() -> int:
-    return time.monotonic_ns()
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ

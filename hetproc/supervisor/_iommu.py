@@ -295,6 +295,8 @@ class Iommu:
 
     def revoke(self, kind: str, handle: int) -> None:
         """Tokens must not outlive their object: the handle's slot will be reused."""
+        if not self.tokens:
+            return  # nothing exported at all (the common case, on every fence release)
         for token in self.tokens.pop((kind, handle), ()):
             self.exports.pop(token, None)
 

@@ -52,6 +52,17 @@ class Lifetimes:
             client.fences.add(handle)
         return handle
 
+    def new_fences(self, client: ClientRec, count: int) -> list[int]:
+        """``count`` fences of ``client``'s (``new_fence`` each, in one call)."""
+        allocate, recs, mine = self.reg.fences.allocate, self.reg.fence_recs, client.fences
+        out = []
+        for _ in range(count):
+            handle = allocate(0)
+            recs[handle] = FenceRec(handle, client)
+            mine.add(handle)
+            out.append(handle)
+        return out
+
     def release_fence(self, handle: int) -> None:
         rec = self.reg.fence_recs.get(handle)
         if rec is None or rec.released:

@@ -212,15 +212,16 @@ class Requests:
     def fence_create(self, client: ClientRec, msg: dict) -> dict:
         count = msg.get("count", 1)  # 1..1024, checked with the packet
         quota.check_fences(self.reg, client, count)
-        return {"fences": [self.lifetimes.new_fence(client) for _ in range(count)]}
+        return {"fences": self.lifetimes.new_fences(client, count)}
 
     def fence_release(self, client: ClientRec, msg: dict) -> dict:
-        for handle in msg["fences"]:
-            rec = self.reg.fence_recs.get(handle) if isinstance(handle, int) else None
+        recs, lifetimes = self.reg.fence_recs, self.lifetimes
+        for handle in msg["fences"]:  # ints: checked with the packet
+            rec = recs.get(handle)
             if rec is not None and rec.client is client:
-                self.lifetimes.release_fence(handle)
+                lifetimes.release_fence(handle)
             elif rec is not None:
-                self.lifetimes.drop_fence_import(client, handle)
+                lifetimes.drop_fence_import(client, handle)
         return {}
 
     def fence_error(self, client: ClientRec, msg: dict) -> dict:
@@ -267,7 +268,7 @@ class Requests:
                                               sum(b.nbytes for b in cmd.ins + cmd.outs))
         chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.reg.devices[ctx.device]
-        commit, enqueue = self.commands.commit, dev.enqueue
+        commit, enqueue = self.commands.commit, dev.sched.add  # (what dev.enqueue does)
         for chain in chains:
             for part in chain:
                 commit(part)

@@ -37,14 +37,6 @@ NO_DEADLINE = (1 << 63) - 1
 _DECAY = 0.9  # per accounted command, for the mixed policy's recent shares
 
 
-def client_key(cmd: Any) -> int:
-    return cmd.ctx.client.id
-
-
-def weight_of(cmd: Any) -> float:
-    return max(1e-3, float(getattr(cmd.ctx, "weight", 1.0) or 1.0))
-
-
 def max_priority(client: Any) -> int:
     """The highest priority ``client`` may ask for. One place, so that client identity
     (roles granted by the platform's owner) can bound it later; today every client may use
@@ -159,7 +151,7 @@ class FairQueue:
         self.clock = 0.0  # the virtual time of the last pick
 
     def add(self, cmd: Any) -> None:
-        key = client_key(cmd)
+        key = cmd.ctx.client.id  # one fair share per client
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = collections.deque()
@@ -178,18 +170,25 @@ class FairQueue:
         return queues[key][0]
 
     def pop(self) -> Any:
-        cmd = self.peek()
-        key = client_key(cmd)
-        q = self.queues[key]
-        q.popleft()
+        """``peek``'s command, out of its queue."""
+        queues = self.queues
+        if len(queues) == 1:
+            for key, q in queues.items():
+                break
+        else:
+            key = min(queues, key=lambda k: (self.vtime[k], queues[k][0].seq))
+            q = queues[key]
+        cmd = q.popleft()
         if not q:
-            del self.queues[key]
+            del queues[key]
         self.clock = max(self.clock, self.vtime[key])
         return cmd
 
     def charge(self, cmd: Any, ns: int) -> None:
-        key = client_key(cmd)
-        self.vtime[key] = self.vtime.get(key, self.clock) + ns / weight_of(cmd)
+        key = cmd.ctx.client.id
+        w = max(  # its context's weight (a plain object may have none)
+            1e-3, float(getattr(cmd.ctx, "weight", 1.0) or 1.0))
+        self.vtime[key] = self.vtime.get(key, self.clock) + ns / w
 
     def clear(self) -> None:
         self.queues.clear()
@@ -239,18 +238,16 @@ class Priority(Scheduler):
         fq.clock = self.shared.clock
         fq.add(cmd)
 
-    def _top(self) -> FairQueue:
-        return self.levels[max(self.levels)]
-
     def _peek(self, now_ns: int) -> Any:
-        return self._top().peek()
+        levels = self.levels
+        return levels[max(levels)].peek()  # the top level's
 
     def _pick(self, now_ns: int) -> Any:
         level = max(self.levels)
         fq = self.levels[level]
         cmd = fq.pop()
         self.shared.clock = max(self.shared.clock, fq.clock)
-        if not fq:
+        if not fq.queues:  # (its __bool__, without the call)
             del self.levels[level]
         return cmd
 

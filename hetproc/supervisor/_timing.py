@@ -29,23 +29,32 @@ class ModeledTiming:
         self.temp_c: float | None = None
 
     def note(self, rec: dict[str, Any]) -> None:
-        try:
-            err, lag = int(rec["t_start"]) - int(rec["m0"]), int(rec.get("lag", 0))
-        except (TypeError, ValueError, KeyError):
-            return  # a malformed record costs its evidence, never the supervisor
-        self.commands += 1
-        self.start_error_ns.append(err)
-        if lag > 0:
-            self.lags += 1
-            self.lag_ns_max = max(self.lag_ns_max, lag)
-        speed = rec.get("spd", 1.0)
-        if isinstance(speed, (int, float)) and speed != self.speed:
-            self.freq_switches += 1
-            self.speed = float(speed)
-        if rec.get("thr"):
-            self.throttled += 1
-        if isinstance(rec.get("temp"), (int, float)):
-            self.temp_c = float(rec["temp"])
+        self.note_many((rec,))
+
+    def note_many(self, recs: Any) -> None:
+        """Count each completion record that carries modeled times (``m0``), in order."""
+        errs = self.start_error_ns
+        for rec in recs:
+            if "m0" not in rec:
+                continue
+            try:
+                err, lag = int(rec["t_start"]) - int(rec["m0"]), int(rec.get("lag", 0))
+            except (TypeError, ValueError, KeyError):
+                continue  # a malformed record costs its evidence, never the supervisor
+            self.commands += 1
+            errs.append(err)
+            if lag > 0:
+                self.lags += 1
+                self.lag_ns_max = max(self.lag_ns_max, lag)
+            speed = rec.get("spd", 1.0)
+            if isinstance(speed, (int, float)) and speed != self.speed:
+                self.freq_switches += 1
+                self.speed = float(speed)
+            if rec.get("thr"):
+                self.throttled += 1
+            temp = rec.get("temp")
+            if isinstance(temp, (int, float)):
+                self.temp_c = float(temp)
 
     def summary(self) -> dict[str, Any]:
         errs = np.array(self.start_error_ns, dtype=np.int64)

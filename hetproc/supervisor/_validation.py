@@ -8,8 +8,8 @@ they read it and change nothing, so a refused request leaves no trace in any tab
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -76,13 +76,30 @@ def check_values(msg: dict, limits: "LimitsSpec", where: str) -> None:
 
 def check_command(c: dict, limits: "LimitsSpec") -> None:
     """One command of a submit: its schema (``_protocol.COMMAND``) and every value's range
-    in one pass -- this runs per command, so it is written for speed."""
-    checks = _COMMAND_CHECKS
+    in one pass -- this runs per command, so it is written for speed: a value that passes
+    its field's test here is valid; any other goes to that field's full check
+    (``_COMMAND_CHECKS``), which raises the error that says why."""
+    fields, max_ms = _COMMAND_FIELDS, limits.max_duration_ms
     for key, value in c.items():
-        check = checks.get(key)
-        if check is None:
+        field = fields.get(key)
+        if field is None:
             raise errors.BadPacket(f"command: unknown field {key!r}")
-        check(key, value, limits)
+        kind, lo, hi = field
+        t = type(value)
+        if kind == _HANDLES:
+            if t is list and (not value or (len(value) <= hi and all(
+                    type(v) is int and 0 <= v <= _HANDLE_MAX for v in value))):
+                continue
+        elif kind == _INT:
+            if t is int and lo <= value <= hi:
+                continue
+        elif kind == _DURATION:
+            if (t is float or t is int) and 0.0 <= value <= max_ms and _isfinite(value):
+                continue
+        elif kind == _KERNEL:
+            if t is str and len(value) <= hi and value.isprintable():
+                continue
+        _COMMAND_CHECKS[key](key, value, limits)  # raises, saying why (or passes)
     if "kernel" not in c:
         raise errors.BadPacket("command: missing field 'kernel'")
 
@@ -140,6 +157,25 @@ _COMMAND_CHECKS = {"kernel": _cmd_kernel, "signal": _cmd_int, "cid": _cmd_int,
                    "timeout_ms": _cmd_duration, "checked": _cmd_bool, "priority": _cmd_int,
                    "deadline_ms": _cmd_duration}
 assert set(_COMMAND_CHECKS) == {k.rstrip("?") for k in _protocol.COMMAND}, "one check per field"
+# How ``check_command`` tests each field inline: (kind, low, high); a field of another
+# kind goes to its check every time.
+_HANDLES, _INT, _DURATION, _KERNEL, _OTHER = range(5)
+
+
+def _field_test(key: str, check: Any) -> tuple[int, int, int]:
+    if check is _cmd_handles:
+        return _HANDLES, 0, _protocol.LIST_CAPS[key]
+    if check is _cmd_int:
+        return (_INT, *_protocol.INT_RANGES[key])
+    if check is _cmd_duration:
+        return _DURATION, 0, 0
+    if check is _cmd_kernel:
+        return _KERNEL, 0, _protocol.STR_CAPS["kernel"]
+    return _OTHER, 0, 0
+
+
+_COMMAND_FIELDS = {key: _field_test(key, check) for key, check in _COMMAND_CHECKS.items()}
+_isfinite = math.isfinite
 
 
 def check_list(key: str, value: list, where: str) -> None:
@@ -334,35 +370,37 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
         cid = c.get("cid", 0)
         if faults.rules and faults.draw("map", dev.name, cid, client=(client.id, client.name)):
             raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
+        if "ms" not in c or "timeout_ms" not in c:
+            m = modeled.get((kernel, nbytes))
+            if m is None:
+                m = modeled[kernel, nbytes] = (
+                    scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
+                    watchdog_budget_ns(reg, dev, kernel, nbytes))
         if "ms" in c:
             ms = c["ms"]
             hold = held.get(ms)
             if hold is None:
                 hold = held[ms] = scaled_ns(float(ms))
         else:
-            hold = _modeled(modeled, reg, dev, kernel, nbytes)[0]
+            hold = m[0]
+        # Positional up to ``checked`` (in ``Command``'s field order): keywords cost a
+        # microsecond per command here.
         out.append(Command(
-            seq=0, cid=cid, ctx=ctx, device=dev, kernel=kernel, params=params, ins=ins,
-            outs=outs, wait=wait, signal=signal, hold_ns=hold,
-            delay_ns=scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
-            dep_timeout_ns=dep_timeout_ns, priority=priority, t_submit=0,
-            t_arrive=t_arrive, deadline_ns=deadline,
-            timeout_ns=(scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
-                        else _modeled(modeled, reg, dev, kernel, nbytes)[1]),
-            checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms,
-            plan=plan))
+            0, cid, ctx, dev, kernel, params, ins, outs, wait, signal, hold,  # seq..hold_ns
+            scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,  # delay_ns
+            dep_timeout_ns, priority, 0, None, t_arrive, deadline,  # ..t_submit, fault..
+            False,  # preemptor
+            scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else m[1],  # timeout_ns
+            c.get("checked", False),
+            in_perms=in_perms, out_perms=out_perms, plan=plan))
     return out
 
 
-def _modeled(memo: dict, reg: Registry, dev: DeviceHandle, kernel: str,
-             nbytes: int) -> tuple[int, int]:
-    """(modeled hold ns, default watchdog ns) of ``kernel`` touching ``nbytes`` on
-    ``dev``, computed once per batch for each pair."""
-    m = memo.get((kernel, nbytes))
-    if m is None:
-        m = memo[kernel, nbytes] = (reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
-                                    watchdog_budget_ns(reg, dev, kernel, nbytes))
-    return m
+# ``build_commands`` passes these positionally: a new field of ``Command`` goes after them.
+assert tuple(f.name for f in dataclasses.fields(Command))[:21] == (
+    "seq", "cid", "ctx", "device", "kernel", "params", "ins", "outs", "wait", "signal",
+    "hold_ns", "delay_ns", "dep_timeout_ns", "priority", "t_submit", "fault", "t_arrive",
+    "deadline_ns", "preemptor", "timeout_ns", "checked"), "Command's field order changed"
 
 
 def check_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
