@@ -94,10 +94,11 @@ class FenceTable:
         gen = (u32[i] + 1) & 0xFFFFFFFF or 1
         u32[i + 1] = PENDING
         u32[i + 2] = u32[i + 3] = 0
-        self._u64[slot * _W64 + 2] = self._u64[slot * _W64 + 4] = 0
-        self._u64[slot * _W64 + 3] = cid
+        u64, j = self._u64, slot * _W64
+        u64[j + 2] = u64[j + 4] = 0
+        u64[j + 3] = cid
         u32[i] = gen  # publish last: until now, old handles still saw the old generation
-        return make_handle(slot, gen)
+        return (gen << 32) | slot  # make_handle
 
     def release(self, handle: int) -> None:
         """Recycle a fence's slot. Its handle, and every copy of it, goes stale at once."""

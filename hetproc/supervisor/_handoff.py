@@ -220,7 +220,8 @@ class Handoff:
         chains: list[list[Command]] = []
         try:
             for cmd in cmds:
-                chains.append(self.expand(cmd))
+                # (A command without operands has no plan: it goes alone.)
+                chains.append(self.expand(cmd) if cmd.plan is not None else [cmd])
         except BaseException:
             for chain in chains:
                 self._undo(chain)

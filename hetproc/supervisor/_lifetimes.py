@@ -63,6 +63,25 @@ class Lifetimes:
             out.append(handle)
         return out
 
+    def release_fences(self, client: ClientRec, handles: list[int]) -> None:
+        """``client`` lets go of these fences: its own are released (``release_fence``),
+        its imports dropped (``drop_fence_import``); a handle of neither is skipped."""
+        recs, table, iommu = self.reg.fence_recs, self.reg.fences, self.iommu
+        mine = client.fences
+        for handle in handles:
+            rec = recs.get(handle)
+            if rec is None:
+                continue
+            if rec.client is not client:
+                self.drop_fence_import(client, handle)
+            elif not rec.released:  # release_fence, inline: this runs per command
+                rec.released = True
+                mine.discard(handle)
+                if rec.refs == 0:  # drop_fence
+                    iommu.revoke("fence", handle)
+                    del recs[handle]
+                    table.release(handle)
+
     def release_fence(self, handle: int) -> None:
         rec = self.reg.fence_recs.get(handle)
         if rec is None or rec.released:
@@ -174,7 +193,7 @@ class Lifetimes:
     def import_fence(self, client: ClientRec, rec: FenceRec) -> None:
         """The importer's reference keeps the slot from recycling while it waits."""
         if rec.client is not client and client.id not in rec.importers:
-            rec.importers.add(client.id)
+            rec.importers = rec.importers | {client.id}
             rec.refs += 1
             self.iommu.fence_imports.setdefault(client.id, set()).add(rec.handle)
 
@@ -193,7 +212,7 @@ class Lifetimes:
         rec = self.reg.fence_recs.get(handle)
         if rec is None or client.id not in rec.importers:
             return False
-        rec.importers.discard(client.id)
+        rec.importers = rec.importers - {client.id}
         self.iommu.fence_imports.get(client.id, set()).discard(handle)
         self._unref_fence(rec)
         return True
@@ -235,5 +254,5 @@ class Lifetimes:
         for handle in self.iommu.imported_fences(client):
             rec = self.reg.fence_recs.get(handle)
             if rec is not None and client.id in rec.importers:
-                rec.importers.discard(client.id)
+                rec.importers = rec.importers - {client.id}
                 self._unref_fence(rec)

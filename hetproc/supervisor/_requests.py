@@ -215,13 +215,7 @@ class Requests:
         return {"fences": self.lifetimes.new_fences(client, count)}
 
     def fence_release(self, client: ClientRec, msg: dict) -> dict:
-        recs, lifetimes = self.reg.fence_recs, self.lifetimes
-        for handle in msg["fences"]:  # ints: checked with the packet
-            rec = recs.get(handle)
-            if rec is not None and rec.client is client:
-                lifetimes.release_fence(handle)
-            elif rec is not None:
-                lifetimes.drop_fence_import(client, handle)
+        self.lifetimes.release_fences(client, msg["fences"])  # ints: checked with the packet
         return {}
 
     def fence_error(self, client: ClientRec, msg: dict) -> dict:
@@ -373,7 +367,7 @@ class Requests:
                 raise errors.StaleHandle("the exported fence was released")
             self.lifetimes.import_fence(client, rec)
             if "w" in exp.perm and rec.client is not client:
-                rec.signallers.add(client.id)
+                rec.signallers = rec.signallers | {client.id}
             return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
                     "signal": rec.client is client or client.id in rec.signallers}
         buf = self.reg.buffers.get(exp.handle)

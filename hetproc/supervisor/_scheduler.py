@@ -243,13 +243,24 @@ class Priority(Scheduler):
         return levels[max(levels)].peek()  # the top level's
 
     def _pick(self, now_ns: int) -> Any:
-        level = max(self.levels)
-        fq = self.levels[level]
+        levels = self.levels
+        level = max(levels)
+        fq = levels[level]
         cmd = fq.pop()
-        self.shared.clock = max(self.shared.clock, fq.clock)
+        shared = self.shared
+        if fq.clock > shared.clock:  # max(shared.clock, fq.clock)
+            shared.clock = fq.clock
         if not fq.queues:  # (its __bool__, without the call)
-            del self.levels[level]
+            del levels[level]
         return cmd
+
+    def peek(self, now_ns: int = 0) -> Any | None:
+        """(``Scheduler.peek`` without its layer: the platform's default policy is asked
+        this for every command pushed.)"""
+        if not self.waiting:
+            return None
+        levels = self.levels
+        return levels[max(levels)].peek()
 
     def account(self, cmd: Any, ran_ns: int) -> None:
         self.shared.charge(cmd, ran_ns)

@@ -444,7 +444,8 @@ def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
     rec = fence_rec(reg, client, handle)
     if rec.bound or reg.fences.poll(handle)[0] != PENDING:
         raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
-    _signal_right(rec, client, handle)  # (not bound: checked just above)
+    if rec.client is not client and client.id not in rec.signallers:  # (not bound: above)
+        _signal_right(rec, client, handle)  # raises, saying why
     return handle
 
 
