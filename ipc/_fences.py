@@ -173,9 +173,12 @@ class FenceTable:
 
     def poll(self, handle: int) -> tuple[int, int]:
         """``(state, error)`` without blocking; raises on a stale handle."""
-        self.check(handle)
-        i = (handle & 0xFFFFFFFF) * _W32
-        return self._u32[i + 1], self._u32[i + 2]
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        u32 = self._u32
+        if not (0 <= slot < self.capacity and gen > 0 and u32[slot * _W32] == gen):
+            self.check(handle)  # raises, saying which
+        i = slot * _W32
+        return u32[i + 1], u32[i + 2]
 
     def wait(self, handle: int, timeout: float) -> int:
         """Block until the fence completes; returns its error code (0 = success).

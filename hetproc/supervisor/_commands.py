@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 class Watcher(Protocol):
     """What the engine tells recovery (``Recovery`` implements it)."""
 
+    active: dict[str, Any]  # incidents by device until their stop is confirmed (empty: none)
+
     def on_guilty_finished(self, dev: DeviceHandle, cmd: Command, code: int) -> bool: ...
     def note_failure(self, cmd: Command) -> None: ...
     def on_probe_done(self, inc: Any, device: str, ok: bool) -> None: ...
@@ -189,7 +191,8 @@ class Commands:
         if cmd.ins or cmd.outs or code or "mem" in rec:  # else no memory step to log
             self.handoff.on_done(dev, cmd, rec)
         watcher = self.watcher
-        if watcher is not None and watcher.on_guilty_finished(dev, cmd, code):
+        if (watcher is not None and watcher.active  # (no incident: nobody is guilty)
+                and watcher.on_guilty_finished(dev, cmd, code)):
             return
         if code:
             self._on_failed(dev, cmd, code, rec)

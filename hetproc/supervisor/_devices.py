@@ -83,7 +83,7 @@ class Command:
     mem: dict | None = None
     role: str = "kernel"  # "kernel", or a runtime-inserted "copy" / "reformat"
     plan: Any = None      # the hand-off plan until expanded into commands
-    maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc.supervisor._iommu)
+    maps: Any = ()        # persistent mappings it uses (a list once it has one; _iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
 
@@ -265,6 +265,9 @@ class DeviceHandle:
         waiting = sched.waiting  # (what ``len(sched)`` counts)
         preemptive = self.preemptive
         speed = self.speed()  # the votes do not change while we push
+        # Segment descriptors still waiting for the device's socket go before any command
+        # (a command without operands needs none of its own: see ``_push``).
+        quiet = self.segs is not None and not self.segs.waiting
         while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
             now = time.monotonic_ns()
             cmd = sched.peek(now)
@@ -276,7 +279,7 @@ class DeviceHandle:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
                 cmd.preemptor = True
-                if not self._push(cmd, now if first else -1, speed):
+                if not self._push(cmd, now if first else -1, speed, quiet):
                     break
                 self.preemptions += 1
                 self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
@@ -289,7 +292,7 @@ class DeviceHandle:
             elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             plain += 1
-            if not self._push(cmd, now if first else -1, speed):
+            if not self._push(cmd, now if first else -1, speed, quiet):
                 break
             moved += 1
         if moved:
@@ -330,14 +333,15 @@ class DeviceHandle:
             self.segs.drop(sid)
             self.segs.flush()
 
-    def _push(self, cmd: Command, peeked: int = -1, speed: float | None = None) -> bool:
+    def _push(self, cmd: Command, peeked: int = -1, speed: float | None = None,
+              quiet: bool = False) -> bool:
         """Put ``cmd`` into the ring. ``peeked``: the time at which the scheduler's
         ``peek`` named it (it leaves the queue by ``pick`` at that same time); -1: it
-        was not the scheduler's choice (it leaves by removal)."""
+        was not the scheduler's choice (it leaves by removal). ``quiet``: no segment
+        descriptor waits to be sent (then a command without operands sends none)."""
         cmd.pidx = self.pushes + 1
         segs = self.segs
-        # (A command without operands needs no segment: only what still waits is sent.)
-        if (segs is None or ((cmd.ins or cmd.outs or segs.waiting)
+        if (segs is None or ((cmd.ins or cmd.outs or not quiet)
                              and not self._hand_segments(cmd))
                 or not self.commands.try_put(cmd.packet(speed))):
             cmd.preemptor = False

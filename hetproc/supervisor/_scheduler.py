@@ -254,16 +254,31 @@ class Priority(Scheduler):
             del levels[level]
         return cmd
 
+    # ``add``, ``peek`` and ``account`` without a layer each: this is the platform's
+    # default policy, asked these for every command (the same steps as ``Scheduler``'s
+    # with ``_add`` and ``_peek`` above, and ``FairQueue.charge``).
+
+    def add(self, cmd: Any) -> None:
+        self.waiting[cmd.seq] = cmd
+        levels = self.levels
+        fq = levels.get(cmd.priority)
+        if fq is None:
+            fq = levels[cmd.priority] = FairQueue()
+            fq.vtime = self.shared.vtime
+        fq.clock = self.shared.clock
+        fq.add(cmd)
+
     def peek(self, now_ns: int = 0) -> Any | None:
-        """(``Scheduler.peek`` without its layer: the platform's default policy is asked
-        this for every command pushed.)"""
         if not self.waiting:
             return None
         levels = self.levels
         return levels[max(levels)].peek()
 
     def account(self, cmd: Any, ran_ns: int) -> None:
-        self.shared.charge(cmd, ran_ns)
+        shared = self.shared
+        key = cmd.ctx.client.id
+        w = max(1e-3, float(getattr(cmd.ctx, "weight", 1.0) or 1.0))
+        shared.vtime[key] = shared.vtime.get(key, shared.clock) + ran_ns / w
 
     def preempts(self, new: Any, running: Any) -> bool:
         return new.priority > running.priority

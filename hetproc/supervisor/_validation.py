@@ -185,6 +185,21 @@ def check_list(key: str, value: list, where: str) -> None:
     item = _protocol.LIST_ITEMS.get(key)
     if item is None:
         return
+    # The common case first (a release names hundreds of fences): one pass that only
+    # tests; a list that fails it is walked again below to say which item and why.
+    if item is int:
+        lo, hi = _protocol.HANDLE
+        for v in value:
+            if type(v) is not int or not lo <= v <= hi:
+                break
+        else:
+            return
+    elif item is not str:
+        for v in value:
+            if type(v) is not item:
+                break
+        else:
+            return
     for v in value:
         if type(v) is not item:
             raise errors.InvalidRequest(f"{where}: {key} items must be {item.__name__}, "
