@@ -100,6 +100,29 @@ class FenceTable:
         u32[i] = gen  # publish last: until now, old handles still saw the old generation
         return (gen << 32) | slot  # make_handle
 
+    def allocate_many(self, count: int) -> list[int]:
+        """``count`` new pending fences (``allocate`` each, in one call, cid 0): all of
+        them, or ``OutOfMemory`` and none."""
+        out: list[int] = []
+        free, u32, u64 = self._free, self._u32, self._u64
+        for _ in range(count):
+            if not free:
+                try:
+                    self._grow()
+                except errors.OutOfMemory:
+                    for handle in out:
+                        self.release(handle)
+                    raise
+            slot = free.pop()
+            i, j = slot * _W32, slot * _W64
+            gen = (u32[i] + 1) & 0xFFFFFFFF or 1
+            u32[i + 1] = PENDING
+            u32[i + 2] = u32[i + 3] = 0
+            u64[j + 2] = u64[j + 3] = u64[j + 4] = 0
+            u32[i] = gen  # publish last (see allocate)
+            out.append((gen << 32) | slot)
+        return out
+
     def release(self, handle: int) -> None:
         """Recycle a fence's slot. Its handle, and every copy of it, goes stale at once."""
         slot, gen = handle & 0xFFFFFFFF, handle >> 32  # split_handle, _owns: inline

@@ -54,13 +54,11 @@ class Lifetimes:
 
     def new_fences(self, client: ClientRec, count: int) -> list[int]:
         """``count`` fences of ``client``'s (``new_fence`` each, in one call)."""
-        allocate, recs, mine = self.reg.fences.allocate, self.reg.fence_recs, client.fences
-        out = []
-        for _ in range(count):
-            handle = allocate(0)
+        out = self.reg.fences.allocate_many(count)
+        recs = self.reg.fence_recs
+        for handle in out:
             recs[handle] = FenceRec(handle, client)
-            mine.add(handle)
-            out.append(handle)
+        client.fences.update(out)
         return out
 
     def release_fences(self, client: ClientRec, handles: list[int]) -> None:
