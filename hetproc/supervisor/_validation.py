@@ -78,7 +78,17 @@ def check_command(c: dict, limits: "LimitsSpec") -> None:
     """One command of a submit: its schema (``_protocol.COMMAND``) and every value's range
     in one pass -- this runs per command, so it is written for speed: a value that passes
     its field's test here is valid; any other goes to that field's full check
-    (``_COMMAND_CHECKS``), which raises the error that says why."""
+    (``_COMMAND_CHECKS``), which raises the error that says why.
+
+    A client sends its commands with the same fields in the same order, batch after
+    batch: for each such shape, the tests below are made once into one straight-line
+    test (``_shape_test``), and a command that passes it needs nothing more."""
+    shape = tuple(c)
+    test = _SHAPES.get(shape, _UNSEEN)
+    if test is _UNSEEN:
+        test = _learn_shape(shape)
+    if test is not None and test(c, limits.max_duration_ms):
+        return
     fields, max_ms = _COMMAND_FIELDS, limits.max_duration_ms
     for key, value in c.items():
         field = fields.get(key)
@@ -176,6 +186,58 @@ def _field_test(key: str, check: Any) -> tuple[int, int, int]:
 
 _COMMAND_FIELDS = {key: _field_test(key, check) for key, check in _COMMAND_CHECKS.items()}
 _isfinite = math.isfinite
+
+# Shapes of commands (their fields, in order) -> a straight-line test of that shape, or
+# None (a field whose test is not inline, such as params: the loop handles those). Only
+# shapes made of our own field names are kept, at most ``_MAX_SHAPES`` of them: a client
+# inventing fields or shapes only gets the loop.
+_SHAPES: dict[tuple, Any] = {}
+_MAX_SHAPES = 64
+_UNSEEN = object()
+
+
+def _learn_shape(shape: tuple) -> Any:
+    if not all(type(k) is str and k in _COMMAND_FIELDS for k in shape):
+        return None  # the loop names the unknown field
+    test = _shape_test(shape)
+    if len(_SHAPES) < _MAX_SHAPES:
+        _SHAPES[shape] = test
+    return test
+
+
+def _shape_test(shape: tuple) -> Any:
+    """``check_command``'s inline tests for a command with exactly these fields (our own
+    names, each once), in this order, as one function of the command's values (True:
+    every value passes). The source names no field: the values are ``v0``, ``v1``..."""
+    if "kernel" not in shape:
+        return None
+    terms = []
+    for i, key in enumerate(shape):
+        kind, lo, hi = _COMMAND_FIELDS[key]
+        v = f"v{i}"
+        if kind == _HANDLES:
+            terms.append(f"type({v}) is list and (not {v} or _handles_ok({v}, {int(hi)}))")
+        elif kind == _INT:
+            terms.append(f"type({v}) is int and {int(lo)} <= {v} <= {int(hi)}")
+        elif kind == _DURATION:
+            terms.append(f"(type({v}) is float or type({v}) is int) and 0.0 <= {v} <= max_ms "
+                         f"and _isfinite({v})")
+        elif kind == _KERNEL:
+            terms.append(f"type({v}) is str and len({v}) <= {int(hi)} and {v}.isprintable()")
+        elif _COMMAND_CHECKS[key] is _cmd_bool:
+            terms.append(f"type({v}) is bool")
+        else:
+            return None
+    names = ", ".join(f"v{i}" for i in range(len(shape)))
+    source = (f"def test(c, max_ms):\n    {names}, = c.values()\n"
+              f"    return ({') and ('.join(terms)})\n")
+    scope = {"_handles_ok": _handles_ok, "_isfinite": _isfinite}
+    exec(source, scope)  # (as ``dataclasses`` and ``namedtuple`` make their methods)
+    return scope["test"]
+
+
+def _handles_ok(value: list, cap: int) -> bool:
+    return len(value) <= cap and all(type(v) is int and 0 <= v <= _HANDLE_MAX for v in value)
 
 
 def check_list(key: str, value: list, where: str) -> None:
