@@ -47,6 +47,23 @@ def max_priority(client: Any) -> int:
 MAX_PRIORITY = 99  # the supervisor's own probes run at 100, above any client
 
 
+def weight_of(ctx: Any) -> float:
+    """A context's share under fair queueing: its ``weight`` (a plain object may have
+    none), at least 1e-3 -- ``max(1e-3, float(weight or 1.0))`` without the calls."""
+    w = getattr(ctx, "weight", 1.0) or 1.0
+    if type(w) is not float:
+        w = float(w)
+    return w if w > 1e-3 else 1e-3  # (NaN, too, becomes 1e-3, as max would make it)
+
+
+def _top(levels: dict[int, Any]) -> int:
+    """The highest priority level that has work (``max(levels)``; one level: no call)."""
+    if len(levels) == 1:
+        for level in levels:
+            return level
+    return max(levels)
+
+
 class Scheduler:
     """The interface; each policy below is a small subclass."""
 
@@ -181,14 +198,14 @@ class FairQueue:
         cmd = q.popleft()
         if not q:
             del queues[key]
-        self.clock = max(self.clock, self.vtime[key])
+        v = self.vtime[key]
+        if v > self.clock:  # self.clock = max(self.clock, v)
+            self.clock = v
         return cmd
 
     def charge(self, cmd: Any, ns: int) -> None:
         key = cmd.ctx.client.id
-        w = max(  # its context's weight (a plain object may have none)
-            1e-3, float(getattr(cmd.ctx, "weight", 1.0) or 1.0))
-        self.vtime[key] = self.vtime.get(key, self.clock) + ns / w
+        self.vtime[key] = self.vtime.get(key, self.clock) + ns / weight_of(cmd.ctx)
 
     def clear(self) -> None:
         self.queues.clear()
@@ -240,11 +257,11 @@ class Priority(Scheduler):
 
     def _peek(self, now_ns: int) -> Any:
         levels = self.levels
-        return levels[max(levels)].peek()  # the top level's
+        return levels[_top(levels)].peek()
 
     def _pick(self, now_ns: int) -> Any:
         levels = self.levels
-        level = max(levels)
+        level = _top(levels)
         fq = levels[level]
         cmd = fq.pop()
         shared = self.shared
@@ -272,13 +289,12 @@ class Priority(Scheduler):
         if not self.waiting:
             return None
         levels = self.levels
-        return levels[max(levels)].peek()
+        return levels[_top(levels)].peek()
 
     def account(self, cmd: Any, ran_ns: int) -> None:
         shared = self.shared
         key = cmd.ctx.client.id
-        w = max(1e-3, float(getattr(cmd.ctx, "weight", 1.0) or 1.0))
-        shared.vtime[key] = shared.vtime.get(key, shared.clock) + ran_ns / w
+        shared.vtime[key] = shared.vtime.get(key, shared.clock) + ran_ns / weight_of(cmd.ctx)
 
     def preempts(self, new: Any, running: Any) -> bool:
         return new.priority > running.priority
