@@ -153,8 +153,9 @@ def _top(stats: pstats.Stats, n_cmds: int, k: int = 10,
 
 
 def _profiled_run(where: str, batches: int, batch: int, client: bool) -> pstats.Stats | None:
-    """One platform under ``HETPROC_PROFILE`` (files in ``where``): a warm-up at the
-    same depth (the fence pool and the rings reach their peak), then ``batches``; the
+    """One platform under ``HETPROC_PROFILE`` (files in ``where``): a warm-up deeper than
+    the run (the fence table makes its semaphores as fences are first needed and keeps
+    them: its growth must be over before the run), then ``batches`` at depth 4; the
     client's own profile of those batches when ``client``."""
     import cProfile
     old = os.environ.get("HETPROC_PROFILE")
@@ -163,7 +164,7 @@ def _profiled_run(where: str, batches: int, batch: int, client: bool) -> pstats.
     try:
         with _platform() as (plat, states):
             ctx = plat.client.context(_DEVICE)
-            batched_throughput(ctx, _PROF_WARM, batch, 4)
+            batched_throughput(ctx, _PROF_WARM, batch, 8)
             if client:
                 prof = cProfile.Profile()
                 prof.enable()
@@ -179,7 +180,7 @@ def _profiled_run(where: str, batches: int, batch: int, client: bool) -> pstats.
     return pstats.Stats(prof) if prof is not None else None
 
 
-_PROF_WARM = 8  # batches of warm-up before a profiled run
+_PROF_WARM = 24  # batches of warm-up (at depth 8) before a profiled run
 
 
 def profile_rows(batches: int, batch: int = 64) -> tuple[list[dict], dict]:
