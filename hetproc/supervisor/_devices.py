@@ -125,7 +125,11 @@ class InRing(dict):
     """The commands pushed to a device and not yet completed (seq -> command, in push
     order), keeping as they come and go what ``pump`` reads on every call: the modeled
     work of those that are no preemptor, and how many of them are longer than a chunk.
-    (Summed over a full ring on each call, this was most of a one-command submit.)"""
+    (Summed over a full ring on each call, this was most of a one-command submit.)
+    Slotted: a dict subclass's own attributes cost twice as much through an instance
+    dict, and these change twice per command."""
+
+    __slots__ = ("chunk_ns", "work_ns", "plain", "long")
 
     def __init__(self, chunk_ns: int = 0) -> None:
         super().__init__()
