@@ -32,29 +32,37 @@ class ModeledTiming:
         self.note_many((rec,))
 
     def note_many(self, recs: Any) -> None:
-        """Count each completion record that carries modeled times (``m0``), in order."""
+        """Count each completion record that carries modeled times (``m0``), in order.
+        (Decoded records hold ints and a float speed: that case goes straight through;
+        any other value is converted, or costs its record's evidence.)"""
         errs = self.start_error_ns
         for rec in recs:
-            if "m0" not in rec:
+            m0 = rec.get("m0")
+            if m0 is None:
                 continue
-            try:
-                err, lag = int(rec["t_start"]) - int(rec["m0"]), int(rec.get("lag", 0))
-            except (TypeError, ValueError, KeyError):
-                continue  # a malformed record costs its evidence, never the supervisor
+            t0, lag = rec.get("t_start"), rec.get("lag", 0)
+            if type(t0) is int and type(m0) is int and type(lag) is int:
+                err = t0 - m0
+            else:
+                try:
+                    err, lag = int(rec["t_start"]) - int(m0), int(lag)
+                except (TypeError, ValueError, KeyError):
+                    continue  # a malformed record costs its evidence, never the supervisor
             self.commands += 1
             errs.append(err)
             if lag > 0:
                 self.lags += 1
                 self.lag_ns_max = max(self.lag_ns_max, lag)
             speed = rec.get("spd", 1.0)
-            if isinstance(speed, (int, float)) and speed != self.speed:
+            if speed != self.speed and isinstance(speed, (int, float)):
                 self.freq_switches += 1
                 self.speed = float(speed)
-            if rec.get("thr"):
-                self.throttled += 1
-            temp = rec.get("temp")
-            if isinstance(temp, (int, float)):
-                self.temp_c = float(temp)
+            if "thr" in rec or "temp" in rec:
+                if rec.get("thr"):
+                    self.throttled += 1
+                temp = rec.get("temp")
+                if isinstance(temp, (int, float)):
+                    self.temp_c = float(temp)
 
     def summary(self) -> dict[str, Any]:
         errs = np.array(self.start_error_ns, dtype=np.int64)
