@@ -56,14 +56,6 @@ def weight_of(ctx: Any) -> float:
     return w if w > 1e-3 else 1e-3  # (NaN, too, becomes 1e-3, as max would make it)
 
 
-def _top(levels: dict[int, Any]) -> int:
-    """The highest priority level that has work (``max(levels)``; one level: no call)."""
-    if len(levels) == 1:
-        for level in levels:
-            return level
-    return max(levels)
-
-
 class Scheduler:
     """The interface; each policy below is a small subclass."""
 
@@ -242,26 +234,29 @@ class Priority(Scheduler):
     def __init__(self, spec: SchedSpec) -> None:
         super().__init__(spec)
         self.levels: dict[int, FairQueue] = {}
+        self.top: int | None = None  # max(levels): the highest level with work, if any
         self.shared = FairQueue()  # virtual times carried across levels: one per client
 
     def _reset(self) -> None:
         self.levels.clear()
+        self.top = None
 
     def _add(self, cmd: Any) -> None:
-        fq = self.levels.get(cmd.priority)
+        p = cmd.priority
+        fq = self.levels.get(p)
         if fq is None:
-            fq = self.levels[cmd.priority] = FairQueue()
+            fq = self.levels[p] = FairQueue()
             fq.vtime = self.shared.vtime  # one virtual time per client, whatever the level
+            if self.top is None or p > self.top:
+                self.top = p
         fq.clock = self.shared.clock
         fq.add(cmd)
 
     def _peek(self, now_ns: int) -> Any:
-        levels = self.levels
-        return levels[_top(levels)].peek()
+        return self.levels[self.top].peek()
 
     def _pick(self, now_ns: int) -> Any:
-        levels = self.levels
-        level = _top(levels)
+        levels, level = self.levels, self.top
         fq = levels[level]
         cmd = fq.pop()
         shared = self.shared
@@ -269,6 +264,7 @@ class Priority(Scheduler):
             shared.clock = fq.clock
         if not fq.queues:  # (its __bool__, without the call)
             del levels[level]
+            self.top = max(levels) if levels else None
         return cmd
 
     # ``add``, ``peek`` and ``account`` without a layer each: this is the platform's
@@ -277,19 +273,20 @@ class Priority(Scheduler):
 
     def add(self, cmd: Any) -> None:
         self.waiting[cmd.seq] = cmd
-        levels = self.levels
-        fq = levels.get(cmd.priority)
+        p = cmd.priority
+        fq = self.levels.get(p)
         if fq is None:
-            fq = levels[cmd.priority] = FairQueue()
+            fq = self.levels[p] = FairQueue()
             fq.vtime = self.shared.vtime
+            if self.top is None or p > self.top:
+                self.top = p
         fq.clock = self.shared.clock
         fq.add(cmd)
 
     def peek(self, now_ns: int = 0) -> Any | None:
         if not self.waiting:
             return None
-        levels = self.levels
-        return levels[_top(levels)].peek()
+        return self.levels[self.top].peek()
 
     def account(self, cmd: Any, ran_ns: int) -> None:
         shared = self.shared
