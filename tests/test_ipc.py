@@ -101,6 +101,12 @@ def test_bulk_allocation_gives_fresh_pending_fences_all_or_none(table):
         table.allocate_many(100)  # 56 slots left: none is taken
     assert table.live_count() == live
     assert len(table.allocate_many(56)) == 56
+    table.signal(got[0])
+    table.release_many(got[:100] + [old, got[0]])  # a stale handle, a repeat: skipped
+    assert table.live_count() == 156
+    assert not table.signal(got[1]), "a released fence's handle goes stale"
+    again = table.allocate_many(100)
+    assert not set(again) & set(got) and all(table.poll(h) == (PENDING, 0) for h in again)
 
 
 def test_late_signal_on_recycled_slot_touches_nothing(table):

@@ -64,21 +64,25 @@ class Lifetimes:
     def release_fences(self, client: ClientRec, handles: list[int]) -> None:
         """``client`` lets go of these fences: its own are released (``release_fence``),
         its imports dropped (``drop_fence_import``); a handle of neither is skipped."""
-        recs, table, iommu = self.reg.fence_recs, self.reg.fences, self.iommu
+        recs, iommu = self.reg.fence_recs, self.iommu
         mine = client.fences
-        for handle in handles:
-            rec = recs.get(handle)
-            if rec is None:
-                continue
-            if rec.client is not client:
-                self.drop_fence_import(client, handle)
-            elif not rec.released:  # release_fence, inline: this runs per command
-                rec.released = True
-                mine.discard(handle)
-                if rec.refs == 0:  # drop_fence
-                    iommu.revoke("fence", handle)
-                    del recs[handle]
-                    table.release(handle)
+        dropped = []
+        try:
+            for handle in handles:
+                rec = recs.get(handle)
+                if rec is None:
+                    continue
+                if rec.client is not client:
+                    self.drop_fence_import(client, handle)
+                elif not rec.released:  # release_fence, inline: this runs per command
+                    rec.released = True
+                    mine.discard(handle)
+                    if rec.refs == 0:  # drop_fence (its slot: with the others, below)
+                        iommu.revoke("fence", handle)
+                        del recs[handle]
+                        dropped.append(handle)
+        finally:
+            self.reg.fences.release_many(dropped)
 
     def release_fence(self, handle: int) -> None:
         rec = self.reg.fence_recs.get(handle)
