@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from ._lifetimes import Lifetimes
 
 
+_DONE = CommandState.DONE  # (a module global: an enum member costs ~100 ns a look-up)
+
+
 class Watcher(Protocol):
     """What the engine tells recovery (``Recovery`` implements it)."""
 
@@ -76,9 +79,9 @@ class Commands:
 
     def retire(self, cmd: Command) -> None:
         """Drop a finished (or failed) command's references; reclaim what nobody holds."""
-        if cmd.state is CommandState.DONE:
+        if cmd.state is _DONE:
             return
-        cmd.state = CommandState.DONE
+        cmd.state = _DONE
         cmd.ctx.inflight -= 1
         self.handoff.on_retire(cmd)
         self.lifetimes.drop_refs(cmd)
