@@ -433,12 +433,14 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
             if kernel != "work":
                 validate_kernel(kernel, [], [], params)
         # A command must fit one ring slot once encoded for the device: refused here,
-        # before anything is committed, never at the device's queue head.
-        size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(h or ())
-                + 70 * (len(ins) + len(outs)))  # a descriptor: segment, offset, layout, handle
-        if size > room:
-            raise errors.BadPacket(f"command too large for a device ring slot "
-                                   f"(~{size} of {room} bytes: params, buffers, waits)")
+        # before anything is committed, never at the device's queue head. (Without params,
+        # waits or operands its variable part is 1 byte.)
+        if params or h or ins or outs:
+            size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(h or ())
+                    + 70 * (len(ins) + len(outs)))  # a descriptor: segment, offset, layout, handle
+            if size > room:
+                raise errors.BadPacket(f"command too large for a device ring slot "
+                                       f"(~{size} of {room} bytes: params, buffers, waits)")
         wait = [check_fence(reg, client, x) for x in h] if h else []
         signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
         priority = request_priority(reg, ctx, c) if "priority" in c else default_priority
@@ -520,6 +522,10 @@ def _signal_right(rec: FenceRec, client: ClientRec, handle: int) -> None:
 
 def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
     """A client-chosen output fence: one it may signal, pending, and not bound already."""
+    rec = reg.fence_recs.get(handle) if type(handle) is int else None
+    if (rec is not None and rec.client is client and not rec.released and not rec.bound
+            and reg.fences.poll(handle)[0] == PENDING):
+        return handle  # its own, live, free and pending: each test below passes
     rec = fence_rec(reg, client, handle)
     if rec.bound or reg.fences.poll(handle)[0] != PENDING:
         raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
