@@ -15,12 +15,15 @@ beside a floor measured in the same run, and where one no-op command's time goes
       the validation time is what the checks of one command cost in one process: the
       supervisor's decode and whole-request check of a one-command submit plus the
       device's decode of its record.
-    * The profile of one no-op command per process: a second platform with
-      ``HETPROC_PROFILE`` set (``ipc.profiled``), the same batched run, then the
+    * The profile of one no-op command per process: two more platforms with
+      ``HETPROC_PROFILE`` set (``ipc.profiled``), a short and a long batched run after
+      the same warm-up; the difference of their profiles, function by function, divided
+      by the extra commands (start-up and one-time growth cancel out), gives the
       functions with the most own time per command in the supervisor and the device
-      (and the client, profiled in-process). Wall time, with the calls that block or hand
-      the CPU to the process they wake (semaphores, sockets, select, sleep) left out of
-      the rows and the total. Profiling slows everything ~2x: read the shares.
+      (the client is profiled in-process over the long run). Wall time, with the calls
+      that block or hand the CPU to the process they wake (semaphores, sockets, select,
+      sleep) left out of the rows and the total. Profiling slows everything 2-4x: read
+      the shares.
 """
 
 from __future__ import annotations
@@ -176,59 +179,95 @@ def _blocking(func: str) -> bool:
     return func.startswith(("<method", "<built-in")) and any(b in func for b in _BLOCKING)
 
 
-def _top(stats: pstats.Stats, n_cmds: int, k: int = 10) -> tuple[float, list]:
+def _top(stats: pstats.Stats, n_cmds: int, k: int = 10,
+         minus: pstats.Stats | None = None) -> tuple[float, list]:
     """Own us per command of all non-blocking calls, and (function, own us per command,
-    cumulative us per command), most own time first."""
+    cumulative us per command), most own time first. ``minus``: a shorter run's profile
+    of the same process, subtracted function by function (``n_cmds``: the difference)."""
+    less = minus.stats if minus is not None else {}
     rows = []
-    for (file, line, func), (_cc, _nc, tt, ct, _callers) in stats.stats.items():
+    for key, (_cc, _nc, tt, ct, _callers) in stats.stats.items():
+        file, line, func = key
         if _blocking(func):
             continue
+        if key in less:
+            tt, ct = tt - less[key][2], ct - less[key][3]
         where = f"{os.path.basename(file)}:{line}({func})" if line else func
         rows.append((where, tt * 1e6 / n_cmds, ct * 1e6 / n_cmds))
     rows.sort(key=lambda r: -r[1])
     return sum(r[1] for r in rows), rows[:k]
 
 
-def profile_rows(batches: int, batch: int = 64, queue: bool = True) -> tuple[list[dict], dict]:
-    """One platform under ``HETPROC_PROFILE``: the batched no-op run (through a queue, or
-    the supervisor's path), then the top functions per process (own time per command)."""
+def _profiled_run(where: str, batches: int, batch: int, client: bool,
+                  queue: bool) -> pstats.Stats | None:
+    """One platform under ``HETPROC_PROFILE`` (files in ``where``): a warm-up deeper than
+    the run (the fence table makes its semaphores as fences are first needed and keeps
+    them: its growth must be over before the run), then ``batches`` at depth 4, through
+    a queue or the supervisor's path; the client's own profile of those batches when
+    ``client``."""
     import cProfile
-    rows, detail = [], {}
-    with tempfile.TemporaryDirectory(prefix="hetproc-prof-") as where:
-        old = os.environ.get("HETPROC_PROFILE")
-        os.environ["HETPROC_PROFILE"] = where
-        try:
-            with _platform() as (plat, states):
-                ctx = plat.client.context(_DEVICE)
-                q = ctx.queue(slots=4096) if queue else None
-                path = _QueuePath(q) if q is not None else ctx
-                batched_throughput(path, 2, batch, 2)  # warm-up
+    old = os.environ.get("HETPROC_PROFILE")
+    os.environ["HETPROC_PROFILE"] = where
+    prof = None
+    try:
+        with _platform() as (plat, states):
+            ctx = plat.client.context(_DEVICE)
+            q = ctx.queue(slots=4096) if queue else None
+            path = _QueuePath(q) if q is not None else ctx
+            batched_throughput(path, _PROF_WARM, batch, 8)
+            if client:
                 prof = cProfile.Profile()
                 prof.enable()
-                batched_throughput(path, batches, batch, 4)
+            batched_throughput(path, batches, batch, 4)
+            if prof is not None:
                 prof.disable()
-                plat.client.ping()
-                if q is not None:
-                    q.close()
-        finally:
-            if old is None:
-                os.environ.pop("HETPROC_PROFILE", None)
-            else:
-                os.environ["HETPROC_PROFILE"] = old
-        n = (batches + 2) * batch  # warm-up included in the other processes' files
-        found = {"client": (pstats.Stats(prof), batches * batch)}
-        for path in glob.glob(os.path.join(where, "*.prof")):
-            role = os.path.basename(path).rsplit("-", 1)[0]
-            if role == "supervisor" or role == f"device-{_DEVICE}":
-                found[role] = (pstats.Stats(path), n)
-        for role, (stats, cmds) in found.items():
-            total, top = _top(stats, cmds)
-            detail[role] = {"total_us_per_cmd": total, "top": top}
-            label = "queue" if queue else "supervisor path"
-            rows.append(make_row(f"profile, {label}, {role}: own time / cmd, blocking calls "
-                                 f"out (profiled)", total))
-            for fn, own, cum in top[:8]:
-                rows.append(make_row(f"  {fn[:60]} (cum {cum:.1f} us)", own))
+            plat.client.ping()
+            if q is not None:
+                q.close()
+    finally:
+        if old is None:
+            os.environ.pop("HETPROC_PROFILE", None)
+        else:
+            os.environ["HETPROC_PROFILE"] = old
+    return pstats.Stats(prof) if prof is not None else None
+
+
+_PROF_WARM = 24  # batches of warm-up (at depth 8) before a profiled run
+
+
+def profile_rows(batches: int, batch: int = 64, queue: bool = True) -> tuple[list[dict], dict]:
+    """The top functions per process, own time per command. The supervisor's and the
+    device's profiles cover their whole loop (start-up, the first connection, the fence
+    pool's growth: none of it per command), so they come from two platforms, a short run
+    and a long one (``batches``): their difference, function by function, is what the
+    extra commands cost. The client's is its own profile of the long run."""
+    rows, detail = [], {}
+    short = max(1, batches // 4)
+    found: dict[str, dict[str, pstats.Stats]] = {}
+    with tempfile.TemporaryDirectory(prefix="hetproc-prof-") as where:
+        for run, n in (("short", short), ("long", batches)):
+            sub = os.path.join(where, run)
+            os.mkdir(sub)
+            client = _profiled_run(sub, n, batch, client=run == "long", queue=queue)
+            if client is not None:
+                found.setdefault("client", {})["long"] = client
+            for path in glob.glob(os.path.join(sub, "*.prof")):
+                role = os.path.basename(path).rsplit("-", 1)[0]
+                if role == "supervisor" or role == f"device-{_DEVICE}":
+                    found.setdefault(role, {})[run] = pstats.Stats(path)
+    for role, runs in found.items():
+        if role == "client":
+            total, top = _top(runs["long"], batches * batch)
+        elif "short" in runs and "long" in runs:
+            total, top = _top(runs["long"], (batches - short) * batch, minus=runs["short"])
+        else:
+            continue
+        detail[role] = {"total_us_per_cmd": total, "top": top}
+        label = "queue" if queue else "supervisor path"
+        rows.append(make_row(f"profile, {label}, {role}: own time / cmd, blocking calls "
+                             f"out (profiled)", total))
+        for fn, own, cum in top[:8]:
+            rows.append(make_row(f"  {fn[:60]} (cum {cum:.1f} us)", own))
     return rows, detail
 
 

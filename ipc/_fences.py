@@ -26,6 +26,7 @@ Anyone may signal, wait and read.
 
 from __future__ import annotations
 
+import struct
 import time
 from typing import Callable
 
@@ -44,6 +45,9 @@ SLOT_DTYPE = np.dtype([
 ])
 _W32, _W64 = SLOT_BYTES // 4, SLOT_BYTES // 8  # a slot's width in u32 and u64 words
 assert SLOT_DTYPE.itemsize == SLOT_BYTES
+# A slot from its state word to t_host (offset 4): state, error, signaller, t_ns, cid, t_host.
+_CLEAR = struct.Struct("<3I4Q")  # state, error, signaller, t_ns, cid, t_host, owner
+assert _CLEAR.size == SLOT_BYTES - 4
 
 
 def make_handle(slot: int, gen: int) -> int:
@@ -68,6 +72,7 @@ class FenceTable:
         #         u64 [6i+2] t_ns (modeled), [6i+3] cid, [6i+4] t_host, [6i+5] owner.
         self._u32 = memoryview(segment.map).cast("B").cast("I")
         self._u64 = memoryview(segment.map).cast("B").cast("Q")
+        self._raw = memoryview(segment.map).cast("B")
         self._sems: dict[int, posix_ipc.Semaphore] = {}
         self._creator = create
         self._on_new_sems = on_new_semaphores
@@ -96,21 +101,65 @@ class FenceTable:
         gen = (u32[i] + 1) & 0xFFFFFFFF or 1
         u32[i + 1] = PENDING
         u32[i + 2] = u32[i + 3] = 0
-        self._u64[slot * _W64 + 2] = self._u64[slot * _W64 + 4] = 0
-        self._u64[slot * _W64 + 3] = cid
-        self._u64[slot * _W64 + 5] = owner
+        u64, j = self._u64, slot * _W64
+        u64[j + 2] = u64[j + 4] = 0
+        u64[j + 3] = cid
+        u64[j + 5] = owner
         u32[i] = gen  # publish last: until now, old handles still saw the old generation
-        return make_handle(slot, gen)
+        return (gen << 32) | slot  # make_handle
+
+    def allocate_many(self, count: int, owner: int = 0) -> list[int]:
+        """``count`` new pending fences (``allocate`` each, in one call, cid 0, one
+        ``owner``): all of them, or ``OutOfMemory`` and none."""
+        out: list[int] = []
+        free, u32, clear, raw = self._free, self._u32, _CLEAR.pack_into, self._raw
+        for _ in range(count):
+            if not free:
+                try:
+                    self._grow()
+                except errors.OutOfMemory:
+                    for handle in out:
+                        self.release(handle)
+                    raise
+            slot = free.pop()
+            i = slot * _W32
+            gen = (u32[i] + 1) & 0xFFFFFFFF or 1
+            # state PENDING, error, signaller, t_ns, cid, t_host: 0, the owner, in one store
+            clear(raw, slot * SLOT_BYTES + 4, PENDING, 0, 0, 0, 0, 0, owner)
+            u32[i] = gen  # publish last (see allocate)
+            out.append((gen << 32) | slot)
+        return out
+
+    def release_many(self, handles: list[int]) -> None:
+        """``release`` each (a stale handle is skipped, as there)."""
+        u32, cap, sems, free = self._u32, self.capacity, self._sems, self._free
+        for handle in handles:
+            slot, gen = handle & 0xFFFFFFFF, handle >> 32
+            if not (slot < cap and gen and u32[slot * _W32] == gen):
+                continue
+            u32[slot * _W32] = (gen + 1) & 0xFFFFFFFF  # see release
+            sem = sems.get(slot)
+            if sem is None:
+                sem = self._sem(slot)
+            while sem.value > 0:
+                try:
+                    sem.acquire(0)
+                except posix_ipc.BusyError:
+                    break
+            free.append(slot)
 
     def release(self, handle: int) -> None:
         """Recycle a fence's slot. Its handle, and every copy of it, goes stale at once."""
-        slot, gen = split_handle(handle)
-        if not self._owns(slot, gen):
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32  # split_handle, _owns: inline
+        u32 = self._u32
+        if not (slot < self.capacity and gen and u32[slot * _W32] == gen):
             return
         # A generation of its own for the free slot: no handle ever matches it, so a late
         # signal between now and the next allocate() touches nothing.
-        self._u32[slot * _W32] = (gen + 1) & 0xFFFFFFFF
-        sem = self._sem(slot)
+        u32[slot * _W32] = (gen + 1) & 0xFFFFFFFF
+        sem = self._sems.get(slot)
+        if sem is None:
+            sem = self._sem(slot)
         while sem.value > 0:  # drain tokens passed between waiters: the next fence starts at 0
             try:
                 sem.acquire(0)
@@ -174,9 +223,12 @@ class FenceTable:
 
     def poll(self, handle: int) -> tuple[int, int]:
         """``(state, error)`` without blocking; raises on a stale handle."""
-        self.check(handle)
-        i = (handle & 0xFFFFFFFF) * _W32
-        return self._u32[i + 1], self._u32[i + 2]
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        u32 = self._u32
+        if not (0 <= slot < self.capacity and gen > 0 and u32[slot * _W32] == gen):
+            self.check(handle)  # raises, saying which
+        i = slot * _W32
+        return u32[i + 1], u32[i + 2]
 
     def wait(self, handle: int, timeout: float) -> int:
         """Block until the fence completes; returns its error code (0 = success).
@@ -263,6 +315,7 @@ class FenceTable:
     def close(self, unlink: bool = False) -> None:
         self._u32.release()
         self._u64.release()
+        self._raw.release()
         del self.slots
         for sem in self._sems.values():
             if unlink and self._creator:

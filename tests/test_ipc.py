@@ -87,6 +87,28 @@ def test_first_outcome_is_final(table):
     assert table.poll(h) == (FAILED, errors.Cancelled.code)
 
 
+def test_bulk_allocation_gives_fresh_pending_fences_all_or_none(table):
+    old = table.allocate(cid=7)
+    table.signal(old)
+    table.release(old)
+    got = table.allocate_many(200)
+    assert len(set(got)) == 200 and old not in got
+    assert all(table.poll(h) == (PENDING, 0) for h in got)
+    assert all(table.info(h)["cid"] == 0 and table.info(h)["t_ns"] == 0 for h in got)
+    assert not table.signal(old), "the recycled slot's old handle stays stale"
+    live = table.live_count()
+    with pytest.raises(errors.OutOfMemory):
+        table.allocate_many(100)  # 56 slots left: none is taken
+    assert table.live_count() == live
+    assert len(table.allocate_many(56)) == 56
+    table.signal(got[0])
+    table.release_many(got[:100] + [old, got[0]])  # a stale handle, a repeat: skipped
+    assert table.live_count() == 156
+    assert not table.signal(got[1]), "a released fence's handle goes stale"
+    again = table.allocate_many(100)
+    assert not set(again) & set(got) and all(table.poll(h) == (PENDING, 0) for h in again)
+
+
 def test_late_signal_on_recycled_slot_touches_nothing(table):
     old = table.allocate()
     table.release(old)

@@ -71,6 +71,33 @@ def test_a_batch_with_one_bad_command_queues_nothing(platform):
     assert platform.client.metrics()["submitted"] == 0
 
 
+def test_a_batch_is_checked_command_by_command_not_by_its_first(platform):
+    """What all commands of a submit share is looked up once, but each command's own
+    fields are still checked: one bad command deep in a batch of 64 refuses it whole."""
+    owner, other = platform.client, platform.connect("other")
+    theirs = other.fence()
+    ctx = owner.context("npu0")
+
+    def batch(**bad):
+        cmds = [{"kernel": "work", "ms": 0.0} for _ in range(64)]
+        cmds[40].update(bad)
+        return cmds
+
+    with pytest.raises(hetproc.ForeignHandle):
+        ctx.submit_many(batch(signal=theirs.handle))
+    with pytest.raises(hetproc.UnsupportedOp):
+        ctx.submit_many(batch(kernel="fill"))  # npu0 runs "work", not "fill"
+    with pytest.raises(hetproc.InvalidRequest, match="deadline_ms"):
+        ctx.submit_many(batch(deadline_ms=-1.0))
+    with pytest.raises(hetproc.InvalidRequest):
+        ctx.submit_many(batch(wait=[theirs.handle]))
+    assert owner.metrics()["submitted"] == 0
+    for f in ctx.submit_many(batch(priority=3), nowait=True):
+        f.wait(5)
+    assert owner.metrics()["submitted"] == 64
+    other.close()
+
+
 @pytest.mark.parametrize("cmd,err", [
     ({"kernel": "work", "cid": -1}, hetproc.InvalidRequest),           # not encodable for a ring
     ({"kernel": "work", "params": {"a": [[[[[[[[[[1]]]]]]]]]]}}, hetproc.InvalidRequest),

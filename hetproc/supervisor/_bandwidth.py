@@ -31,6 +31,10 @@ class DdrQuota:
         self.tat: dict[int, float] = {}       # client pid -> theoretical arrival time (ns)
         self.delayed: dict[str, list] = {}    # client name -> [commands delayed, ns delayed]
 
+    def limited(self, client: Any) -> bool:
+        """Whether ``client`` has a quota at all (``admit`` changes nothing otherwise)."""
+        return quota_mbps(self.spec, client) is not None
+
     def admit(self, client: Any, t_arrive: int, nbytes: int) -> int:
         """The modeled arrival of a command of ``nbytes`` from ``client`` at ``t_arrive``."""
         mbps = quota_mbps(self.spec, client)

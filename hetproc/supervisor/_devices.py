@@ -83,7 +83,7 @@ class Command:
     mem: dict | None = None
     role: str = "kernel"  # "kernel", or a runtime-inserted "copy" / "reformat"
     plan: Any = None      # the hand-off plan until expanded into commands
-    maps: list = field(default_factory=list)  # persistent mappings it uses (hetproc.supervisor._iommu)
+    maps: Any = ()        # persistent mappings it uses (a list once it has one; _iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
 
@@ -97,15 +97,19 @@ class Command:
                 "context": self.ctx.name or hex(self.ctx.handle),
                 "client": self.ctx.client.name, "fault": (self.fault or {}).get("kind")}
 
-    def packet(self) -> bytes:
-        """The fixed-layout record the device reads (``device_workers.encode_command``)."""
-        speed = self.device.speed()
+    def packet(self, speed: float | None = None) -> bytes:
+        """The fixed-layout record the device reads (``device_workers.encode_command``);
+        ``speed``: its device's (None: asked now)."""
+        if speed is None:
+            speed = self.device.speed()
         return encode_command(
             self.seq, self.pidx, self.cid, self.kernel, self.wait, self.signal, self.hold_ns,
             self.delay_ns, self.dep_timeout_ns, self.t_arrive, checked=self.checked,
             pre=self.preemptor, spd=float(speed) if speed != 1.0 else None,
-            params=self.params, ins=_descriptors(self.ins, self.in_perms, "r"),
-            outs=_descriptors(self.outs, self.out_perms, "w"), fault=self.fault, mem=self.mem)
+            params=self.params,
+            ins=_descriptors(self.ins, self.in_perms, "r") if self.ins else None,
+            outs=_descriptors(self.outs, self.out_perms, "w") if self.outs else None,
+            fault=self.fault, mem=self.mem)
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -121,7 +125,11 @@ class InRing(dict):
     """The commands pushed to a device and not yet completed (seq -> command, in push
     order), keeping as they come and go what ``pump`` reads on every call: the modeled
     work of those that are no preemptor, and how many of them are longer than a chunk.
-    (Summed over a full ring on each call, this was most of a one-command submit.)"""
+    (Summed over a full ring on each call, this was most of a one-command submit.)
+    Slotted: a dict subclass's own attributes cost twice as much through an instance
+    dict, and these change twice per command."""
+
+    __slots__ = ("chunk_ns", "work_ns", "plain", "long")
 
     def __init__(self, chunk_ns: int = 0) -> None:
         super().__init__()
@@ -138,18 +146,25 @@ class InRing(dict):
                 self.long += sign
 
     def __setitem__(self, seq: int, cmd: Command) -> None:
-        old = dict.get(self, seq)
-        if old is not None:
-            self._count(old, -1)
+        if seq in self:
+            self._count(dict.__getitem__(self, seq), -1)
         dict.__setitem__(self, seq, cmd)
-        self._count(cmd, 1)
+        if not cmd.preemptor:  # _count(cmd, 1), inline: this runs per command
+            self.work_ns += cmd.hold_ns
+            self.plain += 1
+            if cmd.hold_ns > self.chunk_ns:
+                self.long += 1
 
     def pop(self, seq: int, *default: Any) -> Any:
-        if seq in self:
-            cmd = dict.pop(self, seq)
-            self._count(cmd, -1)
-            return cmd
-        return dict.pop(self, seq, *default)
+        cmd = dict.pop(self, seq, None)
+        if cmd is None:
+            return dict.pop(self, seq, *default)  # (a command is never None)
+        if not cmd.preemptor:  # _count(cmd, -1)
+            self.work_ns -= cmd.hold_ns
+            self.plain -= 1
+            if cmd.hold_ns > self.chunk_ns:
+                self.long -= 1
+        return cmd
 
     def __delitem__(self, seq: int) -> None:
         self.pop(seq)
@@ -251,14 +266,24 @@ class DeviceHandle:
         plain = pushed.plain
         queued_ns = pushed.work_ns - pushed.first_plain_hold() if plain else 0
         sched = self.sched
-        while sched and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
-            cmd = self._head()
-            urgent = self._urgency(cmd) if self.preemptive and pushed.long else _NO
+        waiting = sched.waiting  # (what ``len(sched)`` counts)
+        preemptive = self.preemptive
+        speed = self.speed()  # the votes do not change while we push
+        # Segment descriptors still waiting for the device's socket go before any command
+        # (a command without operands needs none of its own: see ``_push``).
+        quiet = self.segs is not None and not self.segs.waiting
+        while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
+            now = time.monotonic_ns()
+            cmd = sched.peek(now)
+            first = True
+            if cmd.wait and not self.inputs_ready(cmd):
+                cmd, first = self._producer_first(cmd)
+            urgent = self._urgency(cmd) if preemptive and pushed.long else _NO
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
                 cmd.preemptor = True
-                if not self._push(cmd):
+                if not self._push(cmd, now if first else -1, speed, quiet):
                     break
                 self.preemptions += 1
                 self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
@@ -271,18 +296,18 @@ class DeviceHandle:
             elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             plain += 1
-            if not self._push(cmd):
+            if not self._push(cmd, now if first else -1, speed, quiet):
                 break
             moved += 1
         if moved:
             self.doorbell.release()
         return moved
 
-    def _head(self) -> Command:
-        """The scheduler's choice, unless it waits on a fence that a command still queued
-        here signals: the ring is in order, so that producer must go in first (else the
-        device would wait on work queued behind it, a priority inversion and a deadlock)."""
-        cmd = self.sched.peek(cmd_now())
+    def _producer_first(self, cmd: Command) -> tuple[Command, bool]:
+        """The scheduler chose ``cmd``, which waits on fences not signalled yet: if a
+        command still queued here signals one, that producer must go in first (the ring
+        is in order, else the device would wait on work queued behind it, a priority
+        inversion and a deadlock). True when ``cmd`` itself goes, False for a producer."""
         seen = 0
         while cmd.wait and seen < 64 and not self.inputs_ready(cmd):
             want = set(cmd.wait)
@@ -290,7 +315,7 @@ class DeviceHandle:
             if producer is None:
                 break
             cmd, seen = producer, seen + 1
-        return cmd
+        return cmd, seen == 0
 
     def _hand_segments(self, cmd: Command) -> bool:
         """Every segment ``cmd`` names is on its way to the device before the command is:
@@ -312,18 +337,27 @@ class DeviceHandle:
             self.segs.drop(sid)
             self.segs.flush()
 
-    def _push(self, cmd: Command) -> bool:
+    def _push(self, cmd: Command, peeked: int = -1, speed: float | None = None,
+              quiet: bool = False) -> bool:
+        """Put ``cmd`` into the ring. ``peeked``: the time at which the scheduler's
+        ``peek`` named it (it leaves the queue by ``pick`` at that same time); -1: it
+        was not the scheduler's choice (it leaves by removal). ``quiet``: no segment
+        descriptor waits to be sent (then a command without operands sends none)."""
         cmd.pidx = self.pushes + 1
-        if not self._hand_segments(cmd) or not self.commands.try_put(cmd.packet()):
+        segs = self.segs
+        if (segs is None or ((cmd.ins or cmd.outs or not quiet)
+                             and not self._hand_segments(cmd))
+                or not self.commands.try_put(cmd.packet(speed))):
             cmd.preemptor = False
             return False
         self.pushes += 1
-        if self.sched.peek(cmd_now()) is cmd:
-            self.sched.pick(cmd_now())  # it leaves the queue
+        sched = self.sched
+        if peeked >= 0:
+            sched.pick(peeked)  # it leaves the queue
         else:
-            self.sched.remove_if(lambda c: c is cmd)
-        self.sched.account(cmd, cmd.hold_ns)
-        cmd.state = CommandState.PUSHED
+            sched.remove_if(lambda c: c is cmd)
+        sched.account(cmd, cmd.hold_ns)
+        cmd.state = _PUSHED
         self.pushed[cmd.seq] = cmd
         return True
 
@@ -457,11 +491,8 @@ class DeviceHandle:
         return False
 
 
-def cmd_now() -> int:
-    return time.monotonic_ns()
-
-
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
+_PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
 
 

@@ -220,7 +220,8 @@ class Handoff:
         chains: list[list[Command]] = []
         try:
             for cmd in cmds:
-                chains.append(self.expand(cmd))
+                # (A command without operands has no plan: it goes alone.)
+                chains.append(self.expand(cmd) if cmd.plan is not None else [cmd])
         except BaseException:
             for chain in chains:
                 self._undo(chain)
@@ -322,7 +323,10 @@ class Handoff:
 
     def on_commit(self, cmd: Command) -> None:
         """Mappings and cache maintenance, decided in submission order."""
-        self.open_cids[cmd.cid] += 1
+        open_cids = self.open_cids
+        open_cids[cmd.cid] = open_cids.get(cmd.cid, 0) + 1
+        if not cmd.ins and not cmd.outs:
+            return  # no operand: nothing to map, keep coherent, or mark written
         map_ns, unmap_ns, mapped = self.iommu.on_commit(cmd)
         mem: dict[str, Any] = {"map_ns": map_ns, "map_bytes": mapped,
                                "unmap_ns": unmap_ns} if map_ns else {}
@@ -373,10 +377,14 @@ class Handoff:
             b.last_writer = spec.name
 
     def on_retire(self, cmd: Command) -> None:
-        self.iommu.on_retire(cmd)
-        self.open_cids[cmd.cid] -= 1
-        if self.open_cids[cmd.cid] <= 0:
-            del self.open_cids[cmd.cid]
+        if cmd.transients or cmd.maps:
+            self.iommu.on_retire(cmd)
+        open_cids, cid = self.open_cids, cmd.cid
+        left = open_cids.get(cid, 0) - 1
+        if left <= 0:
+            open_cids.pop(cid, None)
+        else:
+            open_cids[cid] = left
 
     def on_done(self, dev: Any, cmd: Command, rec: dict) -> None:
         """A completion record arrived: log the device's memory steps, count DDR bytes."""

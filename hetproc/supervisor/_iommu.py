@@ -181,6 +181,8 @@ class Iommu:
             m = table.get(b.handle) if table else None
             if m is not None and not m.unmapped:
                 m.users += 1
+                if not cmd.maps:
+                    cmd.maps = []
                 cmd.maps.append(m)
             elif p:
                 n += 1  # mapped for this command only; unmapped when it retires
@@ -203,7 +205,7 @@ class Iommu:
             m.users -= 1
             if m.unmapped and m.users == 0:
                 self._remove(m)
-        cmd.maps = []
+        cmd.maps = ()
 
     # -- explicit mappings --------------------------------------------------------------
 
@@ -295,6 +297,8 @@ class Iommu:
 
     def revoke(self, kind: str, handle: int) -> None:
         """Tokens must not outlive their object: the handle's slot will be reused."""
+        if not self.tokens:
+            return  # nothing exported at all (the common case, on every fence release)
         for token in self.tokens.pop((kind, handle), ()):
             self.exports.pop(token, None)
 

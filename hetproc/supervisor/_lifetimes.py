@@ -52,6 +52,38 @@ class Lifetimes:
             client.fences.add(handle)
         return handle
 
+    def new_fences(self, client: ClientRec, count: int) -> list[int]:
+        """``count`` fences of ``client``'s (``new_fence`` each, in one call)."""
+        out = self.reg.fences.allocate_many(count, client.id)
+        recs = self.reg.fence_recs
+        for handle in out:
+            recs[handle] = FenceRec(handle, client)
+        client.fences.update(out)
+        return out
+
+    def release_fences(self, client: ClientRec, handles: list[int]) -> None:
+        """``client`` lets go of these fences: its own are released (``release_fence``),
+        its imports dropped (``drop_fence_import``); a handle of neither is skipped."""
+        recs, iommu = self.reg.fence_recs, self.iommu
+        mine = client.fences
+        dropped = []
+        try:
+            for handle in handles:
+                rec = recs.get(handle)
+                if rec is None:
+                    continue
+                if rec.client is not client:
+                    self.drop_fence_import(client, handle)
+                elif not rec.released:  # release_fence, inline: this runs per command
+                    rec.released = True
+                    mine.discard(handle)
+                    if rec.refs == 0:  # drop_fence (its slot: with the others, below)
+                        iommu.revoke("fence", handle)
+                        del recs[handle]
+                        dropped.append(handle)
+        finally:
+            self.reg.fences.release_many(dropped)
+
     def release_fence(self, handle: int) -> None:
         rec = self.reg.fence_recs.get(handle)
         if rec is None or rec.released:
@@ -76,23 +108,32 @@ class Lifetimes:
 
     def take_refs(self, cmd: "Command") -> None:
         """A committed command holds its buffers and fences until it retires."""
+        recs = self.reg.fence_recs
         for h in cmd.signal:
-            self.reg.fence_recs[h].bound = True
-        for b in cmd.ins + cmd.outs:
+            rec = recs[h]
+            rec.bound = True
+            rec.refs += 1
+        for h in cmd.wait:
+            recs[h].refs += 1
+        for b in cmd.ins:
             b.refs += 1
-        for h in cmd.wait + cmd.signal:
-            self.reg.fence_recs[h].refs += 1
+        for b in cmd.outs:
+            b.refs += 1
 
     def drop_refs(self, cmd: "Command") -> None:
         """A retired command lets go; what nobody else holds is reclaimed now."""
-        for b in cmd.ins + cmd.outs:
-            b.refs -= 1
-            if b.released and b.refs == 0:
-                self.reclaim_buffer(b)
-        for h in cmd.wait + cmd.signal:
-            rec = self.reg.fence_recs.get(h)
+        if cmd.ins or cmd.outs:
+            for b in cmd.ins + cmd.outs:
+                b.refs -= 1
+                if b.released and b.refs == 0:
+                    self.reclaim_buffer(b)
+        recs = self.reg.fence_recs
+        for h in (cmd.wait + cmd.signal) if cmd.wait else cmd.signal:
+            rec = recs.get(h)
             if rec is not None:
-                self._unref_fence(rec)
+                rec.refs -= 1
+                if rec.released and rec.refs == 0:
+                    self.drop_fence(rec)
 
     # -- buffers ------------------------------------------------------------------------
 
@@ -154,7 +195,7 @@ class Lifetimes:
     def import_fence(self, client: ClientRec, rec: FenceRec) -> None:
         """The importer's reference keeps the slot from recycling while it waits."""
         if rec.client is not client and client.id not in rec.importers:
-            rec.importers.add(client.id)
+            rec.importers = rec.importers | {client.id}
             rec.refs += 1
             self.iommu.fence_imports.setdefault(client.id, set()).add(rec.handle)
 
@@ -173,7 +214,7 @@ class Lifetimes:
         rec = self.reg.fence_recs.get(handle)
         if rec is None or client.id not in rec.importers:
             return False
-        rec.importers.discard(client.id)
+        rec.importers = rec.importers - {client.id}
         self.iommu.fence_imports.get(client.id, set()).discard(handle)
         self._unref_fence(rec)
         return True
@@ -215,5 +256,5 @@ class Lifetimes:
         for handle in self.iommu.imported_fences(client):
             rec = self.reg.fence_recs.get(handle)
             if rec is not None and client.id in rec.importers:
-                rec.importers.discard(client.id)
+                rec.importers = rec.importers - {client.id}
                 self._unref_fence(rec)

@@ -110,16 +110,22 @@ class BufferRec:
         return self.shape, self.dtype
 
 
-@dataclass(eq=False)
+_NOBODY: frozenset[int] = frozenset()
+
+
+@dataclass(eq=False, slots=True)
 class FenceRec:
+    """One per live fence, made per command: slotted, and its client sets are a shared
+    empty one until an import (they are replaced, never changed in place)."""
+
     handle: int
     client: ClientRec | None
     refs: int = 0
     released: bool = False
     bound: bool = False  # some command will signal it; no second command may
     error: dict | None = None
-    importers: set[int] = field(default_factory=set)  # client ids that imported it
-    signallers: set[int] = field(default_factory=set)  # importers granted the signal right
+    importers: frozenset[int] = _NOBODY  # client ids that imported it
+    signallers: frozenset[int] = _NOBODY  # importers granted the signal right
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:

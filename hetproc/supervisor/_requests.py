@@ -217,7 +217,7 @@ class Requests:
     def fence_create(self, client: ClientRec, msg: dict) -> dict:
         count = msg.get("count", 1)  # 1..1024, checked with the packet
         quota.check_fences(self.reg, client, count)
-        return {"fences": [self.lifetimes.new_fence(client) for _ in range(count)]}
+        return {"fences": self.lifetimes.new_fences(client, count)}
 
     def queue_open(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"])
@@ -227,12 +227,7 @@ class Requests:
         return self.queues.close(client, msg["queue"])
 
     def fence_release(self, client: ClientRec, msg: dict) -> dict:
-        for handle in msg["fences"]:
-            rec = self.reg.fence_recs.get(handle) if isinstance(handle, int) else None
-            if rec is not None and rec.client is client:
-                self.lifetimes.release_fence(handle)
-            elif rec is not None:
-                self.lifetimes.drop_fence_import(client, handle)
+        self.lifetimes.release_fences(client, msg["fences"])  # ints: checked with the packet
         return {}
 
     def fence_error(self, client: ClientRec, msg: dict) -> dict:
@@ -264,23 +259,29 @@ class Requests:
         quota.check_inflight(self.reg, client, len(msg["cmds"]))
         quota.check_fences(self.reg, client, sum(1 for c in msg["cmds"] if "signal" not in c))
         t_arrive = check.arrival_ns(self.reg, msg.get("t_ns"), t0_ns)
-        cmds = [check.build_command(self.reg, self.iommu, self.handoff, self.faults, ctx, c,
-                                    t_arrive) for c in msg["cmds"]]  # all valid, or none runs
+        cmds = check.build_commands(self.reg, self.iommu, self.handoff, self.faults, ctx,
+                                    msg["cmds"], t_arrive, t0_ns)  # all valid, or none runs
         # Every part of a chain may need a new fence: make sure they all exist before the
         # first commit, so a batch is queued whole or not at all.
         if self.reg.fences.free_count() < 3 * len(cmds):
             raise errors.OutOfMemory(f"fence table too full for a batch of {len(cmds)}")
-        for cmd in cmds:  # the client's DDR quota may push its modeled arrivals back
-            cmd.t_arrive = self.ddr.admit(client, cmd.t_arrive,
-                                          sum(b.nbytes for b in cmd.ins + cmd.outs))
+        t_submit = time.monotonic_ns()  # every command validated: the watchdog's anchor
+        for cmd in cmds:
+            cmd.t_submit = t_submit
+        if self.ddr.limited(client):  # its DDR quota may push its modeled arrivals back
+            for cmd in cmds:
+                cmd.t_arrive = self.ddr.admit(client, cmd.t_arrive,
+                                              sum(b.nbytes for b in cmd.ins + cmd.outs))
         chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.reg.devices[ctx.device]
-        out = []
-        for cmd, chain in zip(cmds, chains):
+        commit, enqueue = self.commands.commit, dev.sched.add  # (what dev.enqueue does)
+        for chain in chains:
             for part in chain:
-                self.commands.commit(part)
-                dev.enqueue(part)
-            out.append([cmd.seq, cmd.cid, chain[-1].signal[0]])
+                commit(part)
+                enqueue(part)
+        # A notification (id 0, ``submit_nowait``) gets no reply to fill.
+        out = ([[cmd.seq, cmd.cid, chain[-1].signal[0]] for cmd, chain in zip(cmds, chains)]
+               if msg["id"] else [])
         self.evidence.submitted(dev, [part for chain in chains for part in chain], t0_ns)
         dev.pump()
         self._note_submit_time(time.perf_counter() - t0, len(cmds))
@@ -378,7 +379,7 @@ class Requests:
                 raise errors.StaleHandle("the exported fence was released")
             self.lifetimes.import_fence(client, rec)
             if "w" in exp.perm and rec.client is not client:
-                rec.signallers.add(client.id)
+                rec.signallers = rec.signallers | {client.id}
             return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
                     "signal": rec.client is client or client.id in rec.signallers}
         buf = self.reg.buffers.get(exp.handle)

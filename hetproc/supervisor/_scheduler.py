@@ -37,14 +37,6 @@ NO_DEADLINE = (1 << 63) - 1
 _DECAY = 0.9  # per accounted command, for the mixed policy's recent shares
 
 
-def client_key(cmd: Any) -> int:
-    return cmd.ctx.client.id
-
-
-def weight_of(cmd: Any) -> float:
-    return max(1e-3, float(getattr(cmd.ctx, "weight", 1.0) or 1.0))
-
-
 def max_priority(client: Any) -> int:
     """The highest priority ``client`` may ask for. One place, so that client identity
     (roles granted by the platform's owner) can bound it later; today every client may use
@@ -53,6 +45,15 @@ def max_priority(client: Any) -> int:
 
 
 MAX_PRIORITY = 99  # the supervisor's own probes run at 100, above any client
+
+
+def weight_of(ctx: Any) -> float:
+    """A context's share under fair queueing: its ``weight`` (a plain object may have
+    none), at least 1e-3 -- ``max(1e-3, float(weight or 1.0))`` without the calls."""
+    w = getattr(ctx, "weight", 1.0) or 1.0
+    if type(w) is not float:
+        w = float(w)
+    return w if w > 1e-3 else 1e-3  # (NaN, too, becomes 1e-3, as max would make it)
 
 
 class Scheduler:
@@ -159,7 +160,7 @@ class FairQueue:
         self.clock = 0.0  # the virtual time of the last pick
 
     def add(self, cmd: Any) -> None:
-        key = client_key(cmd)
+        key = cmd.ctx.client.id  # one fair share per client
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = collections.deque()
@@ -178,18 +179,25 @@ class FairQueue:
         return queues[key][0]
 
     def pop(self) -> Any:
-        cmd = self.peek()
-        key = client_key(cmd)
-        q = self.queues[key]
-        q.popleft()
+        """``peek``'s command, out of its queue."""
+        queues = self.queues
+        if len(queues) == 1:
+            for key, q in queues.items():
+                break
+        else:
+            key = min(queues, key=lambda k: (self.vtime[k], queues[k][0].seq))
+            q = queues[key]
+        cmd = q.popleft()
         if not q:
-            del self.queues[key]
-        self.clock = max(self.clock, self.vtime[key])
+            del queues[key]
+        v = self.vtime[key]
+        if v > self.clock:  # self.clock = max(self.clock, v)
+            self.clock = v
         return cmd
 
     def charge(self, cmd: Any, ns: int) -> None:
-        key = client_key(cmd)
-        self.vtime[key] = self.vtime.get(key, self.clock) + ns / weight_of(cmd)
+        key = cmd.ctx.client.id
+        self.vtime[key] = self.vtime.get(key, self.clock) + ns / weight_of(cmd.ctx)
 
     def clear(self) -> None:
         self.queues.clear()
@@ -226,36 +234,64 @@ class Priority(Scheduler):
     def __init__(self, spec: SchedSpec) -> None:
         super().__init__(spec)
         self.levels: dict[int, FairQueue] = {}
+        self.top: int | None = None  # max(levels): the highest level with work, if any
         self.shared = FairQueue()  # virtual times carried across levels: one per client
 
     def _reset(self) -> None:
         self.levels.clear()
+        self.top = None
 
     def _add(self, cmd: Any) -> None:
-        fq = self.levels.get(cmd.priority)
+        p = cmd.priority
+        fq = self.levels.get(p)
         if fq is None:
-            fq = self.levels[cmd.priority] = FairQueue()
+            fq = self.levels[p] = FairQueue()
             fq.vtime = self.shared.vtime  # one virtual time per client, whatever the level
+            if self.top is None or p > self.top:
+                self.top = p
         fq.clock = self.shared.clock
         fq.add(cmd)
 
-    def _top(self) -> FairQueue:
-        return self.levels[max(self.levels)]
-
     def _peek(self, now_ns: int) -> Any:
-        return self._top().peek()
+        return self.levels[self.top].peek()
 
     def _pick(self, now_ns: int) -> Any:
-        level = max(self.levels)
-        fq = self.levels[level]
+        levels, level = self.levels, self.top
+        fq = levels[level]
         cmd = fq.pop()
-        self.shared.clock = max(self.shared.clock, fq.clock)
-        if not fq:
-            del self.levels[level]
+        shared = self.shared
+        if fq.clock > shared.clock:  # max(shared.clock, fq.clock)
+            shared.clock = fq.clock
+        if not fq.queues:  # (its __bool__, without the call)
+            del levels[level]
+            self.top = max(levels) if levels else None
         return cmd
 
+    # ``add``, ``peek`` and ``account`` without a layer each: this is the platform's
+    # default policy, asked these for every command (the same steps as ``Scheduler``'s
+    # with ``_add`` and ``_peek`` above, and ``FairQueue.charge``).
+
+    def add(self, cmd: Any) -> None:
+        self.waiting[cmd.seq] = cmd
+        p = cmd.priority
+        fq = self.levels.get(p)
+        if fq is None:
+            fq = self.levels[p] = FairQueue()
+            fq.vtime = self.shared.vtime
+            if self.top is None or p > self.top:
+                self.top = p
+        fq.clock = self.shared.clock
+        fq.add(cmd)
+
+    def peek(self, now_ns: int = 0) -> Any | None:
+        if not self.waiting:
+            return None
+        return self.levels[self.top].peek()
+
     def account(self, cmd: Any, ran_ns: int) -> None:
-        self.shared.charge(cmd, ran_ns)
+        shared = self.shared
+        key = cmd.ctx.client.id
+        shared.vtime[key] = shared.vtime.get(key, shared.clock) + ran_ns / weight_of(cmd.ctx)
 
     def preempts(self, new: Any, running: Any) -> bool:
         return new.priority > running.priority

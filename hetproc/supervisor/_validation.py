@@ -8,8 +8,8 @@ they read it and change nothing, so a refused request leaves no trace in any tab
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -20,7 +20,7 @@ from ipc import PENDING, errors
 
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
-from ._records import BufferRec, ClientRec, ContextRec, Registry
+from ._records import BufferRec, ClientRec, ContextRec, FenceRec, Registry
 
 if TYPE_CHECKING:
     from .._config import LimitsSpec
@@ -76,13 +76,40 @@ def check_values(msg: dict, limits: "LimitsSpec", where: str) -> None:
 
 def check_command(c: dict, limits: "LimitsSpec") -> None:
     """One command of a submit: its schema (``_protocol.COMMAND``) and every value's range
-    in one pass -- this runs per command, so it is written for speed."""
-    checks = _COMMAND_CHECKS
+    in one pass -- this runs per command, so it is written for speed: a value that passes
+    its field's test here is valid; any other goes to that field's full check
+    (``_COMMAND_CHECKS``), which raises the error that says why.
+
+    A client sends its commands with the same fields in the same order, batch after
+    batch: for each such shape, the tests below are made once into one straight-line
+    test (``_shape_test``), and a command that passes it needs nothing more."""
+    shape = tuple(c)
+    test = _SHAPES.get(shape, _UNSEEN)
+    if test is _UNSEEN:
+        test = _learn_shape(shape)
+    if test is not None and test(c, limits.max_duration_ms):
+        return
+    fields, max_ms = _COMMAND_FIELDS, limits.max_duration_ms
     for key, value in c.items():
-        check = checks.get(key)
-        if check is None:
+        field = fields.get(key)
+        if field is None:
             raise errors.BadPacket(f"command: unknown field {key!r}")
-        check(key, value, limits)
+        kind, lo, hi = field
+        t = type(value)
+        if kind == _HANDLES:
+            if t is list and (not value or (len(value) <= hi and all(
+                    type(v) is int and 0 <= v <= _HANDLE_MAX for v in value))):
+                continue
+        elif kind == _INT:
+            if t is int and lo <= value <= hi:
+                continue
+        elif kind == _DURATION:
+            if (t is float or t is int) and 0.0 <= value <= max_ms and _isfinite(value):
+                continue
+        elif kind == _KERNEL:
+            if t is str and len(value) <= hi and value.isprintable():
+                continue
+        _COMMAND_CHECKS[key](key, value, limits)  # raises, saying why (or passes)
     if "kernel" not in c:
         raise errors.BadPacket("command: missing field 'kernel'")
 
@@ -140,6 +167,79 @@ _COMMAND_CHECKS = {"kernel": _cmd_kernel, "signal": _cmd_int, "cid": _cmd_int,
                    "timeout_ms": _cmd_duration, "checked": _cmd_bool, "priority": _cmd_int,
                    "deadline_ms": _cmd_duration}
 assert set(_COMMAND_CHECKS) == {k.rstrip("?") for k in _protocol.COMMAND}, "one check per field"
+# How ``check_command`` tests each field inline: (kind, low, high); a field of another
+# kind goes to its check every time.
+_HANDLES, _INT, _DURATION, _KERNEL, _OTHER = range(5)
+
+
+def _field_test(key: str, check: Any) -> tuple[int, int, int]:
+    if check is _cmd_handles:
+        return _HANDLES, 0, _protocol.LIST_CAPS[key]
+    if check is _cmd_int:
+        return (_INT, *_protocol.INT_RANGES[key])
+    if check is _cmd_duration:
+        return _DURATION, 0, 0
+    if check is _cmd_kernel:
+        return _KERNEL, 0, _protocol.STR_CAPS["kernel"]
+    return _OTHER, 0, 0
+
+
+_COMMAND_FIELDS = {key: _field_test(key, check) for key, check in _COMMAND_CHECKS.items()}
+_isfinite = math.isfinite
+
+# Shapes of commands (their fields, in order) -> a straight-line test of that shape, or
+# None (a field whose test is not inline, such as params: the loop handles those). Only
+# shapes made of our own field names are kept, at most ``_MAX_SHAPES`` of them: a client
+# inventing fields or shapes only gets the loop.
+_SHAPES: dict[tuple, Any] = {}
+_MAX_SHAPES = 64
+_UNSEEN = object()
+
+
+def _learn_shape(shape: tuple) -> Any:
+    if not all(type(k) is str and k in _COMMAND_FIELDS for k in shape):
+        return None  # the loop names the unknown field
+    test = _shape_test(shape)
+    if len(_SHAPES) < _MAX_SHAPES:
+        _SHAPES[shape] = test
+    return test
+
+
+def _shape_test(shape: tuple) -> Any:
+    """``check_command``'s inline tests for a command with exactly these fields (our own
+    names, each once), in this order, as one function of the command's values (True:
+    every value passes). The source names no field: the values are ``v0``, ``v1``..."""
+    if "kernel" not in shape:
+        return None
+    terms = []
+    for i, key in enumerate(shape):
+        kind, lo, hi = _COMMAND_FIELDS[key]
+        v = f"v{i}"
+        if kind == _HANDLES:
+            terms.append(f"type({v}) is list and (not {v} or _handles_ok({v}, {int(hi)}))")
+        elif kind == _INT:
+            terms.append(f"type({v}) is int and {int(lo)} <= {v} <= {int(hi)}")
+        elif kind == _DURATION:
+            terms.append(f"(type({v}) is float or type({v}) is int) and 0.0 <= {v} <= max_ms "
+                         f"and _isfinite({v})")
+        elif kind == _KERNEL:
+            terms.append(f"type({v}) is str and len({v}) <= {int(hi)} and {v}.isprintable()")
+        elif _COMMAND_CHECKS[key] is _cmd_bool:
+            terms.append(f"type({v}) is bool")
+        else:
+            return None
+    names = ", ".join(f"v{i}" for i in range(len(shape)))
+    source = (f"def test(c, max_ms):\n    {names}, = c.values()\n"
+              f"    return ({') and ('.join(terms)})\n")
+    scope = {"_handles_ok": _handles_ok, "_isfinite": _isfinite}
+    # (As ``dataclasses`` and ``namedtuple`` make their methods; the name is what a
+    # profile shows.)
+    exec(compile(source, "<check_command shape test>", "exec"), scope)
+    return scope["test"]
+
+
+def _handles_ok(value: list, cap: int) -> bool:
+    return len(value) <= cap and all(type(v) is int and 0 <= v <= _HANDLE_MAX for v in value)
 
 
 def check_list(key: str, value: list, where: str) -> None:
@@ -149,6 +249,21 @@ def check_list(key: str, value: list, where: str) -> None:
     item = _protocol.LIST_ITEMS.get(key)
     if item is None:
         return
+    # The common case first (a release names hundreds of fences): one pass that only
+    # tests; a list that fails it is walked again below to say which item and why.
+    if item is int:
+        lo, hi = _protocol.HANDLE
+        for v in value:
+            if type(v) is not int or not lo <= v <= hi:
+                break
+        else:
+            return
+    elif item is not str:
+        for v in value:
+            if type(v) is not item:
+                break
+        else:
+            return
     for v in value:
         if type(v) is not item:
             raise errors.InvalidRequest(f"{where}: {key} items must be {item.__name__}, "
@@ -269,66 +384,113 @@ def request_priority(reg: Registry, ctx: ContextRec, c: dict) -> int:
     return p
 
 
-def deadline_ns(reg: Registry, ctx: ContextRec, c: dict, t_received: int) -> int:
-    """Absolute deadline, counted from when the supervisor received the submit: a client
-    dating its submit earlier must not make its work look more urgent (edf, mixed)."""
-    if "deadline_ms" in c:
-        return t_received + reg.scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
-    return t_received + ctx.period_ns if ctx.period_ns else 0
+def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
+                   ctx: ContextRec, cmds: list, t_arrive: int, t_received: int) -> list[Command]:
+    """Validate every command of one submit: every handle, generation, owner, op, dtype and
+    shape is checked here, before anything reaches a device (seed §20). All valid, or an
+    error for the first one that is not (nothing was changed for any of them).
 
-
-def build_command(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
-                  ctx: ContextRec, c: Any, t_arrive: int = 0) -> Command:
-    """Validate one command of a submit: every handle, generation, owner, op, dtype and
-    shape is checked here, before anything reaches a device (seed §20)."""
-    if not isinstance(c, dict):
-        raise errors.BadPacket("a command must be a map")
-    dev = reg.devices[ctx.device]  # fields and ranges: ``check_command``, already
-    kernel = c["kernel"]
-    if kernel not in dev.spec.ops:
-        raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
-                                   f"(it runs: {', '.join(dev.spec.ops)})")
-    client = ctx.client
-    ins = [iommu.resolve(client, h, reg.buffers) for h in c["ins"]] if c.get("ins") else []
-    outs = [iommu.resolve(client, h, reg.buffers) for h in c["outs"]] if c.get("outs") else []
-    in_perms, out_perms = iommu.grant(ctx, ins, outs)  # IommuFault if not allowed
-    plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
-    params = c.get("params") or {}
-    if kernel != "work":  # "work" only holds time: it accepts any operands
-        validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
-    check_packet_size(c, ins, outs)
-    wait = [check_fence(reg, client, h) for h in c["wait"]] if c.get("wait") else []
-    signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
-    priority = request_priority(reg, ctx, c)
-    t_received = time.monotonic_ns()
-    t_arrive = t_arrive or arrival_ns(reg, None, t_received)
-    deadline = deadline_ns(reg, ctx, c, t_received)
-    if faults.rules and faults.draw("map", dev.name, c.get("cid", 0), client=(client.id, client.name)):
-        raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
-    return Command(
-        seq=0, cid=c.get("cid", 0), ctx=ctx, device=dev, kernel=kernel, params=params,
-        ins=ins, outs=outs, wait=wait, signal=signal, hold_ns=hold_ns(reg, dev, c, ins, outs),
-        delay_ns=reg.scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,
-        dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=priority,
-        t_submit=time.monotonic_ns(), t_arrive=t_arrive, deadline_ns=deadline,
-        timeout_ns=(reg.scaled_ns(c["timeout_ms"]) if "timeout_ms" in c
-                    else watchdog_budget_ns(reg, dev, kernel, ins, outs)),
-        checked=c.get("checked", False), in_perms=in_perms, out_perms=out_perms, plan=plan)
-
-
-def check_packet_size(c: dict, ins: list, outs: list) -> None:
-    """A command must fit one ring slot once encoded for the device: refuse it here,
-    before anything is committed, never at the device's queue head."""
+    What is the same for every command of the message is looked up once: the device and
+    the ops it runs, the client, the context's defaults (priority, deadline from its
+    period, counted from ``t_received``, when the supervisor received the message), the
+    dependency timeout, and per (kernel, bytes touched) the modeled hold and the default
+    watchdog. Every check that depends on a command's own fields runs for each command
+    (``check_request`` checked every field's type and range already)."""
+    dev = reg.devices[ctx.device]
+    ops, client, buffers = dev.spec.ops, ctx.client, reg.buffers
+    resolve, scaled_ns = iommu.resolve, reg.scaled_ns
+    dep_timeout_ns = scaled_ns(reg.spec.dependency_timeout_ms)
+    default_deadline = t_received + ctx.period_ns if ctx.period_ns else 0
+    default_priority = ctx.priority
     room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
-    params = c.get("params")
-    size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(c.get("wait") or ())
-            + 70 * len(ins + outs))  # a descriptor: segment id, offset, layout, handle
-    if size > room:
-        raise errors.BadPacket(f"command too large for a device ring slot "
-                               f"(~{size} of {room} bytes: params, buffers, waits)")
+    runs: set[str] = set()  # kernels of this batch the device runs
+    modeled: dict[tuple[str, int], tuple[int, int]] = {}  # -> (hold ns, watchdog ns)
+    held: dict[Any, int] = {}  # a command's own ms -> hold ns
+    out = []
+    for c in cmds:
+        if type(c) is not dict:
+            raise errors.BadPacket("a command must be a map")
+        kernel = c["kernel"]  # fields and ranges: ``check_command``, already
+        if kernel not in runs:
+            if kernel not in ops:
+                raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
+                                           f"(it runs: {', '.join(dev.spec.ops)})")
+            runs.add(kernel)
+        h = c.get("ins")
+        ins = [resolve(client, x, buffers) for x in h] if h else []
+        h = c.get("outs")
+        outs = [resolve(client, x, buffers) for x in h] if h else []
+        params = c.get("params") or {}
+        h = c.get("wait")
+        if ins or outs:
+            in_perms, out_perms = iommu.grant(ctx, ins, outs)  # IommuFault if not allowed
+            plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
+            if kernel != "work":  # "work" only holds time: it accepts any operands
+                validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
+            nbytes = sum(b.nbytes for b in ins) + sum(b.nbytes for b in outs)
+        else:  # no operand: nothing to grant, map or convert
+            in_perms, out_perms, plan, nbytes = [], [], None, 0
+            if kernel != "work":
+                validate_kernel(kernel, [], [], params)
+        # A command must fit one ring slot once encoded for the device: refused here,
+        # before anything is committed, never at the device's queue head. (Without params,
+        # waits or operands its variable part is 1 byte.)
+        if params or h or ins or outs:
+            size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(h or ())
+                    + 70 * (len(ins) + len(outs)))  # a descriptor: segment, offset, layout, handle
+            if size > room:
+                raise errors.BadPacket(f"command too large for a device ring slot "
+                                       f"(~{size} of {room} bytes: params, buffers, waits)")
+        wait = [check_fence(reg, client, x) for x in h] if h else []
+        signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
+        priority = request_priority(reg, ctx, c) if "priority" in c else default_priority
+        # Counted from when the supervisor received the submit: a client dating its
+        # submit earlier must not make its work look more urgent (edf, mixed).
+        deadline = (t_received + scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
+                    if "deadline_ms" in c else default_deadline)
+        cid = c.get("cid", 0)
+        if faults.rules and faults.draw("map", dev.name, cid, client=(client.id, client.name)):
+            raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
+        if "ms" not in c or "timeout_ms" not in c:
+            m = modeled.get((kernel, nbytes))
+            if m is None:
+                m = modeled[kernel, nbytes] = (
+                    scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
+                    watchdog_budget_ns(reg, dev, kernel, nbytes))
+        if "ms" in c:
+            ms = c["ms"]
+            hold = held.get(ms)
+            if hold is None:
+                hold = held[ms] = scaled_ns(float(ms))
+        else:
+            hold = m[0]
+        # Positional up to ``checked`` (in ``Command``'s field order): keywords cost a
+        # microsecond per command here.
+        out.append(Command(
+            0, cid, ctx, dev, kernel, params, ins, outs, wait, signal, hold,  # seq..hold_ns
+            scaled_ns(c["handoff_ms"]) if "handoff_ms" in c else 0,  # delay_ns
+            dep_timeout_ns, priority, 0, None, t_arrive, deadline,  # ..t_submit, fault..
+            False,  # preemptor
+            scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else m[1],  # timeout_ns
+            c.get("checked", False),
+            in_perms=in_perms, out_perms=out_perms, plan=plan))
+    return out
+
+
+# ``build_commands`` passes these positionally: a new field of ``Command`` goes after them.
+assert tuple(f.name for f in dataclasses.fields(Command))[:21] == (
+    "seq", "cid", "ctx", "device", "kernel", "params", "ins", "outs", "wait", "signal",
+    "hold_ns", "delay_ns", "dep_timeout_ns", "priority", "t_submit", "fault", "t_arrive",
+    "deadline_ns", "preemptor", "timeout_ns", "checked"), "Command's field order changed"
 
 
 def check_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
+    fence_rec(reg, client, handle)
+    return handle
+
+
+def fence_rec(reg: Registry, client: ClientRec, handle: Any) -> FenceRec:
+    """The record of a live fence ``client`` may wait on (its own, or imported)."""
     if not isinstance(handle, int) or isinstance(handle, bool):
         raise errors.InvalidHandle(f"fence handle {handle!r} is not a handle")
     rec = reg.fence_recs.get(handle)
@@ -339,34 +501,40 @@ def check_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
         raise errors.ForeignHandle(f"fence {handle:#x} belongs to another client")
     if rec.released and client.id not in rec.importers:  # an import is a reference
         raise errors.StaleHandle(f"fence {handle:#x} was released by its client")
-    return handle
+    return rec
 
 
 def check_signal_right(reg: Registry, client: ClientRec, handle: Any) -> int:
     """Signalling needs more than waiting: the fence's owner, or an importer its owner
     exported it to with the signal right. An import alone grants waiting only."""
-    check_fence(reg, client, handle)
-    rec = reg.fence_recs[handle]
-    if rec.client is not client and client.id not in rec.signallers:
-        raise errors.NotPermitted(f"fence {handle:#x} may be waited on, not signalled, by "
-                                  f"client {client.name!r} (its owner did not grant the right)")
+    rec = fence_rec(reg, client, handle)
+    _signal_right(rec, client, handle)
     if rec.bound:
         raise errors.NotPermitted(f"fence {handle:#x} is signalled by a command, not by a client")
     return handle
 
 
+def _signal_right(rec: FenceRec, client: ClientRec, handle: int) -> None:
+    if rec.client is not client and client.id not in rec.signallers:
+        raise errors.NotPermitted(f"fence {handle:#x} may be waited on, not signalled, by "
+                                  f"client {client.name!r} (its owner did not grant the right)")
+
+
 def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
     """A client-chosen output fence: one it may signal, pending, and not bound already."""
-    check_fence(reg, client, handle)
-    rec = reg.fence_recs[handle]
+    rec = reg.fence_recs.get(handle) if type(handle) is int else None
+    if (rec is not None and rec.client is client and not rec.released and not rec.bound
+            and reg.fences.poll(handle)[0] == PENDING):
+        return handle  # its own, live, free and pending: each test below passes
+    rec = fence_rec(reg, client, handle)
     if rec.bound or reg.fences.poll(handle)[0] != PENDING:
         raise errors.InvalidRequest(f"fence {handle:#x} is already bound to a command")
-    check_signal_right(reg, client, handle)
+    if rec.client is not client and client.id not in rec.signallers:  # (not bound: above)
+        _signal_right(rec, client, handle)  # raises, saying why
     return handle
 
 
-def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, ins: list,
-                       outs: list) -> int:
+def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int) -> int:
     """The default watchdog of one command: the platform's ``watchdog_ms``, or more for a
     command whose work is long by the platform's own model -- ``WATCHDOG_MODEL_FACTOR``
     times the duration its device's timing table gives it, plus the memory traffic of its
@@ -375,17 +543,9 @@ def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, ins: list,
     caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it (every client is
     untrusted: a long ``ms`` needs a ``timeout_ms`` too, within ``limits.max_duration_ms``),
     and it never exceeds that limit unless ``watchdog_ms`` does. The recovery's watchdog
-    counts the device's CPU time against this budget (a starved device is not hung)."""
+    counts the device's CPU time against this budget (a starved device is not hung).
+    ``nbytes``: what the command's operands hold, together."""
     floor = reg.scaled_ns(reg.spec.watchdog_ms)
-    nbytes = sum(b.nbytes for b in ins + outs)
     modeled = reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes))
     work = max(floor, WATCHDOG_MODEL_FACTOR * modeled) + nbytes * WATCHDOG_NS_PER_BYTE
     return min(work, max(floor, reg.scaled_ns(reg.spec.limits.max_duration_ms)))
-
-
-def hold_ns(reg: Registry, dev: DeviceHandle, c: dict, ins: list, outs: list) -> int:
-    if "ms" in c:
-        return reg.scaled_ns(float(c["ms"]))
-    nbytes = sum(b.nbytes for b in ins + outs)
-    return reg.scaled_ns(dev.spec.timing.duration_ms(c["kernel"], nbytes))
-
