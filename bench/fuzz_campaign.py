@@ -472,6 +472,63 @@ def flood(address: str, rng: random.Random) -> int:
     return len(socks)
 
 
+def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, ...]) -> dict:
+    """A tenant that writes into its own user-mode queue what no honest client would:
+    random bytes, records naming fences it does not own (handles guessed: low slots,
+    early generations, so live fences of other tenants are hit), wrong ring positions,
+    durations past the bound, far arrivals, and heads no ring can have, ringing the
+    doorbell after each burst. Only the device reads these; the platform's other tenants
+    must not notice (their results, their fences, the device's pid). Returns what it did
+    and what became of its own fences (a forged record may only fail its writer's)."""
+    from ipc import encode_queue_record
+    client = hetproc.connect(prefix, "scribbler")
+    done = collections.Counter()
+    try:
+        q = client.context(rng.choice(devices)).queue(slots=64)
+        ring, seq = q._ring, 0
+        for i in range(records):
+            seq += 1
+            kind = rng.choice(("bytes", "foreign", "position", "hold", "arrival", "honest"))
+            now = time.monotonic_ns()
+            if kind == "bytes":
+                data = rng.randbytes(rng.choice((0, 1, 8, 56, 120)))
+            elif kind == "foreign":
+                guess = (rng.randint(1, 4) << 32) | rng.randrange(2048)
+                data = encode_queue_record(seq, rng.getrandbits(40), guess, now, 0)
+            elif kind == "position":
+                data = encode_queue_record(seq + rng.randint(1, 1 << 20), 1, 1 << 32, now, 0)
+            elif kind == "hold":
+                data = encode_queue_record(seq, 1, 1 << 32, now, q.max_hold_ns + 1)
+            elif kind == "arrival":
+                data = encode_queue_record(seq, 1, 1 << 32, now + 3600 * 10**9, 0)
+            else:
+                seq -= 1
+                q._qseq = seq
+                q.submit_nowait(0.0)
+                seq += 1
+                done[kind] += 1
+                continue
+            deadline = time.monotonic() + 5.0
+            while not ring.put(data):  # the device drains it; a lost queue never will
+                if ring.state != 0 or time.monotonic() > deadline:
+                    raise hetproc.CancelledByReset("the queue stopped draining")
+                q._doorbell.release()
+                time.sleep(0.0005)
+            done[kind] += 1
+            if i % 16 == 15:
+                q._doorbell.release()
+        if rng.random() < 0.5:
+            ring._q[0] = ring.head + rng.choice((1 << 40, ring.slots + 1))  # a head no ring has
+            q._doorbell.release()
+        q._qseq = ring.head  # an honest close after the mess
+        q.close()
+    except hetproc.HetprocError as exc:  # its device reset under it: it just stops
+        done[f"stopped: {type(exc).__name__}"] += 1
+    finally:
+        client.close()
+    return dict(done)
+
+
 def _listening(address: str) -> bool:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

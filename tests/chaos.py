@@ -21,9 +21,9 @@ Invariants checked (ARCHITECTURE.md §3), for every seed:
 Each seed also draws its mix (``draw_mix``) from the same generator: the scheduling policy
 of every device (fifo, priority, edf, fair, mixed; its preemption chunk), per-context
 priority, period and weight and per-command priority and deadline; a hostile tenant (a
-process sending malformed and out-of-range requests and bursts of bare connections, with
-``bench.fuzz_campaign``'s generators: every refusal must be a clean error, never
-InternalError); a pipeline with a drop policy (every frame it reports completed is exact);
+process sending malformed and out-of-range requests, bursts of bare connections and
+forged records in a queue of its own, with ``bench.fuzz_campaign``'s generators: every
+refusal must be a clean error, never InternalError, and nobody else may notice the queue); a pipeline with a drop policy (every frame it reports completed is exact);
 a delegated model partitioned across devices (every run it completes equals the CPU
 reference within the delegate tests' tolerance); fence signal rights (an import may
 signal only with the right, a failed signal fails the command waiting on it); and a
@@ -148,20 +148,24 @@ CHILD = textwrap.dedent("""
 
 HOSTILE = textwrap.dedent("""
     import json, random, sys
-    from bench.fuzz_campaign import flood, fuzz
+    from bench.fuzz_campaign import flood, fuzz, scribble
     from ipc import socket_address
     address = socket_address(sys.argv[1])            # the platform's (abstract) socket
     seed, packets, parts = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    outcomes, findings, flooded, sent = {}, [], 0, 0
-    for part in range(parts):                        # fuzzed packets, then a flood, in turn
-        r = fuzz(address, packets, seed, start=part * packets)
+    outcomes, findings, flooded, sent, scribbled = {}, [], 0, 0, {}
+    for part in range(parts):                        # fuzzed packets, a flood, a scribbled
+        r = fuzz(address, packets, seed, start=part * packets)   # queue, in turn
         sent += r["packets"]
         for k, v in r["outcomes"].items():
             outcomes[k] = outcomes.get(k, 0) + v
         findings += r["findings"]
         flooded += flood(address, random.Random(f"{seed}:flood:{part}"))
+        for k, v in scribble(sys.argv[1], random.Random(f"{seed}:queue:{part}"), 150,
+                             ("npu0", "gpu0", "dsp0")).items():
+            scribbled[k] = scribbled.get(k, 0) + v
     print("HOSTILE " + json.dumps({"packets": sent, "outcomes": outcomes,
-                                   "findings": findings, "flooded": flooded}), flush=True)
+                                   "findings": findings, "flooded": flooded,
+                                   "scribbled": scribbled}), flush=True)
 """)
 
 
@@ -913,7 +917,8 @@ class _Run:
                       f"the hostile tenant (fuzz seed {self.mix.hostile}): refusals {bad}, "
                       f"findings {r['findings']}")
         self.tally["hostile"] = {"packets": r["packets"], "flooded": r["flooded"],
-                                 "refused": sum(v for k, v in r["outcomes"].items() if k != "ok")}
+                                 "refused": sum(v for k, v in r["outcomes"].items() if k != "ok"),
+                                 "scribbled": r["scribbled"]}
 
     # -- after the storm ------------------------------------------------------------------
 
