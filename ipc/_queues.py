@@ -14,8 +14,16 @@ Layout (one memfd): a 128-byte header, then ``slots`` fixed slots of ``SLOT_BYTE
 
     word 0   head   records written (client)         -- its own cache line
     word 8   tail   records finished (device)        -- its own cache line
+    word 13  ended  1 + the head the supervisor read when it ended the queue (0: not yet)
     word 14  notes  failure notes written (device)
     word 15  state  OPEN / LOST / CLOSED (supervisor)
+
+Ending a queue races with a client writing into it. The supervisor sets the state, then
+(after a full barrier) reads the head and fails the records below it, then publishes
+that head in ``ended``. The client publishes its head, posts the doorbell (a barrier),
+then reads the state: if the queue ended, the records at or past ``ended - 1`` were
+never seen by the supervisor, and the client fails their fences itself. One of the two
+always sees the other's store, so no record is left pending.
 
 After the slots, ``NOTES`` failure notes (fence, error code, message) the device writes
 for each queue command it fails or refuses: with no supervisor on the path, this is how
@@ -46,7 +54,7 @@ MAX_WAIT = 8
 QUEUE_TAG = 0xC2
 KERNELS = ("work",)  # index = the record's kernel byte
 OPEN, LOST, CLOSED = 0, 1, 2
-_HEAD, _TAIL, _NOTES, _STATE = 0, 8, 14, 15
+_HEAD, _TAIL, _ENDED, _NOTES, _STATE = 0, 8, 13, 14, 15
 NOTES, NOTE_BYTES = 8, 256
 _NOTE = struct.Struct("<QII")  # fence, error code, message length
 _NOTE_TEXT = NOTE_BYTES - _NOTE.size
@@ -140,6 +148,14 @@ class QueueRing:
 
     def set_state(self, state: int) -> None:
         self._q[_STATE] = state
+
+    @property
+    def ended_at(self) -> int:
+        """The head the supervisor read when it ended the queue; -1 until published."""
+        return self._q[_ENDED] - 1
+
+    def set_ended_at(self, head: int) -> None:
+        self._q[_ENDED] = head + 1
 
     def space(self) -> int:
         q = self._q

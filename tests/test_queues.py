@@ -361,3 +361,27 @@ def test_a_device_stopped_with_queue_work_is_reset_and_its_records_fail(platform
     q2 = _open_when_served(ctx)
     q2.submit_nowait(0.0).wait(WAIT)
     q2.close()
+
+
+def test_records_written_as_the_queue_ends_are_failed_not_left_pending(platform, monkeypatch):
+    """The race the ``ended`` word settles: the client checked the queue open, the
+    supervisor ended it (state, then the head it read) before the client's records went
+    in. The client sees the state after its doorbell post and fails the records the
+    supervisor never saw; earlier ones are the supervisor's to fail."""
+    client = platform.client
+    q = client.context("npu0").queue()
+    ring = q._ring
+    ring.set_state(QUEUE_LOST)            # as the supervisor ends it ...
+    ring.set_ended_at(ring.head)          # ... having read the head before our records
+    monkeypatch.setattr(q, "_check_open", lambda: None)  # we looked before it ended
+    # The device is alive here (the end is staged): the records wait on a fence that
+    # never comes, so only the client's own failure can complete them.
+    never = client.fence()
+    fences = q.submit_many([0.0, 0.0, 0.0], wait=[never])
+    for f in fences:
+        with pytest.raises(errors.CancelledByReset, match="ended while"):
+            f.wait(WAIT)
+    monkeypatch.undo()
+    ring.set_state(0)
+    q.close()
+    never.release()

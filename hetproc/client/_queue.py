@@ -45,6 +45,7 @@ class Queue:
         self._doorbell = posix_ipc.Semaphore(info["doorbell"])
         self._qseq = self._ring.head  # 0 on a new ring
         self._closed = False
+        self._failed_here: dict[int, dict] = {}  # fences this process failed (``_fail_unseen``)
 
     def __enter__(self) -> "Queue":
         return self
@@ -79,7 +80,8 @@ class Queue:
         t_submit = client.trace.now()
         client.trace.bind(cmds)
         arrive = time.monotonic_ns() if at_ns is None else int(at_ns)
-        put = self._ring.put
+        ring = self._ring
+        put, first = ring.put, ring.head
         written = time.monotonic_ns()
         for i in range(n):
             self._qseq += 1
@@ -87,12 +89,29 @@ class Queue:
                                          waits if i == 0 else (), t_written=written)
             if not put(record):
                 self._wait_for_space(record)
-        self._doorbell.release()
+        self._doorbell.release()  # a barrier too: the head is out before the state is read
+        if ring.state != QUEUE_OPEN:
+            self._fail_unseen(first, handles)
         client.trace.submitted(cmds, t_submit)
         fences = [Fence(client, h, cid=c, owned=True) for h, c in zip(handles, cids)]
         for f in fences:
             f._queue = self
         return fences
+
+    def _fail_unseen(self, first: int, handles: list[int]) -> None:
+        """The queue ended while these records went in: fail the fences of those the
+        supervisor did not see (at or past the head it read; ``ipc._queues``)."""
+        deadline = time.monotonic() + FULL_WAIT_S
+        while self._ring.ended_at < 0 and time.monotonic() < deadline:
+            time.sleep(0.0001)  # the supervisor publishes it in the same turn
+        ended = self._ring.ended_at
+        exc = errors.CancelledByReset(f"queue {self.qid} on {self.ctx.device} ended while "
+                                      f"this command was written")
+        fences = self.client.fences
+        for i, handle in enumerate(handles):
+            if ended < 0 or first + i >= ended:
+                self._failed_here[handle] = exc.to_dict()  # before the wake (``explain``)
+                fences.signal(handle, exc.wire)
 
     def _hold_ns(self, ms: float) -> int:
         ms = float(ms)
@@ -125,7 +144,7 @@ class Queue:
     def explain(self, fence: int, word: int, cid: int) -> errors.HetprocError | None:
         """The error of a failed queue command, from the supervisor's record (a reset or
         a close: sent ahead of the wake) or the device's note in the ring."""
-        record = self.client.failure_record(fence)
+        record = self._failed_here.pop(fence, None) or self.client.failure_record(fence)
         if record is None and not self._closed:
             note = self._ring.find_note(fence)
             if note is not None and note[0] == word & 0xFFFF:

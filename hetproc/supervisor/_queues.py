@@ -15,6 +15,8 @@ It stays in charge of everything else:
 
 * **close / client gone** -- a detach record goes to the device in ring order, then the
   segment is dropped (the device releases its view of it first);
+* a queue ended while its client writes: see ``ipc._queues`` (``ended``): the client
+  fails what the supervisor could not have seen, so no record is left pending;
 * **device reset** (any confirmed stop that ends the device process: crash, kill by the
   watchdog, a stall) -- every queue on that device is lost, as a GPU reset loses the
   user-mode queues on it: the supervisor reads the records the device still owed
@@ -37,6 +39,7 @@ the supervisor scheduled is ready on that device, round robin between queues).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -53,6 +56,14 @@ if TYPE_CHECKING:
     from ._records import ClientRec, ContextRec, Registry
 
 MIN_SLOTS, MAX_SLOTS = 16, 4096
+_BARRIER = threading.Lock()
+
+
+def _full_barrier() -> None:
+    """A locked instruction (a mutex taken and given back): the store before it is
+    visible to other CPUs before any load after it (x86 may otherwise reorder them)."""
+    with _BARRIER:
+        pass
 MAX_PER_CLIENT = 8       # queues one client process may hold open (all its connections)
 MAX_PER_DEVICE = 32      # queues one device reads (each costs it a look per idle turn)
 
@@ -142,6 +153,7 @@ class Queues:
         if q is None or q.client is not client:
             raise errors.InvalidHandle(f"queue {qid} is not open on this connection")
         q.ring.set_state(QUEUE_CLOSED)
+        _full_barrier()
         self.stats["fences_failed"] += self._fail_owed(q, None, "the queue was closed")
         self._drop(q, QUEUE_CLOSED)
         self.stats["closed"] += 1
@@ -161,6 +173,7 @@ class Queues:
         """The device process ended (its stop is confirmed): lose its queues."""
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
             q.ring.set_state(QUEUE_LOST)  # before any waiter wakes: a submit sees it
+            _full_barrier()  # the state is visible before the head is read (module doc)
             self.stats["fences_failed"] += self._fail_owed(q, dev, why)
             self.stats["lost"] += 1
             self._drop(q, QUEUE_LOST, tell_device=False)
@@ -179,8 +192,8 @@ class Queues:
             if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
                                                                      DeviceState.WAITING):
                 running_cid = slot.u64[S.CURRENT_CID]
-        tail = ring.tail
-        owed = min(max(ring.head - tail, 0), q.slots)
+        tail, head = ring.tail, ring.head
+        owed = min(max(head - tail, 0), q.slots)
         failed = 0
         for i in range(tail, tail + owed):
             try:
@@ -201,6 +214,7 @@ class Queues:
             if not self.reg.fail_fence(rec.signal, exc):  # the record goes to its owner first
                 fences.signal(rec.signal, exc.wire)
             failed += 1
+        ring.set_ended_at(head)  # what the client must fail itself starts here
         return failed
 
     def _drop(self, q: QueueRec, state: int, tell_device: bool = True) -> None:
