@@ -385,3 +385,23 @@ def test_records_written_as_the_queue_ends_are_failed_not_left_pending(platform,
     ring.set_state(0)
     q.close()
     never.release()
+
+
+def test_a_queue_that_stays_full_fails_what_did_not_fit(platform, monkeypatch):
+    """Every wait has a deadline, a full ring's too: the records that did not fit fail
+    their fences (retryable), the ones in the ring run as ever."""
+    from hetproc.client import _queue
+    monkeypatch.setattr(_queue, "FULL_WAIT_S", 0.2)
+    client = platform.client
+    q = client.context("npu0").queue(slots=16)
+    gate = client.fence()
+    fences = q.submit_many([0.0] * 20, wait=[gate])  # the first holds the rest back
+    for f in fences[16:]:
+        with pytest.raises(errors.ResourceError, match="stayed full") as info:
+            f.wait(WAIT)
+        assert info.value.retryable
+    gate.signal()
+    for f in fences[:16]:
+        f.wait(WAIT)
+    q.submit_nowait(0.0).wait(WAIT)  # the queue goes on, in order
+    q.close()

@@ -84,11 +84,14 @@ class Queue:
         put, first = ring.put, ring.head
         written = time.monotonic_ns()
         for i in range(n):
+            record = encode_queue_record(self._qseq + 1, cids[i], handles[i], arrive,
+                                         holds[i], waits if i == 0 else (), t_written=written)
+            if not put(record) and not self._wait_for_space(record):
+                self._fail(handles[i:], errors.ResourceError(
+                    f"queue {self.qid} stayed full for {FULL_WAIT_S} s: the device is not "
+                    f"draining it", retryable=True))
+                break
             self._qseq += 1
-            record = encode_queue_record(self._qseq, cids[i], handles[i], arrive, holds[i],
-                                         waits if i == 0 else (), t_written=written)
-            if not put(record):
-                self._wait_for_space(record)
         self._doorbell.release()  # a barrier too: the head is out before the state is read
         if ring.state != QUEUE_OPEN:
             self._fail_unseen(first, handles)
@@ -105,12 +108,17 @@ class Queue:
         while self._ring.ended_at < 0 and time.monotonic() < deadline:
             time.sleep(0.0001)  # the supervisor publishes it in the same turn
         ended = self._ring.ended_at
-        exc = errors.CancelledByReset(f"queue {self.qid} on {self.ctx.device} ended while "
-                                      f"this command was written")
+        self._fail([h for i, h in enumerate(handles) if ended < 0 or first + i >= ended],
+                   errors.CancelledByReset(f"queue {self.qid} on {self.ctx.device} ended "
+                                           f"while this command was written"))
+
+    def _fail(self, handles: list[int], exc: errors.HetprocError) -> None:
+        """Fail our own fences (a command that never reached, or will never leave, the
+        ring): the error is kept for ``explain`` before the wake."""
         fences = self.client.fences
-        for i, handle in enumerate(handles):
-            if ended < 0 or first + i >= ended:
-                self._failed_here[handle] = exc.to_dict()  # before the wake (``explain``)
+        for handle in handles:
+            if fences.pending(handle):
+                self._failed_here[handle] = exc.to_dict()
                 fences.signal(handle, exc.wire)
 
     def _hold_ns(self, ms: float) -> int:
@@ -123,16 +131,17 @@ class Queue:
                                         f"(modeled) a queue command may run")
         return hold
 
-    def _wait_for_space(self, record: bytes) -> None:
-        """The ring is full: wake the device and give it time to drain, within a bound."""
+    def _wait_for_space(self, record: bytes) -> bool:
+        """The ring is full: wake the device and give it time to drain, within a bound.
+        False when the record did not go in: the queue ended (its fences are failed with
+        the others, ``_fail_unseen``) or it stayed full."""
         self._doorbell.release()
         deadline = time.monotonic() + FULL_WAIT_S
         while not self._ring.put(record):
-            self._check_open()
-            if time.monotonic() > deadline:
-                raise errors.ResourceError(f"queue {self.qid} stayed full for {FULL_WAIT_S} s: "
-                                           f"the device is not draining it", retryable=True)
+            if self._ring.state != QUEUE_OPEN or time.monotonic() > deadline:
+                return False
             time.sleep(0.0002)
+        return True
 
     def _check_open(self) -> None:
         if self._closed:
