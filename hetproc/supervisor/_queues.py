@@ -45,8 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from device_workers import DeviceState
 from device_workers import StateSlot as S
-from ipc import (QUEUE_CLOSED, QUEUE_LOST, Block, QueueRing, decode_queue_record, encode,
-                 errors, queue_bytes)
+from ipc import QUEUE_CLOSED, QUEUE_LOST, Block, QueueRing, encode, errors, queue_bytes
 
 from ._devices import RING_SLOTS
 
@@ -101,12 +100,29 @@ class Queues:
     def open(self, client: "ClientRec", ctx: "ContextRec", slots: int,
              hand: Callable[["ClientRec", int], list]) -> dict[str, Any]:
         """``hand(client, sid)``: the reply's ``segs`` entry for the ring's segment."""
+        dev = self._may_open(client, ctx, slots)
+        block, seg, segs = self._make_ring(client, dev, queue_bytes(slots), hand)
+        self._ids += 1
+        q = QueueRec(self._ids, client, ctx, dev.name, block,
+                     QueueRing(memoryview(seg.map)[:queue_bytes(slots)], slots), slots)
+        spec, scaled = self.reg.spec, self.reg.scaled_ns
+        self._control(dev, {"op": "qattach", "qid": q.qid, "sid": q.sid, "slots": slots,
+                            "tag": client.id, "max_hold_ns": scaled(spec.watchdog_ms),
+                            "dep_timeout_ns": scaled(spec.dependency_timeout_ms),
+                            "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0})
+        self.open_queues[q.qid] = q
+        self.stats["opened"] += 1
+        return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": queue_bytes(slots),
+                "doorbell": dev.doorbell.name, "tag": client.id,
+                "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs}
+
+    def _may_open(self, client: "ClientRec", ctx: "ContextRec", slots: int) -> "DeviceHandle":
+        """The device a queue may be opened on now; the limits' errors otherwise."""
         if slots < MIN_SLOTS or slots > MAX_SLOTS or slots & (slots - 1):
             raise errors.InvalidRequest(f"queue slots must be a power of two in "
                                         f"{MIN_SLOTS}..{MAX_SLOTS}, got {slots}")
         tenant = {id(c) for c in self.reg.tenant(client)}  # every connection of its process
-        mine = [q for q in self.open_queues.values() if id(q.client) in tenant]
-        if len(mine) >= MAX_PER_CLIENT:
+        if sum(id(q.client) in tenant for q in self.open_queues.values()) >= MAX_PER_CLIENT:
             raise errors.QuotaExceeded(f"{MAX_PER_CLIENT} queues open in this client process")
         dev = self._device(ctx.device)
         if sum(q.device == dev.name for q in self.open_queues.values()) >= MAX_PER_DEVICE:
@@ -116,11 +132,16 @@ class Queues:
                                        f"once it serves", retryable=True)
         if dev.commands.depth() >= RING_SLOTS - 2:
             raise errors.ResourceError(f"{dev.name}'s command ring is full", retryable=True)
-        nbytes = queue_bytes(slots)
+        return dev
+
+    def _make_ring(self, client: "ClientRec", dev: "DeviceHandle", nbytes: int,
+                   hand: Callable[["ClientRec", int], list]) -> tuple[Block, Any, list]:
+        """The ring's segment from the tenant's budget, its descriptor on its way to the
+        client (in the reply) and to the device (before the record that names it)."""
         try:
             block = self.pool.allocate(client.pid, nbytes, exportable=True)
         except MemoryError as exc:
-            raise errors.OutOfMemory(f"no memory for a queue of {slots} slots: {exc}") from None
+            raise errors.OutOfMemory(f"no memory for a queue of {nbytes} bytes: {exc}") from None
         seg = self.pool.segments[block.segment]
         try:
             segs = hand(client, seg.key)
@@ -128,94 +149,90 @@ class Queues:
             self.pool.free(block)
             raise
         dev.segs.add(seg)
-        if not dev.segs.flush():  # the descriptor must be on its way before the record
+        if not dev.segs.flush():
             dev.segs.drop(seg.key)
             client.segments.discard(seg.key)
             self.pool.free(block)
             raise errors.ResourceError(f"{dev.name} is not taking descriptors now: open the "
                                        f"queue again", retryable=True)
-        self._ids += 1
-        q = QueueRec(self._ids, client, ctx, dev.name, block,
-                     QueueRing(memoryview(seg.map)[:nbytes], slots), slots)
-        spec, scaled = self.reg.spec, self.reg.scaled_ns
-        self._control(dev, {"op": "qattach", "qid": q.qid, "sid": q.sid, "slots": slots,
-                            "tag": client.id, "max_hold_ns": scaled(spec.watchdog_ms),
-                            "dep_timeout_ns": scaled(spec.dependency_timeout_ms),
-                            "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0})
-        self.open_queues[q.qid] = q
-        self.stats["opened"] += 1
-        return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": nbytes,
-                "doorbell": dev.doorbell.name, "tag": client.id,
-                "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs}
+        return block, seg, segs
 
     def close(self, client: "ClientRec", qid: int) -> dict[str, Any]:
         q = self.open_queues.get(qid)
         if q is None or q.client is not client:
             raise errors.InvalidHandle(f"queue {qid} is not open on this connection")
-        q.ring.set_state(QUEUE_CLOSED)
-        _full_barrier()
-        self.stats["fences_failed"] += self._fail_owed(q, None, "the queue was closed")
-        self._drop(q, QUEUE_CLOSED)
+        self._end(q, QUEUE_CLOSED, None, "the queue was closed")
         self.stats["closed"] += 1
         return {}
 
     # -- what ends queues -----------------------------------------------------------------
 
     def client_gone(self, client: "ClientRec") -> None:
+        """Nobody is left to write or to wait (its fences fail with the client's)."""
         for q in [q for q in self.open_queues.values() if q.client is client]:
             self._drop(q, QUEUE_CLOSED)
 
     def context_gone(self, ctx: "ContextRec") -> None:
         for q in [q for q in self.open_queues.values() if q.ctx is ctx]:
-            self._drop(q, QUEUE_CLOSED)
+            self._end(q, QUEUE_CLOSED, None, "its context was destroyed")
 
     def device_gone(self, dev: "DeviceHandle", why: str) -> None:
         """The device process ended (its stop is confirmed): lose its queues."""
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
-            q.ring.set_state(QUEUE_LOST)  # before any waiter wakes: a submit sees it
-            _full_barrier()  # the state is visible before the head is read (module doc)
-            self.stats["fences_failed"] += self._fail_owed(q, dev, why)
+            self._end(q, QUEUE_LOST, dev, why)
             self.stats["lost"] += 1
-            self._drop(q, QUEUE_LOST, tell_device=False)
             self.reg.tell(q.client, {"op": "reply", "id": 0, "ok": False, "queue": q.qid,
                                      "error": errors.CancelledByReset(
                                          f"queue {q.qid} on {dev.name} was lost: {why}").to_dict()})
 
+    def _end(self, q: QueueRec, state: int, dev: "DeviceHandle | None", why: str) -> None:
+        """Set the state first (a submit sees it), then fail what was owed, then drop.
+        The order against a client writing at the same time: ``ipc._queues``."""
+        q.ring.set_state(state)
+        _full_barrier()
+        self.stats["fences_failed"] += self._fail_owed(q, dev, why)
+        self._drop(q, state, tell_device=dev is None)
+
     def _fail_owed(self, q: QueueRec, dev: "DeviceHandle | None", why: str) -> int:
         """Fail the fences of the records the device owed (``dev``: it was reset; None:
-        the queue was closed). The records are the client's
-        writing: a fence is failed only if it is that client's own and still pending."""
+        the queue was closed), then publish the head read (``ipc._queues``). The records
+        are the client's writing: a fence fails only if it is that client's and pending."""
         ring, fences, tag = q.ring, self.reg.fences, q.client.id
-        running_cid = -1
-        if dev is not None:  # a reset: the command it was running gets the blame
-            slot = self.reg.slots[dev.index]
-            if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
-                                                                     DeviceState.WAITING):
-                running_cid = slot.u64[S.CURRENT_CID]
+        running = self._running_cid(dev) if dev is not None else -1
         tail, head = ring.tail, ring.head
-        owed = min(max(head - tail, 0), q.slots)
         failed = 0
-        for i in range(tail, tail + owed):
+        for i in range(tail, tail + min(max(head - tail, 0), q.slots)):
             try:
-                rec = decode_queue_record(ring.slot(i))
+                rec = ring.read(i)
             except errors.BadPacket:
                 continue
-            if fences.owner(rec.signal) != tag or not fences.pending(rec.signal):
+            if fences.pending_owner(rec.signal) != tag:
                 continue
-            exc: errors.HetprocError
-            if dev is None:
-                exc = errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=rec.cid)
-            elif i == tail and rec.cid == running_cid:
-                exc = errors.DeviceCrashed(f"{dev.name} stopped while running queue "
-                                           f"{q.qid}'s command: {why}", correlation_id=rec.cid)
-            else:
-                exc = errors.CancelledByReset(f"queue {q.qid} on {dev.name} was lost: {why}",
-                                              correlation_id=rec.cid)
+            exc = self._owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
             if not self.reg.fail_fence(rec.signal, exc):  # the record goes to its owner first
                 fences.signal(rec.signal, exc.wire)
             failed += 1
         ring.set_ended_at(head)  # what the client must fail itself starts here
         return failed
+
+    def _running_cid(self, dev: "DeviceHandle") -> int:
+        """The cid of the queue command the device was running when it stopped, or -1."""
+        slot = self.reg.slots[dev.index]
+        if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
+                                                                 DeviceState.WAITING):
+            return int(slot.u64[S.CURRENT_CID])
+        return -1
+
+    @staticmethod
+    def _owed_error(q: QueueRec, dev: "DeviceHandle | None", why: str, cid: int,
+                    running: bool) -> errors.HetprocError:
+        if dev is None:
+            return errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=cid)
+        if running:
+            return errors.DeviceCrashed(f"{dev.name} stopped while running queue {q.qid}'s "
+                                        f"command: {why}", correlation_id=cid)
+        return errors.CancelledByReset(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                       correlation_id=cid)
 
     def _drop(self, q: QueueRec, state: int, tell_device: bool = True) -> None:
         del self.open_queues[q.qid]
