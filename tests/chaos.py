@@ -429,6 +429,7 @@ class _Run:
         self.qrng = queue_rng(seed)
         self.queue_device = draw_queue(self.qrng)
         self.queue: hetproc.Queue | None = None
+        self.queue_ctx: hetproc.Context | None = None
         self.tally["queue"] = collections.Counter()
 
     def go(self) -> dict[str, Any]:
@@ -749,11 +750,20 @@ class _Run:
             q.close()
             q = self.queue = None
         if q is None:
+            # One context for every queue the seed opens: contexts count against the
+            # process's quota, which the other clients of this process share.
+            if self.queue_ctx is None:
+                self.queue_ctx = self.by.context(self.queue_device)
             try:
-                q = self.queue = self.by.context(self.queue_device).queue(slots=64)
+                q = self.queue = self.queue_ctx.queue(slots=64)
                 t["opened"] += 1
             except hetproc.ResourceError:  # the device is resetting: next round
                 t["busy"] += 1
+                return []
+            except hetproc.ContextLost:
+                self.queue_ctx.close()
+                self.queue_ctx = None
+                t["context_lost"] += 1
                 return []
         durations = [self.qrng.choice([0.0, 0.05, 0.2]) for _ in range(self.qrng.randint(1, 6))]
         try:
