@@ -9,7 +9,7 @@ not starve them), round robin over its queues, one record per queue per turn.
 Everything in a queue segment is the client's writing, so each record is checked here,
 where it is used, before any state changes:
 
-* its fields' ranges (``decode_record``), its ``qseq`` equal to its ring position;
+* its fields' ranges (``ipc.decode_queue_record``), its ``qseq`` equal to its ring position;
 * the fence it signals is live, pending and owned by the queue's client (the owner tag
   the supervisor stamped in the fence slot): a client can complete only its own fences;
 * its modeled duration within the bound the supervisor granted (so a record cannot
@@ -30,11 +30,11 @@ slot comes next, so a scribbled tail or head cannot make it read out of order or
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ipc import FenceTable, SegmentCache, errors
-from ipc import QueueRecord, QueueRing, decode_queue_record as decode_record, queue_bytes
+from ipc import QueueRecord, QueueRing, queue_bytes
 
 ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
 REFUSALS_PER_TURN = 32
@@ -55,8 +55,6 @@ class DeviceQueue:
     # set back while other work is ready, its dependency timeout counted from then.
     blocked_pos: int = -1
     blocked_since: int = 0
-    stats: dict[str, int] = field(default_factory=lambda: {"done": 0, "failed": 0,
-                                                           "refused": 0})
 
 
 class DeviceQueues:
@@ -138,7 +136,7 @@ class DeviceQueues:
             try:
                 cmd = self._command(q, ring.read(pos))
             except errors.BadPacket as exc:
-                self._refuse(q, ring.slot(pos), exc)
+                self._refuse(q, pos, exc)
                 continue
             q.busy = True
             return cmd
@@ -164,15 +162,14 @@ class DeviceQueues:
                 "outs": [], "queue": q,
                 "t_queued": min(now, max(now - ARRIVAL_PAST_NS, rec.t_written or arrive))}
 
-    def _refuse(self, q: DeviceQueue, data: bytes, exc: errors.BadPacket) -> None:
-        """Fail the record's fence if it is the client's own (what a client's wait then
-        explains); consume the slot either way."""
-        q.stats["refused"] += 1
+    def _refuse(self, q: DeviceQueue, pos: int, exc: errors.BadPacket) -> None:
+        """Fail the record's fence if it is the client's own and pending (what a
+        client's wait then explains); consume the slot either way."""
         try:
-            signal = decode_record(data).signal
+            signal = q.ring.read(pos).signal
         except errors.BadPacket:
             signal = 0
-        if signal and self.fences.owner(signal) == q.tag:
+        if signal and self.fences.pending_owner(signal) == q.tag:
             msg = f"queue record refused by {self.name}: {exc}"
             q.ring.write_note(signal, exc.code, msg)  # before the wake: the waiter reads it
             self.fences.signal(signal, exc.wire, signaller=0)
@@ -210,6 +207,5 @@ class DeviceQueues:
         """The command ran (its fence was signalled or failed): free its slot."""
         q: DeviceQueue = cmd["queue"]
         q.busy = False
-        q.stats["failed" if code else "done"] += 1
         if self.queues.get(q.qid) is q:
             q.ring.set_tail(q.pos)

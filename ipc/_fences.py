@@ -276,13 +276,6 @@ class FenceTable:
             return 0, 0, 0
         return self._u64[slot * _W64 + 3], self._u32[slot * _W32 + 3], self._u64[slot * _W64 + 2]
 
-    def owner(self, handle: int) -> int:
-        """The owner tag of a live fence, -1 for a stale or impossible handle."""
-        slot, gen = handle & 0xFFFFFFFF, handle >> 32
-        if not self._owns(slot, gen):
-            return -1
-        return self._u64[slot * _W64 + 5]
-
     def pending_owner(self, handle: int) -> int:
         """The owner tag of a live, pending fence; -1 otherwise (one read for both)."""
         slot, gen = handle & 0xFFFFFFFF, handle >> 32

@@ -157,10 +157,6 @@ class QueueRing:
     def set_ended_at(self, head: int) -> None:
         self._q[_ENDED] = head + 1
 
-    def space(self) -> int:
-        q = self._q
-        return self.slots - (q[_HEAD] - q[_TAIL])
-
     def put(self, record: bytes) -> bool:
         """Append a record; False when the ring is full."""
         q = self._q
@@ -177,29 +173,9 @@ class QueueRing:
         return decode_record(self._buf, HEADER_BYTES + (index & self._mask) * SLOT_BYTES,
                              SLOT_BYTES)
 
-    def slot(self, index: int) -> bytes:
-        """The bytes of slot ``index`` (a copy: the writer may change them meanwhile)."""
-        off = HEADER_BYTES + (index & self._mask) * SLOT_BYTES
-        return bytes(self._buf[off:off + SLOT_BYTES])
-
-    def owed(self) -> int:
-        """Records written and not finished; ``BadPacket`` for indices that cannot be."""
-        q = self._q
-        head, tail = q[_HEAD], q[_TAIL]
-        if not 0 <= head - tail <= self.slots:
-            raise errors.BadPacket(f"queue indices corrupt: head {head}, tail {tail}, "
-                                   f"{self.slots} slots")
-        return head - tail
-
     def set_tail(self, finished: int) -> None:
         """Publish how many records are finished (the reader's own count)."""
         self._q[_TAIL] = finished
-
-    def skip_to_head(self) -> int:
-        """Drop everything owed (after it was failed); returns the new tail."""
-        q = self._q
-        q[_TAIL] = q[_HEAD]
-        return q[_TAIL]
 
     def write_note(self, fence: int, code: int, message: str) -> None:
         """Say why a command failed (the oldest of ``NOTES`` notes goes)."""

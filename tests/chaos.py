@@ -411,6 +411,18 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
     return tally
 
 
+def _end_process(proc: subprocess.Popen | None) -> None:
+    """Kill (by pid, ours) and reap a helper process still running; close its pipes."""
+    if proc is None:
+        return
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+    for stream in (proc.stdout, proc.stdin):
+        if stream is not None:
+            stream.close()
+
+
 class _Run:
     def __init__(self, seed: int, plat: hetproc.Platform, ph: Phases, rng: random.Random,
                  mix: Mix) -> None:
@@ -458,19 +470,8 @@ class _Run:
                 self.verify()
             return self.tally
         finally:
-            child = self.child
-            if child is not None and child.poll() is None:
-                child.kill()
-                child.wait(10)
-            if child is not None:
-                child.stdout.close()
-                child.stdin.close()
-            hostile = self.hostile
-            if hostile is not None and hostile.poll() is None:
-                hostile.kill()
-                hostile.wait(10)
-            if hostile is not None:
-                hostile.stdout.close()
+            _end_process(self.child)
+            _end_process(self.hostile)
             with contextlib.suppress(hetproc.HetprocError):
                 self.close_model()
             for c in self.others:

@@ -101,10 +101,11 @@ class Queues:
              hand: Callable[["ClientRec", int], list]) -> dict[str, Any]:
         """``hand(client, sid)``: the reply's ``segs`` entry for the ring's segment."""
         dev = self._may_open(client, ctx, slots)
-        block, seg, segs = self._make_ring(client, dev, queue_bytes(slots), hand)
+        nbytes = queue_bytes(slots)
+        block, seg, segs = self._make_ring(client, dev, nbytes, hand)
         self._ids += 1
         q = QueueRec(self._ids, client, ctx, dev.name, block,
-                     QueueRing(memoryview(seg.map)[:queue_bytes(slots)], slots), slots)
+                     QueueRing(memoryview(seg.map)[:nbytes], slots), slots)
         spec, scaled = self.reg.spec, self.reg.scaled_ns
         self._control(dev, {"op": "qattach", "qid": q.qid, "sid": q.sid, "slots": slots,
                             "tag": client.id, "max_hold_ns": scaled(spec.watchdog_ms),
@@ -112,7 +113,7 @@ class Queues:
                             "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0})
         self.open_queues[q.qid] = q
         self.stats["opened"] += 1
-        return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": queue_bytes(slots),
+        return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": nbytes,
                 "doorbell": dev.doorbell.name, "tag": client.id,
                 "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs}
 
