@@ -438,7 +438,8 @@ class DeviceWorker:
         self.u32[_STATE] = _BUSY_STATE
         self.tr.exec_begin(cmd["cid"], t_start)
         frame.m_origin = m_start
-        frame.preemptible = self.preempt.allowed()
+        preempt = self.preempt
+        frame.preemptible = preempt.enabled and not preempt.stack  # ``allowed``, inlined
         self.memory.no_buffers(m_start)
         thermal = self.thermal
         speed = (self.run_speed(cmd, m_start)
@@ -455,7 +456,8 @@ class DeviceWorker:
         self.memory.cursor = m_kernel_end  # what ``release`` leaves for a command without buffers
         frame.preemptible = False
         frame.t_end = t_end
-        frame.modeled = (m_start, m_end, _lag(t_end, m_end))
+        late = t_end - m_end  # ``_lag``, inlined
+        frame.modeled = (m_start, m_end, late if late > LAG_TOLERANCE_NS else 0)
         frame.loop_flushes = True
 
     def finish(self, frame: Frame, exc: errors.HetprocError | None = None) -> None:
@@ -497,15 +499,13 @@ class DeviceWorker:
             outbox.signal(cmd["signal"], word, m_signal)
             self.queues.finished(cmd, code)
             return
-        mem = self.memory.report()
-        if modeled is not None and signal and not delayed and mem is None:
-            outbox.signal(cmd["signal"], 0, m_signal)  # the most common record: packed
-            outbox.ran(cmd["seq"], t_start, t_end, self.tr.t_take, cmd["cid"], modeled,
-                       self.speed, self.thermal, frame.loop_flushes)
-            return
+        if modeled is not None and signal and not delayed and self.memory.idle:
+            outbox.ran(cmd["signal"], cmd["seq"], t_start, t_end, self.tr.t_take, cmd["cid"],
+                       modeled, self.speed, self.thermal, frame.loop_flushes)
+            return  # the most common record, packed (no memory report: ``report`` is None)
         record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code,
                   "msg": str(exc) if exc is not None else "", "t_start": t_start,
-                  "t_end": t_end, "mem": mem, "t_take": self.tr.t_take, "cid": cmd["cid"]}
+                  "t_end": t_end, "mem": self.memory.report(), "t_take": self.tr.t_take, "cid": cmd["cid"]}
         if modeled is not None:
             record["m0"], record["m1"], record["lag"] = modeled
             record["spd"] = self.speed
