@@ -64,23 +64,21 @@ class Outbox:
         self.put(encoded(record, self.completions.max_payload),
                  urgent=bool(record["code"] or record.get("unsignalled")))
 
-    def ran(self, handles: list[int], seq: int, t_start: int, t_end: int, t_take: int,
-            cid: int, modeled: tuple[int, int, int], speed: float, thermal: Any,
-            lazy: bool) -> None:
-        """Signal the fences of a command that ran to its end with no memory work, then
-        queue its record, packed as it goes (``encode_ran``: the bytes
+    def ran(self, cmd: dict[str, Any], t_start: int, t_end: int, t_take: int, m0: int,
+            m1: int, lag: int, speed: float, thermal: Any, lazy: bool) -> None:
+        """Signal the fences of a command that ran to its end (modeled m0..m1) with no
+        memory work, then queue its record, packed as it goes (``encode_ran``: the bytes
         ``encode_completion`` makes of that record's map). ``lazy``: see ``put``."""
-        m0, m1, lag = modeled
         signal, signaller = self.fences.signal, self.signaller
-        for handle in handles:
+        for handle in cmd["signal"]:
             signal(handle, 0, signaller, m1)
         if thermal is None:
-            data = encode_ran(seq, self.epoch, t_start, t_end, t_take, time.monotonic_ns(),
-                              cid, m0, m1, lag, speed)
+            data = encode_ran(cmd["seq"], self.epoch, t_start, t_end, t_take,
+                              time.monotonic_ns(), cmd["cid"], m0, m1, lag, speed)
         else:
-            data = encode_ran(seq, self.epoch, t_start, t_end, t_take, time.monotonic_ns(),
-                              cid, m0, m1, lag, speed, round(thermal.temp, 3),
-                              thermal.throttled)
+            data = encode_ran(cmd["seq"], self.epoch, t_start, t_end, t_take,
+                              time.monotonic_ns(), cmd["cid"], m0, m1, lag, speed,
+                              round(thermal.temp, 3), thermal.throttled)
         records = self.records
         records.append(data)  # ``put``, one call less on the most common record
         if len(records) >= OUTBOX_MAX or not (lazy or self._queued()):

@@ -54,6 +54,7 @@ class Host(Protocol):
     model_end: int
     speed: float
     frame: Frame
+    frames: list[Frame]
     u32: Any
     u64: Any
     memory: Any
@@ -158,6 +159,8 @@ class Preemption:
         u64[S.PREEMPTIONS] += 1
         u64[S.SWITCH_NS] += 2 * switch
         host.model_end = at + switch  # saved: the urgent work starts after the save
+        if len(host.frames) <= len(self.stack) + 1:  # a frame for the urgent commands
+            host.frames.append(Frame())
         return saved
 
     def resume(self, saved: Suspended) -> None:

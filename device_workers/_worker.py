@@ -147,6 +147,8 @@ class DeviceWorker:
                                         on_drop=self._segment_dropped,
                                         on_garbage=self._segment_garbage)
         self.frame = IDLE  # the running command's; ``execute`` sets it, a resume puts it back
+        # One frame per depth of preemption (``Preemption.suspend`` adds the next one).
+        self.frames = [Frame(), Frame()]
         self.heartbeat_stalled = False  # only an injected fault sets it (``_faults.Host``)
         self.running = True  # False once told to stop, or once the ring is found corrupt
         # The previous command's modeled end: a device (re)started now ran nothing before,
@@ -344,10 +346,12 @@ class DeviceWorker:
         pidx = cmd["pidx"]
         u32, u64, tr = self.u32, self.u64, self.tr
         u64[_CURRENT_SEQ], u64[_CURRENT_CID], u64[_CURRENT_PIDX] = cmd["seq"], cmd["cid"], pidx
-        frame = self.frame = Frame(cmd, pidx, time.monotonic_ns())
-        tr.take(frame.t_start)
+        frame = self.frame = self.frames[len(self.preempt.stack)]
+        frame.cmd, frame.pidx, frame.shift, frame.preemptible = cmd, pidx, 0, False
+        frame.t_start = t_take = time.monotonic_ns()
+        tr.take(t_take)
         if "queue" in cmd:
-            tr.queued(cmd["cid"], cmd["t_queued"], frame.t_start, self.boot.index)
+            tr.queued(cmd["cid"], cmd["t_queued"], t_take, self.boot.index)
         try:
             if pidx and pidx <= u64[_CANCEL_PIDX]:  # 0: a queue's, not cancellable
                 raise errors.Cancelled("cancelled before it started")
@@ -418,6 +422,8 @@ class DeviceWorker:
         m_end = mem.cursor + frame.shift
         frame.modeled = (m_start, m_end, _lag(time.monotonic_ns(), m_end))
         frame.signal = fault.get("kind") != "lost_fence"
+        frame.t_end = 0
+        frame.loop_flushes = False
 
     def execute_hold(self, frame: Frame) -> None:
         """The steps of a command that only holds modeled time -- no input fence, no
@@ -458,7 +464,7 @@ class DeviceWorker:
         frame.t_end = t_end
         late = t_end - m_end  # ``_lag``, inlined
         frame.modeled = (m_start, m_end, late if late > LAG_TOLERANCE_NS else 0)
-        frame.loop_flushes = True
+        frame.signal = frame.loop_flushes = True
 
     def finish(self, frame: Frame, exc: errors.HetprocError | None = None) -> None:
         """Close the command, whatever its outcome: no longer running, its trace closed,
@@ -467,61 +473,74 @@ class DeviceWorker:
         and its slot is freed. Any other gets a record for the supervisor, its fences
         signalled at once, after the hand-off delay, or -- cancelled -- not at all."""
         cmd, t_start = frame.cmd, frame.t_start
-        t_end = frame.t_end or time.monotonic_ns()
-        u64 = self.u64
+        if exc is None:  # it ran to its end: the body left its outcome in the frame
+            code, signal, modeled = 0, frame.signal, frame.modeled
+            t_end = frame.t_end or time.monotonic_ns()
+        else:
+            code, signal, modeled = exc.code, not isinstance(exc, errors.Cancelled), None
+            t_end = time.monotonic_ns()
+        u64, tr = self.u64, self.tr
         # No longer running it, before anyone can learn it finished: whoever the signal
         # wakes must not read the state table and see this command still on the device.
         u64[_CURRENT_SEQ] = 0
         self.u32[_STATE] = _IDLE_STATE
-        if exc is None:
-            code, signal = 0, frame.signal
-        else:
-            code, signal = exc.code, not isinstance(exc, errors.Cancelled)
-        modeled, outbox = frame.modeled, self.outbox
-        delayed = not code and cmd["delay_ns"] > 0
+        delay = 0 if code else cmd["delay_ns"]  # the hand-off delay, after a success only
         # Closes what the command opened; when the fences are signalled right below, the
         # EXEC end also marks that signal (it precedes the post: a waiter wakes after it).
         if modeled is None:
-            self.tr.done(cmd, code, signal and not delayed)
+            tr.done(cmd, code, signal and not delay)
         else:
-            self.tr.ran(cmd["cid"], signal and not delayed, *modeled)
+            m0, m_end, lag = modeled
+            tr.ran(cmd["cid"], signal and not delay, m0, m_end, lag)
         u64[_BUSY] += t_end - t_start
         u64[_DONE] += 1
-        m_signal = 0
         if modeled is not None:
-            self.model_end = m_signal = modeled[1]
-        elif t_start and code:
-            self.model_end = max(self.model_end, t_end)  # a failure: the host's time is all we have
+            self.model_end = m_end
+            if signal and not delay and self.memory.idle and "queue" not in cmd:
+                # The most common record: ran, signalled at once, no memory report.
+                self.outbox.ran(cmd, t_start, t_end, tr.t_take, m0, m_end, lag, self.speed,
+                                self.thermal, frame.loop_flushes)
+                return
+        else:
+            m_end = 0
+            if t_start and code:  # a failure: the host's time is all we have
+                self.model_end = max(self.model_end, t_end)
         word = exc.wire if exc is not None else 0
         if "queue" in cmd:
             if exc is not None:
                 self.queues.failing(cmd, exc)  # the note that explains it goes first
-            outbox.signal(cmd["signal"], word, m_signal)
+            self.outbox.signal(cmd["signal"], word, m_end)
             self.queues.finished(cmd, code)
             return
-        if modeled is not None and signal and not delayed and self.memory.idle:
-            outbox.ran(cmd["signal"], cmd["seq"], t_start, t_end, self.tr.t_take, cmd["cid"],
-                       modeled, self.speed, self.thermal, frame.loop_flushes)
-            return  # the most common record, packed (no memory report: ``report`` is None)
-        record = {"seq": cmd["seq"], "epoch": self.boot.epoch, "code": code,
+        record = self._record(cmd, exc, t_start, t_end, modeled)
+        if not signal:
+            record["unsignalled"] = True
+            self.outbox.post(record)
+        elif delay:
+            self.outbox.hold((m_end or t_end) + delay, cmd["seq"], cmd["signal"], record)
+        else:
+            self.outbox.signal(cmd["signal"], word, m_end)
+            record["t_signal"] = time.monotonic_ns()
+            self.outbox.post(record)
+
+    def _record(self, cmd: dict[str, Any], exc: errors.HetprocError | None, t_start: int,
+                t_end: int, modeled: tuple[int, int, int] | None) -> dict[str, Any]:
+        """The completion record of a command, as a map (``Outbox.ran`` packs the common
+        one directly)."""
+        record = {"seq": cmd["seq"], "epoch": self.boot.epoch,
+                  "code": exc.code if exc is not None else 0,
                   "msg": str(exc) if exc is not None else "", "t_start": t_start,
-                  "t_end": t_end, "mem": self.memory.report(), "t_take": self.tr.t_take, "cid": cmd["cid"]}
+                  "t_end": t_end, "mem": self.memory.report(), "t_take": self.tr.t_take,
+                  "cid": cmd["cid"]}
         if modeled is not None:
             record["m0"], record["m1"], record["lag"] = modeled
             record["spd"] = self.speed
             if self.thermal is not None:
-                record["temp"], record["thr"] = round(self.thermal.temp, 3), self.thermal.throttled
+                record["temp"] = round(self.thermal.temp, 3)
+                record["thr"] = self.thermal.throttled
         if exc is not None and exc.detail.get("remote_traceback"):
             record["tb"] = exc.detail["remote_traceback"]
-        if not signal:
-            record["unsignalled"] = True
-            outbox.post(record)
-        elif delayed:
-            outbox.hold((m_signal or t_end) + cmd["delay_ns"], cmd["seq"], cmd["signal"], record)
-        else:
-            outbox.signal(cmd["signal"], word, m_signal)
-            record["t_signal"] = time.monotonic_ns()
-            outbox.post(record)
+        return record
 
     # -- what the steps use -------------------------------------------------------------
 
