@@ -22,8 +22,9 @@ import time
 from collections import deque
 from typing import Any
 
-from ipc import FenceTable, Ring
+from ipc import FenceTable, Ring, errors
 
+from ._boot import DeviceBoot
 from ._commands import BATCH_HEAD, MAX_BATCH, completion_batch, encode_completion, encode_ran
 from ._state import StateSlot
 from ._tracing import DeviceTrace
@@ -35,7 +36,7 @@ _FULL_RING_SLEEP_S = 0.0005
 class Outbox:
     """The completion records of one device on their way to its supervisor."""
 
-    def __init__(self, boot: Any, completions: Ring, commands: Ring, backlog: deque,
+    def __init__(self, boot: DeviceBoot, completions: Ring, commands: Ring, backlog: deque,
                  u32: memoryview, fences: FenceTable, trace: DeviceTrace) -> None:
         self.epoch = boot.epoch
         self.completion_fd = boot.completion_fd
@@ -83,6 +84,24 @@ class Outbox:
         records.append(data)  # ``put``, one call less on the most common record
         if len(records) >= OUTBOX_MAX or not (lazy or self._queued()):
             self.flush()
+
+    def record(self, cmd: dict[str, Any], exc: errors.HetprocError | None, t_start: int, t_end: int, t_take: int,
+               mem: dict[str, Any] | None, modeled: tuple[int, int, int] | None,
+               speed: float, thermal: Any) -> dict[str, Any]:
+        """The completion record of a command as a map (``ran`` packs the common one
+        directly): its outcome, host times, memory report, modeled times and speed."""
+        record = {"seq": cmd["seq"], "epoch": self.epoch,
+                  "code": exc.code if exc is not None else 0,
+                  "msg": str(exc) if exc is not None else "", "t_start": t_start,
+                  "t_end": t_end, "mem": mem, "t_take": t_take, "cid": cmd["cid"]}
+        if modeled is not None:
+            record["m0"], record["m1"], record["lag"] = modeled
+            record["spd"] = speed
+            if thermal is not None:
+                record["temp"], record["thr"] = round(thermal.temp, 3), thermal.throttled
+        if exc is not None and exc.detail.get("remote_traceback"):
+            record["tb"] = exc.detail["remote_traceback"]
+        return record
 
     def complete(self, seq: int, t_start: int, code: int, msg: str) -> None:
         """A record that is news of its own: an error, a refused or lost command."""

@@ -50,7 +50,6 @@ class Suspended:
 class Host(Protocol):
     """What preemption reads and changes of the device running it."""
 
-    running: bool
     model_end: int
     speed: float
     frame: Frame
@@ -61,10 +60,9 @@ class Host(Protocol):
     tr: Any
     outbox: Any
     commands: Any
+    intake: Any  # ``_intake.Intake``: ring order, control records, a corrupt ring
 
     def execute(self, cmd: dict[str, Any]) -> None: ...
-    def decode(self, data: bytes) -> dict[str, Any] | None: ...
-    def ring_corrupt(self, seq: int, why: str) -> None: ...
     def check_cancel(self) -> None: ...
 
 
@@ -99,17 +97,17 @@ class Preemption:
     def take_marked(self) -> list[dict[str, Any]]:
         """Empty the ring: the commands marked to preempt, in ring order; the others go
         to the backlog, which runs, in order, once the suspended command is done."""
-        host = self.host
+        intake, get = self.host.intake, self.host.commands.get
         marked = []
-        while host.running:
+        while not intake.stopped:
             try:
-                data = host.commands.get()
+                data = get()
             except errors.BadPacket as exc:
-                host.ring_corrupt(0, str(exc))
+                intake.corrupt(0, str(exc))
                 break
             if data is None:
                 break
-            cmd = host.decode(data)
+            cmd = intake.decode(data)
             if cmd is not None:
                 (marked if cmd.get("pre") else self.backlog).append(cmd)
         return marked
@@ -130,7 +128,7 @@ class Preemption:
         at = max(self.point(host.frame, marked[0].get("arrive_ns", 0), now), host.model_end)
         self.stack.append(self.suspend(at, target))
         try:
-            while marked and host.running:
+            while marked and not host.intake.stopped:
                 cmd = marked.pop(0)
                 host.execute(cmd)
                 self.seen = max(self.seen, cmd["pidx"])

@@ -19,14 +19,7 @@ fences it signals. When the host finishes past it, the lag is counted and traced
 Preemption (``_preempt``): a more urgent command marked by the supervisor runs at the
 running command's next chunk boundary, which then resumes, its modeled end pushed back.
 
-The device trusts nothing it reads (``_commands``): a command that fails its checks but
-names itself (its ``seq``, next in ring order) is refused with an unsignalled
-``BadPacket`` completion, so the supervisor fails just that command; a record that names
-nothing, or an old one read again, is reported and skipped; the loop goes on. When real
-commands were lost -- ring indices out of range, or a gap in the ring positions the
-supervisor numbers 1, 2, 3... -- the device posts a ``BadPacket`` record saying why and
-exits with ``RING_CORRUPT_EXIT_STATUS``: the supervisor's crash recovery fails what was
-in flight and starts it again on a fresh ring.
+It reads its command ring in order and trusts nothing on it (``_intake``).
 
 It publishes heartbeat, progress and state in the shared state table, sees a cancel
 between chunks, and exits on its own when its supervisor dies (``PR_SET_PDEATHSIG``, plus
@@ -40,7 +33,6 @@ import signal
 import socket
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -49,10 +41,11 @@ import posix_ipc
 from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors, profiled
 
 from . import _faults
+from ._boot import DeviceBoot
 from ._cache import DeviceMemory
-from ._commands import best_effort_ids, decode_command
 from ._frame import IDLE, Frame
 from ._hold import hold_until, set_timer_slack_ns
+from ._intake import Intake
 from ._kernels import run_kernel
 from ._outbox import Outbox
 from ._power import Thermal
@@ -77,36 +70,6 @@ _TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot bes
 # below which the spin at the end of a hold cannot tell lateness from its own jitter.
 LAG_TOLERANCE_NS = 50_000
 _PR_SET_PDEATHSIG = 1
-
-RING_CORRUPT_EXIT_STATUS = 71  # the device quit so that the supervisor resets it
-
-
-@dataclass(frozen=True)
-class DeviceBoot:
-    """Everything a device process needs, handed over at fork time."""
-
-    name: str
-    index: int
-    prefix: str
-    epoch: int
-    fence_segment: str
-    state_segment: str
-    device_count: int
-    ring_segment: str
-    ring_slots: int
-    ring_slot_bytes: int
-    doorbell: str
-    completion_fd: int
-    parent_pid: int
-    trace_segment: str = ""
-    coherent: bool = True
-    cache_bytes: int = 0
-    chunk_ns: int = 2_000_000   # hold slices: cancel and preemption are seen between them
-    switch_ns: int = 0          # modeled cost of one context switch (save or restore)
-    preemptive: bool = False
-    thermal: dict | None = None  # device_workers._power.Thermal's parameters, when modeled
-    first_pidx: int = 0  # the ring position of the first command pushed to us (0: unknown)
-    segment_fd: int = -1  # our end of the segment socket: buffer segments come on it
 
 
 class DeviceWorker:
@@ -142,6 +105,7 @@ class DeviceWorker:
         # User-mode queues read directly (``_queues``): between the supervisor's commands.
         self.queues = DeviceQueues(self.cache, self.fences, boot.name,
                                    report=lambda code, msg: self.outbox.complete(0, 0, code, msg))
+        self.intake = Intake(boot.name, boot.epoch, boot.first_pidx, self.outbox, self.queues)
         if boot.segment_fd >= 0:
             self.segs = SegmentReceiver(socket.socket(fileno=boot.segment_fd), self.cache,
                                         on_drop=self._segment_dropped,
@@ -150,16 +114,12 @@ class DeviceWorker:
         # One frame per depth of preemption (``Preemption.suspend`` adds the next one).
         self.frames = [Frame(), Frame()]
         self.heartbeat_stalled = False  # only an injected fault sets it (``_faults.Host``)
-        self.running = True  # False once told to stop, or once the ring is found corrupt
         # The previous command's modeled end: a device (re)started now ran nothing before,
         # so the time it was hung, dead or restarting is device time the model charges.
         # Only ``finish`` and a preemption move it.
         self.model_end = time.monotonic_ns()
         self.thermal = Thermal(**boot.thermal) if boot.thermal else None
         self.speed = 1.0        # what the last command ran at (``run_speed``)
-        # The last ring position taken: only ``decode`` and ``refuse`` raise it, by one.
-        self.last_pidx = boot.first_pidx - 1 if boot.first_pidx else 0
-        self.exit_status = 0
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -167,7 +127,7 @@ class DeviceWorker:
         u32 = self.u32
         u32[S.PID], u32[S.EPOCH], u32[S.STATE] = os.getpid(), self.boot.epoch, DeviceState.IDLE
         self.beat()
-        while self.running:
+        while not self.intake.stopped:
             if os.getppid() != self.boot.parent_pid:
                 break  # the supervisor is gone: nobody can reclaim for us, so stop
             try:
@@ -205,8 +165,9 @@ class DeviceWorker:
 
     def drain(self) -> None:
         u32, u64, get = self.u32, self.u64, self.commands.get
-        preempt, backlog, outbox = self.preempt, self.preempt.backlog, self.outbox
-        while self.running and u32[_PARK] == 0:
+        preempt, backlog, outbox, intake = (self.preempt, self.preempt.backlog, self.outbox,
+                                            self.intake)
+        while not intake.stopped and u32[_PARK] == 0:
             if u64[_PREEMPT_PIDX] > preempt.seen:
                 preempt.run_marked()  # urgent ones first, even with nothing to preempt
                 continue
@@ -216,7 +177,7 @@ class DeviceWorker:
             try:
                 data = get()
             except errors.BadPacket as exc:
-                self.ring_corrupt(0, str(exc))
+                intake.corrupt(0, str(exc))
                 return
             if data is None:
                 # The supervisor's ring is empty: one record from the queues, if any. The
@@ -233,7 +194,7 @@ class DeviceWorker:
                 self._fetch_segments()  # the ring ran dry: unmap segments that are gone
                 return
             try:
-                cmd = self.decode(data)
+                cmd = intake.decode(data)
                 if cmd is not None:
                     self.execute(cmd)
             except Exception as exc:  # last resort: a bug must not end the device loop
@@ -249,7 +210,7 @@ class DeviceWorker:
         now = time.monotonic_ns()
         deadline = self.queues.blocked_since(cmd, now) + cmd["dep_timeout_ns"]
         for handle in cmd["wait"]:
-            while self.fences.pending(handle) and self.running:
+            while self.fences.pending(handle) and not self.intake.stopped:
                 now = time.monotonic_ns()
                 if now >= deadline:
                     break
@@ -271,64 +232,6 @@ class DeviceWorker:
             left = max(left, 1_000_000)
         cmd["dep_timeout_ns"] = max(0, left)
         return True
-
-    def decode(self, data: bytes) -> dict[str, Any] | None:
-        """The command in ``data``, checked whole and in ring order; None for a stop
-        (noted), a refused or replayed record (answered) or a lost one (the ring is
-        corrupt: we quit so that the supervisor resets us)."""
-        try:
-            cmd = decode_command(data)
-        except errors.BadPacket as exc:
-            self.refuse(data, exc)
-            return None
-        op = cmd["op"]
-        if op != "exec":
-            if op == "stop":
-                self.running = False
-            elif op == "qattach":
-                self.queues.attach(cmd)
-            elif op == "qdetach":
-                self.queues.detach(cmd["qid"])
-            return None
-        pidx = cmd["pidx"]
-        if pidx <= self.last_pidx:  # an old slot read again: its command already ran
-            self.outbox.complete(0, 0, errors.BadPacket.code,
-                                 f"{self.boot.name}: replayed command record (ring position "
-                                 f"{pidx}, {self.last_pidx} taken) ignored")
-            return None
-        if pidx != self.last_pidx + 1 and (self.last_pidx or self.boot.first_pidx):
-            self.ring_corrupt(cmd["seq"], f"ring position {pidx} follows {self.last_pidx}: "
-                              f"{pidx - self.last_pidx - 1} command(s) lost")
-            return None
-        # Checked in ring order as read, whatever order a preemption then runs them in.
-        self.last_pidx = pidx
-        return cmd
-
-    def refuse(self, data: bytes, exc: errors.BadPacket) -> None:
-        """A record failed its checks. If it names its seq and is next in ring order, only
-        that command is refused: the supervisor fails its fences (we do not trust its
-        handles enough to signal them). A record that names nothing is reported and
-        skipped; had it overwritten a real command, the gap in ring positions shows at
-        the next command and the device resets then."""
-        seq, pidx = best_effort_ids(data)
-        if seq and pidx == self.last_pidx + 1:
-            self.last_pidx = pidx
-            self.outbox.post({"seq": seq, "epoch": self.boot.epoch, "code": exc.code,
-                              "msg": f"command refused by {self.boot.name}: {exc}"[:1000],
-                              "t_start": 0, "t_end": time.monotonic_ns(), "unsignalled": True})
-            return
-        self.outbox.complete(0, 0, exc.code,
-                             f"{self.boot.name}: unreadable command record ignored: {exc}"[:1000])
-
-    def ring_corrupt(self, seq: int, why: str) -> None:
-        """Say why, then quit: the supervisor reaps us (a confirmed stop), fails what was
-        in flight with a clear error and restarts us on a fresh ring."""
-        self.outbox.complete(seq, 0, errors.BadPacket.code,
-                             f"{self.boot.name}: command ring corrupt, device resets: {why}"[:1000])
-        self.outbox.flush(wake=True)
-        self.running = False
-        self.exit_status = RING_CORRUPT_EXIT_STATUS
-
 
     # -- one command ------------------------------------------------------------------
 
@@ -512,7 +415,8 @@ class DeviceWorker:
             self.outbox.signal(cmd["signal"], word, m_end)
             self.queues.finished(cmd, code)
             return
-        record = self._record(cmd, exc, t_start, t_end, modeled)
+        record = self.outbox.record(cmd, exc, t_start, t_end, self.tr.t_take,
+                                    self.memory.report(), modeled, self.speed, self.thermal)
         if not signal:
             record["unsignalled"] = True
             self.outbox.post(record)
@@ -522,25 +426,6 @@ class DeviceWorker:
             self.outbox.signal(cmd["signal"], word, m_end)
             record["t_signal"] = time.monotonic_ns()
             self.outbox.post(record)
-
-    def _record(self, cmd: dict[str, Any], exc: errors.HetprocError | None, t_start: int,
-                t_end: int, modeled: tuple[int, int, int] | None) -> dict[str, Any]:
-        """The completion record of a command, as a map (``Outbox.ran`` packs the common
-        one directly)."""
-        record = {"seq": cmd["seq"], "epoch": self.boot.epoch,
-                  "code": exc.code if exc is not None else 0,
-                  "msg": str(exc) if exc is not None else "", "t_start": t_start,
-                  "t_end": t_end, "mem": self.memory.report(), "t_take": self.tr.t_take,
-                  "cid": cmd["cid"]}
-        if modeled is not None:
-            record["m0"], record["m1"], record["lag"] = modeled
-            record["spd"] = self.speed
-            if self.thermal is not None:
-                record["temp"] = round(self.thermal.temp, 3)
-                record["thr"] = self.thermal.throttled
-        if exc is not None and exc.detail.get("remote_traceback"):
-            record["tb"] = exc.detail["remote_traceback"]
-        return record
 
     # -- what the steps use -------------------------------------------------------------
 
@@ -657,7 +542,7 @@ def device_main(boot: DeviceBoot) -> int:
     worker = DeviceWorker(boot)
     with profiled(f"device-{boot.name}"):
         worker.run()
-    return worker.exit_status
+    return worker.intake.exit_status
 
 
 def _die_with_parent(parent_pid: int) -> None:
