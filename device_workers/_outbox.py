@@ -85,9 +85,10 @@ class Outbox:
         if len(records) >= OUTBOX_MAX or not (lazy or self._queued()):
             self.flush()
 
-    def record(self, cmd: dict[str, Any], exc: errors.HetprocError | None, t_start: int, t_end: int, t_take: int,
-               mem: dict[str, Any] | None, modeled: tuple[int, int, int] | None,
-               speed: float, thermal: Any) -> dict[str, Any]:
+    def record(self, cmd: dict[str, Any], exc: errors.HetprocError | None, t_start: int,
+               t_end: int, t_take: int, mem: dict[str, Any] | None,
+               modeled: tuple[int, int, int] | None, speed: float,
+               thermal: Any) -> dict[str, Any]:
         """The completion record of a command as a map (``ran`` packs the common one
         directly): its outcome, host times, memory report, modeled times and speed."""
         record = {"seq": cmd["seq"], "epoch": self.epoch,

@@ -151,8 +151,8 @@ class DeviceWorker:
         """Only the supervisor holds the other end, so this is a supervisor bug or memory
         corruption: reported (an error record the supervisor notes), never a wedge; a
         command naming a segment that never came is refused (IommuFault)."""
-        self.outbox.complete(0, 0, errors.BadPacket.code,
-                             f"{self.boot.name}: garbage on the segment socket ignored: {why}"[:1000])
+        self.outbox.complete(0, 0, errors.BadPacket.code, f"{self.boot.name}: garbage on the "
+                             f"segment socket ignored: {why}"[:1000])
 
     def _idle_timeout(self) -> float:
         if not self.delayed:
