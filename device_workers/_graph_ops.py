@@ -7,6 +7,10 @@ Layout is ONNX's own (NCHW for images): the same code is the CPU reference execu
 the application and the body of the ``graph`` kernel in a device process, so a delegated
 partition and the reference can only differ by what the plan feeds them.
 
+The ops that slide a window or resample a grid (convolution, pooling, resize) live in
+``_graph_spatial``, the operand checks every op shares in ``_graph_checks``; the table
+here names them all.
+
 ``unsupported(op, attrs, in_dtypes)`` says why a variant is not implemented (None if it
 is): the delegate's support query refuses such a node instead of running it wrongly.
 Malformed operands raise ``ShapeError`` / ``DtypeError`` / ``InvalidRequest`` from

@@ -103,10 +103,6 @@ class DeviceQueues:
         for q in [q for q in self._order if q.sid == sid]:
             self.detach(q.qid)
 
-    def close(self) -> None:
-        for qid in list(self.queues):
-            self.detach(qid)
-
     # -- records ------------------------------------------------------------------------
 
     def take(self) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ It publishes heartbeat, progress and state in the shared state table, sees a can
 between chunks, and exits on its own when its supervisor dies (``PR_SET_PDEATHSIG``, plus
 a parent check on every idle wake-up).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -73,6 +74,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 class DeviceWorker:
+    """One device's loop and the frame its commands run in; its parts (intake, outbox,
+    preemption, memory, trace, queues) each behind a narrow interface of their own."""
+
     def __init__(self, boot: DeviceBoot) -> None:
         self.boot = boot
         # Named segments (fences, state, ring, trace) are attached by name; buffer
@@ -415,7 +419,7 @@ class DeviceWorker:
             self.outbox.signal(cmd["signal"], word, m_end)
             self.queues.finished(cmd, code)
             return
-        record = self.outbox.record(cmd, exc, t_start, t_end, self.tr.t_take,
+        record = self.outbox.record(cmd, exc, t_start, t_end, tr.t_take,
                                     self.memory.report(), modeled, self.speed, self.thermal)
         if not signal:
             record["unsignalled"] = True
