@@ -75,6 +75,8 @@ class DeviceMemory:
         # a new handle, so a line filled for its previous owner can never be hit by the
         # next one, whatever maintenance the next one's context skips.
         self.lines: OrderedDict[tuple[str, int, int], _Line] = OrderedDict()
+        # Bytes the lines hold: a fill adds, a drop or an eviction subtracts; a fill
+        # evicts (least recently used first) until it is within ``capacity`` again.
         self.used = 0
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "writebacks": 0,
                       "dropped_dirty": 0, "streamed": 0}
