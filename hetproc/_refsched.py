@@ -614,10 +614,7 @@ def simulate_schedule(jobs: Iterable[Job | Mapping[str, Any]] = (), *,
     ``DevicePolicy``, or a platform file's ``SchedSpec``). ``dispatch_ns``: the platform's
     modeled dispatch latency, between a job's arrival and its earliest start.
     """
-    all_jobs = [_as_job(j) for j in jobs]
-    expanded = [j for t in tasks for j in _as_task(t).jobs(horizon_ns)]
-    expanded.sort(key=lambda j: j.arrival_ns)  # stable: one release keeps task order
-    all_jobs += expanded
+    all_jobs = expand(jobs, tasks, horizon_ns)
     default = DevicePolicy(policy, chunk_ns, switch_ns, realtime_priority, min_share)
     _check(all_jobs, default, dispatch_ns)
     overrides = {k: (DevicePolicy.from_spec(v) if isinstance(v, SchedSpec) else v)
@@ -638,6 +635,17 @@ def simulate_schedule(jobs: Iterable[Job | Mapping[str, Any]] = (), *,
                      for r in runs)
     return Schedule(outcomes, {n: d.switches for n, d in devs.items()},
                     {n: d.switches * d.dp.switch_ns for n, d in devs.items()})
+
+
+def expand(jobs: Iterable[Job | Mapping[str, Any]] = (),
+           tasks: Iterable[Task | Mapping[str, Any]] = (),
+           horizon_ns: int | None = None) -> list[Job]:
+    """The task set as ``Job`` records in submission order: the jobs as given, then the
+    periodic tasks' jobs by release (at one release, in task order)."""
+    out = [_as_job(j) for j in jobs]
+    periodic = [j for t in tasks for j in _as_task(t).jobs(horizon_ns)]
+    periodic.sort(key=lambda j: j.arrival_ns)  # stable: one release keeps task order
+    return out + periodic
 
 
 def _run(runs: list[_Run], devs: dict[str, _Device], dispatch_ns: int) -> None:
