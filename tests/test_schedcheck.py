@@ -42,6 +42,23 @@ def test_fifo_on_a_real_device_is_the_reference_schedule_job_by_job():
     assert burst["missed"] and burst["ref_missed"] and s["misses"] == s["ref_misses"] >= 1
 
 
+def test_a_chain_across_devices_matches_the_reference_with_its_hand_offs():
+    # The seed's three stages (CPU 2 ms, NPU 10 ms, GPU 4 ms, 1 ms hand-offs), two frames.
+    jobs = []
+    for f, at in enumerate((0, 12)):
+        jobs += [dict(name=f"pre{f}", device="cpu0", arrival_ms=at, duration_ms=2, handoff_ms=1),
+                 dict(name=f"infer{f}", device="npu0", arrival_ms=at, duration_ms=10,
+                      handoff_ms=1, after=[f"pre{f}"]),
+                 dict(name=f"post{f}", device="gpu0", arrival_ms=at, duration_ms=4,
+                      after=[f"infer{f}"])]
+    with fifo_platform() as plat:
+        result = compare_schedule(plat, jobs)
+    assert result.differing() == [], result.differing()
+    ends = {r["job"]: r["end_ns"] for r in result.rows}
+    # Frame 1's inference waits for frame 0's on the NPU (3..13, then 15..25).
+    assert ends["post0"] == 18 * MS and ends["infer1"] == 25 * MS and ends["post1"] == 30 * MS
+
+
 def test_a_policy_the_platform_does_not_run_is_refused():
     with fifo_platform() as plat:
         with pytest.raises(hetproc.InvalidRequest, match="fifo"):

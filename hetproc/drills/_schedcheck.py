@@ -93,6 +93,9 @@ def _submit(platform: Platform, clients: dict[str, Any],
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_ns, i))
     for i in order:
         j = jobs[i]
+        late = [d for d in j.after if d not in fences]
+        if late:  # its fence must exist when it is submitted, at its arrival
+            raise errors.InvalidRequest(f"job {j.name!r} waits for {late}, which arrive after it")
         at = t0 + j.arrival_ns
         delay = (at - time.monotonic_ns()) / 1e9
         if delay > 0:
