@@ -47,6 +47,9 @@ def test_a_preemptor_is_itself_preempted_and_each_resumes_in_priority_order():
     assert s.job("high").preempted == ()
     assert s.switches == {"npu0": 4}  # two saves, two restores
     assert not s.misses
+    assert s.table()[1] == {"job": "mid", "device": "npu0", "context": "", "priority": 5,
+                            "arrival_ns": 2 * MS, "start_ns": 2 * MS, "end_ns": 14 * MS,
+                            "deadline_ns": 0, "missed": False, "preempted": [[4 * MS, 6 * MS]]}
 
 
 def test_switch_cost_is_paid_on_every_save_and_every_restore():
