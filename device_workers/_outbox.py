@@ -48,7 +48,7 @@ class Outbox:
         self.u32 = u32
         self.fences = fences
         self.trace = trace
-        # Encoded records not yet in the ring: ``put`` appends, ``flush`` empties.
+        # Encoded records not yet in the ring: ``put`` and ``ran`` append, ``flush`` empties.
         self.records: list[bytes] = []
         # (due ns, seq, fences, record) of commands whose signal waits for the hand-off
         # delay: ``hold`` pushes, ``fire_due`` pops once due.
