@@ -92,7 +92,7 @@ def _plan_of(asset: np.ndarray) -> dict[str, Any]:
     if total != asset.nbytes or n > min(MAX_PLAN_BYTES, asset.nbytes - HEADER_BYTES):
         raise InvalidRequest(f"graph: asset is truncated ({asset.nbytes} of {total} bytes)")
     blob = asset[HEADER_BYTES:HEADER_BYTES + n]
-    if zlib.crc32(blob) != crc:
+    if zlib.crc32(blob.data) != crc:
         raise InvalidRequest("graph: asset plan checksum mismatch (corrupt asset)")
     key = (crc, n)
     plan = _DECODED.get(key)

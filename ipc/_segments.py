@@ -287,9 +287,9 @@ class BlockPool:
         ``release``: hand its pages back to the kernel instead (they read as zeros, and
         the next owner pays for fresh ones): what keeps freed memory from piling up."""
         seg = self.segments.get(block.segment)
-        index = self._by_chunk.index(seg) if seg is not None else -1
-        if index < 0:
+        if seg is None or seg not in self._by_chunk:
             raise ValueError(f"{block} is not from this pool")
+        index = self._by_chunk.index(seg)
         address = self.buddy.chunks[index][0] + block.offset
         if self.buddy.live_size(address) != block.capacity:
             raise ValueError(f"{block} is not a live block of this pool (double free?)")

@@ -115,7 +115,7 @@ class HetprocError(Exception):
         fallback_possible: bool | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(message or self.__class__.__doc__.strip().splitlines()[0])
+        super().__init__(message or _summary(type(self)))
         if scope is not None:
             if scope not in SCOPES:
                 raise ValueError(f"unknown error scope {scope!r}")
@@ -190,6 +190,14 @@ class HetprocError(Exception):
 
 
 _BY_CODE[HetprocError.code] = HetprocError
+
+
+def _summary(cls: type) -> str:
+    """A message-less error says what its class is for: the first line of its docstring,
+    or its name where there is none (a subclass without one, or ``python -OO``, which
+    strips them all)."""
+    doc = (cls.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else cls.__name__
 
 
 class RemoteTraceback(Exception):
