@@ -16,7 +16,8 @@ Malformed operands raise ``ShapeError`` / ``DtypeError`` / ``InvalidRequest`` fr
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -132,7 +133,8 @@ def _constant_of_shape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     if any(d < 0 for d in shape) or math.prod(shape) > MAX_CREATED_ELEMENTS:
         raise ShapeError(f"ConstantOfShape: shape {shape} is negative or too large")
     value = attrs.get("value")
-    fill = value.reshape(-1)[:1] if isinstance(value, np.ndarray) and value.size else np.zeros(1, np.float32)
+    fill = (value.reshape(-1)[:1] if isinstance(value, np.ndarray) and value.size
+            else np.zeros(1, np.float32))
     return [np.full(shape, fill[0], dtype=fill.dtype)]
 
 
@@ -256,7 +258,7 @@ def _conv(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
         raise ShapeError(f"Conv: X {x.shape} and W {w.shape} must have one rank >= 3")
     _float(x, "Conv")
     group = int(attrs.get("group", 1))
-    n, c = x.shape[:2]
+    c = x.shape[1]
     m, cg = w.shape[:2]
     kernel = list(attrs.get("kernel_shape") or w.shape[2:])
     if group < 1 or c % group or m % group or cg * group != c or kernel != list(w.shape[2:]):
@@ -605,10 +607,13 @@ def _resize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     roi, scales, sizes = _opt(inputs, 1), _opt(inputs, 2), _opt(inputs, 3)
     axes = [_axis(a, x.ndim, "Resize") for a in (attrs.get("axes") or range(x.ndim))]
     r = len(axes)
+    if any(x.shape[a] == 0 for a in axes):  # nothing to sample from
+        raise ShapeError(f"Resize: input {x.shape} is empty along a resized axis")
     if scales is not None and scales.size:
         sc = [float(v) for v in scales.reshape(-1)]
-        if len(sc) != r or min(sc) <= 0:
-            raise ShapeError(f"Resize: {len(sc)} scales for {r} axes, each must be > 0")
+        if len(sc) != r or not all(0 < s < math.inf for s in sc):
+            raise ShapeError(f"Resize: {len(sc)} scales for {r} axes, each must be > 0 "
+                             "and finite")
         outs = [int(math.floor(x.shape[a] * s)) for a, s in zip(axes, sc)]
     elif sizes is not None and sizes.size:
         outs = _ints(sizes, "Resize", "sizes")
@@ -680,7 +685,7 @@ def run_op(op: str, inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     with np.errstate(all="ignore"):
         try:
             return fn(inputs, attrs)
-        except (ValueError, IndexError, TypeError, MemoryError) as exc:
+        except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError) as exc:
             raise InvalidRequest(f"{op}: {type(exc).__name__}: {exc}") from None
 
 

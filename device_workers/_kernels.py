@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -207,7 +208,8 @@ def _check_matmul(ins: list[Spec], outs: list[Spec], p: Params) -> None:
             raise ShapeError(f"{name} has shape {spec[0]}, expected rank 2")
         _dtype(spec, name, _MATMUL)
     if b[0][0] != a[0][1]:
-        raise ShapeError(f"input 1 has shape {b[0]}, expected ({a[0][1]}, N) to match input 0 {a[0]}")
+        raise ShapeError(f"input 1 has shape {b[0]}, expected ({a[0][1]}, N) "
+                         f"to match input 0 {a[0]}")
     _shape(o, "output 0", (a[0][0], b[0][1]))
     if not a[1] == b[1] == o[1]:
         raise DtypeError(f"operands have dtypes {a[1]}, {b[1]} -> {o[1]}, expected one dtype")
@@ -225,7 +227,8 @@ def _conv_geometry(x: tuple, w: tuple, stride: int, padding: str) -> tuple[int, 
     (_, h, wd, _), (kh, kw, _, _) = x, w
     if padding == "valid":
         if h < kh or wd < kw:
-            raise ShapeError(f"input 0 spatial size {(h, wd)} is smaller than the kernel {(kh, kw)}")
+            raise ShapeError(f"input 0 spatial size {(h, wd)} is smaller than "
+                             f"the kernel {(kh, kw)}")
         return (h - kh) // stride + 1, (wd - kw) // stride + 1, 0, 0
     oh, ow = -(-h // stride), -(-wd // stride)
     pad_h = max((oh - 1) * stride + kh - h, 0)
@@ -470,7 +473,8 @@ class _Op:
     params: frozenset[str] | None  # None: any
     check: Callable[[list[Spec], list[Spec], Params], None]
     run: Callable[[list[np.ndarray], list[np.ndarray], Params, Between], None]
-    alias_safe: bool = True  # False: outputs must not overlap inputs (chunks read what others wrote)
+    # False: outputs must not overlap inputs (chunks read what others wrote).
+    alias_safe: bool = True
 
 
 _TABLE: dict[str, _Op] = {
@@ -485,7 +489,8 @@ _TABLE: dict[str, _Op] = {
     ),
     "resize": _Op((1, 1), 1, frozenset({"mode"}), _check_resize, _run_resize, alias_safe=False),
     "quantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_quantize, _run_quantize),
-    "dequantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_dequantize, _run_dequantize),
+    "dequantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_dequantize,
+                      _run_dequantize),
     "transpose": _Op((1, 1), 1, frozenset({"axes"}), _check_transpose, _run_transpose,
                      alias_safe=False),
     "checksum": _Op((1, 1), 1, frozenset(), _check_checksum, _run_checksum, alias_safe=False),

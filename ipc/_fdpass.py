@@ -24,7 +24,7 @@ import os
 import socket
 import struct
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from ._segments import Segment, SegmentCache
 

@@ -99,7 +99,8 @@ class TraceBank:
 
     @staticmethod
     def nbytes(rings: int, capacity: int) -> int:
-        return _align(_HEADER_BYTES + rings * _COUNTER_WORDS * 8) + rings * TraceRing.nbytes(capacity)
+        header = _align(_HEADER_BYTES + rings * _COUNTER_WORDS * 8)
+        return header + rings * TraceRing.nbytes(capacity)
 
     def _slice(self, k: int) -> memoryview:
         if not 0 <= k < self.rings:
@@ -155,7 +156,7 @@ class TraceBank:
     def written(self, k: int) -> int:
         return self.reader(k).written
 
-    def snapshot(self, rings: "list[int] | None" = None, t_from_ns: int = 0,
+    def snapshot(self, rings: list[int] | None = None, t_from_ns: int = 0,
                  t_to_ns: int = (1 << 64) - 1) -> np.ndarray:
         """Every record of ``rings`` (default: all) in the window, merged by time; an
         owned copy that later wrapping cannot touch."""

@@ -87,7 +87,7 @@ __all__ = [
 
 SCOPES = ("request", "context", "process", "device")
 
-_BY_CODE: dict[int, type["HetprocError"]] = {}
+_BY_CODE: dict[int, type[HetprocError]] = {}
 
 
 class HetprocError(Exception):
@@ -176,7 +176,7 @@ class HetprocError(Exception):
         }
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "HetprocError":
+    def from_dict(d: dict[str, Any]) -> HetprocError:
         cls = error_class(int(d.get("code", 1)))
         return cls(
             str(d.get("message", "")),
@@ -224,7 +224,7 @@ def error_from_code(code: int, message: str = "", **kw: Any) -> HetprocError:
 _FLAGS = 1 << 20
 
 
-def _pack(exc: "HetprocError") -> int:
+def _pack(exc: HetprocError) -> int:
     return (exc.code | SCOPES.index(exc.scope) << 16 | int(exc.retryable) << 18
             | int(exc.buffers_trusted) << 19 | _FLAGS)
 
