@@ -19,6 +19,7 @@ tracing is switched off (``enabled`` false: rings write nothing, counters still 
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 
@@ -54,7 +55,7 @@ class TraceBank:
     the shared memory (it holds views of it).
     """
 
-    def __init__(self, buf: memoryview | bytearray, *, create: bool, rings: int = 0,
+    def __init__(self, buf: mmap.mmap | memoryview | bytearray, *, create: bool, rings: int = 0,
                  capacity: int = 0, enabled: bool = True) -> None:
         base = memoryview(buf).cast("B")
         if create:
