@@ -12,8 +12,15 @@ from ._intake import RING_CORRUPT_EXIT_STATUS
 from ._kernels import checksum_of, read_checksum
 from ._kernels import validate as validate_kernel
 from ._state import STATE_DTYPE, DeviceState, StateSlot, state_table
-from ._tracing import (QUEUE_TRACK_BASE, SIGNALLED_AT_END, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
-                       device_slot, device_track, queue_track)
+from ._tracing import (
+    QUEUE_TRACK_BASE,
+    SIGNALLED_AT_END,
+    SLOT_SUPERVISOR,
+    TRACK_SUPERVISOR,
+    device_slot,
+    device_track,
+    queue_track,
+)
 from ._worker import DeviceWorker, device_main
 
 __all__ = ["DeviceBoot", "DeviceWorker", "device_main", "COMMAND_SCHEMAS",

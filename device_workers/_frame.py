@@ -19,6 +19,15 @@ class Frame:
 
     __slots__ = ("cmd", "pidx", "t_start", "shift", "m_origin", "preemptible", "modeled",
                  "signal", "t_end", "loop_flushes")
+    # The outcome, which the body sets as its last steps once the command ran to its end
+    # (until then unset or the previous command's: ``finish`` reads them only after the
+    # body returned):
+    modeled: tuple[int, int, int]  # (modeled start, modeled end, lag)
+    signal: bool         # False: it completes without signalling (an injected lost fence)
+    t_end: int           # the host's end, when the body measured it (0: ``finish`` does)
+    # True: its record waits for the loop to find the ring dry, checked once per wake-up
+    # (the hold-only path), not once per record (``Outbox.put``).
+    loop_flushes: bool
 
     def __init__(self) -> None:
         # ``DeviceWorker.execute`` sets these four and ``preemptible`` as it opens the
@@ -33,15 +42,6 @@ class Frame:
         # True only while its kernel and hold run, and never under a suspended command:
         # where a preemption may suspend it (``DeviceWorker.maybe_preempt``).
         self.preemptible = False
-        # The outcome, which the body sets as its last steps once the command ran to its
-        # end (until then unset or the previous command's: ``finish`` reads them only
-        # after the body returned):
-        #   modeled       (modeled start, modeled end, lag)
-        #   signal        False: it completes without signalling (an injected lost fence)
-        #   t_end         the host's end, when the body measured it (0: ``finish`` does)
-        #   loop_flushes  True: its record waits for the loop to find the ring dry,
-        #                 checked once per wake-up (the hold-only path), not once per
-        #                 record (``Outbox.put``)
 
 
 # The frame of no command: nothing to cancel, nothing to preempt, no time shifted.

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 from ipc import errors
 
 from ._frame import Frame
-from ._state import DeviceState, StateSlot as S
+from ._state import DeviceState
+from ._state import StateSlot as S
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ class Preemption:
         """Empty the ring: the commands marked to preempt, in ring order; the others go
         to the backlog, which runs, in order, once the suspended command is done."""
         intake, get = self.host.intake, self.host.commands.get
-        marked = []
+        marked: list[dict[str, Any]] = []
         while not intake.stopped:
             try:
                 data = get()

@@ -34,7 +34,8 @@ import signal
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import posix_ipc
@@ -440,7 +441,8 @@ class DeviceWorker:
                 self.between_chunks()
                 remaining = (deadline - time.monotonic_ns()) / 1e9
                 if remaining <= 0:
-                    raise errors.DependencyTimeout(f"input fence {handle:#x} did not signal in time")
+                    raise errors.DependencyTimeout(
+                        f"input fence {handle:#x} did not signal in time")
                 try:
                     # Never sleep past a pending hand-off signal: the consumer of an earlier
                     # command must not wait for this command's producer.
