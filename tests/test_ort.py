@@ -1,0 +1,318 @@
+"""``hetproc.ort``: code written for ONNX Runtime, run unchanged against the real
+onnxruntime and against hetproc (real topologies, IO binding, messages), and the parts
+only hetproc can drill (strict fallback, provider priority, device resets as ORT's codes)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+onnxruntime = pytest.importorskip("onnxruntime")
+
+import hetproc  # noqa: E402
+import hetproc.ort as hort  # noqa: E402
+from hetproc.delegate import light_model_path, mobilenet_like  # noqa: E402
+
+SPREAD = {"weigh_costs": "0", "min_nodes_per_partition": "1"}  # every supported node offloads
+TOPOLOGIES = (["squeezenet", "shufflenet", "bvlc_alexnet", "densenet121", "inception_v1",
+               "inception_v2", "resnet50", "vgg19", "zfnet512"]
+              if os.environ.get("HETPROC_ORT_ALL_TOPOLOGIES") == "1"
+              else ["squeezenet", "shufflenet", "inception_v1"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ort_platform():
+    """One real platform for the module: sessions that name none run on it."""
+    with hetproc.Platform(time_scale=1.0) as plat:
+        hort.use_platform(plat)
+        try:
+            yield plat
+        finally:
+            hort.shutdown()
+            hort.use_platform(None)
+
+
+@pytest.fixture(autouse=True)
+def _sessions_closed():
+    yield
+    hort.shutdown()  # every session a test left open: contexts, assets, clients
+
+
+def _x(shape=(1, 3, 32, 32), seed=1):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# -- the same application code on both ----------------------------------------------------
+
+
+def application(ort, model_path):
+    """Written for onnxruntime; nothing in it knows hetproc."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model_path, so, providers=ort.get_available_providers())
+    feeds = {}
+    for i, arg in enumerate(sess.get_inputs()):
+        assert arg.type == "tensor(float)"
+        shape = [d if isinstance(d, int) else 1 for d in arg.shape]
+        feeds[arg.name] = np.random.default_rng(i + 7).random(shape, np.float32)
+    names = [o.name for o in sess.get_outputs()]
+    plain = sess.run(None, feeds)
+    binding = sess.io_binding()
+    for name, arr in feeds.items():
+        binding.bind_cpu_input(name, arr)
+    for name in names:
+        binding.bind_output(name)
+    binding.synchronize_inputs()
+    sess.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    bound = binding.copy_outputs_to_cpu()
+    meta = sess.get_modelmeta()
+    return {"names": names, "plain": plain, "bound": bound, "graph_name": meta.graph_name,
+            "inputs": [str(a) for a in sess.get_inputs()],
+            "outputs": [str(a) for a in sess.get_outputs()]}
+
+
+@pytest.mark.parametrize("name", ["mobilenet_like"] + TOPOLOGIES)
+def test_the_same_application_code_gives_onnxruntimes_outputs(name, tmp_path):
+    """The light topologies onnx ships have constant weights (their outputs are nearly
+    uniform); mobilenet_like has seeded random weights, so its numerics mean something."""
+    if name == "mobilenet_like":
+        path = str(tmp_path / "m.onnx")
+        onnx.save(mobilenet_like(), path)
+    else:
+        path = light_model_path(name)
+        if path is None:
+            pytest.skip(f"onnx ships no light_{name}.onnx here")
+        path = _with_logits(path, str(tmp_path / f"{name}.onnx"))
+    want = application(onnxruntime, path)
+    got = application(hort, path)
+    assert got["names"] == want["names"] and got["graph_name"] == want["graph_name"]
+    assert got["inputs"] == want["inputs"] and got["outputs"] == want["outputs"]
+    for kind in ("plain", "bound"):
+        for name_, a, b, logits in zip(got["names"], got[kind], want[kind],
+                                       _logits_of(got["names"], want[kind])):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            if logits is not None and np.abs(logits).max() > 1e6:
+                # Softmax of equal logits near 1e10: one float32 ulp of difference in
+                # the logits (summation order) moves the whole output. The logits are
+                # compared instead (an output of their own), and this one must still
+                # be a distribution.
+                np.testing.assert_allclose(a.reshape(a.shape[0], -1).sum(1), 1, rtol=1e-5)
+                continue
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=name_)
+
+
+def _with_logits(path, out):
+    """The model with its final Softmax's input as one more graph output."""
+    m = onnx.load(path)
+    last = m.graph.node[-1]
+    if last.op_type == "Softmax":
+        logits = onnx.ValueInfoProto()
+        logits.CopyFrom(m.graph.output[0])  # a softmax keeps its input's shape
+        logits.name = last.input[0]
+        m.graph.output.append(logits)
+    onnx.save(m, out)
+    return out
+
+
+def _logits_of(names, outputs):
+    """Per output: the logits it is the softmax of (the extra output), else None."""
+    if len(outputs) == 2 and len(names) == 2:
+        return [outputs[1], None]
+    return [None] * len(outputs)
+
+
+def test_the_session_really_ran_on_the_accelerators():
+    path = light_model_path("squeezenet")
+    if path is None:
+        pytest.skip("onnx ships no light models here")
+    so = hort.SessionOptions()
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    sess = hort.InferenceSession(path, so, providers=hort.get_available_providers())
+    eps = {sub.ep_name for sub in sess.get_provider_graph_assignment_info()}
+    assert "HetprocNpuExecutionProvider" in eps
+    nodes = sum(len(sub.get_nodes()) for sub in sess.get_provider_graph_assignment_info())
+    assert nodes == len(sess._live_model().placement.graph.nodes)
+
+
+def test_metadata_providers_and_options_read_as_onnxruntime_writes_them():
+    model = mobilenet_like().SerializeToString()
+    ref = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    sess = hort.InferenceSession(model, providers=[
+        ("HetprocNpuExecutionProvider", {"device": "npu0"}), "CPUExecutionProvider"])
+    assert [str(a) for a in sess.get_inputs()] == [str(a) for a in ref.get_inputs()]
+    assert [str(a) for a in sess.get_outputs()] == [str(a) for a in ref.get_outputs()]
+    assert sess.get_overridable_initializers() == [] == ref.get_overridable_initializers()
+    for field in ("graph_name", "producer_name", "domain", "description", "custom_metadata_map"):
+        assert getattr(sess.get_modelmeta(), field) == getattr(ref.get_modelmeta(), field)
+    assert sess.get_providers() == ["HetprocNpuExecutionProvider", "CPUExecutionProvider"]
+    assert sess.get_provider_options() == {"HetprocNpuExecutionProvider": {"device": "npu0"},
+                                           "CPUExecutionProvider": {}}
+    assert sess.get_session_options().graph_optimization_level == \
+        hort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    with pytest.raises(hort.InvalidArgument, match="not a npu"):
+        hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider",
+                                                 {"device": "gpu0"})])
+
+
+def test_wrong_feeds_fail_with_onnxruntimes_class_and_message():
+    model = mobilenet_like().SerializeToString()
+    ref = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    sess = hort.InferenceSession(model, providers=["HetprocNpuExecutionProvider"])
+    x = _x()
+    bad = [{"y": x}, {"x": x, "y": x}, {"x": x.astype(np.float64)},
+           {"x": _x((1, 3, 31, 32))}, {"x": _x((3, 32, 32))}, {"x": [1.0, 2.0]}]
+    for feeds in bad:
+        with pytest.raises(Exception) as theirs:
+            ref.run(None, feeds)
+        with pytest.raises(Exception) as ours:
+            sess.run(None, feeds)
+        assert type(ours.value).__name__ == type(theirs.value).__name__, feeds
+        assert str(ours.value) == str(theirs.value)
+    for call in (lambda s: s.run(["nope"], {"x": x}),):
+        with pytest.raises(Exception) as theirs:
+            call(ref)
+        with pytest.raises(hort.InvalidArgument) as ours:
+            call(sess)
+        assert str(ours.value) == str(theirs.value)
+    # A run the application terminates: ORT's FAIL and message.
+    ro, ro_ref = hort.RunOptions(), onnxruntime.RunOptions()
+    ro.terminate = ro_ref.terminate = True
+    with pytest.raises(Exception) as theirs:
+        ref.run(None, {"x": x}, ro_ref)
+    with pytest.raises(hort.Fail) as ours:
+        sess.run(None, {"x": x}, ro)
+    assert str(ours.value) == str(theirs.value)
+    # The session is not hurt by any of it.
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                               rtol=1e-4, atol=1e-7)
+
+
+def test_model_files_fail_with_onnxruntimes_codes(tmp_path):
+    missing = str(tmp_path / "missing.onnx")
+    for src, cls in ((missing, "NoSuchFile"), (b"\x00garbage\xff" * 9, "InvalidProtobuf")):
+        with pytest.raises(Exception) as theirs:
+            onnxruntime.InferenceSession(src, providers=["CPUExecutionProvider"])
+        with pytest.raises(getattr(hort, cls)) as ours:
+            hort.InferenceSession(src)
+        assert type(theirs.value).__name__ == cls
+        assert str(ours.value) == str(theirs.value)
+    from onnx import TensorProto, helper
+    bad = helper.make_graph([helper.make_node("Relu", ["nowhere"], ["y"])], "g",
+                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(bad)  # reads a value nothing produces: the checker refuses it
+    with pytest.raises(hort.InvalidGraph) as ours:
+        hort.InferenceSession(m.SerializeToString())
+    assert ours.value.code == 10 and isinstance(ours.value.__cause__, hetproc.InvalidRequest)
+
+
+def test_provider_order_is_the_priority():
+    model = mobilenet_like().SerializeToString()
+    so = hort.SessionOptions()
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+
+    def owners(first, second):
+        s = hort.InferenceSession(model, so, providers=[(first, SPREAD), second])
+        got = {n.name: sub.ep_name for sub in s.get_provider_graph_assignment_info()
+               for n in sub.get_nodes()}
+        out = s.run(None, {"x": _x()})
+        s.close()
+        return got, out
+
+    npu_first, a = owners("HetprocNpuExecutionProvider", "HetprocGpuExecutionProvider")
+    gpu_first, b = owners("HetprocGpuExecutionProvider", "HetprocNpuExecutionProvider")
+    # Conv is taken by both: the first listed gets it. Softmax only by the GPU.
+    assert npu_first["stem"] == "HetprocNpuExecutionProvider"
+    assert gpu_first["stem"] == "HetprocGpuExecutionProvider"
+    assert npu_first["prob"] == gpu_first["prob"] == "HetprocGpuExecutionProvider"
+    assert npu_first["label"] == "CPUExecutionProvider"  # ArgMax: no accelerator takes it
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-5)
+
+
+def test_disable_cpu_ep_fallback_refuses_at_creation():
+    model = mobilenet_like().SerializeToString()
+    so = hort.SessionOptions()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    with pytest.raises(hort.Fail, match=r"fallback to CPU EP has been explicitly disabled.*"
+                                        r"ArgMax") as exc:
+        hort.InferenceSession(model, so, providers=["HetprocNpuExecutionProvider",
+                                                    "HetprocGpuExecutionProvider"])
+    assert isinstance(exc.value.__cause__, hetproc.UnsupportedOp)
+    # The CPU named explicitly beside it: ORT's conflict, word for word.
+    ref_so = onnxruntime.SessionOptions()
+    ref_so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    with pytest.raises(Exception) as theirs:
+        onnxruntime.InferenceSession(model, ref_so, providers=["CPUExecutionProvider"])
+    with pytest.raises(hort.InvalidArgument) as ours:
+        hort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    assert str(ours.value) == str(theirs.value)
+    # A model the accelerator takes whole is accepted, and nothing is left to the CPU.
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                           helper.make_node("Mul", ["r", "r"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    so.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    s = hort.InferenceSession(helper.make_model(g).SerializeToString(), so,
+                              providers=["HetprocNpuExecutionProvider"])
+    assert s.get_providers() == ["HetprocNpuExecutionProvider"]
+    assert {sub.ep_name for sub in s.get_provider_graph_assignment_info()} == \
+        {"HetprocNpuExecutionProvider"}
+    x = _x((1, 8))
+    np.testing.assert_allclose(s.run(None, {"x": x})[0], np.maximum(x, 0) ** 2, rtol=1e-6)
+
+
+def test_a_node_without_any_kernel_fails_at_creation_naming_node_and_op():
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"], name="first"),
+                           helper.make_node("Erf", ["r"], ["y"], name="the_erf")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    with pytest.raises(hort.NotImplemented, match=r"Could not find an implementation for "
+                                                  r"Erf\(13\) node with name 'the_erf'") as exc:
+        hort.InferenceSession(model.SerializeToString())
+    assert exc.value.code == 9 and isinstance(exc.value.__cause__, hetproc.UnsupportedOp)
+
+
+def test_profiling_writes_a_perfetto_valid_trace_with_the_run_tags(tmp_path):
+    so = hort.SessionOptions()
+    so.enable_profiling = True
+    so.profile_file_prefix = str(tmp_path / "prof")
+    sess = hort.InferenceSession(mobilenet_like().SerializeToString(), so,
+                                 providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    ro = hort.RunOptions()
+    ro.logid = "frame-17"
+    sess.run(None, {"x": _x()}, ro)
+    path = sess.end_profiling()
+    assert path.startswith(str(tmp_path / "prof_")) and path.endswith(".json")
+    with open(path) as fh:
+        doc = json.load(fh)
+    assert hetproc.trace.validate(doc) == []
+    assert any(e.get("name") == "EXEC" for e in doc["traceEvents"])
+    assert [r["tag"] for r in doc["otherData"]["ort_runs"]] == ["frame-17"]
+    assert sess.get_profiling_start_time_ns() <= doc["otherData"]["ort_runs"][0]["start_ns"]
+
+
+def test_run_async_calls_back_with_results_or_the_error():
+    import threading
+    sess = hort.InferenceSession(mobilenet_like().SerializeToString(),
+                                 providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    want = sess.run(["prob"], {"x": _x()})[0]
+    done = threading.Event()
+    seen = {}
+
+    def callback(results, user_data, err):
+        seen.update(results=results, user_data=user_data, err=err)
+        done.set()
+
+    sess.run_async(["prob"], {"x": _x()}, callback, "ud")
+    assert done.wait(30)
+    assert seen["err"] == "" and seen["user_data"] == "ud"
+    np.testing.assert_array_equal(seen["results"][0], want)
