@@ -316,3 +316,106 @@ def test_run_async_calls_back_with_results_or_the_error():
     assert done.wait(30)
     assert seen["err"] == "" and seen["user_data"] == "ud"
     np.testing.assert_array_equal(seen["results"][0], want)
+
+
+# -- ORT's error codes: what an application sees of hetproc's drills ------------------------
+
+
+@pytest.fixture
+def own_platform():
+    """A platform of the test's own: a drill restarts devices (new processes of it)."""
+    with hetproc.Platform(time_scale=1.0) as plat:
+        before = hort.use_platform(plat)
+        try:
+            yield plat
+        finally:
+            hort.shutdown()
+            hort.use_platform(before)
+
+
+def test_a_device_crash_mid_run_is_device_reset_and_a_new_session_recovers(own_platform):
+    model = mobilenet_like().SerializeToString()
+    x = _x()
+    want = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    crashing = hort.InferenceSession(model, providers=[
+        ("HetprocNpuExecutionProvider", {**SPREAD, "fault": "crash"})])
+    with pytest.raises(hort.DeviceReset) as exc:
+        crashing.run(None, {"x": x})
+    assert exc.value.code == 15 and ": DEVICE_RESET : " in str(exc.value)
+    cause = exc.value.__cause__
+    assert isinstance(cause, (hetproc.DeviceCrashed, hetproc.ContextLost)), cause
+    assert cause.scope in ("device", "context")
+    # The session's contexts died with the device: it keeps failing, as ORT's would...
+    with pytest.raises((hort.DeviceReset, hort.RuntimeException)):
+        crashing.run(None, {"x": x})
+    crashing.close()
+    # ...and recreating it recovers, on the restarted device, with the right answer.
+    again = hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    got = again.run(None, {"x": x})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-7)
+    assert "npu0" in {p.device for p in again._live_model().placement.partitions}
+
+
+def test_every_hetproc_error_has_its_ort_code_and_stays_the_cause():
+    """The table in hetproc.ort._errors, class by class (a hang caught by the watchdog
+    is a DeviceTimeout: the device was stopped under the run, so DEVICE_RESET)."""
+    table = {hetproc.DeviceCrashed: "DEVICE_RESET", hetproc.ContextLost: "DEVICE_RESET",
+             hetproc.DeviceTimeout: "DEVICE_RESET", hetproc.CancelledByReset: "ENGINE_ERROR",
+             hetproc.CompileTimeout: "EP_FAIL", hetproc.UnsupportedOp: "NOT_IMPLEMENTED",
+             hetproc.ShapeError: "INVALID_ARGUMENT", hetproc.DtypeError: "INVALID_ARGUMENT",
+             hetproc.InvalidRequest: "INVALID_ARGUMENT", hetproc.WrongOutput: "RUNTIME_EXCEPTION",
+             hetproc.DependencyFailed: "RUNTIME_EXCEPTION", hetproc.SupervisorLost:
+             "RUNTIME_EXCEPTION", hetproc.OutOfMemory: "FAIL", hetproc.FenceTimeout: "FAIL",
+             hetproc.Cancelled: "FAIL"}
+    from hetproc.ort._errors import translate
+    for cls, code in table.items():
+        err = cls("boom")
+        out = translate(err)
+        assert out.code_name == code, cls
+        assert out.__cause__ is err and isinstance(out, hort.OrtError)
+        assert str(out) == f"[ONNXRuntimeError] : {out.code} : {code} : {cls.__name__}: boom"
+
+
+def test_a_partition_that_fails_to_compile_is_ep_fail():
+    model = mobilenet_like().SerializeToString()
+    with pytest.raises(hort.EPFail, match=r"HetprocNpuExecutionProvider: partition \d+ .*"
+                                          r"npu0") as exc:
+        hort.InferenceSession(model, providers=[
+            ("HetprocNpuExecutionProvider", {**SPREAD, "fault": "compile_timeout"})])
+    assert exc.value.code == 11
+    assert isinstance(exc.value.__cause__, hetproc.CompileTimeout) or exc.value.__cause__ is None
+    # Without the fault, the same session compiles.
+    hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)]).close()
+
+
+def test_work_cancelled_by_another_clients_reset_is_engine_error(own_platform):
+    """Another application's long command holds the NPU; ours queues behind it; the NPU
+    dies under theirs: theirs is DeviceCrashed, ours was only caught in the reset."""
+    import threading
+
+    import signal
+
+    from tests.helpers import wait_for
+    model = mobilenet_like().SerializeToString()
+    s = hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    s.run(None, {"x": _x()})  # warm: the next run's first command goes straight to npu0
+    other = own_platform.connect("camera")
+    try:
+        ctx = other.context("npu0")
+        theirs = ctx.submit_nowait("work", ms=400)
+        owner = own_platform.client
+        assert wait_for(lambda: owner.metrics()["devices"]["npu0"]["state"] == "busy", 5)
+        done, seen = threading.Event(), {}
+        s.run_async(None, {"x": _x()}, lambda r, u, err: (seen.update(err=err), done.set()), None)
+        npu = lambda: owner.metrics()["devices"]["npu0"]  # noqa: E731
+        assert wait_for(lambda: npu()["queue_depth"] + npu()["in_flight"] >= 2, 10)
+        os.kill(owner.metrics()["devices"]["npu0"]["pid"], signal.SIGKILL)
+        with pytest.raises(hetproc.DeviceCrashed):
+            theirs.wait(10)
+        assert done.wait(30)
+        assert ": ENGINE_ERROR : CancelledByReset" in seen["err"], seen["err"]
+    finally:
+        other.close()
+    s.close()
+    again = hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    assert again.run(["prob"], {"x": _x()})[0].shape == (1, 10)

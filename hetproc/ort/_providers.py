@@ -133,10 +133,12 @@ class _Hosts:
 _hosts = _Hosts()
 
 
-def use_platform(platform: Any) -> None:
+def use_platform(platform: Any) -> Any:
     """Run sessions that name no platform on ``platform`` (a started ``hetproc.Platform``,
-    or a running platform's prefix); ``None`` goes back to the built-in default."""
-    _hosts.chosen = platform
+    or a running platform's prefix); ``None`` goes back to the built-in default. Returns
+    the one used before."""
+    before, _hosts.chosen = _hosts.chosen, platform
+    return before
 
 
 def connect(key: tuple[str, str, str], name: str, *, privileged: bool = False) -> Any:

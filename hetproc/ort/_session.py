@@ -41,6 +41,7 @@ from ._types import ModelMetadata, NodeArg, numpy_dtype_of, onnx_type_name, valu
 
 _live: "weakref.WeakSet[InferenceSession]" = weakref.WeakSet()
 _live_lock = threading.Lock()
+COMPILE_FAULTS = ("compile_timeout",)
 PLACEMENT_KEYS = {"max_partitions": int, "min_nodes_per_partition": int,
                   "weigh_costs": lambda v: v not in ("0", "false", "False")}
 
@@ -158,6 +159,7 @@ class InferenceSession:
             self._provider_options[CPU] = {}
         self._options = self._placement_options(strict)
         graph = self._graph(source)
+        self._arm_faults(before_load=True)
         self._check_placement(graph, spec, strict)
         cache = self._ctx.assets() if self._ctx is not None else None
         writing = self._sess_options.config("ep.context_enable") == "1"
@@ -170,7 +172,7 @@ class InferenceSession:
                 self._start_recompile(graph)
         if writing:
             _epcontext.write_context_model(self, source, graph, cache)
-        self._arm_faults()
+        self._arm_faults(before_load=False)
 
     def _placement_options(self, strict: bool) -> Options:
         kw: dict[str, Any] = {}
@@ -240,11 +242,14 @@ class InferenceSession:
         except errors.HetprocError as exc:
             raise translate(exc) from exc
 
-    def _arm_faults(self) -> None:
+    def _arm_faults(self, *, before_load: bool) -> None:
+        """The "fault" provider option: a compile fault is armed before the partitions
+        compile, a device fault once the model is loaded (it hits the first run)."""
         for name, device, opts in self._eps:
-            if opts.get("fault"):
+            kind = opts.get("fault", "").replace("-", "_")
+            if kind and (kind in COMPILE_FAULTS) == before_load:
                 try:
-                    self._client.inject(opts["fault"], device=device)
+                    self._client.inject(kind, device=device)
                 except errors.HetprocError as exc:
                     raise raise_as(InvalidArgument, f"{name}: fault {opts['fault']!r}: "
                                    f"{exc.message}", exc) from exc
