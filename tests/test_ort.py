@@ -419,3 +419,62 @@ def test_work_cancelled_by_another_clients_reset_is_engine_error(own_platform):
     s.close()
     again = hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)])
     assert again.run(["prob"], {"x": _x()})[0].shape == (1, 10)
+
+
+# -- IO binding and OrtValue -----------------------------------------------------------------
+
+
+def io_binding_application(ort, model_bytes, x):
+    """ORT code with OrtValues and preallocated outputs; nothing hetproc in it."""
+    sess = ort.InferenceSession(model_bytes, providers=ort.get_available_providers())
+    value = ort.OrtValue.ortvalue_from_numpy(x)
+    prob = ort.OrtValue.ortvalue_from_shape_and_type([1, 10], np.float32)
+    label_mem = np.zeros(1, np.int64)
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("x", value)
+    binding.bind_ortvalue_output("prob", prob)
+    binding.bind_output("label", "cpu", 0, np.int64, [1], label_mem.ctypes.data)
+    sess.run_with_iobinding(binding)
+    binding.synchronize_outputs()
+    outs = binding.get_outputs()
+    return (value.data_type(), value.shape(), prob.numpy().copy(), label_mem.copy(),
+            [o.shape() for o in outs])
+
+
+def test_io_binding_code_gives_onnxruntimes_results():
+    model, x = mobilenet_like().SerializeToString(), _x()
+    want = io_binding_application(onnxruntime, model, x)
+    got = io_binding_application(hort, model, x)
+    assert got[0] == want[0] == "tensor(float)" and got[1] == want[1]
+    np.testing.assert_allclose(got[2], want[2], rtol=1e-4, atol=1e-7)
+    assert got[3].tolist() == want[3].tolist() and got[4] == want[4]
+
+
+def test_device_values_are_shared_memory_and_bound_outputs_are_read_in_place():
+    sess = hort.InferenceSession(mobilenet_like().SerializeToString(),
+                                 providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    x = _x()
+    value = hort.OrtValue.ortvalue_from_numpy(x, "npu")
+    assert value.device_name() == "npu" and isinstance(value.buffer, hetproc.Buffer)
+    assert value.data_ptr() == value.buffer.array().ctypes.data  # the value IS the buffer
+    np.testing.assert_array_equal(value.numpy(), x)
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("x", value)
+    binding.bind_output("prob", "npu")  # no buffer given: the partition's own, in place
+    sess.run_with_iobinding(binding)
+    first = binding.get_outputs()[0]
+    in_place = sess._live_model().output_view("prob")
+    assert first.data_ptr() == in_place.ctypes.data and first.device_name() == "npu"
+    want = sess.run(["prob"], {"x": x})[0]
+    np.testing.assert_array_equal(first.numpy(), want)
+    # A new input written into the same OrtValue: same output memory, new contents.
+    value.update_inplace(x * 3)
+    sess.run_with_iobinding(binding)
+    second = binding.get_outputs()[0]
+    assert second.data_ptr() == first.data_ptr()
+    np.testing.assert_array_equal(second.numpy(), sess.run(["prob"], {"x": x * 3})[0])
+    assert not np.array_equal(second.numpy(), want)
+    with pytest.raises(hort.InvalidArgument, match="does not match"):
+        value.update_inplace(np.zeros((2, 2), np.float32))
+    with pytest.raises(hort.InvalidArgument, match="device type"):
+        hort.OrtValue.ortvalue_from_shape_and_type([2], np.float32, "cuda")
