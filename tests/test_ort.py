@@ -478,3 +478,43 @@ def test_device_values_are_shared_memory_and_bound_outputs_are_read_in_place():
         value.update_inplace(np.zeros((2, 2), np.float32))
     with pytest.raises(hort.InvalidArgument, match="device type"):
         hort.OrtValue.ortvalue_from_shape_and_type([2], np.float32, "cuda")
+
+
+# -- crash-isolated validation ---------------------------------------------------------------
+
+
+def _quantize_model():
+    """One QuantizeLinear: uint8 outputs, so a flipped bit on the device is a wrong value."""
+    from onnx import TensorProto, helper
+    g = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])], "q",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("q", TensorProto.UINT8, [1, 16])],
+        [helper.make_tensor("s", TensorProto.FLOAT, [], [0.05]),
+         helper.make_tensor("z", TensorProto.UINT8, [], [10])])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_validate_tells_apart_pass_wrong_output_crash_and_bail_out():
+    npu = "HetprocNpuExecutionProvider"
+    table_in = [(npu, {**SPREAD, "fault": "wrong_output"}),  # the device flips bits
+                (npu, {**SPREAD, "fault": "abort"}),         # the application process dies
+                (npu, {**SPREAD, "fault": "exit0"}),         # it exits 0 mid-run
+                (npu, SPREAD)]
+    best, table = hort.validate(_quantize_model(), table_in, timeout=90)
+    assert [r.verdict for r in table] == ["wrong output", "crash", "bail-out", "passed"], table
+    assert table[0].max_abs_diff >= 1 and "CPU reference" in table[0].detail
+    assert table[1].exit_status == -6 and "signal 6" in table[1].detail  # SIGABRT
+    assert table[2].exit_status == 0 and table[3].exit_status == 0
+    assert table[3].max_abs_diff == 0 and table[3].modeled_us > 0
+    assert best == npu and table[3].options == SPREAD
+
+
+def test_validate_kills_a_stalled_run_at_its_deadline_and_leaves_nothing():
+    best, table = hort.validate(mobilenet_like(), [("HetprocNpuExecutionProvider",
+                                                    {"fault": "stall"})], timeout=8)
+    assert best is None and table[0].verdict == "timeout" and table[0].exit_status is None
+    assert table[0].seconds < 30
+    from hetproc.drills import leftovers
+    if table[0].platform:  # killed after its platform started: nothing of it remains
+        assert not leftovers(table[0].platform)["objects"]
