@@ -518,3 +518,104 @@ def test_validate_kills_a_stalled_run_at_its_deadline_and_leaves_nothing():
     from hetproc.drills import leftovers
     if table[0].platform:  # killed after its platform started: nothing of it remains
         assert not leftovers(table[0].platform)["objects"]
+
+
+# -- EP context models -------------------------------------------------------------------------
+
+EPS = [("HetprocNpuExecutionProvider", SPREAD), ("HetprocGpuExecutionProvider", SPREAD)]
+V = hort.OrtCompiledModelCompatibility
+
+
+def _compile_context(tmp_path, embed="1", providers=EPS):
+    src = tmp_path / "m.onnx"
+    onnx.save(mobilenet_like(), src)
+    so = hort.SessionOptions()
+    so.add_session_config_entry("ep.context_enable", "1")
+    so.add_session_config_entry("ep.context_embed_mode", embed)
+    sess = hort.InferenceSession(str(src), so, providers=providers)
+    want = sess.run(None, {"x": _x()})
+    sess.close()
+    return tmp_path / "m_ctx.onnx", want
+
+
+@pytest.mark.parametrize("embed", ["1", "0"])
+def test_ep_context_model_round_trip_loads_without_compiling(tmp_path, embed):
+    ctx_path, want = _compile_context(tmp_path, embed)
+    proto = onnx.load(str(ctx_path))
+    ctx_nodes = [n for n in proto.graph.node if n.op_type == "EPContext"]
+    assert ctx_nodes and all(n.domain == "com.microsoft" for n in ctx_nodes)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in ctx_nodes[0].attribute}
+    assert attrs["main_context"] == 1 and attrs["embed_mode"] == int(embed)
+    assert attrs["source"] == b"HetprocNpuExecutionProvider"
+    assert attrs["hardware_architecture"] == b"npu"
+    # Nodes no accelerator took stay ordinary nodes (ArgMax: only the CPU has it).
+    assert "ArgMax" in {n.op_type for n in proto.graph.node}
+    if embed == "0":
+        assert (tmp_path / attrs["ep_cache_context"].decode()).is_file()
+    sess = hort.InferenceSession(str(ctx_path), providers=EPS)
+    model = sess._live_model()
+    delegated = [i for i, p in enumerate(model.placement.partitions) if p.device != "cpu0"]
+    assert [model.load_info["cache"][i] for i in delegated] == ["hit"] * len(delegated)
+    status = sess.get_ep_context_status()
+    assert set(status["verdicts"].values()) == {V.EP_SUPPORTED_OPTIMAL}
+    assert status["using"] == "stored" and set(status["partitions"].values()) == {"stored"}
+    got = sess.run(None, {"x": _x()})
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert [str(a) for a in sess.get_inputs()] == ["NodeArg(name='x', type='tensor(float)', "
+                                                   "shape=[1, 3, 32, 32])"]
+
+
+def test_ep_context_verdict_not_applicable_when_its_provider_is_not_listed(tmp_path):
+    ctx_path, want = _compile_context(tmp_path)
+    sess = hort.InferenceSession(str(ctx_path), providers=[EPS[1]])  # the GPU alone
+    status = sess.get_ep_context_status()
+    npu_nodes = [k for k in status["verdicts"] if k.startswith("HetprocNpu")]
+    assert npu_nodes and all(status["verdicts"][k] == V.EP_NOT_APPLICABLE for k in npu_nodes)
+    np.testing.assert_allclose(sess.run(None, {"x": _x()})[0], want[0], rtol=1e-5)
+
+
+def test_ep_context_prefer_recompilation_runs_then_recompiles_beside_it(tmp_path):
+    ctx_path, want = _compile_context(tmp_path)
+    from hetproc.platforms import __file__ as platforms_init
+    default = (os.path.dirname(platforms_init) + "/default.toml")
+    text = open(default).read()
+    old = 'name = "npu0"\nkind = "npu"'
+    assert old in text and "sram_kib = 4096" in text
+    head, tail = text.split(old, 1)
+    newer = tmp_path / "newer_firmware.toml"  # the npu's entry changed: its firmware digest
+    newer.write_text(head + old + tail.replace("sram_kib = 4096", "sram_kib = 2048", 1))
+    eps = [(n, {**o, "platform_file": str(newer), "time_scale": "1.0"}) for n, o in EPS]
+    sess = hort.InferenceSession(str(ctx_path), providers=eps)
+    status = sess.get_ep_context_status()
+    npu = [k for k in status["verdicts"] if k.startswith("HetprocNpu")]
+    gpu = [k for k in status["verdicts"] if k.startswith("HetprocGpu")]
+    assert all(status["verdicts"][k] == V.EP_SUPPORTED_PREFER_RECOMPILATION for k in npu)
+    assert "firmware" in status["reasons"][npu[0]]
+    assert all(status["verdicts"][k] == V.EP_SUPPORTED_OPTIMAL for k in gpu)
+    np.testing.assert_array_equal(sess.run(None, {"x": _x()})[0], want[0])  # runs at once
+    assert sess.wait_for_recompilation(60)
+    assert sess.get_ep_context_status()["using"] == "recompiled"
+    assert "hit" not in sess._live_model().load_info["cache"]  # the rebuilt one compiled
+    np.testing.assert_array_equal(sess.run(None, {"x": _x()})[0], want[0])
+
+
+def test_ep_context_unsupported_and_tampered_models_are_refused(tmp_path):
+    ctx_path, _ = _compile_context(tmp_path)
+    data = ctx_path.read_bytes()
+    older = tmp_path / "other_compiler.onnx"
+    older.write_bytes(data.replace(b'"hetproc-graph-compiler/1"', b'"hetproc-graph-compiler/2"'))
+    with pytest.raises(hort.EPFail, match="EP_UNSUPPORTED .*hetproc-graph-compiler/2"):
+        hort.InferenceSession(str(older), providers=EPS)
+    proto = onnx.load(str(ctx_path))
+    node = next(n for n in proto.graph.node if n.op_type == "EPContext")
+    attr = next(a for a in node.attribute if a.name == "ep_cache_context")
+    attr.s = attr.s[:-1] + bytes([attr.s[-1] ^ 1])  # one bit of the compiled asset
+    with pytest.raises(hort.InvalidGraph, match="corrupt"):
+        hort.InferenceSession(proto.SerializeToString(), providers=EPS)
+    for a in node.attribute:
+        if a.name == "embed_mode":
+            a.i = 0
+    attr.s = b"../../etc/passwd"
+    with pytest.raises(hort.InvalidGraph, match="not beside the model"):
+        hort.InferenceSession(proto.SerializeToString(), providers=EPS)
