@@ -501,7 +501,7 @@ def test_validate_tells_apart_pass_wrong_output_crash_and_bail_out():
                 (npu, {**SPREAD, "fault": "abort"}),         # the application process dies
                 (npu, {**SPREAD, "fault": "exit0"}),         # it exits 0 mid-run
                 (npu, SPREAD)]
-    best, table = hort.validate(_quantize_model(), table_in, timeout=90)
+    best, table = hort.validate(_quantize_model(), table_in, timeout=90, jobs=2)
     assert [r.verdict for r in table] == ["wrong output", "crash", "bail-out", "passed"], table
     assert table[0].max_abs_diff >= 1 and "CPU reference" in table[0].detail
     assert table[1].exit_status == -6 and "signal 6" in table[1].detail  # SIGABRT
@@ -512,7 +512,7 @@ def test_validate_tells_apart_pass_wrong_output_crash_and_bail_out():
 
 def test_validate_kills_a_stalled_run_at_its_deadline_and_leaves_nothing():
     best, table = hort.validate(mobilenet_like(), [("HetprocNpuExecutionProvider",
-                                                    {"fault": "stall"})], timeout=8)
+                                                    {"fault": "stall"})], timeout=5)
     assert best is None and table[0].verdict == "timeout" and table[0].exit_status is None
     assert table[0].seconds < 30
     from hetproc.drills import leftovers

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -66,26 +67,31 @@ class Validation(NamedTuple):
 
 def validate(model: Any, providers: Sequence[Any], inputs: dict[str, Any] | None = None, *,
              timeout: float = 60.0, rtol: float = 1e-4, atol: float = 1e-5,
-             platform_file: str | None = None, time_scale: float = 1.0) -> Validation:
+             platform_file: str | None = None, time_scale: float = 1.0,
+             jobs: int = 1) -> Validation:
     """One isolated run per provider of ``model`` (a path, bytes or ModelProto);
-    ``inputs`` default to seeded random values of the declared shapes."""
+    ``inputs`` default to seeded random values of the declared shapes. ``jobs``: how
+    many children run at once (each has its own platform; 1 keeps them apart in time)."""
     data = _model_bytes(model)
     graph = load_model(data)
     feeds = inputs if inputs is not None else _random_feeds(graph)
     reference = run_reference(graph, feeds)
-    table = []
     with tempfile.TemporaryDirectory(prefix="hetproc-validate-") as tmp:
         (Path(tmp) / "model.onnx").write_bytes(data)
         np.savez(Path(tmp) / "inputs.npz", **{k: np.asarray(v) for k, v in feeds.items()})
-        for k, (name, opts) in enumerate(normalize(list(providers), None)):
+
+        def one(k: int, name: str, opts: dict[str, str]) -> ProviderResult:
             work = Path(tmp) / f"run{k}"
             work.mkdir()
             job = {"model": str(Path(tmp) / "model.onnx"), "inputs": str(Path(tmp) / "inputs.npz"),
                    "provider": name, "options": opts, "platform_file": platform_file,
                    "time_scale": time_scale}
             (work / "job.json").write_text(json.dumps(job))
-            table.append(_judge(name, opts, work, _run_child(work, timeout), reference,
-                                rtol, atol))
+            return _judge(name, opts, work, _run_child(work, timeout), reference, rtol, atol)
+
+        wanted = normalize(list(providers), None)
+        with ThreadPoolExecutor(max(1, min(int(jobs), len(wanted) or 1))) as pool:
+            table = list(pool.map(one, range(len(wanted)), *zip(*wanted))) if wanted else []
     passed = [r for r in table if r.verdict == "passed"]
     best = min(passed, key=lambda r: (r.modeled_us if r.modeled_us is not None else 1e18,
                                       table.index(r))) if passed else None
