@@ -148,7 +148,8 @@ def test_metadata_providers_and_options_read_as_onnxruntime_writes_them():
     assert [str(a) for a in sess.get_inputs()] == [str(a) for a in ref.get_inputs()]
     assert [str(a) for a in sess.get_outputs()] == [str(a) for a in ref.get_outputs()]
     assert sess.get_overridable_initializers() == [] == ref.get_overridable_initializers()
-    for field in ("graph_name", "producer_name", "domain", "description", "custom_metadata_map"):
+    for field in ("graph_name", "producer_name", "domain", "description", "custom_metadata_map",
+                  "version", "graph_description"):
         assert getattr(sess.get_modelmeta(), field) == getattr(ref.get_modelmeta(), field)
     assert sess.get_providers() == ["HetprocNpuExecutionProvider", "CPUExecutionProvider"]
     assert sess.get_provider_options() == {"HetprocNpuExecutionProvider": {"device": "npu0"},
@@ -158,6 +159,26 @@ def test_metadata_providers_and_options_read_as_onnxruntime_writes_them():
     with pytest.raises(hort.InvalidArgument, match="not a npu"):
         hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider",
                                                  {"device": "gpu0"})])
+
+
+def test_symbolic_input_dims_compile_one_bucket_per_shape_met():
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                           helper.make_node("Mul", ["r", "r"], ["y"])], "dyn",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    ref = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    sess = hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    assert str(sess.get_inputs()[0]) == str(ref.get_inputs()[0])  # shape=['N', 8]
+    for n in (1, 3, 5, 3):
+        x = _x((n, 8), seed=n)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0],
+                                   rtol=1e-6)
+        assert sess._last_model().placement.partitions[0].device == "npu0"
+    assert len(sess._h.buckets) == 2  # 3 and 5; 1 is the model compiled at creation
+    with pytest.raises(hort.InvalidArgument, match="index: 1 Got: 7 Expected: 8"):
+        sess.run(None, {"x": _x((2, 7))})
 
 
 def test_wrong_feeds_fail_with_onnxruntimes_class_and_message():

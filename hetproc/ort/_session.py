@@ -42,6 +42,7 @@ from ._types import ModelMetadata, NodeArg, numpy_dtype_of, onnx_type_name, valu
 _live: "weakref.WeakSet[InferenceSession]" = weakref.WeakSet()
 _live_lock = threading.Lock()
 COMPILE_FAULTS = ("compile_timeout",)
+MAX_BUCKETS = 8
 PLACEMENT_KEYS = {"max_partitions": int, "min_nodes_per_partition": int,
                   "weigh_costs": lambda v: v not in ("0", "false", "False")}
 
@@ -158,6 +159,7 @@ class InferenceSession:
         if not strict:
             self._provider_options[CPU] = {}
         self._options = self._placement_options(strict)
+        self._source = source
         graph = self._graph(source)
         self._arm_faults(before_load=True)
         self._check_placement(graph, spec, strict)
@@ -346,7 +348,6 @@ class InferenceSession:
     def _arrays(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The feeds as arrays, checked as ORT checks them (its messages)."""
         from ._values import OrtValue
-        model = self._live_model()
         known = {a.name: a for a in self._inputs_meta}
         over = {a.name for a in self._overridable}
         out: dict[str, np.ndarray] = {}
@@ -367,8 +368,7 @@ class InferenceSession:
             if got_type != want.type:
                 raise InvalidArgument(f"Unexpected input data type. Actual: ({got_type}) , "
                                       f"expected: ({want.type})")
-            graph_shape = next(v.shape for v in model.graph.inputs if v.name == name)
-            _check_shape(name, arr.shape, want.shape, graph_shape)
+            _check_shape(name, arr.shape, want.shape)
             out[name] = arr
         return out
 
@@ -378,6 +378,39 @@ class InferenceSession:
         if model is None:
             raise RuntimeException("this session was closed (or hetproc.ort.shutdown() ran)")
         return model
+
+    def _model_for(self, arrays: dict[str, np.ndarray]) -> DelegatedModel:
+        """The model compiled for these input shapes. A model with symbolic input dims is
+        compiled once per shape met (a bucket; the first, at creation, binds them to 1),
+        at most MAX_BUCKETS kept; a static model has one."""
+        model = self._live_model()
+        key = tuple(sorted((k, tuple(a.shape)) for k, a in arrays.items()))
+        if all(tuple(v.shape) == dict(key)[v.name] for v in model.graph.inputs):
+            self._h.last = model
+            return model
+        with self._h.lock:
+            bucket = self._h.buckets.get(key)
+        if bucket is None:
+            bucket = self._load(self._graph_for(dict(key)), None)
+            with self._h.lock:
+                self._h.buckets[key] = bucket
+                evict = (self._h.buckets.pop(next(iter(self._h.buckets)))
+                         if len(self._h.buckets) > MAX_BUCKETS else None)
+            if evict is not None:
+                evict.close()
+        self._h.last = bucket
+        return bucket
+
+    def _graph_for(self, shapes: dict[str, tuple[int, ...]]) -> Any:
+        try:
+            return load_model(self._source, shapes)
+        except errors.HetprocError as exc:
+            raise translate(exc) from exc
+
+    def _last_model(self) -> DelegatedModel:
+        """The model the last run used (its outputs are in its buffers)."""
+        last = self._h.last
+        return last if last is not None else self._live_model()
 
     def _output_names(self, output_names: Sequence[str] | None) -> list[str]:
         names = list(output_names) if output_names else [a.name for a in self._outputs_meta]
@@ -397,7 +430,7 @@ class InferenceSession:
     def _run(self, arrays: dict[str, np.ndarray],
              run_options: RunOptions | None) -> dict[str, np.ndarray]:
         _check_terminate(run_options)
-        model = self._live_model()
+        model = self._model_for(arrays)
         t0 = time.time_ns()
         try:
             out = model.run(arrays)
@@ -427,7 +460,7 @@ class InferenceSession:
                 assert out is not None
                 callback([out[n] for n in names], user_data, "")
         try:
-            self._live_model().run_async(arrays, callback=done)
+            self._model_for(arrays).run_async(arrays, callback=done)
         except errors.HetprocError as exc:
             raise translate(exc) from exc
 
@@ -481,6 +514,8 @@ class _Handles:
         self.model: DelegatedModel | None = None
         self.client: Any = None
         self.recompile: threading.Thread | None = None
+        self.buckets: dict[tuple, DelegatedModel] = {}  # other input shapes than the first
+        self.last: DelegatedModel | None = None
 
     def release(self) -> None:
         t = self.recompile
@@ -489,7 +524,9 @@ class _Handles:
         with self.lock:
             model, self.model = self.model, None
             client, self.client = self.client, None
-        for close in ([model.close] if model is not None else []) + (
+            models = [model, *self.buckets.values()]
+            self.buckets, self.last = {}, None
+        for close in [m.close for m in models if m is not None] + (
                 [client.close] if client is not None else []):
             try:
                 close()
@@ -507,8 +544,9 @@ def _no_kernel_message(graph: Any, message: str) -> str:
     return message
 
 
-def _check_shape(name: str, got: tuple[int, ...], declared: list[Any],
-                 bound: tuple[Any, ...]) -> None:
+def _check_shape(name: str, got: tuple[int, ...], declared: list[Any] | None) -> None:
+    if declared is None:  # rank unknown: nothing to check
+        return
     if len(got) != len(declared):
         raise InvalidArgument(f"Invalid rank for input: {name} Got: {len(got)} Expected: "
                               f"{len(declared)} Please fix either the inputs/outputs or the "
@@ -519,11 +557,6 @@ def _check_shape(name: str, got: tuple[int, ...], declared: list[Any],
         raise InvalidArgument(f"Got invalid dimensions for input: {name} for the following "
                               f"indices{lines}\n Please fix either the inputs/outputs or the "
                               "model.")
-    fixed = [(i, g, b) for i, (g, b) in enumerate(zip(got, bound)) if isinstance(b, int) and g != b]
-    if fixed:
-        i, g, b = fixed[0]
-        raise InvalidArgument(f"input {name}: symbolic dim {i} was bound to {b} when the "
-                              f"session was compiled, got {g} (hetproc compiles one shape)")
 
 
 def _check_terminate(run_options: RunOptions | None) -> None:

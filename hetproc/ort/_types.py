@@ -78,6 +78,7 @@ class ModelMetadata:
         self.domain = proto.domain
         self.description = proto.doc_string
         self.graph_description = proto.graph.doc_string
-        self.version = proto.model_version
+        # ORT reports an unset model_version as the largest int64
+        self.version = proto.model_version if proto.HasField("model_version") else (1 << 63) - 1
         self.custom_metadata_map = {p.key: p.value for p in proto.metadata_props
                                     if not p.key.startswith("hetproc.")}

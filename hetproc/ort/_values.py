@@ -241,7 +241,7 @@ class IOBinding:
         s._validate_input(list(self._inputs))
         names = s._output_names(list(self._outputs) or None)
         out = s._run(s._arrays(self._inputs), run_options)
-        model = s._live_model()
+        model = s._last_model()
         results = []
         for name in names:
             how, target = self._outputs.get(name, ("cpu", None))
