@@ -244,6 +244,9 @@ class Reader:
             entry = self.entries.get((p.nodes[0], p.nodes[-1]))
             if entry is not None and entry["verdict"] != V.EP_NOT_APPLICABLE:
                 entry["used"] = "stored" if outcome == "hit" else "compiled (did not fit)"
+        for entry in self.nodes.values():
+            entry["payload"] = b""  # uploaded, or never to be: no private copy stays
+        self.source = None
 
     def prefer_recompilation(self) -> bool:
         return any(e["verdict"] == V.EP_SUPPORTED_PREFER_RECOMPILATION and e["used"] == "stored"

@@ -113,7 +113,6 @@ class InferenceSession:
                                   "EP to the session, but also disabled fallback to the CPU EP "
                                   "via session configuration options.")
         proto, base = _read_model(path_or_bytes)
-        self._proto_meta = proto
         self._ctx = _epcontext.Reader(proto, base) if _epcontext.is_context_model(proto) else None
         source = self._ctx.source if self._ctx is not None else proto
         self._inputs_meta, self._outputs_meta, self._overridable = value_args(source)
@@ -159,7 +158,9 @@ class InferenceSession:
         if not strict:
             self._provider_options[CPU] = {}
         self._options = self._placement_options(strict)
-        self._source = source
+        # Kept only to compile other input shapes (a static model's weights live in its
+        # assets alone once uploaded).
+        self._source = source if _symbolic(self._inputs_meta) else None
         graph = self._graph(source)
         self._arm_faults(before_load=True)
         self._check_placement(graph, spec, strict)
@@ -169,7 +170,7 @@ class InferenceSession:
             cache = _epcontext.Collector()
         self._h.model = self._load(graph, cache)
         if self._ctx is not None:
-            self._ctx.settle(self._h.model)
+            self._ctx.settle(self._h.model)  # drops the stored payloads: they are uploaded
             if self._ctx.prefer_recompilation():
                 self._start_recompile(graph)
         if writing:
@@ -557,6 +558,10 @@ def _check_shape(name: str, got: tuple[int, ...], declared: list[Any] | None) ->
         raise InvalidArgument(f"Got invalid dimensions for input: {name} for the following "
                               f"indices{lines}\n Please fix either the inputs/outputs or the "
                               "model.")
+
+
+def _symbolic(args: list[NodeArg]) -> bool:
+    return any(a.shape is None or any(not isinstance(d, int) for d in a.shape) for a in args)
 
 
 def _check_terminate(run_options: RunOptions | None) -> None:
