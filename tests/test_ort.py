@@ -409,6 +409,26 @@ def test_a_partition_that_fails_to_compile_is_ep_fail():
     hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)]).close()
 
 
+@pytest.mark.parametrize("fault, cause", [("alloc_fail", "AllocationFailed"),
+                                          ("map_fail", "MapFailed")])
+def test_platform_faults_at_creation_are_fail_with_the_cause(fault, cause):
+    model = mobilenet_like().SerializeToString()
+    with pytest.raises(hort.Fail) as exc:
+        hort.InferenceSession(model, providers=[
+            ("HetprocNpuExecutionProvider", {**SPREAD, "fault": fault})])
+    assert type(exc.value.__cause__).__name__ == cause and exc.value.code == 1
+    hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)]).close()
+
+
+def test_a_lost_supervisor_is_runtime_exception(own_platform):
+    sess = hort.InferenceSession(mobilenet_like().SerializeToString(),
+                                 providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    own_platform.kill_supervisor()
+    with pytest.raises(hort.RuntimeException) as exc:
+        sess.run(None, {"x": _x()})
+    assert isinstance(exc.value.__cause__, hetproc.PlatformError)
+
+
 def test_work_cancelled_by_another_clients_reset_is_engine_error(own_platform):
     """Another application's long command holds the NPU; ours queues behind it; the NPU
     dies under theirs: theirs is DeviceCrashed, ours was only caught in the reset."""
@@ -423,13 +443,14 @@ def test_work_cancelled_by_another_clients_reset_is_engine_error(own_platform):
     other = own_platform.connect("camera")
     try:
         ctx = other.context("npu0")
-        theirs = ctx.submit_nowait("work", ms=400)
+        theirs = ctx.submit_nowait("work", ms=3000)  # still running when the NPU dies
         owner = own_platform.client
         assert wait_for(lambda: owner.metrics()["devices"]["npu0"]["state"] == "busy", 5)
         done, seen = threading.Event(), {}
         s.run_async(None, {"x": _x()}, lambda r, u, err: (seen.update(err=err), done.set()), None)
         npu = lambda: owner.metrics()["devices"]["npu0"]  # noqa: E731
         assert wait_for(lambda: npu()["queue_depth"] + npu()["in_flight"] >= 2, 10)
+        assert not theirs.done()
         os.kill(owner.metrics()["devices"]["npu0"]["pid"], signal.SIGKILL)
         with pytest.raises(hetproc.DeviceCrashed):
             theirs.wait(10)

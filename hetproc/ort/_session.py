@@ -41,7 +41,9 @@ from ._types import ModelMetadata, NodeArg, numpy_dtype_of, onnx_type_name, valu
 
 _live: "weakref.WeakSet[InferenceSession]" = weakref.WeakSet()
 _live_lock = threading.Lock()
-COMPILE_FAULTS = ("compile_timeout",)
+# Faults of the platform itself (compiling, allocating, mapping): armed before the model
+# loads, so they hit its creation; device faults are armed after, and hit its first run.
+CREATION_FAULTS = ("compile_timeout", "alloc_fail", "map_fail", "oom")
 MAX_BUCKETS = 8
 PLACEMENT_KEYS = {"max_partitions": int, "min_nodes_per_partition": int,
                   "weigh_costs": lambda v: v not in ("0", "false", "False")}
@@ -246,11 +248,10 @@ class InferenceSession:
             raise translate(exc) from exc
 
     def _arm_faults(self, *, before_load: bool) -> None:
-        """The "fault" provider option: a compile fault is armed before the partitions
-        compile, a device fault once the model is loaded (it hits the first run)."""
+        """The "fault" provider option (a drill): see CREATION_FAULTS."""
         for name, device, opts in self._eps:
             kind = opts.get("fault", "").replace("-", "_")
-            if kind and (kind in COMPILE_FAULTS) == before_load:
+            if kind and (kind in CREATION_FAULTS) == before_load:
                 try:
                     self._client.inject(kind, device=device)
                 except errors.HetprocError as exc:
