@@ -473,6 +473,7 @@ def io_binding_application(ort, model_bytes, x):
     prob = ort.OrtValue.ortvalue_from_shape_and_type([1, 10], np.float32)
     label_mem = np.zeros(1, np.int64)
     binding = sess.io_binding()
+    again = sess.run_with_ort_values(["prob"], {"x": value})[0].numpy()
     binding.bind_ortvalue_input("x", value)
     binding.bind_ortvalue_output("prob", prob)
     binding.bind_output("label", "cpu", 0, np.int64, [1], label_mem.ctypes.data)
@@ -480,7 +481,7 @@ def io_binding_application(ort, model_bytes, x):
     binding.synchronize_outputs()
     outs = binding.get_outputs()
     return (value.data_type(), value.shape(), prob.numpy().copy(), label_mem.copy(),
-            [o.shape() for o in outs])
+            [o.shape() for o in outs], again)
 
 
 def test_io_binding_code_gives_onnxruntimes_results():
@@ -490,6 +491,15 @@ def test_io_binding_code_gives_onnxruntimes_results():
     assert got[0] == want[0] == "tensor(float)" and got[1] == want[1]
     np.testing.assert_allclose(got[2], want[2], rtol=1e-4, atol=1e-7)
     assert got[3].tolist() == want[3].tolist() and got[4] == want[4]
+    np.testing.assert_allclose(got[5], want[5], rtol=1e-4, atol=1e-7)
+
+
+def test_orts_error_module_path_is_there_too():
+    from hetproc.ort.capi.onnxruntime_pybind11_state import DeviceReset, InvalidArgument
+    from onnxruntime.capi import onnxruntime_pybind11_state as theirs
+    assert DeviceReset is hort.DeviceReset and InvalidArgument is hort.InvalidArgument
+    from hetproc.ort.capi import onnxruntime_pybind11_state as ours
+    assert set(ours.__all__) <= set(dir(theirs))
 
 
 def test_device_values_are_shared_memory_and_bound_outputs_are_read_in_place():

@@ -466,6 +466,12 @@ class InferenceSession:
         except errors.HetprocError as exc:
             raise translate(exc) from exc
 
+    def run_with_ort_values(self, output_names: Sequence[str] | None,
+                            input_dict_ort_values: Mapping[str, Any],
+                            run_options: RunOptions | None = None) -> list[Any]:
+        from ._values import OrtValue
+        return [OrtValue(a) for a in self.run(output_names, input_dict_ort_values, run_options)]
+
     def io_binding(self) -> Any:
         from ._values import IOBinding
         return IOBinding(self)
