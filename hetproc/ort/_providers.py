@@ -141,6 +141,12 @@ def use_platform(platform: Any) -> Any:
     return before
 
 
+def default_identity() -> Any:
+    """Which platform sessions that name none run on now (changes with use_platform)."""
+    chosen = _hosts.chosen
+    return chosen if isinstance(chosen, str) else id(chosen)
+
+
 def connect(key: tuple[str, str, str], name: str, *, privileged: bool = False) -> Any:
     """A new client (one per session: its own tenant, its own faults) on the platform
     the key names. ``privileged`` (profiling: the platform's whole trace) asks the

@@ -33,17 +33,19 @@ from ._options import RunOptions
 from ._types import NUMPY_TO_ONNX, ONNX_TO_NUMPY, onnx_type_name
 
 DEVICE_KINDS = ("npu", "gpu", "dsp")
-_clients: dict[str, Any] = {}
+_clients: dict[Any, Any] = {}
 _clients_lock = threading.Lock()
 
 
 def _values_client() -> Any:
-    """One client, on the default platform, that owns device OrtValues' buffers."""
-    from ._providers import connect
+    """One client per default platform (``use_platform`` changes it) that owns device
+    OrtValues' buffers."""
+    from ._providers import connect, default_identity
+    key = default_identity()
     with _clients_lock:
-        c = _clients.get("default")
+        c = _clients.get(key)
         if c is None:
-            c = _clients["default"] = connect(("", "", ""), "ort:values")
+            c = _clients[key] = connect(("", "", ""), "ort:values")
         return c
 
 
