@@ -140,6 +140,21 @@ def test_the_session_really_ran_on_the_accelerators():
     assert nodes == len(sess._live_model().placement.graph.nodes)
 
 
+def test_a_dropped_session_gives_back_its_client_contexts_and_buffers(ort_platform):
+    import gc
+    owner = ort_platform.client
+    before = {k: owner.metrics()[k] for k in ("clients", "contexts", "registered_buffers")}
+    sess = hort.InferenceSession(mobilenet_like().SerializeToString(),
+                                 providers=[("HetprocNpuExecutionProvider", SPREAD)])
+    sess.run(None, {"x": _x()})
+    during = owner.metrics()
+    assert during["clients"] == before["clients"] + 1 and during["contexts"] > before["contexts"]
+    del sess  # as an ORT application drops a session: no close() call
+    gc.collect()
+    after = {k: owner.metrics()[k] for k in ("clients", "contexts", "registered_buffers")}
+    assert after == before
+
+
 def test_metadata_providers_and_options_read_as_onnxruntime_writes_them():
     model = mobilenet_like().SerializeToString()
     ref = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
