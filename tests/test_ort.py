@@ -633,6 +633,24 @@ def test_ep_context_model_round_trip_loads_without_compiling(tmp_path, embed):
                                                    "shape=[1, 3, 32, 32])"]
 
 
+def test_model_compiler_writes_the_context_model_ahead_of_time(tmp_path):
+    src = tmp_path / "m.onnx"
+    onnx.save(mobilenet_like(), src)
+    so = hort.SessionOptions()
+    for name, opts in EPS:
+        so.add_provider(name, opts)
+    hort.ModelCompiler(so, str(src), embed_compiled_data_into_model=True).compile_to_file(
+        str(tmp_path / "compiled.onnx"))
+    assert not so._config  # the caller's options are not changed
+    data = hort.ModelCompiler(so, src.read_bytes()).compile_to_bytes()
+    for model in (str(tmp_path / "compiled.onnx"), data):
+        sess = hort.InferenceSession(model, so)  # providers from the options
+        assert sess.get_providers() == [n for n, _ in EPS] + ["CPUExecutionProvider"]
+        assert set(sess.get_ep_context_status()["verdicts"].values()) == {V.EP_SUPPORTED_OPTIMAL}
+        assert "hit" in sess._live_model().load_info["cache"]
+        sess.close()
+
+
 def test_ep_context_verdict_not_applicable_when_its_provider_is_not_listed(tmp_path):
     ctx_path, want = _compile_context(tmp_path)
     sess = hort.InferenceSession(str(ctx_path), providers=[EPS[1]])  # the GPU alone

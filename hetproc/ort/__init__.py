@@ -12,6 +12,9 @@ Public API (ORT's names and signatures)::
     SessionOptions, RunOptions, GraphOptimizationLevel, ExecutionMode
     OrtValue (over hetproc shared buffers), IOBinding, NodeArg, ModelMetadata
     OrtCompiledModelCompatibility          the four verdicts on an EP context model
+    ModelCompiler(sess_options, model, embed_compiled_data_into_model=False)
+                                           compile_to_file / compile_to_bytes: an EP context
+                                           model ahead of time (SessionOptions.add_provider)
     get_available_providers(), get_all_providers(), get_device(), get_version_string()
     Fail, InvalidArgument, NoSuchFile, NoModel, EngineError, RuntimeException,
     InvalidProtobuf, NotImplemented, InvalidGraph, EPFail, ModelRequiresCompilation,
@@ -30,6 +33,7 @@ priority; see ``_providers`` for their options). Layers: this package sits on
 ``hetproc.delegate`` and the client; nothing below imports it.
 """
 
+from ._compiler import ModelCompiler
 from ._epcontext import OrtCompiledModelCompatibility
 from ._errors import (DeviceReset, EngineError, EPFail, Fail, InvalidArgument, InvalidGraph,
                       InvalidProtobuf, ModelRequiresCompilation, NoModel, NoSuchFile,
@@ -55,7 +59,7 @@ def get_version_string() -> str:
 __all__ = [
     "InferenceSession", "SessionOptions", "RunOptions", "GraphOptimizationLevel",
     "ExecutionMode", "OrtValue", "IOBinding", "NodeArg", "ModelMetadata",
-    "EpAssignedNode", "EpAssignedSubgraph", "OrtCompiledModelCompatibility",
+    "EpAssignedNode", "EpAssignedSubgraph", "OrtCompiledModelCompatibility", "ModelCompiler",
     "get_available_providers", "get_all_providers", "get_device", "get_version_string",
     "use_platform", "shutdown", "validate", "OrtError", "Fail", "InvalidArgument",
     "NoSuchFile", "NoModel", "EngineError", "RuntimeException", "InvalidProtobuf",

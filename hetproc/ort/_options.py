@@ -37,6 +37,7 @@ class ExecutionMode(enum.IntEnum):
 class SessionOptions:
     def __init__(self) -> None:
         self._config: dict[str, str] = {}
+        self._providers: list[tuple[str, dict[str, str]]] = []
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
         self.log_severity_level = -1
         self.log_verbosity_level = 0
@@ -51,6 +52,15 @@ class SessionOptions:
         self.enable_mem_pattern = True
         self.enable_mem_reuse = True
         self.use_deterministic_compute = False
+
+    def add_provider(self, provider_name: str, provider_options: dict) -> None:
+        """A provider for sessions (and ``ModelCompiler``) given no ``providers``, in the
+        order added."""
+        self._providers.append((str(provider_name),
+                                {str(k): str(v) for k, v in dict(provider_options).items()}))
+
+    def has_providers(self) -> bool:
+        return bool(self._providers)
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         if not isinstance(key, str) or not isinstance(value, str):

@@ -108,6 +108,8 @@ class InferenceSession:
             path_or_bytes, (str, os.PathLike)) else None
         self._profiling_start_ns = time.time_ns()
         self._runs: list[dict[str, Any]] = []
+        if providers is None and self._sess_options.has_providers():
+            providers = list(self._sess_options._providers)  # SessionOptions.add_provider
         requested = normalize(providers, provider_options)
         strict = self._sess_options.config("session.disable_cpu_ep_fallback") == "1"
         if strict and providers is not None and any(n == CPU for n, _ in requested):
