@@ -70,7 +70,11 @@ class EpAssignedSubgraph:
 
 def _read_model(src: Any) -> tuple[Any, str]:
     """(ModelProto, directory of the file or "") with ORT's codes for what goes wrong."""
-    import onnx
+    try:
+        import onnx
+    except ImportError:
+        raise Fail("hetproc.ort reads models with the 'onnx' package: "
+                   "pip install 'hetproc[onnx]'") from None
     if isinstance(src, (str, os.PathLike)):
         path = os.fspath(src)
         try:
