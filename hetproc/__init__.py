@@ -32,7 +32,7 @@ General layout: a folder says which process runs its code.
     hetproc/_config.py, _schema.py, _protocol.py, _argtypes.py, errors.py
                           what every hetproc process shares: the platform file and its
                           one schema, the control packets, checked command-line values,
-                          the errors; _refsched.py, the reference scheduling simulator
+                          the errors; _refsched/, the reference scheduling simulator
                           (pure: the schedule the devices must produce)
     hetproc/client/       the application's process: Platform, Client, Context, Buffer, Fence
     hetproc/supervisor/   the supervisor process (python -m hetproc.supervisor): composed
