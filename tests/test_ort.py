@@ -372,7 +372,8 @@ def own_platform():
 def test_a_device_crash_mid_run_is_device_reset_and_a_new_session_recovers(own_platform):
     model = mobilenet_like().SerializeToString()
     x = _x()
-    want = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    ref = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"])
+    want = ref.run(None, {"x": x})
     crashing = hort.InferenceSession(model, providers=[
         ("HetprocNpuExecutionProvider", {**SPREAD, "fault": "crash"})])
     with pytest.raises(hort.DeviceReset) as exc:
@@ -447,9 +448,8 @@ def test_a_lost_supervisor_is_runtime_exception(own_platform):
 def test_work_cancelled_by_another_clients_reset_is_engine_error(own_platform):
     """Another application's long command holds the NPU; ours queues behind it; the NPU
     dies under theirs: theirs is DeviceCrashed, ours was only caught in the reset."""
-    import threading
-
     import signal
+    import threading
 
     from tests.helpers import wait_for
     model = mobilenet_like().SerializeToString()
@@ -510,8 +510,9 @@ def test_io_binding_code_gives_onnxruntimes_results():
 
 
 def test_orts_error_module_path_is_there_too():
-    from hetproc.ort.capi.onnxruntime_pybind11_state import DeviceReset, InvalidArgument
     from onnxruntime.capi import onnxruntime_pybind11_state as theirs
+
+    from hetproc.ort.capi.onnxruntime_pybind11_state import DeviceReset, InvalidArgument
     assert DeviceReset is hort.DeviceReset and InvalidArgument is hort.InvalidArgument
     from hetproc.ort.capi import onnxruntime_pybind11_state as ours
     assert set(ours.__all__) <= set(dir(theirs))
@@ -690,7 +691,7 @@ def test_ep_context_unsupported_and_tampered_models_are_refused(tmp_path):
     data = ctx_path.read_bytes()
     older = tmp_path / "other_compiler.onnx"
     older.write_bytes(data.replace(b'"hetproc-graph-compiler/1"', b'"hetproc-graph-compiler/2"'))
-    with pytest.raises(hort.EPFail, match="EP_UNSUPPORTED .*hetproc-graph-compiler/2"):
+    with pytest.raises(hort.EPFail, match=r"EP_UNSUPPORTED .*hetproc-graph-compiler/2"):
         hort.InferenceSession(str(older), providers=EPS)
     proto = onnx.load(str(ctx_path))
     node = next(n for n in proto.graph.node if n.op_type == "EPContext")

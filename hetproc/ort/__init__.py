@@ -35,9 +35,21 @@ priority; see ``_providers`` for their options). Layers: this package sits on
 
 from ._compiler import ModelCompiler
 from ._epcontext import OrtCompiledModelCompatibility
-from ._errors import (DeviceReset, EngineError, EPFail, Fail, InvalidArgument, InvalidGraph,
-                      InvalidProtobuf, ModelRequiresCompilation, NoModel, NoSuchFile,
-                      NotImplemented, OrtError, RuntimeException)
+from ._errors import (
+    DeviceReset,
+    EngineError,
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidGraph,
+    InvalidProtobuf,
+    ModelRequiresCompilation,
+    NoModel,
+    NoSuchFile,
+    NotImplemented,
+    OrtError,
+    RuntimeException,
+)
 from ._options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions
 from ._providers import get_all_providers, get_available_providers, shutdown, use_platform
 from ._session import EpAssignedNode, EpAssignedSubgraph, InferenceSession

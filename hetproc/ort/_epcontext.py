@@ -130,7 +130,7 @@ def write_context_model(session: Any, source: Any, graph: Any, collected: Any) -
     pl = session._live_model().placement
     by_output = {o: k for k, n in enumerate(source.graph.node) for o in n.output if o}
     taken: set[int] = set()
-    ctx_nodes = []
+    ctx_nodes: list[Any] = []
     for p in pl.partitions:
         if p.device == pl.fallback:
             continue
@@ -226,7 +226,7 @@ class Reader:
             self.entries[tuple(header["parts"]["nodes"])] = entry
         if not source_bytes:
             raise InvalidGraph("EP context model: no main context node carries its source")
-        self.source = onnx.ModelProto()
+        self.source: Any = onnx.ModelProto()  # None once the session has loaded
         try:
             self.source.ParseFromString(source_bytes)
         except Exception:
@@ -234,7 +234,7 @@ class Reader:
         self.using = "stored"
         self.recompile_error = ""
 
-    def assets(self) -> "_Stored":
+    def assets(self) -> _Stored:
         return _Stored(self)
 
     def settle(self, model: Any) -> None:

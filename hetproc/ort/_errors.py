@@ -67,7 +67,7 @@ RuntimeException = _status("RuntimeException", "RUNTIME_EXCEPTION",
                            "A run failed on a device or the platform went away.")
 InvalidProtobuf = _status("InvalidProtobuf", "INVALID_PROTOBUF",
                           "The model bytes are not a readable ONNX protobuf.")
-NotImplemented = _status("NotImplemented", "NOT_IMPLEMENTED",  # noqa: A001 (ORT's name)
+NotImplemented = _status("NotImplemented", "NOT_IMPLEMENTED",
                          "A node that no listed provider, the CPU included, has a kernel for.")
 InvalidGraph = _status("InvalidGraph", "INVALID_GRAPH",
                        "The model fails ONNX's checker or shape inference.")

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import atexit
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import hetproc
 from ipc import errors
@@ -87,7 +88,7 @@ def normalize(providers: Sequence[Any] | None,
 def platform_key(providers: list[tuple[str, dict[str, str]]]) -> tuple[str, str, str]:
     """(address, platform_file, time_scale) that every provider agrees on."""
     seen: dict[str, str] = {}
-    for name, opts in providers:
+    for _, opts in providers:
         for k in PLATFORM_KEYS:
             if k in opts:
                 if k in seen and seen[k] != opts[k]:

@@ -18,14 +18,16 @@ context it loses is its own; a reset it causes reaches others as ENGINE_ERROR.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,20 +35,31 @@ from hetproc.delegate import DelegatedModel, Options, load_model, plan
 from ipc import errors
 
 from . import _epcontext
-from ._errors import (EPFail, Fail, InvalidArgument, InvalidGraph, InvalidProtobuf,
-                      NoSuchFile, NotImplemented, RuntimeException, raise_as, translate)
+from ._errors import (
+    EPFail,
+    Fail,
+    InvalidArgument,
+    InvalidGraph,
+    InvalidProtobuf,
+    NoSuchFile,
+    NotImplemented,
+    RuntimeException,
+    raise_as,
+    translate,
+)
 from ._options import RunOptions, SessionOptions
 from ._providers import CPU, PROVIDERS, connect, device_for, normalize, platform_key
 from ._types import ModelMetadata, NodeArg, numpy_dtype_of, onnx_type_name, value_args
 
-_live: "weakref.WeakSet[InferenceSession]" = weakref.WeakSet()
+_live: weakref.WeakSet[InferenceSession] = weakref.WeakSet()
 _live_lock = threading.Lock()
 # Faults of the platform itself (compiling, allocating, mapping): armed before the model
 # loads, so they hit its creation; device faults are armed after, and hit its first run.
 CREATION_FAULTS = ("compile_timeout", "alloc_fail", "map_fail", "oom")
 MAX_BUCKETS = 8
-PLACEMENT_KEYS = {"max_partitions": int, "min_nodes_per_partition": int,
-                  "weigh_costs": lambda v: v not in ("0", "false", "False")}
+PLACEMENT_KEYS: dict[str, Callable[[str], Any]] = {
+    "max_partitions": int, "min_nodes_per_partition": int,
+    "weigh_costs": lambda v: v not in ("0", "false", "False")}
 
 
 class EpAssignedNode:
@@ -151,14 +164,15 @@ class InferenceSession:
         for name, opts in requested:
             if name not in PROVIDERS:
                 warnings.warn(f"Specified provider '{name}' is not in available provider "
-                              f"names.Available providers: '{', '.join(PROVIDERS)}'")
+                              f"names.Available providers: '{', '.join(PROVIDERS)}'",
+                              stacklevel=3)
                 continue
             if name == CPU:
                 continue
             device = device_for(spec, name, opts)
             if device is None:
                 warnings.warn(f"{name}: the platform has no {PROVIDERS[name]} device that "
-                              "runs graphs; the provider is not registered")
+                              "runs graphs; the provider is not registered", stacklevel=3)
                 continue
             self._eps.append((name, device, opts))
         self._providers = [n for n, _, _ in self._eps] + ([] if strict else [CPU])
@@ -172,7 +186,7 @@ class InferenceSession:
         graph = self._graph(source)
         self._arm_faults(before_load=True)
         self._check_placement(graph, spec, strict)
-        cache = self._ctx.assets() if self._ctx is not None else None
+        cache: Any = self._ctx.assets() if self._ctx is not None else None
         writing = self._sess_options.config("ep.context_enable") == "1"
         if writing and cache is None:
             cache = _epcontext.Collector()
@@ -270,11 +284,14 @@ class InferenceSession:
     # -- EP context: prefer recompilation ---------------------------------------------------
 
     def _start_recompile(self, graph: Any) -> None:
+        ctx = self._ctx
+        assert ctx is not None  # only an EP context model prefers recompilation
+
         def work() -> None:
             try:
                 fresh = DelegatedModel.load(self._client, graph, options=self._options)
             except errors.HetprocError as exc:
-                self._ctx.recompile_failed(exc)
+                ctx.recompile_failed(exc)
                 return
             with self._h.lock:
                 old, self._h.model = self._h.model, fresh
@@ -284,7 +301,7 @@ class InferenceSession:
             if closed:
                 fresh.close()
             else:
-                self._ctx.recompiled()
+                ctx.recompiled()
         self._h.recompile = threading.Thread(target=work, name="hetproc-ort-recompile",
                                              daemon=True)
         self._h.recompile.start()
@@ -493,6 +510,7 @@ class InferenceSession:
         if not self._sess_options.enable_profiling:
             return ""
         import json
+
         from hetproc.trace import export_trace
         stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
         path = f"{self._sess_options.profile_file_prefix}_{stamp}.json"
@@ -540,12 +558,12 @@ class _Handles:
             client, self.client = self.client, None
             models = [model, *self.buckets.values()]
             self.buckets, self.last = {}, None
+        # Teardown, maybe from a finalizer: it never raises. A platform already gone
+        # (PlatformError) or a socket already shut (OSError) took everything with it.
         for close in [m.close for m in models if m is not None] + (
                 [client.close] if client is not None else []):
-            try:
+            with contextlib.suppress(errors.HetprocError, OSError):
                 close()
-            except Exception:  # noqa: BLE001 (teardown, maybe from a finalizer: never raise;
-                pass           # a platform already gone has taken everything with it)
 
 
 def _no_kernel_message(graph: Any, message: str) -> str:
@@ -565,7 +583,8 @@ def _check_shape(name: str, got: tuple[int, ...], declared: list[Any] | None) ->
         raise InvalidArgument(f"Invalid rank for input: {name} Got: {len(got)} Expected: "
                               f"{len(declared)} Please fix either the inputs/outputs or the "
                               "model.")
-    bad = [(i, g, d) for i, (g, d) in enumerate(zip(got, declared)) if isinstance(d, int) and g != d]
+    bad = [(i, g, d) for i, (g, d) in enumerate(zip(got, declared, strict=True))
+           if isinstance(d, int) and g != d]
     if bad:
         lines = "".join(f"\n index: {i} Got: {g} Expected: {d}" for i, g, d in bad)
         raise InvalidArgument(f"Got invalid dimensions for input: {name} for the following "

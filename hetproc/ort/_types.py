@@ -37,7 +37,7 @@ class NodeArg:
     """An input or output of the model: ``name``, ``type`` (``tensor(float)``) and
     ``shape`` (ints, or the dim's symbolic name)."""
 
-    def __init__(self, name: str, type: str, shape: list[Any]) -> None:  # noqa: A002
+    def __init__(self, name: str, type: str, shape: list[Any] | None) -> None:
         self.name, self.type, self.shape = name, type, shape
 
     def __str__(self) -> str:

@@ -29,10 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -78,7 +79,7 @@ def validate(model: Any, providers: Sequence[Any], inputs: dict[str, Any] | None
     reference = run_reference(graph, feeds)
     with tempfile.TemporaryDirectory(prefix="hetproc-validate-") as tmp:
         (Path(tmp) / "model.onnx").write_bytes(data)
-        np.savez(Path(tmp) / "inputs.npz", **{k: np.asarray(v) for k, v in feeds.items()})
+        _save(Path(tmp) / "inputs.npz", {k: np.asarray(v) for k, v in feeds.items()})
 
         def one(k: int, name: str, opts: dict[str, str]) -> ProviderResult:
             work = Path(tmp) / f"run{k}"
@@ -96,6 +97,11 @@ def validate(model: Any, providers: Sequence[Any], inputs: dict[str, Any] | None
     best = min(passed, key=lambda r: (r.modeled_us if r.modeled_us is not None else 1e18,
                                       table.index(r))) if passed else None
     return Validation(best.provider if best else None, table)
+
+
+def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Arrays by name (numpy's stubs read ``**arrays`` as its ``allow_pickle`` argument)."""
+    np.savez(path, **arrays)  # type: ignore[arg-type]
 
 
 def _model_bytes(model: Any) -> bytes:
@@ -171,7 +177,7 @@ def _alive(pid: int) -> bool:
 def _judge(name: str, opts: dict[str, str], work: Path, run: tuple[int | None, float, str],
            reference: dict[str, np.ndarray], rtol: float, atol: float) -> ProviderResult:
     status, seconds, prefix = run
-    common = {"provider": name, "seconds": round(seconds, 3), "exit_status": status,
+    common: dict[str, Any] = {"provider": name, "seconds": round(seconds, 3), "exit_status": status,
               "options": opts, "platform": prefix}
     if status is None:
         return ProviderResult(verdict="timeout", detail="killed at the deadline", **common)
@@ -238,7 +244,7 @@ def _child(work_dir: str) -> int:
                                                           "message": str(exc)}))
             ort.shutdown()
             return 0
-        np.savez(work / "outputs.npz", **dict(zip(names, outs)))
+        _save(work / "outputs.npz", dict(zip(names, outs, strict=True)))
         (work / "result.json").write_text(json.dumps({"status": "ok", "modeled_us": modeled}))
         ort.shutdown()
     return 0

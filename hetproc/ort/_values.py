@@ -84,7 +84,7 @@ class OrtValue:
 
     @classmethod
     def ortvalue_from_numpy(cls, numpy_obj: Any, device_type: str = "cpu",
-                            device_id: int = 0) -> "OrtValue":
+                            device_id: int = 0) -> OrtValue:
         arr = np.asarray(numpy_obj)
         if device_type == "cpu":
             return cls(arr)
@@ -94,7 +94,7 @@ class OrtValue:
 
     @classmethod
     def ortvalue_from_shape_and_type(cls, shape: Any, element_type: Any,
-                                     device_type: str = "cpu", device_id: int = 0) -> "OrtValue":
+                                     device_type: str = "cpu", device_id: int = 0) -> OrtValue:
         dt = _dtype(element_type)
         shape = tuple(int(d) for d in shape)
         if device_type == "cpu":
@@ -112,7 +112,7 @@ class OrtValue:
         return value
 
     @classmethod
-    def _in_place(cls, view: np.ndarray, device: str) -> "OrtValue":
+    def _in_place(cls, view: np.ndarray, device: str) -> OrtValue:
         return cls(view, device)
 
     def data_ptr(self) -> int:
