@@ -67,6 +67,7 @@ RuntimeException = _status("RuntimeException", "RUNTIME_EXCEPTION",
                            "A run failed on a device or the platform went away.")
 InvalidProtobuf = _status("InvalidProtobuf", "INVALID_PROTOBUF",
                           "The model bytes are not a readable ONNX protobuf.")
+# ORT's own name for the class; it shadows the builtin constant in this module alone.
 NotImplemented = _status("NotImplemented", "NOT_IMPLEMENTED",
                          "A node that no listed provider, the CPU included, has a kernel for.")
 InvalidGraph = _status("InvalidGraph", "INVALID_GRAPH",
