@@ -163,12 +163,10 @@ class DeviceQueues:
                 "t_queued": min(now, max(now - ARRIVAL_PAST_NS, rec.t_written or arrive))}
 
     def _refuse(self, q: DeviceQueue, pos: int, exc: errors.BadPacket) -> None:
-        """Fail the record's fence if it is the client's own and pending (what a
-        client's wait then explains); consume the slot either way."""
-        try:
-            signal = q.ring.read(pos).signal
-        except errors.BadPacket:
-            signal = 0
+        """Fail the fence named in the record's slot if it is the client's own and
+        pending (what a client's wait then explains), whether or not the record decoded;
+        consume the slot either way."""
+        signal = q.ring.slot_signal(pos)  # read raw: the record may not decode at all
         if signal and self.fences.pending_owner(signal) == q.tag:
             msg = f"queue record refused by {self.name}: {exc}"
             q.ring.write_note(signal, exc.code, msg)  # before the wake: the waiter reads it

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import hetproc
 from hetproc import errors
 from ipc import QUEUE_LOST, decode_queue_record, encode_queue_record
+from ipc._queues import RECORD as QUEUE_RECORD
 from tests.helpers import wait_for
 
 WAIT = 10.0
@@ -137,6 +138,44 @@ def test_a_duration_past_the_bound_is_refused_by_client_and_device(platform):
                                         q.max_hold_ns + 1))
         with pytest.raises(errors.BadPacket, match="holds"):
             fence.wait(WAIT)
+
+
+def _record_bytes(q: hetproc.Queue, signal: int, tag: int = 0xC2, kernel: int = 0,
+                  n_wait: int = 0, hold_ns: int = 0) -> bytes:
+    """A record packed past the encoder's checks, as a misbehaving client may write it."""
+    return QUEUE_RECORD.pack(tag, 0, kernel, n_wait, _next_seq(q), 1, signal,
+                             time.monotonic_ns(), hold_ns, 0) + bytes(min(8 * n_wait, 64))
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"hold_ns": 3600 * 10**9 + 1}, "out of range"),
+    ({"tag": 0xC3}, "tag"),
+    ({"kernel": 7}, "kernel"),
+    ({"n_wait": 9}, "wait fences"),
+])
+def test_a_record_refused_at_decode_fails_its_writers_fence(platform, bad, why):
+    """Whatever the record holds, the fence its slot names fails with ``BadPacket`` when
+    it is the writer's own (before: pending forever)."""
+    with platform.client.context("npu0").queue() as q:
+        fence = _own_fence(q)
+        _raw_put(q, _record_bytes(q, fence.handle, **bad))
+        with pytest.raises(errors.BadPacket, match=why):
+            fence.wait(WAIT)
+        q.submit_nowait(0.0).wait(WAIT)  # the queue goes on
+
+
+def test_an_undecodable_record_never_fails_another_tenants_fence(platform):
+    a = platform.client
+    b = platform.connect("tenant-b")
+    try:
+        victim = a.context("gpu0").submit_nowait("work", ms=200.0)
+        with b.context("npu0").queue() as q:
+            _raw_put(q, _record_bytes(q, victim.handle, tag=0))
+            q.submit_nowait(0.0).wait(WAIT)  # the scribbled record was consumed before it
+            assert not victim.done()
+        victim.wait(WAIT)
+    finally:
+        b.close()
 
 
 def test_a_far_arrival_cannot_hold_the_device(platform):
