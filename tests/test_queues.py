@@ -25,6 +25,8 @@ from hypothesis import strategies as st
 import hetproc
 from hetproc import errors
 from ipc import QUEUE_LOST, decode_queue_record, encode_queue_record
+from device_workers import StateSlot
+from ipc import Segment
 from ipc._queues import RECORD as QUEUE_RECORD
 from tests.helpers import wait_for
 
@@ -174,6 +176,52 @@ def test_an_undecodable_record_never_fails_another_tenants_fence(platform):
             q.submit_nowait(0.0).wait(WAIT)  # the scribbled record was consumed before it
             assert not victim.done()
         victim.wait(WAIT)
+    finally:
+        b.close()
+
+
+def _wakes(platform, device: str = "npu0") -> int:
+    """Turns of the device's idle loop so far, from its slot of the state table."""
+    pid = _device_pid(platform.client, device)
+    seg = Segment.attach(platform.prefix + "state")
+    try:
+        for index in range(len(seg.map) // 128):
+            slot = StateSlot(seg.map, index)
+            try:
+                if slot.u32[StateSlot.PID] == pid:
+                    return int(slot.u32[StateSlot.WAKES])
+            finally:
+                slot.release()
+    finally:
+        seg.close()
+    raise AssertionError(f"no state slot for {device}")
+
+
+def test_a_flood_of_doorbell_posts_costs_the_device_a_bounded_number_of_turns(platform):
+    """A client posts its device's doorbell 200,000 times with nothing written: the device
+    takes the posts in a few steps, not one loop turn each (before: ~200,000 turns), and
+    the other tenants' work, queued and through the supervisor, runs normally meanwhile."""
+    posts = 200_000
+    b = platform.connect("tenant-b")
+    try:
+        with b.context("npu0").queue() as flood, platform.client.context("npu0").queue() as q:
+            q.submit_nowait(0.0).wait(WAIT)
+            before = _wakes(platform)
+            code = ("import posix_ipc, sys\n"
+                    "bell = posix_ipc.Semaphore(sys.argv[1])\n"
+                    f"for _ in range({posts}):\n    bell.release()\n")
+            poster = subprocess.Popen([sys.executable, "-c", code, flood._doorbell.name])
+            try:
+                queued = [q.submit_nowait(0.5) for _ in range(20)]
+                direct = platform.client.context("npu0").submit_nowait("work", ms=1.0)
+                for f in [*queued, direct]:
+                    f.wait(WAIT)
+            finally:
+                assert poster.wait(WAIT) == 0
+            # Every post taken (without coalescing, one turn each: ~1 s of a core here).
+            assert wait_for(lambda: flood._doorbell.value == 0, timeout=60.0)
+            turns = _wakes(platform) - before
+        assert turns < posts // 10, turns
     finally:
         b.close()
 
