@@ -15,7 +15,9 @@ where it is used, before any state changes:
 * its modeled duration within the bound the supervisor granted (so a record cannot
   occupy the device past the watchdog); its arrival is clamped to ``ARRIVAL_PAST_NS``
   in the past at most and never in the future (so it cannot hold the device idle);
-* wait fences are checked when waited on (a bad one fails the command, as ever). A
+* each wait fence is the client's own or one it imported (the owner tag, and the grants
+  the supervisor sends as the client imports), as the supervisor checks a submit's;
+  beyond that, wait fences are checked when waited on (a bad one fails the command, as ever). A
   record whose inputs are not ready holds the device only while nothing else is ready
   (the supervisor's ring, another queue): then it is set back, untouched, and taken again
   later, its dependency timeout counted from when it was first found waiting. A tenant
@@ -30,7 +32,7 @@ slot comes next, so a scribbled tail or head cannot make it read out of order or
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ipc import FenceTable, SegmentCache, errors
@@ -38,6 +40,7 @@ from ipc import QueueRecord, QueueRing, queue_bytes
 
 ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
 REFUSALS_PER_TURN = 32
+MAX_GRANTS = 4096  # imported fences one queue remembers (a client imports at most as many)
 
 
 @dataclass(eq=False)
@@ -59,6 +62,9 @@ class DeviceQueue:
     # set back while other work is ready, its dependency timeout counted from then.
     blocked_pos: int = -1
     blocked_since: int = 0
+    # Fences of other tenants this queue's client imported (the supervisor's grants): a
+    # record may wait on these and on its client's own, as a submit may.
+    grants: set[int] = field(default_factory=set)
 
 
 class DeviceQueues:
@@ -90,9 +96,15 @@ class DeviceQueues:
             return
         self.detach(qid)
         q = DeviceQueue(qid, sid, ring, rec["tag"], rec["max_hold_ns"], rec["dep_timeout_ns"],
-                        rec["dispatch_ns"], pos=rec["first"])
+                        rec["dispatch_ns"], pos=rec["first"], grants=set(rec.get("grants", ())))
         self.queues[qid] = q
         self._order.append(q)
+
+    def grant(self, qid: int, fence: int) -> None:
+        """The queue's client imported ``fence``: its records may wait on it."""
+        q = self.queues.get(qid)
+        if q is not None and len(q.grants) < MAX_GRANTS:
+            q.grants.add(fence)
 
     def detach(self, qid: int) -> None:
         q = self.queues.pop(qid, None)
@@ -135,7 +147,7 @@ class DeviceQueues:
             q.pos += 1
             try:
                 cmd = self._command(q, ring.read(pos))
-            except errors.BadPacket as exc:
+            except (errors.BadPacket, errors.ForeignHandle) as exc:
                 self._refuse(q, pos, exc)
                 continue
             q.busy = True
@@ -148,6 +160,11 @@ class DeviceQueues:
         if self.fences.pending_owner(rec.signal) != q.tag:
             raise errors.BadPacket(f"queue record signals fence {rec.signal:#x}: not a "
                                    f"pending fence of this queue's client")
+        for handle in rec.wait:
+            owner = self.fences.owner(handle)  # -1: stale, which the wait itself reports
+            if owner != q.tag and owner != -1 and handle not in q.grants:
+                raise errors.ForeignHandle(f"queue record waits on fence {handle:#x}: it "
+                                           f"belongs to another client and was not imported")
         if rec.hold_ns > q.max_hold_ns:
             raise errors.BadPacket(f"queue record holds {rec.hold_ns} ns, past the "
                                    f"{q.max_hold_ns} ns this queue may run")
@@ -162,7 +179,7 @@ class DeviceQueues:
                 "outs": [], "queue": q,
                 "t_queued": min(now, max(now - ARRIVAL_PAST_NS, rec.t_written or arrive))}
 
-    def _refuse(self, q: DeviceQueue, pos: int, exc: errors.BadPacket) -> None:
+    def _refuse(self, q: DeviceQueue, pos: int, exc: errors.HetprocError) -> None:
         """Fail the fence named in the record's slot if it is the client's own and
         pending (what a client's wait then explains), whether or not the record decoded;
         consume the slot either way."""

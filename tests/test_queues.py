@@ -119,6 +119,34 @@ def test_a_forged_record_cannot_complete_another_tenants_fence(platform):
         b.close()
 
 
+def test_a_queue_record_waits_only_on_fences_its_client_owns_or_imported(platform):
+    """The supervisor's rule for a submit's waits holds for a queue record too: tenant B
+    may not wait on tenant A's fence until it imports it (before: the record waited on
+    it). An import made while the queue is open, or before it opens, grants the wait."""
+    a = platform.client
+    b = platform.connect("tenant-b")
+    try:
+        secret = a.context("gpu0").submit_nowait("work", ms=300.0)
+        forged = hetproc.Fence(b, secret.handle)
+        with pytest.raises(errors.ForeignHandle):  # the supervisor's path
+            b.context("npu0").submit("work", ms=0.0, wait=[forged])
+        with b.context("npu0").queue() as q:
+            fence = _own_fence(q)
+            _raw_put(q, encode_queue_record(_next_seq(q), 1, fence.handle, time.monotonic_ns(),
+                                            0, wait=[secret.handle]))
+            with pytest.raises(errors.ForeignHandle, match="not imported"):
+                fence.wait(WAIT)
+            assert not secret.done()
+            imported = b.import_fence(secret.export())  # while the queue is open
+            after = q.submit_nowait(0.0, wait=[imported])
+            after.wait(WAIT)
+            assert secret.done()
+        with b.context("npu0").queue() as q2:  # opened after the import
+            q2.submit_nowait(0.0, wait=[imported]).wait(WAIT)
+    finally:
+        b.close()
+
+
 def test_a_record_out_of_ring_order_fails_its_own_fence(platform):
     ctx = platform.client.context("npu0")
     with ctx.queue() as q:

@@ -378,6 +378,7 @@ class Requests:
             if rec is None:
                 raise errors.StaleHandle("the exported fence was released")
             self.lifetimes.import_fence(client, rec)
+            self.queues.fence_imported(client, exp.handle)
             if "w" in exp.perm and rec.client is not client:
                 rec.signallers = rec.signallers | {client.id}
             return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
