@@ -4,7 +4,9 @@ The supervisor attaches a queue with a control record on the device's own comman
 (``qattach``: which segment, whose fences, the bounds it granted); from then on the
 device reads that client's records directly, between the commands the supervisor
 schedules (those go first: they were chosen by the platform's policy, and a queue must
-not starve them), round robin over its queues, one record per queue per turn.
+not starve them), round robin over the tenants (client processes) and, within a tenant,
+over its queues: one record per turn, so a tenant's share does not grow with the queues
+it opens.
 
 Everything in a queue segment is the client's writing, so each record is checked here,
 where it is used, before any state changes:
@@ -49,6 +51,7 @@ class DeviceQueue:
     sid: int
     ring: QueueRing
     tag: int             # the owner tag of the client's fences
+    tenant: int          # the client's process: turns are shared per tenant
     max_hold_ns: int
     dep_timeout_ns: int
     dispatch_ns: int
@@ -67,6 +70,13 @@ class DeviceQueue:
     grants: set[int] = field(default_factory=set)
 
 
+@dataclass(eq=False)
+class _Tenant:
+    """One client process's queues on this device, and whose turn is next among them."""
+    queues: list[DeviceQueue] = field(default_factory=list)
+    next: int = 0
+
+
 class DeviceQueues:
     """The queues attached to one device (see the module docstring)."""
 
@@ -78,6 +88,9 @@ class DeviceQueues:
         self.report = report  # (error code, message): news for the supervisor
         self.queues: dict[int, DeviceQueue] = {}
         self._order: list[DeviceQueue] = []
+        # Turns go round the tenants, then round each tenant's queues: opening more
+        # queues does not buy a process more of the device.
+        self._tenants: dict[int, _Tenant] = {}
         self._next = 0
 
     def __bool__(self) -> bool:
@@ -95,10 +108,12 @@ class DeviceQueues:
             self.report(errors.BadPacket.code, f"{self.name}: queue {qid} not attached: {exc}")
             return
         self.detach(qid)
-        q = DeviceQueue(qid, sid, ring, rec["tag"], rec["max_hold_ns"], rec["dep_timeout_ns"],
+        q = DeviceQueue(qid, sid, ring, rec["tag"], rec.get("tenant", rec["tag"]),
+                        rec["max_hold_ns"], rec["dep_timeout_ns"],
                         rec["dispatch_ns"], pos=rec["first"], grants=set(rec.get("grants", ())))
         self.queues[qid] = q
         self._order.append(q)
+        self._tenants.setdefault(q.tenant, _Tenant()).queues.append(q)
 
     def grant(self, qid: int, fence: int) -> None:
         """The queue's client imported ``fence``: its records may wait on it."""
@@ -111,6 +126,10 @@ class DeviceQueues:
         if q is None:
             return
         self._order.remove(q)
+        group = self._tenants[q.tenant]
+        group.queues.remove(q)
+        if not group.queues:
+            del self._tenants[q.tenant]
         q.ring.release()
 
     def forget_segment(self, sid: int) -> None:
@@ -122,13 +141,26 @@ class DeviceQueues:
     # -- records ------------------------------------------------------------------------
 
     def take(self) -> dict[str, Any] | None:
-        """The next command from the queues, round robin; None when none is owed."""
-        order = self._order
-        for _ in range(len(order)):
-            if self._next >= len(order):
+        """The next command from the queues, round robin over the tenants, then over
+        the tenant's queues; None when none is owed."""
+        groups = list(self._tenants.values())
+        for _ in range(len(groups)):
+            if self._next >= len(groups):
                 self._next = 0
-            q = order[self._next]
+            group = groups[self._next]
             self._next += 1
+            cmd = self._take_from_tenant(group)
+            if cmd is not None:
+                return cmd
+        return None
+
+    def _take_from_tenant(self, group: "_Tenant") -> dict[str, Any] | None:
+        order = group.queues
+        for _ in range(len(order)):
+            if group.next >= len(order):
+                group.next = 0
+            q = order[group.next]
+            group.next += 1
             if q.busy:
                 continue
             cmd = self._take_from(q)

@@ -254,6 +254,55 @@ def test_a_flood_of_doorbell_posts_costs_the_device_a_bounded_number_of_turns(pl
         b.close()
 
 
+_ONE_QUEUE_TENANT = """
+import json, sys, time, hetproc
+c = hetproc.connect(sys.argv[1], "one-queue")
+with c.context("npu0").queue() as q:
+    print("ready", flush=True)
+    sys.stdin.readline()
+    fences = q.submit_many([float(sys.argv[3])] * int(sys.argv[2]))
+    written = time.monotonic_ns()
+    for f in fences:
+        f.wait(30.0)
+    print(json.dumps([written, [f.signal_time() for f in fences]]), flush=True)
+c.close()
+"""
+
+
+def test_queue_turns_are_shared_per_tenant_not_per_queue(platform):
+    """A process with seven queues and a process with one, all records written while the
+    device is busy: the device then alternates between the two tenants, so the one-queue
+    tenant's records are done by the time the other's first few are (before: one turn in
+    eight for it, its last record after ~7x as many of the other's)."""
+    n, ms = 10, 2.0
+    client = platform.client
+    npu = client.context("npu0")
+    other = subprocess.Popen([sys.executable, "-c", _ONE_QUEUE_TENANT, platform.prefix,
+                              str(n), str(ms)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    queues = []
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        queues = [npu.queue() for _ in range(7)]
+        gate = npu.submit_nowait("work", ms=600.0)  # the records below wait behind it
+        mine = [f for q in queues for f in q.submit_many([ms] * n)]
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        written, theirs = json.loads(other.stdout.readline())
+        assert other.wait(WAIT) == 0
+        for f in [gate, *mine]:
+            f.wait(WAIT)
+        assert written < gate.signal_time()  # every record was owed when the device freed
+        before_their_last = sum(f.signal_time() < max(theirs) for f in mine)
+        assert before_their_last <= n + 1, (before_their_last, n)
+    finally:
+        for q in queues:
+            q.close()
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+
+
 def test_a_far_arrival_cannot_hold_the_device(platform):
     """An arrival an hour ahead is clamped to now: the command runs at once."""
     ctx = platform.client.context("npu0")
