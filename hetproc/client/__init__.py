@@ -3,12 +3,16 @@
 to its supervisor over the control socket and touch shared memory directly for data and
 for completion. Nothing here imports the supervisor."""
 
+from ._buffer import Buffer
 from ._bufpool import BufferPool, PoolStatistics
-from ._client import FOREVER, Buffer, Client, Context, Fence, command
+from ._client import FOREVER, Client
+from ._connection import Connection
+from ._context import Context, command
+from ._fence import Fence
 from ._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._platform import Platform, connect, same_code_env
 from ._queue import Queue
 
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
            "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
-           "Queue", "same_code_env"]
+           "Queue", "same_code_env", "Connection"]

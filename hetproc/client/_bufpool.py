@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from ipc import PENDING, errors
 
 if TYPE_CHECKING:
-    from ._client import Buffer, Client, Fence
+    from ._buffer import Buffer
+    from ._client import Client
+    from ._fence import Fence
 
 _SLICE_S = 0.05  # a wait re-checks the other pending buffers this often
 

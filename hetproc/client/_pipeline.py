@@ -37,7 +37,10 @@ import numpy as np
 from ipc import errors
 
 if TYPE_CHECKING:
-    from ._client import Buffer, Client, Context, Fence
+    from ._buffer import Buffer
+    from ._client import Client
+    from ._context import Context
+    from ._fence import Fence
 
 POLICIES = ("backpressure", "drop_oldest", "drop_newest")
 

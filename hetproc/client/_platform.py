@@ -133,7 +133,7 @@ class Platform:
         try:
             if self.client is not None:
                 try:
-                    self.client._request("shutdown")
+                    self.client.connection.request("shutdown")
                 except errors.HetprocError:
                     pass
                 self.client.close()
