@@ -126,6 +126,8 @@ class BufferPool:
             self._recycled += 1
 
     def statistics(self) -> PoolStatistics:
+        """How the pool's buffers stand now (free, waiting for release fences, out) and
+        what it did so far, as a frozen ``PoolStatistics``."""
         self._collect()
         return PoolStatistics(len(self.buffers), len(self._free), len(self._pending),
                               len(self._out), self._acquired, self._recycled, self._waited)

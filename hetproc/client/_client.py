@@ -181,6 +181,8 @@ class Client:
         return self.connection.request("inject", fault=fault)["rule"]
 
     def clear_faults(self) -> None:
+        """Disarm the faults this client armed with ``inject`` (a privileged client's:
+        every fault)."""
         self.connection.request("faults_clear")
 
     def incidents(self) -> dict[str, Any]:
@@ -188,9 +190,14 @@ class Client:
         return self.connection.request("incidents")
 
     def dumps(self) -> list[dict[str, Any]]:
+        """(Privileged.) A record per device incident, oldest first: the device's state,
+        the commands in flight, who owned which buffer, and the id of the frozen trace
+        window around it. ``NotPermitted`` without a privileged role."""
         return self.connection.request("dumps")["dumps"]
 
     def ping(self) -> None:
+        """A round trip to the supervisor: raises what any request raises if it is not
+        serving (``SupervisorLost``, ``RequestTimeout``, ``PlatformClosed``)."""
         self.connection.request("ping")
 
     def close(self) -> None:
