@@ -1,7 +1,11 @@
 """The application's side (runs in the user's process): ``Platform`` starts a platform or
 ``connect`` joins one; ``Client``, ``Context``, ``Buffer``, ``Fence`` and ``BufferPool`` speak
 to its supervisor over the control socket and touch shared memory directly for data and
-for completion. Nothing here imports the supervisor."""
+for completion. Nothing here imports the supervisor.
+
+``Connection`` is the seam under them: one per client (``Client.connection``), holding the
+socket and what rides on it; the other objects, and readers such as ``hetproc.trace``,
+use its documented calls (``request``, ``notify``, ``segments``...)."""
 
 from ._buffer import Buffer
 from ._bufpool import BufferPool, PoolStatistics

@@ -158,7 +158,10 @@ class Connection:
 
     def take_fences(self, n: int) -> list[int]:
         """``n`` output fences from this client's pool, refilled in batches (one round
-        trip per 256 fences instead of one per command)."""
+        trip per 256 fences instead of one per command). ``PlatformClosed`` once closed:
+        the pool's fences went with the connection."""
+        if self.closed:
+            raise errors.PlatformClosed("this client is closed")
         while len(self._fence_pool) < n:
             want = min(1024, max(256, n - len(self._fence_pool)))
             self._fence_pool += self.request("fence_create", count=want)["fences"]
