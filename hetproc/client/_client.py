@@ -47,9 +47,10 @@ class Client:
     """A connection to a platform's supervisor: contexts, buffers, fences, metrics.
 
     Made by ``hetproc.connect`` or ``Platform.client`` / ``Platform.connect``; a context
-    manager that closes it. ``PlatformClosed`` if nobody serves at ``address``, the
-    supervisor's reason if it refuses the connection (``ResourceError`` for too many
-    clients, ``NotPermitted`` for a bad ``role`` token).
+    manager that closes it. ``PlatformClosed`` if nobody serves at ``address``; the
+    supervisor's reason if it refuses the connection at the door (``OutOfMemory`` past
+    its client limit, ``QuotaExceeded`` past the connections a process may hold,
+    ``NotPermitted`` for another user's process).
 
     Every method that asks the supervisor raises what a request raises: the supervisor's
     error for a refused request, ``RequestTimeout`` when it does not answer in ``timeout``
@@ -83,7 +84,7 @@ class Client:
     @property
     def default_timeout(self) -> float:
         """How long ``Fence.wait()`` waits when not told: ``DEFAULT_TIMEOUT`` (30 s)."""
-        return DEFAULT_TIMEOUT
+        return DEFAULT_TIMEOUT  # read at each wait: the module's constant is the one knob
 
     @property
     def last_notice(self) -> dict | None:

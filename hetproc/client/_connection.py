@@ -92,8 +92,8 @@ class Connection:
     def hello(self, **fields: Any) -> dict[str, Any]:
         """Introduce this client (``hello``'s fields) and map the fence table and the
         trace ring the supervisor shares; returns its answer. A connection refused at
-        the door raises the supervisor's reason (``ResourceError`` for too many clients,
-        ``NotPermitted`` for a bad role...), ``PlatformClosed`` if it gave none; the
+        the door raises the supervisor's reason (``OutOfMemory`` past its client limit,
+        ``QuotaExceeded``, ``NotPermitted``), ``PlatformClosed`` if it gave none; the
         connection is closed then."""
         try:
             info = self.request("hello", **fields)
