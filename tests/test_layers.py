@@ -140,8 +140,7 @@ class Imports:
 
     def _pairs(self, node: ast.AST) -> list[tuple[str, str]]:
         if isinstance(node, ast.Import):
-            return [(a.asname or a.name.split(".")[0], a.name if a.asname else a.name)
-                    for a in node.names]
+            return [(a.asname or a.name.split(".")[0], a.name) for a in node.names]
         if not isinstance(node, ast.ImportFrom):
             return []
         base = node.module or ""
@@ -303,7 +302,8 @@ def _annotation_unit(annotation: ast.AST | None, foreign: dict[str, str]) -> str
     for node in ast.walk(annotation) if annotation is not None else ():
         if isinstance(node, ast.Name) and node.id in foreign:
             return foreign[node.id]
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node is not annotation:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node is not annotation:
             unit = _annotation_unit(node, foreign)
             if unit:
                 return unit
@@ -374,7 +374,8 @@ def test_the_units_form_no_cycle():
             graph.setdefault(a, set()).add(b)
 
     def reaches(a: str, b: str, seen: set[str]) -> bool:
-        return any(n == b or (n not in seen and reaches(n, b, seen | {n})) for n in graph.get(a, ()))
+        return any(n == b or (n not in seen and reaches(n, b, seen | {n}))
+                   for n in graph.get(a, ()))
 
     cycles = [(a, b) for a, b in itertools.permutations(graph, 2)
               if b in graph[a] and reaches(b, a, {b})]
@@ -429,7 +430,7 @@ def test_a_private_reach_is_seen_through_each_kind_of_name():
 
 
 def test_type_only_and_function_level_imports_count():
-    tree, imports = _imports_of(
+    _, imports = _imports_of(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
         "    from hetproc.client._client import Client\n"
@@ -441,5 +442,6 @@ def test_type_only_and_function_level_imports_count():
 
 
 def test_a_cycle_is_found_however_long():
-    assert _cycles([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "d")]) == [("a", "b", "c")]
+    edges = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d"), ("d", "d")]
+    assert _cycles(edges) == [("a", "b", "c")]
     assert _cycles([("a", "b"), ("b", "c")]) == []

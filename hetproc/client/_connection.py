@@ -33,8 +33,7 @@ import threading
 import weakref
 from typing import Any, Iterator
 
-from ipc import (Channel, FenceTable, Segment, SegmentCache, decode, encode, errors,
-                 pack_frame)
+from ipc import Channel, FenceTable, Segment, SegmentCache, decode, encode, errors, pack_frame
 
 from ._trace_ring import ClientTrace
 
@@ -80,12 +79,13 @@ class Connection:
         self._sup_pidfd = -1  # until hello names the supervisor: a reset during it is clean
         #: every shared segment mapped in this process, by id or name
         self.segments = SegmentCache()
-        self.fences: FenceTable | None = None  #: the platform's fences (after ``hello``)
+        self.fences: FenceTable  #: the platform's fences, mapped by ``hello``
         self.trace = ClientTrace.disabled()  #: this process's trace ring (after ``hello``)
         try:
             self.channel = Channel.connect(address, timeout)
         except OSError as exc:
-            raise errors.PlatformClosed(f"cannot reach the platform at {address!r}: {exc}") from None
+            raise errors.PlatformClosed(
+                f"cannot reach the platform at {address!r}: {exc}") from None
 
     # -- opening and closing ----------------------------------------------------------
 
@@ -126,8 +126,9 @@ class Connection:
             self.channel.close()
         self._deferred_frees.clear()
         self.trace.close()
-        if self.fences is not None:
-            self.fences.close()
+        fences = getattr(self, "fences", None)  # None: hello failed before mapping it
+        if fences is not None:
+            fences.close()
         self.segments.close()
         if self._sup_pidfd >= 0:
             os.close(self._sup_pidfd)
@@ -318,7 +319,8 @@ class Connection:
             except (OSError, ValueError) as exc:
                 for rest in fds[i + 1:]:
                     os.close(rest)
-                raise errors.BadPacket(f"segment {sid} handed over is not mappable: {exc}") from None
+                raise errors.BadPacket(
+                    f"segment {sid} handed over is not mappable: {exc}") from None
 
     def _failure(self, exc: OSError, msg: dict[str, Any], *, sent: bool) -> errors.HetprocError:
         """The error a caller sees for a socket that failed while ``msg`` went out

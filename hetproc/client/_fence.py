@@ -105,7 +105,7 @@ class Fence:
     def error(self) -> errors.HetprocError | None:
         """The error this fence failed with, None if pending or successful (from the
         fence's error word alone: no request)."""
-        state, word = self._conn.fences.poll(self.handle)
+        _, word = self._conn.fences.poll(self.handle)
         return self._error(word) if word else None
 
     def _error(self, word: int) -> errors.HetprocError:

@@ -51,7 +51,7 @@ class ClientTrace:
         self._mapped: set = set()  # segments some Buffer.array() mapped already
         self.slot = info["slot"] if info else -1
         self.track = info["track"] if info else 0
-        if self.slot >= 0:
+        if info is not None and self.slot >= 0:
             seg = segments.get(info["segment"])
             self._bank = TraceBank(seg.map, create=False)
         else:  # no ring for us: a private, disabled one keeps the code paths identical

@@ -79,7 +79,8 @@ def export_trace(client: Connected, path: str | os.PathLike[str]) -> dict[str, A
                                         if not k.startswith("hetproc_")}}
 
 
-def frozen_windows(client: Connected, *, records: bool = True, flush: bool = True) -> list[dict[str, Any]]:
+def frozen_windows(client: Connected, *, records: bool = True,
+                   flush: bool = True) -> list[dict[str, Any]]:
     """The frozen windows the supervisor keeps, oldest first. ``flush`` takes a window
     still waiting for its "after" part now. With ``records`` each window carries its
     records (fetched in pages), names and tracks, ready for ``frozen_to_chrome``."""
@@ -109,7 +110,8 @@ def frozen_windows(client: Connected, *, records: bool = True, flush: bool = Tru
     return out
 
 
-def write_frozen(client: Connected, directory: str | os.PathLike[str], stem: str = "frozen") -> list[dict[str, Any]]:
+def write_frozen(client: Connected, directory: str | os.PathLike[str],
+                 stem: str = "frozen") -> list[dict[str, Any]]:
     """Write every frozen window as ``<directory>/<stem>-<id>.json``; returns summaries
     with the file names (what a report lists as evidence)."""
     os.makedirs(directory, exist_ok=True)
