@@ -1,5 +1,6 @@
 """The layout's arrows, read from the source with ``ast``::
 
+    ort ─▶ delegate ─▶ client (and core, trace, ipc)
     cli ─▶ drills ─▶ delegate ─▶ client ─▶ core (_config, _schema, _protocol, _argtypes,
                  │                         │       _refsched, errors) ─▶ ipc
                  └─▶ trace ◀───────────────┘                   device_workers ─▶ ipc
@@ -57,6 +58,8 @@ ALLOWED: dict[str, set[str]] = {
     "hetproc.supervisor": {"ipc", "device_workers", "hetproc.core", "hetproc.trace"},
     "hetproc": {"ipc", "hetproc.core", "hetproc.client", "hetproc.trace"},  # the public API
     "hetproc.delegate": _APP,
+    # ONNX Runtime's API over the delegate: above it, below nothing but applications
+    "hetproc.ort": _APP | {"hetproc.delegate"},
     "hetproc.drills": _APP | {"hetproc.delegate"},
     "hetproc.cli": _APP | {"hetproc.delegate", "hetproc.drills"},
     "hetproc.testing": _APP | {"hetproc.drills"},
@@ -88,6 +91,13 @@ KNOWN_CYCLES: dict[tuple[str, ...], str] = {
     ("hetproc.delegate", "hetproc.delegate._cli"):
         "the package imports its command-line part, whose commands import the package's "
         "names inside functions",
+    ("hetproc.ort._providers", "hetproc.ort._session", "hetproc.ort._values"):
+        "shutdown() closes every session and frees every value, whose modules import the "
+        "providers; the session's runs and the values' client import the others inside "
+        "functions",
+    ("hetproc.ort", "hetproc.ort._validate"):
+        "the validation child runs the model through the package's own API, imported "
+        "inside its function",
 }
 # Private by name only: the public API of named tuples.
 _CONVENTIONAL = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
