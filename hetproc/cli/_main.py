@@ -10,6 +10,7 @@ platform, removes everything and prints one line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -109,6 +110,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="draw the run's timeline (needs the 'plot' extra: matplotlib)")
     run.add_argument("--no-trace", action="store_true",
                      help="run with the ring trace off (as HETPROC_TRACE=0)")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="when the scenario raises, print its traceback too")
     _json_arg(run)
 
     dr = _sub(sub, "drill", "inject one fault and check the recovery", """
@@ -266,7 +269,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             name, platform_file=args.platform, time_scale=args.time_scale,
             options=_options(args), trace_path=args.trace, plot_path=args.plot,
             trace=False if args.no_trace else None, progress=progress)
-    return _conclude(report, args, _show.print_report)
+    return _conclude(report, args, functools.partial(_show.print_report,
+                                                     verbose=args.verbose))
 
 
 def cmd_drill(args: argparse.Namespace) -> int:

@@ -1,0 +1,70 @@
+"""The first hour of a new user, as issue reports found it: their own scenario that
+raises or cannot load, the command line's errors, stopping, and what `--help` tells.
+Every mistake is one line and exit 2; every failure names where it happened."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _hetproc(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hetproc", *args], capture_output=True,
+                          text=True, timeout=timeout, **kw)
+
+
+def _one_line_usage_error(out: subprocess.CompletedProcess, *words: str) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+# -- your own scenario ---------------------------------------------------------------------
+
+
+RAISES = '''\
+"""Divides by zero two calls deep."""
+
+
+def helper():
+    return 1 / 0
+
+
+def run(s):
+    s.check("started", True)
+    helper()
+'''
+
+
+def test_an_exception_in_run_names_the_scenario_and_the_line(tmp_path):
+    script, report = tmp_path / "mine.py", tmp_path / "r.json"
+    script.write_text(RAISES)
+    out = _hetproc("run", str(script), "--report", str(report))
+    assert out.returncode == 1, out.stderr
+    rep = json.loads(report.read_text())
+    assert rep["scenario"] == "mine"  # not the exception's class name
+    assert rep["failure"]["where"] == f"{script}:5 in helper"
+    assert f"raised at: {script}:5 in helper" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+    verbose = _hetproc("run", str(script), "--verbose")
+    assert verbose.returncode == 1
+    assert "Traceback (most recent call last)" in verbose.stdout
+    assert "ZeroDivisionError: division by zero" in verbose.stdout
+
+
+@pytest.mark.parametrize("text, words", [
+    ("def run(s)\n    pass\n", [":1: cannot load", "expected ':'"]),
+    ("import no_such_module_here\n\ndef run(s):\n    pass\n",
+     ["cannot load", "line 1", "No module named"]),
+    ("X = 1\n", ["has no run(s) function"]),
+])
+def test_a_script_that_cannot_load_is_one_line_and_exit_2(tmp_path, text, words):
+    script = tmp_path / "broken.py"
+    script.write_text(text)
+    _one_line_usage_error(_hetproc("run", str(script)), str(script), *words)
