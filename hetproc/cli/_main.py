@@ -49,7 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except errors.HetprocError as exc:
-        print(f"hetproc: {exc.name}: {exc}", file=sys.stderr)
+        for line in getattr(exc, "problems", None) or [str(exc)]:  # a file: one per problem
+            print(f"hetproc: {exc.name}: {line}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, errors.InvalidRequest) else EXIT_FAILED
     except _signals.Interrupted as sig:
         path = getattr(args, "report", None)
@@ -221,7 +222,7 @@ def _platform_parsers(sub: Any) -> None:
     psub = plat.add_subparsers(title="commands", metavar="COMMAND")
     chk = _sub(psub, "check", "validate a platform file", """
         Check a platform file against the schema: every table and key, types, ranges,
-        known ops, dtypes and layouts. The first problem is printed as one line,
+        known ops, dtypes and layouts. Every problem is printed, one line each,
         file: table.key: problem, with the closest valid key for a typo.""",
                cmd_platform_check)
     chk.add_argument("file")
@@ -357,8 +358,9 @@ def cmd_platform_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"{args.file}: ok, platform {spec.name!r} with devices "
-              f"{', '.join(summary['devices'])}")
+        names = summary["devices"]
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} devices)" if len(names) > 8 else "")
+        print(f"{args.file}: ok, platform {spec.name!r} with devices {shown}")
     return EXIT_OK
 
 

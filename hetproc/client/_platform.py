@@ -76,16 +76,18 @@ class Platform:
 
     def start(self) -> "Platform":
         read_fd, write_fd = os.pipe()
+        spec_fd = _spec_file(self._raw)
         self.prefix = "pending"
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hetproc.supervisor", "--spec", json.dumps(self._raw),
+                [sys.executable, "-m", "hetproc.supervisor", "--spec-fd", str(spec_fd),
                  "--ready-fd", str(write_fd)],
-                pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
+                pass_fds=(write_fd, spec_fd), stdin=subprocess.DEVNULL,
                 env=same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
             )
         finally:
             os.close(write_fd)
+            os.close(spec_fd)
         try:
             ready = _read_ready(read_fd, self.proc, START_TIMEOUT)
         finally:
@@ -198,3 +200,19 @@ def connect(platform: str, name: str = "", *, role: int | None = None) -> Client
     """
     address = platform if platform.startswith("\0") else socket_address(platform)
     return Client(address, name, role=role)
+
+
+def _spec_file(raw: dict[str, Any]) -> int:
+    """The spec as an anonymous file, inherited by the supervisor: a platform file of any
+    size (a command line stops at ~128 KiB per argument: "Argument list too long")."""
+    fd = os.memfd_create("hetproc-spec", os.MFD_CLOEXEC)
+    try:
+        data = json.dumps(raw).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
