@@ -90,3 +90,98 @@ def test_ten_thousand_devices_check_and_the_summary_stays_one_short_line(tmp_pat
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("\n") == 1 and "(10000 devices)" in out.stdout
     assert len(out.stdout) < 300
+
+
+# -- trace files ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, words", [
+    ("[1, 2]", ["event 0 is not an object"]),
+    ('{"traceEvents": "x"}', ["traceEvents is not a list"]),
+    ('{"hello": "world"}', ["no traceEvents", "hello"]),
+    ("", ["empty"]),
+    ("[" * 100_000 + "]" * 100_000, ["nested too deep"]),
+    ('{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}", ["nested too deep"]),
+    ('{"traceEvents": [{"ph": "X", "name": "EXEC", "ts": 1, "pid": 1, "tid": 1}]}',
+     ["event 0", "duration"]),
+    ('{"traceEvents": [{"ph": "X", "name": "EXEC", "ts": 1, "dur": 1, "pid": 1, "tid": 1, '
+     '"args": {"cid": "x"}}]}', ["args.cid is not a number"]),
+    ('{"traceEvents": [], "otherData": {"frozen": {"cids": ["a"]}}}', ["frozen.cids"]),
+    ('{"traceEvents": [{"ph": "X"', ["not valid JSON"]),
+    ('{"traceEvents": []} []', ["more after the end"]),
+])
+def test_a_file_that_is_not_a_trace_is_one_line(tmp_path, text, words):
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    _usage_error(_hetproc("trace", "explain", str(path)), "cannot read trace", *words)
+    with pytest.raises(ValueError):  # the API says it the same way
+        hetproc.trace.load_trace(path)
+
+
+def test_a_fifo_or_a_directory_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    _usage_error(_hetproc("trace", "explain", str(fifo), timeout=30), "is a FIFO")
+    _usage_error(_hetproc("trace", "explain", str(tmp_path)), "is a directory")
+
+
+def _event(cid: int, name: str, ts: float, dur: float, pid: int = 1) -> dict:
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": pid, "tid": 1,
+            "args": {"cid": cid}}
+
+
+def _doc(n: int) -> dict:
+    events = [{"ph": "M", "name": "thread_name", "pid": 2, "tid": 1, "args": {"name": "npu0"}}]
+    for k in range(n):
+        cid, t = k + 1, 100.0 * k
+        events += [_event(cid, "SUBMIT", t, 50.0), _event(cid, "QUEUED", t + 10, 10.0, 2),
+                   _event(cid, "EXEC", t + 20, 5.0 + k % 7, 2)]
+    return {"traceEvents": events, "otherData": {"note": "x" * 100}}
+
+
+def test_a_trace_file_is_streamed_and_reads_as_the_same_document(tmp_path, monkeypatch):
+    """Chunk boundaries anywhere (here every 7 characters: inside numbers, keys and
+    strings) give the same trace as the whole document; the array layout too."""
+    from hetproc.trace import _read
+    doc = _doc(200)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    whole = hetproc.trace.load_trace(doc)
+    monkeypatch.setattr(_read, "CHUNK", 7)
+    streamed = hetproc.trace.load_trace(path)
+    assert streamed.other == whole.other
+    assert ([(r.cid, r.total) for r in hetproc.trace.requests(streamed)]
+            == [(r.cid, r.total) for r in hetproc.trace.requests(whole)])
+    path.write_text(json.dumps(doc["traceEvents"]))
+    assert len(hetproc.trace.requests(hetproc.trace.load_trace(path))) == 200
+
+
+def test_reading_a_trace_does_not_hold_the_file(tmp_path):
+    """Events the reader keeps nothing of (flow steps, here 24 MiB of them) cost no
+    memory: the file goes through a window, never whole (json.load held it all)."""
+    import tracemalloc
+    path = tmp_path / "flows.json"
+    step = json.dumps({"ph": "s", "name": "flow", "cat": "c", "id": 1, "ts": 1, "pid": 1,
+                       "tid": 1, "args": {"pad": "p" * 150}})
+    with open(path, "w") as f:
+        f.write('{"traceEvents": [' + step)
+        for _ in range((24 << 20) // len(step)):
+            f.write("," + step)
+        f.write("]}")
+    tracemalloc.start()
+    try:
+        hetproc.trace.load_trace(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak  # a few chunks, not the 24 MiB file
+
+
+def test_explain_never_shows_a_sub_part_longer_than_its_stage():
+    """The client's SUBMIT slice lasts until the supervisor's reply, after the command was
+    queued: the submit stage names only its part inside the stage."""
+    trace = hetproc.trace.load_trace(_doc(1))
+    req = hetproc.trace.explain(trace, 1)
+    submit = req.stages[0]
+    assert submit.name == "submit" and submit.dur == pytest.approx(0.010)
+    assert "client submit 0.010 ms" in submit.detail  # was 0.050: the whole slice
