@@ -68,3 +68,34 @@ def test_a_script_that_cannot_load_is_one_line_and_exit_2(tmp_path, text, words)
     script = tmp_path / "broken.py"
     script.write_text(text)
     _one_line_usage_error(_hetproc("run", str(script)), str(script), *words)
+
+
+# -- the command line's own errors ---------------------------------------------------------
+
+
+def test_a_scheduler_that_is_not_there_is_one_line_after_a_short_wait():
+    pytest.importorskip("dask.distributed")
+    from hetproc.drills import _campaign
+    assert _campaign.CONNECT_TIMEOUT_S <= 5  # was 30 s, then 61 lines of tracebacks
+    out = _hetproc("campaign", "hang", "--seeds", "1", "--scheduler", "tcp://127.0.0.1:1")
+    _one_line_usage_error(out, "--scheduler tcp://127.0.0.1:1", "cannot reach")
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """`hetproc model inspect m.onnx | head -1`: the reader leaves after one line."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    n = 3000  # ~250 KiB of placement log: more than a pipe holds
+    nodes = [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(n)]
+    graph = helper.make_graph(nodes, "chain",
+                              [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info(f"t{n}", TensorProto.FLOAT, [1, 4])])
+    path = tmp_path / "chain.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    proc = subprocess.Popen([sys.executable, "-m", "hetproc", "model", "inspect", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as head does
+    err = proc.stderr.read().decode()
+    assert proc.wait(120) == 141 and first.startswith(b"#0"), err
+    assert err == "", err  # no BrokenPipeError, no "Exception ignored"

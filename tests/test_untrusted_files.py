@@ -185,3 +185,117 @@ def test_explain_never_shows_a_sub_part_longer_than_its_stage():
     submit = req.stages[0]
     assert submit.name == "submit" and submit.dur == pytest.approx(0.010)
     assert "client submit 0.010 ms" in submit.detail  # was 0.050: the whole slice
+
+
+# -- model files ---------------------------------------------------------------------------
+
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import hetproc.delegate  # noqa: E402
+
+
+def _add_model(tmp_path: Path, weights: np.ndarray) -> Path:
+    """y = x + w, with w's bytes in ``m.data`` beside ``sub/m.onnx``."""
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(weights.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(weights.shape))],
+        [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "m.onnx"
+    onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="m.data", size_threshold=0)
+    return path
+
+
+def _pointing_at(path: Path, location: str) -> Path:
+    model = onnx.load(path, load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = location
+    out = path.with_name("evil.onnx")
+    onnx.save(model, out)
+    return out
+
+
+def test_external_data_is_read_beside_the_model_from_any_directory(tmp_path, monkeypatch):
+    w = np.arange(16, dtype=np.float32).reshape(1, 16)
+    path = _add_model(tmp_path, w)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # was: the data file was looked for here
+    graph = hetproc.delegate.load_model(str(path))
+    np.testing.assert_array_equal(graph.initializers["w"], w)
+
+
+@pytest.mark.parametrize("location, words", [
+    ("../secret.bin", "not a file name inside"),
+    ("/etc/hostname", "not a file name inside"),
+    ("link.bin", "leads outside"),
+    ("secret-in-cwd.bin", "cannot open it"),
+])
+def test_external_data_never_comes_from_outside_the_models_directory(tmp_path, monkeypatch,
+                                                                     location, words):
+    path = _add_model(tmp_path, np.zeros((1, 16), np.float32))
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes(b"S" * 64)
+    (path.parent / "link.bin").symlink_to(secret)
+    monkeypatch.chdir(tmp_path)  # a file of the working directory is not the model's
+    (tmp_path / "secret-in-cwd.bin").write_bytes(b"S" * 64)
+    evil = _pointing_at(path, location)
+    with pytest.raises(hetproc.InvalidRequest, match=words):
+        hetproc.delegate.load_model(str(evil))
+    _usage_error(_hetproc("model", "inspect", str(evil)), words)
+
+
+def test_external_data_without_a_directory_is_refused(tmp_path):
+    path = _add_model(tmp_path, np.zeros((1, 16), np.float32))
+    with pytest.raises(hetproc.InvalidRequest, match="load the model from its path"):
+        hetproc.delegate.load_model(path.read_bytes())
+
+
+@pytest.mark.parametrize("dims, words", [([-5, 16], "negative dim"),
+                                         ([10**15, 10**15], "is over 4 GiB")])
+@pytest.mark.parametrize("command", ["inspect", "run"])
+def test_impossible_declared_dims_are_one_line(tmp_path, dims, words, command):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    _usage_error(_hetproc("model", command, str(path)), "ShapeError", words)
+
+
+def test_inputs_must_be_an_npz_and_are_never_unpickled(tmp_path):
+    import pickle
+    model = tmp_path / "m.onnx"
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    mark = tmp_path / "unpickled"
+    (tmp_path / "p.pkl").write_bytes(pickle.dumps(_Touch(str(mark))))
+    np.save(tmp_path / "a.npy", np.ones(4))
+    np.savez(tmp_path / "obj.npz", x=np.array([_Touch(str(mark))], dtype=object))
+    (tmp_path / "bad.npz").write_bytes(b"PK\x03\x04 not really")
+    for name, words in (("p.pkl", "not an .npz archive"), ("a.npy", "not an .npz archive"),
+                        ("obj.npz", "Python objects"), ("bad.npz", "not an .npz archive")):
+        out = _hetproc("model", "run", str(model), "--inputs", str(tmp_path / name))
+        _usage_error(out, words)
+        assert "allow_pickle" not in out.stderr
+    assert not mark.exists()
+
+
+class _Touch:
+    """Unpickling this creates a file: proof that something was unpickled."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))

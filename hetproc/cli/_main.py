@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import os
+import signal
 import sys
 import textwrap
 from typing import Any, Callable, NoReturn, Sequence
@@ -40,6 +41,20 @@ was started), 128+N after signal N (the platform was stopped and removed)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is seen while we can answer
+        return code
+    except BrokenPipeError:
+        # The reader went away (`hetproc ... | head -1`): what it did not read is not
+        # wanted. Point stdout at /dev/null so the interpreter's last flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

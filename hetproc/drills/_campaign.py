@@ -24,6 +24,7 @@ from ..client import same_code_env
 from ._drills import DRILLS
 
 RUN_TIMEOUT_S = 300.0  # one drill run, platform start and stop included
+CONNECT_TIMEOUT_S = 5.0  # a scheduler that does not answer by then is not there
 
 
 def campaign_task(drill: str, seed: int, platform_file: str | None = None,
@@ -91,7 +92,13 @@ def _on_dask(scheduler: str, drill: str, seeds: list[int], platform_file: str | 
     except ImportError:
         raise errors.InvalidRequest("--scheduler needs the 'dask' extra: "
                                     "pip install 'hetproc[dask]'") from None
-    with Client(scheduler, timeout=30) as client:
+    try:
+        client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as exc:  # refused, unreachable, a bad address
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise errors.InvalidRequest(f"--scheduler {scheduler}: cannot reach the Dask "
+                                    f"scheduler ({first})") from None
+    with client:
         futures = client.map(campaign_task, [drill] * len(seeds), seeds,
                              [platform_file] * len(seeds), [time_scale] * len(seeds),
                              pure=False)
