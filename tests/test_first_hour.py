@@ -99,3 +99,17 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(120) == 141 and first.startswith(b"#0"), err
     assert err == "", err  # no BrokenPipeError, no "Exception ignored"
+
+
+def test_the_acceptance_report_says_what_a_failed_check_saw(capsys):
+    from hetproc.cli import _show
+    from hetproc.drills._acceptance import _row
+    report = {"ok": False, "checks": [{"name": "flat", "passed": False,
+                                       "detail": "zero copy -9694 us"},
+                                      {"name": "fine", "passed": True, "detail": ""}],
+              "left_behind": {"objects": [], "processes": []}, "metrics": {},
+              "duration_s": 1.0, "error": None}
+    row = _row("scenario", "zero_copy_evidence", report)
+    assert row["failed_details"] == {"flat": "zero copy -9694 us"}
+    _show.print_matrix({"rows": [row], "ok": False})
+    assert "[FAIL] scenario zero_copy_evidence: flat: zero copy -9694 us" in capsys.readouterr().out

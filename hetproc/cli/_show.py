@@ -183,6 +183,12 @@ def print_failure(report: dict[str, Any], con: Console, *, verbose: bool = False
 def print_matrix(matrix: dict[str, Any], out: TextIO | None = None) -> None:
     con = console(out)
     con.print(matrix_table(matrix["rows"]))
+    for r in matrix["rows"]:  # the table names a failed check; here is what it saw
+        for check, detail in (r.get("failed_details") or {}).items():
+            con.print(Text(f"[FAIL] {r['kind']} {r['name']}: {check}"
+                           + (f": {detail}" if detail else "")))
+        if r.get("error") and not r["ok"]:
+            con.print(Text(f"[FAIL] {r['kind']} {r['name']}: stopped on {r['error']}"))
     con.print(Text("OK", style="bold green") if matrix["ok"] else Text("FAILED", style="bold red"))
 
 

@@ -69,9 +69,11 @@ def run_matrix(*, platform_file: str | None = None, time_scale: float | None = N
 
 
 def _row(kind: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
-    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    failed = [c for c in report["checks"] if not c["passed"]]
     left = report["left_behind"]
-    return {"kind": kind, "name": name, "ok": report["ok"], "failed_checks": failed,
+    return {"kind": kind, "name": name, "ok": report["ok"],
+            "failed_checks": [c["name"] for c in failed],
+            "failed_details": {c["name"]: c["detail"] for c in failed},
             "checks": len(report["checks"]),
             "error": report.get("error"),
             "leaks": len(left["objects"]) + len(left["processes"]),
