@@ -72,6 +72,19 @@ from .client import (FOREVER, Buffer, BufferPool, Client, Context, Fence, Pipeli
                      PipelineReport, PipelineStage, Platform, PoolStatistics, Queue, command,
                      connect)
 
+
+
+def _installed_version() -> str:
+    """The version the package metadata holds (pyproject.toml's, once installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("hetproc")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()
+
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",

@@ -113,3 +113,56 @@ def test_the_acceptance_report_says_what_a_failed_check_saw(capsys):
     assert row["failed_details"] == {"flat": "zero copy -9694 us"}
     _show.print_matrix({"rows": [row], "ok": False})
     assert "[FAIL] scenario zero_copy_evidence: flat: zero copy -9694 us" in capsys.readouterr().out
+
+
+# -- what --help tells ---------------------------------------------------------------------
+
+
+def test_run_help_lists_every_scenario_with_its_options():
+    from hetproc import drills
+    text = _hetproc("run", "--help").stdout
+    for name in drills.scenario_names():
+        assert f"  {name}: " in text, name
+        for key in drills.declared_options(drills.load_scenario(name)):
+            assert f"      {key}=" in text, (name, key)
+    assert "frames=300 (10 .. 100_000): frames in each of the three runs" in text
+
+
+def test_frames_range_is_the_scenarios_own():
+    from hetproc import drills
+    from hetproc.cli._main import FRAMES_RANGE
+    frames = [drills.declared_options(drills.load_scenario(n)).get("frames")
+              for n in drills.scenario_names()]
+    frames = [f for f in frames if f is not None]
+    assert FRAMES_RANGE[1] == max(f.max for f in frames)  # was 1,000,000 against 100,000
+    assert FRAMES_RANGE[0] <= min(f.min for f in frames)
+
+
+def test_set_help_lists_descriptions_and_ranges():
+    out = _hetproc("run", "intermittent_stall", "--set", "help=1")
+    assert out.returncode == 0, out.stderr
+    assert "stalls=8 (4 .. 400): injected stalls" in out.stdout
+    assert "seed=22 (0 .. ): where the stalls fall" in out.stdout
+
+
+def test_version_and_the_groups_own_help():
+    import hetproc
+    from importlib.metadata import version
+    assert hetproc.__version__ == version("hetproc")
+    out = _hetproc("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"hetproc {hetproc.__version__}"
+    for group, words in (("trace", "explain"), ("model", "inspect"), ("platform", "check")):
+        out = _hetproc(group)
+        assert out.returncode == 2
+        assert out.stdout.startswith(f"usage: hetproc {group} "), (group, out.stdout[:200])
+        assert words in out.stdout
+
+
+def test_the_readme_names_a_model_that_the_installed_packages_ship():
+    pytest.importorskip("onnx")
+    from pathlib import Path
+    import hetproc.delegate
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert 'light_model_path("squeezenet")' in readme
+    path = hetproc.delegate.light_model_path("squeezenet")
+    assert path is not None and Path(path).is_file()
