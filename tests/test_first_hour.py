@@ -166,3 +166,80 @@ def test_the_readme_names_a_model_that_the_installed_packages_ship():
     assert 'light_model_path("squeezenet")' in readme
     path = hetproc.delegate.light_model_path("squeezenet")
     assert path is not None and Path(path).is_file()
+
+
+# -- stopping ------------------------------------------------------------------------------
+
+
+def _platforms_under(pid: int) -> dict[int, str]:
+    """Supervisors started below process ``pid`` (its workers' children): pid -> the
+    prefix every object of that platform carries."""
+    import psutil
+    out = {}
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "hetproc.supervisor" in " ".join(child.cmdline()):
+                out[child.pid] = f"hp.{child.pid}."
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("sig, to_group", [("SIGTERM", False), ("SIGINT", True)])
+def test_a_signal_stops_acceptance_at_once_and_leaves_nothing(sig, to_group):
+    """SIGTERM to the command, or Ctrl-C (SIGINT to the whole process group, workers
+    included): the running cells stop their platforms, the rest never start; one line,
+    exit 128+N (was: every remaining cell ran first; a worker's KeyboardInterrupt
+    traceback)."""
+    import os
+    import signal
+    import time
+    import psutil
+    from hetproc.drills import leftovers
+    signum = getattr(signal, sig)
+    proc = subprocess.Popen([sys.executable, "-m", "hetproc", "acceptance", "--quick",
+                             "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        platforms: dict[int, str] = {}
+        while len(platforms) < 2 and time.monotonic() < deadline:  # both cells running
+            assert proc.poll() is None, proc.communicate()
+            platforms.update(_platforms_under(proc.pid))
+            time.sleep(0.1)
+        assert platforms
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)  # all cells would take minutes
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and f"stopped by {sig}" in lines[0], err
+    for pid, prefix in platforms.items():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+        assert leftovers(prefix)["objects"] == [], prefix
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.4, 0.8])
+def test_ctrl_c_in_the_first_second_of_run_is_one_line(delay):
+    """The console script, as a user starts it: a Ctrl-C while it is still importing."""
+    import os
+    import shutil
+    import signal
+    import time
+    exe = shutil.which("hetproc", path=os.path.dirname(sys.executable))
+    assert exe, "the hetproc console script is installed beside this python"
+    proc = subprocess.Popen([exe, "run", "video_pipeline", "--frames", "10"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "stopped by SIGINT" in lines[0], err
