@@ -243,3 +243,28 @@ def test_ctrl_c_in_the_first_second_of_run_is_one_line(delay):
     assert proc.returncode == 130, (proc.returncode, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "stopped by SIGINT" in lines[0], err
+
+
+def test_sigterm_stops_a_local_campaign_and_its_runs():
+    import os
+    import signal
+    import time
+    import psutil
+    proc = subprocess.Popen([sys.executable, "-m", "hetproc", "campaign", "hang", "--seeds",
+                             "20", "--jobs", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _platforms_under(proc.pid) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        runs = psutil.Process(proc.pid).children()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)  # 20 seeds would take minutes
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert runs and not [r.pid for r in runs if r.is_running() and r.status() != "zombie"]
