@@ -8,6 +8,7 @@ is not topologically sorted, a value without a static type all give ``InvalidReq
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -259,6 +260,7 @@ def _parse(source: Any) -> Any:
     return model
 
 
+@functools.lru_cache(maxsize=None)  # a handful of element types, asked once per value
 def _dtype_of(elem_type: int) -> str:
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
