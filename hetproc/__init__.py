@@ -68,33 +68,10 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
 
 
 
-def _quiet_stop_while_the_command_starts() -> None:
-    """The ``hetproc`` command imports this package (about half a second) before its
-    ``main`` installs the handlers that stop a run cleanly; a Ctrl-C in that time printed
-    a KeyboardInterrupt traceback. Nothing has started yet, so such a signal ends the
-    command with one line. Only for the console script: a program that imports hetproc
-    keeps its own signal handling."""
-    import os
-    import signal
-    import sys
-    if not sys.argv or os.path.basename(sys.argv[0]) != "hetproc":
-        return
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return
+from . import _startup  # noqa: F401  (first: the command's signals while it imports)
 
-    def stop(signum: int, frame: object) -> None:
-        os.write(2, f"hetproc: stopped by {signal.Signals(signum).name} before anything "
-                    "started\n".encode())
-        os._exit(128 + signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stop)
-
-
-_quiet_stop_while_the_command_starts()
-
-from . import errors  # noqa: E402
-from .errors import *  # noqa: F401,F403,E402  (the one error hierarchy)
+from . import errors
+from .errors import *  # noqa: F401,F403  (the one error hierarchy)
 from .errors import __all__ as _error_names
 from . import trace  # public namespace (hetproc.drills and hetproc.testing: import them)
 from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform

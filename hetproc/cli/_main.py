@@ -126,7 +126,9 @@ def option_lines(declared: dict[str, Any]) -> list[str]:
         if opt.choices is not None:
             rng = "one of " + ", ".join(map(str, opt.choices))
         elif opt.min is not None or opt.max is not None:
-            rng = f"{'' if opt.min is None else _num(opt.min)} .. {'' if opt.max is None else _num(opt.max)}"
+            lo = "" if opt.min is None else _num(opt.min)
+            hi = "" if opt.max is None else _num(opt.max)
+            rng = f"{lo} .. {hi}"
         else:
             rng = ""
         default = _num(opt.default) if opt.default != "" else "''"

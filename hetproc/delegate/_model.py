@@ -114,7 +114,7 @@ def load_model(source: Any, input_shapes: dict[str, Any] | None = None) -> Graph
 MAX_TENSOR_BYTES = 4 << 30  # far past any platform's memory: a declared size beyond it is a mistake
 
 
-def _check_sizes(graph: "Graph") -> None:
+def _check_sizes(graph: Graph) -> None:
     """Every shape the model declares or infers is one a tensor can have: no negative dim,
     no tensor past ``MAX_TENSOR_BYTES`` (refused here, not as a MemoryError mid-run)."""
     for v in graph.values.values():
@@ -260,7 +260,7 @@ def _parse(source: Any) -> Any:
     return model
 
 
-@functools.lru_cache(maxsize=None)  # a handful of element types, asked once per value
+@functools.cache  # a handful of element types, asked once per value
 def _dtype_of(elem_type: int) -> str:
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name

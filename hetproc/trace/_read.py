@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import os
 import stat
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = ["read_trace_file", "check_event", "check_other", "MAX_ELEMENT"]
 
