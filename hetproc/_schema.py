@@ -271,14 +271,21 @@ def _value(key: Key, name: str, v: Any, where: _Where) -> Any:
                 what = "unknown" if isinstance(item, str) else "not a name:"
                 raise where.fail(name, f"{what} {item!r}" + closest(str(item), key.choices))
         if k == "list" and len(set(v)) != len(v):
-            seen: set[str] = set()
-            twice = next(x for x in v if x in seen or seen.add(x))
-            raise where.fail(name, f"lists {twice!r} twice")
+            raise where.fail(name, f"lists {_first_repeat(v)!r} twice")
     if key.check is not None:
         problem = key.check(v)
         if problem:
             raise where.fail(name, problem)
     return v
+
+
+def _first_repeat(items: list[Any]) -> Any:
+    seen = set()
+    for x in items:
+        if x in seen:
+            return x
+        seen.add(x)
+    return None
 
 
 def check_table(raw: Any, table: str, source: str, where: _Where | None = None) -> dict[str, Any]:

@@ -170,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
         only if every check held and nothing was left behind. If it stops on an error,
         the error, its scope, the supervisor's record of it and the files holding the
         evidence are printed.""", cmd_run)
-    run.help_tail = _scenario_help
+    run.help_tail = _scenario_help  # type: ignore[attr-defined]  # a _Parser, built by _sub
     run.add_argument("scenario", help="a scenario name, or a path to a .py script")
     _platform_args(run)
     run.add_argument("--report", metavar="FILE", help="write the JSON report here (also on failure)")

@@ -434,11 +434,11 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         return "; ".join(parts)
     if stage == "execute":
         ex = req.last("EXEC")
-        parts = req.slices.get("EXEC", [])
-        if len(parts) > 1:
-            return (f"ran in {len(parts)} parts on the device (a runtime-inserted copy or "
-                    f"reformat first): " + " + ".join(f"{_within(p, t0, t1):.3f}" for p in parts)
-                    + " ms")
+        pieces = req.slices.get("EXEC", [])
+        if len(pieces) > 1:
+            return (f"ran in {len(pieces)} parts on the device (a runtime-inserted copy or "
+                    f"reformat first): "
+                    + " + ".join(f"{_within(p, t0, t1):.3f}" for p in pieces) + " ms")
         if ex is not None and ex.args.get("unfinished"):
             errs = (trace.other.get("frozen") or {}).get("errors") or []
             why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]
