@@ -37,7 +37,7 @@ from typing import Any, Callable
 from ipc import errors
 
 from .._config import PlatformSpec, load_platform
-from ..client import same_code_env
+from ..client import Fence, same_code_env
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
 
@@ -243,7 +243,7 @@ def _check_chain_order(c: CaseRun, fences: list[Any]) -> None:
 def _priorities(c: CaseRun) -> None:
     low_ctx = c.client.context("dsp0", priority=0, name="low")
     high_ctx = c.client.context("dsp0", priority=8, name="high")
-    busy = low_ctx.submit("work", ms=30)
+    busy = low_ctx.submit("work", ms=300)  # long enough for both to queue on a busy host
     low = low_ctx.submit("work", ms=2)
     high = high_ctx.submit("work", ms=2)
     for f in (busy, low, high):
@@ -502,7 +502,7 @@ def _multi_consumer(c: CaseRun) -> None:
       "after the timeout, and the fence is still good: a later wait succeeds")
 def _wait_submitted(c: CaseRun) -> None:
     ctx = c.client.context("dsp0", name="slow")
-    f = ctx.submit("work", ms=150)
+    f = ctx.submit("work", ms=300)
     t0 = time.monotonic()
     try:
         f.wait(0.02)
@@ -561,6 +561,44 @@ def _dependency_failed(c: CaseRun) -> None:
     ctx.close()
     after.close()
     c.finish(base)
+
+
+ILLEGAL_HANDLE = 0x7FFF_FFF0  # never issued: its slot and generation name no fence
+
+
+@case("syncobj_wait/invalid-wait-illegal-handle", "IGT syncobj_wait",
+      "a command told to wait on a handle that names no fence is refused with "
+      "InvalidHandle (nothing is queued, nobody waits forever); the context keeps working")
+def _wait_illegal_handle(c: CaseRun) -> None:
+    ctx = c.client.context("cpu0", name="waits-on-nothing")
+    bogus = Fence(c.client, ILLEGAL_HANDLE)
+    try:
+        ctx.submit("work", wait=[bogus], ms=1)
+        c.s.check("the wait on an illegal handle is refused", False, "it was queued")
+    except errors.InvalidHandle as exc:
+        c.s.check("the wait on an illegal handle is refused", True, exc.name)
+    c.check_completes("the context keeps working", ctx.submit("work", ms=1), 5)
+    ctx.close()
+
+
+@case("syncobj_wait/invalid-signal-illegal-handle", "IGT syncobj_wait",
+      "signalling a handle that names no fence is refused with InvalidHandle, and "
+      "signalling a fence a command will signal is refused too: only its producer may")
+def _signal_illegal_handle(c: CaseRun) -> None:
+    try:
+        Fence(c.client, ILLEGAL_HANDLE).signal()
+        c.s.check("signalling an illegal handle is refused", False, "it was signalled")
+    except errors.InvalidHandle as exc:
+        c.s.check("signalling an illegal handle is refused", True, exc.name)
+    ctx = c.client.context("dsp0", name="producer")
+    f = ctx.submit("work", ms=50)
+    try:
+        Fence(c.client, f.handle).signal()
+        c.s.check("a command's fence cannot be signalled by hand", False, "it was signalled")
+    except errors.InvalidRequest as exc:
+        c.s.check("a command's fence cannot be signalled by hand", True, exc.name)
+    c.check_completes("the command still completes and signals it itself", f, 5)
+    ctx.close()
 
 
 # -- running ------------------------------------------------------------------------------
