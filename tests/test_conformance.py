@@ -72,7 +72,7 @@ def test_a_broken_mechanism_fails_the_case_that_guards_it(only, recovery, case, 
 
 
 def _cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "hetproc", "conformance", *args],
+    return subprocess.run([sys.executable, "-m", "hetproc", "conformance", *args], check=False,
                           capture_output=True, text=True, timeout=timeout)
 
 

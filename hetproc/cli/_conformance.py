@@ -7,7 +7,8 @@ its output read in one place.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import drills
 from . import _show

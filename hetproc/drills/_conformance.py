@@ -31,8 +31,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ipc import errors
 
@@ -52,7 +53,7 @@ class Case:
     suite: str       # where the original lives
     checks: str      # what it checks, in one sentence (the README table's column)
     drill: str | None = None                 # a drill case: the drill it runs
-    fn: Callable[["CaseRun"], None] | None = None
+    fn: Callable[[CaseRun], None] | None = None
     group: str = "shared"                    # the shared platform it runs on
 
 
@@ -66,7 +67,7 @@ def _add(case: Case) -> None:
 
 def case(name: str, suite: str, checks: str, group: str = "shared"):
     """Register a case that runs on its group's shared platform."""
-    def register(fn: Callable[["CaseRun"], None]):
+    def register(fn: Callable[[CaseRun], None]):
         _add(Case(name, suite, checks, fn=fn, group=group))
         return fn
     return register
@@ -95,6 +96,19 @@ class CaseRun(Drill):
         self._procs.append(proc)
         self.s.extra_pids.append(proc.pid)
         return proc
+
+    @staticmethod
+    def hear(proc: subprocess.Popen) -> str:
+        """The next line the process printed (empty once it closed its output)."""
+        assert proc.stdout is not None
+        return proc.stdout.readline().strip()
+
+    @staticmethod
+    def tell(proc: subprocess.Popen) -> None:
+        """Let the process go on to its next step (it reads a line to know when)."""
+        assert proc.stdin is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
 
     def expect_failure(self, name: str, fence, cls: type[errors.HetprocError],
                        timeout: float = 5.0) -> errors.HetprocError | None:
@@ -313,14 +327,12 @@ c.close()
 def _close_pending(c: CaseRun, what: str) -> None:
     base = c.start()
     proc = c.spawn(HANG_AND_EXIT, what)
-    c.s.check("the client submitted its hanging request", proc.stdout.readline().strip() == "submitted")
+    c.s.check("the client submitted its hanging request", c.hear(proc) == "submitted")
     if what == "ctx":
-        proc.stdin.write("\n")
-        proc.stdin.flush()
+        c.tell(proc)
         c.s.check("it destroyed the context with the hang pending",
-                  proc.stdout.readline().strip() == "closed")
-    proc.stdin.write("\n")  # now it closes its connection, the hang still pending
-    proc.stdin.flush()
+                  c.hear(proc) == "closed")
+    c.tell(proc)  # now it closes its connection, the hang still pending
     c.s.check("the client exited cleanly", proc.wait(10) == 0)
     inc = c.new_incident()
     c.s.check("the pending hang was still detected and the device reset",
@@ -412,11 +424,11 @@ c.close()
 def _sync_busy_fork(c: CaseRun) -> None:
     f = c.client.fence()
     proc = c.spawn(IMPORT_AND_WAIT, str(f.export()), "5")
-    c.s.check("the other process waits on the fence", proc.stdout.readline().strip() == "waiting")
+    c.s.check("the other process waits on the fence", c.hear(proc) == "waiting")
     time.sleep(0.05)
     c.s.check("it is still waiting before the signal", proc.poll() is None)
     f.signal()
-    c.s.check("it woke with success after the signal", proc.stdout.readline().strip() == "signalled")
+    c.s.check("it woke with success after the signal", c.hear(proc) == "signalled")
     c.s.check("it exited cleanly", proc.wait(10) == 0)
     f.release()
 
@@ -435,10 +447,9 @@ c.close()
 
 def _timeline_closed(c: CaseRun, signal_first: bool) -> None:
     proc = c.spawn(CREATE_AND_LEAVE, "signal" if signal_first else "leave")
-    token = int(proc.stdout.readline())
+    token = int(c.hear(proc))
     f = c.client.import_fence(token)
-    proc.stdin.write("\n")
-    proc.stdin.flush()
+    c.tell(proc)
     c.s.check("its creator closed", proc.wait(10) == 0)
     t0 = time.monotonic()
     if signal_first:
