@@ -49,7 +49,8 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
         "sw_sync/sync_busy", "sw_sync/sync_busy_fork", "sw_sync/timeline_closed",
         "sw_sync/timeline_closed_signaled", "sw_sync/sync_multi_consumer"]
     assert {c.name for c in conformance_cases("close-pending")} == {
-        "gem_reset_stats/close-pending-npu0", "gem_reset_stats/close-pending-ctx-npu0"}
+        "gem_reset_stats/close-pending-npu0", "gem_reset_stats/close-pending-ctx-npu0",
+        "gem_reset_stats/close-pending-fork-npu0"}
 
 
 @pytest.mark.parametrize("only, recovery, case, check", [

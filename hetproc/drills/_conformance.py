@@ -219,6 +219,21 @@ def _single_entity_queue(c: CaseRun) -> None:
     ctx.close()
 
 
+@case("drm_sched/basic_test-multiple-independent-queues", "DRM scheduler KUnit",
+      "four contexts on one device, each with its own queue of jobs submitted "
+      "interleaved: every job completes, each queue in its own submission order")
+def _independent_queues(c: CaseRun) -> None:
+    ctxs = [c.client.context("gpu0", name=f"queue{i}") for i in range(4)]
+    queues: list[list[Any]] = [[] for _ in ctxs]
+    for _ in range(6):
+        for q, ctx in zip(queues, ctxs):
+            q.append(ctx.submit("work", ms=0.5))
+    for q in queues:
+        _check_chain_order(c, q)
+    for ctx in ctxs:
+        ctx.close()
+
+
 @case("drm_sched/basic_test-dependency-chain-across-entities", "DRM scheduler KUnit",
       "a chain of jobs across contexts on three devices, each waiting on the previous "
       "one's fence, completes in chain order (modeled signal times)")
@@ -357,6 +372,43 @@ def _close_pending_ctx(c: CaseRun) -> None:
     _close_pending(c, "ctx")
 
 
+SUBMIT_EVERYWHERE = """
+import sys, hetproc
+c = hetproc.connect(sys.argv[1], "forked-app")
+buf = c.alloc(1 << 14, "float32")
+ctxs = [c.context(d) for d in ("cpu0", "npu0", "gpu0", "dsp0")]
+fences = [ctx.submit("work", [buf], [], ms=1) for ctx in ctxs]
+print("submitted", flush=True)
+sys.stdin.readline()
+"""
+
+
+@case("gem_reset_stats/close-pending-fork-npu0", "IGT gem_reset_stats",
+      "while a hang is pending on npu0, another process submits work reading one of its "
+      "buffers on every device and is killed: the hang is reset, the dead process's work "
+      "behind it ends, its buffer is reclaimed only once no device uses it, every device "
+      "serves again, nothing is left behind")
+def _close_pending_fork(c: CaseRun) -> None:
+    base = c.start()
+    guilty = c.client.context("npu0", name="guilty")
+    c.client.inject("hang", device="npu0")
+    hung = guilty.submit("work", ms=5)
+    proc = c.spawn(SUBMIT_EVERYWHERE)
+    c.s.check("the other process submitted on every device", c.hear(proc) == "submitted")
+    proc.kill()
+    proc.wait(10)
+    c.expect_failure("the hung request failed with DeviceTimeout", hung, errors.DeviceTimeout)
+    inc = c.new_incident()
+    c.s.check("the device was reset after a confirmed stop",
+              inc is not None and inc["confirmed_stop"] in ("acknowledged", "reaped"),
+              str(inc and inc["confirmed_stop"]))
+    hung.release()
+    guilty.close()
+    for device in ("cpu0", "npu0", "gpu0", "dsp0"):
+        c.next_request_succeeds(device)
+    c.finish(base)  # the killed process's buffer and contexts are gone: counts at baseline
+
+
 @case("gem_reset_stats/unrelated-ctx-npu0", "IGT gem_reset_stats", group="replay", checks=(
       "another process's context on the same device submits while a guilty context "
       "hangs: the guilty request fails (DeviceTimeout, scope context) and its context is "
@@ -445,12 +497,16 @@ c.close()
 """
 
 
-def _timeline_closed(c: CaseRun, signal_first: bool) -> None:
+def _timeline_closed(c: CaseRun, signal_first: bool, killed: bool = False) -> None:
     proc = c.spawn(CREATE_AND_LEAVE, "signal" if signal_first else "leave")
     token = int(c.hear(proc))
     f = c.client.import_fence(token)
-    c.tell(proc)
-    c.s.check("its creator closed", proc.wait(10) == 0)
+    if killed:
+        proc.kill()
+        c.s.check("its creator was killed", proc.wait(10) == -9)
+    else:
+        c.tell(proc)
+        c.s.check("its creator closed", proc.wait(10) == 0)
     t0 = time.monotonic()
     if signal_first:
         c.check_completes("a fence signalled before its creator left stays signalled", f, 5)
@@ -464,10 +520,12 @@ def _timeline_closed(c: CaseRun, signal_first: bool) -> None:
 
 
 @case("sw_sync/timeline_closed", "IGT sw_sync",
-      "the process that alone may signal a fence closes without signalling it: the "
-      "importer's wait ends with an error (Cancelled, scope process) instead of hanging")
+      "the process that alone may signal a fence closes without signalling it, or is "
+      "killed: the importer's wait ends with an error (Cancelled, scope process) instead "
+      "of hanging")
 def _timeline_closed_unsignalled(c: CaseRun) -> None:
     _timeline_closed(c, signal_first=False)
+    _timeline_closed(c, signal_first=False, killed=True)
 
 
 @case("sw_sync/timeline_closed_signaled", "IGT sw_sync",
