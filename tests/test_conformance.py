@@ -106,3 +106,17 @@ def test_the_readme_table_names_every_case_with_its_suite():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     for c in conformance_cases():
         assert f"| `{c.name}` | {c.suite} |" in readme, c.name
+
+
+def test_cli_exits_1_and_names_the_failed_check_when_a_mechanism_is_off(tmp_path):
+    """A platform file whose watchdog never re-arms on progress: skip_reset fails, and
+    the command says which check broke and exits 1."""
+    from importlib import resources
+    text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
+    assert "\nmax_rearm = 2" in text
+    soc = tmp_path / "no-rearm.toml"
+    soc.write_text(text.replace("\nmax_rearm = 2", "\nmax_rearm = 0", 1))
+    out = _cli("--only", "drm_sched/skip_reset", "--platform", str(soc))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "drm_sched/skip_reset"]
+    assert "watchdog verdict was 'no hang' (re-armed on progress)" in out.stdout
