@@ -62,8 +62,9 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
                                      supervisor/_memory (segments per tenant, one per
                                      exportable buffer, handed over as descriptors only:
                                      ipc/_fdpass)
-    8 modeled time                   device_workers/_worker (the modeled start, the
-                                     stamp in the fences) and _hold (holding to the end)
+    8 modeled time                   device_workers/_worker (the modeled start),
+                                     _outbox (the stamp in the fences) and _hold
+                                     (holding to the end)
 """
 
 from . import errors
