@@ -24,7 +24,7 @@ from ipc import cleanup_dead, errors
 from .. import drills
 from .._argtypes import int_in, positive_int, time_scale
 from .._config import TIME_SCALE_RANGE
-from . import _show, _signals
+from . import _conformance, _show, _signals
 from ._status import dead_platforms, live_platforms, print_status
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -238,6 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     camp.add_argument("--report", metavar="FILE", help="write the JSON summary here")
     _json_arg(camp)
 
+    _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
     _trace_parsers(sub)
     _platform_parsers(sub)
 
