@@ -249,7 +249,10 @@ class FenceTable:
                 raise errors.FenceTimeout(f"fence {handle:#x} still pending after {timeout:.3f} s")
             try:
                 sem.acquire(remaining)
-            except posix_ipc.BusyError:
+            except (posix_ipc.BusyError, posix_ipc.SignalError):
+                # A signal handler ran (an interval timer, SIGCHLD...): sem_timedwait gives
+                # EINTR and posix_ipc does not retry it (PEP 475 covers only the builtins).
+                # Wait again for what is left; a handler that raised has already unwound us.
                 continue  # the loop re-checks the deadline and raises
             if u32[i] != gen:
                 sem.release()
