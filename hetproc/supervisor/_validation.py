@@ -410,14 +410,13 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
     period, counted from ``t_received``, when the supervisor received the message), the
     dependency timeout, and per (kernel, bytes touched) the modeled hold and the default
     watchdog. Every check that depends on a command's own fields runs for each command
-    (``check_request`` checked every field's type and range already)."""
+    (``check_request`` checked every field's type and bounds already)."""
     dev = reg.devices[ctx.device]
-    ops, client, buffers = dev.spec.ops, ctx.client, reg.buffers
+    client, buffers = ctx.client, reg.buffers
     resolve, scaled_ns = iommu.resolve, reg.scaled_ns
     dep_timeout_ns = scaled_ns(reg.spec.dependency_timeout_ms)
     default_deadline = t_received + ctx.period_ns if ctx.period_ns else 0
     default_priority = ctx.priority
-    room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
     runs: set[str] = set()  # kernels of this batch the device runs
     modeled: dict[tuple[str, int], tuple[int, int]] = {}  # -> (hold ns, watchdog ns)
     held: dict[Any, int] = {}  # a command's own ms -> hold ns
@@ -425,12 +424,9 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
     for c in cmds:
         if type(c) is not dict:
             raise errors.BadPacket("a command must be a map")
-        kernel = c["kernel"]  # fields and ranges: ``check_command``, already
+        kernel = c["kernel"]  # fields and bounds: ``check_command``, already
         if kernel not in runs:
-            if kernel not in ops:
-                raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
-                                           f"(it runs: {', '.join(dev.spec.ops)})")
-            runs.add(kernel)
+            _check_runs(dev, kernel, runs)
         h = c.get("ins")
         ins = [resolve(client, x, buffers) for x in h] if h else []
         h = c.get("outs")
@@ -447,15 +443,8 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
             in_perms, out_perms, plan, nbytes = [], [], None, 0
             if kernel != "work":
                 validate_kernel(kernel, [], [], params)
-        # A command must fit one ring slot once encoded for the device: refused here,
-        # before anything is committed, never at the device's queue head. (Without params,
-        # waits or operands its variable part is 1 byte.)
-        if params or h or ins or outs:
-            size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(h or ())
-                    + 70 * (len(ins) + len(outs)))  # a descriptor: segment, offset, layout, handle
-            if size > room:
-                raise errors.BadPacket(f"command too large for a device ring slot "
-                                       f"(~{size} of {room} bytes: params, buffers, waits)")
+        if params or h or ins or outs:  # (without them, a command fits a slot)
+            _check_fits_slot(params, h, len(ins) + len(outs))
         wait = [check_fence(reg, client, x) for x in h] if h else []
         signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
         priority = request_priority(reg, ctx, c) if "priority" in c else default_priority
@@ -467,11 +456,7 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
         if faults.rules and faults.draw("map", dev.name, cid, client=(client.id, client.name)):
             raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
         if "ms" not in c or "timeout_ms" not in c:
-            m = modeled.get((kernel, nbytes))
-            if m is None:
-                m = modeled[kernel, nbytes] = (
-                    scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
-                    watchdog_budget_ns(reg, dev, kernel, nbytes))
+            m = modeled.get((kernel, nbytes)) or _modeled(reg, dev, kernel, nbytes, modeled)
         if "ms" in c:
             ms = c["ms"]
             hold = held.get(ms)
@@ -490,6 +475,35 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
             c.get("checked", False),
             in_perms=in_perms, out_perms=out_perms, plan=plan))
     return out
+
+
+def _modeled(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int,
+             modeled: dict[tuple[str, int], tuple[int, int]]) -> tuple[int, int]:
+    """A command's modeled hold and default watchdog (ns), kept per (kernel, bytes)."""
+    m = modeled[kernel, nbytes] = (reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
+                                   watchdog_budget_ns(reg, dev, kernel, nbytes))
+    return m
+
+
+def _check_runs(dev: DeviceHandle, kernel: str, runs: set[str]) -> None:
+    if kernel not in dev.spec.ops:
+        raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
+                                   f"(it runs: {', '.join(dev.spec.ops)})")
+    runs.add(kernel)
+
+
+_SLOT_ROOM = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
+
+
+def _check_fits_slot(params: dict, wait: list | None, operands: int) -> None:
+    """A command must fit one ring slot once encoded for the device: refused here, before
+    anything is committed, never at the device's queue head. (Without params, waits or
+    operands its variable part is 1 byte.)"""
+    size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(wait or ())
+            + 70 * operands)  # a descriptor: segment, offset, layout, handle
+    if size > _SLOT_ROOM:
+        raise errors.BadPacket(f"command too large for a device ring slot "
+                               f"(~{size} of {_SLOT_ROOM} bytes: params, buffers, waits)")
 
 
 # ``build_commands`` passes these positionally: a new field of ``Command`` goes after them.
