@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ipc import I64, MAX_PACKET, U64, Int, List, Map, Num, OneOf, Plain, Spec, Str, check_fields, unpack
+from ipc import (I64, MAX_PACKET, U64, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple,
+                 check_fields, unpack)
 
 # -- the vocabulary -------------------------------------------------------------------------
 
@@ -133,6 +134,60 @@ def fields_of(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 # The wire form of an error (``HetprocError.to_dict``); ``detail`` is free-form.
 ERROR = Map(max_len=16)
+# A report the client passes on without reading it field by field (metrics, the platform's
+# spec, trace windows...): any plain value, bounded by the packet's caps.
+REPORT = OneOf((None, bool, int, float, str, bytes, list, dict))
+SEGMENT = Int(0, U64)  # a segment's id; its descriptor comes with the reply (``segs``)
+SEGS = List(Tuple((SEGMENT, Int(0, I64))), max_len=4)  # [[segment, bytes]]
+BUFFER = {"buf": HANDLE, "segment": SEGMENT, "offset": Int(0, I64), "exportable": bool,
+          "nbytes": Int(0, I64), "shape": List(Int(0, I64), 8), "dtype": text(16),
+          "strides": OneOf((None, List(Int(0, I64), 8))), "layout": OneOf((None, text(64))),
+          "usage": OneOf((None, List(text(64), 8))), "segs": SEGS}
+
+# What the reply to each request carries besides its id and ``ok`` (when it succeeded).
+RESULTS: dict[str, dict[str, Any]] = {
+    "hello": {"client_id": HANDLE, "prefix": text(255), "platform": Str(255),
+              "supervisor_pid": Int(1, I64), "fence_segment": text(255),
+              "state_segment": text(255), "time_scale": Num(0.0), "devices": List(text(64), 256),
+              "spec": REPORT, "trace": REPORT, "privileged": bool, "max_priority": Int(0, I64)},
+    "grant_role": {"token": HANDLE},
+    "fence_signal": {"signalled": bool},
+    "ping": {},
+    "context_create": {"ctx": HANDLE},
+    "context_destroy": {},
+    "alloc": BUFFER,
+    "free": {"reclaimed": bool},
+    "free_many": {},
+    "fence_create": {"fences": handles(1024)},
+    "queue_open": {"qid": HANDLE, "sid": SEGMENT, "slots": Int(1, 1 << 16), "bytes": Int(0, I64),
+                   "doorbell": text(255), "tag": HANDLE, "max_hold_ns": Int(0, I64), "segs": SEGS},
+    "queue_close": {},
+    "fence_release": {},
+    "fence_error": {"error": OneOf((None, ERROR))},
+    "submit": {"cmds": List(Tuple((Int(0, I64), CID, HANDLE)), 4096)},  # [seq, cid, fence]
+    "cancel": {"cancelled": Int(0, I64)},
+    "metrics": {"metrics": REPORT},
+    "map": {"perm": text(2)},
+    "unmap": {"unmapped": bool},
+    "export": {"token": HANDLE},
+    "import": {**{f + "?": spec for f, spec in BUFFER.items()}, "perm?": text(2),
+               "fence?": HANDLE, "cid?": CID, "signal?": bool},
+    "mem_events": {"events": REPORT, "last_seq": Int(0, I64), "missed": Int(0, I64),
+                   "open?": REPORT},
+    "shutdown": {},
+    "inject": {"rule": REPORT},
+    "faults_clear": {},
+    "incidents": {"history": REPORT, "active": REPORT, "verdicts": REPORT, "events": REPORT,
+                  "faults": REPORT},
+    "dumps": {"dumps": REPORT},
+    "prepare": {"device": text(64), "fallback": OneOf((None, text(64))), "error?": ERROR},
+    "trace_info": {"segment": text(255), "rings": REPORT, "capacity": Int(0, I64),
+                   "enabled": REPORT, "names": REPORT, "tracks": REPORT, "running": REPORT},
+    "trace_frozen": {"windows?": REPORT, "pending?": bool, "suppressed?": REPORT,
+                     "window?": REPORT, "records?": bytes, "offset?": Int(0, I64),
+                     "total?": Int(0, I64)},
+    "power_vote": {"level": NUMBER, "device_level": NUMBER},
+}
 # A notice: an answer nobody asked for (id 0) -- a fence's failure record, sent to the
 # fence's owner and importers ahead of its wake; a queue lost with its device; a
 # connection refused at the door.
@@ -142,6 +197,13 @@ NOTICE = {"id": Int(0, 0), "ok": bool, "fence?": HANDLE, "queue?": HANDLE, "erro
 REPLY = {"id": ID, "ok": bool, "error?": OneOf((None, ERROR)), "fence?": HANDLE,
          "queue?": HANDLE, "*": object}
 REPLIES = {"reply": REPLY}  # what a client decodes: a reply, or a notice
+ANSWERS = {op: {"id": ID, "ok": bool, **results} for op, results in RESULTS.items()}
+
+
+def result_of(op: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """A successful reply to ``op``, checked against its declaration (``RESULTS``)."""
+    check_fields(reply, ANSWERS[op], op)
+    return reply
 
 
 def reply(req_id: int, result: Mapping[str, Any] | None = None) -> dict[str, Any]:

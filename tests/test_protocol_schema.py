@@ -185,3 +185,35 @@ def test_a_client_numbers_its_commands_in_its_own_cid_space(client):
     cids = [client.next_cid() for _ in range(3)]
     assert [split_cid(c)[:2] for c in cids] == [(client.id, CID_BY_CLIENT)] * 3
     assert len(set(cids)) == 3
+
+
+def test_every_reply_is_declared_and_a_client_checks_it_against_its_request():
+    """Each request's reply fields are declared (``RESULTS``); a reply carrying a field its
+    request does not declare, or a declared one out of bounds, is refused by the client."""
+    assert set(_protocol.RESULTS) == set(_protocol.REQUEST_FIELDS)
+    reply = {"op": "reply", "id": 3, "ok": True, "ctx": 5}
+    assert _protocol.result_of("context_create", reply) is reply
+    with pytest.raises(errors.BadPacket, match="unknown field 'extra'"):
+        _protocol.result_of("context_create", {**reply, "extra": 1})
+    with pytest.raises(errors.BadPacket, match="ctx"):
+        _protocol.result_of("context_create", {**reply, "ctx": -5})
+    with pytest.raises(errors.BadPacket, match="fences"):
+        _protocol.result_of("fence_create", {"id": 3, "ok": True, "fences": [1, "2"]})
+
+
+def test_replies_of_a_session_pass_their_declarations(platform):
+    """A real session: what the supervisor answers matches what ``RESULTS`` declares (the
+    client checks every reply; these are the ones with the most fields)."""
+    client = platform.client
+    ctx = client.context("npu0", name="decl")
+    buf = client.alloc(64, exportable=True)
+    ctx.submit("work", [buf], [buf]).wait(5)
+    other = platform.connect("other")
+    try:
+        mine = other.import_buffer(buf.export())
+        assert mine.nbytes == buf.nbytes
+        fence = client.fence()
+        assert other.import_fence(fence.export()).handle == fence.handle
+        assert client.memory_events()["events"]
+    finally:
+        other.close()

@@ -126,7 +126,7 @@ class Client:
         except OSError as exc:
             raise self._lost(f"control channel broke during {op!r}: {exc}") from None
         try:
-            return self._drain_reply(req_id)
+            return _protocol.result_of(op, self._drain_reply(req_id))
         except TimeoutError:
             raise self._timed_out(msg) from None
         except OSError as exc:
