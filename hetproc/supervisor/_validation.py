@@ -277,10 +277,12 @@ def _inline_test(spec: Any, v: str) -> str | None:
     if isinstance(spec, Int):
         return f"type({v}) is int and {int(spec.lo)} <= {v} <= {int(spec.hi)}"
     if isinstance(spec, Num):
-        terms = [f"(type({v}) is float or type({v}) is int)", f"_isfinite({v})"]
-        terms += [f"{float(spec.lo)!r} <= {v}"] if math.isfinite(spec.lo) else []
-        terms += [f"{v} <= {float(spec.hi)!r}"] if math.isfinite(spec.hi) else []
-        terms += [f"{v} <= limits.{spec.limit}"] if spec.limit else []
+        lo = f"{float(spec.lo)!r} <= {v}" if math.isfinite(spec.lo) else v
+        his = [f"{float(spec.hi)!r}"] if math.isfinite(spec.hi) else []
+        his += [f"limits.{spec.limit}"] if spec.limit else []
+        terms = [f"(type({v}) is float or type({v}) is int)"]
+        terms += [f"{lo} <= {his[0]}"] if his else [lo] if lo != v else []
+        terms += [f"{v} <= {hi}" for hi in his[1:]] + [f"_isfinite({v})"]
         return " and ".join(terms)
     if isinstance(spec, Str) and spec.choices is None:
         terms = [f"type({v}) is str", f"len({v}) <= {int(spec.max_len)}"]
