@@ -15,8 +15,10 @@ declaration:
 
 Adding a field to a request is one line here; its handler then reads it.
 
-Replies and notices are built by the functions at the end (the supervisor never writes one
-by hand), and clients decode them with ``REPLIES``.
+The other direction: ``RESULTS`` declares what the answer to each request carries, and a
+client checks every answer against it (``result_of``) after decoding it with ``REPLIES``,
+which also covers the notices (``NOTICE``). The supervisor builds both with the functions
+at the end, never by hand.
 """
 
 from __future__ import annotations
