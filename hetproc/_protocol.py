@@ -23,10 +23,25 @@ at the end, never by hand.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from ipc import (I64, MAX_PACKET, U64, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple,
-                 check_fields, unpack)
+from ipc import (
+    I64,
+    MAX_PACKET,
+    U64,
+    Int,
+    List,
+    Map,
+    Num,
+    OneOf,
+    Plain,
+    Spec,
+    Str,
+    Tuple,
+    check_fields,
+    unpack,
+)
 
 # -- the vocabulary -------------------------------------------------------------------------
 
@@ -59,10 +74,11 @@ def plain_map(max_bytes: int) -> Map:
 
 # One command of a submit. ``cid``: the client's own (``ipc.make_cid``), else the
 # supervisor numbers it.
-COMMAND = {"kernel": text(64), "signal?": HANDLE, "ins?": handles(16), "outs?": handles(16),
-           "wait?": handles(64), "params?": plain_map(1024),  # a ring slot is 2 KiB
-           "ms?": DURATION, "handoff_ms?": DURATION, "cid?": CID, "timeout_ms?": DURATION,
-           "checked?": bool, "priority?": PRIORITY, "deadline_ms?": DURATION}
+COMMAND: dict[str, Any] = {
+    "kernel": text(64), "signal?": HANDLE, "ins?": handles(16), "outs?": handles(16),
+    "wait?": handles(64), "params?": plain_map(1024),  # a ring slot is 2 KiB
+    "ms?": DURATION, "handoff_ms?": DURATION, "cid?": CID, "timeout_ms?": DURATION,
+    "checked?": bool, "priority?": PRIORITY, "deadline_ms?": DURATION}
 
 REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     # ``pid`` is ignored (the kernel says who the peer is); ``role`` a token the owner granted

@@ -20,8 +20,8 @@ from ._names import (
     platform_prefixes,
     socket_address,
 )
-from ._packets import (I64, MAX_PACKET, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple,
-                       check_fields, decode, encode, unpack)
+from ._packets import (I64, MAX_PACKET, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spec,
+                       Str, Tuple, check_fields, decode, encode, unpack)
 from ._profile import profiled
 from ._ring import Ring
 from ._queues import (QueueRecord, QueueRing, queue_bytes)

@@ -11,8 +11,23 @@ import pytest
 from hetproc import _protocol
 from hetproc._config import load_platform
 from hetproc.supervisor import _validation as v
-from ipc import (CID_BY_CLIENT, CID_BY_HANDOFF, MAX_PACKET, VERSION, Int, List, Map, Num, OneOf,
-                 Str, decode, encode, errors, make_cid, split_cid)
+from ipc import (
+    CID_BY_CLIENT,
+    CID_BY_HANDOFF,
+    MAX_PACKET,
+    VERSION,
+    Int,
+    List,
+    Map,
+    Num,
+    OneOf,
+    Str,
+    decode,
+    encode,
+    errors,
+    make_cid,
+    split_cid,
+)
 
 LIMITS = load_platform().limits
 

@@ -256,9 +256,12 @@ def _shape_test(shape: tuple) -> Any:
     passes). The source names no field: the values are ``v0``, ``v1``..."""
     if not all(k in shape for k in _COMMAND_REQUIRED):
         return None
-    terms = [_inline_test(_COMMAND_SPECS[key], f"v{i}") for i, key in enumerate(shape)]
-    if None in terms:
-        return None
+    terms = []
+    for i, key in enumerate(shape):
+        term = _inline_test(_COMMAND_SPECS[key], f"v{i}")
+        if term is None:
+            return None
+        terms.append(term)
     names = ", ".join(f"v{i}" for i in range(len(shape)))
     source = (f"def test(c, limits):\n    {names}, = c.values()\n"
               f"    return ({') and ('.join(terms)})\n")
