@@ -1,8 +1,9 @@
 """The layout's arrows, read from the source with ``ast`` (imports under
 ``if TYPE_CHECKING:`` are for type checkers only and do not count)::
 
+    ort ─▶ delegate ─▶ client (and core, trace, ipc)
     cli ─▶ drills ─▶ client ─▶ core (_config, _schema, _protocol, _argtypes, _refsched,
-                                     errors) ─▶ ipc
+                                     _startup, errors) ─▶ ipc
                  └─▶ trace ◀─┘                                  device_workers ─▶ ipc
     supervisor ─▶ core, device_workers, ipc, trace (to write the windows it dumps)
 
@@ -33,6 +34,9 @@ ALLOWED = {
     "hetproc.supervisor": {"ipc", "device_workers", "hetproc.core", "hetproc.trace"},
     "hetproc.delegate": {"ipc", "device_workers", "hetproc.core", "hetproc.client", "hetproc",
                          "hetproc.trace"},
+    # ONNX Runtime's API over the delegate: above it, below nothing but applications
+    "hetproc.ort": {"ipc", "hetproc.core", "hetproc.client", "hetproc", "hetproc.trace",
+                    "hetproc.delegate"},
     "hetproc.drills": {"ipc", "device_workers", "hetproc.core", "hetproc.client",
                        "hetproc.trace", "hetproc", "hetproc.delegate"},
     "hetproc.cli": {"ipc", "device_workers", "hetproc.core", "hetproc.client", "hetproc.trace",
@@ -61,8 +65,8 @@ def _unit(module: str) -> str:
         return parts[0]
     if len(parts) == 1:
         return "hetproc"
-    if parts[1] in ("_config", "_schema", "_protocol", "_argtypes", "_refsched", "errors",
-                    "platforms", "__main__"):
+    if parts[1] in ("_config", "_schema", "_protocol", "_argtypes", "_refsched", "_startup",
+                    "errors", "platforms", "__main__"):
         return "hetproc.core" if parts[1] != "__main__" else "hetproc.cli"
     return "hetproc." + parts[1].lstrip("_")
 

@@ -41,11 +41,15 @@ class Options:
     max_partitions: int = 8                      # delegated (non-fallback) partitions
     min_nodes_per_partition: int = 2
     weigh_costs: bool = True
+    # True: a node goes to the first of ``accelerators`` that takes it (ONNX Runtime's
+    # provider priority) instead of the one with the lowest modeled time.
+    in_order: bool = False
 
     def key(self) -> str:
         return (f"strict={int(self.strict)},acc={','.join(self.accelerators or ())},"
                 f"fb={self.fallback},maxp={self.max_partitions},"
-                f"minn={self.min_nodes_per_partition},w={int(self.weigh_costs)}")
+                f"minn={self.min_nodes_per_partition},w={int(self.weigh_costs)}"
+                + (",ordered" if self.in_order else ""))
 
 
 @dataclass
@@ -107,6 +111,11 @@ class Specs:
     def __init__(self, graph: Graph, specs: dict[str, tuple[str, tuple[int, ...] | None]]):
         self.graph = graph
         self.map = specs
+        # Placement asks for a node's inputs and outputs, and its modeled time per device,
+        # several times per node (support, cost, weighing, the final table): each is
+        # computed once here, so placing a graph stays linear in its nodes.
+        self.io: dict[int, tuple] = {}
+        self.us: dict[tuple[int, str], float] = {}
 
     def dtype(self, name: str) -> str:
         return self.map.get(name, ("", None))[0]
@@ -119,6 +128,13 @@ class Specs:
 
 
 def _node_io(graph: Graph, specs: Specs, idx: int):
+    got = specs.io.get(idx)
+    if got is None:
+        got = specs.io[idx] = _compute_node_io(graph, specs, idx)
+    return got
+
+
+def _compute_node_io(graph: Graph, specs: Specs, idx: int):
     n = graph.nodes[idx]
     # "?": a value that is there but is not a tensor of known element type (a sequence,
     # an optional); "": an omitted optional input.
@@ -130,6 +146,13 @@ def _node_io(graph: Graph, specs: Specs, idx: int):
 
 
 def node_us(graph: Graph, specs: Specs, idx: int, dev: Device) -> float:
+    got = specs.us.get((idx, dev.name))
+    if got is None:
+        got = specs.us[(idx, dev.name)] = _compute_node_us(graph, specs, idx, dev)
+    return got
+
+
+def _compute_node_us(graph: Graph, specs: Specs, idx: int, dev: Device) -> float:
     n, ins, outs = _node_io(graph, specs, idx)
     nbytes = sum(nbytes_of(d, s) for d, s, _ in ins) + sum(nbytes_of(d, s) for d, s in outs)
     dtype = ins[0][0] if ins and ins[0][0] else (outs[0][0] if outs else "float32")
@@ -184,7 +207,7 @@ def place(graph: Graph, specs: Specs, devices: Sequence[Device], options: Option
                 refusals.append(f"{a}: {r}")
                 continue
             t = node_us(graph, specs, i, by_name[a])
-            if best is None or t < best[1]:
+            if best is None or (t < best[1] and not options.in_order):
                 best = (a, t)
         r_fb = refusal(fb, n.op, n.attrs, ins, outs)
         if best is None:
