@@ -33,14 +33,15 @@ import threading
 import weakref
 from typing import Any, Iterator
 
-from ipc import Channel, FenceTable, Segment, SegmentCache, decode, encode, errors, pack_frame
+from ipc import (CID_BY_CLIENT, Channel, FenceTable, Segment, SegmentCache, decode, encode,
+                 errors, make_cid, pack_frame)
 
+from .. import _protocol
 from ._trace_ring import ClientTrace
 
 REQUEST_TIMEOUT = 10.0
 _RECORDS_KEPT = 4096    # failure records kept for waiters that have not woken yet
 _DOOR_WAIT_S = 0.2      # how long a refused hello looks for the supervisor's reason
-_REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
 
 class Connection:
@@ -155,7 +156,7 @@ class Connection:
     def next_cid(self) -> int:
         """A fresh correlation id for one of this client's commands (it names the
         command in fences, errors and the trace)."""
-        return (self.client_id << 40) | (1 << 39) | next(self._cids)
+        return make_cid(self.client_id, next(self._cids), CID_BY_CLIENT)
 
     def take_fences(self, n: int) -> list[int]:
         """``n`` output fences from this client's pool, refilled in batches (one round
@@ -236,7 +237,7 @@ class Connection:
         self._last_id = max(self._last_id, msg["id"])
         self._send(msg, flush=True)
         try:
-            return self._reply_to(msg["id"])
+            return _protocol.result_of(msg["op"], self._reply_to(msg["id"]))
         except OSError as exc:
             raise self._failure(exc, msg, sent=True) from None
 
@@ -289,7 +290,7 @@ class Connection:
         """One frame off the socket: the segments it hands over are mapped (for every
         frame, a discarded one too, so that descriptors stay in step with frames), and a
         notice (id 0) is filed; returns the reply, None for a notice."""
-        reply = decode(self.channel.recv(timeout), _REPLY)
+        reply = decode(self.channel.recv(timeout), _protocol.REPLIES)
         self._take_segments(reply)
         if reply["id"] != 0:
             return reply
