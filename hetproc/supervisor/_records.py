@@ -21,6 +21,8 @@ import numpy as np
 
 from ipc import PENDING, Block, FenceTable, FrameReader, SlotMap, errors, span_bytes
 
+from .. import _protocol
+
 if TYPE_CHECKING:
     from .._config import PlatformSpec
     from ._devices import Command, DeviceHandle
@@ -170,7 +172,7 @@ class Registry:
 
     def tell_failure(self, rec: FenceRec) -> None:
         """Send ``rec``'s error to its owner and importers, nobody else (seed §20)."""
-        notice = {"op": "reply", "id": 0, "ok": False, "fence": rec.handle, "error": rec.error}
+        notice = _protocol.notice(rec.error, fence=rec.handle)
         for client in list(self.clients.values()):
             if client is rec.client or client.id in rec.importers:
                 self.tell(client, notice)

@@ -64,7 +64,6 @@ import struct
 import time
 from typing import Any
 
-import msgpack
 import posix_ipc
 
 from device_workers import STATE_DTYPE, StateSlot, state_table
@@ -484,11 +483,8 @@ class Supervisor:
 
     def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
               error: errors.HetprocError | None = None, fds: list[int] = ()) -> None:
-        msg: dict[str, Any] = {"op": "reply", "id": req_id, "ok": error is None}
-        if error is not None:
-            msg["error"] = error.to_dict()
-        else:
-            msg.update(result or {})
+        msg = (_protocol.reply(req_id, result) if error is None
+               else _protocol.refusal(req_id, error.to_dict()))
         frame = pack_frame(encode(msg))
         # A reply that hands descriptors over is not kept: sent again without them it
         # would announce what never comes (a retry of it is refused instead).
@@ -682,7 +678,7 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
     """Tell a peer we will not serve why (best effort, never blocking), and close."""
     try:
         conn.setblocking(False)
-        conn.send(pack_frame(encode({"op": "reply", "id": 0, "ok": False, "error": why.to_dict()})))
+        conn.send(pack_frame(encode(_protocol.notice(why.to_dict()))))
         conn.shutdown(socket.SHUT_WR)
         conn.recv(1 << 16)  # what it sent already: closing over unread data would reset
     except OSError:  # the connection, and lose the answer before the peer reads it
@@ -693,20 +689,9 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
 def _id_of(frame: bytes) -> int:
     """The request id of a packet its schema refused, read leniently; -1 if it has none
     (then the answer goes out as id 0, a notice)."""
-    try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception:
-        return -1
-    rid = msg.get("id") if isinstance(msg, dict) else None
-    return rid if type(rid) is int and 0 < rid < 1 << 63 else -1
+    return _protocol.request_id_of(frame)
 
 
 def _signal_fences_of(frame: bytes) -> list[int]:
     """The client-chosen signal fences of a refused submit, read as leniently as possible."""
-    try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-        cmds = msg.get("cmds") if isinstance(msg, dict) else None
-        return [c["signal"] for c in cmds or () if isinstance(c, dict)
-                and isinstance(c.get("signal"), int) and not isinstance(c.get("signal"), bool)]
-    except Exception:
-        return []
+    return _protocol.signal_fences_of(frame)
