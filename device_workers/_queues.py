@@ -154,7 +154,7 @@ class DeviceQueues:
                 return cmd
         return None
 
-    def _take_from_tenant(self, group: "_Tenant") -> dict[str, Any] | None:
+    def _take_from_tenant(self, group: _Tenant) -> dict[str, Any] | None:
         order = group.queues
         for _ in range(len(order)):
             if group.next >= len(order):

@@ -23,10 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hetproc
-from hetproc import errors
-from ipc import QUEUE_LOST, decode_queue_record, encode_queue_record
 from device_workers import StateSlot
-from ipc import Segment
+from hetproc import errors
+from ipc import QUEUE_LOST, Segment, decode_queue_record, encode_queue_record
 from ipc._queues import RECORD as QUEUE_RECORD
 from tests.helpers import wait_for
 

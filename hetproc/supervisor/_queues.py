@@ -122,13 +122,13 @@ class Queues:
                 "doorbell": dev.doorbell.name, "tag": client.id,
                 "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs}
 
-    def _imported_fences(self, client: "ClientRec") -> list[int]:
+    def _imported_fences(self, client: ClientRec) -> list[int]:
         """The fences of others ``client`` imported: its records may wait on them, as its
         submits may (``_validation.fence_rec``). Later imports follow (``fence_imported``)."""
         return [h for h, rec in self.reg.fence_recs.items()
                 if client.id in rec.importers][:MAX_GRANTS]
 
-    def fence_imported(self, client: "ClientRec", handle: int) -> None:
+    def fence_imported(self, client: ClientRec, handle: int) -> None:
         """``client`` imported ``handle``: its open queues' records may wait on it now."""
         for q in self.open_queues.values():
             if q.client is client:
