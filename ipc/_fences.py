@@ -27,6 +27,7 @@ Anyone may signal, wait and read.
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -269,11 +270,17 @@ class FenceTable:
                 raise errors.FenceTimeout(f"fence {handle:#x} still pending after {timeout:.3f} s")
             try:
                 sem.acquire(remaining)
-            except (posix_ipc.BusyError, posix_ipc.SignalError):
-                # A signal handler ran (an interval timer, SIGCHLD...): sem_timedwait gives
-                # EINTR and posix_ipc does not retry it (PEP 475 covers only the builtins).
-                # Wait again for what is left; a handler that raised has already unwound us.
+            except posix_ipc.BusyError:
                 continue  # the loop re-checks the deadline and raises
+            except posix_ipc.SignalError:
+                # A signal interrupted sem_timedwait (EINTR; PEP 475's retry covers only
+                # the builtins). Outside the main thread no Python handler ran here, so
+                # nothing is lost: wait again for what is left. In the main thread
+                # posix_ipc ran the handler and replaced whatever it raised (Ctrl-C's
+                # KeyboardInterrupt, the CLI's stop) by SignalError: let it end the wait.
+                if threading.current_thread() is threading.main_thread():
+                    raise
+                continue
             if u32[i] != gen:
                 sem.release()
                 raise errors.StaleHandle(f"fence {handle:#x} was recycled while waited on")
