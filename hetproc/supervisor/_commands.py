@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from device_workers import decode_completions
-from ipc import PENDING, errors
+from ipc import errors
 
 from ._devices import Command, CommandState, DeviceHandle
 from ._records import ClientRec, ContextRec, Registry
@@ -91,6 +91,7 @@ class Commands:
         if cmd.state is _DONE:
             return
         cmd.state = _DONE
+        assert cmd.ctx.inflight > 0, "a context retires only what it committed"
         cmd.ctx.inflight -= 1
         self.handoff.on_retire(cmd)
         self.lifetimes.drop_refs(cmd)

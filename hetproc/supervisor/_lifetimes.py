@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ipc import PENDING, errors
+from ipc import errors
 
 from ._records import BufferRec, ClientRec, FenceRec, Registry
 
@@ -170,6 +170,7 @@ class Lifetimes:
         if buf.handle in buf.client.buffers:
             buf.client.buffers.discard(buf.handle)
             buf.client.bytes -= buf.nbytes + buf.byte_offset
+            assert buf.client.bytes >= 0, "a client's bytes count only its own buffers"
         self.iommu.drop_client_mappings(buf.client, buf)
         if buf.refs == 0:
             self.reclaim_buffer(buf)

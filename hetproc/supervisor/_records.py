@@ -152,8 +152,11 @@ class Registry:
     spec: "PlatformSpec"
     fences: FenceTable
     devices: dict[str, "DeviceHandle"]
-    slots: list  # one ``device_workers.StateSlot`` per device, by index
-    state: np.ndarray  # the state table (``device_workers.STATE_DTYPE`` rows)
+    # The state table, written one way: through ``slots`` (one ``device_workers.StateSlot``
+    # per device, by index); ``state``, its ``STATE_DTYPE`` rows, is for slow-path readers
+    # (metrics, dumps) only.
+    slots: list
+    state: np.ndarray
     clients: dict[Any, ClientRec] = field(default_factory=dict)  # by connection
     contexts: SlotMap = field(default_factory=lambda: SlotMap("context"))
     buffers: SlotMap = field(default_factory=lambda: SlotMap("buffer"))
