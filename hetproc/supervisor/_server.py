@@ -47,18 +47,19 @@ built in one place (``_compose``)::
     (functions) _validation    every field of a request checked before any handler runs
     (functions) _quotas        per-tenant limits (a tenant = a client process)
 
-Edges that point up (a part calls one built after it, or the loop), each made once in
-``_compose``:
+Edges that point up (a part calls one built after it, or the loop), each made once, in
+``_compose`` (the last one in ``Supervisor.__init__``):
 
     Lifetimes -> Commands.purge       a reclaimed buffer a non-coherent device may hold
                                       dirty is purged by a device command (purge_with)
     Commands  -> Recovery             completions of guilty commands and probes (watch)
+    Memory    -> devices, clients     a dropped segment is forgotten by both (on_drop)
     Failures, Queues -> Outbox.tell   a notice into a client's socket (the I/O seam)
     Recovery  -> Supervisor.spawn     a reset device is forked again by the loop
     ConnectionRequests -> Supervisor.stop   the owner's shutdown ends the loop
     Outbox    -> Supervisor.on_client_gone  a client that cannot be written to
 
-This module is the loop: setup, sockets, replies, a client leaving, shutdown. Every
+This module is the loop: sockets, requests, a client leaving, shutdown. Every
 client is untrusted (invariant 6): a connection's pid and uid come from the kernel at
 accept; at most ``limits.max_clients`` are served, and one that does not say hello in
 time is closed; a request is checked whole (``_validation.check_request``) before its
