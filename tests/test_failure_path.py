@@ -87,7 +87,7 @@ def test_a_failure_is_noted_recorded_told_and_only_then_signalled(parts):
         client.conn.sendall(pack_frame(encode(msg)))
         steps.append(("told", client.name, time.monotonic_ns()))
 
-    failures = Failures(reg, evidence, slow_tell)
+    failures = Failures(reg, evidence.note_error, slow_tell)
     out = FORK.Queue()
     procs = [FORK.Process(target=_waiter, args=(prefix, reg.fences.segment.name, handle,
                                                 pairs[name][1], out)) for name in names]
@@ -128,7 +128,7 @@ def test_a_device_signalled_failure_gets_its_record_after_and_is_never_overwritt
     failure never overwrites a fence that completed already."""
     reg, evidence, _ = parts
     told: list[int] = []
-    failures = Failures(reg, evidence, lambda client, msg: told.append(msg["fence"]))
+    failures = Failures(reg, evidence.note_error, lambda client, msg: told.append(msg["fence"]))
     owner = ClientRec(id=1, name="owner", pid=0, owner=False, conn=None)
     reg.clients = {"conn": owner}
     done, failed = reg.fences.allocate(1, 1), reg.fences.allocate(2, 1)

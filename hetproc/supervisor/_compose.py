@@ -106,7 +106,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     memlog = MemLog()
     iommu = Iommu(spec.iommu, memlog, reg.scaled_ns)
     evidence = Evidence(reg, named.prefix, named.new_segment)
-    failures = Failures(reg, evidence, tell)
+    failures = Failures(reg, evidence.note_error, tell)
     lifetimes = Lifetimes(reg, pool, iommu, failures)
     handoff = Handoff(reg, lifetimes, iommu, memlog)
     commands = Commands(reg, lifetimes, handoff, faults, evidence, failures)

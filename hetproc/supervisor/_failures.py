@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from ipc import PENDING, errors
 
 if TYPE_CHECKING:
-    from ._evidence import Evidence
     from ._records import ClientRec, FenceRec, Registry
 
 SUPERVISOR = 0       # the signaller id of a fence the supervisor failed for a device
@@ -82,13 +81,14 @@ def record_of(exc: errors.HetprocError, window: int) -> dict:
 
 
 class Failures:
-    """The failure path over the tables (``reg``), the evidence (step 1) and ``tell``,
-    the I/O seam that puts a notice into a client's socket (``_outbox``)."""
+    """The failure path over the tables (``reg``), ``note`` (step 1: the evidence's
+    ``note_error``, which answers the frozen window's id, 0 if none) and ``tell`` (the
+    I/O seam that puts a notice into a client's socket: ``_outbox``)."""
 
-    def __init__(self, reg: "Registry", evidence: "Evidence",
+    def __init__(self, reg: "Registry", note: Callable[[errors.HetprocError], int],
                  tell: Callable[["ClientRec", dict], None]) -> None:
         self.reg = reg
-        self.evidence = evidence
+        self.note = note
         self.tell = tell
 
     def fail(self, exc: errors.HetprocError, fences: Iterable[int], *,
@@ -101,7 +101,7 @@ class Failures:
         None notes it now. ``signalled``: the device signalled them itself. A fence that
         completed already keeps its result: a failure never overwrites it. Returns the
         record and how many fences this failure completed."""
-        window = self.evidence.note_error(exc) if noted is None else noted
+        window = self.note(exc) if noted is None else noted
         record = record_of(exc, window)
         recs, table = self.reg.fence_recs, self.reg.fences
         completed = 0
