@@ -26,7 +26,8 @@ import math
 import struct
 import time
 import zlib
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -92,7 +93,7 @@ def _plan_of(asset: np.ndarray) -> dict[str, Any]:
     if total != asset.nbytes or n > min(MAX_PLAN_BYTES, asset.nbytes - HEADER_BYTES):
         raise InvalidRequest(f"graph: asset is truncated ({asset.nbytes} of {total} bytes)")
     blob = asset[HEADER_BYTES:HEADER_BYTES + n]
-    if zlib.crc32(blob) != crc:
+    if zlib.crc32(blob.data) != crc:
         raise InvalidRequest("graph: asset plan checksum mismatch (corrupt asset)")
     key = (crc, n)
     plan = _DECODED.get(key)
@@ -210,10 +211,11 @@ def run_plan(ins: Sequence[np.ndarray], outs: Sequence[np.ndarray],
         try:
             arrays = [None if a is None else env[a] for a in args]
         except KeyError as exc:
-            raise InvalidRequest(f"graph: step {k} ({op}) reads tensor {exc} before it exists") from None
+            raise InvalidRequest(f"graph: step {k} ({op}) reads tensor {exc} "
+                                 "before it exists") from None
         try:
             produced = fn(arrays, attrs)
-        except (ValueError, IndexError, TypeError, MemoryError) as exc:
+        except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError) as exc:
             raise InvalidRequest(f"{op}: {type(exc).__name__}: {exc}") from None
         for tid, arr in zip(results, produced):
             env[tid] = arr

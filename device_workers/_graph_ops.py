@@ -16,7 +16,8 @@ Malformed operands raise ``ShapeError`` / ``DtypeError`` / ``InvalidRequest`` fr
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -36,9 +37,12 @@ _QUANT_TYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16
 _FLOAT_TYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))
 
 
-def _need(inputs: Arrays, n: int, op: str) -> None:
-    if len(inputs) < n or any(inputs[i] is None for i in range(n)):
+def _need(inputs: Arrays, n: int, op: str) -> list[np.ndarray]:
+    """The first ``n`` inputs, each of them required (an omitted one is refused)."""
+    present = [a for a in inputs[:n] if a is not None]
+    if len(present) < n:
         raise InvalidRequest(f"{op}: expected at least {n} inputs, got {len(inputs)}")
+    return present
 
 
 def _opt(inputs: Arrays, i: int) -> np.ndarray | None:
@@ -59,10 +63,9 @@ def _float(x: np.ndarray, op: str) -> None:
 # -- elementwise --------------------------------------------------------------------------
 
 
-def _binary(fn: Callable) -> Callable:
+def _binary(fn: np.ufunc) -> Callable[[Arrays, Attrs], list[np.ndarray]]:
     def run(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-        _need(inputs, 2, fn.__name__)
-        a, b = inputs[0], inputs[1]
+        a, b = _need(inputs, 2, fn.__name__)
         if a.dtype != b.dtype:
             raise DtypeError(f"{fn.__name__}: operands have dtypes {a.dtype} and {b.dtype}")
         try:
@@ -75,14 +78,12 @@ def _binary(fn: Callable) -> Callable:
 
 
 def _relu(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Relu")
-    x = inputs[0]
+    x = _need(inputs, 1, "Relu")[0]
     return [np.maximum(x, x.dtype.type(0))]
 
 
 def _clip(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Clip")
-    x = inputs[0]
+    x = _need(inputs, 1, "Clip")[0]
     lo, hi = _opt(inputs, 1), _opt(inputs, 2)
     for name, bound in (("min", lo), ("max", hi)):
         if bound is not None and bound.size != 1:
@@ -96,16 +97,14 @@ def _clip(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _sigmoid(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Sigmoid")
-    x = inputs[0]
+    x = _need(inputs, 1, "Sigmoid")[0]
     _float(x, "Sigmoid")
     one = x.dtype.type(1)
     return [(one / (one + np.exp(-x))).astype(x.dtype, copy=False)]
 
 
 def _hard_sigmoid(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "HardSigmoid")
-    x = inputs[0]
+    x = _need(inputs, 1, "HardSigmoid")[0]
     _float(x, "HardSigmoid")
     alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
     y = np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1)
@@ -113,16 +112,14 @@ def _hard_sigmoid(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _hard_swish(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "HardSwish")
-    x = inputs[0]
+    x = _need(inputs, 1, "HardSwish")[0]
     _float(x, "HardSwish")
     gate = np.clip(x * x.dtype.type(1 / 6) + x.dtype.type(0.5), 0, 1)
     return [(x * gate).astype(x.dtype, copy=False)]
 
 
 def _identity(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Identity")
-    return [inputs[0]]
+    return _need(inputs, 1, "Identity")
 
 
 def _constant(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
@@ -132,19 +129,19 @@ def _constant(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _constant_of_shape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "ConstantOfShape")
-    shape = _ints(inputs[0], "ConstantOfShape", "shape")
+    shape = _ints(_need(inputs, 1, "ConstantOfShape")[0], "ConstantOfShape", "shape")
     if any(d < 0 for d in shape) or math.prod(shape) > MAX_CREATED_ELEMENTS:
         raise ShapeError(f"ConstantOfShape: shape {shape} is negative or too large")
     value = attrs.get("value")
-    fill = value.reshape(-1)[:1] if isinstance(value, np.ndarray) and value.size else np.zeros(1, np.float32)
+    fill = (value.reshape(-1)[:1] if isinstance(value, np.ndarray) and value.size
+            else np.zeros(1, np.float32))
     return [np.full(shape, fill[0], dtype=fill.dtype)]
 
 
 def _dropout(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     """Inference: the identity (a training-mode Dropout is refused before it runs)."""
-    _need(inputs, 1, "Dropout")
-    return [inputs[0], np.ones(inputs[0].shape, dtype=bool)]
+    x = _need(inputs, 1, "Dropout")[0]
+    return [x, np.ones(x.shape, dtype=bool)]
 
 
 def _sum(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
@@ -163,8 +160,7 @@ def _sum(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _matmul(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 2, "MatMul")
-    a, b = inputs[0], inputs[1]
+    a, b = _need(inputs, 2, "MatMul")
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("MatMul: operands must have rank >= 1")
     try:
@@ -174,8 +170,8 @@ def _matmul(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _gemm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 2, "Gemm")
-    a, b, c = inputs[0], inputs[1], _opt(inputs, 2)
+    a, b = _need(inputs, 2, "Gemm")
+    c = _opt(inputs, 2)
     if a.ndim != 2 or b.ndim != 2:
         raise ShapeError(f"Gemm: A and B must be matrices, got {a.shape} and {b.shape}")
     a = a.T if attrs.get("transA", 0) else a
@@ -242,7 +238,7 @@ def _windows(xp: np.ndarray, kernel: Sequence[int], strides: Sequence[int],
     eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     axes = tuple(range(2, 2 + nd))
     win = sliding_window_view(xp, eff, axis=axes)
-    index = (slice(None), slice(None))
+    index: tuple[slice, ...] = (slice(None), slice(None))
     index += tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, strides))
     index += tuple(slice(None, None, d) for d in dilations)
     return win[index]
@@ -256,13 +252,13 @@ def _pad_spatial(x: np.ndarray, begin: Sequence[int], end: Sequence[int], value:
 
 
 def _conv(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 2, "Conv")
-    x, w, bias = inputs[0], inputs[1], _opt(inputs, 2)
+    x, w = _need(inputs, 2, "Conv")
+    bias = _opt(inputs, 2)
     if x.ndim < 3 or w.ndim != x.ndim:
         raise ShapeError(f"Conv: X {x.shape} and W {w.shape} must have one rank >= 3")
     _float(x, "Conv")
     group = int(attrs.get("group", 1))
-    n, c = x.shape[:2]
+    c = x.shape[1]
     m, cg = w.shape[:2]
     kernel = list(attrs.get("kernel_shape") or w.shape[2:])
     if group < 1 or c % group or m % group or cg * group != c or kernel != list(w.shape[2:]):
@@ -300,7 +296,9 @@ def _pool_kernel(x: np.ndarray, attrs: Attrs, op: str) -> list[int]:
     return kernel
 
 
-def _ceil_extra(x: np.ndarray, kernel, strides, dil, begin, end, out) -> list[int]:
+def _ceil_extra(x: np.ndarray, kernel: Sequence[int], strides: Sequence[int],
+                dil: Sequence[int], begin: Sequence[int], end: Sequence[int],
+                out: Sequence[int]) -> list[int]:
     """Padding beyond ``end`` that the last (ceil-mode) window reaches."""
     extra = []
     for n, k, s, d, b, e, o in zip(x.shape[2:], kernel, strides, dil, begin, end, out):
@@ -310,8 +308,7 @@ def _ceil_extra(x: np.ndarray, kernel, strides, dil, begin, end, out) -> list[in
 
 
 def _max_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "MaxPool")
-    x = inputs[0]
+    x = _need(inputs, 1, "MaxPool")[0]
     kernel = _pool_kernel(x, attrs, "MaxPool")
     strides, dil, begin, end, out = _spatial(x, kernel, attrs, "MaxPool",
                                              ceil=bool(attrs.get("ceil_mode", 0)))
@@ -324,8 +321,7 @@ def _max_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _average_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "AveragePool")
-    x = inputs[0]
+    x = _need(inputs, 1, "AveragePool")[0]
     _float(x, "AveragePool")
     kernel = _pool_kernel(x, attrs, "AveragePool")
     strides, dil, begin, end, out = _spatial(x, kernel, attrs, "AveragePool",
@@ -348,8 +344,7 @@ def _average_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _global_average_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "GlobalAveragePool")
-    x = inputs[0]
+    x = _need(inputs, 1, "GlobalAveragePool")[0]
     _float(x, "GlobalAveragePool")
     if x.ndim < 3:
         raise ShapeError(f"GlobalAveragePool: input {x.shape} has no spatial dims")
@@ -357,8 +352,7 @@ def _global_average_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _batch_norm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 5, "BatchNormalization")
-    x, scale, b, mean, var = inputs[:5]
+    x, scale, b, mean, var = _need(inputs, 5, "BatchNormalization")
     _float(x, "BatchNormalization")
     if x.ndim < 2 or any(t.shape != (x.shape[1],) for t in (scale, b, mean, var)):
         raise ShapeError(f"BatchNormalization: parameters must have shape ({x.shape[1]},)")
@@ -371,8 +365,7 @@ def _batch_norm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 def _lrn(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     """Local response normalisation across channels (AlexNet, GoogLeNet)."""
-    _need(inputs, 1, "LRN")
-    x = inputs[0]
+    x = _need(inputs, 1, "LRN")[0]
     _float(x, "LRN")
     size = int(attrs.get("size", 0))
     if size < 1 or x.ndim < 3:
@@ -389,8 +382,7 @@ def _lrn(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _softmax(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Softmax")
-    x = inputs[0]
+    x = _need(inputs, 1, "Softmax")[0]
     _float(x, "Softmax")
     axis = _axis(int(attrs.get("axis", -1)), x.ndim, "Softmax")
     if attrs.get("coerce_2d", 0):  # opset < 13 semantics: one row per leading index
@@ -412,8 +404,8 @@ def _ints(a: np.ndarray | None, op: str, what: str) -> list[int]:
 
 
 def _reshape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 2, "Reshape")
-    x, shape = inputs[0], _ints(inputs[1], "Reshape", "shape")
+    x, shape_t = _need(inputs, 2, "Reshape")
+    shape = _ints(shape_t, "Reshape", "shape")
     allow_zero = bool(attrs.get("allowzero", 0))
     if not allow_zero:
         if len([s for s in shape if s == 0]) and len(shape) > 0:
@@ -427,8 +419,7 @@ def _reshape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _flatten(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Flatten")
-    x = inputs[0]
+    x = _need(inputs, 1, "Flatten")[0]
     axis = int(attrs.get("axis", 1))
     if not -x.ndim <= axis <= x.ndim:
         raise ShapeError(f"Flatten: axis {axis} is out of range for rank {x.ndim}")
@@ -438,8 +429,7 @@ def _flatten(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _transpose(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Transpose")
-    x = inputs[0]
+    x = _need(inputs, 1, "Transpose")[0]
     perm = list(attrs.get("perm") or range(x.ndim - 1, -1, -1))
     if sorted(perm) != list(range(x.ndim)):
         raise ShapeError(f"Transpose: perm {perm} is not a permutation of rank {x.ndim}")
@@ -458,8 +448,7 @@ def _concat(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _squeeze(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Squeeze")
-    x = inputs[0]
+    x = _need(inputs, 1, "Squeeze")[0]
     axes = _ints(_opt(inputs, 1), "Squeeze", "axes") or list(attrs.get("axes") or [])
     if not axes:
         return [x.reshape([d for d in x.shape if d != 1])]
@@ -470,8 +459,7 @@ def _squeeze(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _unsqueeze(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Unsqueeze")
-    x = inputs[0]
+    x = _need(inputs, 1, "Unsqueeze")[0]
     axes = _ints(_opt(inputs, 1), "Unsqueeze", "axes") or list(attrs.get("axes") or [])
     rank = x.ndim + len(axes)
     axes = sorted(_axis(a, rank, "Unsqueeze") for a in axes)
@@ -484,8 +472,7 @@ def _unsqueeze(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _arg_max(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "ArgMax")
-    x = inputs[0]
+    x = _need(inputs, 1, "ArgMax")[0]
     axis = _axis(int(attrs.get("axis", 0)), x.ndim, "ArgMax")
     if attrs.get("select_last_index", 0):
         flipped = np.flip(x, axis=axis)
@@ -515,8 +502,8 @@ def _per_axis(p: np.ndarray, x: np.ndarray, attrs: Attrs, op: str) -> np.ndarray
 
 
 def _quantize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 2, "QuantizeLinear")
-    x, scale, zp = inputs[0], inputs[1], _opt(inputs, 2)
+    x, scale = _need(inputs, 2, "QuantizeLinear")
+    zp = _opt(inputs, 2)
     _float(x, "QuantizeLinear")
     dt = zp.dtype if zp is not None else np.dtype(_ONNX_INT_TYPES.get(
         int(attrs.get("output_dtype", 0) or 2), "uint8"))
@@ -530,8 +517,8 @@ def _quantize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _dequantize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 2, "DequantizeLinear")
-    x, scale, zp = inputs[0], inputs[1], _opt(inputs, 2)
+    x, scale = _need(inputs, 2, "DequantizeLinear")
+    zp = _opt(inputs, 2)
     if x.dtype not in _QUANT_TYPES and x.dtype != np.dtype("int32"):
         raise DtypeError(f"DequantizeLinear: input dtype {x.dtype} is not supported")
     s = _per_axis(scale, x, attrs, "DequantizeLinear")
@@ -616,14 +603,17 @@ def _text(v: Any) -> str:
 
 
 def _resize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    _need(inputs, 1, "Resize")
-    x, roi, scales, sizes = inputs[0], _opt(inputs, 1), _opt(inputs, 2), _opt(inputs, 3)
+    x = _need(inputs, 1, "Resize")[0]
+    roi, scales, sizes = _opt(inputs, 1), _opt(inputs, 2), _opt(inputs, 3)
     axes = [_axis(a, x.ndim, "Resize") for a in (attrs.get("axes") or range(x.ndim))]
     r = len(axes)
+    if any(x.shape[a] == 0 for a in axes):  # nothing to sample from
+        raise ShapeError(f"Resize: input {x.shape} is empty along a resized axis")
     if scales is not None and scales.size:
         sc = [float(v) for v in scales.reshape(-1)]
-        if len(sc) != r or min(sc) <= 0:
-            raise ShapeError(f"Resize: {len(sc)} scales for {r} axes, each must be > 0")
+        if len(sc) != r or not all(0 < s < math.inf for s in sc):
+            raise ShapeError(f"Resize: {len(sc)} scales for {r} axes, each must be > 0 "
+                             "and finite")
         outs = [int(math.floor(x.shape[a] * s)) for a, s in zip(axes, sc)]
     elif sizes is not None and sizes.size:
         outs = _ints(sizes, "Resize", "sizes")
@@ -695,7 +685,7 @@ def run_op(op: str, inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     with np.errstate(all="ignore"):
         try:
             return fn(inputs, attrs)
-        except (ValueError, IndexError, TypeError, MemoryError) as exc:
+        except (ValueError, IndexError, TypeError, ArithmeticError, MemoryError) as exc:
             raise InvalidRequest(f"{op}: {type(exc).__name__}: {exc}") from None
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -37,6 +38,7 @@ _MAC_COST = {np.dtype("float32"): 1 / 32, np.dtype("float64"): 1 / 8, np.dtype("
 _CONV_MAC_COST = 1 / 4  # tensordot over an im2col copy: dearer than a plain GEMM
 
 Spec = tuple[tuple[int, ...], np.dtype]
+Params = Mapping[str, Any]
 Between = Callable[[], None]
 
 _NUMERIC_KINDS = "biuf"
@@ -81,7 +83,7 @@ def _all_like(ins: list[Spec], outs: list[Spec], first: Spec, *, dtype: bool) ->
             raise DtypeError(f"{name} has dtype {spec[1]}, expected {first[1]} like input 0")
 
 
-def _real(p: Mapping, key: str, default: float | None, *, positive: bool = False) -> float:
+def _real(p: Params, key: str, default: float | None, *, positive: bool = False) -> float:
     v = p.get(key, default)
     if v is None:
         raise InvalidRequest(f"param {key!r} is required")
@@ -92,14 +94,15 @@ def _real(p: Mapping, key: str, default: float | None, *, positive: bool = False
     return float(v)
 
 
-def _int(p: Mapping, key: str, default: int, lo: int, hi: int) -> int:
+def _int(p: Params, key: str, default: int, lo: int, hi: int) -> int:
     v = p.get(key, default)
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or not lo <= v <= hi:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or not (
+            lo <= int(v) <= hi):
         raise InvalidRequest(f"param {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
     return int(v)
 
 
-def _choice(p: Mapping, key: str, choices: tuple[str, ...]) -> str:
+def _choice(p: Params, key: str, choices: tuple[str, ...]) -> str:
     v = p.get(key, choices[0])
     if v not in choices:
         raise InvalidRequest(f"param {key!r} must be one of {choices}, got {v!r}")
@@ -115,7 +118,7 @@ def _numeric_checked(dt: np.dtype, name: str) -> np.dtype:
 # -- chunk driver -------------------------------------------------------------------------
 
 
-def _pieces(n: int, unit: float, fn: Callable[[int, int], None], between: Between) -> None:
+def _pieces(n: int, unit: float, fn: Callable[[int, int], object], between: Between) -> None:
     """Call ``fn(start, stop)`` over ``range(n)`` in pieces of ~CHUNK_WORK / unit items."""
     step = max(1, int(CHUNK_WORK // max(unit, 1e-9)))
     for start in range(0, n, step):
@@ -137,15 +140,16 @@ def _elementwise(
 # -- ops: checker(ins, outs, params) and runner(ins, outs, params, between) ----------------
 
 
-def _check_copy(ins, outs, p):
+def _check_copy(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     _shape(outs[0], "output 0", ins[0][0])
 
 
-def _run_copy(ins, outs, p, between):
+def _run_copy(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+              between: Between) -> None:
     _elementwise([ins[0], outs[0]], lambda i, o: np.copyto(o, i, casting="unsafe"), between)
 
 
-def _check_fill(ins, outs, p):
+def _check_fill(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     v = p.get("value", 0)
     if isinstance(v, (bool, np.bool_)):
         return
@@ -154,58 +158,65 @@ def _check_fill(ins, outs, p):
     dt = outs[0][1]
     if dt.kind in "iu":
         info = np.iinfo(dt)
-        if not (math.isfinite(v) and v == int(v) and info.min <= v <= info.max):
+        exact = int(v) if isinstance(v, numbers.Integral) else float(v)
+        if not (math.isfinite(exact) and exact == int(exact) and info.min <= exact <= info.max):
             raise InvalidRequest(f"param 'value' {v!r} does not fit output 0 dtype {dt}")
 
 
-def _run_fill(ins, outs, p, between):
+def _run_fill(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+              between: Between) -> None:
     v = p.get("value", 0)
     _elementwise([outs[0]], lambda o: o.fill(v), between)
 
 
-def _check_add(ins, outs, p):
+def _check_add(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     _all_like(ins, outs, ins[0], dtype=True)
 
 
-def _run_add(ins, outs, p, between):
+def _run_add(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+             between: Between) -> None:
     _elementwise([ins[0], ins[1], outs[0]], lambda a, b, o: np.add(a, b, out=o), between)
 
 
-def _check_scale(ins, outs, p):
+def _check_scale(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     _real(p, "factor", 1.0)
     _dtype(ins[0], "input 0", _FLOATS)
     _all_like(ins, outs, ins[0], dtype=True)
 
 
-def _run_scale(ins, outs, p, between):
+def _run_scale(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+               between: Between) -> None:
     f = ins[0].dtype.type(p.get("factor", 1.0))
     _elementwise([ins[0], outs[0]], lambda i, o: np.multiply(i, f, out=o), between)
 
 
-def _check_relu(ins, outs, p):
+def _check_relu(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     _dtype(ins[0], "input 0", _FLOATS | _INTS)
     _all_like(ins, outs, ins[0], dtype=True)
 
 
-def _run_relu(ins, outs, p, between):
+def _run_relu(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+              between: Between) -> None:
     zero = ins[0].dtype.type(0)
     _elementwise([ins[0], outs[0]], lambda i, o: np.maximum(i, zero, out=o), between)
 
 
-def _check_matmul(ins, outs, p):
+def _check_matmul(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     (a, b), o = ins, outs[0]
     for name, spec in (("input 0", a), ("input 1", b), ("output 0", o)):
         if len(spec[0]) != 2:
             raise ShapeError(f"{name} has shape {spec[0]}, expected rank 2")
         _dtype(spec, name, _MATMUL)
     if b[0][0] != a[0][1]:
-        raise ShapeError(f"input 1 has shape {b[0]}, expected ({a[0][1]}, N) to match input 0 {a[0]}")
+        raise ShapeError(f"input 1 has shape {b[0]}, expected ({a[0][1]}, N) "
+                         f"to match input 0 {a[0]}")
     _shape(o, "output 0", (a[0][0], b[0][1]))
     if not a[1] == b[1] == o[1]:
         raise DtypeError(f"operands have dtypes {a[1]}, {b[1]} -> {o[1]}, expected one dtype")
 
 
-def _run_matmul(ins, outs, p, between):
+def _run_matmul(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+                between: Between) -> None:
     a, b, o = ins[0], ins[1], outs[0]
     unit = a.shape[1] * b.shape[1] * _MAC_COST[a.dtype]
     _pieces(a.shape[0], unit, lambda s, e: np.matmul(a[s:e], b, out=o[s:e]), between)
@@ -216,7 +227,8 @@ def _conv_geometry(x: tuple, w: tuple, stride: int, padding: str) -> tuple[int, 
     (_, h, wd, _), (kh, kw, _, _) = x, w
     if padding == "valid":
         if h < kh or wd < kw:
-            raise ShapeError(f"input 0 spatial size {(h, wd)} is smaller than the kernel {(kh, kw)}")
+            raise ShapeError(f"input 0 spatial size {(h, wd)} is smaller than "
+                             f"the kernel {(kh, kw)}")
         return (h - kh) // stride + 1, (wd - kw) // stride + 1, 0, 0
     oh, ow = -(-h // stride), -(-wd // stride)
     pad_h = max((oh - 1) * stride + kh - h, 0)
@@ -224,7 +236,7 @@ def _conv_geometry(x: tuple, w: tuple, stride: int, padding: str) -> tuple[int, 
     return oh, ow, pad_h // 2, pad_w // 2
 
 
-def _check_conv2d(ins, outs, p):
+def _check_conv2d(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     stride = _int(p, "stride", 1, 1, 1 << 16)
     padding = _choice(p, "padding", ("same", "valid"))
     _rank(ins[0], "input 0", 4, "N,H,W,C")
@@ -251,7 +263,8 @@ def _padded_rows(x: np.ndarray, lo: int, hi: int, top: int, left: int, width: in
     return buf
 
 
-def _run_conv2d(ins, outs, p, between):
+def _run_conv2d(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+                between: Between) -> None:
     x, w, o = ins[0], ins[1], outs[0]
     bias = ins[2] if len(ins) == 3 else None
     stride = int(p.get("stride", 1))
@@ -272,7 +285,7 @@ def _run_conv2d(ins, outs, p, between):
     _pieces(oh, x.shape[0] * ow * f * kh * kw * c * _CONV_MAC_COST, rows, between)
 
 
-def _check_resize(ins, outs, p):
+def _check_resize(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     mode = _choice(p, "mode", ("nearest", "bilinear"))
     _rank(ins[0], "input 0", 4, "N,H,W,C")
     _rank(outs[0], "output 0", 4, "N,OH,OW,C")
@@ -291,7 +304,8 @@ def _bilinear_taps(src: int, dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return i0, np.minimum(i0 + 1, src - 1), pos - i0
 
 
-def _run_resize(ins, outs, p, between):
+def _run_resize(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+                between: Between) -> None:
     x, o = ins[0], outs[0]
     n, h, w, c = x.shape
     _, oh, ow, _ = o.shape
@@ -325,7 +339,7 @@ def _run_resize(ins, outs, p, between):
     _pieces(oh, n * c * (2 * w + (16 if p.get("mode") == "bilinear" else 2) * ow), rows, between)
 
 
-def _check_quantize(ins, outs, p):
+def _check_quantize(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     _real(p, "scale", None, positive=True)
     _dtype(ins[0], "input 0", _FLOATS)
     _dtype(outs[0], "output 0", _QUANT)
@@ -334,7 +348,8 @@ def _check_quantize(ins, outs, p):
     _shape(outs[0], "output 0", ins[0][0])
 
 
-def _run_quantize(ins, outs, p, between):
+def _run_quantize(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+                  between: Between) -> None:
     scale, zp = float(p["scale"]), int(p.get("zero_point", 0))
     info = np.iinfo(outs[0].dtype)
 
@@ -351,7 +366,7 @@ def _run_quantize(ins, outs, p, between):
     _elementwise([ins[0], outs[0]], q, between, cost=8)
 
 
-def _check_dequantize(ins, outs, p):
+def _check_dequantize(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     _real(p, "scale", None, positive=True)
     _dtype(ins[0], "input 0", _QUANT)
     _dtype(outs[0], "output 0", _F32)
@@ -360,7 +375,8 @@ def _check_dequantize(ins, outs, p):
     _shape(outs[0], "output 0", ins[0][0])
 
 
-def _run_dequantize(ins, outs, p, between):
+def _run_dequantize(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+                    between: Between) -> None:
     scale, zp = np.float32(p["scale"]), np.float32(p.get("zero_point", 0))
 
     def dq(i: np.ndarray, o: np.ndarray) -> None:
@@ -370,7 +386,7 @@ def _run_dequantize(ins, outs, p, between):
     _elementwise([ins[0], outs[0]], dq, between)
 
 
-def _check_transpose(ins, outs, p):
+def _check_transpose(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     axes = p.get("axes")
     shape = ins[0][0]
     if (not isinstance(axes, (list, tuple)) or len(axes) != len(shape)
@@ -381,7 +397,8 @@ def _check_transpose(ins, outs, p):
     _shape(outs[0], "output 0", tuple(shape[a] for a in axes))
 
 
-def _run_transpose(ins, outs, p, between):
+def _run_transpose(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+                   between: Between) -> None:
     # A layout reformat (NCHW <-> NHWC) and, when dtypes differ, a cast in the same pass.
     src, o = np.transpose(ins[0], [int(a) for a in p["axes"]]), outs[0]
     row = math.prod(o.shape[1:])
@@ -392,13 +409,14 @@ def _run_transpose(ins, outs, p, between):
     _pieces(o.shape[0], row * 2, rows, between)  # strided gathers cost ~2 copies an element
 
 
-def _check_checksum(ins, outs, p):
+def _check_checksum(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     if math.prod(outs[0][0]) * outs[0][1].itemsize < 8:
         raise ShapeError(f"output 0 has {math.prod(outs[0][0]) * outs[0][1].itemsize} bytes, "
                          "expected at least 8 for the checksum")
 
 
-def _run_checksum(ins, outs, p, between):
+def _run_checksum(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+                  between: Between) -> None:
     # The sum of the input's element bytes mod 2**64, little-endian in the output's first 8
     # bytes: exact and dtype-agnostic, so a reader of every byte can prove what it saw.
     total = [np.uint64(0)]
@@ -427,7 +445,7 @@ def read_checksum(out: np.ndarray) -> int:
     return int(np.ascontiguousarray(out).reshape(-1).view("<u8")[0]) if out.nbytes >= 8 else 0
 
 
-def _check_graph(ins, outs, p):
+def _check_graph(ins: list[Spec], outs: list[Spec], p: Params) -> None:
     # Every operand of a graph asset is raw bytes: the plan inside the asset (input 0)
     # names dtype, shape and offset of each tensor, and the device checks them at run time.
     for i, spec in enumerate(ins):
@@ -438,7 +456,8 @@ def _check_graph(ins, outs, p):
         _dtype(spec, f"output {i}", _BYTES)
 
 
-def _run_graph(ins, outs, p, between):
+def _run_graph(ins: list[np.ndarray], outs: list[np.ndarray], p: Params,
+               between: Between) -> None:
     from ._graph_asset import run_plan  # numpy op library: loaded when a graph first runs
     run_plan(ins, outs, between)
 
@@ -452,9 +471,10 @@ class _Op:
     n_in: tuple[int, int]  # (min, max) inputs
     n_out: int  # -1: any
     params: frozenset[str] | None  # None: any
-    check: Callable[[list[Spec], list[Spec], Mapping], None]
-    run: Callable[[list[np.ndarray], list[np.ndarray], Mapping, Between], None]
-    alias_safe: bool = True  # False: outputs must not overlap inputs (chunks read what others wrote)
+    check: Callable[[list[Spec], list[Spec], Params], None]
+    run: Callable[[list[np.ndarray], list[np.ndarray], Params, Between], None]
+    # False: outputs must not overlap inputs (chunks read what others wrote).
+    alias_safe: bool = True
 
 
 _TABLE: dict[str, _Op] = {
@@ -469,7 +489,8 @@ _TABLE: dict[str, _Op] = {
     ),
     "resize": _Op((1, 1), 1, frozenset({"mode"}), _check_resize, _run_resize, alias_safe=False),
     "quantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_quantize, _run_quantize),
-    "dequantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_dequantize, _run_dequantize),
+    "dequantize": _Op((1, 1), 1, frozenset({"scale", "zero_point"}), _check_dequantize,
+                      _run_dequantize),
     "transpose": _Op((1, 1), 1, frozenset({"axes"}), _check_transpose, _run_transpose,
                      alias_safe=False),
     "checksum": _Op((1, 1), 1, frozenset(), _check_checksum, _run_checksum, alias_safe=False),
@@ -483,7 +504,8 @@ OPS: tuple[str, ...] = tuple(_TABLE)
 def _spec(shape: Any, dtype: Any, name: str) -> Spec:
     try:
         shp = tuple(shape)
-        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in shp):
+        if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0
+                   for d in shp):
             raise TypeError
     except TypeError:
         raise ShapeError(f"{name} has shape {shape!r}, expected non-negative ints") from None
@@ -496,7 +518,8 @@ def _spec(shape: Any, dtype: Any, name: str) -> Spec:
     return tuple(int(d) for d in shp), _numeric_checked(dt, name)
 
 
-def _validate(op: str, ins: Sequence, outs: Sequence, params: Mapping) -> _Op:
+def _validate(op: str, ins: Sequence[tuple[Any, Any]], outs: Sequence[tuple[Any, Any]],
+              params: Params | None) -> _Op:
     params = {} if params is None else params
     entry = _TABLE.get(op) if isinstance(op, str) else None
     if entry is None:
@@ -510,10 +533,11 @@ def _validate(op: str, ins: Sequence, outs: Sequence, params: Mapping) -> _Op:
             raise ShapeError(f"got {len(outs)} outputs, expected {entry.n_out}")
         if not isinstance(params, Mapping):
             raise InvalidRequest(f"params must be a mapping, got {type(params).__name__}")
-        extra = set(params) - entry.params if entry.params is not None else set()
-        if extra:
-            accepted = sorted(entry.params)
-            raise InvalidRequest(f"unknown params {sorted(map(str, extra))}; accepted: {accepted}")
+        if entry.params is not None:
+            extra = set(params) - entry.params
+            if extra:
+                raise InvalidRequest(f"unknown params {sorted(map(str, extra))}; "
+                                     f"accepted: {sorted(entry.params)}")
         specs_in = [_spec(s, d, f"input {i}") for i, (s, d) in enumerate(ins)]
         specs_out = [_spec(s, d, f"output {i}") for i, (s, d) in enumerate(outs)]
         entry.check(specs_in, specs_out, params)
@@ -527,7 +551,7 @@ def validate(
     op: str,
     inputs: Sequence[tuple[tuple[int, ...], str]],
     outputs: Sequence[tuple[tuple[int, ...], str]],
-    params: Mapping,
+    params: Params | None,
 ) -> None:
     """Check a request from (shape, dtype-string) pairs alone; raise UnsupportedOp, ShapeError,
     DtypeError or InvalidRequest (bad params) with a message naming op and operand."""
@@ -538,7 +562,7 @@ def run_kernel(
     op: str,
     inputs: Sequence[np.ndarray],
     outputs: Sequence[np.ndarray],
-    params: Mapping,
+    params: Params | None,
     between_chunks: Between,
 ) -> None:
     """Validate the arrays, then compute ``op`` into ``outputs`` in place, calling

@@ -16,6 +16,8 @@ Public API::
                       (PipelineStage, PipelineReport; seed §10)
     SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
     load_platform     read a platform file (None: the built-in default)
+    simulate_schedule the reference scheduling simulator: a task set, a policy, chunk and
+                      switch cost in; every job's modeled start, end, preemptions out
     errors            the one error hierarchy (every class is also exported here)
     trace             evidence, live or from a file: export, explain, plot (seed §22)
     drills            (import hetproc.drills) scenario runner, drills, the acceptance matrix (seed §21)
@@ -30,7 +32,8 @@ General layout: a folder says which process runs its code.
     hetproc/_config.py, _schema.py, _protocol.py, _argtypes.py, errors.py
                           what every hetproc process shares: the platform file and its
                           one schema, the control packets, checked command-line values,
-                          the errors
+                          the errors; _refsched/, the reference scheduling simulator
+                          (pure: the schedule the devices must produce)
     hetproc/client/       the application's process: Platform, Client, Context, Buffer, Fence
     hetproc/supervisor/   the supervisor process (python -m hetproc.supervisor): composed
                           of parts, see its _server module; never imported by the client
@@ -68,6 +71,7 @@ from .errors import *  # noqa: F401,F403  (the one error hierarchy)
 from .errors import __all__ as _error_names
 from . import trace  # public namespace (hetproc.drills and hetproc.testing: import them)
 from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform
+from ._refsched import simulate_schedule
 from .client import (FOREVER, Buffer, BufferPool, Client, Context, Fence, Pipeline,
                      PipelineReport, PipelineStage, Platform, PoolStatistics, Queue, command,
                      connect)
@@ -76,5 +80,6 @@ __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
+    "simulate_schedule",
     *_error_names,
 ]

@@ -12,7 +12,8 @@ import os
 import socket
 import struct
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import errors
 from ._packets import MAX_PACKET, encode
@@ -59,7 +60,7 @@ class Channel:
         self.fds: list[int] = []
 
     @classmethod
-    def connect(cls, address: str, timeout: float = 5.0) -> "Channel":
+    def connect(cls, address: str, timeout: float = 5.0) -> Channel:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         sock.connect(address)
@@ -82,7 +83,7 @@ class Channel:
             self.sock.settimeout(remaining)
             try:
                 data, fds, flags, _ = socket.recv_fds(self.sock, 1 << 16, MAX_FDS_PER_READ)
-            except socket.timeout:
+            except TimeoutError:
                 raise TimeoutError("no reply on the control channel") from None
             self.fds.extend(fds)
             if flags & socket.MSG_CTRUNC:

@@ -24,7 +24,7 @@ import os
 import socket
 import struct
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from ._segments import Segment, SegmentCache
 
@@ -48,8 +48,12 @@ class SegmentSender:
         self.messages = 0
 
     def add(self, seg: Segment) -> None:
-        """Queue ``seg`` for the receiver unless it has it already."""
+        """Queue ``seg`` for the receiver unless it has it already. Only an anonymous
+        segment whose creator kept its descriptor travels (ValueError otherwise: a named
+        one is opened by name, and its id would not fit the message)."""
         sid = seg.key
+        if not isinstance(sid, int) or seg.fd < 0:
+            raise ValueError(f"segment {sid!r} has no descriptor to pass")
         if sid in self.sent:
             return
         self._out.append((_MSG.pack(_MAGIC, ADD, sid, seg.size), [os.dup(seg.fd)]))

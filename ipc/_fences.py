@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import posix_ipc
@@ -292,8 +292,8 @@ class FenceTable:
         slot, gen = split_handle(handle)
         rec = self.slots[slot]
         return {"slot": slot, "gen": gen, "state": int(rec["state"]), "error": int(rec["error"]),
-                "signaller": int(rec["signaller"]), "t_ns": int(rec["t_ns"]), "cid": int(rec["cid"]),
-                "t_host": int(rec["t_host"])}
+                "signaller": int(rec["signaller"]), "t_ns": int(rec["t_ns"]),
+                "cid": int(rec["cid"]), "t_host": int(rec["t_host"])}
 
     def free_count(self) -> int:
         """Fences that can still be allocated (free slots plus slots never used)."""

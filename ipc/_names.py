@@ -110,7 +110,7 @@ class Manifest:
         return out
 
     @classmethod
-    def load(cls, prefix: str) -> "Manifest | None":
+    def load(cls, prefix: str) -> Manifest | None:
         try:
             return cls(prefix, json.loads((SHM_DIR / (prefix + MANIFEST_SUFFIX)).read_text()))
         except (OSError, ValueError):

@@ -12,8 +12,8 @@ import errno
 import math
 import mmap
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import posix_ipc
@@ -57,7 +57,7 @@ class Segment:
             self.prefault()
 
     @classmethod
-    def anonymous_segment(cls, label: str, size: int, key: int) -> "Segment":
+    def anonymous_segment(cls, label: str, size: int, key: int) -> Segment:
         """A nameless segment (memfd) of ``size`` bytes, sparse until touched; its
         descriptor is kept (``fd``) to be passed to the processes that may map it."""
         fd = os.memfd_create(label, os.MFD_CLOEXEC)
@@ -70,7 +70,7 @@ class Segment:
 
     @classmethod
     def from_fd(cls, fd: int, key: int, *, size: int | None = None,
-                keep_fd: bool = False) -> "Segment":
+                keep_fd: bool = False) -> Segment:
         """Map a segment handed over as a descriptor. ``size``: what the sender said it
         is (ValueError if the object is not exactly that). The descriptor is closed
         unless ``keep_fd`` (the mapping holds the memory, not the descriptor)."""
@@ -90,7 +90,7 @@ class Segment:
         return seg
 
     @classmethod
-    def _over_fd(cls, fd: int, label: str, key: int, *, created: bool) -> "Segment":
+    def _over_fd(cls, fd: int, label: str, key: int, *, created: bool) -> Segment:
         seg = cls.__new__(cls)
         st = os.fstat(fd)
         seg.size = st.st_size
@@ -105,11 +105,11 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int, prefault: bool = False,
-               keep_fd: bool = False) -> "Segment":
+               keep_fd: bool = False) -> Segment:
         return cls(name, size, create=True, prefault=prefault, keep_fd=keep_fd)
 
     @classmethod
-    def attach(cls, name: str) -> "Segment":
+    def attach(cls, name: str) -> Segment:
         return cls(name, 0, create=False)
 
     def prefault(self) -> None:
@@ -287,9 +287,9 @@ class BlockPool:
         ``release``: hand its pages back to the kernel instead (they read as zeros, and
         the next owner pays for fresh ones): what keeps freed memory from piling up."""
         seg = self.segments.get(block.segment)
-        index = self._by_chunk.index(seg) if seg is not None else -1
-        if index < 0:
+        if seg is None or seg not in self._by_chunk:
             raise ValueError(f"{block} is not from this pool")
+        index = self._by_chunk.index(seg)
         address = self.buddy.chunks[index][0] + block.offset
         if self.buddy.live_size(address) != block.capacity:
             raise ValueError(f"{block} is not a live block of this pool (double free?)")

@@ -6,7 +6,8 @@ so every copy of the old handle goes stale instead of silently naming the next o
 
 from __future__ import annotations
 
-from typing import Generic, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Generic, TypeVar
 
 from . import errors
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import os
 import struct
 import time
+from collections.abc import Callable
 from enum import IntEnum
-from typing import Callable
 
 import numpy as np
 
@@ -175,9 +175,10 @@ class TraceRing:
     carry the parent's pid.
 
     Writer API (single writer per ring; not thread-safe without the caller's lock):
-    ``emit``, ``begin``, ``end``, ``instant``, ``counter``, ``complete`` (a timed slice). They are per-instance closures
-    bound to this ring's buffers, so a hot caller may cache ``ring.begin`` in a local; only
-    ``claim`` and ``close`` rebind them. ``enabled = False`` makes them return at once.
+    ``emit``, ``begin``, ``end``, ``instant``, ``counter``, ``complete`` (a timed slice).
+    They are per-instance closures bound to this ring's buffers, so a hot caller may cache
+    ``ring.begin`` in a local; only ``claim`` and ``close`` rebind them. ``enabled = False``
+    makes them return at once.
 
     Reader API (any process, any time, no lock): ``snapshot``, ``window``, ``written``.
 
@@ -467,7 +468,7 @@ class TraceRing:
         self._recs.release()
         self._base.release()
 
-    def __enter__(self) -> "TraceRing":
+    def __enter__(self) -> TraceRing:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -19,6 +19,7 @@ tracing is switched off (``enabled`` false: rings write nothing, counters still 
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 
@@ -54,7 +55,7 @@ class TraceBank:
     the shared memory (it holds views of it).
     """
 
-    def __init__(self, buf: memoryview | bytearray, *, create: bool, rings: int = 0,
+    def __init__(self, buf: mmap.mmap | memoryview | bytearray, *, create: bool, rings: int = 0,
                  capacity: int = 0, enabled: bool = True) -> None:
         base = memoryview(buf).cast("B")
         if create:
@@ -99,7 +100,8 @@ class TraceBank:
 
     @staticmethod
     def nbytes(rings: int, capacity: int) -> int:
-        return _align(_HEADER_BYTES + rings * _COUNTER_WORDS * 8) + rings * TraceRing.nbytes(capacity)
+        header = _align(_HEADER_BYTES + rings * _COUNTER_WORDS * 8)
+        return header + rings * TraceRing.nbytes(capacity)
 
     def _slice(self, k: int) -> memoryview:
         if not 0 <= k < self.rings:
@@ -155,7 +157,7 @@ class TraceBank:
     def written(self, k: int) -> int:
         return self.reader(k).written
 
-    def snapshot(self, rings: "list[int] | None" = None, t_from_ns: int = 0,
+    def snapshot(self, rings: list[int] | None = None, t_from_ns: int = 0,
                  t_to_ns: int = (1 << 64) - 1) -> np.ndarray:
         """Every record of ``rings`` (default: all) in the window, merged by time; an
         owned copy that later wrapping cannot touch."""

@@ -87,7 +87,7 @@ __all__ = [
 
 SCOPES = ("request", "context", "process", "device")
 
-_BY_CODE: dict[int, type["HetprocError"]] = {}
+_BY_CODE: dict[int, type[HetprocError]] = {}
 
 
 class HetprocError(Exception):
@@ -115,7 +115,7 @@ class HetprocError(Exception):
         fallback_possible: bool | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(message or self.__class__.__doc__.strip().splitlines()[0])
+        super().__init__(message or _summary(type(self)))
         if scope is not None:
             if scope not in SCOPES:
                 raise ValueError(f"unknown error scope {scope!r}")
@@ -176,7 +176,7 @@ class HetprocError(Exception):
         }
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "HetprocError":
+    def from_dict(d: dict[str, Any]) -> HetprocError:
         cls = error_class(int(d.get("code", 1)))
         return cls(
             str(d.get("message", "")),
@@ -190,6 +190,14 @@ class HetprocError(Exception):
 
 
 _BY_CODE[HetprocError.code] = HetprocError
+
+
+def _summary(cls: type) -> str:
+    """A message-less error says what its class is for: the first line of its docstring,
+    or its name where there is none (a subclass without one, or ``python -OO``, which
+    strips them all)."""
+    doc = (cls.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else cls.__name__
 
 
 class RemoteTraceback(Exception):
@@ -216,7 +224,7 @@ def error_from_code(code: int, message: str = "", **kw: Any) -> HetprocError:
 _FLAGS = 1 << 20
 
 
-def _pack(exc: "HetprocError") -> int:
+def _pack(exc: HetprocError) -> int:
     return (exc.code | SCOPES.index(exc.scope) << 16 | int(exc.retryable) << 18
             | int(exc.buffers_trusted) << 19 | _FLAGS)
 

@@ -495,6 +495,35 @@ def test_hostile_sizes_are_refused_not_allocated():
         run_reference(load_model(model), {"shape": np.array([1 << 20, 1 << 20, 4], np.int64)})
 
 
+def test_a_resize_of_an_empty_input_is_a_shape_error_on_cpu_and_on_a_device():
+    """Scales computed from a zero-sized axis divide by zero: the sender's ShapeError on
+    the reference path and on a device, never a raw ZeroDivisionError or a DeviceFault
+    (which would call the device's buffers untrusted)."""
+    from onnx import TensorProto, helper, numpy_helper
+    g = helper.make_graph(
+        [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 0, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 8])],
+        initializer=[numpy_helper.from_array(np.array([1, 1, 2, 8], np.int64), "sizes")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": np.zeros((1, 1, 0, 4), np.float32)}
+    with pytest.raises(hetproc.ShapeError, match="empty along a resized axis"):
+        run_reference(load_model(model), feeds)
+    with hetproc.Platform(time_scale=1.0) as plat:
+        with DelegatedModel.load(plat.client, model, options=SPREAD) as dm:
+            assert dm.placement.partitions[0].device != "cpu0", "the Resize runs on a device"
+            with pytest.raises(hetproc.ShapeError, match="empty along a resized axis"):
+                dm.run(feeds)
+
+
+def test_a_resize_by_an_infinite_scale_is_a_shape_error():
+    from device_workers import run_op
+    x = np.zeros((1, 1, 2, 4), np.float32)
+    for bad in (np.inf, np.nan):
+        with pytest.raises(hetproc.ShapeError, match="each must be > 0 and finite"):
+            run_op("Resize", [x, None, np.array([1, 1, bad, 1], np.float32)], {})
+
+
 def test_long_producers_are_awaited_by_the_client_not_past_the_dependency_timeout():
     """A platform whose dependency timeout is shorter than a partition's real numpy
     compute: consumers are then submitted once their producers finished, instead of

@@ -3,6 +3,8 @@ branches a caller catches, and errors that explain themselves across real proces
 
 import os
 import signal
+import subprocess
+import sys
 import traceback
 
 import pytest
@@ -42,6 +44,19 @@ def test_every_error_answers_the_runtime_questions(cls):
 @pytest.mark.parametrize("cls", all_error_classes())
 def test_every_class_says_when_it_is_raised(cls):
     assert cls.__doc__ and len(cls.__doc__.strip()) > 20
+
+
+def test_an_error_without_a_message_is_built_when_docstrings_are_stripped():
+    # ``python -OO`` drops every docstring, the one a message-less error reads its default
+    # message from: building one (a record whose message is empty) must not crash.
+    code = ("import ipc.errors as E\n"
+            "print(E.FenceTimeout().message)\n"
+            "print(E.HetprocError.from_dict({'code': E.DeviceTimeout.code}).message)\n")
+    done = subprocess.run([sys.executable, "-OO", "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["FenceTimeout", "DeviceTimeout"]
+    assert E.FenceTimeout().message == E.FenceTimeout.__doc__.strip().splitlines()[0]
 
 
 def test_unknown_code_maps_to_base_class():

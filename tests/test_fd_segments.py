@@ -457,6 +457,32 @@ def test_a_segment_receiver_survives_garbage_and_keeps_working():
         rx.close()
 
 
+def test_only_a_segment_with_a_descriptor_is_queued_for_a_device():
+    """A named segment, or an anonymous one mapped without its descriptor, is refused by
+    the sender with a clear error, and nothing half-made is queued."""
+    mine, theirs = segment_socketpair()
+    cache = SegmentCache()
+    rx = SegmentReceiver(theirs, cache)
+    tx = SegmentSender(mine)
+    named = Segment.create(f"hpt.{os.getpid()}.named", 4096, keep_fd=True)
+    anon = Segment.anonymous_segment("hp.test.p3", 4096, 3)
+    mapped_only = Segment.from_fd(os.dup(anon.fd), 4)
+    try:
+        for seg in (named, mapped_only):
+            with pytest.raises(ValueError, match="no descriptor to pass"):
+                tx.add(seg)
+        assert tx.sent == set() and tx.flush() and rx.drain() == 0
+        tx.add(anon)
+        assert tx.flush() and rx.drain() == 1 and 3 in cache, "the socket still serves"
+    finally:
+        tx.close()
+        rx.close()
+        for seg in (anon, mapped_only):
+            seg.close()
+        named.close()
+        named.unlink()
+
+
 def test_a_device_refuses_a_segment_it_was_never_handed():
     """A descriptor naming a segment id that never came on the device's socket is an
     IommuFault for that command: nothing is mapped by name, nothing is guessed."""

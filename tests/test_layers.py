@@ -1,7 +1,8 @@
 """The layout's arrows, read from the source with ``ast`` (imports under
 ``if TYPE_CHECKING:`` are for type checkers only and do not count)::
 
-    cli ─▶ drills ─▶ client ─▶ core (_config, _schema, _protocol, _argtypes, errors) ─▶ ipc
+    cli ─▶ drills ─▶ client ─▶ core (_config, _schema, _protocol, _argtypes, _refsched,
+                                     errors) ─▶ ipc
                  └─▶ trace ◀─┘                                  device_workers ─▶ ipc
     supervisor ─▶ core, device_workers, ipc, trace (to write the windows it dumps)
 
@@ -60,8 +61,8 @@ def _unit(module: str) -> str:
         return parts[0]
     if len(parts) == 1:
         return "hetproc"
-    if parts[1] in ("_config", "_schema", "_protocol", "_argtypes", "errors", "platforms",
-                    "__main__"):
+    if parts[1] in ("_config", "_schema", "_protocol", "_argtypes", "_refsched", "errors",
+                    "platforms", "__main__"):
         return "hetproc.core" if parts[1] != "__main__" else "hetproc.cli"
     return "hetproc." + parts[1].lstrip("_")
 

@@ -63,12 +63,19 @@ def test_platform_file_is_honoured(tmp_path):
         plat.client.context("npu7").submit("work", ms=1).wait(5)
 
 
+def _every_check_held(out: subprocess.CompletedProcess, report: dict) -> None:
+    """The run's own checks (isolation, preemption only where asked, leaks) held."""
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert out.returncode == 0 and not failed, (failed, out.stdout[-3000:], out.stderr[-2000:])
+
+
 def test_multi_tenant_mixed_keeps_the_camera_and_fifo_does_not(tmp_path):
     report_path = tmp_path / "mt.json"
-    subprocess.run([sys.executable, "-m", "hetproc", "run", "multi_tenant", "--set",
-                    "seconds=1", "--report", str(report_path)],
-                   capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "hetproc", "run", "multi_tenant", "--set",
+                          "seconds=1", "--report", str(report_path)],
+                         capture_output=True, text=True, timeout=300, check=False)
     report = json.loads(report_path.read_text())
+    _every_check_held(out, report)
     assert report["left_behind"] == {"objects": [], "processes": []}
     m = report["metrics"]
     # Modeled time: what a policy decides does not depend on the host's speed.
@@ -79,10 +86,11 @@ def test_multi_tenant_mixed_keeps_the_camera_and_fifo_does_not(tmp_path):
 
 def test_multi_tenant_storm_scopes_recovery_to_the_faulty_tenant(tmp_path):
     report_path = tmp_path / "storm.json"
-    subprocess.run([sys.executable, "-m", "hetproc", "run", "multi_tenant", "--set", "storm=1",
-                    "--set", "seconds=1", "--report", str(report_path)],
-                   capture_output=True, text=True, timeout=400)
+    out = subprocess.run([sys.executable, "-m", "hetproc", "run", "multi_tenant", "--set",
+                          "storm=1", "--set", "seconds=1", "--report", str(report_path)],
+                         capture_output=True, text=True, timeout=400, check=False)
     report = json.loads(report_path.read_text())
+    _every_check_held(out, report)
     assert report["left_behind"] == {"objects": [], "processes": []}
     m = report["metrics"]
     # A fault that answers the cancel is recovered at its context: no reset, no camera loss.
