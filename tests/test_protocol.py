@@ -19,7 +19,8 @@ def test_every_request_of_the_protocol_has_exactly_one_handler():
     # Every public method of a group serves a request: no handler is unreachable.
     served = set(HANDLERS.values())
     for group, cls in GROUPS.items():
-        public = {name for name in vars(cls) if not name.startswith("_") and callable(vars(cls)[name])}
+        public = {name for name, value in vars(cls).items()
+                  if not name.startswith("_") and callable(value)}
         assert {(group, name) for name in public} <= served, group
 
 

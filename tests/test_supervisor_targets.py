@@ -13,6 +13,7 @@ MAX_MODULE_LINES, MAX_METHODS, MAX_FUNCTION_LINES = 600, 25, 80
 # Known and to be split: the submit batch's checks, reshaped when every request field
 # moves to the protocol's one schema. Listed so the test says when it is done.
 KNOWN = {("_validation.py", "build_commands")}
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _units() -> list[tuple[str, str, int, str]]:
@@ -23,10 +24,11 @@ def _units() -> list[tuple[str, str, int, str]]:
         out.append((path.name, path.name, len(text.splitlines()), "module lines"))
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ClassDef):
-                methods = [b for b in node.body if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                methods = [b for b in node.body if isinstance(b, FUNCTIONS)]
                 out.append((path.name, node.name, len(methods), "methods"))
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                out.append((path.name, node.name, node.end_lineno - node.lineno + 1, "function lines"))
+            elif isinstance(node, FUNCTIONS):
+                lines = node.end_lineno - node.lineno + 1
+                out.append((path.name, node.name, lines, "function lines"))
     return out
 
 

@@ -25,8 +25,9 @@ needs none.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from ipc import PENDING, errors
 
@@ -76,7 +77,8 @@ def record_of(exc: errors.HetprocError, window: int) -> dict:
     """The error as a fence's readers get it: its dict, naming its frozen window (a
     copy: the exception itself is left as it was)."""
     record = exc.to_dict()
-    record["detail"] = {**record["detail"], "trace_window": window} if window else dict(record["detail"])
+    detail = record["detail"]
+    record["detail"] = {**detail, "trace_window": window} if window else dict(detail)
     return record
 
 
@@ -85,8 +87,8 @@ class Failures:
     ``note_error``, which answers the frozen window's id, 0 if none) and ``tell`` (the
     I/O seam that puts a notice into a client's socket: ``_outbox``)."""
 
-    def __init__(self, reg: "Registry", note: Callable[[errors.HetprocError], int],
-                 tell: Callable[["ClientRec", dict], None]) -> None:
+    def __init__(self, reg: Registry, note: Callable[[errors.HetprocError], int],
+                 tell: Callable[[ClientRec, dict], None]) -> None:
         self.reg = reg
         self.note = note
         self.tell = tell
@@ -122,7 +124,7 @@ class Failures:
             completed += table.signal(handle, exc.wire, signaller=signaller)
         return record, completed
 
-    def tell_readers(self, rec: "FenceRec") -> None:
+    def tell_readers(self, rec: FenceRec) -> None:
         """Step 3: ``rec``'s record to its owner and importers, nobody else."""
         notice = {"op": "reply", "id": 0, "ok": False, "fence": rec.handle, "error": rec.error}
         for client in list(self.reg.clients.values()):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import selectors
 import socket
-from typing import Any, Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ipc import encode, errors, pack_frame
 
@@ -36,7 +37,7 @@ class Outbox:
 
     def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
               error: errors.HetprocError | None = None, window: int = 0,
-              fds: list[int] = ()) -> None:
+              fds: Sequence[int] = ()) -> None:
         """Answer request ``req_id``: its result, or its error (naming ``window``)."""
         msg: dict[str, Any] = {"op": "reply", "id": req_id, "ok": error is None}
         if error is not None:
@@ -68,7 +69,7 @@ class Outbox:
             self.send(client, frame)
         return True
 
-    def send(self, client: ClientRec, frame: bytes, fds: list[int] = ()) -> None:
+    def send(self, client: ClientRec, frame: bytes, fds: Sequence[int] = ()) -> None:
         """Send now what the socket takes, buffer the rest. Descriptors go with the
         frame's first byte (SCM_RIGHTS); until sent they are our own duplicates, so a
         segment dropped meanwhile cannot turn them into someone else's descriptors."""
@@ -151,13 +152,13 @@ class Outbox:
         self.sel.modify(client.conn, events, ("client", None))
 
 
-def _send(conn: socket.socket, data: bytes, fds: list[int]) -> int:
+def _send(conn: socket.socket, data: bytes, fds: Sequence[int]) -> int:
     if fds:
         return socket.send_fds(conn, [data], fds)
     return conn.send(data)
 
 
-def close_all(fds: list[int]) -> None:
+def close_all(fds: Sequence[int]) -> None:
     for fd in fds:
         try:
             os.close(fd)

@@ -19,7 +19,8 @@ error to that client alone.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ipc import errors
 
@@ -71,7 +72,7 @@ def need_privilege(client: ClientRec, what: str) -> None:
                                   "it granted): a client sees its own work only")
 
 
-def hand_segment(reg: "Registry", pool: "Memory", client: ClientRec, sid: int) -> list:
+def hand_segment(reg: Registry, pool: Memory, client: ClientRec, sid: int) -> list:
     """``[[sid, bytes]]`` if the segment's descriptor must go with the reply (this
     connection does not hold it yet; the loop attaches the descriptor), else []."""
     if sid in client.segments:

@@ -36,9 +36,9 @@ class CommandRequests:
     """``fallback_device``: where a compile that overran its deadline goes (recovery's
     policy; None: nowhere)."""
 
-    def __init__(self, reg: Registry, pool: "Memory", commands: "Commands", iommu: "Iommu",
-                 handoff: "Handoff", faults: "FaultPlan", evidence: "Evidence",
-                 queues: "Queues", ddr: "DdrQuota", *, fallback_device: str | None) -> None:
+    def __init__(self, reg: Registry, pool: Memory, commands: Commands, iommu: Iommu,
+                 handoff: Handoff, faults: FaultPlan, evidence: Evidence,
+                 queues: Queues, ddr: DdrQuota, *, fallback_device: str | None) -> None:
         self.reg, self.pool, self.commands, self.iommu = reg, pool, commands, iommu
         self.handoff, self.faults, self.evidence = handoff, faults, evidence
         self.queues, self.ddr, self.fallback_device = queues, ddr, fallback_device
@@ -86,7 +86,8 @@ class CommandRequests:
         t0_ns = time.monotonic_ns()
         ctx = check.context_of(self.reg, client, msg["ctx"])
         if not msg["cmds"] or len(msg["cmds"]) > MAX_BATCH:
-            raise errors.InvalidRequest(f"a submit carries 1..{MAX_BATCH} commands, got {len(msg['cmds'])}")
+            raise errors.InvalidRequest(
+                f"a submit carries 1..{MAX_BATCH} commands, got {len(msg['cmds'])}")
         quota.check_inflight(self.reg, client, len(msg["cmds"]))
         quota.check_fences(self.reg, client, sum(1 for c in msg["cmds"] if "signal" not in c))
         t_arrive = check.arrival_ns(self.reg, msg.get("t_ns"), t0_ns)
@@ -128,7 +129,8 @@ class CommandRequests:
 
     def cancel(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"], allow_lost=True)
-        return {"cancelled": self.commands.cancel_queued(ctx, errors.Cancelled("cancelled by its client"))}
+        why = errors.Cancelled("cancelled by its client")
+        return {"cancelled": self.commands.cancel_queued(ctx, why)}
 
     def prepare(self, client: ClientRec, msg: dict) -> dict:
         """Compile a kernel for the context's device (the delegate's asset). A compile that
@@ -147,7 +149,8 @@ class CommandRequests:
         window = self.evidence.note_error(exc)
         if fb and fb in devices and kernel in devices[fb].spec.ops:
             ctx.device = fb
-            self.reg.note_event("fallback", device=dev.name, to=fb, kernel=kernel, reason="compile_timeout")
+            self.reg.note_event("fallback", device=dev.name, to=fb, kernel=kernel,
+                                reason="compile_timeout")
             return {"device": fb, "fallback": fb, "error": record_of(exc, window)}
         raise exc
 

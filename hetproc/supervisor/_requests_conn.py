@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ipc import errors
 
@@ -27,7 +28,7 @@ class ConnectionRequests:
     """``platform``: what ``hello`` answers about the platform; ``stop`` ends the serve
     loop; ``owner_pid``: the process that started the platform (the kernel's word)."""
 
-    def __init__(self, reg: Registry, evidence: "Evidence", *, platform: dict[str, Any],
+    def __init__(self, reg: Registry, evidence: Evidence, *, platform: dict[str, Any],
                  stop: Callable[[], None], owner_pid: int) -> None:
         self.reg = reg
         self.evidence = evidence

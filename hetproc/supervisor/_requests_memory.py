@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
 
 class MemoryRequests:
-    def __init__(self, reg: Registry, pool: "Memory", lifetimes: "Lifetimes", iommu: "Iommu",
-                 handoff: "Handoff", faults: "FaultPlan", failures: "Failures",
-                 memlog: "MemLog") -> None:
+    def __init__(self, reg: Registry, pool: Memory, lifetimes: Lifetimes, iommu: Iommu,
+                 handoff: Handoff, faults: FaultPlan, failures: Failures,
+                 memlog: MemLog) -> None:
         self.reg, self.pool, self.lifetimes, self.iommu = reg, pool, lifetimes, iommu
         self.handoff, self.faults, self.failures, self.memlog = handoff, faults, failures, memlog
 
@@ -129,7 +129,8 @@ class MemoryRequests:
     def map(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"])
         buf = self.iommu.resolve(client, msg["buf"], self.reg.buffers)
-        if self.faults.rules and self.faults.draw("map", ctx.device, client=(client.id, client.name)):  # seed §15
+        who = (client.id, client.name)
+        if self.faults.rules and self.faults.draw("map", ctx.device, client=who):  # seed §15
             raise errors.MapFailed(f"mapping buffer {buf.handle:#x} into {ctx.device} failed "
                                    "(injected)")
         m = self.iommu.map(ctx, buf, msg.get("perm", "rw"))

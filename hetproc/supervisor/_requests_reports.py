@@ -8,7 +8,8 @@ trace need a privileged role.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import _quotas as quota
 from ._metrics import tenant_view
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
 class ReportRequests:
     """``metrics()``: the platform's figures (``_metrics.Metrics``)."""
 
-    def __init__(self, reg: Registry, commands: "Commands", recovery: "Recovery",
-                 faults: "FaultPlan", evidence: "Evidence",
+    def __init__(self, reg: Registry, commands: Commands, recovery: Recovery,
+                 faults: FaultPlan, evidence: Evidence,
                  metrics: Callable[[], dict[str, Any]]) -> None:
         self.reg, self.commands, self.recovery = reg, commands, recovery
         self.faults, self.evidence, self.metrics = faults, evidence, metrics
@@ -42,8 +43,8 @@ class ReportRequests:
     def incidents(self, client: ClientRec, msg: dict) -> dict:
         need_privilege(client, "the platform's incidents")
         rec = self.recovery
-        return {"history": list(rec.history),
-                "active": [i.summary() for i in list(rec.active.values()) + list(rec.probing.values())],
+        running = list(rec.active.values()) + list(rec.probing.values())
+        return {"history": list(rec.history), "active": [i.summary() for i in running],
                 "verdicts": dict(rec.verdicts), "events": list(self.reg.events),
                 "faults": list(self.faults.log)}
 
