@@ -4,15 +4,24 @@ Built on ``ipc`` only. The supervisor (in ``hetproc``) forks one process per dev
 calls ``device_main`` in it.
 """
 
+from ._boot import DeviceBoot
 from ._commands import COMMAND_SCHEMAS, decode_command, decode_completions, encode_command
 from ._graph_asset import asset_layout, plan_bytes, read_asset, write_asset
 from ._graph_ops import GRAPH_OPS, op_flops, run_op, unsupported
+from ._intake import RING_CORRUPT_EXIT_STATUS
 from ._kernels import checksum_of, read_checksum
 from ._kernels import validate as validate_kernel
 from ._state import STATE_DTYPE, DeviceState, StateSlot, state_table
-from ._tracing import (QUEUE_TRACK_BASE, SIGNALLED_AT_END, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
-                       device_slot, device_track, queue_track)
-from ._worker import RING_CORRUPT_EXIT_STATUS, DeviceBoot, DeviceWorker, device_main
+from ._tracing import (
+    QUEUE_TRACK_BASE,
+    SIGNALLED_AT_END,
+    SLOT_SUPERVISOR,
+    TRACK_SUPERVISOR,
+    device_slot,
+    device_track,
+    queue_track,
+)
+from ._worker import DeviceWorker, device_main
 
 __all__ = ["DeviceBoot", "DeviceWorker", "device_main", "COMMAND_SCHEMAS",
            "decode_command", "decode_completions", "encode_command", "RING_CORRUPT_EXIT_STATUS",

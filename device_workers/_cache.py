@@ -75,6 +75,8 @@ class DeviceMemory:
         # a new handle, so a line filled for its previous owner can never be hit by the
         # next one, whatever maintenance the next one's context skips.
         self.lines: OrderedDict[tuple[str, int, int], _Line] = OrderedDict()
+        # Bytes the lines hold: a fill adds, a drop or an eviction subtracts; a fill
+        # evicts (least recently used first) until it is within ``capacity`` again.
         self.used = 0
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "writebacks": 0,
                       "dropped_dirty": 0, "streamed": 0}
@@ -88,7 +90,8 @@ class DeviceMemory:
         self._events: dict[str, list[int]] = {}
         self._kernel: list[int] = []
         self._released = False
-        self._idle = False
+        # True: the command touches no memory (``no_buffers``): ``report`` gives None.
+        self.idle = False
 
     # -- the command's life ------------------------------------------------------------
 
@@ -132,13 +135,13 @@ class DeviceMemory:
     def no_buffers(self, t0: int = 0) -> None:
         """``acquire`` for a command with no buffer and no memory work: nothing to check,
         map or report (``report`` gives None); its modeled time starts at ``t0``."""
-        self._idle = True
+        self.idle = True
         self.cursor = t0 or time.monotonic_ns()
 
     def release(self, cmd: dict[str, Any], between: Callable[[], None], *, t0: int = 0,
                 hold: Callable = hold_until) -> None:
         """After the kernel: clean what was asked, hold the unmap (from modeled ``t0``)."""
-        if self._idle:
+        if self.idle:
             self.cursor = t0 or time.monotonic_ns()
             return
         mem = cmd.get("mem") or {}
@@ -157,11 +160,11 @@ class DeviceMemory:
     def save(self) -> tuple:
         """The current command's memory state, for a preemption (``restore`` puts it back)."""
         return (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,
-                self._released, self._idle)
+                self._released, self.idle)
 
     def restore(self, state: tuple) -> None:
         (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,
-         self._released, self._idle) = state
+         self._released, self.idle) = state
 
     def shared_outputs(self) -> list[np.ndarray]:
         """The current outputs as they are in shared memory, past any cache."""
@@ -174,7 +177,7 @@ class DeviceMemory:
         are discarded, so a later eviction can never write a failed command's output over
         memory someone else wrote since. None when the command touched no memory.
         """
-        if self._idle:
+        if self.idle:
             return None
         if not self._released:
             for op in self._outs:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -41,14 +42,29 @@ LATE_WRITE_BYTE = 0xAB
 _FOREVER_S = 120.0  # "forever" is bounded too: the supervisor acts long before this
 
 
-def before_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
+class Host(Protocol):
+    """All a fault may do to the device acting it out."""
+
+    # True: the heartbeat stops while progress goes on (set and cleared by
+    # ``heartbeat_stall`` around its command's kernel).
+    heartbeat_stalled: bool
+
+    def beat(self) -> None: ...
+
+    def check_cancel(self) -> None:
+        """Raises ``Cancelled`` when the supervisor asked to stop the command."""
+
+    def maybe_preempt(self) -> None: ...
+
+
+def before_kernel(worker: Host, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
     kind = fault.get("kind")
     if not kind:
         return
     if kind == "crash" and fault.get("step", "before_kernel") == "before_kernel":
         os._exit(CRASH_EXIT_STATUS)
     if kind == "crash" and fault.get("step") == "in_kernel":
-        _hold_then_crash(worker, fault)
+        _hold_then_crash(fault)
     elif kind == "oom":
         raise errors.OutOfMemory("device memory exhausted (injected)")
     elif kind == "timeout":
@@ -58,8 +74,7 @@ def before_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]
     elif kind == "late_writer":
         _write_late(outs, float(fault.get("seconds", _FOREVER_S)))
     elif kind == "heartbeat_stall":
-        worker.heartbeat_frozen = True
-        worker.progress_while_frozen = True
+        worker.heartbeat_stalled = True
     elif kind == "kernel_bug":
         _vendor_kernel_with_a_bug(outs)
 
@@ -70,11 +85,10 @@ def _vendor_kernel_with_a_bug(outs: Sequence[np.ndarray]) -> None:
     _ = scale["tiles"]  # KeyError: the "vendor" forgot a key
 
 
-def after_kernel(worker: Any, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
+def after_kernel(worker: Host, fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
     kind = fault.get("kind")
     if kind == "heartbeat_stall":
-        worker.heartbeat_frozen = False
-        worker.progress_while_frozen = False
+        worker.heartbeat_stalled = False
     elif kind == "wrong_output":
         corrupt(fault, outs)
     elif kind == "crash" and fault.get("step") == "before_signal":
@@ -92,7 +106,7 @@ def corrupt(fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
             raw[:: max(1, raw.size // 8)] ^= 0x40
 
 
-def _hang_honouring_cancel(worker: Any) -> None:
+def _hang_honouring_cancel(worker: Host) -> None:
     deadline = time.monotonic() + _FOREVER_S
     while time.monotonic() < deadline:
         worker.beat()
@@ -117,6 +131,6 @@ def _write_late(outs: Sequence[np.ndarray], seconds: float) -> None:
         time.sleep(0.0005)
 
 
-def _hold_then_crash(worker: Any, fault: dict[str, Any]) -> None:
+def _hold_then_crash(fault: dict[str, Any]) -> None:
     time.sleep(float(fault.get("after_s", 0.005)))
     os._exit(CRASH_EXIT_STATUS)

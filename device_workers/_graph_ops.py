@@ -7,6 +7,10 @@ Layout is ONNX's own (NCHW for images): the same code is the CPU reference execu
 the application and the body of the ``graph`` kernel in a device process, so a delegated
 partition and the reference can only differ by what the plan feeds them.
 
+The ops that slide a window or resample a grid (convolution, pooling, resize) live in
+``_graph_spatial``, the operand checks every op shares in ``_graph_checks``; the table
+here names them all.
+
 ``unsupported(op, attrs, in_dtypes)`` says why a variant is not implemented (None if it
 is): the delegate's support query refuses such a node instead of running it wrongly.
 Malformed operands raise ``ShapeError`` / ``DtypeError`` / ``InvalidRequest`` from
@@ -16,48 +20,28 @@ Malformed operands raise ``ShapeError`` / ``DtypeError`` / ``InvalidRequest`` fr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from ipc.errors import DtypeError, InvalidRequest, ShapeError, UnsupportedOp
 
+from ._graph_checks import (
+    MAX_CREATED_ELEMENTS,
+    Arrays,
+    Attrs,
+    as_text,
+    axis_index,
+    int_list,
+    need,
+    opt,
+    require_float,
+)
+from ._graph_spatial import average_pool, conv, global_average_pool, max_pool, resize
+
 __all__ = ["GRAPH_OPS", "run_op", "unsupported", "op_flops"]
 
-Arrays = Sequence["np.ndarray | None"]
-Attrs = Mapping[str, Any]
-
-# Ops whose output size comes from data (a shape tensor, scales) are capped: a hostile
-# model must not make a device process allocate gigabytes.
-MAX_CREATED_ELEMENTS = 1 << 28  # VGG19 folds a 4096 x 25088 weight
-
 _QUANT_TYPES = frozenset(np.dtype(t) for t in ("int8", "uint8", "int16", "uint16"))
-_FLOAT_TYPES = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))
-
-
-def _need(inputs: Arrays, n: int, op: str) -> list[np.ndarray]:
-    """The first ``n`` inputs, each of them required (an omitted one is refused)."""
-    present = [a for a in inputs[:n] if a is not None]
-    if len(present) < n:
-        raise InvalidRequest(f"{op}: expected at least {n} inputs, got {len(inputs)}")
-    return present
-
-
-def _opt(inputs: Arrays, i: int) -> np.ndarray | None:
-    return inputs[i] if len(inputs) > i else None
-
-
-def _axis(axis: int, rank: int, op: str) -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise ShapeError(f"{op}: axis {axis} is out of range for rank {rank}")
-    return axis % max(rank, 1)
-
-
-def _float(x: np.ndarray, op: str) -> None:
-    if x.dtype not in _FLOAT_TYPES:
-        raise DtypeError(f"{op}: input has dtype {x.dtype}, expected a float dtype")
 
 
 # -- elementwise --------------------------------------------------------------------------
@@ -65,7 +49,7 @@ def _float(x: np.ndarray, op: str) -> None:
 
 def _binary(fn: np.ufunc) -> Callable[[Arrays, Attrs], list[np.ndarray]]:
     def run(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-        a, b = _need(inputs, 2, fn.__name__)
+        a, b = need(inputs, 2, fn.__name__)
         if a.dtype != b.dtype:
             raise DtypeError(f"{fn.__name__}: operands have dtypes {a.dtype} and {b.dtype}")
         try:
@@ -78,13 +62,13 @@ def _binary(fn: np.ufunc) -> Callable[[Arrays, Attrs], list[np.ndarray]]:
 
 
 def _relu(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Relu")[0]
+    x = need(inputs, 1, "Relu")[0]
     return [np.maximum(x, x.dtype.type(0))]
 
 
 def _clip(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Clip")[0]
-    lo, hi = _opt(inputs, 1), _opt(inputs, 2)
+    x = need(inputs, 1, "Clip")[0]
+    lo, hi = opt(inputs, 1), opt(inputs, 2)
     for name, bound in (("min", lo), ("max", hi)):
         if bound is not None and bound.size != 1:
             raise ShapeError(f"Clip: {name} must be a scalar, got shape {bound.shape}")
@@ -97,29 +81,29 @@ def _clip(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _sigmoid(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Sigmoid")[0]
-    _float(x, "Sigmoid")
+    x = need(inputs, 1, "Sigmoid")[0]
+    require_float(x, "Sigmoid")
     one = x.dtype.type(1)
     return [(one / (one + np.exp(-x))).astype(x.dtype, copy=False)]
 
 
 def _hard_sigmoid(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "HardSigmoid")[0]
-    _float(x, "HardSigmoid")
+    x = need(inputs, 1, "HardSigmoid")[0]
+    require_float(x, "HardSigmoid")
     alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
     y = np.clip(x * x.dtype.type(alpha) + x.dtype.type(beta), 0, 1)
     return [y.astype(x.dtype, copy=False)]
 
 
 def _hard_swish(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "HardSwish")[0]
-    _float(x, "HardSwish")
+    x = need(inputs, 1, "HardSwish")[0]
+    require_float(x, "HardSwish")
     gate = np.clip(x * x.dtype.type(1 / 6) + x.dtype.type(0.5), 0, 1)
     return [(x * gate).astype(x.dtype, copy=False)]
 
 
 def _identity(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    return _need(inputs, 1, "Identity")
+    return need(inputs, 1, "Identity")
 
 
 def _constant(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
@@ -129,7 +113,7 @@ def _constant(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _constant_of_shape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    shape = _ints(_need(inputs, 1, "ConstantOfShape")[0], "ConstantOfShape", "shape")
+    shape = int_list(need(inputs, 1, "ConstantOfShape")[0], "ConstantOfShape", "shape")
     if any(d < 0 for d in shape) or math.prod(shape) > MAX_CREATED_ELEMENTS:
         raise ShapeError(f"ConstantOfShape: shape {shape} is negative or too large")
     value = attrs.get("value")
@@ -140,7 +124,7 @@ def _constant_of_shape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 def _dropout(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     """Inference: the identity (a training-mode Dropout is refused before it runs)."""
-    x = _need(inputs, 1, "Dropout")[0]
+    x = need(inputs, 1, "Dropout")[0]
     return [x, np.ones(x.shape, dtype=bool)]
 
 
@@ -160,7 +144,7 @@ def _sum(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _matmul(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    a, b = _need(inputs, 2, "MatMul")
+    a, b = need(inputs, 2, "MatMul")
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("MatMul: operands must have rank >= 1")
     try:
@@ -170,8 +154,8 @@ def _matmul(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _gemm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    a, b = _need(inputs, 2, "Gemm")
-    c = _opt(inputs, 2)
+    a, b = need(inputs, 2, "Gemm")
+    c = opt(inputs, 2)
     if a.ndim != 2 or b.ndim != 2:
         raise ShapeError(f"Gemm: A and B must be matrices, got {a.shape} and {b.shape}")
     a = a.T if attrs.get("transA", 0) else a
@@ -187,173 +171,11 @@ def _gemm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     return [y.astype(a.dtype, copy=False)]
 
 
-# -- convolution and pooling ----------------------------------------------------------------
-
-
-def _spatial(x: np.ndarray, kernel: Sequence[int], attrs: Attrs, op: str, *,
-             ceil: bool = False) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
-    """(strides, dilations, pads_begin, pads_end, out_sizes) for an N-d window op."""
-    nd = len(kernel)
-    strides = list(attrs.get("strides") or [1] * nd)
-    dilations = list(attrs.get("dilations") or [1] * nd)
-    pads = list(attrs.get("pads") or [0] * (2 * nd))
-    if len(strides) != nd or len(dilations) != nd or len(pads) != 2 * nd:
-        raise ShapeError(f"{op}: strides/dilations/pads do not match {nd} spatial dims")
-    if min(strides + dilations + list(kernel)) < 1 or min(pads) < 0:
-        raise InvalidRequest(f"{op}: strides, dilations and kernel must be >= 1, pads >= 0")
-    size = list(x.shape[2:])
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    auto = attrs.get("auto_pad", "NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    begin, end = pads[:nd], pads[nd:]
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        out = [-(-n // s) for n, s in zip(size, strides)]
-        total = [max((o - 1) * s + e - n, 0) for o, s, e, n in zip(out, strides, eff, size)]
-        small = [t // 2 for t in total]
-        begin = small if auto == "SAME_UPPER" else [t - s for t, s in zip(total, small)]
-        end = [t - b for t, b in zip(total, begin)]
-    elif auto == "VALID":
-        begin, end = [0] * nd, [0] * nd
-        out = [(n - e) // s + 1 for n, e, s in zip(size, eff, strides)]
-    elif auto == "NOTSET":
-        out = []
-        for n, b, e_, k, s in zip(size, begin, end, eff, strides):
-            span = n + b + e_ - k
-            o = (-(-span // s) if ceil else span // s) + 1
-            if ceil and (o - 1) * s >= n + b:  # the last window must start inside the data
-                o -= 1
-            out.append(o)
-    else:
-        raise InvalidRequest(f"{op}: auto_pad {auto!r} is not one of NOTSET/SAME_UPPER/"
-                             "SAME_LOWER/VALID")
-    if min(out) < 1:
-        raise ShapeError(f"{op}: input {x.shape} is smaller than the window {list(kernel)}")
-    return strides, dilations, begin, end, out
-
-
-def _windows(xp: np.ndarray, kernel: Sequence[int], strides: Sequence[int],
-             dilations: Sequence[int], out: Sequence[int]) -> np.ndarray:
-    """Strided view (N, C, *out, *kernel) of a padded input: no copy."""
-    nd = len(kernel)
-    eff = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
-    axes = tuple(range(2, 2 + nd))
-    win = sliding_window_view(xp, eff, axis=axes)
-    index: tuple[slice, ...] = (slice(None), slice(None))
-    index += tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, strides))
-    index += tuple(slice(None, None, d) for d in dilations)
-    return win[index]
-
-
-def _pad_spatial(x: np.ndarray, begin: Sequence[int], end: Sequence[int], value: Any) -> np.ndarray:
-    if not any(begin) and not any(end):
-        return x
-    width = [(0, 0), (0, 0)] + list(zip(begin, end))
-    return np.pad(x, width, constant_values=value)
-
-
-def _conv(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, w = _need(inputs, 2, "Conv")
-    bias = _opt(inputs, 2)
-    if x.ndim < 3 or w.ndim != x.ndim:
-        raise ShapeError(f"Conv: X {x.shape} and W {w.shape} must have one rank >= 3")
-    _float(x, "Conv")
-    group = int(attrs.get("group", 1))
-    c = x.shape[1]
-    m, cg = w.shape[:2]
-    kernel = list(attrs.get("kernel_shape") or w.shape[2:])
-    if group < 1 or c % group or m % group or cg * group != c or kernel != list(w.shape[2:]):
-        raise ShapeError(f"Conv: X {x.shape}, W {w.shape} and group {group} do not fit")
-    if bias is not None and bias.shape != (m,):
-        raise ShapeError(f"Conv: bias has shape {bias.shape}, expected ({m},)")
-    strides, dil, begin, end, out = _spatial(x, kernel, attrs, "Conv")
-    win = _windows(_pad_spatial(x, begin, end, 0), kernel, strides, dil, out)
-    nd = len(kernel)
-    kaxes = list(range(2 + nd, 2 + 2 * nd))
-    if group == 1:
-        y = np.tensordot(win, w, axes=([1] + kaxes, [1] + list(range(2, 2 + nd))))
-        y = np.moveaxis(y, -1, 1)  # (N, *out, M) -> (N, M, *out)
-    elif cg == 1 and m == c:  # depthwise: one filter per channel
-        wk = w.reshape((c,) + (1,) * nd + tuple(kernel))
-        y = (win * wk).sum(axis=tuple(kaxes))
-    else:
-        mg = m // group
-        parts = []
-        for g in range(group):
-            wg = w[g * mg:(g + 1) * mg]
-            yg = np.tensordot(win[:, g * cg:(g + 1) * cg], wg,
-                              axes=([1] + kaxes, [1] + list(range(2, 2 + nd))))
-            parts.append(np.moveaxis(yg, -1, 1))
-        y = np.concatenate(parts, axis=1)
-    if bias is not None:
-        y = y + bias.reshape((m,) + (1,) * nd)
-    return [np.ascontiguousarray(y, dtype=x.dtype)]
-
-
-def _pool_kernel(x: np.ndarray, attrs: Attrs, op: str) -> list[int]:
-    kernel = list(attrs.get("kernel_shape") or [])
-    if x.ndim < 3 or len(kernel) != x.ndim - 2:
-        raise ShapeError(f"{op}: kernel_shape {kernel} does not fit input {x.shape}")
-    return kernel
-
-
-def _ceil_extra(x: np.ndarray, kernel: Sequence[int], strides: Sequence[int],
-                dil: Sequence[int], begin: Sequence[int], end: Sequence[int],
-                out: Sequence[int]) -> list[int]:
-    """Padding beyond ``end`` that the last (ceil-mode) window reaches."""
-    extra = []
-    for n, k, s, d, b, e, o in zip(x.shape[2:], kernel, strides, dil, begin, end, out):
-        need = (o - 1) * s + (k - 1) * d + 1
-        extra.append(max(0, need - (n + b + e)))
-    return extra
-
-
-def _max_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "MaxPool")[0]
-    kernel = _pool_kernel(x, attrs, "MaxPool")
-    strides, dil, begin, end, out = _spatial(x, kernel, attrs, "MaxPool",
-                                             ceil=bool(attrs.get("ceil_mode", 0)))
-    extra = _ceil_extra(x, kernel, strides, dil, begin, end, out)
-    low = -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min
-    xp = _pad_spatial(x, begin, [e + x_ for e, x_ in zip(end, extra)], low)
-    win = _windows(xp, kernel, strides, dil, out)
-    nd = len(kernel)
-    return [np.ascontiguousarray(win.max(axis=tuple(range(-nd, 0))), dtype=x.dtype)]
-
-
-def _average_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "AveragePool")[0]
-    _float(x, "AveragePool")
-    kernel = _pool_kernel(x, attrs, "AveragePool")
-    strides, dil, begin, end, out = _spatial(x, kernel, attrs, "AveragePool",
-                                             ceil=bool(attrs.get("ceil_mode", 0)))
-    extra = _ceil_extra(x, kernel, strides, dil, begin, end, out)
-    nd = len(kernel)
-    full_end = [e + x_ for e, x_ in zip(end, extra)]
-    xp = _pad_spatial(x, begin, full_end, 0)
-    sums = _windows(xp, kernel, strides, dil, out).sum(axis=tuple(range(-nd, 0)))
-    # Count what each window covers: real elements, plus explicit padding when asked;
-    # the ceil-mode overhang never counts.
-    ones = np.ones((1, 1) + x.shape[2:], np.float64)
-    if attrs.get("count_include_pad", 0):
-        mask = _pad_spatial(ones, begin, end, 1)
-        mask = _pad_spatial(mask, [0] * nd, extra, 0)
-    else:
-        mask = _pad_spatial(ones, begin, full_end, 0)
-    counts = _windows(mask, kernel, strides, dil, out).sum(axis=tuple(range(-nd, 0)))
-    return [np.ascontiguousarray(sums / counts, dtype=x.dtype)]
-
-
-def _global_average_pool(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "GlobalAveragePool")[0]
-    _float(x, "GlobalAveragePool")
-    if x.ndim < 3:
-        raise ShapeError(f"GlobalAveragePool: input {x.shape} has no spatial dims")
-    return [x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)]
-
+# -- normalisation ----------------------------------------------------------------------------
 
 def _batch_norm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, scale, b, mean, var = _need(inputs, 5, "BatchNormalization")
-    _float(x, "BatchNormalization")
+    x, scale, b, mean, var = need(inputs, 5, "BatchNormalization")
+    require_float(x, "BatchNormalization")
     if x.ndim < 2 or any(t.shape != (x.shape[1],) for t in (scale, b, mean, var)):
         raise ShapeError(f"BatchNormalization: parameters must have shape ({x.shape[1]},)")
     eps = float(attrs.get("epsilon", 1e-5))
@@ -365,8 +187,8 @@ def _batch_norm(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 def _lrn(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     """Local response normalisation across channels (AlexNet, GoogLeNet)."""
-    x = _need(inputs, 1, "LRN")[0]
-    _float(x, "LRN")
+    x = need(inputs, 1, "LRN")[0]
+    require_float(x, "LRN")
     size = int(attrs.get("size", 0))
     if size < 1 or x.ndim < 3:
         raise InvalidRequest(f"LRN: size {size} must be >= 1 on an input of rank >= 3")
@@ -382,9 +204,9 @@ def _lrn(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _softmax(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Softmax")[0]
-    _float(x, "Softmax")
-    axis = _axis(int(attrs.get("axis", -1)), x.ndim, "Softmax")
+    x = need(inputs, 1, "Softmax")[0]
+    require_float(x, "Softmax")
+    axis = axis_index(int(attrs.get("axis", -1)), x.ndim, "Softmax")
     if attrs.get("coerce_2d", 0):  # opset < 13 semantics: one row per leading index
         rows = x.reshape(math.prod(x.shape[:axis]), -1)
         return [_softmax([rows], {"axis": 1})[0].reshape(x.shape)]
@@ -395,17 +217,11 @@ def _softmax(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 # -- shape ops -----------------------------------------------------------------------------
 
 
-def _ints(a: np.ndarray | None, op: str, what: str) -> list[int]:
-    if a is None:
-        return []
-    if a.dtype.kind not in "iu" or a.ndim > 1:
-        raise DtypeError(f"{op}: {what} must be a 1-D integer tensor, got {a.dtype} {a.shape}")
-    return [int(v) for v in a.reshape(-1)]
 
 
 def _reshape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, shape_t = _need(inputs, 2, "Reshape")
-    shape = _ints(shape_t, "Reshape", "shape")
+    x, shape_t = need(inputs, 2, "Reshape")
+    shape = int_list(shape_t, "Reshape", "shape")
     allow_zero = bool(attrs.get("allowzero", 0))
     if not allow_zero:
         if len([s for s in shape if s == 0]) and len(shape) > 0:
@@ -419,7 +235,7 @@ def _reshape(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _flatten(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Flatten")[0]
+    x = need(inputs, 1, "Flatten")[0]
     axis = int(attrs.get("axis", 1))
     if not -x.ndim <= axis <= x.ndim:
         raise ShapeError(f"Flatten: axis {axis} is out of range for rank {x.ndim}")
@@ -429,7 +245,7 @@ def _flatten(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _transpose(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Transpose")[0]
+    x = need(inputs, 1, "Transpose")[0]
     perm = list(attrs.get("perm") or range(x.ndim - 1, -1, -1))
     if sorted(perm) != list(range(x.ndim)):
         raise ShapeError(f"Transpose: perm {perm} is not a permutation of rank {x.ndim}")
@@ -440,7 +256,7 @@ def _concat(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
     arrays = [a for a in inputs if a is not None]
     if not arrays:
         raise InvalidRequest("Concat: no inputs")
-    axis = _axis(int(attrs.get("axis", 0)), arrays[0].ndim, "Concat")
+    axis = axis_index(int(attrs.get("axis", 0)), arrays[0].ndim, "Concat")
     try:
         return [np.concatenate(arrays, axis=axis)]
     except ValueError as exc:
@@ -448,21 +264,21 @@ def _concat(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _squeeze(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Squeeze")[0]
-    axes = _ints(_opt(inputs, 1), "Squeeze", "axes") or list(attrs.get("axes") or [])
+    x = need(inputs, 1, "Squeeze")[0]
+    axes = int_list(opt(inputs, 1), "Squeeze", "axes") or list(attrs.get("axes") or [])
     if not axes:
         return [x.reshape([d for d in x.shape if d != 1])]
-    axes = [_axis(a, x.ndim, "Squeeze") for a in axes]
+    axes = [axis_index(a, x.ndim, "Squeeze") for a in axes]
     if any(x.shape[a] != 1 for a in axes):
         raise ShapeError(f"Squeeze: axes {axes} of {x.shape} are not all 1")
     return [np.squeeze(x, axis=tuple(axes))]
 
 
 def _unsqueeze(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Unsqueeze")[0]
-    axes = _ints(_opt(inputs, 1), "Unsqueeze", "axes") or list(attrs.get("axes") or [])
+    x = need(inputs, 1, "Unsqueeze")[0]
+    axes = int_list(opt(inputs, 1), "Unsqueeze", "axes") or list(attrs.get("axes") or [])
     rank = x.ndim + len(axes)
-    axes = sorted(_axis(a, rank, "Unsqueeze") for a in axes)
+    axes = sorted(axis_index(a, rank, "Unsqueeze") for a in axes)
     if len(set(axes)) != len(axes) or not axes:
         raise ShapeError(f"Unsqueeze: axes {axes} are empty or repeated")
     shape = list(x.shape)
@@ -472,8 +288,8 @@ def _unsqueeze(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _arg_max(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "ArgMax")[0]
-    axis = _axis(int(attrs.get("axis", 0)), x.ndim, "ArgMax")
+    x = need(inputs, 1, "ArgMax")[0]
+    axis = axis_index(int(attrs.get("axis", 0)), x.ndim, "ArgMax")
     if attrs.get("select_last_index", 0):
         flipped = np.flip(x, axis=axis)
         idx = x.shape[axis] - 1 - np.argmax(flipped, axis=axis)
@@ -493,7 +309,7 @@ def _per_axis(p: np.ndarray, x: np.ndarray, attrs: Attrs, op: str) -> np.ndarray
         return p.reshape(())
     if p.ndim != 1:
         raise ShapeError(f"{op}: blocked quantisation (parameter shape {p.shape}) is not supported")
-    axis = _axis(int(attrs.get("axis", 1)), x.ndim, op)
+    axis = axis_index(int(attrs.get("axis", 1)), x.ndim, op)
     if p.shape[0] != x.shape[axis]:
         raise ShapeError(f"{op}: {p.shape[0]} parameters for axis {axis} of {x.shape}")
     shape = [1] * x.ndim
@@ -502,9 +318,9 @@ def _per_axis(p: np.ndarray, x: np.ndarray, attrs: Attrs, op: str) -> np.ndarray
 
 
 def _quantize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, scale = _need(inputs, 2, "QuantizeLinear")
-    zp = _opt(inputs, 2)
-    _float(x, "QuantizeLinear")
+    x, scale = need(inputs, 2, "QuantizeLinear")
+    zp = opt(inputs, 2)
+    require_float(x, "QuantizeLinear")
     dt = zp.dtype if zp is not None else np.dtype(_ONNX_INT_TYPES.get(
         int(attrs.get("output_dtype", 0) or 2), "uint8"))
     if dt not in _QUANT_TYPES:
@@ -517,8 +333,8 @@ def _quantize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 
 
 def _dequantize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x, scale = _need(inputs, 2, "DequantizeLinear")
-    zp = _opt(inputs, 2)
+    x, scale = need(inputs, 2, "DequantizeLinear")
+    zp = opt(inputs, 2)
     if x.dtype not in _QUANT_TYPES and x.dtype != np.dtype("int32"):
         raise DtypeError(f"DequantizeLinear: input dtype {x.dtype} is not supported")
     s = _per_axis(scale, x, attrs, "DequantizeLinear")
@@ -531,134 +347,17 @@ def _dequantize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
 _ONNX_INT_TYPES = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16"}
 
 
-# -- resize --------------------------------------------------------------------------------
-
-
-def _source_coords(mode: str, out_n: int, in_n: int, scale: float,
-                   roi: tuple[float, float]) -> np.ndarray:
-    """The input coordinate each output index samples along one axis (ONNX modes). The
-    modes that divide by the output length use the unrounded ``scale * in_n``, as ONNX does."""
-    x = np.arange(out_n, dtype=np.float64)
-    out_f = scale * in_n
-    if mode == "half_pixel":
-        return (x + 0.5) / scale - 0.5
-    if mode == "pytorch_half_pixel":
-        return (x + 0.5) / scale - 0.5 if out_f != 1 else np.full(out_n, -0.5)
-    if mode == "align_corners":
-        return x * (in_n - 1) / (out_f - 1) if out_f != 1 else np.zeros(out_n)
-    if mode == "asymmetric":
-        return x / scale
-    if mode == "half_pixel_symmetric":
-        adjustment = out_n / out_f
-        center = in_n / 2
-        return center * (1 - adjustment) + (x + 0.5) / scale - 0.5
-    if mode == "tf_crop_and_resize":
-        start, end = roi
-        if out_f != 1:
-            return start * (in_n - 1) + x * (end - start) * (in_n - 1) / (out_f - 1)
-        return np.full(out_n, 0.5 * (start + end) * (in_n - 1))
-    raise InvalidRequest(f"Resize: coordinate_transformation_mode {mode!r} is not supported")
-
-
-def _nearest_index(pos: np.ndarray, mode: str, in_n: int) -> np.ndarray:
-    if mode == "round_prefer_floor":
-        idx = np.where(pos - np.floor(pos) == 0.5, np.floor(pos), np.round(pos))
-    elif mode == "round_prefer_ceil":
-        idx = np.where(pos - np.floor(pos) == 0.5, np.ceil(pos), np.round(pos))
-    elif mode == "floor":
-        idx = np.floor(pos)
-    elif mode == "ceil":
-        idx = np.ceil(pos)
-    else:
-        raise InvalidRequest(f"Resize: nearest_mode {mode!r} is not supported")
-    return np.clip(idx, 0, in_n - 1).astype(np.intp)
-
-
-def _resize_axis(x: np.ndarray, axis: int, out_n: int, scale: float, attrs: Attrs,
-                 roi: tuple[float, float]) -> np.ndarray:
-    in_n = x.shape[axis]
-    ctm = _text(attrs.get("coordinate_transformation_mode", "half_pixel"))
-    pos = _source_coords(ctm, out_n, in_n, scale, roi)
-    mode = _text(attrs.get("mode", "nearest"))
-    outside = (pos < 0) | (pos > in_n - 1) if ctm == "tf_crop_and_resize" else None
-    shape = [1] * x.ndim
-    shape[axis] = out_n
-    if mode == "nearest":
-        y = np.take(x, _nearest_index(pos, _text(attrs.get("nearest_mode", "round_prefer_floor")),
-                                      in_n), axis=axis)
-    else:
-        p = np.clip(pos, 0, in_n - 1)
-        i0 = np.floor(p).astype(np.intp)
-        i1 = np.minimum(i0 + 1, in_n - 1)
-        w = (p - i0).reshape(shape)
-        a, b = np.take(x, i0, axis=axis).astype(np.float64), np.take(x, i1, axis=axis)
-        y = a + (b - a) * w
-    if outside is not None and outside.any():
-        y = np.where(outside.reshape(shape), float(attrs.get("extrapolation_value", 0.0)), y)
-    return y
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def _resize(inputs: Arrays, attrs: Attrs) -> list[np.ndarray]:
-    x = _need(inputs, 1, "Resize")[0]
-    roi, scales, sizes = _opt(inputs, 1), _opt(inputs, 2), _opt(inputs, 3)
-    axes = [_axis(a, x.ndim, "Resize") for a in (attrs.get("axes") or range(x.ndim))]
-    r = len(axes)
-    if any(x.shape[a] == 0 for a in axes):  # nothing to sample from
-        raise ShapeError(f"Resize: input {x.shape} is empty along a resized axis")
-    if scales is not None and scales.size:
-        sc = [float(v) for v in scales.reshape(-1)]
-        if len(sc) != r or not all(0 < s < math.inf for s in sc):
-            raise ShapeError(f"Resize: {len(sc)} scales for {r} axes, each must be > 0 "
-                             "and finite")
-        outs = [int(math.floor(x.shape[a] * s)) for a, s in zip(axes, sc)]
-    elif sizes is not None and sizes.size:
-        outs = _ints(sizes, "Resize", "sizes")
-        if len(outs) != r or min(outs) < 1:
-            raise ShapeError(f"Resize: sizes {outs} do not fit {r} axes")
-        sc = [o / x.shape[a] for a, o in zip(axes, outs)]
-        policy = _text(attrs.get("keep_aspect_ratio_policy", "stretch"))
-        if policy in ("not_larger", "not_smaller"):
-            s = min(sc) if policy == "not_larger" else max(sc)
-            sc = [s] * r
-            outs = [int(math.floor(x.shape[a] * s + 0.5)) for a in axes]
-        elif policy != "stretch":
-            raise InvalidRequest(f"Resize: keep_aspect_ratio_policy {policy!r} is not supported")
-    else:
-        raise InvalidRequest("Resize: one of scales or sizes is required")
-    if min(outs) < 1:
-        raise ShapeError(f"Resize: output size {outs} is empty")
-    total = math.prod(x.shape) // max(math.prod(x.shape[a] for a in axes), 1) * math.prod(outs)
-    if total > MAX_CREATED_ELEMENTS:
-        raise ShapeError(f"Resize: output of {total} elements exceeds {MAX_CREATED_ELEMENTS}")
-    rois = [(0.0, 1.0)] * r
-    if roi is not None and roi.size == 2 * r:
-        flat = [float(v) for v in roi.reshape(-1)]
-        rois = list(zip(flat[:r], flat[r:]))
-    y = x
-    for a, o, s, ro in zip(axes, outs, sc, rois):
-        if o != x.shape[a] or s != 1.0 or _text(attrs.get(
-                "coordinate_transformation_mode", "half_pixel")) == "tf_crop_and_resize":
-            y = _resize_axis(y, a, o, s, attrs, ro)
-    if x.dtype.kind in "iu" and y.dtype != x.dtype:
-        y = np.rint(y)
-    return [np.ascontiguousarray(y).astype(x.dtype, copy=False)]
-
-
 # -- the table -----------------------------------------------------------------------------
 
 _OPS: dict[str, Callable[[Arrays, Attrs], list[np.ndarray]]] = {
-    "Conv": _conv, "Gemm": _gemm, "MatMul": _matmul,
+    "Conv": conv, "Gemm": _gemm, "MatMul": _matmul,
     "Add": _binary(np.add), "Mul": _binary(np.multiply), "Sub": _binary(np.subtract),
     "Relu": _relu, "Clip": _clip, "Sigmoid": _sigmoid, "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_swish, "BatchNormalization": _batch_norm,
-    "MaxPool": _max_pool, "AveragePool": _average_pool,
-    "GlobalAveragePool": _global_average_pool, "Softmax": _softmax,
+    "MaxPool": max_pool, "AveragePool": average_pool,
+    "GlobalAveragePool": global_average_pool, "Softmax": _softmax,
     "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose, "Concat": _concat,
-    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Resize": _resize,
+    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Resize": resize,
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "ArgMax": _arg_max,
     "Constant": _constant, "Identity": _identity,
     "ConstantOfShape": _constant_of_shape, "Dropout": _dropout, "Sum": _sum, "LRN": _lrn,
@@ -700,7 +399,7 @@ def unsupported(op: str, attrs: Attrs, in_dtypes: Sequence[str], n_outputs: int 
     if op == "MaxPool" and (n_outputs > 1 or attrs.get("storage_order", 0)):
         return "MaxPool with an Indices output is not implemented"
     if op == "Resize":
-        mode = _text(attrs.get("mode", "nearest"))
+        mode = as_text(attrs.get("mode", "nearest"))
         if mode not in ("nearest", "linear"):
             return f"Resize mode {mode!r} is not implemented (nearest, linear are)"
         if attrs.get("antialias", 0):

@@ -49,7 +49,11 @@ class DeviceQueue:
     max_hold_ns: int
     dep_timeout_ns: int
     dispatch_ns: int
-    pos: int             # records consumed (the device's own count; the tail mirrors it)
+    # Records consumed, the device's own count (the tail mirrors it): every record read
+    # raises it by one, refused or not; only ``set_back`` lowers it, by the one it took.
+    pos: int
+    # True while a taken record of this queue runs: one at a time per queue; ``take``
+    # sets it, ``finished`` and ``set_back`` clear it.
     busy: bool = False
     # The record at ``blocked_pos`` waits for input fences since ``blocked_since`` (ns):
     # set back while other work is ready, its dependency timeout counted from then.
@@ -102,10 +106,6 @@ class DeviceQueues:
         exported would fail)."""
         for q in [q for q in self._order if q.sid == sid]:
             self.detach(q.qid)
-
-    def close(self) -> None:
-        for qid in list(self.queues):
-            self.detach(qid)
 
     # -- records ------------------------------------------------------------------------
 

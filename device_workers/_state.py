@@ -15,7 +15,8 @@ import numpy as np
 SLOT_BYTES = 128
 STATE_DTYPE = np.dtype([
     # written by the device
-    ("pid", "<u4"), ("epoch", "<u4"), ("state", "<u4"), ("fault_flags", "<u4"),
+    ("pid", "<u4"), ("epoch", "<u4"), ("state", "<u4"),
+    ("fault_flags", "<u4"),  # reserved: nothing writes or reads it
     ("heartbeat_ns", "<u8"), ("progress", "<u8"), ("current_seq", "<u8"),
     ("current_cid", "<u8"), ("started_ns", "<u8"), ("ack_pidx", "<u8"),
     ("done", "<u8"), ("busy_ns", "<u8"), ("current_pidx", "<u8"),
@@ -50,7 +51,7 @@ class StateSlot:
     """
 
     # u32 indexes
-    PID, EPOCH, STATE, FAULT_FLAGS = 0, 1, 2, 3
+    PID, EPOCH, STATE = 0, 1, 2
     PARK = STATE_DTYPE.fields["park"][1] // 4
     WANT_NEWS = STATE_DTYPE.fields["want_news"][1] // 4
     # u64 indexes

@@ -94,10 +94,15 @@ class DeviceTrace:
         self.fences = fences
         self.cache = cache
         self._private = private
-        self.t_take = 0
+        self.t_take = 0  # when the current command came off the ring: only ``take`` sets it
+        # The slices the current command has open: each begin sets its flag, its end
+        # clears it, and ``done`` closes whatever a failure left open; a preemption saves
+        # and restores them whole (``save``, ``restore``).
         self._open_wait = self._open_exec = self._open_map = False
         self._t_wait = self._t_exec = 0
-        self._active = False
+        self._active = False  # the power state drawn last: only ``_power`` changes it
+        # When the ring ran dry (0: busy): ``idle`` sets it; ``take`` and a power switch
+        # clear it.
         self._idle_since = 0
         self.ring.counter(_POWER_STATE, 0, self.track)
 

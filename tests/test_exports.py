@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-PUBLIC = ["hetproc", "hetproc.trace", "hetproc.drills", "hetproc.delegate", "hetproc.testing", "ipc",
+PUBLIC = ["hetproc", "hetproc.trace", "hetproc.drills", "hetproc.delegate", "hetproc.ort",
+          "hetproc.testing", "ipc",
           "device_workers"]
 
 

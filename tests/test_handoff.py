@@ -156,7 +156,7 @@ def test_a_burst_of_commands_with_memory_reports_completes_without_a_device_rese
 
 def test_completion_batches_are_split_to_fit_a_ring_slot():
     from device_workers import decode_completions
-    from device_workers._worker import _payloads
+    from device_workers._outbox import payloads as _payloads
     base = {"epoch": 1, "code": 0, "msg": "", "t_start": 1, "t_end": 2}
     records = [{**base, "seq": i,
                 "mem": {"ids": [["i", 1 << 62, 1, 2, 3]] * 8}} for i in range(40)]

@@ -1,6 +1,7 @@
 """The layout's arrows, read from the source with ``ast`` (imports under
 ``if TYPE_CHECKING:`` are for type checkers only and do not count)::
 
+    ort ─▶ delegate ─▶ client (and core, trace, ipc)
     cli ─▶ drills ─▶ client ─▶ core (_config, _schema, _protocol, _argtypes, _refsched,
                                      errors) ─▶ ipc
                  └─▶ trace ◀─┘                                  device_workers ─▶ ipc
@@ -33,6 +34,9 @@ ALLOWED = {
     "hetproc.supervisor": {"ipc", "device_workers", "hetproc.core", "hetproc.trace"},
     "hetproc.delegate": {"ipc", "device_workers", "hetproc.core", "hetproc.client", "hetproc",
                          "hetproc.trace"},
+    # ONNX Runtime's API over the delegate: above it, below nothing but applications
+    "hetproc.ort": {"ipc", "hetproc.core", "hetproc.client", "hetproc", "hetproc.trace",
+                    "hetproc.delegate"},
     "hetproc.drills": {"ipc", "device_workers", "hetproc.core", "hetproc.client",
                        "hetproc.trace", "hetproc", "hetproc.delegate"},
     "hetproc.cli": {"ipc", "device_workers", "hetproc.core", "hetproc.client", "hetproc.trace",

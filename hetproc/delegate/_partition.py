@@ -41,11 +41,15 @@ class Options:
     max_partitions: int = 8                      # delegated (non-fallback) partitions
     min_nodes_per_partition: int = 2
     weigh_costs: bool = True
+    # True: a node goes to the first of ``accelerators`` that takes it (ONNX Runtime's
+    # provider priority) instead of the one with the lowest modeled time.
+    in_order: bool = False
 
     def key(self) -> str:
         return (f"strict={int(self.strict)},acc={','.join(self.accelerators or ())},"
                 f"fb={self.fallback},maxp={self.max_partitions},"
-                f"minn={self.min_nodes_per_partition},w={int(self.weigh_costs)}")
+                f"minn={self.min_nodes_per_partition},w={int(self.weigh_costs)}"
+                + (",ordered" if self.in_order else ""))
 
 
 @dataclass
@@ -184,7 +188,7 @@ def place(graph: Graph, specs: Specs, devices: Sequence[Device], options: Option
                 refusals.append(f"{a}: {r}")
                 continue
             t = node_us(graph, specs, i, by_name[a])
-            if best is None or t < best[1]:
+            if best is None or (t < best[1] and not options.in_order):
                 best = (a, t)
         r_fb = refusal(fb, n.op, n.attrs, ins, outs)
         if best is None:

@@ -333,13 +333,24 @@ class DelegatedModel:
             elif v.name in inputs:
                 out[v.name] = np.array(inputs[v.name])
             else:
-                k = where[v.name]
-                off = c.output_layouts[k].offsets[v.name]
-                dt, shape = np.dtype(c.specs.dtype(v.name)), c.specs.shape(v.name)
-                n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-                raw = self._out_views[k][off:off + n]
-                out[v.name] = raw.view(dt).reshape(shape).copy()
+                out[v.name] = self._output_in_place(v.name, where[v.name]).copy()
         return out
+
+    def _output_in_place(self, name: str, k: int) -> np.ndarray:
+        c = self.compiled
+        off = c.output_layouts[k].offsets[name]
+        dt, shape = np.dtype(c.specs.dtype(name)), c.specs.shape(name)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        return self._out_views[k][off:off + n].view(dt).reshape(shape)
+
+    def output_view(self, name: str) -> np.ndarray | None:
+        """Model output ``name`` in place, in its partition's shared output buffer (what
+        the device wrote; valid until the next run overwrites it), or None for an output
+        no partition computes (a constant, an input passed through)."""
+        where = {t: p.index for p in self.placement.partitions for t in p.outputs}
+        if name not in where or name in self.compiled.constant_outputs:
+            return None
+        return self._output_in_place(name, where[name])
 
     # -- asynchronous runs (seed §18) -----------------------------------------------------
 
