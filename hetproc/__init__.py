@@ -62,9 +62,14 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
                                      supervisor/_memory (segments per tenant, one per
                                      exportable buffer, handed over as descriptors only:
                                      ipc/_fdpass)
-    8 modeled time                   device_workers/_worker (the modeled start, the
-                                     stamp in the fences) and _hold (holding to the end)
+    8 modeled time                   device_workers/_worker (the modeled start),
+                                     _outbox (the stamp in the fences) and _hold
+                                     (holding to the end)
 """
+
+
+
+from . import _startup  # noqa: F401  (first: the command's signals while it imports)
 
 from . import errors
 from .errors import *  # noqa: F401,F403  (the one error hierarchy)
@@ -75,6 +80,18 @@ from ._refsched import simulate_schedule
 from .client import (FOREVER, Buffer, BufferPool, Client, Context, Fence, Pipeline,
                      PipelineReport, PipelineStage, Platform, PoolStatistics, Queue, command,
                      connect)
+
+
+def _installed_version() -> str:
+    """The version the package metadata holds (pyproject.toml's, once installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("hetproc")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",

@@ -262,6 +262,9 @@ def load_platform(path: str | Path | None = None) -> PlatformSpec:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise errors.InvalidRequest(f"{source}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib descends once per level of nesting
+        raise errors.InvalidRequest(f"{source}: not a platform file: arrays or tables "
+                                    "nested too deep") from None
     return parse_platform(raw, source)
 
 
@@ -269,7 +272,11 @@ def parse_platform(raw: dict[str, Any], source: str = "<dict>") -> PlatformSpec:
     """A platform from its raw tables, every key checked (types, ranges, names): the one
     schema lives in ``_schema``; ``to_raw`` is the inverse."""
     from ._schema import check_platform
-    top = check_platform(raw, source)
+    try:
+        top = check_platform(raw, source)
+    except RecursionError:  # a value nested too deep to print or compare
+        raise errors.InvalidRequest(f"{source}: not a platform file: values nested too "
+                                    "deep") from None
     devices = tuple(_device(d) for d in top.pop("device"))
     return PlatformSpec(
         **{k: v for k, v in top.items()

@@ -84,7 +84,10 @@ class Chain:
         f_cons = self.npu.submit("checksum", [imp], [self.result], wait=[f_seen])
         gate.signal()  # the backend is already waiting: we time the hand-off, not submits
         f_cons.wait(60)
-        t_signal = self.producer.fences.info(f_prod.handle)["t_host"]
+        # One clock at both ends: the producer's modeled signal time and the backend's
+        # modeled kernel start (the host time of the signal runs on another clock: a
+        # fill that took longer on the host than modeled gave negative hand-offs).
+        t_signal = self.producer.fences.info(f_prod.handle)["t_ns"]
         # Both tenants' events: the platform owner's view (a tenant sees only its own).
         ev = self.s.client.memory_events(cids=[f_prod.cid, f_cons.cid], timeout=30)["events"]
         kernel = next(e for e in ev if e["kind"] == "exec" and e["cid"] == f_cons.cid)

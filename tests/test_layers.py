@@ -3,7 +3,7 @@
 
     ort ─▶ delegate ─▶ client (and core, trace, ipc)
     cli ─▶ drills ─▶ client ─▶ core (_config, _schema, _protocol, _argtypes, _refsched,
-                                     errors) ─▶ ipc
+                                     _startup, errors) ─▶ ipc
                  └─▶ trace ◀─┘                                  device_workers ─▶ ipc
     supervisor ─▶ core, device_workers, ipc, trace (to write the windows it dumps)
 
@@ -65,8 +65,8 @@ def _unit(module: str) -> str:
         return parts[0]
     if len(parts) == 1:
         return "hetproc"
-    if parts[1] in ("_config", "_schema", "_protocol", "_argtypes", "_refsched", "errors",
-                    "platforms", "__main__"):
+    if parts[1] in ("_config", "_schema", "_protocol", "_argtypes", "_refsched", "_startup",
+                    "errors", "platforms", "__main__"):
         return "hetproc.core" if parts[1] != "__main__" else "hetproc.cli"
     return "hetproc." + parts[1].lstrip("_")
 

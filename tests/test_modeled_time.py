@@ -87,7 +87,11 @@ def test_a_starved_host_records_its_lag_and_keeps_the_modeled_end(platform):
     warm(c, "npu0")
     t0 = time.monotonic_ns()
     f = npu.submit_nowait("work", ms=300, at_ns=t0, timeout_ms=10_000)
-    time.sleep(0.01)  # queued or running: either way its modeled end passes while stopped
+    # Stopped only once it runs the command: a device stopped while the command still
+    # waits in its ring owes work it does not move, which the stall watchdog rightly
+    # resets after 250 ms (a fixed 10 ms sleep assumed the device had taken it by then;
+    # on a busy machine it had not, and the device was gone before SIGCONT).
+    assert wait_for(lambda: c.metrics()["devices"]["npu0"]["state"] == "busy")
     os.kill(pid, signal.SIGSTOP)  # the host cannot keep up: the modeled end passes
     try:
         time.sleep(0.5)

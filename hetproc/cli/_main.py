@@ -10,9 +10,11 @@ platform, removes everything and prints one line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
+import signal
 import sys
 import textwrap
 from typing import Any, Callable, NoReturn, Sequence
@@ -22,11 +24,13 @@ from ipc import cleanup_dead, errors
 from .. import drills
 from .._argtypes import int_in, positive_int, time_scale
 from .._config import TIME_SCALE_RANGE
-from . import _show, _signals
+from . import _conformance, _show, _signals
 from ._status import dead_platforms, live_platforms, print_status
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-FRAMES_RANGE = (1, 1_000_000)
+# What any scenario's `frames` may be (each scenario's own range applies too; a test keeps
+# this the widest of them).
+FRAMES_RANGE = (1, 100_000)
 
 _INTRO = """\
 hetproc emulates a phone SoC -- CPU, NPU, GPU, DSP and ISP -- as real processes: one per
@@ -39,16 +43,31 @@ was started), 128+N after signal N (the platform was stopped and removed)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is seen while we can answer
+        return code
+    except BrokenPipeError:
+        # The reader went away (`hetproc ... | head -1`): what it did not read is not
+        # wanted. Point stdout at /dev/null so the interpreter's last flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
+    if not getattr(args, "func", None):  # a command group alone: its own help
+        (getattr(args, "help_of", None) or parser).print_help()
         return EXIT_USAGE
     _signals.install()
     try:
         return args.func(args)
     except errors.HetprocError as exc:
-        print(f"hetproc: {exc.name}: {exc}", file=sys.stderr)
+        for line in getattr(exc, "problems", None) or [str(exc)]:  # a file: one per problem
+            print(f"hetproc: {exc.name}: {line}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, errors.InvalidRequest) else EXIT_FAILED
     except _signals.Interrupted as sig:
         path = getattr(args, "report", None)
@@ -65,10 +84,61 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """A usage mistake is one line (and where to read more), not the usage block."""
+    """A usage mistake is one line (and where to read more), not the usage block.
+    ``help_tail``: a function whose text ends the help, computed only when asked for
+    (the scenario list loads every scenario script)."""
+
+    help_tail: Callable[[], str] | None = None
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        return text + ("\n" + self.help_tail() if self.help_tail else "")
+
+
+def _scenario_help() -> str:
+    """Every scenario of the scenarios package, with its options (``--set K=V``)."""
+    lines = ["scenarios (SCENARIO; their options are set with --set K=V):"]
+    for name in drills.scenario_names():
+        try:
+            module = drills.load_scenario(name)
+        except errors.HetprocError as exc:
+            lines.append(f"  {name}: cannot load ({exc})")
+            continue
+        lines.append(f"  {name}: {_summary(module)}")
+        lines += [f"      {line}" for line in option_lines(drills.declared_options(module))]
+    return "\n".join(lines) + "\n"
+
+
+def _summary(module: Any) -> str:
+    """A script's docstring up to its first full stop (its first line may stop mid-way)."""
+    para = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
+    head, dot, _ = para.partition(". ")
+    return head + "." if dot else para
+
+
+def option_lines(declared: dict[str, Any]) -> list[str]:
+    """One line per option: key, default, range or choices, what it means."""
+    out = []
+    for key, opt in declared.items():
+        if opt.choices is not None:
+            rng = "one of " + ", ".join(map(str, opt.choices))
+        elif opt.min is not None or opt.max is not None:
+            lo = "" if opt.min is None else _num(opt.min)
+            hi = "" if opt.max is None else _num(opt.max)
+            rng = f"{lo} .. {hi}"
+        else:
+            rng = ""
+        default = _num(opt.default) if opt.default != "" else "''"
+        out.append(f"{key}={default}" + (f" ({rng})" if rng else "")
+                   + (f": {opt.help}" if opt.help else ""))
+    return out
+
+
+def _num(v: Any) -> str:
+    return f"{v:,}".replace(",", "_") if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
 
 def _prose(text: str) -> str:
@@ -78,30 +148,38 @@ def _prose(text: str) -> str:
 def _sub(sub: Any, name: str, summary: str, text: str, func: Callable) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=summary, description=_prose(text),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.set_defaults(func=func)
+    p.set_defaults(func=func, help_of=p)
     return p
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hetproc", description=_INTRO,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"hetproc {_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
     run = _sub(sub, "run", "run a scenario on a fresh platform", """
         Start a platform, run one scenario script on it, stop it, and print what the
         script measured and checked. SCENARIO is a name from the scenarios package
-        (video_pipeline, zero_copy_evidence, camera_lifecycle, intermittent_stall) or a
-        path to your own script. The run passes only if every check held and nothing was
-        left behind. If it stops on an error, the error, its scope, the supervisor's
-        record of it and the files holding the evidence are printed.""", cmd_run)
+        (listed below with their options) or a path to your own script. The run passes
+        only if every check held and nothing was left behind. If it stops on an error,
+        the error, its scope, the supervisor's record of it and the files holding the
+        evidence are printed.""", cmd_run)
+    run.help_tail = _scenario_help  # type: ignore[attr-defined]  # a _Parser, built by _sub
     run.add_argument("scenario", help="a scenario name, or a path to a .py script")
     _platform_args(run)
     run.add_argument("--report", metavar="FILE", help="write the JSON report here (also on failure)")
     run.add_argument("--set", metavar="K=V", action="append", default=[],
-                     help="set one of the scenario's options (an unknown key is an error "
-                          "that lists the valid ones)")
+                     help="set one of the scenario's options (listed below; --set help=1 "
+                          "lists one scenario's)")
     run.add_argument("--frames", type=int_in(*FRAMES_RANGE), metavar="N",
-                     help=f"shorthand for --set frames=N ({FRAMES_RANGE[0]} .. {FRAMES_RANGE[1]})")
+                     help=f"shorthand for --set frames=N ({FRAMES_RANGE[0]} .. "
+                          f"{FRAMES_RANGE[1]:_}; each scenario's own range applies)")
     run.add_argument("--trace", metavar="FILE.json",
                      help="write the run's trace for Perfetto (also on failure), and every "
                           "window frozen around an error next to it; the directory must exist")
@@ -109,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="draw the run's timeline (needs the 'plot' extra: matplotlib)")
     run.add_argument("--no-trace", action="store_true",
                      help="run with the ring trace off (as HETPROC_TRACE=0)")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="when the scenario raises, print its traceback too")
     _json_arg(run)
 
     dr = _sub(sub, "drill", "inject one fault and check the recovery", """
@@ -158,6 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     camp.add_argument("--report", metavar="FILE", help="write the JSON summary here")
     _json_arg(camp)
 
+    _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
     _trace_parsers(sub)
     _platform_parsers(sub)
 
@@ -181,6 +262,7 @@ def _parser() -> argparse.ArgumentParser:
 def _trace_parsers(sub: Any) -> None:
     trace = sub.add_parser("trace", help="read traces: attribute latency, plot, export",
                            description="Read the evidence a platform keeps (seed §22).")
+    trace.set_defaults(func=None, help_of=trace)
     tsub = trace.add_subparsers(title="commands", metavar="COMMAND")
     ex = _sub(tsub, "explain", "where did a request's time go", """
         Break requests' latency into stages (submit, queued, acquire, execute, signal,
@@ -215,10 +297,11 @@ def _platform_parsers(sub: Any) -> None:
     plat = sub.add_parser("platform", help="check or show a platform file",
                           description="Platform files: which devices exist, what they accept, "
                                       "how long things take.")
+    plat.set_defaults(func=None, help_of=plat)
     psub = plat.add_subparsers(title="commands", metavar="COMMAND")
     chk = _sub(psub, "check", "validate a platform file", """
         Check a platform file against the schema: every table and key, types, ranges,
-        known ops, dtypes and layouts. The first problem is printed as one line,
+        known ops, dtypes and layouts. Every problem is printed, one line each,
         file: table.key: problem, with the closest valid key for a typo.""",
                cmd_platform_check)
     chk.add_argument("file")
@@ -256,6 +339,8 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if any(item.partition("=")[0] == "help" for item in args.set):
+        return _print_scenario_options(args.scenario)
     drills.check_output_path(args.report, "--report")
     if args.plot:
         from ..trace import require_matplotlib
@@ -266,7 +351,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             name, platform_file=args.platform, time_scale=args.time_scale,
             options=_options(args), trace_path=args.trace, plot_path=args.plot,
             trace=False if args.no_trace else None, progress=progress)
-    return _conclude(report, args, _show.print_report)
+    return _conclude(report, args, functools.partial(_show.print_report,
+                                                     verbose=args.verbose))
+
+
+def _print_scenario_options(name: str) -> int:
+    """``--set help=1``: what the scenario may be told, with defaults, ranges and meaning."""
+    module = drills.load_scenario(name)
+    declared = drills.declared_options(module)
+    print(f"{name}: {_summary(module)}")
+    print("options (--set K=V):" if declared else "it takes no options")
+    for line in option_lines(declared):
+        print(f"  {line}")
+    return EXIT_OK
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
@@ -353,8 +450,9 @@ def cmd_platform_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"{args.file}: ok, platform {spec.name!r} with devices "
-              f"{', '.join(summary['devices'])}")
+        names = summary["devices"]
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} devices)" if len(names) > 8 else "")
+        print(f"{args.file}: ok, platform {spec.name!r} with devices {shown}")
     return EXIT_OK
 
 

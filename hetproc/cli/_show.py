@@ -97,8 +97,10 @@ def console(out: TextIO | None = None) -> Console:
                    soft_wrap=False)
 
 
-def print_report(report: dict[str, Any], out: TextIO | None = None) -> None:
-    """A scenario's or drill's report: header, metrics, checks, recovery, evidence."""
+def print_report(report: dict[str, Any], out: TextIO | None = None, *,
+                 verbose: bool = False) -> None:
+    """A scenario's or drill's report: header, metrics, checks, recovery, evidence (and,
+    with ``verbose``, the traceback of the error the scenario stopped on)."""
     con = console(out)
     con.print(Text(f"{report['scenario']} on {report['platform']['name']} "
                    f"(time scale {report['platform']['time_scale']}, "
@@ -134,7 +136,7 @@ def print_report(report: dict[str, Any], out: TextIO | None = None) -> None:
     if ev.get("plot"):
         con.print(Text(f"timeline: {ev['plot']['path']}"))
     if report.get("failure"):
-        print_failure(report, con)
+        print_failure(report, con, verbose=verbose)
     con.print(Text("OK", style="bold green") if report["ok"] else Text("FAILED", style="bold red"))
 
 
@@ -144,13 +146,18 @@ def _plain_table(title: str) -> Table:
                  pad_edge=False, padding=(0, 1, 0, 0))
 
 
-def print_failure(report: dict[str, Any], con: Console) -> None:
+def print_failure(report: dict[str, Any], con: Console, *, verbose: bool = False) -> None:
     """Why a run stopped, in plain words: the error, how far the damage went, the
     supervisor's own record of it (device, command, watchdog) and where the evidence is."""
     f = report["failure"]
     e = f["error"]
     con.print(Text("the run stopped on an error:", style="bold red"))
     con.print(Text(f"  error: {e.get('name')}: {e.get('message')}"))
+    if f.get("where"):
+        con.print(Text(f"  raised at: {f['where']}"
+                       + ("" if verbose else " (--verbose shows the traceback)")))
+    if verbose and f.get("traceback"):
+        con.print(Text("".join(f["traceback"]).rstrip()))
     if e.get("scope"):
         cid = e.get("correlation_id") or 0
         con.print(Text(f"  scope: {e['scope']} (retryable: {_yes(e.get('retryable'))}, "
@@ -176,6 +183,12 @@ def print_failure(report: dict[str, Any], con: Console) -> None:
 def print_matrix(matrix: dict[str, Any], out: TextIO | None = None) -> None:
     con = console(out)
     con.print(matrix_table(matrix["rows"]))
+    for r in matrix["rows"]:  # the table names a failed check; here is what it saw
+        for check, detail in (r.get("failed_details") or {}).items():
+            con.print(Text(f"[FAIL] {r['kind']} {r['name']}: {check}"
+                           + (f": {detail}" if detail else "")))
+        if r.get("error") and not r["ok"]:
+            con.print(Text(f"[FAIL] {r['kind']} {r['name']}: stopped on {r['error']}"))
     con.print(Text("OK", style="bold green") if matrix["ok"] else Text("FAILED", style="bold red"))
 
 

@@ -76,18 +76,31 @@ class Platform:
 
     def start(self) -> "Platform":
         read_fd, write_fd = os.pipe()
+        spec_fd = _spec_file(self._raw)
         self.prefix = "pending"
         try:
+            # Its own process group: a Ctrl-C at the terminal reaches the owner alone
+            # (which stops the platform), never a supervisor still importing, which
+            # would print a KeyboardInterrupt traceback.
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hetproc.supervisor", "--spec", json.dumps(self._raw),
+                [sys.executable, "-m", "hetproc.supervisor", "--spec-fd", str(spec_fd),
                  "--ready-fd", str(write_fd)],
-                pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
+                pass_fds=(write_fd, spec_fd), stdin=subprocess.DEVNULL, process_group=0,
                 env=same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
             )
         finally:
             os.close(write_fd)
+            os.close(spec_fd)
+        lines: list[dict[str, Any]] = []
         try:
-            ready = _read_ready(read_fd, self.proc, START_TIMEOUT)
+            ready = _read_ready(read_fd, self.proc, START_TIMEOUT, lines)
+        except BaseException:  # a signal, a timeout: no half-started platform outlives it
+            self.proc.kill()
+            self.proc.wait(5)
+            if lines:
+                cleanup_prefix(lines[0]["prefix"])
+            self.proc = None
+            raise
         finally:
             os.close(read_fd)
         self.prefix = ready["prefix"]
@@ -161,11 +174,12 @@ class Platform:
         self.stop()
 
 
-def _read_ready(fd: int, proc: subprocess.Popen, timeout: float) -> dict[str, Any]:
-    """Read the supervisor's two start lines (prefix, then ready) within ``timeout``."""
+def _read_ready(fd: int, proc: subprocess.Popen, timeout: float,
+                lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """Read the supervisor's two start lines (prefix, then ready) within ``timeout``, into
+    ``lines`` (the caller's: it knows the prefix if the wait is interrupted)."""
     deadline = time.monotonic() + timeout
     buf = b""
-    lines: list[dict[str, Any]] = []
     while len(lines) < 2:
         remaining = deadline - time.monotonic()
         ready, _, _ = select.select([fd], [], [], max(0.0, remaining))
@@ -198,3 +212,19 @@ def connect(platform: str, name: str = "", *, role: int | None = None) -> Client
     """
     address = platform if platform.startswith("\0") else socket_address(platform)
     return Client(address, name, role=role)
+
+
+def _spec_file(raw: dict[str, Any]) -> int:
+    """The spec as an anonymous file, inherited by the supervisor: a platform file of any
+    size (a command line stops at ~128 KiB per argument: "Argument list too long")."""
+    fd = os.memfd_create("hetproc-spec", os.MFD_CLOEXEC)
+    try:
+        data = json.dumps(raw).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -141,11 +144,7 @@ def placement_dict(pl: Any) -> dict[str, Any]:
 def _feeds(graph: Any, path: str | None) -> dict[str, np.ndarray]:
     from hetproc import InvalidRequest
     if path:
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-        except (OSError, ValueError) as exc:
-            raise InvalidRequest(f"cannot read inputs {path}: {exc}") from None
+        return _read_npz(path)
     rng = np.random.default_rng(0)
     feeds = {}
     for v in graph.inputs:
@@ -154,6 +153,34 @@ def _feeds(graph: Any, path: str | None) -> dict[str, np.ndarray]:
         feeds[v.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f"
                          else rng.integers(0, 8, shape).astype(dt))
     return feeds
+
+
+_NPZ_HINT = "an .npz archive, one array per input name (numpy.savez)"
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """The inputs of ``--inputs``: a zip of plain arrays. Anything else (a pickle, a lone
+    .npy, text) is refused by what it is, and nothing is ever unpickled."""
+    from hetproc import InvalidRequest
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+            raise InvalidRequest(f"--inputs {path}: not a regular file; it must be {_NPZ_HINT}")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise InvalidRequest(f"--inputs {path}: cannot read it: {exc.strerror}") from None
+    if magic != b"PK\x03\x04":
+        raise InvalidRequest(f"--inputs {path}: not {_NPZ_HINT}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except ValueError as exc:
+        if "pickle" in str(exc):  # an object array inside: it would need unpickling
+            raise InvalidRequest(f"--inputs {path}: holds an array of Python objects; it "
+                                 f"must be {_NPZ_HINT}, of numbers") from None
+        raise InvalidRequest(f"--inputs {path}: not {_NPZ_HINT} ({exc})") from None
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise InvalidRequest(f"--inputs {path}: not {_NPZ_HINT} ({exc})") from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -8,7 +8,11 @@ is not topologically sorted, a value without a static type all give ``InvalidReq
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +95,7 @@ def load_model(source: Any, input_shapes: dict[str, Any] | None = None) -> Graph
     ``input_shapes`` binds symbolic input dims (a dim left symbolic becomes 1)."""
     _require_onnx()
     proto = _parse(source)
+    _load_external_data(proto, Path(source).parent if isinstance(source, (str, Path)) else None)
     if input_shapes is not None or _symbolic_inputs(proto):
         proto = _bind_inputs(proto, input_shapes or {})
     try:
@@ -101,7 +106,100 @@ def load_model(source: Any, input_shapes: dict[str, Any] | None = None) -> Graph
         inferred = shape_inference.infer_shapes(proto, strict_mode=False)
     except Exception as exc:
         raise errors.InvalidRequest(f"shape inference failed: {_first_line(exc)}") from None
-    return _flatten_graph(inferred, hashlib.sha256(proto.SerializeToString()).hexdigest())
+    graph = _flatten_graph(inferred, hashlib.sha256(proto.SerializeToString()).hexdigest())
+    _check_sizes(graph)
+    return graph
+
+
+MAX_TENSOR_BYTES = 4 << 30  # far past any platform's memory: a declared size beyond it is a mistake
+
+
+def _check_sizes(graph: Graph) -> None:
+    """Every shape the model declares or infers is one a tensor can have: no negative dim,
+    no tensor past ``MAX_TENSOR_BYTES`` (refused here, not as a MemoryError mid-run)."""
+    for v in graph.values.values():
+        dims = [d for d in v.shape if isinstance(d, int)]
+        if any(d < 0 for d in dims):
+            raise errors.ShapeError(f"tensor {v.name!r}: declared shape {_dims(v.shape)} has a "
+                                    "negative dim")
+        if len(dims) == len(v.shape) and dims:
+            itemsize = np.dtype(v.dtype).itemsize if v.dtype else 1
+            if math.prod(dims) * itemsize > MAX_TENSOR_BYTES:
+                raise errors.ShapeError(f"tensor {v.name!r}: declared shape {_dims(v.shape)} "
+                                        f"is over {MAX_TENSOR_BYTES >> 30} GiB")
+
+
+def _dims(shape: tuple[Any, ...]) -> str:
+    text = "x".join(str(d) for d in shape)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _load_external_data(proto: Any, model_dir: Path | None) -> None:
+    """Tensors whose bytes live in a file beside the model: read from the model's own
+    directory (never the current one) and never from outside it -- no absolute path, no
+    "..", no symbolic link out, a regular file, the range inside it. A model given as
+    bytes has no directory: external data is refused."""
+    external = [t for t in _all_tensors(proto.graph)
+                if t.data_location == onnx.TensorProto.EXTERNAL]
+    if not external:
+        return
+    if model_dir is None:
+        raise errors.InvalidRequest(f"tensor {external[0].name!r} keeps its data in an "
+                                    "external file: load the model from its path, so the "
+                                    "file is found beside it")
+    root = model_dir.resolve()
+    for t in external:
+        info = {e.key: e.value for e in t.external_data}
+        t.raw_data = _external_bytes(t.name, info, root)
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+
+
+def _external_bytes(name: str, info: dict[str, str], root: Path) -> bytes:
+    where = f"tensor {name!r}: external data {info.get('location', '')!r}"
+    loc = Path(info.get("location", ""))
+    if not loc.parts or loc.is_absolute() or ".." in loc.parts:
+        raise errors.InvalidRequest(f"{where}: not a file name inside the model's directory")
+    path = (root / loc).resolve()
+    if not path.is_relative_to(root):
+        raise errors.InvalidRequest(f"{where}: leads outside the model's directory")
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise errors.InvalidRequest(f"{where}: offset and length must be whole numbers") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise errors.InvalidRequest(f"{where}: cannot open it: {exc.strerror}") from None
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise errors.InvalidRequest(f"{where}: not a regular file")
+        end = st.st_size if length is None else offset + length
+        if offset < 0 or (length is not None and length < 0) or end > st.st_size:
+            raise errors.InvalidRequest(f"{where}: bytes {offset} .. {end} are not inside the "
+                                        f"file ({st.st_size} bytes)")
+        f.seek(offset)
+        return f.read(end - offset)
+
+
+def _all_tensors(graph: Any):
+    """Every TensorProto of a graph: initializers, sparse ones, node attributes, and those
+    of subgraphs."""
+    yield from graph.initializer
+    for sp in graph.sparse_initializer:
+        yield sp.values
+        yield sp.indices
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t
+            yield from a.tensors
+            if a.HasField("g"):
+                yield from _all_tensors(a.g)
+            for g in a.graphs:
+                yield from _all_tensors(g)
 
 
 def _symbolic_inputs(proto: Any) -> bool:
@@ -162,6 +260,7 @@ def _parse(source: Any) -> Any:
     return model
 
 
+@functools.cache  # a handful of element types, asked once per value
 def _dtype_of(elem_type: int) -> str:
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name

@@ -111,6 +111,11 @@ class Specs:
     def __init__(self, graph: Graph, specs: dict[str, tuple[str, tuple[int, ...] | None]]):
         self.graph = graph
         self.map = specs
+        # Placement asks for a node's inputs and outputs, and its modeled time per device,
+        # several times per node (support, cost, weighing, the final table): each is
+        # computed once here, so placing a graph stays linear in its nodes.
+        self.io: dict[int, tuple] = {}
+        self.us: dict[tuple[int, str], float] = {}
 
     def dtype(self, name: str) -> str:
         return self.map.get(name, ("", None))[0]
@@ -123,6 +128,13 @@ class Specs:
 
 
 def _node_io(graph: Graph, specs: Specs, idx: int):
+    got = specs.io.get(idx)
+    if got is None:
+        got = specs.io[idx] = _compute_node_io(graph, specs, idx)
+    return got
+
+
+def _compute_node_io(graph: Graph, specs: Specs, idx: int):
     n = graph.nodes[idx]
     # "?": a value that is there but is not a tensor of known element type (a sequence,
     # an optional); "": an omitted optional input.
@@ -134,6 +146,13 @@ def _node_io(graph: Graph, specs: Specs, idx: int):
 
 
 def node_us(graph: Graph, specs: Specs, idx: int, dev: Device) -> float:
+    got = specs.us.get((idx, dev.name))
+    if got is None:
+        got = specs.us[(idx, dev.name)] = _compute_node_us(graph, specs, idx, dev)
+    return got
+
+
+def _compute_node_us(graph: Graph, specs: Specs, idx: int, dev: Device) -> float:
     n, ins, outs = _node_io(graph, specs, idx)
     nbytes = sum(nbytes_of(d, s) for d, s, _ in ins) + sum(nbytes_of(d, s) for d, s in outs)
     dtype = ins[0][0] if ins and ins[0][0] else (outs[0][0] if outs else "float32")

@@ -8,11 +8,13 @@ model), which is how the conformance suite checks a delegated op against ONNX's 
 
 from __future__ import annotations
 
+import unittest
 from typing import Any, Sequence
 
 import numpy as np
 
 from onnx.backend.base import Backend, BackendRep  # this module needs the onnx extra
+from ipc import errors
 
 from ._model import Graph, load_model
 from ._reference import run_graph
@@ -38,12 +40,54 @@ def _named_inputs(graph: Graph, inputs: Any) -> dict[str, Any]:
     return {v.name: a for v, a in zip(graph.inputs, list(inputs))}
 
 
+class VariantUnsupported(errors.UnsupportedOp, unittest.SkipTest):
+    """``UnsupportedOp`` raised by ``prepare`` for a model the support query refuses,
+    before anything ran. It is also a ``unittest.SkipTest``, which is how onnx's test
+    runner (``onnx.backend.test.BackendTest``, whose node tests never ask
+    ``is_compatible``) reports it: skipped with the reason, not failed -- a variant the
+    backend does not claim is not a failure of the backend."""
+
+
+def refusal(model: Any) -> str | None:
+    """Why the CPU reference cannot run ``model``, or None: the support query the
+    delegates use, over every node, before anything runs. A variant that is not
+    implemented (an op an expanded function uses, a training mode, a second output) or a
+    value that is not a tensor of a known element type (a sequence, an optional, int4,
+    float8) is refused here, so a test runner skips it instead of failing inside."""
+    from device_workers import unsupported
+    try:
+        graph = model if isinstance(model, Graph) else load_model(model)
+    except errors.HetprocError as exc:
+        return exc.message
+    for v in list(graph.inputs) + list(graph.outputs):
+        if not v.dtype:
+            return f"value {v.name!r} is not a tensor of a supported element type"
+    for n in graph.nodes:
+        dtypes = [graph.values[i].dtype if i in graph.values else "" for i in n.inputs if i]
+        if any(i and i in graph.values and not graph.values[i].dtype for i in n.inputs):
+            return f"node {n.name}: an input is not a tensor of a supported element type"
+        why = unsupported(n.op, n.attrs, dtypes, sum(1 for o in n.outputs if o))
+        if why:
+            return f"node {n.name}: {why}"
+    return None
+
+
 class ReferenceBackend(Backend):
-    """The CPU reference: every op of ``device_workers.GRAPH_OPS``."""
+    """The CPU reference: every op of ``device_workers.GRAPH_OPS``. ``is_compatible`` is
+    the support query (``onnx.backend.test`` skips what it refuses); ``prepare`` of a
+    model it refuses raises ``UnsupportedOp``, never an error from inside a kernel."""
 
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> ReferenceRep:
-        return ReferenceRep(load_model(model))
+        graph = load_model(model)
+        why = refusal(graph)
+        if why:
+            raise VariantUnsupported(why)
+        return ReferenceRep(graph)
+
+    @classmethod
+    def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
+        return device == "CPU" and refusal(model) is None
 
     @classmethod
     def run_model(cls, model: Any, inputs: Any, device: str = "CPU",
@@ -71,12 +115,14 @@ class DelegateBackend:
         return self._client() if callable(self._client) else self._client
 
     def prepare(self, model: Any, device: str = "CPU", **kwargs: Any) -> "BackendRep":
-        from ipc import errors
         from ._partition import Options
         from ._runtime import DelegatedModel
         refusals = []
         graph = load_model(model)
         self.close()
+        why = refusal(graph)
+        if why:
+            raise VariantUnsupported(why)
         for name in self.devices:
             opts = Options(strict=True, accelerators=(name,), min_nodes_per_partition=1,
                            weigh_costs=False)
@@ -88,7 +134,7 @@ class DelegateBackend:
             self.last_device = name
             self._live = rep
             return rep
-        raise errors.UnsupportedOp("no accelerator takes the whole model: " + " | ".join(refusals))
+        raise VariantUnsupported("no accelerator takes the whole model: " + " | ".join(refusals))
 
     def run_model(self, model: Any, inputs: Any, device: str = "CPU", **kwargs: Any):
         return self.prepare(model, device).run(inputs)
@@ -108,7 +154,6 @@ class DelegateBackend:
     def is_compatible(self, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
         """True when one of ``devices`` takes every node (the support query, no upload);
         ``last_refusal`` keeps why not."""
-        from ipc import errors
         from . import plan
         from ._partition import Options
         self.last_refusal = ""
@@ -117,6 +162,10 @@ class DelegateBackend:
             graph = load_model(model)
         except errors.HetprocError as exc:
             self.last_refusal = exc.message
+            return False
+        why = refusal(graph)  # what no device runs (the op library is the same)
+        if why:
+            self.last_refusal = why
             return False
         for name in self.devices:
             try:

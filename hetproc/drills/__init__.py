@@ -9,6 +9,8 @@ What a scenario script (``hetproc run FILE``) and a user's own tooling may use::
     run_drill, DRILLS the crash/reset drills (``hetproc drill --list``)
     run_matrix        the acceptance matrix (seed §21)
     run_campaign      one drill under many seeds, locally or on a Dask cluster
+    run_conformance   the Linux GPU suites' recovery and sync cases, each under the
+                      name of the case it mirrors (conformance_cases lists them)
     compare_schedule  a task set run on a platform against the reference simulator,
                       job by job (``hetproc.simulate_schedule``)
     leftovers, ...    the one check of what a stopped platform left behind
@@ -19,6 +21,7 @@ Scenarios import only public namespaces: ``hetproc``, ``hetproc.trace``, this pa
 
 from ._acceptance import run_matrix
 from ._campaign import campaign_task, run_campaign
+from ._conformance import conformance_cases, run_conformance
 from ._drills import DRILLS, run_drill
 from ._schedcheck import compare as compare_schedule
 from ._leaks import (alive, assert_no_leftovers, leftovers, new_children, platform_pids,
@@ -33,7 +36,8 @@ __all__ = [
     "find_scenario", "scenario_folder", "load_module", "load_scenario", "declared_options",
     "quick_options", "check_options",
     "check_output_path", "write_report", "run_drill", "DRILLS", "run_matrix",
-    "run_campaign", "campaign_task", "compare_schedule",
+    "run_campaign", "campaign_task", "compare_schedule", "run_conformance",
+    "conformance_cases",
     "leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
     "started_prefixes",
 ]

@@ -10,8 +10,11 @@ processes, each starting its own platform, and ``on_row`` hears of each as it en
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
-from typing import Any, Callable
+import signal
+import threading
+from typing import Any, Callable, Iterator
 
 from ._drills import DRILLS, run_drill
 from ._scenario import load_scenario, quick_options, run_scenario, scenario_names
@@ -57,21 +60,109 @@ def run_matrix(*, platform_file: str | None = None, time_scale: float | None = N
         for kind, name, options in todo:
             done(run_cell(kind, name, options, platform_file, time_scale))
     else:
-        # Fresh interpreters, not forks: a fork of a process with threads (the CLI's
-        # progress display) may inherit a held lock.
-        ctx = multiprocessing.get_context("spawn")
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-            futures = [pool.submit(run_cell, k, n, o, platform_file, time_scale)
-                       for k, n, o in todo]
-            for fut in cf.as_completed(futures):
-                done(fut.result())
+        _in_workers(jobs, todo, platform_file, time_scale, done)
     return {"rows": rows, "ok": all(r["ok"] for r in rows)}
 
 
+def _in_workers(jobs: int, todo: list[tuple[str, str, dict[str, Any]]],
+                platform_file: str | None, time_scale: float | None,
+                done: Callable[[dict[str, Any]], None]) -> None:
+    """The cells in ``jobs`` worker processes. A signal to this process (SIGTERM, or the
+    exception its handler raises) stops the rest at once: cells not started are
+    cancelled, the running ones are told to stop (SIGTERM: each stops its platform and
+    removes its objects), and the workers are gone before the signal goes on."""
+    # Fresh interpreters, not forks: a fork of a process with threads (the CLI's
+    # progress display) may inherit a held lock.
+    ctx = multiprocessing.get_context("spawn")
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
+                                  initializer=_worker_signals)
+    futures: list[cf.Future] = []
+    try:
+        with _sigint_ignored_by_children():  # the workers start here
+            for k, n, o in todo:
+                futures.append(pool.submit(_cell_in_worker, k, n, o, platform_file,
+                                           time_scale))
+        for fut in cf.as_completed(futures):
+            done(fut.result())
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)  # nothing more starts; idle ones leave
+        _stop_workers()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_STOP_WAIT_S = 10.0  # a worker stopping its platform; then it is killed
+
+
+def _stop_workers() -> None:
+    """SIGTERM to each worker (a running cell stops its platform), then each leaves on
+    the pool's word; one that has not within ``_STOP_WAIT_S`` is killed."""
+    workers = [p for p in multiprocessing.active_children() if p.is_alive()]
+    for p in workers:  # only this process's children: the pool's workers
+        p.terminate()
+    for p in workers:
+        p.join(_STOP_WAIT_S)
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+
+
+@contextlib.contextmanager
+def _sigint_ignored_by_children() -> Iterator[None]:
+    """Workers are born ignoring SIGINT: a Ctrl-C at the terminal reaches the whole
+    process group, and only this process decides (a worker still importing would print a
+    KeyboardInterrupt traceback). The disposition is inherited through exec; Python keeps
+    an ignored SIGINT ignored. Here only for the moment the workers start."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+_stopping = False  # in a worker: a SIGTERM came; no further cell starts
+_running = False   # in a worker: a cell (and its platform) is running
+
+
+def _worker_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _worker_stop)
+
+
+def _cell_in_worker(*args: Any) -> dict[str, Any]:
+    global _running
+    if _stopping:
+        raise CellStopped(signal.SIGTERM)
+    _running = True
+    try:
+        return run_cell(*args)
+    finally:
+        _running = False
+
+
+def _worker_stop(signum: int, frame: Any) -> None:
+    global _stopping
+    _stopping = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the cleanup that follows must finish
+    if _running:  # idle, it leaves when the pool says so (dying would break the pool)
+        raise CellStopped(signum)
+
+
+class CellStopped(BaseException):
+    """A worker was told to stop (a BaseException: no scenario's ``except Exception``
+    swallows it); the cell's platform is stopped on the way out."""
+
+
 def _row(kind: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
-    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    failed = [c for c in report["checks"] if not c["passed"]]
     left = report["left_behind"]
-    return {"kind": kind, "name": name, "ok": report["ok"], "failed_checks": failed,
+    return {"kind": kind, "name": name, "ok": report["ok"],
+            "failed_checks": [c["name"] for c in failed],
+            "failed_details": {c["name"]: c["detail"] for c in failed},
             "checks": len(report["checks"]),
             "error": report.get("error"),
             "leaks": len(left["objects"]) + len(left["processes"]),

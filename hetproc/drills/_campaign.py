@@ -15,6 +15,7 @@ import concurrent.futures as cf
 import json
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from ..client import same_code_env
 from ._drills import DRILLS
 
 RUN_TIMEOUT_S = 300.0  # one drill run, platform start and stop included
+CONNECT_TIMEOUT_S = 5.0  # a scheduler that does not answer by then is not there
 
 
 def campaign_task(drill: str, seed: int, platform_file: str | None = None,
@@ -35,12 +37,22 @@ def campaign_task(drill: str, seed: int, platform_file: str | None = None,
     if time_scale is not None:
         cmd += ["--time-scale", repr(time_scale)]
     t0 = time.monotonic()
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                             env=same_code_env())
-    except subprocess.TimeoutExpired:
-        return {"seed": seed, "ok": False, "failed_checks": [f"ran past {RUN_TIMEOUT_S:.0f} s"],
-                "error": "timeout", "leaks": 0, "duration_s": time.monotonic() - t0}
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=same_code_env()) as proc:
+        with _lock:
+            _running.add(proc)
+        try:
+            stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # it stops its platform, as on any SIGTERM
+            proc.communicate(timeout=30)
+            return {"seed": seed, "ok": False,
+                    "failed_checks": [f"ran past {RUN_TIMEOUT_S:.0f} s"],
+                    "error": "timeout", "leaks": 0, "duration_s": time.monotonic() - t0}
+        finally:
+            with _lock:
+                _running.discard(proc)
+    out = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     try:
         report = json.loads(out.stdout)
     except ValueError:
@@ -53,6 +65,18 @@ def campaign_task(drill: str, seed: int, platform_file: str | None = None,
             "details": {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]},
             "error": report.get("error"), "leaks": len(left["objects"]) + len(left["processes"]),
             "duration_s": report["duration_s"]}
+
+
+_lock = threading.Lock()
+_running: set[subprocess.Popen] = set()  # the local runs in progress (this process's children)
+
+
+def _stop_running() -> None:
+    """SIGTERM to every run in progress: each stops its platform and exits."""
+    with _lock:
+        procs = list(_running)
+    for proc in procs:
+        proc.terminate()
 
 
 def run_campaign(drill: str, *, seeds: int, seed_base: int = 0, jobs: int = 1,
@@ -76,11 +100,18 @@ def run_campaign(drill: str, *, seeds: int, seed_base: int = 0, jobs: int = 1,
         _on_dask(scheduler, drill, todo, platform_file, time_scale, done)
     else:
         backend = f"local, {jobs} at once"
-        with cf.ThreadPoolExecutor(max_workers=jobs) as pool:  # threads only wait
+        pool = cf.ThreadPoolExecutor(max_workers=jobs)  # threads only wait
+        try:
             futures = [pool.submit(campaign_task, drill, s, platform_file, time_scale)
                        for s in todo]
             for fut in cf.as_completed(futures):
                 done(fut.result())
+        except BaseException:  # a signal: no further seed starts, the running ones stop
+            pool.shutdown(wait=False, cancel_futures=True)
+            _stop_running()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     return summarise(drill, runs, backend, time.monotonic() - t0)
 
 
@@ -91,7 +122,13 @@ def _on_dask(scheduler: str, drill: str, seeds: list[int], platform_file: str | 
     except ImportError:
         raise errors.InvalidRequest("--scheduler needs the 'dask' extra: "
                                     "pip install 'hetproc[dask]'") from None
-    with Client(scheduler, timeout=30) as client:
+    try:
+        client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as exc:  # refused, unreachable, a bad address
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise errors.InvalidRequest(f"--scheduler {scheduler}: cannot reach the Dask "
+                                    f"scheduler ({first})") from None
+    with client:
         futures = client.map(campaign_task, [drill] * len(seeds), seeds,
                              [platform_file] * len(seeds), [time_scale] * len(seeds),
                              pure=False)

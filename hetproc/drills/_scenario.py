@@ -21,6 +21,7 @@ import json
 import math
 import os
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -185,10 +186,23 @@ def load_module(path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise errors.InvalidRequest(f"cannot load scenario {path}")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise errors.InvalidRequest(f"scenario {exc.filename or path}:{exc.lineno}: cannot "
+                                    f"load: {exc.msg}") from None
+    except Exception as exc:  # an import that fails, a top-level statement that raises
+        raise errors.InvalidRequest(f"scenario {path}: cannot load ({_raised_at_load(exc, path)}"
+                                    f"{type(exc).__name__}: {exc})") from None
     if not callable(getattr(module, "run", None)):
         raise errors.InvalidRequest(f"scenario {path} has no run(s) function")
     return module
+
+
+def _raised_at_load(exc: BaseException, path: Path) -> str:
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename) == path]
+    return f"line {frames[-1].lineno}: " if frames else ""
 
 
 def load_scenario(name: str) -> ModuleType:
@@ -300,10 +314,13 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
         try:
             func(s)
         except Exception as exc:  # the report must say what broke, not just crash
-            name = type(exc).__name__
-            error = str(exc) if str(exc).startswith(f"{name}:") else f"{name}: {exc}"
-            s.check("ran to the end", False, error)
+            kind = type(exc).__name__
+            error = str(exc) if str(exc).startswith(f"{kind}:") else f"{kind}: {exc}"
+            where = _raised_at(exc, func)
+            s.check("ran to the end", False, f"{error} (at {where})" if where else error)
             failure = _failure(plat, exc)
+            failure["where"] = where
+            failure["traceback"] = traceback.format_exception(exc)
         except BaseException as exc:  # Ctrl-C, a signal: stop, but keep the evidence first
             interrupted = exc
             error = f"interrupted ({type(exc).__name__}: {exc})"
@@ -345,6 +362,19 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
         setattr(interrupted, "report", report)  # read back by the CLI: getattr(exc, "report")
         raise interrupted
     return report
+
+
+def _raised_at(exc: BaseException, func: Callable[..., Any]) -> str:
+    """``file:line in function`` of the deepest frame of the scenario's own file that the
+    exception passed through (where the user's code went wrong), else of the deepest
+    frame of all."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    own = getattr(getattr(func, "__code__", None), "co_filename", None)
+    mine = [f for f in frames if f.filename == own]
+    f = (mine or frames)[-1]
+    return f"{f.filename}:{f.lineno} in {f.name}"
 
 
 def _metrics_or_none(plat: Platform) -> dict[str, Any] | None:

@@ -29,16 +29,24 @@ from .._config import parse_platform
 from ._server import Supervisor
 
 
+def _read_spec(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hetproc-supervisor")
-    ap.add_argument("--spec", required=True, help="platform spec as JSON")
+    given = ap.add_mutually_exclusive_group(required=True)
+    given.add_argument("--spec", help="platform spec as JSON")
+    given.add_argument("--spec-fd", type=int, help="an inherited file holding the spec as "
+                                                     "JSON (any size; read, then closed)")
     ap.add_argument("--prefix", help="default: a new one carrying this process's pid")
     ap.add_argument("--ready-fd", type=int, required=True)
     args = ap.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the owner, again
-    spec_arg = json.loads(args.spec)
+    spec_arg = json.loads(args.spec if args.spec is not None else _read_spec(args.spec_fd))
     spec = parse_platform(spec_arg["raw"], spec_arg["source"])
     args.prefix = args.prefix or new_prefix(os.getpid())
     # First line: the prefix, so the owner can clean up even if the start fails later.

@@ -29,12 +29,14 @@ the same "runtime timeout" seen from the API means very different things::
 from __future__ import annotations
 
 import bisect
-import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ipc import errors
+
+from . import _read
 
 __all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest", "format_request",
            "IMPLICATIONS", "STAGES", "summary_lines", "as_dict", "parse_cid"]
@@ -59,7 +61,7 @@ IMPLICATIONS = {
 _USER_SIGNALLER = 0xFFFF
 
 
-@dataclass
+@dataclass(slots=True)
 class Slice:
     name: str
     t0: float  # ms from the trace origin
@@ -158,9 +160,10 @@ class Trace:
     Reading is linear in the records; the interval indexes (``by_row``) and the list of
     requests are built once, on first use."""
 
-    def __init__(self, doc: Mapping[str, Any]) -> None:
-        self.doc = doc
-        self.other = dict(doc.get("otherData") or {})
+    def __init__(self, doc: Mapping[str, Any] | None = None) -> None:
+        """``doc``: a Chrome trace as a dict (``load_trace`` streams a file instead).
+        ``ValueError`` (one line) when it is not one hetproc can read."""
+        self.other: dict[str, Any] = {}
         self.processes: dict[int, str] = {}
         self.threads: dict[tuple[int, int], str] = {}
         self.by_cid: dict[int, Request] = {}
@@ -168,46 +171,68 @@ class Trace:
         self.queued: list[Slice] = []  # every QUEUED slice, for "queue depth on arrival"
         self.waits: list[Slice] = []  # every ACQUIRE_WAIT, for "blocked behind whose input"
         self.counters: dict[str, list[tuple[float, float]]] = {}
-        for ev in doc.get("traceEvents", []):
-            ph = ev.get("ph")
-            if ph == "M":
-                if ev.get("name") == "process_name":
-                    self.processes[ev["pid"]] = ev["args"]["name"]
-                elif ev.get("name") == "thread_name":
-                    self.threads[(ev["pid"], ev["tid"])] = ev["args"]["name"]
-                continue
-            if ph == "C":
-                self.counters.setdefault(ev["name"], []).append(
-                    (ev["ts"] / 1000.0, ev.get("args", {}).get("value", 0)))
-                continue
-            if ph not in ("X", "i"):
-                continue
+        self._index: dict[str, _ByRow] = {}
+        self._requests: list[Request] | None = None
+        self._rows: dict[tuple[int, int], str] = {}
+        if doc is None:
+            return
+        if isinstance(doc, list):  # Chrome's other layout: the events alone
+            doc = {"traceEvents": doc}
+        if not isinstance(doc, Mapping) or not isinstance(doc.get("traceEvents"), list):
+            raise ValueError("not a Chrome trace: no traceEvents list")
+        for i, ev in enumerate(doc["traceEvents"]):
+            self.add(i, ev)
+        self.finish(doc.get("otherData"))
+
+    def add(self, i: int, ev: Any) -> None:
+        """Read event ``i`` (checked first: ``ValueError`` naming it)."""
+        problem = _read.check_event(i, ev)
+        if problem:
+            raise ValueError(f"not a hetproc trace: {problem}")
+        ph = ev.get("ph")
+        if ph == "M":
             args = ev.get("args") or {}
-            t0 = ev["ts"] / 1000.0
-            s = Slice(ev["name"], t0, t0 + ev.get("dur", 0.0) / 1000.0, ev["pid"], ev["tid"], args)
-            if ph == "X" and s.name == "EXEC":
-                self.execs.append(s)
-            elif ph == "X" and s.name == "QUEUED":
-                self.queued.append(s)
-            elif ph == "X" and s.name == "ACQUIRE_WAIT":
-                self.waits.append(s)
-            cid = int(args.get("cid") or 0)
-            if not cid:
-                continue
-            req = self.by_cid.setdefault(cid, Request(cid))
-            bucket = req.slices if ph == "X" else req.instants
-            bucket.setdefault(s.name, []).append(s)
-            if args.get("unfinished"):
-                req.unfinished = True
+            if ev.get("name") == "process_name":
+                self.processes[ev["pid"]] = args["name"]
+            elif ev.get("name") == "thread_name":
+                self.threads[(ev["pid"], ev.get("tid", 0))] = args["name"]
+            return
+        if ph == "C":
+            self.counters.setdefault(ev["name"], []).append(
+                (ev["ts"] / 1000.0, (ev.get("args") or {}).get("value", 0)))
+            return
+        if ph not in ("X", "i"):
+            return
+        args = ev.get("args") or {}
+        t0 = ev["ts"] / 1000.0
+        # Names repeat in every event (EXEC, QUEUED...): one string each, not one per slice.
+        s = Slice(sys.intern(ev["name"]), t0, t0 + ev.get("dur", 0.0) / 1000.0, ev["pid"],
+                  ev.get("tid", 0), args)
+        if ph == "X" and s.name == "EXEC":
+            self.execs.append(s)
+        elif ph == "X" and s.name == "QUEUED":
+            self.queued.append(s)
+        elif ph == "X" and s.name == "ACQUIRE_WAIT":
+            self.waits.append(s)
+        cid = int(args.get("cid") or 0)
+        if not cid:
+            return
+        req = self.by_cid.setdefault(cid, Request(cid))
+        bucket = req.slices if ph == "X" else req.instants
+        bucket.setdefault(s.name, []).append(s)
+        if args.get("unfinished"):
+            req.unfinished = True
+
+    def finish(self, other: Any) -> "Trace":
+        """After the last event: ``otherData`` checked, everything in time order."""
+        self.other = _read.check_other(other)
         for req in self.by_cid.values():
             for group in (req.slices, req.instants):
                 for items in group.values():
                     items.sort(key=lambda s: s.t0)
         for series in self.counters.values():
             series.sort(key=lambda tv: tv[0])
-        self._index: dict[str, _ByRow] = {}
-        self._requests: list[Request] | None = None
-        self._rows: dict[tuple[int, int], str] = {}
+        return self
 
     def by_row(self, kind: str) -> _ByRow:
         """``"execs"``, ``"queued"`` or ``"waits"`` indexed by row and start."""
@@ -249,10 +274,14 @@ class Trace:
 
 
 def load_trace(path_or_doc: str | os.PathLike[str] | Mapping[str, Any]) -> Trace:
-    if isinstance(path_or_doc, Mapping):
+    """A trace from a dict, or streamed from a file (never held whole: a file of hundreds
+    of MiB is read in chunks, one event at a time). ``ValueError`` (one line) when it is
+    not a Chrome trace hetproc can read; ``OSError`` when it cannot be read."""
+    if isinstance(path_or_doc, (Mapping, list)):
         return Trace(path_or_doc)
-    with open(path_or_doc, encoding="utf-8") as f:
-        return Trace(json.load(f))
+    trace = Trace()
+    other = _read.read_trace_file(path_or_doc, trace.add)
+    return trace.finish(other.get("otherData"))
 
 
 # -- attribution ---------------------------------------------------------------------------
@@ -355,7 +384,7 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         handle = int(w.args.get("end_a0", 0))
         pcid = int(w.args.get("end_a1", 0))
         who = int(w.args.get("end_a2", 0))
-        text = f"waited {w.dur:.3f} ms on fence {handle:#x}"
+        text = f"waited {_within(w, t0, t1):.3f} ms on fence {handle:#x}"
         if who == _USER_SIGNALLER:
             text += ", a user fence signalled by a client"
         elif who == 0 and handle:
@@ -405,10 +434,11 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         return "; ".join(parts)
     if stage == "execute":
         ex = req.last("EXEC")
-        parts = req.slices.get("EXEC", [])
-        if len(parts) > 1:
-            return (f"ran in {len(parts)} parts on the device (a runtime-inserted copy or "
-                    f"reformat first): " + " + ".join(f"{p.dur:.3f}" for p in parts) + " ms")
+        pieces = req.slices.get("EXEC", [])
+        if len(pieces) > 1:
+            return (f"ran in {len(pieces)} parts on the device (a runtime-inserted copy or "
+                    f"reformat first): "
+                    + " + ".join(f"{_within(p, t0, t1):.3f}" for p in pieces) + " ms")
         if ex is not None and ex.args.get("unfinished"):
             errs = (trace.other.get("frozen") or {}).get("errors") or []
             why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]
@@ -416,7 +446,7 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         m = req.first("MAP")
         if m is not None:
             return (f"mapped {int(m.args.get('end_a1', 0))} buffers, "
-                    f"{int(m.args.get('end_a0', 0))} bytes in {m.dur:.3f} ms")
+                    f"{int(m.args.get('end_a0', 0))} bytes in {_within(m, t0, t1):.3f} ms")
         return ""
     if stage == "wake-up":
         w = req.last("WAKE")
@@ -435,11 +465,18 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         s, e = req.first("SUBMIT"), req.first("ENQUEUE")
         parts = []
         if s is not None:
-            parts.append(f"client submit {s.dur:.3f} ms")
+            parts.append(f"client submit {_within(s, t0, t1):.3f} ms")
         if e is not None:
-            parts.append(f"supervisor validation {e.dur:.3f} ms")
+            parts.append(f"supervisor validation {_within(e, t0, t1):.3f} ms")
         return ", ".join(parts)
     return ""
+
+
+def _within(sl: Slice, t0: float, t1: float) -> float:
+    """The part of ``sl`` inside its stage ``t0 .. t1``: a sub-part is never shown longer
+    than the stage it explains (a client's SUBMIT slice runs on until the supervisor's
+    reply, after the command was already queued)."""
+    return max(0.0, min(sl.t1, t1) - max(sl.t0, t0))
 
 
 def _owner(trace: Trace, cid: int) -> str:

@@ -1,0 +1,122 @@
+"""``hetproc conformance``: every case passes on the product as it is, each row says what
+the command promises, and a case fails when the mechanism it guards is broken."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hetproc.drills import conformance_cases, run_conformance
+from hetproc.drills._conformance import CASES, SUITES
+
+ROW_KEYS = {"name", "suite", "checks_what", "ok", "failed_checks", "details", "recovery_ms",
+            "error", "duration_s"}
+
+
+def _failed(result):
+    return {r["name"]: r["details"] or r["error"] for r in result["rows"] if not r["ok"]}
+
+
+def test_every_case_passes_with_its_recovery_time():
+    """The whole suite (about 25 s alone): every case passes; a case that reset a device
+    says how long the recovery took, one that did not says nothing."""
+    result = run_conformance()
+    assert result["ok"], _failed(result)
+    rows = result["rows"]
+    assert [r["name"] for r in rows] == [c.name for c in conformance_cases()]
+    assert len(rows) == len(CASES) >= 29 and result["passed"] == len(rows)
+    assert all(set(r) == ROW_KEYS for r in rows)
+    by_name = {r["name"]: r for r in rows}
+    for reset in ("gem_reset_stats/close-pending-npu0", "gem_reset_stats/unrelated-ctx-npu0",
+                  "dEQP-EGL.functional.robustness.reset_context.shaders.infinite_loop.sync_status"):
+        assert by_name[reset]["recovery_ms"] > 0, reset
+    for quiet in ("sw_sync/sync_busy", "drm_sched/basic_submit", "drm_sched/skip_reset"):
+        assert by_name[quiet]["recovery_ms"] is None, quiet
+
+
+def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
+    prefix = {"IGT gem_reset_stats": "gem_reset_stats/", "IGT sw_sync": "sw_sync/",
+              "IGT syncobj_wait": "syncobj_wait/", "DRM scheduler KUnit": "drm_sched/",
+              "dEQP robustness": "dEQP-EGL.functional.robustness.", "hetproc": "hetproc/",
+              "hetproc drill": "hetproc/"}
+    listed = conformance_cases()
+    assert all(c.name.startswith(prefix[c.suite]) and c.checks for c in listed)
+    assert [SUITES.index(c.suite) for c in listed] == sorted(SUITES.index(c.suite) for c in listed)
+    assert [c.name for c in conformance_cases("sw_sync/*")] == [
+        "sw_sync/sync_busy", "sw_sync/sync_busy_fork", "sw_sync/timeline_closed",
+        "sw_sync/timeline_closed_signaled", "sw_sync/sync_multi_consumer"]
+    assert {c.name for c in conformance_cases("close-pending")} == {
+        "gem_reset_stats/close-pending-npu0", "gem_reset_stats/close-pending-ctx-npu0",
+        "gem_reset_stats/close-pending-fork-npu0"}
+
+
+@pytest.mark.parametrize("only, recovery, case, check", [
+    # The watchdog kills a job that still progresses: skip_reset must see the reset.
+    ("drm_sched/skip_reset", {"max_rearm": 0}, "drm_sched/skip_reset",
+     "watchdog verdict was 'no hang' (re-armed on progress)"),
+    # Buffers reclaimed before the device confirmed its stop: the late writer corrupts.
+    ("hetproc/late-writer", {"unsafe_reclaim": True}, "hetproc/late-writer",
+     "no corruption of the buffer's next owner (canary intact)"),
+    # An innocent request caught in a reset is failed instead of run again, as i915 would.
+    ("unrelated-ctx", {"replay_innocent": False}, "gem_reset_stats/unrelated-ctx-npu0",
+     "the unrelated request completed"),
+])
+def test_a_broken_mechanism_fails_the_case_that_guards_it(only, recovery, case, check):
+    result = run_conformance(only=only, recovery=recovery)
+    assert not result["ok"]
+    (row,) = result["rows"]
+    assert row["name"] == case and not row["ok"]
+    assert check in row["failed_checks"], row
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "hetproc", "conformance", *args], check=False,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_prints_one_line_per_case_and_json_for_machines():
+    out = _cli("--only", "sw_sync/timeline_closed*")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:2] == ["PASS", "sw_sync/timeline_closed"]
+    assert lines[1].split()[:2] == ["PASS", "sw_sync/timeline_closed_signaled"]
+    assert "2 passed, 0 failed" in out.stdout
+    out = _cli("--only", "drm_sched/basic_submit", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["ok"] and [r["name"] for r in result["rows"]] == ["drm_sched/basic_submit"]
+    assert set(result["rows"][0]) == ROW_KEYS
+
+
+def test_cli_lists_cases_and_refuses_an_unknown_pattern():
+    out = _cli("--list")
+    assert out.returncode == 0
+    assert all(name in out.stdout for name in CASES)
+    assert "IGT sw_sync: " in out.stdout
+    out = _cli("--only", "gem_eio/*")  # wedged devices do not exist yet: no such case
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith("hetproc: InvalidRequest: no conformance case matches")
+
+
+def test_the_readme_table_names_every_case_with_its_suite():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for c in conformance_cases():
+        assert f"| `{c.name}` | {c.suite} |" in readme, c.name
+
+
+def test_cli_exits_1_and_names_the_failed_check_when_a_mechanism_is_off(tmp_path):
+    """A platform file whose watchdog never re-arms on progress: skip_reset fails, and
+    the command says which check broke and exits 1."""
+    from importlib import resources
+    text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
+    assert "\nmax_rearm = 2" in text
+    soc = tmp_path / "no-rearm.toml"
+    soc.write_text(text.replace("\nmax_rearm = 2", "\nmax_rearm = 0", 1))
+    out = _cli("--only", "drm_sched/skip_reset", "--platform", str(soc))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "drm_sched/skip_reset"]
+    assert "watchdog verdict was 'no hang' (re-armed on progress)" in out.stdout
