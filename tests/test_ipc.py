@@ -249,3 +249,33 @@ def test_segment_views_are_bounds_checked():
             seg.view(0, (4, 4), "float32", strides=(-16, 4))
     finally:
         seg.unlink()
+
+
+def test_a_fence_wait_outlasts_signal_handlers_and_keeps_its_deadline(platform):
+    """An application with an interval timer (SIGALRM every millisecond) waits on a fence:
+    the wait neither ends early with the signal's EINTR nor outlives its deadline, and it
+    returns once another process signals the fence."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    import hetproc
+
+    fence = platform.client.fence()
+    token = fence.export(signal=True)
+    ticks = []
+    old = signal.signal(signal.SIGALRM, lambda *_: ticks.append(1))
+    signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+    try:
+        with pytest.raises(hetproc.FenceTimeout):
+            fence.wait(0.2)
+        assert len(ticks) > 5, "the timer never interrupted the wait"
+        code = ("import json, sys, hetproc; c = hetproc.connect(json.loads(sys.argv[1]));"
+                "c.import_fence(int(sys.argv[2])).signal(); c.close()")
+        subprocess.run([sys.executable, "-c", code, json.dumps(platform.address), str(token)],
+                       check=True, timeout=60)
+        fence.wait(10)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from ipc import (Channel, FenceTable, PENDING, Segment, SegmentCache, decode, encode, errors,
-                 pack_frame)
+from ipc import (CID_BY_CLIENT, Channel, FenceTable, PENDING, Segment, SegmentCache, decode,
+                 encode, errors, make_cid, pack_frame)
 
+from .. import _protocol
 from ._trace_ring import ClientTrace
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ REQUEST_TIMEOUT = 10.0
 _LIVENESS_SLICE = 0.05   # a long fence wait re-checks the supervisor this often
 _RECORDS_KEPT = 4096      # failure records kept for waiters that have not woken yet
 _DETAIL_WAIT_S = 0.25    # how long a failed wait asks for the supervisor's record
-_REPLY = {"reply": {"id": int, "ok": bool, "*": object}}  # results vary by request
 
 
 class Client:
@@ -126,7 +126,7 @@ class Client:
         except OSError as exc:
             raise self._lost(f"control channel broke during {op!r}: {exc}") from None
         try:
-            return self._drain_reply(req_id)
+            return _protocol.result_of(op, self._drain_reply(req_id))
         except TimeoutError:
             raise self._timed_out(msg) from None
         except OSError as exc:
@@ -224,7 +224,7 @@ class Client:
 
     def _drain_reply(self, req_id: int) -> dict[str, Any]:
         while True:
-            reply = decode(self._chan.recv(self._timeout), _REPLY)
+            reply = decode(self._chan.recv(self._timeout), _protocol.REPLIES)
             self._take_segments(reply)
             if reply["id"] == 0:  # an unsolicited notice: a failure record, or a refusal
                 self._take_notice(reply)
@@ -254,7 +254,7 @@ class Client:
             if fence not in self._failure_records and not self._closed:
                 try:
                     while select.select([self._chan.sock], [], [], 0)[0]:
-                        reply = decode(self._chan.recv(self._timeout), _REPLY)
+                        reply = decode(self._chan.recv(self._timeout), _protocol.REPLIES)
                         self._take_segments(reply)  # descriptors stay in step with frames
                         if reply["id"] == 0:
                             self._take_notice(reply)  # else: a late reply, discarded
@@ -266,7 +266,7 @@ class Client:
         """The supervisor's word on a connection it refused at accept (sent before it
         closed), if it can still be read."""
         try:
-            reply = decode(self._chan.recv(0.2), _REPLY)
+            reply = decode(self._chan.recv(0.2), _protocol.REPLIES)
         except (OSError, errors.HetprocError):
             return None
         return reply.get("error") if reply["id"] == 0 else None
@@ -283,7 +283,7 @@ class Client:
         return not ready
 
     def next_cid(self) -> int:
-        return (self.id << 40) | (1 << 39) | next(self._cids)
+        return make_cid(self.id, next(self._cids), CID_BY_CLIENT)
 
     # -- public API -------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from device_workers import decode_completions
-from ipc import errors
+from ipc import errors, make_cid
 
 from ._devices import Command, CommandState, DeviceHandle
 from ._records import ClientRec, ContextRec, Registry
@@ -74,7 +74,7 @@ class Commands:
         self.seq += 1
         cmd.seq = self.seq
         if not cmd.cid:
-            cmd.cid = (cmd.ctx.client.id << 40) | self.seq
+            cmd.cid = make_cid(cmd.ctx.client.id, self.seq)
         if not cmd.signal:
             cmd.signal = [self.lifetimes.new_fence(cmd.ctx.client, cmd.cid)]
         self.lifetimes.take_refs(cmd)

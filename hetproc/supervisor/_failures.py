@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 from ipc import PENDING, errors
 
+from .. import _protocol
+
 if TYPE_CHECKING:
     from ._records import ClientRec, FenceRec, Registry
 
@@ -126,7 +128,7 @@ class Failures:
 
     def tell_readers(self, rec: FenceRec) -> None:
         """Step 3: ``rec``'s record to its owner and importers, nobody else."""
-        notice = {"op": "reply", "id": 0, "ok": False, "fence": rec.handle, "error": rec.error}
+        notice = _protocol.notice(rec.error, fence=rec.handle)
         for client in list(self.reg.clients.values()):
             if client is rec.client or client.id in rec.importers:
                 self.tell(client, notice)

@@ -14,10 +14,10 @@ import os
 import selectors
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ipc import encode, errors, pack_frame
 
+from .. import _protocol
 from ._failures import record_of
 from ._records import ClientRec
 
@@ -39,11 +39,8 @@ class Outbox:
               error: errors.HetprocError | None = None, window: int = 0,
               fds: Sequence[int] = ()) -> None:
         """Answer request ``req_id``: its result, or its error (naming ``window``)."""
-        msg: dict[str, Any] = {"op": "reply", "id": req_id, "ok": error is None}
-        if error is not None:
-            msg["error"] = record_of(error, window)
-        else:
-            msg.update(result or {})
+        msg = (_protocol.reply(req_id, result) if error is None
+               else _protocol.refusal(req_id, record_of(error, window)))
         frame = pack_frame(encode(msg))
         # A reply that hands descriptors over is not kept: sent again without them it
         # would announce what never comes (a retry of it is refused instead).

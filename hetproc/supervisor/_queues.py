@@ -47,6 +47,7 @@ from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import QUEUE_CLOSED, QUEUE_LOST, Block, QueueRing, encode, errors, queue_bytes
 
+from .. import _protocol
 from ._devices import RING_SLOTS
 
 if TYPE_CHECKING:
@@ -188,9 +189,8 @@ class Queues:
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
             self._end(q, QUEUE_LOST, dev, why)
             self.stats["lost"] += 1
-            self.tell(q.client, {"op": "reply", "id": 0, "ok": False, "queue": q.qid,
-                                     "error": errors.CancelledByReset(
-                                         f"queue {q.qid} on {dev.name} was lost: {why}").to_dict()})
+            self.tell(q.client, _protocol.notice(errors.CancelledByReset(
+                f"queue {q.qid} on {dev.name} was lost: {why}").to_dict(), queue=q.qid))
 
     def _end(self, q: QueueRec, state: int, dev: "DeviceHandle | None", why: str) -> None:
         """Set the state first (a submit sees it), then fail what was owed, then drop.

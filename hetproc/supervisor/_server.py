@@ -79,7 +79,6 @@ import socket
 import struct
 import time
 
-import msgpack
 
 from device_workers import StateSlot
 from ipc import Manifest, cleanup_prefix, decode, encode, errors, pack_frame, socket_address
@@ -469,7 +468,7 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
     """Tell a peer we will not serve why (best effort, never blocking), and close."""
     try:
         conn.setblocking(False)
-        conn.send(pack_frame(encode({"op": "reply", "id": 0, "ok": False, "error": why.to_dict()})))
+        conn.send(pack_frame(encode(_protocol.notice(why.to_dict()))))
         conn.shutdown(socket.SHUT_WR)
         conn.recv(1 << 16)  # what it sent already: closing over unread data would reset
     except OSError:  # the connection, and lose the answer before the peer reads it
@@ -480,20 +479,9 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
 def _id_of(frame: bytes) -> int:
     """The request id of a packet its schema refused, read leniently; -1 if it has none
     (then the answer goes out as id 0, a notice)."""
-    try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception:
-        return -1
-    rid = msg.get("id") if isinstance(msg, dict) else None
-    return rid if type(rid) is int and 0 < rid < 1 << 63 else -1
+    return _protocol.request_id_of(frame)
 
 
 def _signal_fences_of(frame: bytes) -> list[int]:
     """The client-chosen signal fences of a refused submit, read as leniently as possible."""
-    try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-        cmds = msg.get("cmds") if isinstance(msg, dict) else None
-        return [c["signal"] for c in cmds or () if isinstance(c, dict)
-                and isinstance(c.get("signal"), int) and not isinstance(c.get("signal"), bool)]
-    except Exception:
-        return []
+    return _protocol.signal_fences_of(frame)
