@@ -73,6 +73,7 @@ manifest before use, so ``hetproc cleanup`` can remove everything if it is kille
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import signal
 import socket
@@ -103,6 +104,8 @@ REQUESTS_PER_TURN = 64
 ACCEPTS_PER_TURN = 32
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
+
+_HUNG_UP_READS = 64  # reads (64 KiB each) spent on one hung-up peer before refusing
 
 class Supervisor:
     def __init__(self, spec: PlatformSpec, prefix: str) -> None:
@@ -256,16 +259,7 @@ class Supervisor:
             conn.close()
             return True
         limits = self.spec.limits
-        why = None
-        if uid != os.getuid() and uid != 0:
-            why = errors.NotPermitted(f"this platform belongs to uid {os.getuid()}, not {uid}")
-        elif len(self.reg.clients) >= limits.max_clients:
-            why = errors.OutOfMemory(f"too many clients: {len(self.reg.clients)} connected "
-                                     f"(limits.max_clients = {limits.max_clients})")
-        elif sum(1 for c in self.reg.clients.values() if c.pid == pid) >= limits.process_clients:
-            why = errors.QuotaExceeded(f"process {pid} has {limits.process_clients} connections "
-                                       f"already (limits.process_clients)",
-                                       detail={"limit": "process_clients"})
+        why = self._refusal(pid, uid)
         if why is not None:
             _refuse_connection(conn, why)
             return True
@@ -277,6 +271,45 @@ class Supervisor:
         self.reg.clients[conn] = rec
         self.sel.register(conn, selectors.EVENT_READ, ("client", None))
         return True
+
+    def _refusal(self, pid: int, uid: int) -> errors.HetprocError | None:
+        """Why a new connection from ``pid`` must be refused, or None. At a limit, the
+        connections whose peer already hung up are let go first: a client that closed
+        connections and reconnects at once is not refused for closes this loop has not
+        read yet (its accept can come first in one batch of events)."""
+        limits = self.spec.limits
+        if uid != os.getuid() and uid != 0:
+            return errors.NotPermitted(f"this platform belongs to uid {os.getuid()}, not {uid}")
+        if len(self.reg.clients) >= limits.max_clients:
+            self._let_go_hung_up([c.conn for c in self.reg.clients.values()])
+        if len(self.reg.clients) >= limits.max_clients:
+            return errors.OutOfMemory(f"too many clients: {len(self.reg.clients)} connected "
+                                      f"(limits.max_clients = {limits.max_clients})")
+        if self._connections_of(pid) >= limits.process_clients:
+            self._let_go_hung_up([c.conn for c in self.reg.clients.values() if c.pid == pid])
+        if self._connections_of(pid) >= limits.process_clients:
+            return errors.QuotaExceeded(f"process {pid} has {limits.process_clients} "
+                                        f"connections already (limits.process_clients)",
+                                        detail={"limit": "process_clients"})
+        return None
+
+    def _connections_of(self, pid: int) -> int:
+        return sum(1 for c in self.reg.clients.values() if c.pid == pid)
+
+    def _let_go_hung_up(self, conns: list[socket.socket]) -> None:
+        """Serve, in order, what each connection whose peer hung up still holds, then its
+        end (what the loop would do on its next turns). Bounded per connection: a peer
+        that left a flood behind keeps its slot until the loop reads the rest."""
+        poller = select.poll()
+        for conn in conns:
+            poller.register(conn, select.POLLRDHUP)
+        by_fd = {conn.fileno(): conn for conn in conns}
+        for fd, events in poller.poll(0):
+            conn = by_fd[fd]
+            for _ in range(_HUNG_UP_READS):
+                if conn not in self.reg.clients or not events & (select.POLLRDHUP | select.POLLHUP):
+                    break
+                self.on_client_event(conn, selectors.EVENT_READ)
 
     def on_client_event(self, conn: socket.socket, mask: int) -> None:
         """A client's socket is ready. A bug on this path (past the handlers, which answer
