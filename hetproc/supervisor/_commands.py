@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from device_workers import decode_completions
 from ipc import errors, make_cid
@@ -48,8 +49,8 @@ class Watcher(Protocol):
 
 
 class Commands:
-    def __init__(self, reg: Registry, lifetimes: "Lifetimes", handoff: "Handoff",
-                 faults: "FaultPlan", evidence: "Evidence", failures: "Failures") -> None:
+    def __init__(self, reg: Registry, lifetimes: Lifetimes, handoff: Handoff,
+                 faults: FaultPlan, evidence: Evidence, failures: Failures) -> None:
         self.reg = reg
         self.lifetimes = lifetimes
         self.handoff = handoff
@@ -153,7 +154,8 @@ class Commands:
         return failed
 
     def fail_context_queue(self, ctx: ContextRec) -> int:
-        return self.cancel_queued(ctx, errors.ContextLost(f"context {ctx.name or hex(ctx.handle)} was lost"))
+        lost = errors.ContextLost(f"context {ctx.name or hex(ctx.handle)} was lost")
+        return self.cancel_queued(ctx, lost)
 
     # -- completions --------------------------------------------------------------------
 
@@ -195,7 +197,8 @@ class Commands:
                 if cmd is None:
                     code = rec["code"]
                     if code:
-                        self.evidence.note_error(errors.error_from_code(code, f"{dev.name}: {rec.get('msg', '')}"))
+                        msg = f"{dev.name}: {rec.get('msg', '')}"
+                        self.evidence.note_error(errors.error_from_code(code, msg))
                     continue
                 done.append(rec)
                 self._on_command_done(dev, cmd, rec)

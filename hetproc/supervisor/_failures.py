@@ -114,21 +114,21 @@ class Failures:
             if signalled:
                 if rec is not None:
                     rec.error = record
-                    self.tell_readers(rec)
+                    self.tell_readers(rec, record)
                 continue
             if table.poll(handle)[0] != PENDING:
                 continue
             if rec is not None:
                 rec.error = record
-                self.tell_readers(rec)
+                self.tell_readers(rec, record)
             # (A fence with no record left: its owner released it; its slot's waiters
             # still wake, and nobody is left to read a record.)
             completed += table.signal(handle, exc.wire, signaller=signaller)
         return record, completed
 
-    def tell_readers(self, rec: FenceRec) -> None:
-        """Step 3: ``rec``'s record to its owner and importers, nobody else."""
-        notice = _protocol.notice(rec.error, fence=rec.handle)
+    def tell_readers(self, rec: FenceRec, record: dict) -> None:
+        """Step 3: ``rec``'s record (just set) to its owner and importers, nobody else."""
+        notice = _protocol.notice(record, fence=rec.handle)
         for client in list(self.reg.clients.values()):
             if client is rec.client or client.id in rec.importers:
                 self.tell(client, notice)

@@ -23,7 +23,8 @@ The counts are written on the fields they keep (``_records``: ``BufferRec.refs``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ipc import errors
 
@@ -41,8 +42,8 @@ Purge = Callable[[str, list, Callable[[], None]], None]
 
 
 class Lifetimes:
-    def __init__(self, reg: Registry, pool: "Memory", iommu: "Iommu",
-                 failures: "Failures") -> None:
+    def __init__(self, reg: Registry, pool: Memory, iommu: Iommu,
+                 failures: Failures) -> None:
         self.reg = reg
         self.pool = pool
         self.iommu = iommu
@@ -128,7 +129,7 @@ class Lifetimes:
 
     # -- a command's references ---------------------------------------------------------
 
-    def take_refs(self, cmd: "Command") -> None:
+    def take_refs(self, cmd: Command) -> None:
         """A committed command holds its buffers and fences until it retires."""
         recs = self.reg.fence_recs
         for h in cmd.signal:
@@ -142,7 +143,7 @@ class Lifetimes:
         for b in cmd.outs:
             b.refs += 1
 
-    def drop_refs(self, cmd: "Command") -> None:
+    def drop_refs(self, cmd: Command) -> None:
         """A retired command lets go; what nobody else holds is reclaimed now."""
         if cmd.ins or cmd.outs:
             for b in cmd.ins + cmd.outs:
@@ -251,7 +252,7 @@ class Lifetimes:
         for buf in list(client.buffers):
             self.release_buffer(self.reg.buffers.get(buf))
         gone = errors.Cancelled(f"client {client.name!r} is gone", scope="process")
-        fences, recs = self.reg.fences, self.reg.fence_recs
+        recs = self.reg.fence_recs
         owned = set(client.fences) | {h for h, r in recs.items() if r.client is client}
         for handle in owned:
             rec = recs.get(handle)

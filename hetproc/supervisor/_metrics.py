@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 class Metrics:
     """Every part's figures in one dict: ``metrics()``."""
 
-    def __init__(self, reg: Registry, pool: "Memory", recovery: "Recovery", handoff: "Handoff",
-                 evidence: "Evidence", queues: "Queues", ddr: "DdrQuota", prefix: str) -> None:
+    def __init__(self, reg: Registry, pool: Memory, recovery: Recovery, handoff: Handoff,
+                 evidence: Evidence, queues: Queues, ddr: DdrQuota, prefix: str) -> None:
         self.reg, self.pool, self.recovery, self.handoff = reg, pool, recovery, handoff
         self.evidence, self.queues, self.ddr, self.prefix = evidence, queues, ddr, prefix
 
@@ -40,8 +40,8 @@ class Metrics:
         return m
 
 
-def platform_metrics(reg: Registry, pool: "Memory", recovery: "Recovery", handoff: "Handoff",
-                     evidence: "Evidence", prefix: str) -> dict[str, Any]:
+def platform_metrics(reg: Registry, pool: Memory, recovery: Recovery, handoff: Handoff,
+                     evidence: Evidence, prefix: str) -> dict[str, Any]:
     stats = reg.stats
     steady = stats["submit_us_total"] / stats["submit_count"] if stats["submit_count"] else None
     m = {

@@ -146,7 +146,7 @@ class Outbox:
 
     def _want_write(self, client: ClientRec, want: bool) -> None:
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
-        self.sel.modify(client.conn, events, ("client", None))
+        self.sel.modify(client.conn, events, ("client", client.conn))
 
 
 def _send(conn: socket.socket, data: bytes, fds: Sequence[int]) -> int:

@@ -149,9 +149,9 @@ def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | Non
 class Registry:
     """The supervisor's tables and the few queries over them that every part asks."""
 
-    spec: "PlatformSpec"
+    spec: PlatformSpec
     fences: FenceTable
-    devices: dict[str, "DeviceHandle"]
+    devices: dict[str, DeviceHandle]
     # The state table, written one way: through ``slots`` (one ``device_workers.StateSlot``
     # per device, by index); ``state``, its ``STATE_DTYPE`` rows, is for slow-path readers
     # (metrics, dumps) only.
@@ -182,7 +182,7 @@ class Registry:
     def note_event(self, kind: str, **detail: Any) -> None:
         self.events.append({"event": kind, "t": time.time(), **detail})
 
-    def signalled(self, cmd: "Command") -> bool:
+    def signalled(self, cmd: Command) -> bool:
         """Every output fence of ``cmd`` already completed (its record may be lost)."""
         return all(self.fences.poll(h)[0] != PENDING for h in cmd.signal if h in self.fence_recs)
 
@@ -190,12 +190,12 @@ class Registry:
         """Buffers their client freed that a command may still touch: not reusable yet."""
         return sum(1 for _, b in self.buffers.items() if b.released and b.refs > 0)
 
-    def device_state(self, dev: "DeviceHandle") -> dict[str, Any]:
+    def device_state(self, dev: DeviceHandle) -> dict[str, Any]:
         st = self.state[dev.index]
         return {name: (st[name].tolist() if hasattr(st[name], "tolist") else st[name])
                 for name in st.dtype.names if not name.startswith("_")}
 
-    def buffer_ownership(self, cmd: "Command | None") -> list[dict[str, Any]]:
+    def buffer_ownership(self, cmd: Command | None) -> list[dict[str, Any]]:
         """Who holds which buffer: the guilty command's, and every quarantined one."""
         mine = {id(b) for b in (cmd.ins + cmd.outs)} if cmd else set()
         return [{"handle": h, "client": b.client.name, "refs": b.refs, "released": b.released,

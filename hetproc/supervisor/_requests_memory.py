@@ -16,6 +16,7 @@ from . import _quotas as quota
 from . import _validation as check
 from ._failures import CLIENT
 from ._iommu import covers
+from ._memory import sid_of
 from ._records import BufferRec, ClientRec, Registry, nbytes_of
 from ._requests import hand_segment
 
@@ -56,7 +57,7 @@ class MemoryRequests:
         except MemoryError as exc:
             raise errors.OutOfMemory(str(exc)) from None
         try:
-            segs = hand_segment(self.reg, self.pool, client, block.segment)
+            segs = hand_segment(self.reg, self.pool, client, sid_of(block))
         except BaseException:
             self.pool.free(block)
             raise

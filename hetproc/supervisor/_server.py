@@ -80,7 +80,6 @@ import socket
 import struct
 import time
 
-
 from device_workers import StateSlot
 from ipc import Manifest, cleanup_prefix, decode, encode, errors, pack_frame, socket_address
 
@@ -197,7 +196,7 @@ class Supervisor:
                         if not self.on_accept():
                             break
                 elif kind == "client":
-                    self.on_client_event(key.fileobj, mask)
+                    self.on_client_event(obj, mask)
                 elif kind == "death":
                     self.on_device_death(obj)
                 elif kind == "owner_death":
@@ -269,7 +268,7 @@ class Supervisor:
         rec = ClientRec(id=0, name="?", pid=pid, owner=False, conn=conn, uid=uid,
                         hello_deadline=time.monotonic() + limits.hello_timeout_ms / 1000)
         self.reg.clients[conn] = rec
-        self.sel.register(conn, selectors.EVENT_READ, ("client", None))
+        self.sel.register(conn, selectors.EVENT_READ, ("client", conn))
         return True
 
     def _refusal(self, pid: int, uid: int) -> errors.HetprocError | None:
