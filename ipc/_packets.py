@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import msgpack
 
@@ -70,7 +71,7 @@ def decode(data: bytes, schemas: Mapping[str, Schema]) -> dict[str, Any]:
 
 
 # Compiled once per schema object; the cache keeps a reference so an id is never reused.
-_compiled: dict[int, tuple[Schema, dict[str, Any], tuple[str, ...]]] = {}
+_compiled: dict[int, tuple[Schema, dict[str, Any], tuple[str, ...], Callable[[Any], bool]]] = {}
 
 
 def _compile(schema: Schema) -> tuple[dict[str, Any], tuple[str, ...], Callable[[Any], bool]]:

@@ -95,15 +95,17 @@ def quiet_collector() -> None:
 
 def write_crash_dump(dump_dir: str, prefix: str, text: str) -> str | None:
     """Say why we died where a person will look: a file, and its path on stderr."""
-    path = os.path.join(dump_dir or tempfile.gettempdir(), f"hetproc-crash-{prefix.strip('.')}.txt")
+    name = f"hetproc-crash-{prefix.strip('.')}.txt"
+    path = os.path.join(dump_dir or tempfile.gettempdir(), name)
+    written: str | None = path
     try:
         with open(path, "a") as f:
             f.write(f"supervisor pid {os.getpid()} of platform {prefix} died at "
                     f"{time.strftime('%Y-%m-%d %H:%M:%S')}:\n{text}\n")
     except OSError:
-        path = None
-    print(f"hetproc supervisor died; dump: {path}\n{text}", file=sys.stderr)
-    return path
+        written = None
+    print(f"hetproc supervisor died; dump: {written}\n{text}", file=sys.stderr)
+    return written
 
 
 sys.exit(main())

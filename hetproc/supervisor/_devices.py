@@ -14,15 +14,14 @@ import enum
 import os
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import posix_ipc
 
-from device_workers import DeviceBoot, device_main, encode_command
-
+from device_workers import DeviceBoot, DeviceState, StateSlot, device_main, encode_command
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
-from device_workers import DeviceState, StateSlot
 
 from .._config import DeviceSpec
 from ._scheduler import Scheduler, make_scheduler
@@ -48,7 +47,7 @@ class Command:
     seq: int
     cid: int
     ctx: Any
-    device: "DeviceHandle"
+    device: DeviceHandle
     kernel: str
     params: dict
     ins: list
@@ -275,6 +274,8 @@ class DeviceHandle:
         while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
             now = time.monotonic_ns()
             cmd = sched.peek(now)
+            if cmd is None:
+                break  # (never: ``waiting`` is what peek looks at)
             first = True
             if cmd.wait and not self.inputs_ready(cmd):
                 cmd, first = self._producer_first(cmd)

@@ -32,16 +32,24 @@ import itertools
 import os
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
 
-from device_workers import DeviceState
-from device_workers import (QUEUE_TRACK_BASE, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
-                                     device_slot, device_track, queue_track)
-from ipc import TraceBank, errors
-from ipc import Stage
+from device_workers import (
+    QUEUE_TRACK_BASE,
+    SLOT_SUPERVISOR,
+    TRACK_SUPERVISOR,
+    DeviceState,
+    device_slot,
+    device_track,
+    queue_track,
+)
+from ipc import Stage, TraceBank, errors
+
+from ._failures import kind_of, record_of
 
 if TYPE_CHECKING:
     from ._devices import Command, DeviceHandle
@@ -62,26 +70,15 @@ def client_track(client_id: int) -> int:
 
 
 def freezes_on(exc: errors.HetprocError) -> bool:
-    """Errors worth a frozen window: a runtime failure, not a caller's mistake.
-
-    A malformed or refused request (``InvalidRequest``) is the sender's bug and is answered
-    at once; a command cancelled by its own client, or a platform shutting down, is not a
-    failure; ``ContextLost`` follows an earlier failure, whose window already holds it. An
-    IOMMU fault is an ``InvalidRequest`` but happens on the device: it freezes.
-    """
-    if isinstance(exc, errors.InvalidRequest) and not isinstance(exc, errors.IommuFault):
-        return False
-    if isinstance(exc, errors.Cancelled) and exc.scope == "request":
-        return False
-    if isinstance(exc, errors.ContextLost):
-        return False  # a consequence: the failure that lost the context froze its window
-    return not isinstance(exc, errors.PlatformError)
+    """Errors worth a frozen window: a runtime failure, not a caller's mistake nor the
+    consequence of an earlier failure (each kind's entry: ``_failures.KINDS``)."""
+    return kind_of(exc).freezes(exc)
 
 
 class Evidence:
     """Trace bank, per-request hooks, frozen windows, the last error, and their metrics."""
 
-    def __init__(self, reg: "Registry", prefix: str, new_segment: Callable[[str, int], Any]) -> None:
+    def __init__(self, reg: Registry, prefix: str, new_segment: Callable[[str, int], Any]) -> None:
         self.reg = reg
         self.spec = reg.spec
         self.prefix = prefix
@@ -120,7 +117,7 @@ class Evidence:
         """What a device needs to find its ring (merged into its boot arguments)."""
         return {"trace_segment": self.trace_segment.name}
 
-    def device_spawned(self, dev: "DeviceHandle") -> None:
+    def device_spawned(self, dev: DeviceHandle) -> None:
         self.trace_names[dev.pid] = f"{dev.name} (device, epoch {dev.epoch})"
 
     def close(self) -> None:
@@ -130,7 +127,7 @@ class Evidence:
 
     # -- clients ----------------------------------------------------------------------
 
-    def hello(self, client: "ClientRec") -> dict[str, Any]:
+    def hello(self, client: ClientRec) -> dict[str, Any]:
         """Hand a ring to a new client (least recently used first, so the previous
         occupant's records stay readable as long as possible)."""
         slot = self._trace_free.popleft() if self._trace_free else -1
@@ -153,7 +150,7 @@ class Evidence:
         while len(names) > _MAX_NAMES:
             names.pop(next(iter(names)))
 
-    def client_gone(self, client: "ClientRec") -> None:
+    def client_gone(self, client: ClientRec) -> None:
         slot = self._trace_slot_of.pop(client, None)
         if slot is None:
             return
@@ -164,7 +161,7 @@ class Evidence:
 
     # -- a request passing through -----------------------------------------------------
 
-    def submitted(self, dev: "DeviceHandle", cmds: list["Command"], t0_ns: int) -> None:
+    def submitted(self, dev: DeviceHandle, cmds: list[Command], t0_ns: int) -> None:
         """After a submit queued ``cmds``: one QUEUED slice per command, open until
         the device takes the command off its ring.
 
@@ -184,7 +181,7 @@ class Evidence:
         if now - self._sampled >= _SAMPLE_NS:
             self._sample(now)
 
-    def failed(self, cmd: "Command", exc: errors.HetprocError) -> None:
+    def failed(self, cmd: Command, exc: errors.HetprocError) -> None:
         """A command failed without a completion (cancelled, device died): close QUEUED
         (if the device had taken it, its own record says when; explain takes the earlier)."""
         qt = cmd.trace_track
@@ -213,16 +210,19 @@ class Evidence:
             shown[-1] = total
             counter(_INFLIGHT, total, TRACK_SUPERVISOR, 0, now)
 
-    def note_error(self, exc: errors.HetprocError) -> None:
+    def note_error(self, exc: errors.HetprocError) -> int:
         """Every error the supervisor notes: it becomes the last error, and the ones that
-        matter freeze a window (whose id the last error then names)."""
-        self.last_error = {**exc.to_dict(), "t": time.time()}
-        if freezes_on(exc):
-            wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
-                                     code=exc.code)
-            if wid:
-                exc.detail["trace_window"] = wid  # the error itself says where to look
-                self.last_error["trace_window"] = wid
+        matter freeze a window, whose id the last error then names and which is returned
+        (0: none) for the error's record to name (``_failures.record_of``)."""
+        last = self.last_error = {**record_of(exc, 0), "t": time.time()}
+        if not freezes_on(exc):
+            return 0
+        wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
+                                 code=exc.code)
+        if wid:
+            # (The window's copy of the last error shares this detail: it names itself.)
+            last["detail"]["trace_window"] = last["trace_window"] = wid
+        return wid
 
     # -- frozen windows ---------------------------------------------------------------
 
@@ -245,9 +245,11 @@ class Evidence:
             known = {r[2] for r in p["running"]}
             p["running"] += [r for r in self.running_execs() if r[2] not in known]
             # Extend to cover this error's aftermath, but never indefinitely.
-            p["t_due"] = max(p["t_due"], min(now + self._after_ns, p["t_error_ns"] + self._before_ns))
+            cap = min(now + self._after_ns, p["t_error_ns"] + self._before_ns)
+            p["t_due"] = max(p["t_due"], cap)
             return p["id"]
-        if len(self._freeze_times) == _FREEZES_PER_S and now - self._freeze_times[0] < 1_000_000_000:
+        times = self._freeze_times
+        if len(times) == _FREEZES_PER_S and now - times[0] < 1_000_000_000:
             self._freezes_suppressed += 1
             if self.frozen:
                 self.frozen[-1]["suppressed"] += 1
@@ -310,7 +312,8 @@ class Evidence:
         out = []
         for dev in self.reg.devices.values():
             st = self.reg.state[dev.index]
-            if int(st["state"]) == DeviceState.BUSY and int(st["current_seq"]) and int(st["started_ns"]):
+            busy = int(st["state"]) == DeviceState.BUSY
+            if busy and int(st["current_seq"]) and int(st["started_ns"]):
                 out.append([int(st["pid"]), device_track(dev.index), int(st["current_cid"]),
                             int(st["started_ns"])])
         return out
@@ -349,14 +352,16 @@ class Evidence:
                                    "errors": w["errors"], "last_error": w["last_error"],
                                    "running": w["running"]},
                         "records": recs.tobytes(), "offset": off, "total": len(w["records"])}
-        raise errors.InvalidRequest(f"no frozen window {wid} (kept: {[w['id'] for w in self.frozen]})")
+        kept = [w["id"] for w in self.frozen]
+        raise errors.InvalidRequest(f"no frozen window {wid} (kept: {kept})")
 
     # -- metrics ----------------------------------------------------------------------
 
     def add_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
         """Add the §9/§15 figures the trace counters and the OS know: fence waits, buffer
         views (what devices and clients mapped as arrays; the IOMMU's own ``buffer_maps``
-        come from ``hetproc.supervisor._handoff``), power-state switches, CPU per process, trace health."""
+        come from ``hetproc.supervisor._handoff``), power-state switches, CPU per process,
+        trace health."""
         bank = self.trace_bank
         maps = imports = 0
         dev_waits = dev_wait_ns = switches = 0
@@ -374,10 +379,11 @@ class Evidence:
                 acquire_waits=v["fence_waits"], acquire_wait_ms=v["fence_wait_ns"] / 1e6,
                 model_lags=v["model_lags"], model_lag_ms=v["model_lag_ns"] / 1e6)
             cpu[dev.name] = _cpu_s(dev.pid) if dev.pid else None
-        c_waits, c_wait_ns = self._trace_departed["fence_waits"], self._trace_departed["fence_wait_ns"]
+        departed = self._trace_departed
+        c_waits, c_wait_ns = departed["fence_waits"], departed["fence_wait_ns"]
         c_maps = self._trace_departed["maps"]
         imports += self._trace_departed["imports"]
-        for client, slot in self._trace_slot_of.items():
+        for slot in self._trace_slot_of.values():
             v = bank.counter_values(slot)
             c_maps += v["maps"]
             imports += v["imports"]
@@ -393,12 +399,14 @@ class Evidence:
             fence_wait={"client_waits": c_waits, "client_wait_ms": c_wait_ns / 1e6,
                         "client_wait_ms_mean": c_wait_ns / 1e6 / c_waits if c_waits else None,
                         "device_waits": dev_waits, "device_wait_ms": dev_wait_ns / 1e6,
-                        "device_wait_ms_mean": dev_wait_ns / 1e6 / dev_waits if dev_waits else None},
+                        "device_wait_ms_mean":
+                            dev_wait_ns / 1e6 / dev_waits if dev_waits else None},
             cpu_s=cpu,
             trace={"enabled": bank.enabled, "capacity": bank.capacity, "rings": bank.rings,
                    "free_client_rings": len(self._trace_free),
                    "records_written": sum(bank.written(k) for k in range(bank.rings)),
-                   "frozen_windows": len(self.frozen), "freezes_suppressed": self._freezes_suppressed,
+                   "frozen_windows": len(self.frozen),
+                   "freezes_suppressed": self._freezes_suppressed,
                    "last_window": self.frozen[-1]["id"] if self.frozen else None},
         )
         return m

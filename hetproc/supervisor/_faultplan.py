@@ -13,6 +13,7 @@ raised by the supervisor itself.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ class FaultRule:
     fired: int = 0
 
     @classmethod
-    def parse(cls, raw: dict[str, Any]) -> "FaultRule":
+    def parse(cls, raw: dict[str, Any]) -> FaultRule:
         raw = dict(raw)
         kind = str(raw.pop("kind", "")).replace("-", "_")
         if kind not in FAULTS:
@@ -105,7 +106,7 @@ def _check_fields(kind: str, f: dict[str, Any]) -> None:
 
 
 class FaultPlan:
-    def __init__(self, rules: list[dict[str, Any]] = (), seed: int = 0) -> None:
+    def __init__(self, rules: Iterable[dict[str, Any]] = (), seed: int = 0) -> None:
         self.rng = random.Random(seed)
         self.rules = [FaultRule.parse(r) for r in rules]
         self.log: list[dict[str, Any]] = []

@@ -92,17 +92,18 @@ class Handoff:
 
     Internal buffers and fences come from ``lifetimes`` (and go back through it)."""
 
-    def __init__(self, reg: "Registry", lifetimes: "Lifetimes", iommu: "Iommu", log: MemLog) -> None:
+    def __init__(self, reg: Registry, lifetimes: Lifetimes, iommu: Iommu, log: MemLog) -> None:
         self.reg = reg
         self.lifetimes = lifetimes
         self.iommu = iommu
         self.log = log
         self._cids = itertools.count(1)
-        self.inserted = Counter()   # "copy" / "reformat" commands inserted
-        self.reasons = Counter()    # why
-        self.ddr = Counter()        # kernel_bytes, copy_bytes, reformat_bytes, clean_bytes
+        self.inserted: Counter[str] = Counter()  # "copy" / "reformat" commands inserted
+        self.reasons: Counter[str] = Counter()   # why
+        # kernel_bytes, copy_bytes, reformat_bytes, clean_bytes
+        self.ddr: Counter[str] = Counter()
         self.ddr_by_device: dict[str, int] = Counter()
-        self.cache = Counter()      # invalidates, cleans, *_bytes, *_ns
+        self.cache: Counter[str] = Counter()     # invalidates, cleans, *_bytes, *_ns
         self.cache_by_device: dict[str, Counter] = {}
         self.open_cids: Counter = Counter()  # committed, not retired commands per cid
         self._cache_costs: dict[str, tuple] = {}
@@ -133,7 +134,8 @@ class Handoff:
                 raise errors.ShapeError(f"layout {layout} needs a rank-4 shape, got {shape}")
         usage = msg.get("usage")
         if usage is not None:
-            known = {d.name for d in self.reg.spec.devices} | {d.kind for d in self.reg.spec.devices}
+            devices = self.reg.spec.devices
+            known = {d.name for d in devices} | {d.kind for d in devices}
             if not usage or not all(isinstance(u, str) and u in known for u in usage):
                 raise errors.InvalidRequest(f"usage {usage!r}: name device kinds or devices "
                                             f"of this platform ({', '.join(sorted(known))})")
@@ -445,8 +447,8 @@ class Handoff:
 
     def metrics(self) -> dict[str, Any]:
         iommu = self.iommu
-        ddr = {k: self.ddr[k] for k in ("kernel_bytes", "copy_bytes", "reformat_bytes",
-                                        "clean_bytes")}
+        kinds = ("kernel_bytes", "copy_bytes", "reformat_bytes", "clean_bytes")
+        ddr: dict[str, Any] = {k: self.ddr[k] for k in kinds}
         ddr["bytes"] = sum(ddr.values())
         ddr["by_device"] = dict(self.ddr_by_device)
 

@@ -29,11 +29,21 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ipc import Block, BlockPool, Segment, block_size
 
 INTERNAL = 0  # the tenant key of the runtime's own buffers
+
+
+def sid_of(block: Block) -> int:
+    """The id of ``block``'s segment. Every segment here is anonymous (an ``int`` key: a
+    named one would be mapped by anyone who guessed its name); a name is no block of ours."""
+    key = block.segment
+    if not isinstance(key, int):
+        raise ValueError(f"{block} is not from this memory")
+    return key
 
 
 class Memory:
@@ -108,20 +118,21 @@ class Memory:
                               f"{need} more asked")
         if exportable:
             seg = self._new_segment("b", need)
-            self.own[seg.key] = need
-            return Block(seg.key, 0, need)
+            block = Block(seg.key, 0, need)
+            self.own[sid_of(block)] = need
+            return block
         pool = self.pools.get(tenant)
         if pool is None:
             pool = self.pools[tenant] = BlockPool(
                 self.prefix, limit=self.budget,
                 make_segment=lambda index, size: self._new_segment("p", size))
         block = pool.allocate(nbytes)
-        self._pool_of[block.segment] = pool
+        self._pool_of[sid_of(block)] = pool
         return block
 
     def free(self, block: Block) -> None:
         """The block comes back (scrubbed, in a pool); an own segment is dropped."""
-        sid = block.segment
+        sid = sid_of(block)
         if sid in self.own:
             del self.own[sid]
             self._drop(sid)
@@ -169,9 +180,11 @@ class Memory:
 
     def _drop_pool(self, pool: BlockPool) -> None:
         self._zeroed_gone += pool.zeroed_bytes
-        for sid in list(pool.segments):
-            self._pool_of.pop(sid, None)
-            self._drop(sid)
+        for key in list(pool.segments):
+            if not isinstance(key, int):  # (never: the pool makes its segments here)
+                raise ValueError(f"pool segment {key!r} is not from this memory")
+            self._pool_of.pop(key, None)
+            self._drop(key)
         pool.segments.clear()
         pool.close(unlink=False)
 

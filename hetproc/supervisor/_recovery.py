@@ -13,8 +13,9 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
     3 confirm    wait, up to the grace period, for the device's acknowledgement; without
                  one, isolate it: SIGKILL and reap (a reaped process is a confirmed stop)
     4 fences     fail the guilty request's fences (DeviceTimeout) and the innocent ones
-                 caught in a reset (Cancelled) -- errors written before anyone wakes --
-                 or replay the innocent ones, per policy
+                 caught in a reset (Cancelled) through the failure path (``_failures``:
+                 noted, recorded, told, and only then signalled), or replay the innocent
+                 ones, per policy
     5 invalidate the guilty context is lost; unfinished outputs are untrusted
     6 reclaim    only now do the commands drop their buffers: a buffer freed meanwhile
                  was quarantined, neither reused nor handed out
@@ -39,8 +40,9 @@ loaded machine), not for itself: excused and counted (``idle_host_lag``), as the
 watchdog does. A stall is a ``stall`` incident with no guilty command: the device is
 killed at once (nothing runs that could acknowledge a cancel), the reaping confirms the
 stop, its commands are failed (``CancelledByReset``, naming the stall) or replayed per
-policy, and it restarts on a fresh ring. ``unsafe_reclaim`` (a debug policy for drills) does steps 4-6 at
-once, before the stop is confirmed: the late-writer drill shows the corruption it causes.
+policy, and it restarts on a fresh ring. ``unsafe_reclaim`` (a debug policy for drills) does
+steps 4-6 at once, before the stop is confirmed: the late-writer drill shows the corruption
+it causes.
 
 Like drm_sched's ``timedout_job`` and IREE's sticky semaphore failure, the error is set
 on a fence before it is signalled, and a failure never turns back into success.
@@ -52,8 +54,9 @@ import collections
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from device_workers import DeviceState
 from device_workers import StateSlot as S
@@ -78,7 +81,7 @@ class Policy:
     unsafe_reclaim: bool = False  # debug only: reclaim before the device confirmed its stop
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Policy":
+    def from_dict(cls, d: dict[str, Any]) -> Policy:
         known = {k: d[k] for k in ("max_rearm", "replay_innocent", "fallback_device",
                                    "unsafe_reclaim") if k in d}
         return cls(**known)
@@ -89,21 +92,21 @@ class Incident:
     id: int
     kind: str  # "timeout" or "death"
     device: str
-    guilty: "Command | None"
+    guilty: Command | None
     t0: int
     steps: list[dict[str, Any]] = field(default_factory=list)
     grace_deadline: int = 0
     confirmed: bool = False
     how: str = ""  # "acknowledged" (the device stopped itself) or "reaped" (it is dead)
     killed: bool = False
-    innocent: list["Command"] = field(default_factory=list)
+    innocent: list[Command] = field(default_factory=list)
     probes: int = 0
     affected_clients: set[str] = field(default_factory=set)
     error: dict[str, Any] | None = None
     done_ns: int = 0
     fallback: str | None = None
     exit_status: int | None = None
-    replay: list["Command"] = field(default_factory=list)  # innocents to run again
+    replay: list[Command] = field(default_factory=list)  # innocents to run again
     reason: str = ""  # why the device was reset, told to the innocent commands it cost
 
     def step(self, name: str, **detail: Any) -> None:
@@ -152,7 +155,7 @@ class DeviceCpu:
     def __init__(self) -> None:
         self._fds: dict[str, tuple[int, int, int]] = {}  # device -> (pid, stat fd, schedstat fd)
 
-    def read(self, dev: "DeviceHandle") -> tuple[bool, int]:
+    def read(self, dev: DeviceHandle) -> tuple[bool, int]:
         """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
         entry = self._fds.get(dev.name)
         if entry is None or entry[0] != dev.pid:
@@ -180,15 +183,24 @@ class DeviceCpu:
             os.close(entry[2])
 
 
+def _timed(dev: DeviceHandle, slot: Any) -> bool:
+    """The device runs a command of ours: the command watchdog's case."""
+    if slot.u32[S.STATE] != DeviceState.BUSY:
+        return False
+    cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+    return cmd is not None and cmd.pidx == slot.u64[S.CURRENT_PIDX]
+
+
 class Recovery:
     """The watchdog and the nine steps, over narrow collaborators: the tables (``reg``),
     the command engine (fail, retire, requeue, reroute, probe), the evidence (frozen
-    windows) and ``spawn`` (fork a device again). Reclaiming happens when the engine
-    retires the commands this module lets go of (``_lifetimes`` does it)."""
+    windows) and ``spawn`` (fork a device again). Reclaiming is step 6 (``reclaim``):
+    only then does the engine retire the failed commands a device ran, and
+    ``_lifetimes`` frees what nobody else holds."""
 
-    def __init__(self, policy: Policy, reg: "Registry", commands: "Commands",
-                 evidence: "Evidence", spawn: Callable[["DeviceHandle"], None],
-                 queue_owed: Callable[["DeviceHandle"], int] = lambda dev: 0) -> None:
+    def __init__(self, policy: Policy, reg: Registry, commands: Commands,
+                 evidence: Evidence, spawn: Callable[[DeviceHandle], None],
+                 queue_owed: Callable[[DeviceHandle], int] = lambda dev: 0) -> None:
         """``queue_owed(dev)``: records its user-mode queues hold for it (``_queues``):
         work it owes that no pushed command shows."""
         self.policy = policy
@@ -219,7 +231,7 @@ class Recovery:
                 continue
             self.watch(dev, now)
 
-    def watch(self, dev: "DeviceHandle", now: int) -> None:
+    def watch(self, dev: DeviceHandle, now: int) -> None:
         slot = self.reg.slots[dev.index]
         if self.watch_queue(dev, now):
             return
@@ -255,16 +267,17 @@ class Recovery:
         self.verdicts["timed_out"] += 1
         self.start_timeout(dev, cmd, heartbeat_age_ms)
 
-    def watch_queue(self, dev: "DeviceHandle", now: int) -> bool:
+    def watch_queue(self, dev: DeviceHandle, now: int) -> bool:
         """A device that owes work and shows no sign of moving for the quiet bound is
         stalled: True once its incident has started. A running command the command
         watchdog times is left to it."""
         slot = self.reg.slots[dev.index]
-        if not dev.pid or dev.paused or not self._owes_work(dev, slot) or self._timed(dev, slot):
+        if not dev.pid or dev.paused or not self._owes_work(dev, slot) or _timed(dev, slot):
             self._quiet.pop(dev.name, None)
             return False
-        signature = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE], slot.u64[S.PROGRESS],
-                     slot.u64[S.CURRENT_PIDX], dev.commands.tail)
+        signature: tuple[int, ...] = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE],
+                                      slot.u64[S.PROGRESS], slot.u64[S.CURRENT_PIDX],
+                                      dev.commands.tail)
         if not dev.pushed:
             # Only queue records are owed. They are a client's writing (a scribbled head
             # owes nothing the device can see), and a record waiting for its inputs does
@@ -291,7 +304,7 @@ class Recovery:
         self.start_stall(dev, (now - quiet.since) / 1e6)
         return True
 
-    def _owes_work(self, dev: "DeviceHandle", slot: Any) -> bool:
+    def _owes_work(self, dev: DeviceHandle, slot: Any) -> bool:
         """A pushed command the device has not finished, or a queue record it has not.
         A command that ran and only waits to signal after its hand-off delay
         (``delay_ns``) is not owed: nothing moves then."""
@@ -299,15 +312,7 @@ class Recovery:
         return (any(c.delay_ns == 0 or c.pidx > taken for c in dev.pushed.values())
                 or bool(self.queue_owed(dev)))
 
-    @staticmethod
-    def _timed(dev: "DeviceHandle", slot: Any) -> bool:
-        """The device runs a command of ours: the command watchdog's case."""
-        if slot.u32[S.STATE] != DeviceState.BUSY:
-            return False
-        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        return cmd is not None and cmd.pidx == slot.u64[S.CURRENT_PIDX]
-
-    def _host_lag(self, dev: "DeviceHandle", cmd: "Command") -> bool:
+    def _host_lag(self, dev: DeviceHandle, cmd: Command) -> bool:
         """The watchdog counts device time, not host time. A device process that is
         runnable at its deadline yet has had less CPU than its whole budget since the
         command started is waiting for the host, not hung: the deadline moves by the
@@ -330,14 +335,14 @@ class Recovery:
 
     # -- steps 1-3 ----------------------------------------------------------------------
 
-    def new_incident(self, kind: str, dev: "DeviceHandle", guilty: "Command | None") -> Incident:
+    def new_incident(self, kind: str, dev: DeviceHandle, guilty: Command | None) -> Incident:
         self._ids += 1
         inc = Incident(self._ids, kind, dev.name, guilty, time.monotonic_ns())
         self.active[dev.name] = inc
         dev.paused = True
         return inc
 
-    def start_timeout(self, dev: "DeviceHandle", cmd: "Command", heartbeat_age_ms: float) -> None:
+    def start_timeout(self, dev: DeviceHandle, cmd: Command, heartbeat_age_ms: float) -> None:
         inc = self.new_incident("timeout", dev, cmd)
         exc = errors.DeviceTimeout(
             f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms watchdog",
@@ -356,7 +361,7 @@ class Recovery:
             inc.step("UNSAFE_early_reclaim", note="steps 4-6 before the device confirmed")
             self.fail_and_reclaim(dev, inc, [])
 
-    def start_stall(self, dev: "DeviceHandle", quiet_ms: float) -> None:
+    def start_stall(self, dev: DeviceHandle, quiet_ms: float) -> None:
         """The device owes work and does not move: reset it now (no command runs that
         could acknowledge a cancel); its reaping confirms the stop (``on_device_death``)."""
         inc = self.new_incident("stall", dev, None)
@@ -373,7 +378,7 @@ class Recovery:
         self.evidence.note_error(exc)
         self.isolate(dev, inc)
 
-    def isolate(self, dev: "DeviceHandle", inc: Incident) -> None:
+    def isolate(self, dev: DeviceHandle, inc: Incident) -> None:
         """No acknowledgement within the grace period: kill; the reaping confirms."""
         inc.step("isolate", pid=dev.pid, reason="stalled" if inc.kind == "stall"
                  else "no cancel acknowledgement within grace")
@@ -382,7 +387,7 @@ class Recovery:
             os.kill(dev.pid, signal.SIGKILL)
             inc.killed = True
 
-    def on_guilty_finished(self, dev: "DeviceHandle", cmd: "Command", code: int) -> bool:
+    def on_guilty_finished(self, dev: DeviceHandle, cmd: Command, code: int) -> bool:
         """The guilty command's completion record arrived: the device confirms it stopped.
 
         A cancel acknowledgement is handled here (True). A command that ended on its own
@@ -405,7 +410,7 @@ class Recovery:
         self.after_confirmed(dev, inc)
         return True
 
-    def on_device_death(self, dev: "DeviceHandle", status: int | None) -> None:
+    def on_device_death(self, dev: DeviceHandle, status: int | None) -> None:
         """The process is reaped. In an incident: the confirmation. Otherwise: a crash."""
         inc = self.active.get(dev.name)
         if inc is None:
@@ -424,7 +429,7 @@ class Recovery:
         inc.innocent = [c for c in dev.take_pushed() if c is not inc.guilty]
         self.after_confirmed(dev, inc, reset=True)
 
-    def running_command(self, dev: "DeviceHandle") -> "Command | None":
+    def running_command(self, dev: DeviceHandle) -> Command | None:
         slot = self.reg.slots[dev.index]
         if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
             return None
@@ -433,31 +438,49 @@ class Recovery:
 
     # -- steps 4-9 ----------------------------------------------------------------------
 
-    def after_confirmed(self, dev: "DeviceHandle", inc: Incident, reset: bool = False) -> None:
+    def after_confirmed(self, dev: DeviceHandle, inc: Incident, reset: bool = False) -> None:
         if not self.policy.unsafe_reclaim or inc.kind != "timeout":
             self.fail_and_reclaim(dev, inc, inc.innocent)
-        else:
-            self.fail_innocent(inc, inc.innocent)
+        else:  # steps 4-6 of the guilty ran before the stop was confirmed
+            self.reclaim(inc, self.fail_innocent(inc, inc.innocent))
         self.dump(dev, inc)
         self.restart(dev, inc, reset)
         self.probe(dev, inc)
 
-    def fail_and_reclaim(self, dev: "DeviceHandle", inc: Incident, innocent: list) -> None:
-        g = inc.guilty
-        if g is not None and g.state is not CommandState.DONE:
-            target = self.fallback_target(g, inc)
-            if target is None:
-                self.commands.fail_command(g, g.failure or errors.DeviceCrashed("device lost"))
-                inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
-            self.invalidate(g, inc)  # the context's queued commands fail with it...
-            if target is not None:  # ...but the guilty request itself re-runs elsewhere
-                self.commands.reroute(g, target)
-                inc.fallback = target.name
-                inc.step("fallback", device=target.name, cid=g.cid)
-        self.fail_innocent(inc, innocent)
-        inc.step("reclaim", quarantined_released=self.reg.quarantine_count())
+    def fail_and_reclaim(self, dev: DeviceHandle, inc: Incident, innocent: list) -> None:
+        """Steps 4-6: fail (or replay) what the device ran, invalidate the guilty context,
+        then reclaim."""
+        stopped = self.fail_guilty(inc)
+        stopped += self.fail_innocent(inc, innocent)
+        self.reclaim(inc, stopped)
 
-    def fail_innocent(self, inc: Incident, innocent: list) -> None:
+    def fail_guilty(self, inc: Incident) -> list[Command]:
+        """Steps 4 and 5 for the guilty request: its fences fail (or it falls back to
+        another device), its context is lost. Returns it if it awaits step 6."""
+        g = inc.guilty
+        if g is None or g.state is CommandState.DONE:
+            return []
+        target = self.fallback_target(g, inc)
+        lost = None
+        if target is None:
+            record = self.commands.fail_command(g, g.failure or errors.DeviceCrashed("device lost"),
+                                                retire=False)
+            if g.failure is not None:  # as its fences record it: naming its window
+                inc.error = record
+                lost = errors.HetprocError.from_dict(record)
+            inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
+        self.invalidate(g, inc, lost)  # the context's queued commands fail with it...
+        if target is None:
+            return [g]
+        self.commands.reroute(g, target)  # ...but the guilty request itself re-runs elsewhere
+        inc.fallback = target.name
+        inc.step("fallback", device=target.name, cid=g.cid)
+        return []
+
+    def fail_innocent(self, inc: Incident, innocent: list) -> list[Command]:
+        """Step 4 for the commands a reset cost: each is failed (``CancelledByReset``) or,
+        per policy, kept to replay; one that had finished (only its record died with the
+        device) is retired as done. Returns the failed ones, for step 6."""
         replayed, cancelled = [], []
         for cmd in innocent:
             if cmd.state is CommandState.DONE:
@@ -475,24 +498,41 @@ class Recovery:
             else:
                 why = f": {inc.reason}" if inc.reason else ""
                 self.commands.fail_command(cmd, errors.CancelledByReset(
-                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}))
-                cancelled.append(cmd.cid)
+                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}),
+                    retire=False)
+                cancelled.append(cmd)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
         inc.replay = replayed
         if innocent:
-            inc.step("innocent", cancelled=cancelled, replayed=[c.cid for c in replayed])
+            inc.step("innocent", cancelled=[c.cid for c in cancelled],
+                     replayed=[c.cid for c in replayed])
+        return cancelled
 
-    def invalidate(self, cmd: "Command", inc: Incident) -> None:
+    def reclaim(self, inc: Incident, stopped: list[Command]) -> None:
+        """Step 6: the failed commands a device ran let go of their buffers and fences;
+        ``_lifetimes`` reclaims what nobody else holds (a buffer freed meanwhile was
+        quarantined until now). Only once the device no longer touches them: its stop is
+        confirmed (``unsafe_reclaim`` breaks this on purpose, for the late-writer drill)."""
+        assert inc.confirmed or self.policy.unsafe_reclaim, \
+            f"incident {inc.id}: reclaim before {inc.device} confirmed its stop"
+        for cmd in stopped:
+            self.commands.retire(cmd)
+        inc.step("reclaim", quarantined_released=self.reg.quarantine_count())
+
+    def invalidate(self, cmd: Command, inc: Incident,
+                   lost: errors.HetprocError | None = None) -> None:
+        """Step 5: the guilty command's context is lost (``lost``: why, as recorded), its
+        queued commands fail, its outputs are untrusted."""
         ctx = cmd.ctx
         if ctx.lost is None and ctx.handle:
-            ctx.lost = cmd.failure or errors.DeviceFault("context lost")
+            ctx.lost = lost or cmd.failure or errors.DeviceFault("context lost")
             n = self.commands.fail_context_queue(ctx)
             inc.step("invalidate", context=ctx.name or hex(ctx.handle), queued_failed=n,
                      untrusted_outputs=len(cmd.outs))
         cmd.outs_untrusted()
 
-    def fallback_target(self, cmd: "Command", inc: Incident) -> "DeviceHandle | None":
+    def fallback_target(self, cmd: Command, inc: Incident) -> DeviceHandle | None:
         """The policy's fallback device, if it can run this command; else None."""
         target = self.reg.devices.get(self.policy.fallback_device or "")
         if target is None or target is self.reg.devices[inc.device]:
@@ -502,8 +542,8 @@ class Recovery:
             return None
         return target
 
-    def dump(self, dev: "DeviceHandle", inc: Incident) -> None:
-        record = {
+    def dump(self, dev: DeviceHandle, inc: Incident) -> None:
+        record: dict[str, Any] = {
             "incident": inc.id, "device": dev.name, "error": inc.error,
             "device_state": self.reg.device_state(dev),
             "in_flight": [c.describe() for c in list(dev.pushed.values()) + inc.innocent],
@@ -516,7 +556,7 @@ class Recovery:
         self.reg.dumps.append(record)
         inc.step("dump", trace_window=record["trace_window"], in_flight=len(record["in_flight"]))
 
-    def restart(self, dev: "DeviceHandle", inc: Incident, reset: bool) -> None:
+    def restart(self, dev: DeviceHandle, inc: Incident, reset: bool) -> None:
         if reset:
             self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
@@ -526,7 +566,7 @@ class Recovery:
             self.commands.requeue(cmd)
         dev.paused = False
 
-    def probe(self, dev: "DeviceHandle", inc: Incident) -> None:
+    def probe(self, dev: DeviceHandle, inc: Incident) -> None:
         guilty_client = inc.guilty.ctx.client if inc.guilty else None
         targets = {dev.name} | {c.device for _, c in self.reg.contexts.items()
                                 if c.client is not guilty_client}
@@ -551,7 +591,7 @@ class Recovery:
             self.probing.pop(inc.id, None)
             self.history.append(inc.summary())
 
-    def note_failure(self, cmd: "Command") -> None:
+    def note_failure(self, cmd: Command) -> None:
         """A command of another client failed during an incident: it was affected."""
         for inc in list(self.active.values()) + list(self.probing.values()):
             if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:

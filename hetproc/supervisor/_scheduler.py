@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import collections
 import heapq
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .._config import SchedSpec
 
@@ -182,8 +183,7 @@ class FairQueue:
         """``peek``'s command, out of its queue."""
         queues = self.queues
         if len(queues) == 1:
-            for key, q in queues.items():
-                break
+            key, q = next(iter(queues.items()))
         else:
             key = min(queues, key=lambda k: (self.vtime[k], queues[k][0].seq))
             q = queues[key]
@@ -234,12 +234,14 @@ class Priority(Scheduler):
     def __init__(self, spec: SchedSpec) -> None:
         super().__init__(spec)
         self.levels: dict[int, FairQueue] = {}
-        self.top: int | None = None  # max(levels): the highest level with work, if any
+        # max(levels): the highest level with work; meaningless while ``levels`` is empty
+        # (nothing reads it then: every reader runs only while a command waits).
+        self.top = 0
         self.shared = FairQueue()  # virtual times carried across levels: one per client
 
     def _reset(self) -> None:
         self.levels.clear()
-        self.top = None
+        self.top = 0
 
     def _add(self, cmd: Any) -> None:
         p = cmd.priority
@@ -247,7 +249,7 @@ class Priority(Scheduler):
         if fq is None:
             fq = self.levels[p] = FairQueue()
             fq.vtime = self.shared.vtime  # one virtual time per client, whatever the level
-            if self.top is None or p > self.top:
+            if len(self.levels) == 1 or p > self.top:  # the first level, or a higher one
                 self.top = p
         fq.clock = self.shared.clock
         fq.add(cmd)
@@ -264,7 +266,7 @@ class Priority(Scheduler):
             shared.clock = fq.clock
         if not fq.queues:  # (its __bool__, without the call)
             del levels[level]
-            self.top = max(levels) if levels else None
+            self.top = max(levels) if levels else 0
         return cmd
 
     # ``add``, ``peek`` and ``account`` without a layer each: this is the platform's
@@ -278,7 +280,7 @@ class Priority(Scheduler):
         if fq is None:
             fq = self.levels[p] = FairQueue()
             fq.vtime = self.shared.vtime
-            if self.top is None or p > self.top:
+            if len(self.levels) == 1 or p > self.top:  # the first level, or a higher one
                 self.top = p
         fq.clock = self.shared.clock
         fq.add(cmd)

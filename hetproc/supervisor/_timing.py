@@ -19,6 +19,10 @@ KEEP = 4096  # the most recent commands summarised
 
 class ModeledTiming:
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Every count back to none (a new run of the same platform)."""
         self.start_error_ns: collections.deque = collections.deque(maxlen=KEEP)
         self.commands = 0
         self.lags = 0
@@ -75,6 +79,3 @@ class ModeledTiming:
             out["start_error_us_p50"] = float(p50) / 1e3
             out["start_error_us_p99"] = float(p99) / 1e3
         return out
-
-    def reset(self) -> None:
-        self.__init__()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 import numpy as np
@@ -40,7 +41,7 @@ WATCHDOG_MODEL_FACTOR = 4
 WATCHDOG_NS_PER_BYTE = 10
 
 
-def check_request(msg: dict, limits: "LimitsSpec") -> None:
+def check_request(msg: dict, limits: LimitsSpec) -> None:
     """Every field of a decoded request within the bounds its message declares
     (``_protocol.REQUEST_FIELDS``; ``decode`` checked the types), and every command of a
     submit likewise (``check_command``), before the handler runs: a request is refused
@@ -98,23 +99,23 @@ def _as_tuple(t: Any) -> tuple:
     return t if isinstance(t, tuple) else (t,)
 
 
-def _limit(bound: Any, limit: str, limits: "LimitsSpec") -> Any:
+def _limit(bound: Any, limit: str, limits: LimitsSpec) -> Any:
     return min(bound, getattr(limits, limit)) if limit else bound
 
 
-def _check_bool(key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+def _check_bool(key: str, value: Any, limits: LimitsSpec, where: str) -> None:
     if type(value) is not bool:
         raise _wrong_type(where, key, value, bool)
 
 
-def _check_int(spec: Int, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+def _check_int(spec: Int, key: str, value: Any, limits: LimitsSpec, where: str) -> None:
     if type(value) is not int:
         raise _wrong_type(where, key, value, spec)
     if not spec.lo <= value <= spec.hi:
         raise errors.InvalidRequest(f"{where}: {key} = {value} out of range {spec.lo}..{spec.hi}")
 
 
-def _check_num(spec: Num, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+def _check_num(spec: Num, key: str, value: Any, limits: LimitsSpec, where: str) -> None:
     """Finite and within bounds: a duration that passes scales into ns that fit a ring
     packet's integers (1e30 ms used to overflow the pack after queueing)."""
     if type(value) is not float and type(value) is not int:
@@ -126,7 +127,7 @@ def _check_num(spec: Num, key: str, value: Any, limits: "LimitsSpec", where: str
                                     f"{spec.lo}..{hi}{why}")
 
 
-def _check_str(spec: Str, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+def _check_str(spec: Str, key: str, value: Any, limits: LimitsSpec, where: str) -> None:
     if type(value) is not str:
         raise _wrong_type(where, key, value, spec)
     cap = _limit(spec.max_len, spec.limit, limits)
@@ -138,7 +139,7 @@ def _check_str(spec: Str, key: str, value: Any, limits: "LimitsSpec", where: str
                                     f"{sorted(spec.choices)}")
 
 
-def _check_list(spec: List, items: Any, key: str, value: Any, limits: "LimitsSpec",
+def _check_list(spec: List, items: Any, key: str, value: Any, limits: LimitsSpec,
                 where: str) -> None:
     if type(value) is not list:
         raise _wrong_type(where, key, value, spec)
@@ -155,7 +156,7 @@ def _items_check(item: Any) -> Check:
     if isinstance(item, Int):
         lo, hi = item.lo, item.hi
 
-        def ints(key: str, value: list, limits: "LimitsSpec", where: str) -> None:
+        def ints(key: str, value: list, limits: LimitsSpec, where: str) -> None:
             for v in value:
                 if type(v) is not int or not lo <= v <= hi:
                     raise errors.InvalidRequest(f"{where}: {key} item {v!r} is not an "
@@ -165,13 +166,13 @@ def _items_check(item: Any) -> Check:
         return _check_commands
     each = _check_of(item)
 
-    def items(key: str, value: list, limits: "LimitsSpec", where: str) -> None:
+    def items(key: str, value: list, limits: LimitsSpec, where: str) -> None:
         for i, v in enumerate(value):
             each(f"{key}[{i}]", v, limits, where)
     return items
 
 
-def _check_commands(key: str, value: list, limits: "LimitsSpec", where: str) -> None:
+def _check_commands(key: str, value: list, limits: LimitsSpec, where: str) -> None:
     for c in value:
         if type(c) is not dict:
             raise errors.InvalidRequest(f"{where}: {key} items must be maps, "
@@ -180,7 +181,7 @@ def _check_commands(key: str, value: list, limits: "LimitsSpec", where: str) -> 
         check_command(c, limits)
 
 
-def _check_plain_map(spec: Map, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+def _check_plain_map(spec: Map, key: str, value: Any, limits: LimitsSpec, where: str) -> None:
     if type(value) is not dict:
         raise _wrong_type(where, key, value, spec)
     if len(value) > spec.max_len:
@@ -190,7 +191,7 @@ def _check_plain_map(spec: Map, key: str, value: Any, limits: "LimitsSpec", wher
         check_depth(value, key, 1 + spec.values.depth, spec.max_bytes)
 
 
-def _check_one_of(spec: OneOf, forms: list, key: str, value: Any, limits: "LimitsSpec",
+def _check_one_of(spec: OneOf, forms: list, key: str, value: Any, limits: LimitsSpec,
                   where: str) -> None:
     for types, check in forms:
         if type(value) in _as_tuple(types):
@@ -205,7 +206,7 @@ _COMMAND_CHECKS = field_checks(_protocol.COMMAND)
 _COMMAND_REQUIRED = tuple(k for k in _protocol.COMMAND if not k.endswith("?"))
 
 
-def check_command(c: dict, limits: "LimitsSpec") -> None:
+def check_command(c: dict, limits: LimitsSpec) -> None:
     """One command of a submit: its fields (``_protocol.COMMAND``) and every value's bounds
     in one pass -- this runs per command, so it is written for speed.
 
@@ -327,13 +328,14 @@ def check_depth(value: Any, where: str, depth: int, max_bytes: int) -> None:
         raise errors.BadPacket(f"{where} too large: {size} bytes packed, at most {max_bytes}")
 
 
-def max_priority(client: ClientRec, limits: "LimitsSpec") -> int:
+def max_priority(client: ClientRec, limits: LimitsSpec) -> int:
     """The one place a client's priority ceiling is decided: by its role, never by its
     packets (the owner and clients holding a granted role get the privileged ceiling)."""
     return limits.max_priority_privileged if client.privileged else limits.max_priority
 
 
-def context_of(reg: Registry, client: ClientRec, handle: Any, allow_lost: bool = False) -> ContextRec:
+def context_of(reg: Registry, client: ClientRec, handle: Any,
+               allow_lost: bool = False) -> ContextRec:
     ctx = reg.contexts.get(handle)
     if ctx.client is not client:
         raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
@@ -404,7 +406,7 @@ def request_priority(reg: Registry, ctx: ContextRec, c: dict) -> int:
     return p
 
 
-def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "FaultPlan",
+def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultPlan,
                    ctx: ContextRec, cmds: list, t_arrive: int, t_received: int) -> list[Command]:
     """Validate every command of one submit: every handle, generation, owner, op, dtype and
     shape is checked here, before anything reaches a device (seed §20). All valid, or an
