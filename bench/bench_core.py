@@ -59,7 +59,7 @@ import os
 import statistics
 import struct
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import hetproc
 from device_workers import DeviceState, state_table

@@ -17,10 +17,9 @@ Run alone: ``python -m bench --only trace_overhead``.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-
-import os
 
 import hetproc
 from hetproc import command
@@ -32,7 +31,7 @@ _SIZES = {"quick": (800, 4, 1), "full": (1500, 40, 1)}  # commands per round, ro
 _WINDOW = 256  # commands in flight before the client waits (like a bounded queue)
 
 
-def _noop_run(ctx: "hetproc.Context", n: int, batch: int) -> float:
+def _noop_run(ctx: hetproc.Context, n: int, batch: int) -> float:
     """Seconds for ``n`` no-op commands submitted ``batch`` at a time, all completed."""
     pending: list = []
     t0 = time.perf_counter()

@@ -29,12 +29,28 @@ never used by msgpack.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
-
-from ipc import (I64, U64, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple, check_fields,
-                 decode, errors, unpack)
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
+
+from ipc import (
+    I64,
+    U64,
+    Int,
+    List,
+    Map,
+    Num,
+    OneOf,
+    Plain,
+    Spec,
+    Str,
+    Tuple,
+    check_fields,
+    decode,
+    errors,
+    unpack,
+)
 
 from . import _faults
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["set_timer_slack_ns", "hold_until"]
 

@@ -107,7 +107,7 @@ class DeviceTrace:
         self.ring.counter(_POWER_STATE, 0, self.track)
 
     @classmethod
-    def attach(cls, boot: Any, cache: Any, fences: Any) -> "DeviceTrace":
+    def attach(cls, boot: Any, cache: Any, fences: Any) -> DeviceTrace:
         """Attach the platform's bank, or a private disabled one when there is none (a
         device started without tracing still counts, for its own metrics)."""
         if boot.trace_segment:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ipc import errors
 
@@ -203,7 +204,7 @@ class _Where:
         path = f"{self.table}.{key}" if self.table else key
         return errors.InvalidRequest(f"{self.source}: {path}: {problem}")
 
-    def sub(self, table: str) -> "_Where":
+    def sub(self, table: str) -> _Where:
         return _Where(self.source, f"{self.table}.{table}" if self.table else table,
                       self.problems)
 

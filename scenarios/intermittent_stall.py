@@ -36,8 +36,8 @@ import numpy as np
 
 import hetproc
 from hetproc.drills import Option, Scenario
-from ipc import Stage
 from hetproc.trace import explain, format_request, frozen_to_chrome, load_trace, slowest
+from ipc import Stage
 
 OPTIONS = {
     "frames": Option(150, "camera frames (at least 10 warm-up + stalls + 2)", min=16, max=100_000),

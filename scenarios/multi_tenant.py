@@ -230,7 +230,7 @@ def run_storm(s: Scenario, base, seconds: float) -> None:
     s.note("storm under mixed (the LLM breaks every 4th of its own jobs):\n    " + header +
            "\n" + "\n".join(
                f"    {r['storm']:8} {('yes' if r['replay'] else 'no'):6} "
-               f"{r['camera_lost']:>8} {str(r['camera_lost_as'] or '-'):22} "
+               f"{r['camera_lost']:>8} {r['camera_lost_as'] or '-'!s:22} "
                f"{r['camera_misses']:>4}/{r['camera_frames']:<3} "
                f"{(r['camera_p99_ms'] or 0):>8.1f} "
                f"{(r['voice_p99_ms'] or 0):>9.1f} {r['llm_jobs_per_s']:>6.1f} "

@@ -70,7 +70,7 @@ class Pipeline:
                 ctx.map(b[writes], "w")
         self.rng = np.random.default_rng(7)
 
-    def submit(self, i: int, t_frame: int = 0) -> tuple[int, "hetproc.Fence", np.ndarray]:
+    def submit(self, i: int, t_frame: int = 0) -> tuple[int, hetproc.Fence, np.ndarray]:
         """Write frame ``i`` into its buffer set and queue its three stages. ``t_frame``:
         when the camera produced it (its modeled arrival); default now."""
         b = self.sets[i % BUFFERS]
@@ -87,7 +87,7 @@ class Pipeline:
             f.release()  # still alive while f2/f3 wait on them; recycled afterwards
         return t0, f3, frame
 
-    def finish(self, i: int, t0: int, fence: "hetproc.Fence", frame: np.ndarray) -> tuple[int, int, bool]:
+    def finish(self, i: int, t0: int, fence: hetproc.Fence, frame: np.ndarray) -> tuple[int, int, bool]:
         fence.wait(5.0 + 0.1 * (CPU_MS + NPU_MS + GPU_MS))
         t_done = fence.signal_time()  # the modeled end: host wake-ups are not in it
         out = self.sets[i % BUFFERS]["out"].array()

@@ -54,7 +54,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -102,13 +103,13 @@ CHILD = textwrap.dedent("""
     print("fence", user.export(), flush=True)
     signal_at = int(sys.argv[3])
     sys.stdin.readline()                             # the parent imported it
-    if signal_at %% 2 == 0:                          # 0: never signalled, dies holding it
+    if signal_at % 2 == 0:                          # 0: never signalled, dies holding it
         user.release()                               # the parent's import keeps it alive
         c.ping()
-    gift = c.alloc(%d, exportable=True)  # the child's own buffer, exported rw
+    gift = c.alloc(__N__, exportable=True)  # the child's own buffer, exported rw
     gift.array()[:] = 4
     print("gift", gift.export(), flush=True)
-    outs = [c.alloc(%d) for _ in range(3)]
+    outs = [c.alloc(__N__) for _ in range(3)]
     ctxs = {}
     def ctx(d):
         if d not in ctxs:
@@ -119,7 +120,7 @@ CHILD = textwrap.dedent("""
     print("ready", flush=True)
     i = 0
     while True:
-        d = ("npu0", "gpu0", "cpu0", "dsp0")[i %% 4]
+        d = ("npu0", "gpu0", "cpu0", "dsp0")[i % 4]
         try:
             fs = ctx(d).submit_many([{"kernel": "copy", "ins": [src.handle], "outs": [o.handle],
                                       "wait": [], "ms": 1.0, "timeout_ms": 40.0,
@@ -143,7 +144,7 @@ CHILD = textwrap.dedent("""
         if i == signal_at:
             user.signal()
             print("signalled", flush=True)
-""" % (N, N))
+""").replace("__N__", str(N))
 
 
 HOSTILE = textwrap.dedent("""

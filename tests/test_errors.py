@@ -12,7 +12,6 @@ import pytest
 import hetproc
 import ipc.errors as E
 from hetproc import Client, errors
-
 from tests.helpers import wait_for
 
 

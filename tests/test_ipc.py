@@ -8,8 +8,18 @@ import time
 import msgpack
 import pytest
 
-from ipc import (BlockPool, FenceTable, Ring, Segment, decode, encode, entries_with_prefix,
-                 errors, new_prefix, cleanup_prefix)
+from ipc import (
+    BlockPool,
+    FenceTable,
+    Ring,
+    Segment,
+    cleanup_prefix,
+    decode,
+    encode,
+    entries_with_prefix,
+    errors,
+    new_prefix,
+)
 from ipc._fences import FAILED, PENDING
 
 CTX = mp.get_context("fork")

@@ -39,7 +39,7 @@ class Counter:
 
 
 def conv_ref(x, w, b, stride, padding):
-    n, h, wd, c = x.shape
+    n, h, wd, _c = x.shape
     kh, kw, _, f = w.shape
     if padding == "valid":
         oh, ow, top, left = (h - kh) // stride + 1, (wd - kw) // stride + 1, 0, 0
@@ -285,7 +285,7 @@ def test_shape_error_is_not_raised_for_bad_params():
 def test_message_names_operand_and_expectation():
     with pytest.raises(ShapeError, match=r"matmul: input 1 .*\(3, N\)"):
         K.validate("matmul", [((2, 3), "float32"), ((4, 5), "float32")], [((2, 5), "float32")], {})
-    with pytest.raises(DtypeError, match="output 0 .*float32"):
+    with pytest.raises(DtypeError, match=r"output 0 .*float32"):
         K.validate("dequantize", [((2,), "int8")], [((2,), "float16")], {"scale": 1.0})
 
 

@@ -13,9 +13,9 @@ import pytest
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 
-import hetproc  # noqa: E402
-import hetproc.ort as hort  # noqa: E402
-from hetproc.delegate import light_model_path, mobilenet_like  # noqa: E402
+import hetproc
+import hetproc.ort as hort
+from hetproc.delegate import light_model_path, mobilenet_like
 
 SPREAD = {"weigh_costs": "0", "min_nodes_per_partition": "1"}  # every supported node offloads
 TOPOLOGIES = (["squeezenet", "shufflenet", "bvlc_alexnet", "densenet121", "inception_v1",

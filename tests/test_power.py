@@ -12,8 +12,8 @@ import time
 import pytest
 
 import hetproc
-from hetproc import PowerSpec, load_platform
 from device_workers._power import Thermal
+from hetproc import PowerSpec, load_platform
 
 from .helpers import wait_for
 from .test_modeled_time import warm

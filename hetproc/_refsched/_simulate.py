@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ipc import errors
 

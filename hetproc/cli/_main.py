@@ -17,7 +17,8 @@ import os
 import signal
 import sys
 import textwrap
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from ipc import cleanup_dead, errors
 
@@ -510,7 +511,7 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     drills.check_output_path(args.output, "--output")
     window = None
     if args.window:
-        a, sep, b = args.window.partition(":")
+        a, _sep, b = args.window.partition(":")
         try:
             window = (float(a), float(b))
         except ValueError:

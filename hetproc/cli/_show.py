@@ -51,7 +51,7 @@ class Progress:
         self.phase = phase
         self._refresh()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._enabled:
             self._timer = threading.Timer(PROGRESS_AFTER_S, self._start)
             self._timer.daemon = True

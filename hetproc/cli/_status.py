@@ -9,8 +9,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ipc import (Manifest, entries_with_prefix, errors, platform_is_alive, platform_prefixes,
-                 socket_address)
+from ipc import (
+    Manifest,
+    entries_with_prefix,
+    errors,
+    platform_is_alive,
+    platform_prefixes,
+    socket_address,
+)
 
 
 def dead_platforms() -> list[dict[str, Any]]:

@@ -13,8 +13,9 @@ import os
 import stat
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -86,7 +87,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _check_path(path: str | None, flag: str) -> None:
     """An output path whose directory exists: checked before anything runs, never created."""
-    from hetproc import InvalidRequest
+    from hetproc.errors import InvalidRequest
     if path and not Path(path).resolve().parent.is_dir():
         raise InvalidRequest(f"{flag} {path}: the directory {Path(path).parent} does not exist")
 
@@ -101,7 +102,7 @@ def _options(args: argparse.Namespace, **over: Any) -> Any:
 
 
 def _shapes(args: argparse.Namespace) -> dict[str, list[int]] | None:
-    from hetproc import InvalidRequest
+    from hetproc.errors import InvalidRequest
     out = {}
     for item in args.input_shape:
         name, _, dims = item.partition("=")
@@ -142,7 +143,6 @@ def placement_dict(pl: Any) -> dict[str, Any]:
 
 
 def _feeds(graph: Any, path: str | None) -> dict[str, np.ndarray]:
-    from hetproc import InvalidRequest
     if path:
         return _read_npz(path)
     rng = np.random.default_rng(0)
@@ -161,7 +161,7 @@ _NPZ_HINT = "an .npz archive, one array per input name (numpy.savez)"
 def _read_npz(path: str) -> dict[str, np.ndarray]:
     """The inputs of ``--inputs``: a zip of plain arrays. Anything else (a pickle, a lone
     .npy, text) is refused by what it is, and nothing is ever unpickled."""
-    from hetproc import InvalidRequest
+    from hetproc.errors import InvalidRequest
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
             raise InvalidRequest(f"--inputs {path}: not a regular file; it must be {_NPZ_HINT}")

@@ -83,7 +83,9 @@ def _require_onnx() -> None:
         return
     try:
         import onnx as _onnx
-        from onnx import helper as _h, numpy_helper as _nh, shape_inference as _si
+        from onnx import helper as _h
+        from onnx import numpy_helper as _nh
+        from onnx import shape_inference as _si
     except ImportError:
         raise errors.UnsupportedOp("ONNX models need the 'onnx' package: "
                                    "pip install 'hetproc[onnx]'") from None
@@ -255,7 +257,7 @@ def _parse(source: Any) -> Any:
     except Exception as exc:
         raise errors.InvalidRequest(f"model file is malformed or truncated: "
                                     f"{_first_line(exc)}") from None
-    if not model.HasField("graph") or not model.graph.node and not model.graph.output:
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise errors.InvalidRequest("model file holds no graph (empty, truncated or not ONNX)")
     return model
 

@@ -22,13 +22,13 @@ every refused node); fallback mode logs what fell back and why.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
 
 from ipc import errors
 
 from ._model import Graph
-from ._targets import Device, TARGETS, nbytes_of, refusal
+from ._targets import Device, nbytes_of, refusal
 
 FENCE_HOP_US = 25.0  # a semaphore wake across processes (measured ~21-28 us)
 
@@ -198,7 +198,7 @@ def place(graph: Graph, specs: Specs, devices: Sequence[Device], options: Option
     cpu_us = {i: node_us(graph, specs, i, fb) for i in range(len(graph.nodes))}
     assignment: dict[int, str] = {}
     why: dict[int, str] = {}
-    for i, node in enumerate(graph.nodes):
+    for i in range(len(graph.nodes)):
         n, ins, outs = _node_io(graph, specs, i)
         refusals, best = [], None
         for a in accels:
@@ -394,7 +394,6 @@ def _finish(graph: Graph, specs: Specs, parts: list[Partition],
             by_name: dict[str, Device]) -> list[Boundary]:
     _io(graph, parts)
     prod = graph.producers()
-    cons = graph.consumers()
     where = {i: q.device for q in parts for i in q.nodes}
     boundaries: list[Boundary] = []
     model_outs = {v.name for v in graph.outputs}

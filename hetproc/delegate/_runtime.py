@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ class DelegatedModel:
     def load(cls, client: Any, model: Any, *, options: Options | None = None,
              input_shapes: dict[str, Any] | None = None,
              cache: AssetCache | None = None,
-             shared_assets: list[int] | None = None) -> "DelegatedModel":
+             shared_assets: list[int] | None = None) -> DelegatedModel:
         """Place, compile and upload ``model`` (a path, bytes, ModelProto or ``Graph``).
         With ``cache``, each partition's asset is looked up first (``load_info["cache"]``
         says "hit", "compiled" or "corrupt asset, recompiled" per partition).
@@ -428,7 +429,7 @@ class DelegatedModel:
             except errors.HetprocError:
                 pass
 
-    def __enter__(self) -> "DelegatedModel":
+    def __enter__(self) -> DelegatedModel:
         return self
 
     def __exit__(self, *exc: object) -> None:

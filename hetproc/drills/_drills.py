@@ -18,7 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,12 +30,12 @@ from ..client import same_code_env
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
-DRILLS: dict[str, tuple[Callable[["Drill"], None], str, dict[str, Any]]] = {}
+DRILLS: dict[str, tuple[Callable[[Drill], None], str, dict[str, Any]]] = {}
 
 
 def drill(name: str, doc: str, **recovery: Any):
     """Register a drill; ``recovery`` sets the platform's recovery policy for it."""
-    def register(fn: Callable[["Drill"], None]):
+    def register(fn: Callable[[Drill], None]):
         DRILLS[name] = (fn, doc, recovery)
         return fn
     return register

@@ -22,12 +22,14 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
 from ipc import errors
 
 from .. import trace as _trace
@@ -359,7 +361,7 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
     }
     if interrupted is not None:
         # The interrupt goes on (the caller asked to stop), carrying what was collected.
-        setattr(interrupted, "report", report)  # read back by the CLI: getattr(exc, "report")
+        interrupted.report = report  # read back by the CLI: getattr(exc, "report")
         raise interrupted
     return report
 

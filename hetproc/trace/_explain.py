@@ -31,8 +31,9 @@ from __future__ import annotations
 import bisect
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ipc import errors
 
@@ -129,7 +130,7 @@ class _ByRow:
     attribution asks ("what ran on this device between t0 and t1"): each answer looks at
     the slices that can overlap, found by bisection, never at the whole trace."""
 
-    def __init__(self, trace: "Trace", slices: list[Slice]) -> None:
+    def __init__(self, trace: Trace, slices: list[Slice]) -> None:
         rows: dict[str, list[Slice]] = {}
         for sl in slices:
             rows.setdefault(trace.row(sl.pid, sl.tid), []).append(sl)
@@ -223,7 +224,7 @@ class Trace:
         if args.get("unfinished"):
             req.unfinished = True
 
-    def finish(self, other: Any) -> "Trace":
+    def finish(self, other: Any) -> Trace:
         """After the last event: ``otherData`` checked, everything in time order."""
         self.other = _read.check_other(other)
         for req in self.by_cid.values():
@@ -356,7 +357,7 @@ def explain(trace: Trace, cid: int, *, detail: bool = True) -> Request | None:
         return req
     pts = _points(req)
     req.stages = []
-    for (_, t_prev, _), (name, t, kind) in zip(pts, pts[1:]):
+    for (_, t_prev, _), (name, t, _kind) in zip(pts, pts[1:]):
         req.stages.append(Span(name, t_prev, t, _where(trace, req, name),
                                _detail(trace, req, name, t_prev, t) if detail else ""))
     req.detailed = detail

@@ -9,7 +9,8 @@ file is self-describing (``hetproc trace explain FILE`` needs nothing else).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -14,7 +14,8 @@ only when a picture is asked for, so the rest of hetproc never needs it.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ipc import errors
 
@@ -45,7 +46,7 @@ def require_matplotlib():
     return Figure, FigureCanvasAgg
 
 
-def plot_timeline(trace: "Trace | Mapping[str, Any] | str | os.PathLike[str]",
+def plot_timeline(trace: Trace | Mapping[str, Any] | str | os.PathLike[str],
                   path: str | os.PathLike[str], *, window: tuple[float, float] | None = None,
                   title: str = "") -> dict[str, Any]:
     """Draw ``trace`` (a parsed ``Trace``, a Chrome trace dict or a file) into a PNG at

@@ -25,7 +25,8 @@ slices its arrows connect, in order.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["validate", "flow_chains"]
 
@@ -112,7 +113,7 @@ def validate(doc: Mapping[str, Any]) -> list[str]:
         return problems
     nesting, chains = _bind(events)
     problems += nesting
-    for (cat, name, fid), steps in chains.items():
+    for (_cat, name, fid), steps in chains.items():
         where = f"flow {name} {fid:#x}" if isinstance(fid, int) else f"flow {name} {fid}"
         phases = [ph for _, ph, _, _ in steps]
         if phases[0] != "s" or phases[-1] != "f" or any(ph != "t" for ph in phases[1:-1]):
