@@ -206,6 +206,29 @@ def test_bad_inputs_and_corrupt_assets_fail_the_request_never_the_device():
             out.free()
 
 
+def test_cli_model_run_writes_outputs_whatever_their_names(tmp_path):
+    """Output names are the model author's: ``file`` and ``allow_pickle`` are numpy.savez's
+    own parameter names, and passed as its keywords one raised TypeError and the other
+    was taken as the flag and left out of the archive."""
+    from onnx import TensorProto, helper
+
+    from hetproc.cli import main
+    names = ["file", "allow_pickle", "y"]
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], [n]) for n in names], "names",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in names])
+    path, feeds, out = tmp_path / "m.onnx", tmp_path / "in.npz", tmp_path / "out.npz"
+    path.write_bytes(helper.make_model(g).SerializeToString())
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    np.savez(feeds, x=x)
+    assert main(["model", "run", str(path), "--inputs", str(feeds), "--output", str(out)]) == 0
+    with np.load(out) as got:
+        assert sorted(got.files) == sorted(names)
+        for n in names:
+            np.testing.assert_array_equal(got[n], np.maximum(x, 0))
+
+
 def test_cli_model_inspect_run_and_diff(tmp_path, capsys):
     from hetproc.cli import main
     path = tmp_path / "m.onnx"

@@ -21,6 +21,7 @@ import numpy as np
 
 from .._argtypes import positive_int, time_scale
 from .._config import TIME_SCALE_RANGE
+from ._npz import save_npz
 
 
 def add_model_commands(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -222,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result["outputs"] = {name: {"dtype": str(arr.dtype), "shape": list(arr.shape)}
                              for name, arr in out.items()}
         if args.output:
-            np.savez(args.output, **out)
+            save_npz(args.output, out)
             lines.append(f"outputs written to {args.output}")
         if args.trace:
             plat.export_trace(args.trace)

@@ -39,9 +39,9 @@ def tensor_specs(graph: Graph) -> Specs:
     used = graph.used_values()  # an unused output (a Dropout mask) needs no shape
     needed = {o for n in graph.nodes for o in n.outputs if o and o in used}
     if any(not specs.get(t, ("", None))[0] or specs[t][1] is None for t in needed):
-        shapes = [specs.get(v.name, ("", None)) for v in graph.inputs]
-        if all(s[1] is not None and s[0] for s in shapes):
-            probe = {v.name: np.zeros(s[1], s[0]) for v, s in zip(graph.inputs, shapes)}
+        probe = {v.name: np.zeros(shape, dtype) for v in graph.inputs
+                 for dtype, shape in [specs.get(v.name, ("", None))] if dtype and shape is not None}
+        if len(probe) == len({v.name for v in graph.inputs}):  # static inputs only
             env = _probe(graph, probe)
             for name, arr in env.items():
                 specs[name] = (arr.dtype.name, tuple(arr.shape))
@@ -99,7 +99,7 @@ class Compiled:
 
 
 def _attrs(attrs: Mapping[str, Any], where: str) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in attrs.items():
         if isinstance(v, np.ndarray):
             if v.nbytes > MAX_TENSOR_ATTR_BYTES or v.dtype.kind not in "biuf":
@@ -110,6 +110,16 @@ def _attrs(attrs: Mapping[str, Any], where: str) -> dict[str, Any]:
         out[k] = [x.item() if isinstance(x, np.generic) else x for x in v] \
             if isinstance(v, (list, tuple)) else (v.item() if isinstance(v, np.generic) else v)
     return out
+
+
+def known_shape(specs: Specs, name: str) -> list[int]:
+    """The static shape of a partition's input or output (``compile_placement`` refuses a
+    placement with a boundary tensor of unknown shape before it compiles anything)."""
+    shape = specs.shape(name)
+    if shape is None:
+        raise errors.ShapeError(f"boundary tensor {name!r} has no static shape: bind the "
+                                "input shapes (a shape bucket) first")
+    return list(shape)
 
 
 def compile_placement(placement: Placement, specs: Specs) -> Compiled:
@@ -151,13 +161,13 @@ def _compile_one(graph: Graph, specs: Specs, p: Partition, inputs: BufferLayout,
             sources.append(src)
         lay = inputs if src == "input" else out_layouts[producer_part[t]]
         plan_inputs.append([tid(t), 1 + sources.index(src), lay.offsets[t], specs.dtype(t),
-                            list(specs.shape(t))])
+                            known_shape(specs, t)])
     steps = []
     for i in p.nodes:
         n = graph.nodes[i]
         steps.append([n.op, [tid(x) if x else -1 for x in n.inputs],
                       [tid(o) for o in n.outputs if o], _attrs(n.attrs, f"node {n.name}")])
-    outputs = [[tid(t), 0, out_layouts[p.index].offsets[t], specs.dtype(t), list(specs.shape(t))]
+    outputs = [[tid(t), 0, out_layouts[p.index].offsets[t], specs.dtype(t), known_shape(specs, t)]
                for t in p.outputs]
     plan = {"v": 1, "weights": [], "inputs": plan_inputs, "steps": steps, "outputs": outputs}
     # Offsets depend on the plan's length and the plan lists the offsets: two passes.

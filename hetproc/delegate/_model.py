@@ -337,7 +337,7 @@ def fold_constants(graph: Graph) -> Graph:
     compiled asset carries them as weights instead of recomputing them every run."""
     from device_workers import run_op, unsupported
     inits = dict(graph.initializers)
-    nodes = []
+    nodes: list[Node] = []
     outs = {v.name for v in graph.outputs}
     for n in graph.nodes:
         constant = all(not i or i in inits for i in n.inputs)

@@ -16,6 +16,7 @@ not added to it, since the emulator really performs them.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,12 +28,12 @@ import numpy as np
 from ipc import errors
 
 from ._cache import AssetCache
-from ._compile import Compiled, compile_placement, tensor_specs
+from ._compile import Compiled, compile_placement, known_shape, tensor_specs
 from ._model import Graph, fold_constants, load_model
 from ._partition import Options, Placement, place
 from ._reference import check_inputs
 from ._residency import residency_of
-from ._targets import devices_of
+from ._targets import Device, devices_of
 
 RUN_TIMEOUT_S = 60.0
 # A tool-specific trace stage (200-255 are free): one instant per partition asset load,
@@ -62,10 +63,15 @@ def _wait(fence: Any, timeout: float) -> None:
 
 
 class DelegatedModel:
-    def __init__(self, client: Any, graph: Graph, compiled: Compiled) -> None:
+    def __init__(self, client: Any, graph: Graph, compiled: Compiled, devices: list[Device],
+                 options: Options, cache: AssetCache | None, shared_assets: list[int]) -> None:
+        """``load`` builds one; see there."""
         self.client = client
         self.graph = graph
         self.compiled = compiled
+        self._devices = {d.name: d for d in devices}
+        self._options, self._cache = options, cache
+        self._shared = shared_assets
         self.placement: Placement = compiled.placement
         self._lock = threading.Lock()
         self._closed = False
@@ -100,10 +106,7 @@ class DelegatedModel:
         devices = devices_of(client.info["spec"])
         placement = place(graph, specs, devices, options)
         compiled = compile_placement(placement, specs)
-        self = cls(client, graph, compiled)
-        self._devices = {d.name: d for d in devices}
-        self._options, self._cache = options, cache
-        self._shared = list(shared_assets or [])
+        self = cls(client, graph, compiled, devices, options, cache, list(shared_assets or []))
         try:
             self._upload()
         except BaseException:
@@ -340,8 +343,8 @@ class DelegatedModel:
     def _output_in_place(self, name: str, k: int) -> np.ndarray:
         c = self.compiled
         off = c.output_layouts[k].offsets[name]
-        dt, shape = np.dtype(c.specs.dtype(name)), c.specs.shape(name)
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        dt, shape = np.dtype(c.specs.dtype(name)), known_shape(c.specs, name)
+        n = math.prod(shape) * dt.itemsize
         return self._out_views[k][off:off + n].view(dt).reshape(shape)
 
     def output_view(self, name: str) -> np.ndarray | None:
@@ -415,7 +418,7 @@ class DelegatedModel:
         with self._lock:  # a run still inside (timed out above) fails with "closed"
             self._closed = True
         for p in self.placement.partitions:
-            dev = self._devices.get(p.device) if hasattr(self, "_devices") else None
+            dev = self._devices.get(p.device)
             if dev is not None and dev.sram_bytes > 0:
                 residency_of(self.client, p.device, dev.sram_bytes).forget([(id(self), p.index)])
         for ctx in self._contexts.values():
