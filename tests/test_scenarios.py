@@ -29,6 +29,24 @@ def test_video_pipeline_meets_the_seed_figures(tmp_path):
     assert "platform_metrics" in m and m["platform_metrics"]["in_flight"] == 0
 
 
+def test_a_scenario_that_stops_its_platform_and_fails_is_explained(tmp_path):
+    """The failure is the scenario's own, explained; the runner's look at a platform the
+    scenario stopped itself is no second failure (it was an AttributeError on the
+    missing client, blamed on the platform, and the failure section was lost)."""
+    script = tmp_path / "stops_then_fails.py"
+    script.write_text("def run(s):\n    s.platform.stop()\n    raise ValueError('boom')\n")
+    report_path = tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "hetproc", "run", str(script),
+                          "--report", str(report_path)],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    report = json.loads(report_path.read_text())
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert failed == ["ran to the end"], report["checks"]
+    assert report["failure"]["error"]["message"] == "boom"
+    assert report["failure"]["lookup_failed"].startswith("PlatformClosed")
+
+
 def test_a_failing_check_makes_a_nonzero_exit(tmp_path):
     script = tmp_path / "always_fails.py"
     script.write_text("def run(s):\n    s.check('impossible', False, 'by design')\n")

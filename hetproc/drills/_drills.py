@@ -450,7 +450,8 @@ def _client_crash(d: Drill) -> None:
                             stdout=subprocess.PIPE, text=True, env=same_code_env())
     d.s.extra_pids.append(proc.pid)
     try:
-        ready = proc.stdout.readline().strip() == "ready"
+        out = proc.stdout  # a pipe (stdout=PIPE above), typed as maybe-None
+        ready = out is not None and out.readline().strip() == "ready"
         d.s.check("the doomed client was running", ready)
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)

@@ -34,7 +34,7 @@ from ipc import errors
 
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
-from ..client import Platform
+from ..client import Client, Platform
 from ._leaks import leftovers, platform_pids
 
 Progress = Callable[[str], None]
@@ -361,7 +361,7 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
     }
     if interrupted is not None:
         # The interrupt goes on (the caller asked to stop), carrying what was collected.
-        interrupted.report = report  # read back by the CLI: getattr(exc, "report")
+        vars(interrupted)["report"] = report  # read back by the CLI: getattr(exc, "report")
         raise interrupted
     return report
 
@@ -379,9 +379,18 @@ def _raised_at(exc: BaseException, func: Callable[..., Any]) -> str:
     return f"{f.filename}:{f.lineno} in {f.name}"
 
 
+def _client_of(plat: Platform) -> Client:
+    """The platform's own client; PlatformClosed once the platform was stopped (a
+    scenario may stop it itself)."""
+    if plat.client is None:
+        raise errors.PlatformClosed("the platform was stopped")
+    return plat.client
+
+
 def _metrics_or_none(plat: Platform) -> dict[str, Any] | None:
+    """None: the platform is gone (a drill killed the supervisor, a scenario stopped it)."""
     try:
-        return plat.metrics()
+        return _client_of(plat).metrics()
     except errors.HetprocError:
         return None
 
@@ -411,7 +420,7 @@ def _failure(plat: Platform, exc: Exception) -> dict[str, Any]:
                "correlation_id": 0}
     out: dict[str, Any] = {"error": err, "incidents": [], "windows": [], "last_error": None}
     try:
-        client = plat.client
+        client = _client_of(plat)
         cid = err.get("correlation_id") or 0
         got = client.incidents()
         history = list(got["history"]) + list(got["active"])  # one may still be recovering
@@ -480,7 +489,7 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
                       stem: str) -> dict[str, Any]:
     """Frozen windows (always summarised; written next to the trace file when there is
     one), the trace file and the timeline picture."""
-    client = plat.client
+    client = _client_of(plat)
     evidence: dict[str, Any] = {}
     if trace_path:
         base = os.path.splitext(trace_path)[0]
