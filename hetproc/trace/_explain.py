@@ -295,7 +295,6 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
     # the kernel: every part shares the cid): queued and acquire end where the first part
     # starts; execute runs from there to the end of the last part.
     sub, queued, ex = req.first("SUBMIT"), req.first("QUEUED"), req.first("EXEC")
-    last = req.last("EXEC")
     enq = req.first("ENQUEUE")
     start = sub or enq or queued or req.first("ACQUIRE_WAIT") or ex
     if start is None:
@@ -309,6 +308,7 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
             # at the failure, by the supervisor; the device had taken it before it started.
             pts.append(("queued", min([queued.t1, *on_device]), "queue"))
     if ex is not None:
+        last = req.last("EXEC") or ex  # a first EXEC slice means a last one
         pts.append(("acquire", ex.t0, "device"))
         if not last.args.get("unfinished"):
             pts.append(("execute", last.t1, "device"))
@@ -403,10 +403,10 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         q = req.first("QUEUED")
         dev = trace.device_of(req)
         others: dict[int, float] = {}
-        for ex in trace.by_row("execs").overlapping(dev, t0, t1):
-            c = int(ex.args.get("cid") or 0)
+        for other in trace.by_row("execs").overlapping(dev, t0, t1):
+            c = int(other.args.get("cid") or 0)
             if c != req.cid:
-                others[c] = others.get(c, 0.0) + min(ex.t1, t1) - max(ex.t0, t0)
+                others[c] = others.get(c, 0.0) + min(other.t1, t1) - max(other.t0, t0)
         parts = []
         if q is not None:
             parts.append(f"priority {q.args.get('a1', 0)}")

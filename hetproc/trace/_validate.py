@@ -77,7 +77,7 @@ def _read_order(events: list) -> list[tuple[int, dict]]:
     return [(ts, ev) for ts, _, _, ev in keyed]
 
 
-def _bind(events: list) -> tuple[list[str], dict[tuple, list[tuple[float, str, dict, dict]]]]:
+def _bind(events: list) -> tuple[list[str], dict[tuple, list[tuple[int, str, dict, dict]]]]:
     """Replay the rows' stacks; returns nesting problems and, per flow key, its steps
     (ts, phase, the flow event, the slice it binds to or {})."""
     problems: list[str] = []
@@ -125,8 +125,8 @@ def validate(doc: Mapping[str, Any]) -> list[str]:
             elif (bound.get("args") or {}).get("cid") != fid:
                 problems.append(f"{where}: step {ph} at {ts} binds to {bound.get('name')} "
                                 f"of request {(bound.get('args') or {}).get('cid')}")
-        bound = [b for _, _, _, b in steps]
-        for out, into in zip(bound, bound[1:]):
+        slices = [b for _, _, _, b in steps]
+        for out, into in zip(slices, slices[1:]):
             if out and into and _ns(into["ts"]) + _SLACK_NS < _ns(out["ts"]) + _ns(out["dur"]):
                 problems.append(f"{where}: the arrow {out.get('name')} -> {into.get('name')} "
                                 f"points backwards in time")
