@@ -20,7 +20,8 @@ Public API::
                       switch cost in; every job's modeled start, end, preemptions out
     errors            the one error hierarchy (every class is also exported here)
     trace             evidence, live or from a file: export, explain, plot (seed §22)
-    drills            (import hetproc.drills) scenario runner, drills, the acceptance matrix (seed §21)
+    drills            (import hetproc.drills) scenario runner, drills, the acceptance
+                      matrix (seed §21)
     testing           (import hetproc.testing) the pytest plugin
 
 General layout: a folder says which process runs its code.

@@ -171,7 +171,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "every": Key("optional-int", None, 1, None),
         "probability": Key("float", 0.0, 0, 1),
         "count": Key("int", 1, 0, None),
-        "step": Key("str", "before_kernel", choices=("before_kernel", "in_kernel", "before_signal")),
+        "step": Key("str", "before_kernel", choices=("before_kernel", "in_kernel",
+                                                     "before_signal")),
         "seconds": Key("float", 30.0, 0, 3600),
         "after_s": Key("float", 0.005, 0, 3600),
     },
@@ -226,7 +227,7 @@ def _problems(problems: list[str]) -> errors.InvalidRequest:
     (``file: table.key: problem``); the message is the first of them."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     exc = errors.InvalidRequest(problems[0] + more)
-    exc.problems = list(problems)  # type: ignore[attr-defined]
+    exc.problems = list(problems)  # type: ignore[attr-defined]  # this error alone lists them
     return exc
 
 
@@ -239,7 +240,8 @@ def _value(key: Key, name: str, v: Any, where: _Where) -> Any:
     if k == "maintenance":
         if isinstance(v, bool) or v in _MAINTENANCE:
             return v
-        raise where.fail(name, f"{_short(v)} is not true, false or one of {', '.join(_MAINTENANCE)}")
+        raise where.fail(name,
+                         f"{_short(v)} is not true, false or one of {', '.join(_MAINTENANCE)}")
     if k == "bool":
         if not isinstance(v, bool):
             raise where.fail(name, f"{_short(v)} is not true or false")

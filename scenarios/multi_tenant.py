@@ -73,7 +73,8 @@ def run_policy(base, policy: str, seconds: float, scale: float, warmup: float = 
     """One policy: ``warmup`` seconds of the same load first (not counted: a platform
     just started and three clients connecting make the host late, and an arrival the host
     delivers after the work it should have preempted cannot preempt it), then ``seconds``."""
-    ms = lambda v: int(v * scale * 1e6)  # noqa: E731
+    def ms(v: float) -> int:
+        return int(v * scale * 1e6)
     spec = _spec(base, policy)
     if replay:
         spec = dataclasses.replace(spec, recovery={**spec.recovery, "replay_innocent": True})

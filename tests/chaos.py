@@ -23,7 +23,8 @@ of every device (fifo, priority, edf, fair, mixed; its preemption chunk), per-co
 priority, period and weight and per-command priority and deadline; a hostile tenant (a
 process sending malformed and out-of-range requests, bursts of bare connections and
 forged records in a queue of its own, with ``bench.fuzz_campaign``'s generators: every
-refusal must be a clean error, never InternalError, and nobody else may notice the queue); a pipeline with a drop policy (every frame it reports completed is exact);
+refusal must be a clean error, never InternalError, and nobody else may notice the
+queue); a pipeline with a drop policy (every frame it reports completed is exact);
 a delegated model partitioned across devices (every run it completes equals the CPU
 reference within the delegate tests' tolerance); fence signal rights (an import may
 signal only with the right, a failed signal fails the command waiting on it); and a
@@ -825,7 +826,8 @@ class _Run:
                 kernel = rng.choice(PIPE_KERNELS[dev])
                 params = {"factor": rng.choice([0.5, 2.0, -1.0])} if kernel == "scale" else None
                 ctxs.append(c.context(dev, **self.ctx_args(c)))
-                stages.append(hetproc.PipelineStage(ctxs[-1], kernel, ms=rng.choice([0.5, 1.0, 2.0]),
+                stages.append(hetproc.PipelineStage(ctxs[-1], kernel,
+                                                    ms=rng.choice([0.5, 1.0, 2.0]),
                                                     params=params))
                 fns.append((kernel, params or {}))
         except hetproc.HetprocError:

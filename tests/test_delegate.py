@@ -126,7 +126,8 @@ def test_max_partitions_and_min_nodes_are_honoured_and_logged():
 
 def test_cost_model_keeps_a_tiny_graph_on_the_cpu_and_says_why():
     from onnx import TensorProto, helper
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])],
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                           helper.make_node("Relu", ["r"], ["y"])],
                           "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
     pl = plan(helper.make_model(g), None, Options())
@@ -271,7 +272,8 @@ def test_asset_cache_hit_compiled_corrupt_and_invalidation(tmp_path):
             n = len(cold.load_info["cache"])
         with load() as warm:
             assert warm.load_info["cache"] == ["hit"] * n
-            assert sum(warm.load_info["compile_ms"].values()) < sum(cold.load_info["compile_ms"].values())
+            warm_ms, cold_ms = warm.load_info["compile_ms"], cold.load_info["compile_ms"]
+            assert sum(warm_ms.values()) < sum(cold_ms.values())
             np.testing.assert_array_equal(warm.run(feeds)["prob"], want)
         # Corrupt one file (flip a payload byte) and truncate another: never loaded.
         files = sorted(cache.path.glob("*.hpa"))
@@ -448,15 +450,18 @@ def test_quantised_qdq_model_matches_onnxruntime_within_one_step():
              numpy_helper.from_array(np.int8(0), "z_in"),
              numpy_helper.from_array(np.float32(s_out), "s_out"),
              numpy_helper.from_array(np.int8(0), "z_out"),
-             numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32), "w")]
+             numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 0.2).astype(np.float32),
+                                     "w")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s_in", "z_in"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "s_in", "z_in"], ["xd"]),
              helper.make_node("Conv", ["xd", "w"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("QuantizeLinear", ["r", "s_out", "z_out"], ["rq"]),
              helper.make_node("DequantizeLinear", ["rq", "s_out", "z_out"], ["y"])]
-    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], inits)
+    g = helper.make_graph(nodes, "qdq",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+                          inits)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"x": _input((1, 4, 8, 8))}
     want = _ort(model, feeds)["y"]

@@ -376,7 +376,8 @@ def test_a_client_that_never_reads_or_leaves_mid_transfer_costs_nobody_anything(
     assert m, "the segments of clients that left were not dropped"
     assert wait_for(lambda: len(_memfd_fds(platform.pid, platform.prefix)) == before), \
         (f"descriptors waiting for a client that left were not closed: "
-         f"{_memfd_fds(platform.pid, platform.prefix)}, {before} before, {client.metrics()['pool']}")
+         f"{_memfd_fds(platform.pid, platform.prefix)}, {before} before, "
+         f"{client.metrics()['pool']}")
 
 
 def test_a_slow_reader_gets_every_descriptor_with_its_own_reply(platform, client):

@@ -200,7 +200,8 @@ def test_a_buffer_freed_while_in_use_is_reclaimed_only_after_the_command(client)
     f = ctx.submit("work", [a], [], ms=100)
     a.free()
     m = client.metrics()
-    assert m["registered_buffers"] >= 1 and m["pool"]["live_blocks"] >= 1, "still held by the command"
+    assert m["registered_buffers"] >= 1 and m["pool"]["live_blocks"] >= 1, \
+        "still held by the command"
     f.wait(5)
     assert wait_for(lambda: client.metrics()["pool"]["live_blocks"] == 0)
 

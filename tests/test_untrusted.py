@@ -148,7 +148,8 @@ def test_a_thousand_raw_connections_do_not_kill_the_supervisor(platform):
     if soft < 2400:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
     sup = psutil.Process(platform.proc.pid)
-    sup.rlimit(psutil.RLIMIT_NOFILE, (1024, sup.rlimit(psutil.RLIMIT_NOFILE)[1]))  # as on many hosts
+    sup.rlimit(psutil.RLIMIT_NOFILE,
+               (1024, sup.rlimit(psutil.RLIMIT_NOFILE)[1]))  # as on many hosts
     bystander = platform.connect("bystander")
     ctx = bystander.context("cpu0")
     socks, refused = [], 0
@@ -510,7 +511,8 @@ def test_a_supervisor_that_dies_exits_non_zero_and_leaves_a_dump(tmp_path):
     from hetproc._config import to_raw
     spec = hetproc.load_platform().with_trace(dump_dir=str(tmp_path))
     read_fd, write_fd = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-c", _DYING, "--spec", json.dumps({"raw": to_raw(spec), "source": spec.source}),
+    proc = subprocess.Popen([sys.executable, "-c", _DYING, "--spec",
+                             json.dumps({"raw": to_raw(spec), "source": spec.source}),
                              "--ready-fd", str(write_fd)], pass_fds=(write_fd,),
                             stderr=subprocess.PIPE, text=True)
     os.close(write_fd)
@@ -532,7 +534,8 @@ def test_peer_identity_comes_from_the_kernel(platform):
     script = ("import sys, hetproc; c = hetproc.connect(sys.argv[1], 'child'); "
               "print(c.metrics()['quota']['fences']); c.close()")
     held = platform.client.fence()  # the owner process holds a fence; the child holds none
-    out = subprocess.run([sys.executable, "-c", script, platform.prefix], check=False, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", script, platform.prefix], check=False,
+                         capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"

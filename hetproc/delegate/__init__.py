@@ -49,5 +49,6 @@ def plan(model: _Any, spec: _Any = None, options: Options | None = None,
 
 
 __all__ = ["add_model_commands", "mobilenet_like", "light_model_path", "Graph", "load_model",
-           "run_reference", "Options", "Placement", "Partition", "Boundary", "DelegatedModel", "AssetCache", "BucketedModel", "plan", "Target", "TARGETS",
+           "run_reference", "Options", "Placement", "Partition", "Boundary", "DelegatedModel",
+           "AssetCache", "BucketedModel", "plan", "Target", "TARGETS",
            "save_npz"]

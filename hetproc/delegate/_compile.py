@@ -32,7 +32,8 @@ def tensor_specs(graph: Graph) -> Specs:
     (static inputs only) fills in the rest."""
     specs: dict[str, tuple[str, tuple[int, ...] | None]] = {}
     for name, v in graph.values.items():
-        shape = tuple(v.shape) if all(isinstance(d, int) for d in v.shape) and v.shape != ("*",) else None
+        static = all(isinstance(d, int) for d in v.shape) and v.shape != ("*",)
+        shape = tuple(v.shape) if static else None
         specs[name] = (v.dtype, shape)
     for name, arr in graph.initializers.items():
         specs[name] = (arr.dtype.name, tuple(arr.shape))
@@ -146,7 +147,8 @@ def compile_placement(placement: Placement, specs: Specs) -> Compiled:
 
 
 def _compile_one(graph: Graph, specs: Specs, p: Partition, inputs: BufferLayout,
-                 out_layouts: list[BufferLayout], producer_part: dict[str, int]) -> CompiledPartition:
+                 out_layouts: list[BufferLayout],
+                 producer_part: dict[str, int]) -> CompiledPartition:
     ids: dict[str, int] = {}
 
     def tid(name: str) -> int:

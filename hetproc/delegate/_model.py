@@ -352,7 +352,8 @@ def fold_constants(graph: Graph) -> Graph:
                     set(n.outputs) & outs):
                 inits.update({o: np.ascontiguousarray(r) for o, r in zip(n.outputs, results) if o})
                 continue
-        if n.op == "Constant" and isinstance(n.attrs.get("value"), np.ndarray) and len(n.attrs) == 1:
+        if (n.op == "Constant" and isinstance(n.attrs.get("value"), np.ndarray)
+                and len(n.attrs) == 1):
             inits[n.outputs[0]] = n.attrs["value"]
             continue
         nodes.append(Node(len(nodes), n.name, n.op, n.inputs, n.outputs, n.attrs))

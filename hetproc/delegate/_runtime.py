@@ -9,9 +9,9 @@ ONE ``graph`` command on its device's context, waiting only on the fences of the
 partitions it reads from (fences only at partition boundaries), then reads the outputs.
 A partition whose producers may compute (really, in numpy) longer than half the
 platform's dependency timeout is submitted once they are done, so no device waits past
-that timeout on a fence. A command holds its device for the partition's modeled device time (roofline time of its
-ops plus cache maintenance and reformats at its boundaries); dispatch and fence hops are
-not added to it, since the emulator really performs them.
+that timeout on a fence. A command holds its device for the partition's modeled device
+time (roofline time of its ops plus cache maintenance and reformats at its boundaries);
+dispatch and fence hops are not added to it, since the emulator really performs them.
 """
 
 from __future__ import annotations
@@ -217,7 +217,8 @@ class DelegatedModel:
             return "hit"
         cp.write(dest)
         self._cache.store(parts, dest.tobytes())
-        outcome = "corrupt asset, recompiled" if outcome != "miss" or payload is not None else "compiled"
+        recompiled = outcome != "miss" or payload is not None
+        outcome = "corrupt asset, recompiled" if recompiled else "compiled"
         self._cache.record(outcome)
         return outcome
 
@@ -228,18 +229,21 @@ class DelegatedModel:
 
     def _context(self, device: str) -> Any:
         if device not in self._contexts:
-            self._contexts[device] = self.client.context(device, name=_context_name(self.graph.name))
+            self._contexts[device] = self.client.context(device,
+                                                         name=_context_name(self.graph.name))
         return self._contexts[device]
 
     # -- running ------------------------------------------------------------------------
 
-    def run(self, inputs: Mapping[str, Any], *, timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, Any], *,
+            timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
         """Every model output by name. Bad inputs are refused before anything is submitted."""
         if self._closing:
             raise errors.InvalidRequest("this model is closing")
         return self._run(inputs, timeout)
 
-    def _run(self, inputs: Mapping[str, Any], timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
+    def _run(self, inputs: Mapping[str, Any],
+             timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
         arrays = check_inputs(self.graph, inputs)
         c = self.compiled
         with self._lock:
@@ -323,7 +327,8 @@ class DelegatedModel:
             # Fire and forget: no reply round trip per partition; a refused command fails
             # its fence, and _wait turns that into the supervisor's full message.
             fences.append(self._contexts[p.device].submit_nowait(
-                "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=(p.device_us + fetch_us) / 1000,
+                "graph", ins, [self._out_bufs[p.index]], wait=wait,
+                ms=(p.device_us + fetch_us) / 1000,
                 timeout_ms=min(timeout * 1000 / scale, self._max_duration_ms())))
         self.last_run["residency"] = residency
 

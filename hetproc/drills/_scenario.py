@@ -179,8 +179,8 @@ def find_scenario(name: str) -> Path:
         return candidate
     known = scenario_names()
     near = difflib.get_close_matches(name, known, n=1)
-    raise errors.InvalidRequest(f"no scenario {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
-                                + f"; known: {', '.join(known)}")
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise errors.InvalidRequest(f"no scenario {name!r}{hint}; known: {', '.join(known)}")
 
 
 def load_module(path: Path) -> ModuleType:
@@ -223,7 +223,8 @@ def quick_options(module: ModuleType) -> dict[str, Any]:
     return dict(getattr(module, "QUICK", None) or {})
 
 
-def check_options(name: str, declared: dict[str, Option], options: dict[str, Any]) -> dict[str, Any]:
+def check_options(name: str, declared: dict[str, Option],
+                  options: dict[str, Any]) -> dict[str, Any]:
     """Every option set must be one the scenario declares, of the right type and range."""
     out = {}
     for key, value in options.items():

@@ -39,7 +39,8 @@ from ipc import errors
 
 from . import _read
 
-__all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest", "format_request",
+__all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest",
+           "format_request",
            "IMPLICATIONS", "STAGES", "summary_lines", "as_dict", "parse_cid"]
 
 STAGES = ("submit", "queued", "acquire", "execute", "signal", "wake-up", "callback")

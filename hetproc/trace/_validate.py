@@ -17,9 +17,9 @@ re-enacts the rules that matter for hetproc's traces (from Perfetto's
 
 hetproc adds its own expectations: a step binds to a slice of its own request (the same
 ``args.cid``), and the arrows point forward in time (the UI draws an arrow from the end
-of one bound slice to the start of the next: the next must not start earlier). ``validate`` returns every problem
-found (empty: the trace reads as intended); ``flow_chains`` returns, per request, the
-slices its arrows connect, in order.
+of one bound slice to the start of the next: the next must not start earlier).
+``validate`` returns every problem found (empty: the trace reads as intended);
+``flow_chains`` returns, per request, the slices its arrows connect, in order.
 """
 
 from __future__ import annotations
