@@ -7,7 +7,8 @@ built on it; nothing here imports them.
 
 from . import errors
 from ._channel import Channel, FrameReader, pack_frame
-from ._fences import FAILED, PENDING, SIGNALLED, FenceTable, make_handle, split_handle
+from ._fences import (CID_BY_CLIENT, CID_BY_HANDOFF, FAILED, PENDING, SIGNALLED, FenceTable,
+                      make_cid, make_handle, split_cid, split_handle)
 from ._names import (
     Manifest,
     cleanup_dead,
@@ -19,8 +20,8 @@ from ._names import (
     platform_prefixes,
     socket_address,
 )
-from ._packets import (I64, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple,
-                       check_fields, decode, encode, unpack)
+from ._packets import (I64, MAX_PACKET, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spec,
+                       Str, Tuple, check_fields, decode, encode, unpack)
 from ._profile import profiled
 from ._ring import Ring
 from ._queues import (QueueRecord, QueueRing, queue_bytes)
@@ -38,9 +39,10 @@ __all__ = [
     "errors",
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
+    "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",
     "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",
-    "VERSION", "encode", "decode", "unpack", "check_fields",
+    "VERSION", "MAX_PACKET", "encode", "decode", "unpack", "check_fields",
     "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",
     "Ring", "profiled",
     "QueueRing", "QueueRecord", "queue_bytes", "decode_queue_record", "encode_queue_record",

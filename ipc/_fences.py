@@ -27,6 +27,7 @@ Anyone may signal, wait and read.
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -56,6 +57,26 @@ def make_handle(slot: int, gen: int) -> int:
 
 def split_handle(handle: int) -> tuple[int, int]:
     return handle & 0xFFFFFFFF, handle >> 32
+
+
+# A correlation id (seed §22) is ``client id << 40 | origin | sequence``: the client that
+# asked, then who numbered the request -- the supervisor (origin 0, its own counter), a
+# client (``CID_BY_CLIENT``, the cid it put on its command) or the supervisor for a copy
+# it inserted at a hand-off (``CID_BY_HANDOFF``) -- so ids from different numberers never
+# collide, and a trace reader tells who a request belongs to from the id alone.
+CID_CLIENT_SHIFT = 40
+CID_BY_CLIENT = 1 << 39
+CID_BY_HANDOFF = 1 << 38
+_CID_SEQ = CID_BY_HANDOFF - 1
+
+
+def make_cid(client_id: int, seq: int, origin: int = 0) -> int:
+    return (client_id << CID_CLIENT_SHIFT) | origin | seq
+
+
+def split_cid(cid: int) -> tuple[int, int, int]:
+    """``(client id, origin, sequence)``: ``make_cid`` reversed."""
+    return cid >> CID_CLIENT_SHIFT, cid & (CID_BY_CLIENT | CID_BY_HANDOFF), cid & _CID_SEQ
 
 
 class FenceTable:
@@ -249,11 +270,17 @@ class FenceTable:
                 raise errors.FenceTimeout(f"fence {handle:#x} still pending after {timeout:.3f} s")
             try:
                 sem.acquire(remaining)
-            except (posix_ipc.BusyError, posix_ipc.SignalError):
-                # A signal handler ran (an interval timer, SIGCHLD...): sem_timedwait gives
-                # EINTR and posix_ipc does not retry it (PEP 475 covers only the builtins).
-                # Wait again for what is left; a handler that raised has already unwound us.
+            except posix_ipc.BusyError:
                 continue  # the loop re-checks the deadline and raises
+            except posix_ipc.SignalError:
+                # A signal interrupted sem_timedwait (EINTR; PEP 475's retry covers only
+                # the builtins). Outside the main thread no Python handler ran here, so
+                # nothing is lost: wait again for what is left. In the main thread
+                # posix_ipc ran the handler and replaced whatever it raised (Ctrl-C's
+                # KeyboardInterrupt, the CLI's stop) by SignalError: let it end the wait.
+                if threading.current_thread() is threading.main_thread():
+                    raise
+                continue
             if u32[i] != gen:
                 sem.release()
                 raise errors.StaleHandle(f"fence {handle:#x} was recycled while waited on")

@@ -10,6 +10,10 @@ bounds it: ``Int`` and ``Num`` ranges (numbers finite), ``Str`` lengths and choi
 ``List`` and ``Map`` sizes with a spec for their items, ``Tuple`` fixed-size records,
 ``Plain`` for free-form data of bounded size and depth. A packet passes whole or not at
 all, so a reader can check before it changes any state.
+
+A spec is also a declaration other readers consult: its bounds are plain fields, and
+``limit`` on ``Str`` and ``Num`` names a bound the reader supplies at check time (a
+platform's limit, tighter than the declared one), which ``check`` here does not know.
 """
 
 from __future__ import annotations
@@ -36,11 +40,13 @@ def encode(msg: Mapping[str, Any]) -> bytes:
     return msgpack.packb({"v": VERSION, **msg}, use_bin_type=True)
 
 
-def unpack(data: bytes) -> Any:
-    """msgpack with every container capped; raises whatever msgpack raises on garbage."""
+def unpack(data: bytes, max_items: int = MAX_ITEMS) -> Any:
+    """msgpack with every container capped; raises whatever msgpack raises on garbage.
+    A lenient reader of a refused packet passes ``max_items=MAX_PACKET``: what the
+    packet's size allows (its containers may be what was refused)."""
     return msgpack.unpackb(data, raw=False, strict_map_key=False, max_bin_len=MAX_PACKET,
-                           max_str_len=MAX_PACKET, max_array_len=MAX_ITEMS,
-                           max_map_len=MAX_ITEMS, max_ext_len=0)
+                           max_str_len=MAX_PACKET, max_array_len=max_items,
+                           max_map_len=max_items, max_ext_len=0)
 
 
 def decode(data: bytes, schemas: Mapping[str, Schema]) -> dict[str, Any]:
@@ -228,6 +234,7 @@ class Num(Spec):
 
     lo: float = -math.inf
     hi: float = math.inf
+    limit: str = ""
 
     def check(self, value: Any, where: Where) -> None:
         if type(value) not in (int, float):
@@ -248,6 +255,7 @@ class Str(Spec):
     max_len: int = 255
     choices: frozenset[str] | None = None
     printable: bool = False
+    limit: str = ""
 
     def check(self, value: Any, where: Where) -> None:
         if type(value) is not str:
@@ -315,11 +323,13 @@ class Tuple(Spec):
 @dataclass(frozen=True)
 class Map(Spec):
     """A map with string keys: closed (``fields``, a schema) or open (``values`` for
-    every value), with at most ``max_len`` entries."""
+    every value), with at most ``max_len`` entries and, when ``max_bytes`` is set, at most
+    that many bytes once packed."""
 
     fields: Any = None
     values: Any = None
     max_len: int = 64
+    max_bytes: int = 0
 
     def check(self, value: Any, where: Where) -> None:
         if type(value) is not dict:
@@ -334,17 +344,20 @@ class Map(Spec):
         else:
             for k, v in value.items():
                 _check(self.values, v, (where, "[", k))
+        if self.max_bytes and not _packs_within(value, self.max_bytes):
+            _fail(where, f"packs to more than {self.max_bytes} bytes")
 
     def _predicate(self) -> Callable[[Any], bool]:
-        n = self.max_len
+        n, size = self.max_len, self.max_bytes
         if self.fields is not None:
             fields_ok = _compile(self.fields)[2]
             open_keys = "*" in self.fields
             return lambda v: (type(v) is dict and len(v) <= n and fields_ok(v)
-                              and (not open_keys or _short_str_keys(v)))
+                              and (not open_keys or _short_str_keys(v))
+                              and (not size or _packs_within(v, size)))
         values = _pred(self.values)
         return lambda v: (type(v) is dict and len(v) <= n and _short_str_keys(v)
-                          and all(map(values, v.values())))
+                          and all(map(values, v.values())) and (not size or _packs_within(v, size)))
 
 
 @dataclass(frozen=True)
@@ -421,3 +434,10 @@ class Plain(Spec):
 
 def _short_str_keys(value: dict) -> bool:
     return all(type(k) is str and len(k) <= 64 for k in value)
+
+
+def _packs_within(value: Any, max_bytes: int) -> bool:
+    try:
+        return len(msgpack.packb(value, use_bin_type=True)) <= max_bytes
+    except (OverflowError, ValueError, TypeError):
+        return False

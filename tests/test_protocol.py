@@ -1,14 +1,27 @@
 """The control protocol and the supervisor's request table describe the same requests."""
 
 from hetproc import _protocol
-from hetproc.supervisor._requests import HANDLERS, Requests
+from hetproc.supervisor._requests import HANDLERS
+from hetproc.supervisor._requests_commands import CommandRequests
+from hetproc.supervisor._requests_conn import ConnectionRequests
+from hetproc.supervisor._requests_memory import MemoryRequests
+from hetproc.supervisor._requests_reports import ReportRequests
+
+GROUPS = {"connection": ConnectionRequests, "memory": MemoryRequests,
+          "commands": CommandRequests, "reports": ReportRequests}
 
 
 def test_every_request_of_the_protocol_has_exactly_one_handler():
     assert set(HANDLERS) == set(_protocol.REQUESTS)
-    for op, method in HANDLERS.items():
-        assert callable(getattr(Requests, method, None)), f"{op}: no method {method}"
+    for op, (group, method) in HANDLERS.items():
+        assert callable(getattr(GROUPS[group], method, None)), f"{op}: no method {group}.{method}"
     assert len(set(HANDLERS.values())) == len(HANDLERS), "one handler serves one request"
+    # Every public method of a group serves a request: no handler is unreachable.
+    served = set(HANDLERS.values())
+    for group, cls in GROUPS.items():
+        public = {name for name, value in vars(cls).items()
+                  if not name.startswith("_") and callable(value)}
+        assert {(group, name) for name in public} <= served, group
 
 
 def test_every_request_schema_carries_an_id():

@@ -605,3 +605,34 @@ def test_a_freed_buffer_with_a_live_view_cannot_be_used_again(platform):
     with pytest.raises(hetproc.StaleHandle):
         buf.export()
     del view
+
+
+def test_connections_a_process_closed_do_not_count_against_its_reconnect():
+    """A tenant at its connection quota closes its connections and reconnects at once. The
+    supervisor may see the new connection before the closes (one batch of events, the
+    accept first): it must let the hung-up ones go before it refuses anyone. Made certain
+    here by stopping the supervisor while the reconnect queues and the closes happen."""
+    with hetproc.Platform(time_scale=1.0, limits={"process_clients": 4}) as plat:
+        flood = [plat.connect(f"flood{i}") for i in range(3)]  # with the owner's: 4
+        sup = psutil.Process(plat.pid)
+        sup.suspend()
+        try:
+            late = _connect_raw(plat.address)  # queued first: its accept comes first
+            for c in flood:
+                c.close()
+        finally:
+            sup.resume()
+        try:
+            reply = _hello_on(late)
+        finally:
+            late.close()
+        assert "error" not in reply, reply
+        plat.client.context("cpu0").submit("work", ms=1).wait(10)
+
+
+def _hello_on(sock: socket.socket) -> dict:
+    """Say hello on a bare connection; the supervisor's first answer."""
+    from ipc import Channel
+    chan = Channel(sock)
+    chan.send({"op": "hello", "id": 1, "name": "late"})
+    return msgpack.unpackb(chan.recv(10), raw=False, strict_map_key=False)

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from ipc import PENDING, errors
 
 if TYPE_CHECKING:
-    from ._client import Buffer, Client, Fence
+    from ._buffer import Buffer
+    from ._client import Client
+    from ._fence import Fence
 
 _SLICE_S = 0.05  # a wait re-checks the other pending buffers this often
 
@@ -124,6 +126,8 @@ class BufferPool:
             self._recycled += 1
 
     def statistics(self) -> PoolStatistics:
+        """How the pool's buffers stand now (free, waiting for release fences, out) and
+        what it did so far, as a frozen ``PoolStatistics``."""
         self._collect()
         return PoolStatistics(len(self.buffers), len(self._free), len(self._pending),
                               len(self._out), self._acquired, self._recycled, self._waited)

@@ -37,7 +37,10 @@ import numpy as np
 from ipc import errors
 
 if TYPE_CHECKING:
-    from ._client import Buffer, Client, Context, Fence
+    from ._buffer import Buffer
+    from ._client import Client
+    from ._context import Context
+    from ._fence import Fence
 
 POLICIES = ("backpressure", "drop_oldest", "drop_newest")
 
@@ -55,6 +58,7 @@ class PipelineStage:
     name: str = ""
 
     def duration(self, frame: int) -> float | None:
+        """The stage's modeled milliseconds for ``frame`` (``ms`` may be a function of it)."""
         return self.ms(frame) if callable(self.ms) else self.ms
 
 
@@ -74,6 +78,7 @@ class PipelineReport:
     failed: int = 0
 
     def summary(self) -> dict[str, Any]:
+        """The report's counts and latency percentiles as plain data."""
         lat = self.latency_ms
         return {"frames": self.frames, "completed": self.completed, "dropped": self.dropped,
                 "delayed": self.delayed, "deadline_misses": self.deadline_misses,
@@ -280,6 +285,7 @@ class Pipeline:
         return depth
 
     def close(self) -> None:
+        """Release the pipeline's fences and free its buffers."""
         for f in self._freed_by:
             if f is not None:
                 f.release()

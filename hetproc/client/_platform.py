@@ -68,13 +68,19 @@ class Platform:
 
     @property
     def address(self) -> str:
+        """The supervisor's control socket: what ``hetproc.connect`` takes."""
         return socket_address(self.prefix)
 
     @property
     def pid(self) -> int:
+        """The supervisor's process id (0 before ``start``)."""
         return self.proc.pid if self.proc else 0
 
     def start(self) -> "Platform":
+        """Start the supervisor (which starts one process per device), wait until it
+        serves, and connect ``client`` as the platform's owner; returns the platform.
+        Raises ``PlatformError`` if the supervisor exits, refuses the platform or does not
+        get ready in time (a half-started platform is stopped first)."""
         read_fd, write_fd = os.pipe()
         spec_fd = _spec_file(self._raw)
         self.prefix = "pending"
@@ -118,6 +124,7 @@ class Platform:
         return Client(self.address, name, role=role)
 
     def metrics(self) -> dict[str, Any]:
+        """``Client.metrics()`` of the owner's client (it sees every tenant)."""
         assert self.client is not None
         return self.client.metrics()
 
@@ -146,7 +153,7 @@ class Platform:
         try:
             if self.client is not None:
                 try:
-                    self.client._request("shutdown")
+                    self.client.connection.request("shutdown")
                 except errors.HetprocError:
                     pass
                 self.client.close()

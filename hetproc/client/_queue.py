@@ -24,23 +24,33 @@ import posix_ipc
 
 from ipc import QUEUE_OPEN, QueueRing, encode_queue_record, errors
 
+from ._fence import Fence
+
 if TYPE_CHECKING:
-    from ._client import Context, Fence
+    from ._context import Context
 
 FULL_WAIT_S = 5.0  # how long a submit waits for a free slot before it says so
 
 
 class Queue:
-    """A submission queue on one context's device; see the module docstring."""
+    """A submission queue of ``slots`` records on one context's device; see the module
+    docstring. Made by ``Context.queue()``; a context manager that closes it.
+
+    ``submit_nowait`` / ``submit_many`` raise ``InvalidRequest`` for a duration out of
+    range, ``InvalidHandle`` once the queue is closed and ``CancelledByReset`` once a reset
+    lost it; a command that cannot be written (the ring stayed full, the queue ended
+    meanwhile) fails its fence instead, so the error surfaces at ``Fence.wait()``.
+    """
 
     def __init__(self, ctx: "Context", slots: int = 256) -> None:
         client = self.client = ctx.client
+        conn = self._conn = client.connection
         self.ctx = ctx
-        info = client._request("queue_open", ctx=ctx.handle, slots=int(slots))
+        info = conn.request("queue_open", ctx=ctx.handle, slots=int(slots))
         self.qid, self.sid, self.slots = info["qid"], info["sid"], info["slots"]
         self.max_hold_ns = info["max_hold_ns"]
         self._scale = client.time_scale
-        seg = client._segments.get(self.sid)
+        seg = conn.segments.get(self.sid)
         self._ring = QueueRing(memoryview(seg.map)[:info["bytes"]], self.slots)
         self._doorbell = posix_ipc.Semaphore(info["doorbell"])
         self._qseq = self._ring.head  # 0 on a new ring
@@ -58,27 +68,26 @@ class Queue:
 
     # -- submitting -------------------------------------------------------------------
 
-    def submit_nowait(self, ms: float = 0.0, *, wait: Iterable["Fence"] = (),
-                      at_ns: int | None = None) -> "Fence":
+    def submit_nowait(self, ms: float = 0.0, *, wait: Iterable[Fence] = (),
+                      at_ns: int | None = None) -> Fence:
         """One ``work`` command of ``ms`` modeled milliseconds (times the platform's time
         scale) after the fences in ``wait``; returns the fence it signals."""
         return self.submit_many([ms], wait=wait, at_ns=at_ns)[0]
 
-    def submit_many(self, durations_ms: Sequence[float], *, wait: Iterable["Fence"] = (),
-                    at_ns: int | None = None) -> list["Fence"]:
+    def submit_many(self, durations_ms: Sequence[float], *, wait: Iterable[Fence] = (),
+                    at_ns: int | None = None) -> list[Fence]:
         """One ``work`` command per duration, in order, with one doorbell post; the
         first waits on ``wait`` (the rest follow it in queue order anyway)."""
-        from ._client import Fence
         self._check_open()
-        client = self.client
+        conn, client = self._conn, self.client
         n = len(durations_ms)
         holds = [self._hold_ns(ms) for ms in durations_ms]
         waits = [f.handle for f in wait]
-        handles = client._take_fences(n)
-        cids = [client.next_cid() for _ in range(n)]
+        handles = conn.take_fences(n)
+        cids = [conn.next_cid() for _ in range(n)]
         cmds = [{"cid": c, "signal": h} for c, h in zip(cids, handles)]
-        t_submit = client.trace.now()
-        client.trace.bind(cmds)
+        t_submit = conn.trace.now()
+        conn.trace.bind(cmds)
         arrive = time.monotonic_ns() if at_ns is None else int(at_ns)
         ring = self._ring
         put, first = ring.put, ring.head
@@ -95,7 +104,7 @@ class Queue:
         self._doorbell.release()  # a barrier too: the head is out before the state is read
         if ring.state != QUEUE_OPEN:
             self._fail_unseen(first, handles)
-        client.trace.submitted(cmds, t_submit)
+        conn.trace.submitted(cmds, t_submit)
         fences = [Fence(client, h, cid=c, owned=True) for h, c in zip(handles, cids)]
         for f in fences:
             f._queue = self
@@ -115,7 +124,7 @@ class Queue:
     def _fail(self, handles: list[int], exc: errors.HetprocError) -> None:
         """Fail our own fences (a command that never reached, or will never leave, the
         ring): the error is kept for ``explain`` before the wake."""
-        fences = self.client.fences
+        fences = self._conn.fences
         for handle in handles:
             if fences.pending(handle):
                 self._failed_here[handle] = exc.to_dict()
@@ -153,7 +162,7 @@ class Queue:
     def explain(self, fence: int, word: int, cid: int) -> errors.HetprocError | None:
         """The error of a failed queue command, from the supervisor's record (a reset or
         a close: sent ahead of the wake) or the device's note in the ring."""
-        record = self._failed_here.pop(fence, None) or self.client.failure_record(fence)
+        record = self._failed_here.pop(fence, None) or self._conn.failure_record(fence)
         if record is None and not self._closed:
             note = self._ring.find_note(fence)
             if note is not None and note[0] == word & 0xFFFF:
@@ -177,10 +186,10 @@ class Queue:
             return
         self._closed = True
         try:
-            self.client._request("queue_close", queue=self.qid)
+            self._conn.request("queue_close", queue=self.qid)
         except errors.InvalidHandle:
             pass  # lost in a reset meanwhile: the supervisor dropped it already
         finally:
             self._ring.release()
             self._doorbell.close()
-            self.client._segments.forget(self.sid)
+            self._conn.segments.forget(self.sid)

@@ -25,13 +25,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
-from ipc import COUNTERS, Stage, TraceBank
-
-
-if TYPE_CHECKING:
-    from ._client import Buffer, Client
+from ipc import COUNTERS, FenceTable, SegmentCache, Stage, TraceBank
 
 _SUBMIT, _WAKE, _IMPORT = int(Stage.SUBMIT), int(Stage.WAKE), int(Stage.IMPORT)
 _C_MAPS, _C_IMPORTS = COUNTERS["maps"], COUNTERS["imports"]
@@ -48,14 +44,15 @@ class ClientTrace:
     """One client's writer. ``enabled`` is False when the platform traces nothing or had
     no ring left for this client; every method is then (nearly) free."""
 
-    def __init__(self, client: "Client", info: dict[str, Any] | None) -> None:
-        self._client = client
+    def __init__(self, segments: SegmentCache, fences: FenceTable | None,
+                 info: dict[str, Any] | None) -> None:
+        self._fences = fences
         self._lock = threading.Lock()
         self._mapped: set = set()  # segments some Buffer.array() mapped already
         self.slot = info["slot"] if info else -1
         self.track = info["track"] if info else 0
-        if self.slot >= 0:
-            seg = client._segments.get(info["segment"])
+        if info is not None and self.slot >= 0:
+            seg = segments.get(info["segment"])
             self._bank = TraceBank(seg.map, create=False)
         else:  # no ring for us: a private, disabled one keeps the code paths identical
             self._bank = TraceBank(bytearray(TraceBank.nbytes(1, 2)), create=True, rings=1,
@@ -64,6 +61,11 @@ class ClientTrace:
         self._ring = self._bank.writer(self.slot)
         self._c = self._bank.counters(self.slot)
         self.enabled = self._ring.enabled
+
+    @classmethod
+    def disabled(cls) -> "ClientTrace":
+        """A writer that writes nothing (a connection before its ``hello``)."""
+        return cls(SegmentCache(), None, None)
 
     # -- hooks the client calls ---------------------------------------------------------
 
@@ -84,7 +86,8 @@ class ClientTrace:
         """Stamp each client-chosen output fence with its command's cid, so whoever waits
         on it can name the request it waited for (the supervisor does this for fences
         it makes itself)."""
-        set_cid = self._client.fences.set_cid
+        assert self._fences is not None, "bind() before hello"
+        set_cid = self._fences.set_cid
         for c in cmds:
             set_cid(c["signal"], c["cid"])
 
@@ -101,16 +104,16 @@ class ClientTrace:
             self._c[_C_WAITS] += 1
             self._c[_C_WAIT_NS] += t - t0
 
-    def map_buffer(self, buf: "Buffer") -> None:
-        """``Buffer.array()`` is about to map ``buf``: count it; the first map of its
-        segment in this process is an import."""
+    def map_buffer(self, segment: str | int, handle: int, nbytes: int) -> None:
+        """``Buffer.array()`` is about to map buffer ``handle`` of ``segment``: count it;
+        the first map of its segment in this process is an import."""
         with self._lock:
-            imported = buf.segment not in self._mapped
-            self._mapped.add(buf.segment)
+            imported = segment not in self._mapped
+            self._mapped.add(segment)
             self._c[_C_MAPS] += 1
             if imported:
                 self._c[_C_IMPORTS] += 1
-                self._ring.instant(_IMPORT, 0, self.track, buf.handle, buf.nbytes)
+                self._ring.instant(_IMPORT, 0, self.track, handle, nbytes)
 
     # -- for applications -------------------------------------------------------------
 

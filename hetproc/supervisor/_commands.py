@@ -6,7 +6,8 @@
                                     fault drawn, maps and cache maintenance planned
                                  ─▶ DeviceHandle scheduler (_scheduler) ─▶ pump into ring
     completion record ─▶ on_command_done ─▶ retire: references dropped (``_lifetimes``)
-    never ran / stopped ─▶ fail_command: error set on the fence *before* it is signalled
+    never ran / stopped ─▶ fail_command: the failure path (``_failures``): noted, recorded,
+                           told, and only then signalled
 
 Recovery observes completions through ``watcher`` (``Recovery.on_guilty_finished``,
 ``note_failure``, ``on_probe_done``); it asks this engine to fail, requeue, reroute and
@@ -20,13 +21,14 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from device_workers import decode_completions
-from ipc import PENDING, errors
+from ipc import errors, make_cid
 
 from ._devices import Command, CommandState, DeviceHandle
 from ._records import ClientRec, ContextRec, Registry
 
 if TYPE_CHECKING:
     from ._evidence import Evidence
+    from ._failures import Failures
     from ._faultplan import FaultPlan
     from ._handoff import Handoff
     from ._lifetimes import Lifetimes
@@ -47,16 +49,23 @@ class Watcher(Protocol):
 
 class Commands:
     def __init__(self, reg: Registry, lifetimes: "Lifetimes", handoff: "Handoff",
-                 faults: "FaultPlan", evidence: "Evidence") -> None:
+                 faults: "FaultPlan", evidence: "Evidence", failures: "Failures") -> None:
         self.reg = reg
         self.lifetimes = lifetimes
         self.handoff = handoff
         self.faults = faults
         self.evidence = evidence
-        self.watcher: Watcher | None = None  # the recovery, once built (it needs us first)
+        self.failures = failures
+        # The recovery, which needs this engine first: set once by ``watch`` (a back-edge
+        # of the supervisor's composition, ``_compose``).
+        self.watcher: Watcher | None = None
         self.seq = 0
         self.system = ClientRec(id=0, name="supervisor", pid=os.getpid(), owner=False, conn=None)
         self._system_contexts: dict[str, ContextRec] = {}
+
+    def watch(self, watcher: Watcher) -> None:
+        assert self.watcher is None, "one recovery watches the engine"
+        self.watcher = watcher
 
     # -- from commit to retirement --------------------------------------------------------
 
@@ -65,7 +74,7 @@ class Commands:
         self.seq += 1
         cmd.seq = self.seq
         if not cmd.cid:
-            cmd.cid = (cmd.ctx.client.id << 40) | self.seq
+            cmd.cid = make_cid(cmd.ctx.client.id, self.seq)
         if not cmd.signal:
             cmd.signal = [self.lifetimes.new_fence(cmd.ctx.client, cmd.cid)]
         self.lifetimes.take_refs(cmd)
@@ -82,24 +91,28 @@ class Commands:
         if cmd.state is _DONE:
             return
         cmd.state = _DONE
+        assert cmd.ctx.inflight > 0, "a context retires only what it committed"
         cmd.ctx.inflight -= 1
         self.handoff.on_retire(cmd)
         self.lifetimes.drop_refs(cmd)
         if cmd.then is not None:
             cmd.then()
 
-    def fail_command(self, cmd: Command, exc: errors.HetprocError) -> None:
-        """Fail a command that will never run (or was stopped): error first, then wake."""
+    def fail_command(self, cmd: Command, exc: errors.HetprocError, *,
+                     retire: bool = True) -> dict:
+        """Fail a command that will never run (or was stopped) through the failure path:
+        its fences carry the error (the record returned) before anyone wakes. ``retire``
+        False: its references stay until recovery's reclaim step retires it."""
         exc.correlation_id = cmd.cid
-        self.evidence.failed(cmd, exc)
-        self.evidence.note_error(exc)  # first: it names the frozen window in the detail
-        for h in cmd.signal:
-            self.reg.fail_fence(h, exc)  # the record is there before anyone can wake
+        self.evidence.failed(cmd, exc)  # its open QUEUED slice ends
+        record, _ = self.failures.fail(exc, cmd.signal)
         self.reg.stats["failed"] += 1
         cmd.device.failed += 1
-        self.retire(cmd)
+        if retire:
+            self.retire(cmd)
         if cmd.probe_of is not None and self.watcher is not None:
             self.watcher.on_probe_done(cmd.probe_of, cmd.device.name, ok=False)
+        return record
 
     def cancel_queued(self, ctx: ContextRec, like: errors.HetprocError) -> int:
         """Fail every command of ``ctx`` still waiting in the supervisor (not yet pushed)."""
@@ -220,12 +233,8 @@ class Commands:
         if code == errors.Cancelled.code or rec.get("unsignalled"):
             self.fail_command(cmd, exc)  # the device did not signal: we fail the fences
             return
-        self.evidence.note_error(exc)  # first: it names the frozen window in the detail
-        for h in cmd.signal:
-            frec = self.reg.fence_recs.get(h)
-            if frec is not None:  # the device woke its waiters; the record follows them
-                frec.error = exc.to_dict()
-                self.reg.tell_failure(frec)
+        # The device woke its waiters already: the record follows them.
+        self.failures.fail(exc, cmd.signal, signalled=True)
         dev.failed += 1
         self.reg.stats["failed"] += 1
         if not exc.buffers_trusted:

@@ -43,6 +43,8 @@ from device_workers import (QUEUE_TRACK_BASE, SLOT_SUPERVISOR, TRACK_SUPERVISOR,
 from ipc import TraceBank, errors
 from ipc import Stage
 
+from ._failures import kind_of, record_of
+
 if TYPE_CHECKING:
     from ._devices import Command, DeviceHandle
     from ._records import ClientRec, Registry
@@ -62,20 +64,9 @@ def client_track(client_id: int) -> int:
 
 
 def freezes_on(exc: errors.HetprocError) -> bool:
-    """Errors worth a frozen window: a runtime failure, not a caller's mistake.
-
-    A malformed or refused request (``InvalidRequest``) is the sender's bug and is answered
-    at once; a command cancelled by its own client, or a platform shutting down, is not a
-    failure; ``ContextLost`` follows an earlier failure, whose window already holds it. An
-    IOMMU fault is an ``InvalidRequest`` but happens on the device: it freezes.
-    """
-    if isinstance(exc, errors.InvalidRequest) and not isinstance(exc, errors.IommuFault):
-        return False
-    if isinstance(exc, errors.Cancelled) and exc.scope == "request":
-        return False
-    if isinstance(exc, errors.ContextLost):
-        return False  # a consequence: the failure that lost the context froze its window
-    return not isinstance(exc, errors.PlatformError)
+    """Errors worth a frozen window: a runtime failure, not a caller's mistake nor the
+    consequence of an earlier failure (each kind's entry: ``_failures.KINDS``)."""
+    return kind_of(exc).freezes(exc)
 
 
 class Evidence:
@@ -213,16 +204,19 @@ class Evidence:
             shown[-1] = total
             counter(_INFLIGHT, total, TRACK_SUPERVISOR, 0, now)
 
-    def note_error(self, exc: errors.HetprocError) -> None:
+    def note_error(self, exc: errors.HetprocError) -> int:
         """Every error the supervisor notes: it becomes the last error, and the ones that
-        matter freeze a window (whose id the last error then names)."""
-        self.last_error = {**exc.to_dict(), "t": time.time()}
-        if freezes_on(exc):
-            wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
-                                     code=exc.code)
-            if wid:
-                exc.detail["trace_window"] = wid  # the error itself says where to look
-                self.last_error["trace_window"] = wid
+        matter freeze a window, whose id the last error then names and which is returned
+        (0: none) for the error's record to name (``_failures.record_of``)."""
+        last = self.last_error = {**record_of(exc, 0), "t": time.time()}
+        if not freezes_on(exc):
+            return 0
+        wid = self.freeze_window(f"{exc.name}: {exc.message}", exc.correlation_id,
+                                 code=exc.code)
+        if wid:
+            # (The window's copy of the last error shares this detail: it names itself.)
+            last["detail"]["trace_window"] = last["trace_window"] = wid
+        return wid
 
     # -- frozen windows ---------------------------------------------------------------
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ipc import errors
+from ipc import CID_BY_HANDOFF, errors, make_cid
 
 from ._devices import Command
 from ._memlog import MemLog
@@ -234,7 +234,7 @@ class Handoff:
         if plan is None or not plan.needed():
             return [cmd]
         if not cmd.cid:  # every part shares the request's correlation id
-            cmd.cid = (cmd.ctx.client.id << 40) | (1 << 38) | next(self._cids)
+            cmd.cid = make_cid(cmd.ctx.client.id, next(self._cids), CID_BY_HANDOFF)
         pre: list[Command] = []
         post: list[Command] = []
         try:

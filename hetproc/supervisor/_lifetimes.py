@@ -15,18 +15,23 @@ A buffer is referenced by its owner, by each importer and by each command that m
 touch it (``refs``); a fence likewise. The block goes back to the pool only when all of
 those are gone. Fences: released by the owner, dropped when no command and no importer
 holds them; the slot's generation makes a stale handle harmless after that.
+
+The counts are written on the fields they keep (``_records``: ``BufferRec.refs``,
+``FenceRec.refs``); every reference is let go through ``_unref_buffer`` or
+``_unref_fence``, which assert that it was held, and reclaim at zero.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ipc import PENDING, errors
+from ipc import errors
 
 from ._records import BufferRec, ClientRec, FenceRec, Registry
 
 if TYPE_CHECKING:
     from ._devices import Command
+    from ._failures import Failures
     from ._iommu import Iommu
     from ._memory import Memory
 
@@ -36,10 +41,18 @@ Purge = Callable[[str, list, Callable[[], None]], None]
 
 
 class Lifetimes:
-    def __init__(self, reg: Registry, pool: "Memory", iommu: "Iommu", purge: Purge) -> None:
+    def __init__(self, reg: Registry, pool: "Memory", iommu: "Iommu",
+                 failures: "Failures") -> None:
         self.reg = reg
         self.pool = pool
         self.iommu = iommu
+        self.failures = failures
+        self.purge: Purge | None = None  # see ``purge_with``
+
+    def purge_with(self, purge: Purge) -> None:
+        """A purge is a device command, so it comes from the command engine, which is
+        built on this part: a cycle of the composition, closed once (``_compose``)."""
+        assert self.purge is None, "one engine purges"
         self.purge = purge
 
     # -- fences -----------------------------------------------------------------------
@@ -100,9 +113,18 @@ class Lifetimes:
         self.reg.fences.release(rec.handle)
 
     def _unref_fence(self, rec: FenceRec) -> None:
+        """A command or an importer lets go of ``rec``; dropped once nobody holds it."""
+        assert rec.refs > 0, f"fence {rec.handle:#x} let go more often than held"
         rec.refs -= 1
         if rec.released and rec.refs == 0:
             self.drop_fence(rec)
+
+    def _unref_buffer(self, buf: BufferRec) -> None:
+        """A retired command lets go of ``buf``; reclaimed once nobody holds it."""
+        assert buf.refs > 0, f"buffer {buf.handle:#x} let go more often than held"
+        buf.refs -= 1
+        if buf.released and buf.refs == 0:
+            self.reclaim_buffer(buf)
 
     # -- a command's references ---------------------------------------------------------
 
@@ -124,16 +146,12 @@ class Lifetimes:
         """A retired command lets go; what nobody else holds is reclaimed now."""
         if cmd.ins or cmd.outs:
             for b in cmd.ins + cmd.outs:
-                b.refs -= 1
-                if b.released and b.refs == 0:
-                    self.reclaim_buffer(b)
+                self._unref_buffer(b)
         recs = self.reg.fence_recs
         for h in (cmd.wait + cmd.signal) if cmd.wait else cmd.signal:
             rec = recs.get(h)
             if rec is not None:
-                rec.refs -= 1
-                if rec.released and rec.refs == 0:
-                    self.drop_fence(rec)
+                self._unref_fence(rec)
 
     # -- buffers ------------------------------------------------------------------------
 
@@ -152,6 +170,7 @@ class Lifetimes:
         if buf.handle in buf.client.buffers:
             buf.client.buffers.discard(buf.handle)
             buf.client.bytes -= buf.nbytes + buf.byte_offset
+            assert buf.client.bytes >= 0, "a client's bytes count only its own buffers"
         self.iommu.drop_client_mappings(buf.client, buf)
         if buf.refs == 0:
             self.reclaim_buffer(buf)
@@ -187,6 +206,7 @@ class Lifetimes:
             if left[0] == 0:
                 self.pool.free(buf.block)
 
+        assert self.purge is not None, "composed without a command engine"
         for name in devices:
             self.purge(name, [buf.block.segment, buf.block.offset + buf.byte_offset], purged)
 
@@ -236,7 +256,7 @@ class Lifetimes:
         for handle in owned:
             rec = recs.get(handle)
             if rec is not None and not rec.bound:
-                self.reg.fail_fence(handle, gone)
+                self.failures.fail(gone, [handle], noted=0)  # its leaving is no runtime failure
             self.release_fence(handle)
         self._drop_imports_of(client)
 

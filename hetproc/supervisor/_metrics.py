@@ -1,8 +1,9 @@
-"""``metrics()``: the platform's figures (seed §9, §15), assembled from each part.
+"""``Metrics``: the platform's figures (seed §9, §15), assembled from each part, and
+``tenant_view``, what a normal client may see of them.
 
 The loop's tables give counts and queues; the pool its bytes; recovery its incidents;
 the hand-off its maps, cache and DDR counters; the evidence its trace counters, CPU per
-process and the last error.
+process and the last error; the user-mode queues and the DDR quotas their own.
 """
 
 from __future__ import annotations
@@ -15,10 +16,28 @@ from ._devices import device_state_name
 from ._records import Registry
 
 if TYPE_CHECKING:
+    from ._bandwidth import DdrQuota
     from ._evidence import Evidence
     from ._handoff import Handoff
     from ._memory import Memory
+    from ._queues import Queues
     from ._recovery import Recovery
+
+
+class Metrics:
+    """Every part's figures in one dict: ``metrics()``."""
+
+    def __init__(self, reg: Registry, pool: "Memory", recovery: "Recovery", handoff: "Handoff",
+                 evidence: "Evidence", queues: "Queues", ddr: "DdrQuota", prefix: str) -> None:
+        self.reg, self.pool, self.recovery, self.handoff = reg, pool, recovery, handoff
+        self.evidence, self.queues, self.ddr, self.prefix = evidence, queues, ddr, prefix
+
+    def __call__(self) -> dict[str, Any]:
+        m = platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
+                             self.evidence, self.prefix)
+        m["ddr_quota"] = self.ddr.metrics()
+        m["queues"] = self.queues.metrics()
+        return m
 
 
 def platform_metrics(reg: Registry, pool: "Memory", recovery: "Recovery", handoff: "Handoff",
@@ -62,4 +81,24 @@ def _devices(reg: Registry) -> dict[str, dict[str, Any]]:
             "switch_ms": int(st["switch_ns"]) / 1e6, "modeled_time": dev.timing.summary(),
             "heartbeat_age_ms": (now - beat) / 1e6 if beat else None,
         }
+    return out
+
+
+_TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "completed", "failed",
+                   "queue_depth", "pool", "live_fences", "in_flight", "incidents", "trace",
+                   "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
+                   "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
+                   "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
+                   "fence_semaphores")
+
+
+def tenant_view(m: dict, client: Any) -> dict:
+    """A normal client's metrics: the platform's counters and device states, without
+    what names or times other tenants (client names and CPU, the last error's text)."""
+    out = {k: m[k] for k in _TENANT_METRICS if k in m}
+    out["devices"] = {name: {k: v for k, v in d.items()} for name, d in m["devices"].items()}
+    out["clients"] = m["clients"]
+    out["cpu_s"] = {k: v for k, v in m.get("cpu_s", {}).items()
+                    if not k.startswith("client ") or k.endswith(f"({client.pid})")}
+    out["last_error"] = None
     return out

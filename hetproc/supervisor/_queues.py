@@ -47,10 +47,12 @@ from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import QUEUE_CLOSED, QUEUE_LOST, Block, QueueRing, encode, errors, queue_bytes
 
+from .. import _protocol
 from ._devices import RING_SLOTS
 
 if TYPE_CHECKING:
     from ._devices import DeviceHandle
+    from ._failures import Failures
     from ._memory import Memory
     from ._records import ClientRec, ContextRec, Registry
 
@@ -83,11 +85,16 @@ class QueueRec:
 
 
 class Queues:
-    """Every open queue of the platform (see the module docstring)."""
+    """Every open queue of the platform (see the module docstring). ``failures``: the
+    failure path its owed records' fences take; ``tell`` sends a client the notice that
+    its queue was lost."""
 
-    def __init__(self, reg: "Registry", pool: "Memory") -> None:
+    def __init__(self, reg: "Registry", pool: "Memory", failures: "Failures",
+                 tell: Callable[["ClientRec", dict], None]) -> None:
         self.reg = reg
         self.pool = pool
+        self.failures = failures
+        self.tell = tell
         self.open_queues: dict[int, QueueRec] = {}
         self._ids = 0
         self.stats = {"opened": 0, "closed": 0, "lost": 0, "fences_failed": 0}
@@ -182,9 +189,8 @@ class Queues:
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
             self._end(q, QUEUE_LOST, dev, why)
             self.stats["lost"] += 1
-            self.reg.tell(q.client, {"op": "reply", "id": 0, "ok": False, "queue": q.qid,
-                                     "error": errors.CancelledByReset(
-                                         f"queue {q.qid} on {dev.name} was lost: {why}").to_dict()})
+            self.tell(q.client, _protocol.notice(errors.CancelledByReset(
+                f"queue {q.qid} on {dev.name} was lost: {why}").to_dict(), queue=q.qid))
 
     def _end(self, q: QueueRec, state: int, dev: "DeviceHandle | None", why: str) -> None:
         """Set the state first (a submit sees it), then fail what was owed, then drop.
@@ -210,8 +216,7 @@ class Queues:
             if fences.pending_owner(rec.signal) != tag:
                 continue
             exc = self._owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
-            if not self.reg.fail_fence(rec.signal, exc):  # the record goes to its owner first
-                fences.signal(rec.signal, exc.wire)
+            self.failures.fail(exc, [rec.signal], noted=0)  # its record reaches the owner first
             failed += 1
         ring.set_ended_at(head)  # what the client must fail itself starts here
         return failed

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,7 +45,9 @@ class ClientRec:
     uid: int = -1
     privileged: bool = False  # the owner, or a holder of a role the owner granted
     hello_deadline: float = 0.0  # monotonic s; a connection silent past it is closed
-    bytes: int = 0  # of its own buffers (quota)
+    # Only ``_lifetimes`` changes this (register, release_buffer); it counts the bytes of
+    # the buffers in ``buffers``, as ``_quotas`` checks them.
+    bytes: int = 0
     # Request ids answered lately and their reply frames: a retry under the same id is
     # answered again, never run again (``_server.on_request``).
     last_id: int = 0
@@ -64,6 +66,8 @@ class ContextRec:
     priority: int
     name: str
     lost: errors.HetprocError | None = None
+    # Only ``_commands`` changes this (commit +1, retire -1): its committed commands not
+    # yet retired.
     inflight: int = 0
     submitted: int = 0
     # Which cache maintenance the runtime does for this context on a non-coherent device:
@@ -82,8 +86,12 @@ class BufferRec:
     strides: tuple[int, ...] | None
     nbytes: int
     client: ClientRec
+    # Only ``_lifetimes`` changes this (take_refs +1, ``_unref_buffer`` -1): the committed
+    # commands not yet retired that name it among their inputs or outputs. Never below 0.
     refs: int = 0
-    released: bool = False  # the client freed it; reclaim when refs drop to 0
+    # Only ``_lifetimes`` sets this, once (its client freed it or left); it is reclaimed
+    # when ``refs`` is 0 and no importer holds it: until then it is quarantined.
+    released: bool = False
     trusted: bool = True
     # Zero-copy preconditions (seed §5) and sharing; see hetproc.supervisor._handoff / _iommu.
     layout: str | None = None      # "NHWC", "NCHW"... for rank-4 tensors; None: no layout
@@ -120,9 +128,14 @@ class FenceRec:
 
     handle: int
     client: ClientRec | None
+    # Only ``_lifetimes`` changes this (take_refs and import_fence +1, ``_unref_fence``
+    # -1): the unretired commands that wait on it or signal it, and its importers. The
+    # slot is recycled only once it is 0 and ``released``.
     refs: int = 0
-    released: bool = False
+    released: bool = False  # only ``_lifetimes`` sets it, once: its owner let go
     bound: bool = False  # some command will signal it; no second command may
+    # Only the failure path (``_failures``) writes this: the record of its failure,
+    # written before the fence is signalled (unless the device signalled it first).
     error: dict | None = None
     importers: frozenset[int] = _NOBODY  # client ids that imported it
     signallers: frozenset[int] = _NOBODY  # importers granted the signal right
@@ -139,8 +152,11 @@ class Registry:
     spec: "PlatformSpec"
     fences: FenceTable
     devices: dict[str, "DeviceHandle"]
-    slots: list  # one ``device_workers.StateSlot`` per device, by index
-    state: np.ndarray  # the state table (``device_workers.STATE_DTYPE`` rows)
+    # The state table, written one way: through ``slots`` (one ``device_workers.StateSlot``
+    # per device, by index); ``state``, its ``STATE_DTYPE`` rows, is for slow-path readers
+    # (metrics, dumps) only.
+    slots: list
+    state: np.ndarray
     clients: dict[Any, ClientRec] = field(default_factory=dict)  # by connection
     contexts: SlotMap = field(default_factory=lambda: SlotMap("context"))
     buffers: SlotMap = field(default_factory=lambda: SlotMap("buffer"))
@@ -151,29 +167,6 @@ class Registry:
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
     role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
-    # How a failure record reaches a client's socket (the server's ``send_to``; the I/O
-    # seam, so the tables never touch a connection themselves).
-    tell: Callable[[ClientRec, dict], None] = lambda client, msg: None
-
-    def fail_fence(self, handle: int, exc: errors.HetprocError, signaller: int = 0) -> bool:
-        """Fail a pending fence: its record first, then that record sent to every client
-        entitled to read it (the owner and its importers), then the wake. The record is
-        in a woken waiter's own socket before the waiter runs, so explaining the failure
-        needs no round trip to a supervisor that may be busy resetting the device.
-        False when the fence was already complete (a failure never overwrites it)."""
-        rec = self.fence_recs.get(handle)
-        if rec is None or self.fences.poll(handle)[0] != PENDING:
-            return False
-        rec.error = exc.to_dict()
-        self.tell_failure(rec)
-        return self.fences.signal(handle, exc.wire, signaller=signaller)
-
-    def tell_failure(self, rec: FenceRec) -> None:
-        """Send ``rec``'s error to its owner and importers, nobody else (seed §20)."""
-        notice = {"op": "reply", "id": 0, "ok": False, "fence": rec.handle, "error": rec.error}
-        for client in list(self.clients.values()):
-            if client is rec.client or client.id in rec.importers:
-                self.tell(client, notice)
 
     def tenant(self, client: ClientRec) -> list[ClientRec]:
         """Every connection of ``client``'s process (the kernel's pid): quotas count here,

@@ -13,8 +13,9 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
     3 confirm    wait, up to the grace period, for the device's acknowledgement; without
                  one, isolate it: SIGKILL and reap (a reaped process is a confirmed stop)
     4 fences     fail the guilty request's fences (DeviceTimeout) and the innocent ones
-                 caught in a reset (Cancelled) -- errors written before anyone wakes --
-                 or replay the innocent ones, per policy
+                 caught in a reset (Cancelled) through the failure path (``_failures``:
+                 noted, recorded, told, and only then signalled), or replay the innocent
+                 ones, per policy
     5 invalidate the guilty context is lost; unfinished outputs are untrusted
     6 reclaim    only now do the commands drop their buffers: a buffer freed meanwhile
                  was quarantined, neither reused nor handed out
@@ -180,11 +181,20 @@ class DeviceCpu:
             os.close(entry[2])
 
 
+def _timed(dev: "DeviceHandle", slot: Any) -> bool:
+    """The device runs a command of ours: the command watchdog's case."""
+    if slot.u32[S.STATE] != DeviceState.BUSY:
+        return False
+    cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+    return cmd is not None and cmd.pidx == slot.u64[S.CURRENT_PIDX]
+
+
 class Recovery:
     """The watchdog and the nine steps, over narrow collaborators: the tables (``reg``),
     the command engine (fail, retire, requeue, reroute, probe), the evidence (frozen
-    windows) and ``spawn`` (fork a device again). Reclaiming happens when the engine
-    retires the commands this module lets go of (``_lifetimes`` does it)."""
+    windows) and ``spawn`` (fork a device again). Reclaiming is step 6 (``reclaim``):
+    only then does the engine retire the failed commands a device ran, and
+    ``_lifetimes`` frees what nobody else holds."""
 
     def __init__(self, policy: Policy, reg: "Registry", commands: "Commands",
                  evidence: "Evidence", spawn: Callable[["DeviceHandle"], None],
@@ -260,7 +270,7 @@ class Recovery:
         stalled: True once its incident has started. A running command the command
         watchdog times is left to it."""
         slot = self.reg.slots[dev.index]
-        if not dev.pid or dev.paused or not self._owes_work(dev, slot) or self._timed(dev, slot):
+        if not dev.pid or dev.paused or not self._owes_work(dev, slot) or _timed(dev, slot):
             self._quiet.pop(dev.name, None)
             return False
         signature = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE], slot.u64[S.PROGRESS],
@@ -298,14 +308,6 @@ class Recovery:
         taken = slot.u64[S.CURRENT_PIDX]
         return (any(c.delay_ns == 0 or c.pidx > taken for c in dev.pushed.values())
                 or bool(self.queue_owed(dev)))
-
-    @staticmethod
-    def _timed(dev: "DeviceHandle", slot: Any) -> bool:
-        """The device runs a command of ours: the command watchdog's case."""
-        if slot.u32[S.STATE] != DeviceState.BUSY:
-            return False
-        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        return cmd is not None and cmd.pidx == slot.u64[S.CURRENT_PIDX]
 
     def _host_lag(self, dev: "DeviceHandle", cmd: "Command") -> bool:
         """The watchdog counts device time, not host time. A device process that is
@@ -436,28 +438,46 @@ class Recovery:
     def after_confirmed(self, dev: "DeviceHandle", inc: Incident, reset: bool = False) -> None:
         if not self.policy.unsafe_reclaim or inc.kind != "timeout":
             self.fail_and_reclaim(dev, inc, inc.innocent)
-        else:
-            self.fail_innocent(inc, inc.innocent)
+        else:  # steps 4-6 of the guilty ran before the stop was confirmed
+            self.reclaim(inc, self.fail_innocent(inc, inc.innocent))
         self.dump(dev, inc)
         self.restart(dev, inc, reset)
         self.probe(dev, inc)
 
     def fail_and_reclaim(self, dev: "DeviceHandle", inc: Incident, innocent: list) -> None:
-        g = inc.guilty
-        if g is not None and g.state is not CommandState.DONE:
-            target = self.fallback_target(g, inc)
-            if target is None:
-                self.commands.fail_command(g, g.failure or errors.DeviceCrashed("device lost"))
-                inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
-            self.invalidate(g, inc)  # the context's queued commands fail with it...
-            if target is not None:  # ...but the guilty request itself re-runs elsewhere
-                self.commands.reroute(g, target)
-                inc.fallback = target.name
-                inc.step("fallback", device=target.name, cid=g.cid)
-        self.fail_innocent(inc, innocent)
-        inc.step("reclaim", quarantined_released=self.reg.quarantine_count())
+        """Steps 4-6: fail (or replay) what the device ran, invalidate the guilty context,
+        then reclaim."""
+        stopped = self.fail_guilty(inc)
+        stopped += self.fail_innocent(inc, innocent)
+        self.reclaim(inc, stopped)
 
-    def fail_innocent(self, inc: Incident, innocent: list) -> None:
+    def fail_guilty(self, inc: Incident) -> list["Command"]:
+        """Steps 4 and 5 for the guilty request: its fences fail (or it falls back to
+        another device), its context is lost. Returns it if it awaits step 6."""
+        g = inc.guilty
+        if g is None or g.state is CommandState.DONE:
+            return []
+        target = self.fallback_target(g, inc)
+        lost = None
+        if target is None:
+            record = self.commands.fail_command(g, g.failure or errors.DeviceCrashed("device lost"),
+                                                retire=False)
+            if g.failure is not None:  # as its fences record it: naming its window
+                inc.error = record
+                lost = errors.HetprocError.from_dict(record)
+            inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
+        self.invalidate(g, inc, lost)  # the context's queued commands fail with it...
+        if target is None:
+            return [g]
+        self.commands.reroute(g, target)  # ...but the guilty request itself re-runs elsewhere
+        inc.fallback = target.name
+        inc.step("fallback", device=target.name, cid=g.cid)
+        return []
+
+    def fail_innocent(self, inc: Incident, innocent: list) -> list["Command"]:
+        """Step 4 for the commands a reset cost: each is failed (``CancelledByReset``) or,
+        per policy, kept to replay; one that had finished (only its record died with the
+        device) is retired as done. Returns the failed ones, for step 6."""
         replayed, cancelled = [], []
         for cmd in innocent:
             if cmd.state is CommandState.DONE:
@@ -475,18 +495,35 @@ class Recovery:
             else:
                 why = f": {inc.reason}" if inc.reason else ""
                 self.commands.fail_command(cmd, errors.CancelledByReset(
-                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}))
-                cancelled.append(cmd.cid)
+                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}),
+                    retire=False)
+                cancelled.append(cmd)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
         inc.replay = replayed
         if innocent:
-            inc.step("innocent", cancelled=cancelled, replayed=[c.cid for c in replayed])
+            inc.step("innocent", cancelled=[c.cid for c in cancelled],
+                     replayed=[c.cid for c in replayed])
+        return cancelled
 
-    def invalidate(self, cmd: "Command", inc: Incident) -> None:
+    def reclaim(self, inc: Incident, stopped: list["Command"]) -> None:
+        """Step 6: the failed commands a device ran let go of their buffers and fences;
+        ``_lifetimes`` reclaims what nobody else holds (a buffer freed meanwhile was
+        quarantined until now). Only once the device no longer touches them: its stop is
+        confirmed (``unsafe_reclaim`` breaks this on purpose, for the late-writer drill)."""
+        assert inc.confirmed or self.policy.unsafe_reclaim, \
+            f"incident {inc.id}: reclaim before {inc.device} confirmed its stop"
+        for cmd in stopped:
+            self.commands.retire(cmd)
+        inc.step("reclaim", quarantined_released=self.reg.quarantine_count())
+
+    def invalidate(self, cmd: "Command", inc: Incident,
+                   lost: errors.HetprocError | None = None) -> None:
+        """Step 5: the guilty command's context is lost (``lost``: why, as recorded), its
+        queued commands fail, its outputs are untrusted."""
         ctx = cmd.ctx
         if ctx.lost is None and ctx.handle:
-            ctx.lost = cmd.failure or errors.DeviceFault("context lost")
+            ctx.lost = lost or cmd.failure or errors.DeviceFault("context lost")
             n = self.commands.fail_context_queue(ctx)
             inc.step("invalidate", context=ctx.name or hex(ctx.handle), queued_failed=n,
                      untrusted_outputs=len(cmd.outs))

@@ -27,22 +27,39 @@ and a client's requests are served in bounded turns. The eventfd rings only for 
 must act on at once (errors, lost signals, ring space wanted, a recovery running); routine
 completions are collected on the next turn.
 
-The supervisor is composed of parts, each given what it needs in its constructor::
+The supervisor is composed of parts, each given what it needs in its constructor, all
+built in one place (``_compose``)::
 
     Registry    (_records)     the tables: clients, contexts, buffers, fences, devices
     Lifetimes   (_lifetimes)   INVARIANT 1: the only code that frees, reclaims, purges
     Iommu       (_iommu)       per-context mappings, rights, exports and imports
     Handoff     (_handoff)     zero-copy preconditions, inserted copies, cache upkeep
     Evidence    (_evidence)    trace rings, frozen windows, the last error
+    Failures    (_failures)    the one ordered failure path: note, record, tell, signal
     Commands    (_commands)    commit, completion, failure and retirement of commands
     Recovery    (_recovery)    the watchdog and the nine steps of seed §14
-    Requests    (_requests)    one handler per request of ``hetproc._protocol``
-    FaultPlan   (_faultplan)   injected faults
     Queues      (_queues)      user-mode queues: open, close, lost with their device
+    FaultPlan   (_faultplan)   injected faults
+    Metrics     (_metrics)     the platform's figures, and what a tenant may see of them
+    handlers    (_requests*)   one per request of ``hetproc._protocol``, in four groups:
+                               connection, memory, commands, reports
+    Outbox      (_outbox)      replies and notices to clients; slow readers buffered
     (functions) _validation    every field of a request checked before any handler runs
     (functions) _quotas        per-tenant limits (a tenant = a client process)
 
-This module is the loop: setup, sockets, replies, a client leaving, shutdown. Every
+Edges that point up (a part calls one built after it, or the loop), each made once, in
+``_compose`` (the last one in ``Supervisor.__init__``):
+
+    Lifetimes -> Commands.purge       a reclaimed buffer a non-coherent device may hold
+                                      dirty is purged by a device command (purge_with)
+    Commands  -> Recovery             completions of guilty commands and probes (watch)
+    Memory    -> devices, clients     a dropped segment is forgotten by both (on_drop)
+    Failures, Queues -> Outbox.tell   a notice into a client's socket (the I/O seam)
+    Recovery  -> Supervisor.spawn     a reset device is forked again by the loop
+    ConnectionRequests -> Supervisor.stop   the owner's shutdown ends the loop
+    Outbox    -> Supervisor.on_client_gone  a client that cannot be written to
+
+This module is the loop: sockets, requests, a client leaving, shutdown. Every
 client is untrusted (invariant 6): a connection's pid and uid come from the kernel at
 accept; at most ``limits.max_clients`` are served, and one that does not say hello in
 time is closed; a request is checked whole (``_validation.check_request``) before its
@@ -56,48 +73,39 @@ manifest before use, so ``hetproc cleanup`` can remove everything if it is kille
 from __future__ import annotations
 
 import os
-import resource
+import select
 import selectors
 import signal
 import socket
 import struct
 import time
-from typing import Any
 
-import msgpack
-import posix_ipc
 
-from device_workers import STATE_DTYPE, StateSlot, state_table
-from ipc import (PENDING, FenceTable, Manifest, Segment, cleanup_prefix, decode, encode, errors,
-                 pack_frame, socket_address)
+from device_workers import StateSlot
+from ipc import Manifest, cleanup_prefix, decode, encode, errors, pack_frame, socket_address
 
 from .. import _protocol
 from .._config import PlatformSpec
+from . import _validation as check
 from ._commands import Commands
+from ._compose import NamedObjects, compose, raise_descriptor_limit
 from ._devices import DeviceHandle
 from ._evidence import Evidence
-from ._faultplan import FaultPlan
-from ._handoff import Handoff
-from ._iommu import Iommu
+from ._failures import CLIENT, Failures
 from ._lifetimes import Lifetimes
-from ._memlog import MemLog
 from ._memory import Memory
-from ._metrics import platform_metrics
-from . import _validation as check
-from ._records import ClientRec, Registry
-from ._recovery import Policy, Recovery
+from ._outbox import Outbox, close_all
 from ._queues import Queues
-from ._requests import Requests
+from ._records import ClientRec, Registry
+from ._recovery import Recovery
 
 TICK_S = 0.005
-MAX_OUTBUF = 8 << 20  # replies buffered for a client that does not read them
 REQUESTS_PER_TURN = 64
 ACCEPTS_PER_TURN = 32
-ANSWERED_KEPT = 16          # replies kept per client to answer a retried request id again
-ANSWERED_MAX_BYTES = 16 << 10  # larger replies are not kept (a retry is refused instead)
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-FENCE_CAPACITY = 8192
 
+
+_HUNG_UP_READS = 64  # reads (64 KiB each) spent on one hung-up peer before refusing
 
 class Supervisor:
     def __init__(self, spec: PlatformSpec, prefix: str) -> None:
@@ -113,101 +121,26 @@ class Supervisor:
         self.backlog: set[ClientRec] = set()  # clients with requests read but not handled
         self.running = True
         self._next_hello_check = 0.0
-        self._segments: list[Segment] = []
-        self.reg = self._setup_memory()
-        self._compose()
+        self.named = NamedObjects(self.manifest, prefix)
+        self.outbox = Outbox(self.sel, self._cannot_serve)
+        parts = self.parts = compose(spec, self.named, tell=self.outbox.tell,
+                                     spawn=self.spawn, stop=self.stop)
+        # The parts the loop itself drives:
+        self.reg: Registry = parts.reg
+        self.pool: Memory = parts.pool
+        self.evidence: Evidence = parts.evidence
+        self.failures: Failures = parts.failures
+        self.lifetimes: Lifetimes = parts.lifetimes
+        self.commands: Commands = parts.commands
+        self.recovery: Recovery = parts.recovery
+        self.queues: Queues = parts.queues
+        self.handlers = parts.requests
+        for dev in self.reg.devices.values():
+            self.sel.register(dev.completion_fd, selectors.EVENT_READ, ("completion", dev))
         self._setup_socket()
         self._watch_owner()
 
     # -- setup ------------------------------------------------------------------------
-
-    def _new_segment(self, suffix: str, size: int) -> Segment:
-        name = self.prefix + suffix
-        self._record_object("shm", name)  # recorded before it exists: cleanup never misses it
-        seg = Segment.create(name, size)
-        self._segments.append(seg)
-        return seg
-
-    def _record_semaphores(self, names: list[str]) -> None:
-        for name in names:
-            self.manifest.add_object("sem", name)
-        self.manifest.write()
-
-    def _record_object(self, kind: str, name: str) -> None:
-        self.manifest.add_object(kind, name)
-        self.manifest.write()
-
-    def _setup_memory(self) -> Registry:
-        """The fence table, the state table, the buffer pool, and one ring, doorbell and
-        completion eventfd per device: every named object, each recorded first."""
-        fseg = self._new_segment("fences", FenceTable.segment_bytes(FENCE_CAPACITY))
-        fences = FenceTable(self.prefix, fseg, create=True, on_new_semaphores=self._record_semaphores)
-        n = len(self.spec.devices)
-        self.state_seg = self._new_segment("state", n * STATE_DTYPE.itemsize)
-        state = state_table(self.state_seg.map, n)
-        state[:] = 0
-        slots = [StateSlot(self.state_seg.map, i) for i in range(n)]
-        # Buffer segments have no name (nothing to record or clean up): they reach
-        # clients and devices as descriptors only (``_memory``, ``ipc._fdpass``).
-        # A tenant's pool spans the whole budget (its segments are sparse: pages come on
-        # first touch); its quota (``_quotas``) and the budget bound what it holds.
-        self.pool = Memory(self.prefix, budget=self.spec.memory_mib << 20,
-                           max_segments=max(64, (raise_descriptor_limit() - 1024) // 2),
-                           on_drop=self._segment_dropped)
-        devices: dict[str, DeviceHandle] = {}
-        for index, dspec in enumerate(self.spec.devices):
-            ring = self._new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
-            bell_name = f"{self.prefix}bell.{dspec.name}"
-            self._record_object("sem", bell_name)
-            bell = posix_ipc.Semaphore(bell_name, posix_ipc.O_CREX, initial_value=0)
-            efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-            dev = DeviceHandle(dspec, index, self.prefix, ring, bell, efd,
-                               window_ns=int(dspec.scheduler.window_ms * self.spec.time_scale * 1e6),
-                               time_scale=self.spec.time_scale, state=slots[index])
-            devices[dspec.name] = dev
-            self.sel.register(efd, selectors.EVENT_READ, ("completion", dev))
-        def ready(cmd: Any) -> bool:
-            try:
-                return all(fences.poll(h)[0] != PENDING for h in cmd.wait)
-            except errors.HetprocError:
-                return False
-        for dev in devices.values():
-            dev.inputs_ready = ready
-            dev.segment_of = self.pool.segments.get
-        return Registry(self.spec, fences, devices, slots, state, tell=self.tell)
-
-    def _segment_dropped(self, sid: int) -> None:
-        """A buffer segment is gone from the supervisor: devices unmap it; a connection
-        that held it unmapped it already (at its free) or is gone."""
-        for dev in self.reg.devices.values():
-            dev.forget_segment(sid)
-        for client in self.reg.clients.values():
-            client.segments.discard(sid)
-
-    def _compose(self) -> None:
-        """Build the parts in dependency order; each gets what it uses, nothing more."""
-        reg, spec = self.reg, self.spec
-        self.faults = FaultPlan(list(spec.faults), seed=spec.fault_seed)
-        self.memlog = MemLog()
-        self.iommu = Iommu(spec.iommu, self.memlog, reg.scaled_ns)
-        # The purge is a device command, so it goes through the engine built below.
-        self.lifetimes = Lifetimes(reg, self.pool, self.iommu,
-                                   purge=lambda *a: self.commands.purge(*a))
-        self.handoff = Handoff(reg, self.lifetimes, self.iommu, self.memlog)
-        self.evidence = Evidence(reg, self.prefix, self._new_segment)
-        self.commands = Commands(reg, self.lifetimes, self.handoff, self.faults, self.evidence)
-        self.queues = Queues(reg, self.pool)
-        self.recovery = Recovery(Policy.from_dict(spec.recovery), reg, self.commands,
-                                 self.evidence, self.spawn, queue_owed=self.queues.owed)
-        self.commands.watcher = self.recovery
-        platform = {"prefix": self.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
-                    "fence_segment": reg.fences.segment.name,
-                    "state_segment": self.state_seg.name, "time_scale": spec.time_scale,
-                    "devices": [d.name for d in spec.devices], "spec": spec.to_dict()}
-        self.requests = Requests(reg, self.pool, self.lifetimes, self.commands, self.iommu,
-                                 self.handoff, self.faults, self.recovery, self.evidence,
-                                 self.memlog, self.queues, platform=platform, stop=self.stop,
-                                 metrics=self.metrics, owner_pid=os.getppid())
 
     def _watch_owner(self) -> None:
         """The process that started us owns the platform: if it dies before (or without)
@@ -231,13 +164,14 @@ class Supervisor:
             self.spawn(dev)
 
     def spawn(self, dev: DeviceHandle) -> None:
-        boot = {"fence_segment": self.reg.fences.segment.name, "state_segment": self.state_seg.name,
+        boot = {"fence_segment": self.reg.fences.segment.name,
+                "state_segment": self.parts.state_segment.name,
                 "device_count": len(self.reg.devices), **self.evidence.boot_args()}
         if dev.epoch:  # a restart: the old process is reaped, its queues are lost
             self.queues.device_gone(dev, f"{dev.name} was reset (epoch {dev.epoch} ended)")
-        self.reg.state[dev.index]["cancel_pidx"] = 0
-        self.reg.state[dev.index]["park"] = 0
-        self.reg.state[dev.index]["preempt_pidx"] = 0
+        slot = self.reg.slots[dev.index]  # requests of the epoch that ended end with it
+        slot.u64[StateSlot.CANCEL_PIDX] = slot.u64[StateSlot.PREEMPT_PIDX] = 0
+        slot.u32[StateSlot.PARK] = 0
         dev.spawn(boot, keep_fds=set)
         self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
         self.evidence.device_spawned(dev)
@@ -247,13 +181,6 @@ class Supervisor:
 
     def stop(self) -> None:
         self.running = False
-
-    def metrics(self) -> dict[str, Any]:
-        m = platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
-                             self.evidence, self.prefix)
-        m["ddr_quota"] = self.requests.ddr.metrics()
-        m["queues"] = self.queues.metrics()
-        return m
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -332,16 +259,7 @@ class Supervisor:
             conn.close()
             return True
         limits = self.spec.limits
-        why = None
-        if uid != os.getuid() and uid != 0:
-            why = errors.NotPermitted(f"this platform belongs to uid {os.getuid()}, not {uid}")
-        elif len(self.reg.clients) >= limits.max_clients:
-            why = errors.OutOfMemory(f"too many clients: {len(self.reg.clients)} connected "
-                                     f"(limits.max_clients = {limits.max_clients})")
-        elif sum(1 for c in self.reg.clients.values() if c.pid == pid) >= limits.process_clients:
-            why = errors.QuotaExceeded(f"process {pid} has {limits.process_clients} connections "
-                                       f"already (limits.process_clients)",
-                                       detail={"limit": "process_clients"})
+        why = self._refusal(pid, uid)
         if why is not None:
             _refuse_connection(conn, why)
             return True
@@ -354,12 +272,53 @@ class Supervisor:
         self.sel.register(conn, selectors.EVENT_READ, ("client", None))
         return True
 
+    def _refusal(self, pid: int, uid: int) -> errors.HetprocError | None:
+        """Why a new connection from ``pid`` must be refused, or None. At a limit, the
+        connections whose peer already hung up are let go first: a client that closed
+        connections and reconnects at once is not refused for closes this loop has not
+        read yet (its accept can come first in one batch of events)."""
+        limits = self.spec.limits
+        if uid != os.getuid() and uid != 0:
+            return errors.NotPermitted(f"this platform belongs to uid {os.getuid()}, not {uid}")
+        if len(self.reg.clients) >= limits.max_clients:
+            self._let_go_hung_up([c.conn for c in self.reg.clients.values()])
+        if len(self.reg.clients) >= limits.max_clients:
+            return errors.OutOfMemory(f"too many clients: {len(self.reg.clients)} connected "
+                                      f"(limits.max_clients = {limits.max_clients})")
+        if self._connections_of(pid) >= limits.process_clients:
+            self._let_go_hung_up([c.conn for c in self.reg.clients.values() if c.pid == pid])
+        if self._connections_of(pid) >= limits.process_clients:
+            return errors.QuotaExceeded(f"process {pid} has {limits.process_clients} "
+                                        f"connections already (limits.process_clients)",
+                                        detail={"limit": "process_clients"})
+        return None
+
+    def _connections_of(self, pid: int) -> int:
+        return sum(1 for c in self.reg.clients.values() if c.pid == pid)
+
+    def _let_go_hung_up(self, conns: list[socket.socket]) -> None:
+        """Serve, in order, what each connection whose peer hung up still holds, then its
+        end (what the loop would do on its next turns). Bounded per connection: a peer
+        that left a flood behind keeps its slot until the loop reads the rest."""
+        poller = select.poll()
+        for conn in conns:
+            poller.register(conn, select.POLLRDHUP)
+        by_fd = {conn.fileno(): conn for conn in conns}
+        for fd, events in poller.poll(0):
+            conn = by_fd[fd]
+            for _ in range(_HUNG_UP_READS):
+                if conn not in self.reg.clients or not events & (select.POLLRDHUP | select.POLLHUP):
+                    break
+                self.on_client_event(conn, selectors.EVENT_READ)
+
     def on_client_event(self, conn: socket.socket, mask: int) -> None:
         """A client's socket is ready. A bug on this path (past the handlers, which answer
         their own) costs that client its connection, never the loop."""
         try:
             if mask & selectors.EVENT_WRITE:
-                self.on_client_writable(conn)
+                client = self.reg.clients.get(conn)
+                if client is not None:
+                    self.outbox.on_writable(client)
             if mask & selectors.EVENT_READ:
                 self.on_client_readable(conn)
         except Exception as exc:
@@ -377,7 +336,7 @@ class Supervisor:
             return
         self._next_hello_check = now + 0.1
         for client in [c for c in self.reg.clients.values() if not c.id and c.hello_deadline < now]:
-            self.reply(client, 0, error=errors.InvalidRequest(
+            self.outbox.reply(client, 0, error=errors.InvalidRequest(
                 "no hello within limits.hello_timeout_ms: connection closed"))
             self.on_client_gone(client)
 
@@ -400,7 +359,7 @@ class Supervisor:
             # The framing itself is broken: we cannot find the next packet. Answer, then
             # drop this client only; everyone else keeps running.
             self.reg.stats["bad_packets"] += 1
-            self.reply(client, 0, error=exc)
+            self.outbox.reply(client, 0, error=exc)
             self.on_client_gone(client)
             return
         client.pending.extend(frames)
@@ -425,12 +384,12 @@ class Supervisor:
         try:
             msg = decode(frame, _protocol.REQUESTS)
             req_id = msg["id"]
-            if req_id and self.answer_again(client, req_id):
+            if req_id and self.outbox.answer_again(client, req_id):
                 return
             check.check_request(msg, self.spec.limits)  # every field, before any change
             if client.id == 0 and msg["op"] != "hello":
                 raise errors.InvalidRequest("say hello first")
-            result = self.requests.table[msg["op"]](client, msg)
+            result = self.handlers[msg["op"]](client, msg)
         except errors.HetprocError as exc:
             if isinstance(exc, errors.BadPacket):
                 self.reg.stats["bad_packets"] += 1
@@ -442,28 +401,12 @@ class Supervisor:
             self.refuse(client, req_id, err, frame)
         else:
             if req_id:  # id 0 is a notification: the sender does not wait for an answer
-                self.reply(client, req_id, result=result, fds=self._fds_of(result))
+                self.outbox.reply(client, req_id, result=result, fds=self._fds_of(result))
 
     def _fds_of(self, result: dict | None) -> list[int]:
         """The descriptors of the segments a reply hands over (``segs``), in its order."""
         segs = result.get("segs") if result else None
         return [self.pool.segments[sid].fd for sid, _ in segs] if segs else []
-
-    def answer_again(self, client: ClientRec, req_id: int) -> bool:
-        """Request ids only grow on a connection. One seen before is a retry (the client
-        timed out waiting): it gets the answer already given, and never runs twice; one
-        whose answer is no longer kept is refused. True when answered here."""
-        if req_id > client.last_id:
-            client.last_id = req_id
-            return False
-        frame = client.answered.get(req_id)
-        if frame is None:
-            self.reply(client, req_id, error=errors.InvalidRequest(
-                f"request id {req_id} was used already; its answer is no longer kept "
-                "(the request ran once, and is not run again)"))
-        else:
-            self.send_to(client, frame)
-        return True
 
     def refuse(self, client: ClientRec, req_id: int, exc: errors.HetprocError,
                frame: bytes) -> None:
@@ -472,114 +415,21 @@ class Supervisor:
         A packet too broken to carry an id is answered with id 0, which clients take as an
         unsolicited notice rather than the answer to a request.
         """
-        self.note_error(exc)
+        window = self.evidence.note_error(exc)
         if req_id:
-            self.reply(client, max(req_id, 0), error=exc)
+            self.outbox.reply(client, max(req_id, 0), error=exc, window=window)
             if req_id > 0:
                 return
-        for handle in _signal_fences_of(frame):
-            rec = self.reg.fence_recs.get(handle)
-            if rec is not None and rec.client is client:
-                self.reg.fail_fence(handle, exc, signaller=0xFFFF)
+        mine = [h for h in _signal_fences_of(frame)
+                if (rec := self.reg.fence_recs.get(h)) is not None and rec.client is client]
+        if mine:
+            self.failures.fail(exc, mine, noted=window, signaller=CLIENT)
 
-    def reply(self, client: ClientRec, req_id: int, *, result: dict | None = None,
-              error: errors.HetprocError | None = None, fds: list[int] = ()) -> None:
-        msg: dict[str, Any] = {"op": "reply", "id": req_id, "ok": error is None}
-        if error is not None:
-            msg["error"] = error.to_dict()
-        else:
-            msg.update(result or {})
-        frame = pack_frame(encode(msg))
-        # A reply that hands descriptors over is not kept: sent again without them it
-        # would announce what never comes (a retry of it is refused instead).
-        if req_id > 0 and len(frame) <= ANSWERED_MAX_BYTES and not fds:
-            client.answered[req_id] = frame
-            if len(client.answered) > ANSWERED_KEPT:
-                client.answered.popitem(last=False)
-        self.send_to(client, frame, fds)
-
-    def send_to(self, client: ClientRec, frame: bytes, fds: list[int] = ()) -> None:
-        """Send now what the socket takes, buffer the rest. Descriptors go with the
-        frame's first byte (SCM_RIGHTS); until sent they are our own duplicates, so a
-        segment dropped meanwhile cannot turn them into someone else's descriptors."""
-        out = client.outbuf
-        if fds:
-            fds = [os.dup(fd) for fd in fds]
-        if not out:
-            try:
-                sent = _send(client.conn, frame, fds)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                _close_all(fds)
-                self.on_client_gone(client)
-                return
-            if sent:
-                _close_all(fds)  # they went with the first byte
-                fds = []
-            if sent == len(frame):
-                return
-            frame = frame[sent:]
-            self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
-                            ("client", None))
-        if fds:
-            client.outfds.append((len(out), fds))
-        out += frame
-        if len(out) > MAX_OUTBUF:
-            self.note_error(errors.PlatformError(
-                f"client {client.name!r} stopped reading its replies; disconnected"))
-            self.on_client_gone(client)
-
-    def tell(self, client: ClientRec, msg: dict) -> None:
-        """A notice nobody asked for (a failure record, sent ahead of its fence's wake).
-        Sent now, so it is in the client's socket before the wake; never tears anything
-        down from here (this runs inside recovery): a broken connection is found by the
-        loop's next read of it, and a client that stopped reading gets no more notices
-        (its waiters then ask for the record instead)."""
-        frame = pack_frame(encode(msg))
-        if client.outbuf:
-            if len(client.outbuf) + len(frame) <= MAX_OUTBUF:
-                client.outbuf += frame
-            return
-        try:
-            sent = client.conn.send(frame)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            return
-        if sent < len(frame):
-            client.outbuf += frame[sent:]
-            self.sel.modify(client.conn, selectors.EVENT_READ | selectors.EVENT_WRITE,
-                            ("client", None))
-
-    def on_client_writable(self, conn: socket.socket) -> None:
-        client = self.reg.clients.get(conn)
-        if client is None:
-            return
-        out = client.outbuf
-        fds: list[int] = []
-        end = len(out)
-        if client.outfds:  # send up to the next descriptors, or with them
-            pos, pending = client.outfds[0]
-            if pos == 0:
-                fds = pending
-                end = client.outfds[1][0] if len(client.outfds) > 1 else len(out)
-            else:
-                end = pos
-        try:
-            sent = _send(conn, bytes(out[:end]), fds)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self.on_client_gone(client)
-            return
-        if fds and sent:
-            _close_all(client.outfds.pop(0)[1])
-        del out[:sent]
-        if client.outfds:
-            client.outfds = [(pos - sent, f) for pos, f in client.outfds]
-        if not out:
-            self.sel.modify(conn, selectors.EVENT_READ, ("client", None))
+    def _cannot_serve(self, client: ClientRec, why: errors.HetprocError | None) -> None:
+        """The outbox cannot write to ``client`` any more (``why``: worth noting)."""
+        if why is not None:
+            self.evidence.note_error(why)
+        self.on_client_gone(client)
 
     def on_client_gone(self, client: ClientRec) -> None:
         """A client closed or died: tear down what it owned; the owner takes the platform."""
@@ -593,7 +443,7 @@ class Supervisor:
             pass
         client.conn.close()
         for _, fds in client.outfds:
-            _close_all(fds)
+            close_all(fds)
         client.outfds = []
         self.evidence.client_gone(client)
         self.queues.client_gone(client)
@@ -602,7 +452,7 @@ class Supervisor:
         self.lifetimes.release_client(client)
         client.segments.clear()
         if not self.reg.tenant(client):  # its process's last connection
-            self.requests.ddr.forget(client.pid)
+            self.parts.ddr.forget(client.pid)
             self.pool.tenant_gone(client.pid)  # its pool goes once its blocks are back
         if client.owner:
             self.running = False
@@ -642,47 +492,16 @@ class Supervisor:
             os.close(dev.completion_fd)
         for slot in self.reg.slots:
             slot.release()
-        for seg in self._segments:
-            seg.close()
-            seg.unlink()
+        self.named.remove_segments()
         self.manifest.remove()
         cleanup_prefix(self.prefix)  # anything recorded late or never recorded
-
-
-def raise_descriptor_limit() -> int:
-    """Soft RLIMIT_NOFILE up to the hard limit: every connection costs a descriptor, and
-    ``limits.max_clients`` stays far below what we may hold. Returns the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 16
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
-
-
-def _send(conn: socket.socket, data: bytes, fds: list[int]) -> int:
-    if fds:
-        return socket.send_fds(conn, [data], fds)
-    return conn.send(data)
-
-
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
     """Tell a peer we will not serve why (best effort, never blocking), and close."""
     try:
         conn.setblocking(False)
-        conn.send(pack_frame(encode({"op": "reply", "id": 0, "ok": False, "error": why.to_dict()})))
+        conn.send(pack_frame(encode(_protocol.notice(why.to_dict()))))
         conn.shutdown(socket.SHUT_WR)
         conn.recv(1 << 16)  # what it sent already: closing over unread data would reset
     except OSError:  # the connection, and lose the answer before the peer reads it
@@ -693,20 +512,9 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
 def _id_of(frame: bytes) -> int:
     """The request id of a packet its schema refused, read leniently; -1 if it has none
     (then the answer goes out as id 0, a notice)."""
-    try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    except Exception:
-        return -1
-    rid = msg.get("id") if isinstance(msg, dict) else None
-    return rid if type(rid) is int and 0 < rid < 1 << 63 else -1
+    return _protocol.request_id_of(frame)
 
 
 def _signal_fences_of(frame: bytes) -> list[int]:
     """The client-chosen signal fences of a refused submit, read as leniently as possible."""
-    try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-        cmds = msg.get("cmds") if isinstance(msg, dict) else None
-        return [c["signal"] for c in cmds or () if isinstance(c, dict)
-                and isinstance(c.get("signal"), int) and not isinstance(c.get("signal"), bool)]
-    except Exception:
-        return []
+    return _protocol.signal_fences_of(frame)

@@ -9,14 +9,15 @@ they read it and change nothing, so a refused request leaves no trace in any tab
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import msgpack
 import numpy as np
 
 from device_workers import validate_kernel
-from ipc import PENDING, errors
+from ipc import PENDING, Int, List, Map, Num, OneOf, Plain, Str, errors
 
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
@@ -40,165 +41,209 @@ WATCHDOG_NS_PER_BYTE = 10
 
 
 def check_request(msg: dict, limits: "LimitsSpec") -> None:
-    """Every field of a decoded request within its range and size cap, and every command
-    of a submit likewise, before the handler runs: a request is refused whole, so nothing
-    was queued, allocated or signalled for it (invariant 6)."""
-    check_values(msg, limits, "request")
-    if msg["op"] == "submit":
-        for c in msg["cmds"]:
-            check_command(c, limits)
-    elif msg["op"] == "inject":
-        check_depth(msg["fault"], "fault", _protocol.PARAMS_DEPTH, 256)
-
-
-def check_values(msg: dict, limits: "LimitsSpec", where: str) -> None:
+    """Every field of a decoded request within the bounds its message declares
+    (``_protocol.REQUEST_FIELDS``; ``decode`` checked the types), and every command of a
+    submit likewise (``check_command``), before the handler runs: a request is refused
+    whole, so nothing was queued, allocated or signalled for it (invariant 6)."""
+    op = msg["op"]
+    checks = _REQUEST_CHECKS.get(op)
+    if checks is None:
+        checks = _REQUEST_CHECKS[op] = field_checks(_protocol.REQUEST_FIELDS[op])
     for key, value in msg.items():
-        kind = type(value)
-        if kind is int:
-            lo, hi = _protocol.INT_RANGES.get(key, _protocol.HANDLE)
-            if not lo <= value <= hi:
-                raise errors.InvalidRequest(f"{where}: {key} = {value} out of range {lo}..{hi}")
-        elif kind is str:
-            cap = limits.max_name if key == "name" else _protocol.STR_CAPS.get(key, 64)
-            if len(value) > cap or not value.isprintable():
-                raise errors.InvalidRequest(f"{where}: {key} must be printable and at most "
-                                            f"{cap} characters (got {len(value)})")
-        elif kind is list:
-            check_list(key, value, where)
-        elif kind is float and key in _protocol.DURATIONS:
-            check_duration(key, value, limits)
-        elif key == "params":
-            check_depth(value, "params", _protocol.PARAMS_DEPTH, _protocol.PARAMS_BYTES)
-    for key in _protocol.DURATIONS:
-        if type(msg.get(key)) is int:
-            check_duration(key, msg[key], limits)
+        check = checks.get(key)
+        if check is not None:  # ("v" and "op" have none)
+            check(key, value, limits, "request")
+
+
+# -- the field checks, made from the declared specs -----------------------------------------
+# One check per declared field of a message: ``check(key, value, limits, where)`` raises
+# BadPacket for a value of another type, InvalidRequest for one outside its bounds (a
+# bound with a ``limit`` is the platform's, from ``limits``), and returns otherwise.
+
+Check = Callable[[str, Any, "LimitsSpec", str], None]
+_REQUEST_CHECKS: dict[str, dict[str, Check]] = {}  # op -> field -> check, made on first use
+
+
+def field_checks(schema: dict) -> dict[str, Check]:
+    """The checks of a message's fields, by field name, from its declaration."""
+    return {key: _check_of(spec) for key, spec in _protocol.fields_of(schema).items()}
+
+
+def _check_of(spec: Any) -> Check:
+    if spec is bool:
+        return _check_bool
+    if isinstance(spec, Int):
+        return functools.partial(_check_int, spec)
+    if isinstance(spec, Num):
+        return functools.partial(_check_num, spec)
+    if isinstance(spec, Str):
+        return functools.partial(_check_str, spec)
+    if isinstance(spec, List) and spec.min_len == 0:
+        return functools.partial(_check_list, spec, _items_check(spec.item))
+    if isinstance(spec, Map) and spec.fields is None and isinstance(spec.values, Plain):
+        return functools.partial(_check_plain_map, spec)
+    if isinstance(spec, OneOf) and None not in spec.options:
+        forms = [(_protocol.wire_type(o), _check_of(o)) for o in spec.options]
+        return functools.partial(_check_one_of, spec, forms)
+    raise TypeError(f"the supervisor has no check for a field declared {spec!r}")
+
+
+def _wrong_type(where: str, key: str, value: Any, spec: Any) -> errors.BadPacket:
+    wanted = " or ".join(t.__name__ for t in _as_tuple(_protocol.wire_type(spec)))
+    return errors.BadPacket(f"{where}: field {key!r} must be {wanted}, "
+                            f"got {type(value).__name__}")
+
+
+def _as_tuple(t: Any) -> tuple:
+    return t if isinstance(t, tuple) else (t,)
+
+
+def _limit(bound: Any, limit: str, limits: "LimitsSpec") -> Any:
+    return min(bound, getattr(limits, limit)) if limit else bound
+
+
+def _check_bool(key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+    if type(value) is not bool:
+        raise _wrong_type(where, key, value, bool)
+
+
+def _check_int(spec: Int, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+    if type(value) is not int:
+        raise _wrong_type(where, key, value, spec)
+    if not spec.lo <= value <= spec.hi:
+        raise errors.InvalidRequest(f"{where}: {key} = {value} out of range {spec.lo}..{spec.hi}")
+
+
+def _check_num(spec: Num, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+    """Finite and within bounds: a duration that passes scales into ns that fit a ring
+    packet's integers (1e30 ms used to overflow the pack after queueing)."""
+    if type(value) is not float and type(value) is not int:
+        raise _wrong_type(where, key, value, spec)
+    hi = _limit(spec.hi, spec.limit, limits)
+    if not (math.isfinite(value) and spec.lo <= value <= hi):
+        why = f" (limits.{spec.limit})" if spec.limit else ""
+        raise errors.InvalidRequest(f"{where}: {key} = {value} is not a finite number in "
+                                    f"{spec.lo}..{hi}{why}")
+
+
+def _check_str(spec: Str, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+    if type(value) is not str:
+        raise _wrong_type(where, key, value, spec)
+    cap = _limit(spec.max_len, spec.limit, limits)
+    if len(value) > cap or (spec.printable and not value.isprintable()):
+        raise errors.InvalidRequest(f"{where}: {key} must be printable and at most "
+                                    f"{cap} characters (got {len(value)})")
+    if spec.choices is not None and value not in spec.choices:
+        raise errors.InvalidRequest(f"{where}: {key} = {value!r} is not one of "
+                                    f"{sorted(spec.choices)}")
+
+
+def _check_list(spec: List, items: Any, key: str, value: Any, limits: "LimitsSpec",
+                where: str) -> None:
+    if type(value) is not list:
+        raise _wrong_type(where, key, value, spec)
+    if len(value) > spec.max_len:
+        raise errors.InvalidRequest(f"{where}: {key} holds {len(value)} items, "
+                                    f"at most {spec.max_len}")
+    if value:
+        items(key, value, limits, where)
+
+
+def _items_check(item: Any) -> Check:
+    """The check of a list's items, all at once (a release names hundreds of fences:
+    integers are tested in one tight pass)."""
+    if isinstance(item, Int):
+        lo, hi = item.lo, item.hi
+
+        def ints(key: str, value: list, limits: "LimitsSpec", where: str) -> None:
+            for v in value:
+                if type(v) is not int or not lo <= v <= hi:
+                    raise errors.InvalidRequest(f"{where}: {key} item {v!r} is not an "
+                                                f"integer in {lo}..{hi}")
+        return ints
+    if isinstance(item, Map) and item.fields is _protocol.COMMAND:
+        return _check_commands
+    each = _check_of(item)
+
+    def items(key: str, value: list, limits: "LimitsSpec", where: str) -> None:
+        for i, v in enumerate(value):
+            each(f"{key}[{i}]", v, limits, where)
+    return items
+
+
+def _check_commands(key: str, value: list, limits: "LimitsSpec", where: str) -> None:
+    for c in value:
+        if type(c) is not dict:
+            raise errors.InvalidRequest(f"{where}: {key} items must be maps, "
+                                        f"got {type(c).__name__}")
+    for c in value:
+        check_command(c, limits)
+
+
+def _check_plain_map(spec: Map, key: str, value: Any, limits: "LimitsSpec", where: str) -> None:
+    if type(value) is not dict:
+        raise _wrong_type(where, key, value, spec)
+    if len(value) > spec.max_len:
+        raise errors.InvalidRequest(f"{where}: {key} has {len(value)} entries, "
+                                    f"at most {spec.max_len}")
+    if value:
+        check_depth(value, key, 1 + spec.values.depth, spec.max_bytes)
+
+
+def _check_one_of(spec: OneOf, forms: list, key: str, value: Any, limits: "LimitsSpec",
+                  where: str) -> None:
+    for types, check in forms:
+        if type(value) in _as_tuple(types):
+            return check(key, value, limits, where)
+    raise _wrong_type(where, key, value, spec)
+
+
+# -- the commands of a submit: the per-command path -----------------------------------------
+
+_COMMAND_SPECS = _protocol.fields_of(_protocol.COMMAND)
+_COMMAND_CHECKS = field_checks(_protocol.COMMAND)
+_COMMAND_REQUIRED = tuple(k for k in _protocol.COMMAND if not k.endswith("?"))
 
 
 def check_command(c: dict, limits: "LimitsSpec") -> None:
-    """One command of a submit: its schema (``_protocol.COMMAND``) and every value's range
-    in one pass -- this runs per command, so it is written for speed: a value that passes
-    its field's test here is valid; any other goes to that field's full check
-    (``_COMMAND_CHECKS``), which raises the error that says why.
+    """One command of a submit: its fields (``_protocol.COMMAND``) and every value's bounds
+    in one pass -- this runs per command, so it is written for speed.
 
     A client sends its commands with the same fields in the same order, batch after
-    batch: for each such shape, the tests below are made once into one straight-line
-    test (``_shape_test``), and a command that passes it needs nothing more."""
+    batch: for each such shape, the field checks are made once into one straight-line
+    test (``_shape_test``), and a command that passes it needs nothing more. Any other
+    command goes through each field's full check, which raises the error that says why."""
     shape = tuple(c)
     test = _SHAPES.get(shape, _UNSEEN)
     if test is _UNSEEN:
         test = _learn_shape(shape)
-    if test is not None and test(c, limits.max_duration_ms):
+    if test is not None and test(c, limits):
         return
-    fields, max_ms = _COMMAND_FIELDS, limits.max_duration_ms
+    checks = _COMMAND_CHECKS
     for key, value in c.items():
-        field = fields.get(key)
-        if field is None:
+        check = checks.get(key)
+        if check is None:
             raise errors.BadPacket(f"command: unknown field {key!r}")
-        kind, lo, hi = field
-        t = type(value)
-        if kind == _HANDLES:
-            if t is list and (not value or (len(value) <= hi and all(
-                    type(v) is int and 0 <= v <= _HANDLE_MAX for v in value))):
-                continue
-        elif kind == _INT:
-            if t is int and lo <= value <= hi:
-                continue
-        elif kind == _DURATION:
-            if (t is float or t is int) and 0.0 <= value <= max_ms and _isfinite(value):
-                continue
-        elif kind == _KERNEL:
-            if t is str and len(value) <= hi and value.isprintable():
-                continue
-        _COMMAND_CHECKS[key](key, value, limits)  # raises, saying why (or passes)
-    if "kernel" not in c:
-        raise errors.BadPacket("command: missing field 'kernel'")
+        check(key, value, limits, "command")
+    for key in _COMMAND_REQUIRED:
+        if key not in c:
+            raise errors.BadPacket(f"command: missing field {key!r}")
 
 
-def _cmd_handles(key: str, value: Any, limits: Any) -> None:
-    if type(value) is not list:
-        raise errors.BadPacket(f"command: field {key!r} must be list, got {type(value).__name__}")
-    if len(value) > _protocol.LIST_CAPS[key]:
-        raise errors.InvalidRequest(f"command: {key} holds {len(value)} items, at most "
-                                    f"{_protocol.LIST_CAPS[key]}")
-    for v in value:
-        if type(v) is not int or not 0 <= v <= _HANDLE_MAX:
-            raise errors.InvalidRequest(f"command: {key} item {v!r} is not a handle")
-
-
-def _cmd_int(key: str, value: Any, limits: Any) -> None:
-    if type(value) is not int:
-        raise errors.BadPacket(f"command: field {key!r} must be int, got {type(value).__name__}")
-    lo, hi = _protocol.INT_RANGES[key]
-    if not lo <= value <= hi:
-        raise errors.InvalidRequest(f"command: {key} = {value} out of range {lo}..{hi}")
-
-
-def _cmd_duration(key: str, value: Any, limits: Any) -> None:
-    if type(value) is not float and type(value) is not int:
-        raise errors.BadPacket(f"command: field {key!r} must be int or float, "
-                               f"got {type(value).__name__}")
-    check_duration(key, value, limits)
-
-
-def _cmd_kernel(key: str, value: Any, limits: Any) -> None:
-    if type(value) is not str:
-        raise errors.BadPacket(f"command: field 'kernel' must be str, got {type(value).__name__}")
-    if len(value) > _protocol.STR_CAPS["kernel"] or not value.isprintable():
-        raise errors.InvalidRequest(f"command: kernel must be a printable name of at most "
-                                    f"{_protocol.STR_CAPS['kernel']} characters")
-
-
-def _cmd_params(key: str, value: Any, limits: Any) -> None:
-    if type(value) is not dict:
-        raise errors.BadPacket(f"command: field 'params' must be dict, got {type(value).__name__}")
-    if value:
-        check_depth(value, "params", _protocol.PARAMS_DEPTH, _protocol.PARAMS_BYTES)
-
-
-def _cmd_bool(key: str, value: Any, limits: Any) -> None:
-    if type(value) is not bool:
-        raise errors.BadPacket(f"command: field {key!r} must be bool, got {type(value).__name__}")
-
-
-_HANDLE_MAX = _protocol.HANDLE[1]
-_COMMAND_CHECKS = {"kernel": _cmd_kernel, "signal": _cmd_int, "cid": _cmd_int,
-                   "ins": _cmd_handles, "outs": _cmd_handles, "wait": _cmd_handles,
-                   "params": _cmd_params, "ms": _cmd_duration, "handoff_ms": _cmd_duration,
-                   "timeout_ms": _cmd_duration, "checked": _cmd_bool, "priority": _cmd_int,
-                   "deadline_ms": _cmd_duration}
-assert set(_COMMAND_CHECKS) == {k.rstrip("?") for k in _protocol.COMMAND}, "one check per field"
-# How ``check_command`` tests each field inline: (kind, low, high); a field of another
-# kind goes to its check every time.
-_HANDLES, _INT, _DURATION, _KERNEL, _OTHER = range(5)
-
-
-def _field_test(key: str, check: Any) -> tuple[int, int, int]:
-    if check is _cmd_handles:
-        return _HANDLES, 0, _protocol.LIST_CAPS[key]
-    if check is _cmd_int:
-        return (_INT, *_protocol.INT_RANGES[key])
-    if check is _cmd_duration:
-        return _DURATION, 0, 0
-    if check is _cmd_kernel:
-        return _KERNEL, 0, _protocol.STR_CAPS["kernel"]
-    return _OTHER, 0, 0
-
-
-_COMMAND_FIELDS = {key: _field_test(key, check) for key, check in _COMMAND_CHECKS.items()}
 _isfinite = math.isfinite
 
 # Shapes of commands (their fields, in order) -> a straight-line test of that shape, or
-# None (a field whose test is not inline, such as params: the loop handles those). Only
-# shapes made of our own field names are kept, at most ``_MAX_SHAPES`` of them: a client
-# inventing fields or shapes only gets the loop.
+# None (a field with no inline test, such as params: the full checks handle those). Only
+# shapes made of declared field names are kept, at most ``_MAX_SHAPES`` of them: a client
+# inventing fields or shapes only gets the full checks.
 _SHAPES: dict[tuple, Any] = {}
 _MAX_SHAPES = 64
 _UNSEEN = object()
 
 
 def _learn_shape(shape: tuple) -> Any:
-    if not all(type(k) is str and k in _COMMAND_FIELDS for k in shape):
-        return None  # the loop names the unknown field
+    if not all(type(k) is str and k in _COMMAND_SPECS for k in shape):
+        return None  # the full checks name the unknown field
     test = _shape_test(shape)
     if len(_SHAPES) < _MAX_SHAPES:
         _SHAPES[shape] = test
@@ -206,81 +251,56 @@ def _learn_shape(shape: tuple) -> Any:
 
 
 def _shape_test(shape: tuple) -> Any:
-    """``check_command``'s inline tests for a command with exactly these fields (our own
-    names, each once), in this order, as one function of the command's values (True:
-    every value passes). The source names no field: the values are ``v0``, ``v1``..."""
-    if "kernel" not in shape:
+    """The field checks of a command with exactly these fields (declared names, each
+    once), in this order, as one function of the command's values (True: every value
+    passes). The source names no field: the values are ``v0``, ``v1``..."""
+    if not all(k in shape for k in _COMMAND_REQUIRED):
         return None
     terms = []
     for i, key in enumerate(shape):
-        kind, lo, hi = _COMMAND_FIELDS[key]
-        v = f"v{i}"
-        if kind == _HANDLES:
-            terms.append(f"type({v}) is list and (not {v} or _handles_ok({v}, {int(hi)}))")
-        elif kind == _INT:
-            terms.append(f"type({v}) is int and {int(lo)} <= {v} <= {int(hi)}")
-        elif kind == _DURATION:
-            terms.append(f"(type({v}) is float or type({v}) is int) and 0.0 <= {v} <= max_ms "
-                         f"and _isfinite({v})")
-        elif kind == _KERNEL:
-            terms.append(f"type({v}) is str and len({v}) <= {int(hi)} and {v}.isprintable()")
-        elif _COMMAND_CHECKS[key] is _cmd_bool:
-            terms.append(f"type({v}) is bool")
-        else:
+        term = _inline_test(_COMMAND_SPECS[key], f"v{i}")
+        if term is None:
             return None
+        terms.append(term)
     names = ", ".join(f"v{i}" for i in range(len(shape)))
-    source = (f"def test(c, max_ms):\n    {names}, = c.values()\n"
+    source = (f"def test(c, limits):\n    {names}, = c.values()\n"
               f"    return ({') and ('.join(terms)})\n")
-    scope = {"_handles_ok": _handles_ok, "_isfinite": _isfinite}
+    scope = {"_ints_ok": _ints_ok, "_isfinite": _isfinite}
     # (As ``dataclasses`` and ``namedtuple`` make their methods; the name is what a
     # profile shows.)
     exec(compile(source, "<check_command shape test>", "exec"), scope)
     return scope["test"]
 
 
-def _handles_ok(value: list, cap: int) -> bool:
-    return len(value) <= cap and all(type(v) is int and 0 <= v <= _HANDLE_MAX for v in value)
+def _inline_test(spec: Any, v: str) -> str | None:
+    """A spec's full check as one expression of the value ``v`` (True: it passes), or
+    None for a spec with no inline form."""
+    if spec is bool:
+        return f"type({v}) is bool"
+    if isinstance(spec, Int):
+        return f"type({v}) is int and {int(spec.lo)} <= {v} <= {int(spec.hi)}"
+    if isinstance(spec, Num):
+        lo = f"{float(spec.lo)!r} <= {v}" if math.isfinite(spec.lo) else v
+        his = [f"{float(spec.hi)!r}"] if math.isfinite(spec.hi) else []
+        his += [f"limits.{spec.limit}"] if spec.limit else []
+        terms = [f"(type({v}) is float or type({v}) is int)"]
+        terms += [f"{lo} <= {his[0]}"] if his else [lo] if lo != v else []
+        terms += [f"{v} <= {hi}" for hi in his[1:]] + [f"_isfinite({v})"]
+        return " and ".join(terms)
+    if isinstance(spec, Str) and spec.choices is None:
+        terms = [f"type({v}) is str", f"len({v}) <= {int(spec.max_len)}"]
+        terms += [f"len({v}) <= limits.{spec.limit}"] if spec.limit else []
+        terms += [f"{v}.isprintable()"] if spec.printable else []
+        return " and ".join(terms)
+    if isinstance(spec, List) and spec.min_len == 0 and isinstance(spec.item, Int):
+        item = spec.item
+        return (f"type({v}) is list and (not {v} or _ints_ok({v}, {int(spec.max_len)}, "
+                f"{int(item.lo)}, {int(item.hi)}))")
+    return None
 
 
-def check_list(key: str, value: list, where: str) -> None:
-    cap = _protocol.LIST_CAPS.get(key, 64)
-    if len(value) > cap:
-        raise errors.InvalidRequest(f"{where}: {key} holds {len(value)} items, at most {cap}")
-    item = _protocol.LIST_ITEMS.get(key)
-    if item is None:
-        return
-    # The common case first (a release names hundreds of fences): one pass that only
-    # tests; a list that fails it is walked again below to say which item and why.
-    if item is int:
-        lo, hi = _protocol.HANDLE
-        for v in value:
-            if type(v) is not int or not lo <= v <= hi:
-                break
-        else:
-            return
-    elif item is not str:
-        for v in value:
-            if type(v) is not item:
-                break
-        else:
-            return
-    for v in value:
-        if type(v) is not item:
-            raise errors.InvalidRequest(f"{where}: {key} items must be {item.__name__}, "
-                                        f"got {type(v).__name__}")
-        if item is int and not _protocol.HANDLE[0] <= v <= _protocol.HANDLE[1]:
-            raise errors.InvalidRequest(f"{where}: {key} item {v} out of range")
-        if item is str and (len(v) > 64 or not v.isprintable()):
-            raise errors.InvalidRequest(f"{where}: {key} items must be short printable names")
-
-
-def check_duration(key: str, ms: float, limits: "LimitsSpec") -> None:
-    """Finite, not negative, below the platform's maximum: what passes scales into ns that
-    fit a ring packet's integers (1e30 ms used to overflow the pack after queueing)."""
-    if not (math.isfinite(ms) and 0.0 <= ms <= limits.max_duration_ms):
-        raise errors.InvalidRequest(f"{key} = {ms} is not a duration in 0..{limits.max_duration_ms} "
-                                    "ms (limits.max_duration_ms)")
-
+def _ints_ok(value: list, cap: int, lo: int, hi: int) -> bool:
+    return len(value) <= cap and all(type(v) is int and lo <= v <= hi for v in value)
 
 def check_depth(value: Any, where: str, depth: int, max_bytes: int) -> None:
     """A client's free-form map (params, a fault's parameters): bounded nesting and size,
@@ -395,14 +415,13 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
     period, counted from ``t_received``, when the supervisor received the message), the
     dependency timeout, and per (kernel, bytes touched) the modeled hold and the default
     watchdog. Every check that depends on a command's own fields runs for each command
-    (``check_request`` checked every field's type and range already)."""
+    (``check_request`` checked every field's type and bounds already)."""
     dev = reg.devices[ctx.device]
-    ops, client, buffers = dev.spec.ops, ctx.client, reg.buffers
+    client, buffers = ctx.client, reg.buffers
     resolve, scaled_ns = iommu.resolve, reg.scaled_ns
     dep_timeout_ns = scaled_ns(reg.spec.dependency_timeout_ms)
     default_deadline = t_received + ctx.period_ns if ctx.period_ns else 0
     default_priority = ctx.priority
-    room = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
     runs: set[str] = set()  # kernels of this batch the device runs
     modeled: dict[tuple[str, int], tuple[int, int]] = {}  # -> (hold ns, watchdog ns)
     held: dict[Any, int] = {}  # a command's own ms -> hold ns
@@ -410,12 +429,9 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
     for c in cmds:
         if type(c) is not dict:
             raise errors.BadPacket("a command must be a map")
-        kernel = c["kernel"]  # fields and ranges: ``check_command``, already
+        kernel = c["kernel"]  # fields and bounds: ``check_command``, already
         if kernel not in runs:
-            if kernel not in ops:
-                raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
-                                           f"(it runs: {', '.join(dev.spec.ops)})")
-            runs.add(kernel)
+            _check_runs(dev, kernel, runs)
         h = c.get("ins")
         ins = [resolve(client, x, buffers) for x in h] if h else []
         h = c.get("outs")
@@ -432,15 +448,8 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
             in_perms, out_perms, plan, nbytes = [], [], None, 0
             if kernel != "work":
                 validate_kernel(kernel, [], [], params)
-        # A command must fit one ring slot once encoded for the device: refused here,
-        # before anything is committed, never at the device's queue head. (Without params,
-        # waits or operands its variable part is 1 byte.)
-        if params or h or ins or outs:
-            size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(h or ())
-                    + 70 * (len(ins) + len(outs)))  # a descriptor: segment, offset, layout, handle
-            if size > room:
-                raise errors.BadPacket(f"command too large for a device ring slot "
-                                       f"(~{size} of {room} bytes: params, buffers, waits)")
+        if params or h or ins or outs:  # (without them, a command fits a slot)
+            _check_fits_slot(params, h, len(ins) + len(outs))
         wait = [check_fence(reg, client, x) for x in h] if h else []
         signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
         priority = request_priority(reg, ctx, c) if "priority" in c else default_priority
@@ -452,11 +461,7 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
         if faults.rules and faults.draw("map", dev.name, cid, client=(client.id, client.name)):
             raise errors.MapFailed(f"mapping the buffers into {dev.name} failed (injected)")
         if "ms" not in c or "timeout_ms" not in c:
-            m = modeled.get((kernel, nbytes))
-            if m is None:
-                m = modeled[kernel, nbytes] = (
-                    scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
-                    watchdog_budget_ns(reg, dev, kernel, nbytes))
+            m = modeled.get((kernel, nbytes)) or _modeled(reg, dev, kernel, nbytes, modeled)
         if "ms" in c:
             ms = c["ms"]
             hold = held.get(ms)
@@ -475,6 +480,35 @@ def build_commands(reg: Registry, iommu: "Iommu", handoff: "Handoff", faults: "F
             c.get("checked", False),
             in_perms=in_perms, out_perms=out_perms, plan=plan))
     return out
+
+
+def _modeled(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int,
+             modeled: dict[tuple[str, int], tuple[int, int]]) -> tuple[int, int]:
+    """A command's modeled hold and default watchdog (ns), kept per (kernel, bytes)."""
+    m = modeled[kernel, nbytes] = (reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
+                                   watchdog_budget_ns(reg, dev, kernel, nbytes))
+    return m
+
+
+def _check_runs(dev: DeviceHandle, kernel: str, runs: set[str]) -> None:
+    if kernel not in dev.spec.ops:
+        raise errors.UnsupportedOp(f"{dev.name} does not run {kernel!r} "
+                                   f"(it runs: {', '.join(dev.spec.ops)})")
+    runs.add(kernel)
+
+
+_SLOT_ROOM = RING_SLOT_BYTES - 4 - 400  # the packet's fixed fields take under 400 bytes
+
+
+def _check_fits_slot(params: dict, wait: list | None, operands: int) -> None:
+    """A command must fit one ring slot once encoded for the device: refused here, before
+    anything is committed, never at the device's queue head. (Without params, waits or
+    operands its variable part is 1 byte.)"""
+    size = ((len(msgpack.packb(params)) if params else 1) + 12 * len(wait or ())
+            + 70 * operands)  # a descriptor: segment, offset, layout, handle
+    if size > _SLOT_ROOM:
+        raise errors.BadPacket(f"command too large for a device ring slot "
+                               f"(~{size} of {_SLOT_ROOM} bytes: params, buffers, waits)")
 
 
 # ``build_commands`` passes these positionally: a new field of ``Command`` goes after them.

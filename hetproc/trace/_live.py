@@ -3,42 +3,59 @@
 The rings live in one shared segment; this maps it and copies the rings directly, so only
 the names tables and the frozen windows come over the control channel. Everything here
 takes a connected ``hetproc.Client`` and returns plain data (records, Chrome Trace dicts).
+
+``hetproc.client`` imports this package, so nothing here imports it back: a client is
+whatever has a ``connection`` with the documented calls used here (``Connected``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ipc import TraceBank, errors
-from ipc import RECORD_DTYPE
+from ipc import RECORD_DTYPE, SegmentCache, TraceBank, errors
 
 from ._export import frozen_to_chrome, records_from_bytes, records_to_chrome
 from ._perfetto import write_chrome_trace
 
-if TYPE_CHECKING:
-    from ..client import Client
+
+class _Connection(Protocol):
+    """What is read here of ``hetproc.client.Connection``."""
+
+    prefix: str
+    segments: SegmentCache
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]: ...
 
 
-def trace_info(client: "Client") -> dict[str, Any]:
-    info = client._request("trace_info")
+class Connected(Protocol):
+    """A connected client (``hetproc.Client``): all this module needs of it."""
+
+    @property
+    def connection(self) -> _Connection: ...
+
+
+def trace_info(client: Connected) -> dict[str, Any]:
+    """The supervisor's trace segment, its ring names and tracks, and what runs now
+    (``trace_info``: a privileged client sees every tenant, others their own)."""
+    info = client.connection.request("trace_info")
     info["names"] = {int(p): n for p, n in info["names"]}
     info["tracks"] = {int(t): n for t, n in info["tracks"]}
     return info
 
 
-def snapshot(client: "Client") -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
+def snapshot(client: Connected) -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
     """Every record now in every ring, merged by time, with the pid and track names. The
     records are as the rings hold them (compact: see ``_trace_export.expand``)."""
     records, info = _snapshot(client)
     return records, info["names"], info["tracks"]
 
 
-def _snapshot(client: "Client") -> tuple[np.ndarray, dict[str, Any]]:
+def _snapshot(client: Connected) -> tuple[np.ndarray, dict[str, Any]]:
     info = trace_info(client)
-    seg = client._segments.get(info["segment"])
+    seg = client.connection.segments.get(info["segment"])
     bank = TraceBank(seg.map, create=False)
     try:
         records = bank.snapshot()
@@ -47,13 +64,14 @@ def _snapshot(client: "Client") -> tuple[np.ndarray, dict[str, Any]]:
     return records, info
 
 
-def chrome_trace(client: "Client") -> dict[str, Any]:
+def chrome_trace(client: Connected) -> dict[str, Any]:
+    """The live trace (every ring now) as a Chrome Trace Event dict."""
     records, info = _snapshot(client)
-    return records_to_chrome(records, info["names"], info["tracks"], {"prefix": client.prefix},
-                             info.get("running", ()))
+    return records_to_chrome(records, info["names"], info["tracks"],
+                             {"prefix": client.connection.prefix}, info.get("running", ()))
 
 
-def export_trace(client: "Client", path: str | os.PathLike[str]) -> dict[str, Any]:
+def export_trace(client: Connected, path: str | os.PathLike[str]) -> dict[str, Any]:
     """Write the live trace as Chrome Trace Event JSON; returns ``otherData`` (counts)."""
     trace = chrome_trace(client)
     write_chrome_trace(path, trace)
@@ -61,11 +79,12 @@ def export_trace(client: "Client", path: str | os.PathLike[str]) -> dict[str, An
                                         if not k.startswith("hetproc_")}}
 
 
-def frozen_windows(client: "Client", *, records: bool = True, flush: bool = True) -> list[dict[str, Any]]:
+def frozen_windows(client: Connected, *, records: bool = True,
+                   flush: bool = True) -> list[dict[str, Any]]:
     """The frozen windows the supervisor keeps, oldest first. ``flush`` takes a window
     still waiting for its "after" part now. With ``records`` each window carries its
     records (fetched in pages), names and tracks, ready for ``frozen_to_chrome``."""
-    listing = client._request("trace_frozen", flush=flush)["windows"]
+    listing = client.connection.request("trace_frozen", flush=flush)["windows"]
     if not records:
         return listing
     out = []
@@ -73,7 +92,8 @@ def frozen_windows(client: "Client", *, records: bool = True, flush: bool = True
         parts, offset, total, meta = [], 0, None, None
         while total is None or offset < total:
             try:
-                page = client._request("trace_frozen", window=summary["id"], offset=offset)
+                page = client.connection.request("trace_frozen", window=summary["id"],
+                                                 offset=offset)
             except errors.InvalidRequest:
                 break  # dropped (the list is bounded) between listing and fetching
             meta, total = page["window"], page["total"]
@@ -90,7 +110,8 @@ def frozen_windows(client: "Client", *, records: bool = True, flush: bool = True
     return out
 
 
-def write_frozen(client: "Client", directory: str | os.PathLike[str], stem: str = "frozen") -> list[dict[str, Any]]:
+def write_frozen(client: Connected, directory: str | os.PathLike[str],
+                 stem: str = "frozen") -> list[dict[str, Any]]:
     """Write every frozen window as ``<directory>/<stem>-<id>.json``; returns summaries
     with the file names (what a report lists as evidence)."""
     os.makedirs(directory, exist_ok=True)

@@ -1,0 +1,111 @@
+"""The client's seam: every object a client hands out goes through its ``Connection``.
+
+``Context``, ``Buffer``, ``Fence``, ``Queue``, the platform handle and the trace ring hold
+the client's ``Connection`` and use its documented calls; only ``_connection`` touches
+the socket (one reader, one writer) and the connection's own state.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+import hetproc
+from hetproc.client import Connection
+from tests.helpers import wait_for
+
+CLIENT_DIR = Path(hetproc.__file__).parent / "client"
+_SOCKET_CALLS = {"recv", "recv_fds", "sendall", "send", "send_bytes", "take_fds"}
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """``<something>.client._x`` or ``conn._x``-like reaches in one module."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            continue
+        holder = node.value
+        name = holder.id if isinstance(holder, ast.Name) else (
+            holder.attr if isinstance(holder, ast.Attribute) else "")
+        if name in ("client", "conn", "_conn", "connection"):
+            out.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_the_client_lends_nothing_private():
+    """A regression guard for the nine members the client used to lend: outside the
+    client and the connection, nobody reads ``client._x`` or ``connection._x``."""
+    bad = [hit for path in sorted(CLIENT_DIR.glob("*.py"))
+           if path.name not in ("_client.py", "_connection.py")
+           for hit in _private_reaches(path)]
+    assert not bad, "\n".join(bad)
+    assert _private_reaches(CLIENT_DIR / "_client.py") == [], "the client asks its connection"
+
+
+def test_only_the_connection_touches_the_socket():
+    bad = []
+    for path in sorted(CLIENT_DIR.glob("*.py")):
+        if path.name == "_connection.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in _SOCKET_CALLS:
+                bad.append(f"{path.name}:{node.lineno}: {ast.unparse(node.func)}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_object_of_a_client_holds_its_connection(client):
+    ctx = client.context("npu0")
+    buf = client.alloc(16)
+    fence = ctx.submit_nowait("work", ms=0)
+    with ctx.queue(slots=16) as q:
+        objects = [ctx, buf, fence, q, q.submit_nowait(0.0)]
+        assert isinstance(client.connection, Connection)
+        assert all(o.client.connection is client.connection for o in objects)
+        for f in objects[2::2]:
+            f.wait(5)
+    buf.free()
+    client.close()
+    with pytest.raises(hetproc.PlatformClosed):
+        ctx.submit_nowait("work", ms=0)  # the shared connection is closed for all
+
+
+def test_a_crash_is_explained_from_the_inbox_without_a_request(platform, monkeypatch):
+    """The failure record the supervisor sends ahead of the wake is read by the one
+    reader and filed: explaining the failure sends nothing at all."""
+    client = platform.client
+    fence = client.context("npu0").submit("work", ms=5000)
+    assert wait_for(lambda: client.metrics()["devices"]["npu0"]["state"] == "busy")
+    sent: list[str] = []
+    request, notify = Connection.request, Connection.notify
+    monkeypatch.setattr(Connection, "request",
+                        lambda self, op, **f: sent.append(op) or request(self, op, **f))
+    monkeypatch.setattr(Connection, "notify",
+                        lambda self, op, **f: sent.append(op) or notify(self, op, **f))
+    os.kill(client.metrics()["devices"]["npu0"]["pid"], signal.SIGKILL)
+    sent.clear()
+    with pytest.raises(hetproc.DeviceCrashed) as info:
+        fence.wait(5)
+    assert sent == [], "the failure was explained without a request"
+    assert info.value.evidence.get("incident") and "died" in str(info.value)
+    assert client.failure_record(fence.handle)["message"] == info.value.message
+
+
+def test_submit_many_and_its_nowait_variant_give_the_same_commands(client):
+    """Two functions now, one contract: fences in order, each with a correlation id of
+    its own, even for the same command dict submitted twice in one batch."""
+    ctx = client.context("npu0")
+    cmd = hetproc.command("work", ms=0)
+    waited = ctx.submit_many([cmd, cmd])
+    sent = ctx.submit_many_nowait([cmd, cmd])
+    also_sent = ctx.submit_many([cmd], nowait=True)
+    fences = waited + sent + also_sent
+    for f in fences:
+        f.wait(5)
+    assert len({f.cid for f in fences}) == 5 and "cid" not in cmd
+    assert all(f.done() and f.error() is None for f in fences)
