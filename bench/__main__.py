@@ -92,8 +92,8 @@ def _json_default(o):
     if callable(item):
         try:
             return item()
-        except Exception:
-            pass
+        except Exception:  # an item() that refuses (an array of many): its repr says it
+            return repr(o)
     return repr(o)
 
 

@@ -14,7 +14,7 @@ every such module, so registering is just decorating a function there.
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from ._stats import ratio
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Iterable, Sequence, TextIO
+from collections.abc import Iterable, Sequence
+from typing import TextIO
 
 
 def percentile(sorted_vals: Sequence[float], q: float) -> float:

@@ -27,8 +27,8 @@ import time
 import msgpack
 import numpy as np
 
-from ipc import VERSION, check_fields, decode
 from device_workers import COMMAND_SCHEMAS
+from ipc import VERSION, check_fields, decode
 
 from ._registry import benchmark, make_row
 
@@ -67,8 +67,8 @@ def _per_command_msgpack(n: int) -> float:
 
 
 def _check_record(f: tuple) -> None:
-    (seq, pidx, cid, hold, delay, dep, kernel, flags, n_in, n_out, n_wait, n_sig,
-     o0, o1, o2, o3, w0, w1, sig) = f
+    (_seq, _pidx, _cid, hold, delay, dep, kernel, _flags, n_in, n_out, n_wait, n_sig,
+     o0, o1, o2, o3, _w0, _w1, _sig) = f
     if not (0 <= hold < _MAX_HOLD_NS and 0 <= delay < _MAX_HOLD_NS and 0 <= dep < _MAX_HOLD_NS
             and kernel < _KERNELS and n_in + n_out <= 4 and n_wait <= 2 and n_sig <= 1):
         raise ValueError("record out of range")

@@ -59,7 +59,7 @@ import os
 import statistics
 import struct
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import hetproc
 from device_workers import DeviceState, state_table
@@ -476,7 +476,8 @@ def bench_submit_noop(quick: bool) -> dict:
         for r in range(size("tput_rounds", quick)):
             for which in (("raw", "prod") if r % 2 == 0 else ("prod", "raw")):
                 if which == "raw":
-                    ring.append(_raw.ring_throughput(_baselines.size("ring_n", quick))["msgs_per_s"])
+                    n = _baselines.size("ring_n", quick)
+                    ring.append(_raw.ring_throughput(n)["msgs_per_s"])
                 else:
                     tput.append(batched_throughput(ctx, batches, batch, depth)["cmds_per_s"])
         c.ping()  # flush the fence releases

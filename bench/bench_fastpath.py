@@ -43,9 +43,18 @@ from hetproc.supervisor._validation import check_request
 from ipc import decode, encode
 
 from . import _baselines, _raw
-from .bench_core import (DeviceStates, _p, _pin, _pinned, _platform, _wait, placements,
-                         submit_latency, batched_throughput)
 from ._registry import benchmark, make_row
+from .bench_core import (
+    DeviceStates,
+    _p,
+    _pin,
+    _pinned,
+    _platform,
+    _wait,
+    batched_throughput,
+    placements,
+    submit_latency,
+)
 
 _DEVICE = "npu0"
 CPU_TARGETS_US = {"supervisor": 15.0, "device": 10.0, "client": 5.0}
@@ -210,7 +219,7 @@ def _profiled_run(where: str, batches: int, batch: int, client: bool,
     os.environ["HETPROC_PROFILE"] = where
     prof = None
     try:
-        with _platform() as (plat, states):
+        with _platform() as (plat, _states):
             ctx = plat.client.context(_DEVICE)
             q = ctx.queue(slots=4096) if queue else None
             path = _QueuePath(q) if q is not None else ctx

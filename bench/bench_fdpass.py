@@ -24,7 +24,6 @@ through the supervisor).
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import time
 

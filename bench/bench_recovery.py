@@ -116,7 +116,9 @@ def recovery(quick: bool) -> dict:
     floor_death = _pidfd_death_floor(rounds)
     floor_fork = _fork_ready_floor(rounds)
     med = statistics.median
-    p99 = lambda xs: sorted(xs)[min(len(xs) - 1, int(len(xs) * 0.99))]  # noqa: E731
+    def p99(xs: list[float]) -> float:
+        return sorted(xs)[min(len(xs) - 1, int(len(xs) * 0.99))]
+
     return {"rows": [
         make_row("kill -> every waiter woken, p50", med(wake), med(floor_death),
                  ok=med(wake) <= 5000, target_note="p50 <= 5 ms", n=len(wake)),

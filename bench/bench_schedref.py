@@ -57,7 +57,9 @@ def _case(policy: str, jobs=(), tasks=(), horizon_ms: int = 0) -> dict:
 
 
 def _rows(label: str, s: dict) -> list[dict]:
-    us = lambda ns: None if ns is None else ns / 1e3  # noqa: E731
+    def us(ns: int | None) -> float | None:
+        return None if ns is None else ns / 1e3
+
     return [
         make_row(f"{label}: deadlines missed (reference: {s['ref_misses']})", None,
                  value=s["misses"], unit=f"of {s['deadlines']}",

@@ -8,7 +8,8 @@ figure is the median of the per-round on/off ratios (drift cancels within a pair
 pairs fall out of the median); the ratio of the medians and of the best rounds are
 reported beside it, and the CPU time each busy process (client, supervisor, device)
 spends per command, from the scheduler's ns clock: other load on the machine inflates
-wall time much more than it inflates the CPU a process itself uses. Target: the trace costs at most 5 % of throughput (time per command <= 1.05x).
+wall time much more than it inflates the CPU a process itself uses. Target: the trace
+costs at most 5 % of throughput (time per command <= 1.05x).
 The CPU the three busy processes spend per command is reported beside it: on a shared
 machine it moves less than wall time.
 
@@ -17,10 +18,9 @@ Run alone: ``python -m bench --only trace_overhead``.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-
-import os
 
 import hetproc
 from hetproc import command
@@ -32,7 +32,7 @@ _SIZES = {"quick": (800, 4, 1), "full": (1500, 40, 1)}  # commands per round, ro
 _WINDOW = 256  # commands in flight before the client waits (like a bounded queue)
 
 
-def _noop_run(ctx: "hetproc.Context", n: int, batch: int) -> float:
+def _noop_run(ctx: hetproc.Context, n: int, batch: int) -> float:
     """Seconds for ``n`` no-op commands submitted ``batch`` at a time, all completed."""
     pending: list = []
     t0 = time.perf_counter()
@@ -118,7 +118,8 @@ def bench_trace_overhead(quick: bool) -> dict:
     # disabled), over the CPU the three processes spend per command without the trace.
     per_record = emit_cost_ns(20_000 if quick else 100_000)
     records_per_cmd = r["records_written_on"] / max(1, r["commands_on"])
-    share = records_per_cmd * (per_record["enabled"] - per_record["disabled"]) / (sum(cpu["off"]) * 1e3)
+    per_record_ns = per_record["enabled"] - per_record["disabled"]
+    share = records_per_cmd * per_record_ns / (sum(cpu["off"]) * 1e3)
     rows = [
         # The headline: each round's on/off pair ran back to back, so drift of the shared
         # machine cancels within a pair; the median over pairs discards the spoiled ones.

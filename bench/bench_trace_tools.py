@@ -49,16 +49,17 @@ def synthetic_trace(requests: int) -> dict[str, Any]:
     for frame in range((requests + 2) // 3):
         t = frame * 11.5
         prev_end, prev_cid = t, 0
-        for pid, dev, ms in _STAGES:
+        for pid, _dev, ms in _STAGES:
             cid += 1
             if cid > requests:
                 break
             start = max(prev_end + 1.0, free[pid])
             end = start + ms
             free[pid] = end
-            x = lambda name, p, tid, a, b, **kw: events.append(  # noqa: E731
-                {"name": name, "ph": "X", "ts": a * 1000, "dur": (b - a) * 1000, "pid": p,
-                 "tid": tid, "args": {"cid": cid, "a1": 0, **kw}})
+            def x(name, p, tid, a, b, cid=cid, **kw):
+                events.append({"name": name, "ph": "X", "ts": a * 1000, "dur": (b - a) * 1000,
+                               "pid": p, "tid": tid, "args": {"cid": cid, "a1": 0, **kw}})
+
             x("SUBMIT", 1, 1, t, t + 0.02)
             x("ENQUEUE", 2, 10 + pid, t + 0.03, t + 0.05)
             x("QUEUED", 2, 10 + pid, t + 0.05, start - 0.01)

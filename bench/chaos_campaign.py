@@ -147,7 +147,8 @@ def run_seed(seed: int, deadline_s: float) -> SeedResult:
                       tail="" if status == "pass" and not (objs or procs) else tail)
 
 
-def campaign(seeds: list[int], jobs: int, deadline_s: float, progress: bool = True) -> list[SeedResult]:
+def campaign(seeds: list[int], jobs: int, deadline_s: float,
+             progress: bool = True) -> list[SeedResult]:
     results: list[SeedResult] = []
     lock = threading.Lock()
     t0 = time.monotonic()

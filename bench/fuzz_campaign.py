@@ -36,7 +36,6 @@ import collections
 import json
 import math
 import multiprocessing
-import os
 import random
 import reprlib
 import select
@@ -252,7 +251,7 @@ class Conn:
     ping whose answer proves the supervisor read the whole burst (a fuzzed frame may be
     a notification, id 0, which is never answered, so answers are not counted per frame)."""
 
-    def __init__(self, address: str, hello: bool, stats: "FuzzStats") -> None:
+    def __init__(self, address: str, hello: bool, stats: FuzzStats) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(5)
         self.sock.connect(address)

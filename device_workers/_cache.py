@@ -32,7 +32,8 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import posix_ipc
@@ -45,23 +46,31 @@ MAX_REPORTED_IDS = 8  # identity evidence per command; keeps the completion reco
 _EV_ORDER = ("map", "invalidate", "clean", "unmap")
 
 
+# A cache line's key: (segment id, offset, buffer handle).
+_Key = tuple[int, int, int]
+# What a view of an operand is made of: (shape, dtype, strides or None for C order).
+_Layout = tuple[tuple[int, ...], np.dtype, tuple[int, ...] | None]
+
+
 class _Operand:
     __slots__ = ("key", "shared", "span", "perm", "handle", "segment", "offset", "layout")
 
-    def __init__(self, key, shared, span, perm, handle, segment, offset, layout) -> None:
+    def __init__(self, key: _Key, shared: np.ndarray | None, span: int, perm: str,
+                 layout: _Layout) -> None:
         self.key, self.shared, self.span, self.perm = key, shared, span, perm
-        self.handle, self.segment, self.offset, self.layout = handle, segment, offset, layout
+        self.segment, self.offset, self.handle = key
+        self.layout = layout
 
 
 class _Line:
-    __slots__ = ("data", "dirty", "shared", "private")
+    __slots__ = ("data", "dirty", "written")
 
     def __init__(self, data: np.ndarray) -> None:
         self.data = data
         self.dirty = False
-        # The views last written through: a write-back copies private -> shared.
-        self.shared: np.ndarray | None = None
-        self.private: np.ndarray | None = None
+        # The views last written through, (shared, private): a write-back copies
+        # private -> shared.
+        self.written: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class DeviceMemory:
@@ -74,7 +83,7 @@ class DeviceMemory:
         # Keyed by (segment, offset, buffer handle): a block that changed owner comes with
         # a new handle, so a line filled for its previous owner can never be hit by the
         # next one, whatever maintenance the next one's context skips.
-        self.lines: OrderedDict[tuple[str, int, int], _Line] = OrderedDict()
+        self.lines: OrderedDict[_Key, _Line] = OrderedDict()
         # Bytes the lines hold: a fill adds, a drop or an eviction subtracts; a fill
         # evicts (least recently used first) until it is within ``capacity`` again.
         self.used = 0
@@ -223,8 +232,7 @@ class DeviceMemory:
         except (ValueError, TypeError, KeyError, posix_ipc.ExistentialError) as exc:
             raise errors.IommuFault(f"{role} {index}: buffer descriptor {desc[:5]!r} is not "
                                     f"mappable: {exc}") from None
-        layout = (shared.shape, shared.dtype, shared.strides) if view else None
-        return _Operand((seg, offset, handle), shared, span, perm, handle, seg, offset, layout)
+        return _Operand((seg, offset, handle), shared, span, perm, (shape, dt, strides))
 
     def _inode(self, segment: int) -> int:
         """The segment's inode: the same number in every process that maps it."""
@@ -242,6 +250,8 @@ class DeviceMemory:
     # -- the emulated cache --------------------------------------------------------------
 
     def _array(self, op: _Operand, *, write: bool) -> np.ndarray:
+        if op.shared is None:  # acquire(views=False) maps none and asks for none
+            raise errors.InternalError(f"buffer {op.handle:#x} was mapped without a view")
         if self.capacity == 0 or op.span == 0 or op.span > self.capacity:
             if self.capacity:
                 self.stats["streamed"] += 1
@@ -272,7 +282,7 @@ class DeviceMemory:
         view = np.ndarray(shape, dtype, buffer=line.data, offset=0, strides=strides)
         if write:
             line.dirty = True
-            line.shared, line.private = op.shared, view
+            line.written = (op.shared, view)
         elif "w" not in op.perm:
             view.flags.writeable = False
         return view
@@ -282,16 +292,17 @@ class DeviceMemory:
         for key in [k for k in self.lines if k[0] == segment and k[1] == offset]:
             self._drop(key)
 
-    def _write_back(self, key: tuple[str, int, int]) -> int:
+    def _write_back(self, key: _Key) -> int:
         line = self.lines.get(key)
-        if line is None or not line.dirty or line.shared is None:
+        if line is None or not line.dirty or line.written is None:
             return 0
-        np.copyto(line.shared, line.private)  # elements only: strided padding stays alone
+        shared, private = line.written
+        np.copyto(shared, private)  # elements only: strided padding stays alone
         line.dirty = False
         self.stats["writebacks"] += 1
-        return line.private.nbytes
+        return private.nbytes
 
-    def _drop(self, key: tuple[str, int, int]) -> None:
+    def _drop(self, key: _Key) -> None:
         """Invalidate: forget the lines; dirty data in them is lost, as on hardware."""
         line = self.lines.pop(key, None)
         if line is not None:
@@ -299,7 +310,7 @@ class DeviceMemory:
             if line.dirty:
                 self.stats["dropped_dirty"] += 1
 
-    def _evict(self, key: tuple[str, int, int]) -> None:
+    def _evict(self, key: _Key) -> None:
         self._write_back(key)
         line = self.lines.pop(key)
         self.used -= line.data.nbytes
@@ -336,7 +347,7 @@ def _span(shape: tuple, itemsize: int, strides: tuple | None) -> int:
     return sum((n - 1) * st for n, st in zip(shape, strides)) + itemsize
 
 
-def _forget_keys(items: Any) -> list[tuple[str, int]]:
+def _forget_keys(items: Any) -> list[tuple[int, int]]:
     """The (segment, offset) keys of a purge request; malformed entries are ignored."""
     if not isinstance(items, list):
         return []

@@ -29,12 +29,28 @@ never used by msgpack.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
-
-from ipc import (I64, U64, Int, List, Map, Num, OneOf, Plain, Spec, Str, Tuple, check_fields,
-                 decode, errors, unpack)
+from collections.abc import Callable
+from typing import Any
 
 import msgpack
+
+from ipc import (
+    I64,
+    U64,
+    Int,
+    List,
+    Map,
+    Num,
+    OneOf,
+    Plain,
+    Spec,
+    Str,
+    Tuple,
+    check_fields,
+    decode,
+    errors,
+    unpack,
+)
 
 from . import _faults
 
@@ -100,7 +116,7 @@ FAULT = Map(fields={
     "*": Plain(depth=2, items=64, max_len=256),  # rule options the device ignores
 }, max_len=32)
 
-COMMAND_SCHEMAS = {
+COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
     "exec": {"seq": Int(0, I64), "pidx": Int(0, I64), "cid": Int(0, I64),
              "kernel": Str(64), "checked?": bool,
              "params": Map(values=Plain(depth=4, items=1024), max_len=64),
@@ -139,7 +155,7 @@ _CMD_FLAGS = _F_CHECKED | _F_PRE | _F_SPD
 # seq, pidx, cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, spd
 CMD_HEAD = struct.Struct("<BBBBHHI7qd")
 MAX_KERNEL = 64
-_TAIL = {"params?": COMMAND_SCHEMAS["exec"]["params"],
+_TAIL: dict[str, Any] = {"params?": COMMAND_SCHEMAS["exec"]["params"],
          "ins?": COMMAND_SCHEMAS["exec"]["ins"], "outs?": COMMAND_SCHEMAS["exec"]["outs"],
          "fault?": FAULT, "mem?": MEM_REQUEST}
 _U64S = [struct.Struct(f"<{n}Q") for n in range(4)]
@@ -154,7 +170,7 @@ def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
                    fault: dict | None = None, mem: dict | None = None) -> bytes:
     """The record of one ``exec`` command (see ``decode_command``)."""
     k = kernel.encode()
-    tail = {}
+    tail: dict[str, Any] = {}
     if params:
         tail["params"] = params
     if ins:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["set_timer_slack_ns", "hold_until"]
 
@@ -24,7 +24,8 @@ def set_timer_slack_ns(ns: int) -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        # prctl is variadic: pass every argument as a full unsigned long, the width the kernel reads.
+        # prctl is variadic: pass every argument as a full unsigned long, the width the kernel
+        # reads.
         arg = ctypes.c_ulong
         return libc.prctl(_PR_SET_TIMERSLACK, arg(ns), arg(0), arg(0), arg(0)) == 0
     except Exception:  # no libc symbol, odd platform: the caller just gets coarser sleeps

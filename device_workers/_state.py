@@ -9,6 +9,7 @@ writer, so no locks are needed; readers may see a value one update old, never a 
 from __future__ import annotations
 
 import enum
+import mmap
 
 import numpy as np
 
@@ -27,6 +28,9 @@ STATE_DTYPE = np.dtype([
     ("preemptions", "<u8"), ("switch_ns", "<u8"),
 ])
 assert STATE_DTYPE.itemsize == SLOT_BYTES, STATE_DTYPE.itemsize
+# Each field's byte offset in a slot (``fields`` maps a name to (dtype, offset); it is None
+# only for a dtype without fields, which this one is not).
+_FIELD_OFFSETS = {name: spec[1] for name, spec in (STATE_DTYPE.fields or {}).items()}
 
 
 class DeviceState(enum.IntEnum):
@@ -39,8 +43,13 @@ class DeviceState(enum.IntEnum):
     PARKED = 6    # stopped on the supervisor's request, touching no buffer
 
 
-def state_table(buf, count: int) -> np.ndarray:
+def state_table(buf: mmap.mmap | memoryview, count: int) -> np.ndarray:
     return np.ndarray(count, STATE_DTYPE, buffer=buf)
+
+
+def _word(field: str, width: int) -> int:
+    """The index of a slot field in the slot read as ``width``-byte words."""
+    return _FIELD_OFFSETS[field] // width
 
 
 class StateSlot:
@@ -52,17 +61,17 @@ class StateSlot:
 
     # u32 indexes
     PID, EPOCH, STATE, WAKES = 0, 1, 2, 3
-    PARK = STATE_DTYPE.fields["park"][1] // 4
-    WANT_NEWS = STATE_DTYPE.fields["want_news"][1] // 4
+    PARK = _word("park", 4)
+    WANT_NEWS = _word("want_news", 4)
     # u64 indexes
     (HEARTBEAT, PROGRESS, CURRENT_SEQ, CURRENT_CID, STARTED, ACK_PIDX, DONE, BUSY,
      CURRENT_PIDX, CANCEL_PIDX, PREEMPT_PIDX, PREEMPTIONS, SWITCH_NS) = (
-        STATE_DTYPE.fields[name][1] // 8 for name in (
+        _word(name, 8) for name in (
             "heartbeat_ns", "progress", "current_seq", "current_cid", "started_ns", "ack_pidx",
             "done", "busy_ns", "current_pidx", "cancel_pidx", "preempt_pidx", "preemptions",
             "switch_ns"))
 
-    def __init__(self, buf, index: int) -> None:
+    def __init__(self, buf: mmap.mmap | memoryview, index: int) -> None:
         raw = memoryview(buf).cast("B")[index * SLOT_BYTES:(index + 1) * SLOT_BYTES]
         self.u32 = raw.cast("I")
         self.u64 = raw.cast("Q")

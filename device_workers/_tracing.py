@@ -50,9 +50,11 @@ TRACK_SUPERVISOR = 0
 # does not bounce the rails; this is not scaled, like the other fixed OS costs.
 POWER_DOWN_NS = 2_000_000
 
-_ACQ, _EXEC, _MAP, _SIGNAL = int(Stage.ACQUIRE_WAIT), int(Stage.EXEC), int(Stage.MAP), int(Stage.SIGNAL)
+_ACQ, _EXEC = int(Stage.ACQUIRE_WAIT), int(Stage.EXEC)
+_MAP, _SIGNAL = int(Stage.MAP), int(Stage.SIGNAL)
 _C_MAPS, _C_IMPORTS, _C_DDR = COUNTERS["maps"], COUNTERS["imports"], COUNTERS["ddr_bytes"]
-_C_POWER, _C_WAITS, _C_WAIT_NS = COUNTERS["power_switches"], COUNTERS["fence_waits"], COUNTERS["fence_wait_ns"]
+_C_POWER, _C_WAITS = COUNTERS["power_switches"], COUNTERS["fence_waits"]
+_C_WAIT_NS = COUNTERS["fence_wait_ns"]
 _C_LAGS, _C_LAG_NS = COUNTERS["model_lags"], COUNTERS["model_lag_ns"]
 _HOST, _PREEMPT = int(Stage.HOST_EXEC), int(Stage.PREEMPT)
 # Counter stages as plain ints: an enum member costs a lookup and an ``__index__`` per write.
@@ -107,7 +109,7 @@ class DeviceTrace:
         self.ring.counter(_POWER_STATE, 0, self.track)
 
     @classmethod
-    def attach(cls, boot: Any, cache: Any, fences: Any) -> "DeviceTrace":
+    def attach(cls, boot: Any, cache: Any, fences: Any) -> DeviceTrace:
         """Attach the platform's bank, or a private disabled one when there is none (a
         device started without tracing still counts, for its own metrics)."""
         if boot.trace_segment:

@@ -20,7 +20,8 @@ Public API::
                       switch cost in; every job's modeled start, end, preemptions out
     errors            the one error hierarchy (every class is also exported here)
     trace             evidence, live or from a file: export, explain, plot (seed §22)
-    drills            (import hetproc.drills) scenario runner, drills, the acceptance matrix (seed §21)
+    drills            (import hetproc.drills) scenario runner, drills, the acceptance
+                      matrix (seed §21)
     testing           (import hetproc.testing) the pytest plugin
 
 General layout: a folder says which process runs its code.
@@ -69,17 +70,30 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
 
 
 
-from . import _startup  # noqa: F401  (first: the command's signals while it imports)
-
-from . import errors
-from .errors import *  # noqa: F401,F403  (the one error hierarchy)
-from .errors import __all__ as _error_names
-from . import trace  # public namespace (hetproc.drills and hetproc.testing: import them)
+from . import (
+    _startup,  # noqa: F401  (first: the command's signals while it imports)
+    errors,
+)
+from . import trace as trace  # public namespace (hetproc.drills and hetproc.testing: import them)
 from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform
 from ._refsched import simulate_schedule
-from .client import (FOREVER, Buffer, BufferPool, Client, Context, Fence, Pipeline,
-                     PipelineReport, PipelineStage, Platform, PoolStatistics, Queue, command,
-                     connect)
+from .client import (
+    FOREVER,
+    Buffer,
+    BufferPool,
+    Client,
+    Context,
+    Fence,
+    Pipeline,
+    PipelineReport,
+    PipelineStage,
+    Platform,
+    PoolStatistics,
+    Queue,
+    command,
+    connect,
+)
+from .errors import *  # noqa: F403  (the one error hierarchy)
 
 
 def _installed_version() -> str:
@@ -98,5 +112,5 @@ __all__ = [
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     "simulate_schedule",
-    *_error_names,
 ]
+__all__ += errors.__all__

@@ -222,14 +222,14 @@ class PlatformSpec:
         """Plain values only (nested dicts and lists), for reports and JSON."""
         return asdict(self)
 
-    def with_time_scale(self, time_scale: float | None) -> "PlatformSpec":
+    def with_time_scale(self, time_scale: float | None) -> PlatformSpec:
         """A copy at another time scale (None: this one); ``InvalidRequest`` out of range."""
         if time_scale is None:
             return self
         check_time_scale(time_scale, "time scale")
         return PlatformSpec(**{**self.__dict__, "time_scale": float(time_scale)})
 
-    def with_limits(self, **changes: Any) -> "PlatformSpec":
+    def with_limits(self, **changes: Any) -> PlatformSpec:
         """A copy with ``[limits]`` settings changed (``client_mib=4``...)."""
         if not changes:
             return self
@@ -238,7 +238,7 @@ class PlatformSpec:
         limits = LimitsSpec(**check_table(raw, "limits", self.source))
         return PlatformSpec(**{**self.__dict__, "limits": limits})
 
-    def with_trace(self, **changes: Any) -> "PlatformSpec":
+    def with_trace(self, **changes: Any) -> PlatformSpec:
         """A copy with ``[trace]`` settings changed (``enabled=False``, ``capacity=...``)."""
         if not changes:
             return self

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ipc import errors
 
@@ -170,7 +171,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "every": Key("optional-int", None, 1, None),
         "probability": Key("float", 0.0, 0, 1),
         "count": Key("int", 1, 0, None),
-        "step": Key("str", "before_kernel", choices=("before_kernel", "in_kernel", "before_signal")),
+        "step": Key("str", "before_kernel", choices=("before_kernel", "in_kernel",
+                                                     "before_signal")),
         "seconds": Key("float", 30.0, 0, 3600),
         "after_s": Key("float", 0.005, 0, 3600),
     },
@@ -203,7 +205,7 @@ class _Where:
         path = f"{self.table}.{key}" if self.table else key
         return errors.InvalidRequest(f"{self.source}: {path}: {problem}")
 
-    def sub(self, table: str) -> "_Where":
+    def sub(self, table: str) -> _Where:
         return _Where(self.source, f"{self.table}.{table}" if self.table else table,
                       self.problems)
 
@@ -225,7 +227,7 @@ def _problems(problems: list[str]) -> errors.InvalidRequest:
     (``file: table.key: problem``); the message is the first of them."""
     more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
     exc = errors.InvalidRequest(problems[0] + more)
-    exc.problems = list(problems)  # type: ignore[attr-defined]
+    exc.problems = list(problems)  # type: ignore[attr-defined]  # this error alone lists them
     return exc
 
 
@@ -238,7 +240,8 @@ def _value(key: Key, name: str, v: Any, where: _Where) -> Any:
     if k == "maintenance":
         if isinstance(v, bool) or v in _MAINTENANCE:
             return v
-        raise where.fail(name, f"{_short(v)} is not true, false or one of {', '.join(_MAINTENANCE)}")
+        raise where.fail(name,
+                         f"{_short(v)} is not true, false or one of {', '.join(_MAINTENANCE)}")
     if k == "bool":
         if not isinstance(v, bool):
             raise where.fail(name, f"{_short(v)} is not true or false")

@@ -25,10 +25,9 @@ for each field and each class for when it is raised and when it is not.
     └── PlatformError         PlatformClosed, SupervisorLost, InternalError (our bug)
 """
 
-from ipc.errors import *  # noqa: F401,F403
-from ipc.errors import __all__
-
 import ipc.errors as _source
+from ipc.errors import *  # noqa: F403  (re-exported under the name users import)
+from ipc.errors import __all__
 
 for _name in __all__:
     _obj = getattr(_source, _name)

@@ -19,7 +19,8 @@ platform left any named object or process behind once stopped.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -6,31 +6,60 @@ built on it; nothing here imports them.
 """
 
 from . import errors
+from ._buddy import BuddyAllocator
 from ._channel import Channel, FrameReader, pack_frame
-from ._fences import (CID_BY_CLIENT, CID_BY_HANDOFF, FAILED, PENDING, SIGNALLED, FenceTable,
-                      make_cid, make_handle, split_cid, split_handle)
-from ._names import (
-    Manifest,
-    cleanup_dead,
-    cleanup_prefix,
-    entries_with_prefix,
-    new_prefix,
-    platform_is_alive,
-    platform_process,
-    platform_prefixes,
-    socket_address,
+from ._fdpass import SegmentReceiver, SegmentSender, segment_socketpair
+from ._fences import (
+                      CID_BY_CLIENT,
+                      CID_BY_HANDOFF,
+                      FAILED,
+                      PENDING,
+                      SIGNALLED,
+                      FenceTable,
+                      make_cid,
+                      make_handle,
+                      split_cid,
+                      split_handle,
 )
-from ._packets import (I64, MAX_PACKET, U64, VERSION, Int, List, Map, Num, OneOf, Plain, Spec,
-                       Str, Tuple, check_fields, decode, encode, unpack)
+from ._names import (
+                      Manifest,
+                      cleanup_dead,
+                      cleanup_prefix,
+                      entries_with_prefix,
+                      new_prefix,
+                      platform_is_alive,
+                      platform_prefixes,
+                      platform_process,
+                      socket_address,
+)
+from ._packets import (
+                      I64,
+                      MAX_PACKET,
+                      U64,
+                      VERSION,
+                      Int,
+                      List,
+                      Map,
+                      Num,
+                      OneOf,
+                      Plain,
+                      Spec,
+                      Str,
+                      Tuple,
+                      check_fields,
+                      decode,
+                      encode,
+                      unpack,
+)
 from ._profile import profiled
-from ._ring import Ring
-from ._queues import (QueueRecord, QueueRing, queue_bytes)
+from ._queues import CLOSED as QUEUE_CLOSED
+from ._queues import LOST as QUEUE_LOST
+from ._queues import OPEN as QUEUE_OPEN
+from ._queues import QueueRecord, QueueRing, queue_bytes
 from ._queues import decode_record as decode_queue_record
 from ._queues import encode_record as encode_queue_record
-from ._queues import CLOSED as QUEUE_CLOSED, LOST as QUEUE_LOST, OPEN as QUEUE_OPEN
-from ._buddy import BuddyAllocator
+from ._ring import Ring
 from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
-from ._fdpass import SegmentReceiver, SegmentSender, segment_socketpair
 from ._slotmap import SlotMap
 from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing, merge, stage_name
 from ._tracebank import COUNTERS, TraceBank

@@ -119,7 +119,8 @@ class Variant:
     def run(self, frames: int) -> dict:
         before = self.camera.metrics()
         out = [self.frame(i) for i in range(frames)]
-        tail = [self.verify(self.last.pop(h)) for h in sorted(self.last, key=lambda h: self.last[h]["i"])]
+        tail = [self.verify(self.last.pop(h)) for h in sorted(self.last,
+                                                              key=lambda h: self.last[h]["i"])]
         checks = [o["checked"] for o in out if o["checked"]] + tail
         # The device's own clock says when the ISP started writing each reused buffer.
         ev = self.camera.memory_events(cids=[o["isp_cid"] for o in out], timeout=30)["events"]

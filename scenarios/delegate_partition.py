@@ -14,13 +14,21 @@ GPU and CPU, compiled into cached assets, run one command per partition.
 
 from __future__ import annotations
 
+import importlib.util
 import tempfile
 import time
 
 import numpy as np
 
-from hetproc.delegate import AssetCache, DelegatedModel, Options, load_model, run_reference
-from hetproc.delegate import light_model_path, mobilenet_like
+from hetproc.delegate import (
+    AssetCache,
+    DelegatedModel,
+    Options,
+    light_model_path,
+    load_model,
+    mobilenet_like,
+    run_reference,
+)
 from hetproc.drills import Option, Scenario
 
 TOPOLOGIES = ("squeezenet", "shufflenet", "resnet50", "densenet121", "inception_v1",
@@ -100,9 +108,7 @@ def _case(s: Scenario, label: str, model, options: Options, cache: AssetCache) -
 
 
 def run(s: Scenario) -> None:
-    try:
-        import onnx  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("onnx") is None:
         s.note("skipped: ONNX models need the 'onnx' extra (pip install -e '.[onnx]')")
         return
     cache_dir = s.option("cache_dir")

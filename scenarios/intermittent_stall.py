@@ -36,12 +36,13 @@ import numpy as np
 
 import hetproc
 from hetproc.drills import Option, Scenario
-from ipc import Stage
 from hetproc.trace import explain, format_request, frozen_to_chrome, load_trace, slowest
+from ipc import Stage
 
 OPTIONS = {
     "frames": Option(150, "camera frames (at least 10 warm-up + stalls + 2)", min=16, max=100_000),
-    "stalls": Option(8, "injected stalls, a multiple of 4 (one of each kind per 4)", min=4, max=400),
+    "stalls": Option(8, "injected stalls, a multiple of 4 (one of each kind per 4)", min=4,
+                     max=400),
     "seed": Option(22, "where the stalls fall and of which kind", min=0),
 }
 QUICK = {"frames": 60, "stalls": 4}
@@ -137,20 +138,23 @@ def run(s: Scenario) -> None:
     p95 = normal_ms[int(0.95 * (len(normal_ms) - 1))] if normal_ms else 0.0
     quickest_stall = min(r["total_ms"] or 0.0 for r in results)
     s.check("every stalled frame stands out (slower than 95 % of the normal frames)",
-            quickest_stall > p95, f"quickest stall {quickest_stall:.3f} ms, normal p95 {p95:.3f} ms")
+            quickest_stall > p95,
+            f"quickest stall {quickest_stall:.3f} ms, normal p95 {p95:.3f} ms")
     # The machine stalls too (other processes, page faults): a normal frame as slow as an
     # injected stall is explained the same way, and reported rather than hidden.
     for r in slowest(trace, 3, among=normal):
         if r.total >= quickest_stall:
             dom = r.dominant
-            s.note(f"frame request {r.cid:#x} was slow without an injected stall: {r.total:.3f} ms, "
+            s.note(f"frame request {r.cid:#x} was slow without an injected stall: "
+                   f"{r.total:.3f} ms, "
                    f"dominant {dom.name if dom else '?'}")
     for kind in KINDS:  # one worked example per kind, for the reader of the report
         example = next(r for r in results if r["kind"] == kind)
         s.note(f"'{kind}' stall, frame {example['frame']}:\n"
                + format_request(trace, explain(trace, example["cid"])))
 
-    lat = np.array([latency[i] for i in range(warmup, frames) if i not in plan and i != error_frame])
+    lat = np.array([latency[i] for i in range(warmup, frames)
+                    if i not in plan and i != error_frame])
     s.metric("frames", frames)
     s.metric("stall_ms", stall_ms)
     s.metric("normal_latency_p50_ms", float(np.median(lat)))

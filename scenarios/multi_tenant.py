@@ -73,7 +73,8 @@ def run_policy(base, policy: str, seconds: float, scale: float, warmup: float = 
     """One policy: ``warmup`` seconds of the same load first (not counted: a platform
     just started and three clients connecting make the host late, and an arrival the host
     delivers after the work it should have preempted cannot preempt it), then ``seconds``."""
-    ms = lambda v: int(v * scale * 1e6)  # noqa: E731
+    def ms(v: float) -> int:
+        return int(v * scale * 1e6)
     spec = _spec(base, policy)
     if replay:
         spec = dataclasses.replace(spec, recovery={**spec.recovery, "replay_innocent": True})
@@ -230,7 +231,7 @@ def run_storm(s: Scenario, base, seconds: float) -> None:
     s.note("storm under mixed (the LLM breaks every 4th of its own jobs):\n    " + header +
            "\n" + "\n".join(
                f"    {r['storm']:8} {('yes' if r['replay'] else 'no'):6} "
-               f"{r['camera_lost']:>8} {str(r['camera_lost_as'] or '-'):22} "
+               f"{r['camera_lost']:>8} {r['camera_lost_as'] or '-'!s:22} "
                f"{r['camera_misses']:>4}/{r['camera_frames']:<3} "
                f"{(r['camera_p99_ms'] or 0):>8.1f} "
                f"{(r['voice_p99_ms'] or 0):>9.1f} {r['llm_jobs_per_s']:>6.1f} "

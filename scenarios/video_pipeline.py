@@ -70,7 +70,7 @@ class Pipeline:
                 ctx.map(b[writes], "w")
         self.rng = np.random.default_rng(7)
 
-    def submit(self, i: int, t_frame: int = 0) -> tuple[int, "hetproc.Fence", np.ndarray]:
+    def submit(self, i: int, t_frame: int = 0) -> tuple[int, hetproc.Fence, np.ndarray]:
         """Write frame ``i`` into its buffer set and queue its three stages. ``t_frame``:
         when the camera produced it (its modeled arrival); default now."""
         b = self.sets[i % BUFFERS]
@@ -87,7 +87,8 @@ class Pipeline:
             f.release()  # still alive while f2/f3 wait on them; recycled afterwards
         return t0, f3, frame
 
-    def finish(self, i: int, t0: int, fence: "hetproc.Fence", frame: np.ndarray) -> tuple[int, int, bool]:
+    def finish(self, i: int, t0: int, fence: hetproc.Fence,
+               frame: np.ndarray) -> tuple[int, int, bool]:
         fence.wait(5.0 + 0.1 * (CPU_MS + NPU_MS + GPU_MS))
         t_done = fence.signal_time()  # the modeled end: host wake-ups are not in it
         out = self.sets[i % BUFFERS]["out"].array()
@@ -132,7 +133,8 @@ def spike(s: Scenario, frames: int) -> None:
     """The §10 spike: frames in the middle third take 14 ms on the GPU."""
     c, scale = s.client, s.time_scale
     first, last = frames // 3, 2 * frames // 3
-    gpu_ms = lambda i: GPU_SPIKE_MS if first <= i < last else GPU_MS  # noqa: E731
+    def gpu_ms(i: int) -> float:
+        return GPU_SPIKE_MS if first <= i < last else GPU_MS
     stages = [hetproc.PipelineStage(c.context("cpu0", name="spike pre"), "scale", ms=CPU_MS,
                                     params={"factor": 2.0}, handoff_ms=HANDOFF_MS),
               hetproc.PipelineStage(c.context("npu0", name="spike inference"), "relu",

@@ -23,7 +23,8 @@ of every device (fifo, priority, edf, fair, mixed; its preemption chunk), per-co
 priority, period and weight and per-command priority and deadline; a hostile tenant (a
 process sending malformed and out-of-range requests, bursts of bare connections and
 forged records in a queue of its own, with ``bench.fuzz_campaign``'s generators: every
-refusal must be a clean error, never InternalError, and nobody else may notice the queue); a pipeline with a drop policy (every frame it reports completed is exact);
+refusal must be a clean error, never InternalError, and nobody else may notice the
+queue); a pipeline with a drop policy (every frame it reports completed is exact);
 a delegated model partitioned across devices (every run it completes equals the CPU
 reference within the delegate tests' tolerance); fence signal rights (an import may
 signal only with the right, a failed signal fails the command waiting on it); and a
@@ -54,7 +55,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -102,13 +104,13 @@ CHILD = textwrap.dedent("""
     print("fence", user.export(), flush=True)
     signal_at = int(sys.argv[3])
     sys.stdin.readline()                             # the parent imported it
-    if signal_at %% 2 == 0:                          # 0: never signalled, dies holding it
+    if signal_at % 2 == 0:                          # 0: never signalled, dies holding it
         user.release()                               # the parent's import keeps it alive
         c.ping()
-    gift = c.alloc(%d, exportable=True)  # the child's own buffer, exported rw
+    gift = c.alloc(__N__, exportable=True)  # the child's own buffer, exported rw
     gift.array()[:] = 4
     print("gift", gift.export(), flush=True)
-    outs = [c.alloc(%d) for _ in range(3)]
+    outs = [c.alloc(__N__) for _ in range(3)]
     ctxs = {}
     def ctx(d):
         if d not in ctxs:
@@ -119,7 +121,7 @@ CHILD = textwrap.dedent("""
     print("ready", flush=True)
     i = 0
     while True:
-        d = ("npu0", "gpu0", "cpu0", "dsp0")[i %% 4]
+        d = ("npu0", "gpu0", "cpu0", "dsp0")[i % 4]
         try:
             fs = ctx(d).submit_many([{"kernel": "copy", "ins": [src.handle], "outs": [o.handle],
                                       "wait": [], "ms": 1.0, "timeout_ms": 40.0,
@@ -143,7 +145,7 @@ CHILD = textwrap.dedent("""
         if i == signal_at:
             user.signal()
             print("signalled", flush=True)
-""" % (N, N))
+""").replace("__N__", str(N))
 
 
 HOSTILE = textwrap.dedent("""
@@ -824,7 +826,8 @@ class _Run:
                 kernel = rng.choice(PIPE_KERNELS[dev])
                 params = {"factor": rng.choice([0.5, 2.0, -1.0])} if kernel == "scale" else None
                 ctxs.append(c.context(dev, **self.ctx_args(c)))
-                stages.append(hetproc.PipelineStage(ctxs[-1], kernel, ms=rng.choice([0.5, 1.0, 2.0]),
+                stages.append(hetproc.PipelineStage(ctxs[-1], kernel,
+                                                    ms=rng.choice([0.5, 1.0, 2.0]),
                                                     params=params))
                 fns.append((kernel, params or {}))
         except hetproc.HetprocError:

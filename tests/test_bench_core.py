@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _baselines, _raw, bench_core  # noqa: E402
-from bench._registry import BENCHMARKS  # noqa: E402
+from bench import _baselines, _raw, bench_core
+from bench._registry import BENCHMARKS
 
 KIB, MIB = 1024, 1024 * 1024
 _TINY = {

@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import bench_memory  # noqa: E402
-from bench._registry import BENCHMARKS  # noqa: E402
+from bench import bench_memory
+from bench._registry import BENCHMARKS
 
 MIB = 1 << 20
 

@@ -15,9 +15,9 @@ import pytest
 # Make the repo root importable however pytest is invoked.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _raw  # noqa: E402
-from bench._registry import check_target, make_row  # noqa: E402
-from bench._stats import ratio, summarize  # noqa: E402
+from bench import _raw
+from bench._registry import check_target, make_row
+from bench._stats import ratio, summarize
 
 SHM_DIR = Path("/dev/shm")
 

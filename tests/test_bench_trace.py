@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import bench_trace_overhead  # noqa: E402
-from bench._registry import BENCHMARKS  # noqa: E402
+from bench import bench_trace_overhead
+from bench._registry import BENCHMARKS
 
 
 def test_trace_overhead_benchmark_smoke(monkeypatch):

@@ -8,6 +8,7 @@ hundreds, each in its own process with a hard deadline.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -16,10 +17,16 @@ import textwrap
 import pytest
 
 import hetproc
-import random
-
-from tests.chaos import (POLICIES, ChaosFailure, draw_mix, draw_queue, faults_on,
-                         judge_child_dependent, queue_rng, run)
+from tests.chaos import (
+    POLICIES,
+    ChaosFailure,
+    draw_mix,
+    draw_queue,
+    faults_on,
+    judge_child_dependent,
+    queue_rng,
+    run,
+)
 from tests.helpers import wait_for
 
 # The default seeds: together their mixes draw every scheduling policy and every part

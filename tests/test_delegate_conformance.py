@@ -15,12 +15,12 @@ import warnings
 
 import pytest
 
-onnx = pytest.importorskip("onnx")
-import onnx.backend.test  # noqa: E402
+pytest.importorskip("onnx")
+import onnx.backend.test
 
-import hetproc  # noqa: E402
-from hetproc.delegate import backend as hp_backend  # noqa: E402
-from hetproc.delegate.backend import DelegateBackend  # noqa: E402
+import hetproc
+from hetproc.delegate import backend as hp_backend
+from hetproc.delegate.backend import DelegateBackend
 
 warnings.filterwarnings("ignore", category=RuntimeWarning)
 

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("onnx")
 
-import hetproc  # noqa: E402
+import hetproc
 
 WEIGHTS_MIB = 32
 _APP = r"""

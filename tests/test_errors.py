@@ -12,7 +12,6 @@ import pytest
 import hetproc
 import ipc.errors as E
 from hetproc import Client, errors
-
 from tests.helpers import wait_for
 
 
@@ -79,7 +78,8 @@ def test_every_timeout_is_a_timeout():
 
 def test_a_clients_own_cancel_is_not_a_device_fault_but_a_reset_is():
     assert not issubclass(E.Cancelled, E.DeviceFault)
-    assert issubclass(E.CancelledByReset, E.Cancelled) and issubclass(E.CancelledByReset, E.DeviceFault)
+    assert issubclass(E.CancelledByReset, E.Cancelled)
+    assert issubclass(E.CancelledByReset, E.DeviceFault)
     assert E.CancelledByReset("x").others_affected and not E.Cancelled("x").others_affected
 
 

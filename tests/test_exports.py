@@ -56,6 +56,7 @@ def test_each_name_is_exported_by_exactly_one_public_namespace():
             obj = getattr(mod, attr)
             if isinstance(obj, (type, types.FunctionType)):
                 homes.setdefault(id(obj), []).append(f"{name}.{attr}")
-    twice = [h for h in homes.values() if len(h) > 1 and not all(x.startswith(("ipc.", "device_workers.")) for x in h)]
+    twice = [h for h in homes.values()
+             if len(h) > 1 and not all(x.startswith(("ipc.", "device_workers.")) for x in h)]
     # ipc and device_workers are layers of their own: hetproc re-exports none of them.
     assert not twice, f"exported from more than one public namespace: {twice}"

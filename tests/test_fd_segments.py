@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +23,16 @@ import numpy as np
 import pytest
 
 import hetproc
-from ipc import (Segment, SegmentCache, SegmentReceiver, SegmentSender, entries_with_prefix,
-                 pack_frame, encode, segment_socketpair)
+from ipc import (
+    Segment,
+    SegmentCache,
+    SegmentReceiver,
+    SegmentSender,
+    encode,
+    entries_with_prefix,
+    pack_frame,
+    segment_socketpair,
+)
 from tests.helpers import wait_for
 
 _NAMED = re.compile(r"^(fences|state|trace|manifest\.json|ring\.[a-z0-9]+)$")
@@ -107,7 +114,7 @@ def test_no_process_can_open_a_buffer_segment_by_name(platform, client):
     client.context("npu0").submit("copy", [own], [out]).wait(5)
     assert bytes(out.array()[:32]) == marker, "the device read the buffers"
     scan = subprocess.run([sys.executable, "-c", _SCANNER, platform.prefix, marker.hex()],
-                          capture_output=True, text=True, timeout=60)
+                          check=False, capture_output=True, text=True, timeout=60)
     assert scan.returncode == 0, scan.stderr
     assert scan.stdout.split() == [], f"buffer bytes found under a name: {scan.stdout}"
     names = [e for e in entries_with_prefix(platform.prefix) if not e.startswith("sem.")]
@@ -152,7 +159,7 @@ def test_an_importer_maps_the_exported_buffer_and_nothing_beside_it(platform, cl
         p.array()[:] = 3
     out = subprocess.run([sys.executable, "-c", _IMPORTER, platform.prefix,
                           str(exported.export(read_only=True))],
-                         capture_output=True, text=True, timeout=60)
+                         check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen["seen"] == 1, "the importer reads the exported buffer"
@@ -369,7 +376,8 @@ def test_a_client_that_never_reads_or_leaves_mid_transfer_costs_nobody_anything(
     assert m, "the segments of clients that left were not dropped"
     assert wait_for(lambda: len(_memfd_fds(platform.pid, platform.prefix)) == before), \
         (f"descriptors waiting for a client that left were not closed: "
-         f"{_memfd_fds(platform.pid, platform.prefix)}, {before} before, {client.metrics()['pool']}")
+         f"{_memfd_fds(platform.pid, platform.prefix)}, {before} before, "
+         f"{client.metrics()['pool']}")
 
 
 def test_a_slow_reader_gets_every_descriptor_with_its_own_reply(platform, client):
@@ -394,7 +402,7 @@ def test_a_slow_reader_gets_every_descriptor_with_its_own_reply(platform, client
             for frame in reader.feed(data):
                 reply = msgpack.unpackb(frame)
                 if reply.get("segs"):
-                    (sid, size), = reply["segs"]
+                    (_sid, size), = reply["segs"]
                     assert fds, f"reply {reply['id']} came before its descriptor"
                     fd = fds.pop(0)
                     assert os.fstat(fd).st_size == size == 4096 * (reply["id"] - 199)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import fuzz_campaign as fc  # noqa: E402
+from bench import fuzz_campaign as fc
 
 
 def test_a_short_campaign_leaves_every_process_alive_and_the_bystander_correct():

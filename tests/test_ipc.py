@@ -8,8 +8,18 @@ import time
 import msgpack
 import pytest
 
-from ipc import (BlockPool, FenceTable, Ring, Segment, decode, encode, entries_with_prefix,
-                 errors, new_prefix, cleanup_prefix)
+from ipc import (
+    BlockPool,
+    FenceTable,
+    Ring,
+    Segment,
+    cleanup_prefix,
+    decode,
+    encode,
+    entries_with_prefix,
+    errors,
+    new_prefix,
+)
 from ipc._fences import FAILED, PENDING
 
 CTX = mp.get_context("fork")
@@ -275,7 +285,7 @@ def test_a_fence_wait_in_a_thread_outlasts_signals_and_keeps_its_deadline(platfo
                 fence.wait(0.3)
             signalled.wait(60)
             outcome.append(fence.wait(10))
-        except BaseException as exc:  # noqa: BLE001 -- the test reports what escaped
+        except BaseException as exc:  # the test reports what escaped
             outcome.append(exc)
 
     old = signal.signal(signal.SIGALRM, lambda *_: None)

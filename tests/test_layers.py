@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import ast
 import itertools
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pytest
 

@@ -13,7 +13,6 @@ import os
 import signal
 import time
 
-import numpy as np
 import pytest
 
 import hetproc

@@ -13,9 +13,9 @@ import pytest
 onnx = pytest.importorskip("onnx")
 onnxruntime = pytest.importorskip("onnxruntime")
 
-import hetproc  # noqa: E402
-import hetproc.ort as hort  # noqa: E402
-from hetproc.delegate import light_model_path, mobilenet_like  # noqa: E402
+import hetproc
+import hetproc.ort as hort
+from hetproc.delegate import light_model_path, mobilenet_like
 
 SPREAD = {"weigh_costs": "0", "min_nodes_per_partition": "1"}  # every supported node offloads
 TOPOLOGIES = (["squeezenet", "shufflenet", "bvlc_alexnet", "densenet121", "inception_v1",
@@ -463,7 +463,8 @@ def test_work_cancelled_by_another_clients_reset_is_engine_error(own_platform):
         assert wait_for(lambda: owner.metrics()["devices"]["npu0"]["state"] == "busy", 5)
         done, seen = threading.Event(), {}
         s.run_async(None, {"x": _x()}, lambda r, u, err: (seen.update(err=err), done.set()), None)
-        npu = lambda: owner.metrics()["devices"]["npu0"]  # noqa: E731
+        def npu():
+            return owner.metrics()["devices"]["npu0"]
         assert wait_for(lambda: npu()["queue_depth"] + npu()["in_flight"] >= 2, 10)
         assert not theirs.done()
         os.kill(owner.metrics()["devices"]["npu0"]["pid"], signal.SIGKILL)

@@ -38,7 +38,8 @@ def test_drop_newest_keeps_the_first_frames(client):
 def test_drop_oldest_keeps_the_freshest_frames(client):
     r = _run(client, "drop_oldest")
     assert r.dropped_frames == [1, 2, 3, 4, 5] and r.completed == 3
-    assert np.allclose(r.latency_ms, [100, 200 - 60, 300 - 70], atol=0.02)  # + modeled cache upkeep (us)
+    assert np.allclose(r.latency_ms, [100, 200 - 60, 300 - 70],
+                       atol=0.02)  # + modeled cache upkeep (us)
 
 
 def test_backpressure_drops_nothing_and_delays_the_source(client):
@@ -54,7 +55,8 @@ def test_a_two_stage_pipeline_chains_devices_and_reports_each_stage(client):
     seen = []
     p = hetproc.Pipeline(client, [hetproc.PipelineStage(cpu, "scale", ms=2, params={"factor": 2.0},
                                                         handoff_ms=1),
-                                  hetproc.PipelineStage(gpu, "scale", ms=4, params={"factor": 3.0})],
+                                  hetproc.PipelineStage(gpu, "scale", ms=4,
+                                                        params={"factor": 3.0})],
                          shape=(1, 8, 8, 3), buffers=2, max_queue=4,
                          fill=lambda i, a: (a.fill(i), seen.append(i)))
     try:

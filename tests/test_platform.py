@@ -200,7 +200,8 @@ def test_a_buffer_freed_while_in_use_is_reclaimed_only_after_the_command(client)
     f = ctx.submit("work", [a], [], ms=100)
     a.free()
     m = client.metrics()
-    assert m["registered_buffers"] >= 1 and m["pool"]["live_blocks"] >= 1, "still held by the command"
+    assert m["registered_buffers"] >= 1 and m["pool"]["live_blocks"] >= 1, \
+        "still held by the command"
     f.wait(5)
     assert wait_for(lambda: client.metrics()["pool"]["live_blocks"] == 0)
 
@@ -244,7 +245,7 @@ def test_supervisor_sigkill_then_cleanup_leaves_nothing():
                                     for p in pids[1:])), "devices exit with their supervisor"
     assert entries_with_prefix(prefix), "objects remain until cleanup"
     out = subprocess.run([sys.executable, "-m", "hetproc", "cleanup", "--json"],
-                         capture_output=True, text=True, timeout=30)
+                         check=False, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert entries_with_prefix(prefix) == []
     plat.client.close()
@@ -304,7 +305,7 @@ def test_device_crash_fails_in_flight_work_and_the_device_comes_back(platform, c
 
 def test_status_lists_the_platform_with_its_pids(platform):
     out = subprocess.run([sys.executable, "-m", "hetproc", "status", "--json"],
-                         capture_output=True, text=True, timeout=30)
+                         check=False, capture_output=True, text=True, timeout=30)
     import json
     assert out.returncode == 0, out.stderr
     try:

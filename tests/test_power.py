@@ -12,8 +12,8 @@ import time
 import pytest
 
 import hetproc
-from hetproc import PowerSpec, load_platform
 from device_workers._power import Thermal
+from hetproc import PowerSpec, load_platform
 
 from .helpers import wait_for
 from .test_modeled_time import warm
@@ -49,7 +49,8 @@ def test_the_highest_vote_sets_the_speed_and_switches_are_counted():
         b.close()                                   # its vote goes with it
         assert _durations(a, 1, 4.0) == [8.0]
         # The device posts its record just after the signal that woke us: wait for it.
-        power = lambda: c.metrics()["devices"]["npu0"]["modeled_time"]["power"]  # noqa: E731
+        def power():
+            return c.metrics()["devices"]["npu0"]["modeled_time"]["power"]
         assert wait_for(lambda: power()["frequency_switches"] == 3), power()
         assert power()["speed"] == 0.5
         with pytest.raises(hetproc.InvalidRequest):
@@ -68,7 +69,8 @@ def test_sustained_load_throttles_and_idling_cools_the_device():
         assert d[:3] == [10.0] * 3 and d[-1] == 20.0
         first = d.index(20.0)
         assert all(x == 10.0 for x in d[:first]) and all(x in (10.0, 20.0) for x in d)
-        power = lambda: c.metrics()["devices"]["npu0"]["modeled_time"]["power"]  # noqa: E731
+        def power():
+            return c.metrics()["devices"]["npu0"]["modeled_time"]["power"]
         assert wait_for(lambda: power()["throttled_commands"] >= 1), power()
         assert power()["temperature_c"] > 55.0
         time.sleep(0.5)  # five time constants of idle: back near ambient

@@ -7,21 +7,24 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-import hetproc
 from device_workers import decode_command, decode_completions, encode_command
-from device_workers._commands import (CMD_HEAD, DONE, MAX_DURATION_NS, MAX_FENCES,
-                                      encode_completions)
+from device_workers._commands import CMD_HEAD, DONE, MAX_DURATION_NS, MAX_FENCES, encode_completions
 from ipc import errors
 from tests.helpers import wait_for
-from tests.test_untrusted_records import (FUZZ, VALID_COMPLETION, VALID_EXEC,
-                                          _assert_completion_in_contract,
-                                          _assert_exec_in_contract, _last_error, _rings)
+from tests.test_untrusted_records import (
+    FUZZ,
+    VALID_COMPLETION,
+    VALID_EXEC,
+    _assert_completion_in_contract,
+    _assert_exec_in_contract,
+    _last_error,
+    _rings,
+)
 
 I64 = (1 << 63) - 1
 
@@ -266,7 +269,7 @@ def test_forged_record_completions_do_not_take_the_supervisor_down(platform, cli
             assert completions.try_put(forged)
             assert isp.submit("work", ms=0).wait(5) is None
             assert platform.proc.poll() is None, "the supervisor is alive"
-            assert wait_for(lambda: client.metrics()["bad_packets"] == before + 1, 5)
+            assert wait_for(lambda before=before: client.metrics()["bad_packets"] == before + 1, 5)
             assert "isp0: bad completion batch" in _last_error(client)
     finally:
         del completions

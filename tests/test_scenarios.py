@@ -14,7 +14,7 @@ def test_video_pipeline_meets_the_seed_figures(tmp_path):
     report_path = tmp_path / "report.json"
     out = subprocess.run(
         [sys.executable, "-m", "hetproc", "run", "video_pipeline", "--frames", "60",
-         "--report", str(report_path)], capture_output=True, text=True, timeout=120)
+         "--report", str(report_path)], check=False, capture_output=True, text=True, timeout=120)
     report = json.loads(report_path.read_text())
     assert out.returncode == (0 if report["ok"] else 1)
     assert report["scenario"] == "video_pipeline"
@@ -29,11 +29,29 @@ def test_video_pipeline_meets_the_seed_figures(tmp_path):
     assert "platform_metrics" in m and m["platform_metrics"]["in_flight"] == 0
 
 
+def test_a_scenario_that_stops_its_platform_and_fails_is_explained(tmp_path):
+    """The failure is the scenario's own, explained; the runner's look at a platform the
+    scenario stopped itself is no second failure (it was an AttributeError on the
+    missing client, blamed on the platform, and the failure section was lost)."""
+    script = tmp_path / "stops_then_fails.py"
+    script.write_text("def run(s):\n    s.platform.stop()\n    raise ValueError('boom')\n")
+    report_path = tmp_path / "r.json"
+    out = subprocess.run([sys.executable, "-m", "hetproc", "run", str(script),
+                          "--report", str(report_path)],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    report = json.loads(report_path.read_text())
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert failed == ["ran to the end"], report["checks"]
+    assert report["failure"]["error"]["message"] == "boom"
+    assert report["failure"]["lookup_failed"].startswith("PlatformClosed")
+
+
 def test_a_failing_check_makes_a_nonzero_exit(tmp_path):
     script = tmp_path / "always_fails.py"
     script.write_text("def run(s):\n    s.check('impossible', False, 'by design')\n")
     out = subprocess.run([sys.executable, "-m", "hetproc", "run", str(script)],
-                         capture_output=True, text=True, timeout=60)
+                         check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "[FAIL] impossible" in out.stdout
 
@@ -48,7 +66,7 @@ def test_a_crashing_scenario_is_reported_not_raised(tmp_path):
 
 def test_unknown_scenario_is_a_usage_error():
     out = subprocess.run([sys.executable, "-m", "hetproc", "run", "no_such_thing"],
-                         capture_output=True, text=True, timeout=60)
+                         check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "video_pipeline" in out.stderr
 
 

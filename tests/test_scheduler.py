@@ -166,7 +166,7 @@ def test_remove_if_keeps_the_rest_in_policy_order():
         sc = Script(name)
         a = sc.add(1, n=3, priority=1)
         b = sc.add(2, n=2, priority=1)
-        gone = sc.s.remove_if(lambda c: c.client == 1 and c.seq != a[2].seq)
+        gone = sc.s.remove_if(lambda c, a=a: c.client == 1 and c.seq != a[2].seq)
         assert [c.seq for c in gone] == [a[0].seq, a[1].seq], name
         assert sorted(c.seq for c in sc.s) == sorted([a[2].seq] + [c.seq for c in b]), name
         assert len(sc.run()) == 3, name

@@ -14,12 +14,12 @@ import psutil
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, Phase, settings, strategies as st  # noqa: E402
-from hypothesis.stateful import (RuleBasedStateMachine, invariant, rule,  # noqa: E402
-                                 run_state_machine_as_test)
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-import hetproc  # noqa: E402
-from hetproc.client import Fence  # noqa: E402
+import hetproc
+from hetproc.client import Fence
 
 _PLAT: hetproc.Platform | None = None
 _OPS = ["ping", "alloc", "free", "fence_create", "fence_release", "fence_error", "submit",

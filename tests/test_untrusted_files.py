@@ -192,10 +192,10 @@ def test_explain_never_shows_a_sub_part_longer_than_its_stage():
 
 
 onnx = pytest.importorskip("onnx")
-import numpy as np  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
-import hetproc.delegate  # noqa: E402
+import hetproc.delegate
 
 
 def _add_model(tmp_path: Path, weights: np.ndarray) -> Path:

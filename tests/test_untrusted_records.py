@@ -13,8 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hetproc
-from device_workers import decode_command, decode_completions
-from device_workers import COMMAND_SCHEMAS
+from device_workers import COMMAND_SCHEMAS, decode_command, decode_completions
 from device_workers._commands import COMPLETION, MAX_DURATION_NS, MAX_FENCES, MAX_OPERANDS
 from ipc import U64, Map, Ring, Segment, Spec, errors
 from tests.helpers import wait_for
@@ -93,7 +92,7 @@ def _assert_exec_in_contract(cmd: dict) -> None:
                                                  for h in cmd[f])
     for f in ("ins", "outs"):
         assert len(cmd[f]) <= MAX_OPERANDS
-        for seg, off, shape, dtype, strides, perm, handle in cmd[f]:
+        for seg, off, shape, _dtype, strides, perm, handle in cmd[f]:
             assert type(seg) is int and 0 <= seg <= U64 and type(off) is int and off >= 0
             assert all(type(n) is int and n >= 0 for n in shape)
             assert strides is None or all(type(n) is int and n >= 0 for n in strides)
@@ -308,7 +307,7 @@ def test_forged_completions_do_not_take_the_supervisor_down(platform, client):
             # The supervisor reads it at its next look at this ring: the next completion.
             assert isp.submit("work", ms=0).wait(5) is None
             assert platform.proc.poll() is None, "the supervisor is alive"
-            assert wait_for(lambda: client.metrics()["bad_packets"] == before + 1, 5)
+            assert wait_for(lambda before=before: client.metrics()["bad_packets"] == before + 1, 5)
             assert "isp0: bad completion batch" in _last_error(client)
     finally:
         del completions

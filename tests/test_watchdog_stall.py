@@ -7,6 +7,7 @@ with commands pushed to it that it will never take."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -36,6 +37,10 @@ def _command_ring(platform, device: str) -> tuple[Segment, Ring]:
     seg = Segment.attach(platform.prefix + f"ring.{device}")
     half = Ring.nbytes(256, 2048)
     return seg, Ring(memoryview(seg.map)[:half], slots=256, slot_bytes=2048, create=False)
+
+
+def _holds(ring: Ring, count: int) -> bool:
+    return ring.depth() == count
 
 
 def _stalls(client, device: str) -> list[dict]:
@@ -92,12 +97,12 @@ def test_a_ring_read_index_moved_past_pushed_commands_is_noticed_and_they_replay
         try:
             slot.u32[S.PARK] = 1  # hold the device still while the index is moved
             fences = [gpu.submit_nowait("work", ms=1) for _ in range(2)]
-            assert wait_for(lambda: ring.depth() == 2, 5), "both pushed, none taken"
+            assert wait_for(functools.partial(_holds, ring, 2), 5), "both pushed, none taken"
             ring._idx[1] = ring.head  # the read index jumps over them
             slot.u32[S.PARK] = 0
             assert [f.wait(10) for f in fences] == [None, None], "replayed and run"
         finally:
-            del ring
+            del ring  # its views go before its segment closes
             slot.release()
             rseg.close()
             seg.close()

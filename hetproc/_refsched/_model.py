@@ -80,7 +80,7 @@ class DevicePolicy:
     min_share: float = 0.2
 
     @classmethod
-    def from_spec(cls, spec: SchedSpec, time_scale: float = 1.0) -> "DevicePolicy":
+    def from_spec(cls, spec: SchedSpec, time_scale: float = 1.0) -> DevicePolicy:
         """A platform file's ``[device.scheduler]``, its ms and us rounded to ns."""
         return cls(spec.policy, ms_to_ns(spec.chunk_ms * time_scale),
                    int(round(spec.switch_us * time_scale * 1000)), spec.realtime_priority,

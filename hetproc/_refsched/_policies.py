@@ -124,7 +124,7 @@ class _Policy:
 class _Fifo(_Policy):
     def __init__(self, dp: DevicePolicy) -> None:
         super().__init__(dp)
-        self.heap: list[tuple[tuple[int, int], Run]] = []
+        self.heap: list[tuple[tuple[int, ...], Run]] = []  # (sort key, run)
 
     def __len__(self) -> int:
         return len(self.heap)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ipc import errors
 
@@ -28,8 +29,14 @@ class _Device:
         self.until = 0                 # switching: when the switch ends
         self.switches = 0
 
+    def _current(self) -> Run:
+        """The job this device runs, saves or restores: asked only while there is one."""
+        if self.run is None:
+            raise errors.InternalError(f"reference simulator: {self.name} has no job")
+        return self.run
+
     def done_at(self, t: int) -> int:
-        return self.run.done_ns + (t - self.since)
+        return self._current().done_ns + (t - self.since)
 
     def next_event(self, t: int) -> int | None:
         """The next instant this device has something to do (>= t), None when idle."""
@@ -37,8 +44,7 @@ class _Device:
             return self.until
         if self.state != _RUN:
             return None
-        run = self.run
-        end = self.since + run.left_ns
+        end = self.since + self._current().left_ns
         if not self._may_be_preempted():
             return end
         chunk = self.dp.chunk_ns
@@ -47,14 +53,15 @@ class _Device:
         return min(end, boundary)
 
     def _may_be_preempted(self) -> bool:
-        return (self.dp.chunk_ns > 0 and self.run.job.preemptible and self.policy.preemptive
+        return (self.dp.chunk_ns > 0 and self._current().job.preemptible
+                and self.policy.preemptive
                 and len(self.policy) > 0)
 
     def finish(self, t: int) -> Run | None:
         """End the running job if its work is done at ``t``."""
-        run = self.run
-        if self.state != _RUN or self.since + run.left_ns != t:
+        if self.state != _RUN or self.since + self._current().left_ns != t:
             return None
+        run = self._current()
         run.done_ns = run.job.duration_ns
         run.segments[-1][1] = t
         run.end_ns = t
@@ -68,10 +75,10 @@ class _Device:
             else:
                 self._resume(t)
         if self.state == _RUN and t > self.since and self._may_be_preempted():
-            done = self.done_at(t)
-            if done % self.dp.chunk_ns == 0 and 0 < done < self.run.job.duration_ns:
+            done, running = self.done_at(t), self._current()
+            if done % self.dp.chunk_ns == 0 and 0 < done < running.job.duration_ns:
                 head = self.policy.peek(t)
-                if self.policy.preempts(head, self.run):
+                if self.policy.preempts(head, running):
                     self._suspend(t, done)
         if self.state == _IDLE and len(self.policy):
             run = self.policy.pick(t)
@@ -84,7 +91,7 @@ class _Device:
                 self._start(t)
 
     def _suspend(self, t: int, done: int) -> None:
-        run = self.run
+        run = self._current()
         run.done_ns = done
         run.segments[-1][1] = t
         run.suspended = True
@@ -103,14 +110,14 @@ class _Device:
             self._resume(t)
 
     def _resume(self, t: int) -> None:
-        run = self.run
+        run = self._current()
         run.suspended = False
         run.preempted[-1][1] = t
         self._start(t)
 
     def _start(self, t: int) -> None:
         self.state, self.since = _RUN, t
-        self.run.segments.append([t, -1])
+        self._current().segments.append([t, -1])
 
 
 # -- the simulation -----------------------------------------------------------------------
@@ -150,10 +157,14 @@ def simulate_schedule(jobs: Iterable[Job | Mapping[str, Any]] = (), *,
             for name in sorted({j.device for j in all_jobs})}
     _run(runs, devs, dispatch_ns)
     outcomes = tuple(JobOutcome(r.job, r.index, r.ready_ns, r.start_ns, r.end_ns,
-                                tuple(map(tuple, r.segments)), tuple(map(tuple, r.preempted)))
+                                _pairs(r.segments), _pairs(r.preempted))
                      for r in runs)
     return Schedule(outcomes, {n: d.switches for n, d in devs.items()},
                     {n: d.switches * d.dp.switch_ns for n, d in devs.items()})
+
+
+def _pairs(spans: list[list[int]]) -> tuple[tuple[int, int], ...]:
+    return tuple((a, b) for a, b in spans)
 
 
 def expand(jobs: Iterable[Job | Mapping[str, Any]] = (),
@@ -183,10 +194,10 @@ def _run(runs: list[Run], devs: dict[str, _Device], dispatch_ns: int) -> None:
         times = [d.next_event(t) for d in devs.values()]
         if pending:
             times.append(pending[0][0])
-        times = [x for x in times if x is not None]
-        if not times:  # unreachable: every job is released once its awaited jobs end
+        due = [x for x in times if x is not None]
+        if not due:  # unreachable: every job is released once its awaited jobs end
             raise errors.InternalError("reference simulator: jobs left with nothing to do")
-        t = max(t, min(times))
+        t = max(t, min(due))
         for dev in devs.values():
             ended = dev.finish(t)
             if ended is None:

@@ -17,7 +17,8 @@ import os
 import signal
 import sys
 import textwrap
-from typing import Any, Callable, NoReturn, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from ipc import cleanup_dead, errors
 
@@ -173,7 +174,8 @@ def _parser() -> argparse.ArgumentParser:
     run.help_tail = _scenario_help  # type: ignore[attr-defined]  # a _Parser, built by _sub
     run.add_argument("scenario", help="a scenario name, or a path to a .py script")
     _platform_args(run)
-    run.add_argument("--report", metavar="FILE", help="write the JSON report here (also on failure)")
+    run.add_argument("--report", metavar="FILE",
+                     help="write the JSON report here (also on failure)")
     run.add_argument("--set", metavar="K=V", action="append", default=[],
                      help="set one of the scenario's options (listed below; --set help=1 "
                           "lists one scenario's)")
@@ -214,7 +216,8 @@ def _parser() -> argparse.ArgumentParser:
                cmd_acceptance)
     _platform_args(acc)
     acc.add_argument("--report", metavar="FILE", help="write the JSON matrix here")
-    acc.add_argument("--quick", action="store_true", help="short scenarios (each script's QUICK options)")
+    acc.add_argument("--quick", action="store_true",
+                     help="short scenarios (each script's QUICK options)")
     acc.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                      help="cells run at once (default 1)")
     _json_arg(acc)
@@ -228,7 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     camp.add_argument("drill", help="a drill name (see hetproc drill --list)")
     camp.add_argument("--seeds", type=positive_int, required=True, metavar="N",
                       help="how many seeded runs")
-    camp.add_argument("--seed-base", type=int, default=0, metavar="S", help="first seed (default 0)")
+    camp.add_argument("--seed-base", type=int, default=0, metavar="S",
+                      help="first seed (default 0)")
     camp.add_argument("--jobs", type=positive_int, default=1, metavar="J",
                       help="local runs at once (default 1)")
     camp.add_argument("--scheduler", metavar="ADDRESS",
@@ -510,7 +514,7 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     drills.check_output_path(args.output, "--output")
     window = None
     if args.window:
-        a, sep, b = args.window.partition(":")
+        a, _sep, b = args.window.partition(":")
         try:
             window = (float(a), float(b))
         except ValueError:
@@ -557,6 +561,7 @@ def cmd_trace_frozen(args: argparse.Namespace) -> int:
     if not windows:
         print("no frozen windows")
     for w in windows:
-        print(f"window {w['id']}: {w['reason']} (cids {', '.join(f'{c:#x}' for c in w['cids']) or '-'}, "
+        cids = ", ".join(f"{c:#x}" for c in w["cids"]) or "-"
+        print(f"window {w['id']}: {w['reason']} (cids {cids}, "
               f"{w['records']} records" + (f", {w['file']}" if w.get("file") else "") + ")")
     return EXIT_OK

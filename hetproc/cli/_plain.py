@@ -29,7 +29,7 @@ class Table:
         self.rows: list[list[str]] = []
 
     @classmethod
-    def grid(cls) -> "Table":
+    def grid(cls) -> Table:
         return cls(show_header=False)
 
     def add_column(self, header: str = "", *, justify: str = "left", **_ignored: Any) -> None:

@@ -13,6 +13,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 try:
@@ -23,7 +24,7 @@ try:
     from rich.text import Text
     HAVE_RICH = True
 except ImportError:  # the optional extra is not installed: plain text, no spinner
-    from ._plain import Console, Table, Text
+    from ._plain import Console, Table, Text  # type: ignore[assignment]  # rich's calls, in plain text
     HAVE_RICH = False
 
 PROGRESS_AFTER_S = 1.0  # a command quicker than this shows no progress at all
@@ -51,7 +52,7 @@ class Progress:
         self.phase = phase
         self._refresh()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._enabled:
             self._timer = threading.Timer(PROGRESS_AFTER_S, self._start)
             self._timer.daemon = True
@@ -192,7 +193,7 @@ def print_matrix(matrix: dict[str, Any], out: TextIO | None = None) -> None:
     con.print(Text("OK", style="bold green") if matrix["ok"] else Text("FAILED", style="bold red"))
 
 
-def matrix_table(rows: list[dict[str, Any]], pending: list[str] = ()) -> Table:
+def matrix_table(rows: list[dict[str, Any]], pending: Sequence[str] = ()) -> Table:
     t = Table(title="acceptance matrix (seed §21)", title_justify="left")
     for col in ("kind", "name", "result"):
         t.add_column(col)

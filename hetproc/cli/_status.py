@@ -9,8 +9,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ipc import (Manifest, entries_with_prefix, errors, platform_is_alive, platform_prefixes,
-                 socket_address)
+from ipc import (
+    Manifest,
+    entries_with_prefix,
+    errors,
+    platform_is_alive,
+    platform_prefixes,
+    socket_address,
+)
 
 
 def dead_platforms() -> list[dict[str, Any]]:
@@ -40,7 +46,8 @@ def live_platforms(query: bool = True) -> list[dict[str, Any]]:
             "prefix": prefix, "alive": True, "platform": manifest.data.get("platform"),
             "supervisor_pid": procs.get("supervisor", [None])[0],
             "owner_pid": manifest.data.get("owner_pid"),
-            "devices": {name: {"pid": pid} for name, pid in manifest.data.get("devices", {}).items()},
+            "devices": {name: {"pid": pid}
+                        for name, pid in manifest.data.get("devices", {}).items()},
         }
         if query:
             entry["metrics"] = _query(prefix)
@@ -81,7 +88,8 @@ def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
         if m:
             fw = m.get("fence_wait") or {}
             tr = m.get("trace") or {}
-            print(f"  in flight {m.get('in_flight', '?')}  buffer maps {m.get('buffer_maps', '?')} (IOMMU)  "
+            print(f"  in flight {m.get('in_flight', '?')}  "
+                  f"buffer maps {m.get('buffer_maps', '?')} (IOMMU)  "
                   f"fence waits {fw.get('client_waits', '?')} client / "
                   f"{fw.get('device_waits', '?')} device  power switches "
                   f"{m.get('power_switches', '?')}  trace {'on' if tr.get('enabled') else 'off'} "
@@ -89,9 +97,9 @@ def print_status(platforms: list[dict[str, Any]], out=sys.stdout) -> None:
                   f"frozen windows)", file=out)
             err = m.get("last_error")
             if err:
+                window = err.get("trace_window")
                 print(f"  last error: {err.get('name')}: {err.get('message')}"
-                      + (f" (trace window {err['trace_window']})" if err.get("trace_window") else ""),
-                      file=out)
+                      + (f" (trace window {window})" if window else ""), file=out)
         cpu = (m or {}).get("cpu_s") or {}
         print(f"  {'device':8s} {'pid':>8s} {'state':10s} {'epoch':>5s} {'queue':>6s} "
               f"{'done':>8s} {'failed':>6s} {'cpu s':>7s} {'maps':>7s} {'power':>6s} "

@@ -27,7 +27,7 @@ class Buffer:
     (after which every use raises ``StaleHandle``).
     """
 
-    def __init__(self, client: "Client", desc: dict[str, Any]) -> None:
+    def __init__(self, client: Client, desc: dict[str, Any]) -> None:
         self.client = client
         self._conn = client.connection
         self.handle: int = desc["buf"]

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ipc import PENDING, errors
 
@@ -47,12 +48,12 @@ class PoolStatistics:
 class BufferPool:
     """``count`` buffers of one shape, allocated up front (a camera's buffer queue)."""
 
-    def __init__(self, client: "Client", count: int, shape: Sequence[int] | int,
+    def __init__(self, client: Client, count: int, shape: Sequence[int] | int,
                  dtype: Any = "uint8", **alloc: Any) -> None:
         if count < 1:
             raise errors.InvalidRequest(f"a pool needs at least one buffer, got {count}")
         self.client = client
-        self.buffers: list["Buffer"] = []
+        self.buffers: list[Buffer] = []
         try:
             # Exportable by default: a pool's buffers are made to be shared with consumers.
             alloc.setdefault("exportable", True)
@@ -63,12 +64,12 @@ class BufferPool:
             raise
         self._index = {b.handle: i for i, b in enumerate(self.buffers)}
         self._free: deque[int] = deque(range(count))
-        self._pending: dict[int, list["Fence"]] = {}
+        self._pending: dict[int, list[Fence]] = {}
         self._out: set[int] = set()
         self._acquired = self._recycled = self._waited = 0
         self.freed_at_ns: list[int] = [0] * count  # when each buffer last came back
 
-    def acquire(self, timeout: float = 5.0) -> "Buffer":
+    def acquire(self, timeout: float = 5.0) -> Buffer:
         """The next free buffer, oldest first. Waits (up to ``timeout`` s) for release
         fences; ``FenceTimeout`` if none completed in time, ``ResourceError`` if every
         buffer is handed out and none was released (no fence could ever free one)."""
@@ -99,7 +100,7 @@ class BufferPool:
                 except (errors.FenceTimeout, errors.InvalidHandle):
                     pass  # re-check everything; a recycled fence counts as completed
 
-    def release(self, buf: "Buffer", fences: Iterable["Fence"] = ()) -> None:
+    def release(self, buf: Buffer, fences: Iterable[Fence] = ()) -> None:
         """Give ``buf`` back; it is free again once every fence in ``fences`` completed.
         The pool takes the fences and releases them then."""
         i = self._index.get(buf.handle)
@@ -109,7 +110,7 @@ class BufferPool:
         self._pending[i] = list(fences)
         self._collect()
 
-    def pending_fences(self, buf: "Buffer") -> list["Fence"]:
+    def pending_fences(self, buf: Buffer) -> list[Fence]:
         """The release fences ``buf`` still waits for (empty once it is free)."""
         i = self._index.get(buf.handle)
         return [f for f in self._pending.get(i, []) if _pending(f)] if i is not None else []
@@ -143,14 +144,14 @@ class BufferPool:
             b.free()  # the platform still defers reclaim while a command holds it
         self.buffers = []
 
-    def __enter__(self) -> "BufferPool":
+    def __enter__(self) -> BufferPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _pending(fence: "Fence") -> bool:
+def _pending(fence: Fence) -> bool:
     try:
         state, _ = fence.client.fences.poll(fence.handle)
     except errors.InvalidHandle:

@@ -11,7 +11,8 @@ the device (``hetproc.Queue``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._fence import Fence
 from ._queue import Queue
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from ._connection import Connection
 
 
-def command(kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (), *,
+def command(kernel: str, ins: Iterable[Buffer] = (), outs: Iterable[Buffer] = (), *,
             wait: Iterable[Fence] = (), params: dict | None = None, ms: float | None = None,
             handoff_ms: float = 0.0, timeout_ms: float | None = None,
             checked: bool = False, priority: int | None = None,
@@ -69,20 +70,20 @@ class Context:
     argument...), ``RequestTimeout``, ``SupervisorLost`` or ``PlatformClosed``.
     """
 
-    def __init__(self, client: "Client", handle: int, device: str, priority: int) -> None:
+    def __init__(self, client: Client, handle: int, device: str, priority: int) -> None:
         self.client = client
         self._conn = client.connection
         self.handle = handle
         self.device = device  #: changes when ``prepare`` falls back to another device
         self.priority = priority
 
-    def alloc(self, shape: Sequence[int] | int, dtype: Any = "float32", **kw: Any) -> "Buffer":
+    def alloc(self, shape: Sequence[int] | int, dtype: Any = "float32", **kw: Any) -> Buffer:
         """``Client.alloc``: buffers belong to the client, not to one context."""
         return self.client.alloc(shape, dtype, **kw)
 
     # -- submitting ----------------------------------------------------------
 
-    def submit(self, kernel: str, ins: Iterable["Buffer"] = (), outs: Iterable["Buffer"] = (),
+    def submit(self, kernel: str, ins: Iterable[Buffer] = (), outs: Iterable[Buffer] = (),
                *, wait: Iterable[Fence] = (), params: dict | None = None,
                ms: float | None = None, handoff_ms: float = 0.0,
                timeout_ms: float | None = None, checked: bool = False,
@@ -95,8 +96,8 @@ class Context:
                                          checked=checked, priority=priority,
                                          deadline_ms=deadline_ms)])[0]
 
-    def submit_nowait(self, kernel: str, ins: Iterable["Buffer"] = (),
-                      outs: Iterable["Buffer"] = (), *, at_ns: int | None = None,
+    def submit_nowait(self, kernel: str, ins: Iterable[Buffer] = (),
+                      outs: Iterable[Buffer] = (), *, at_ns: int | None = None,
                       **kw: Any) -> Fence:
         """Like ``submit`` without waiting for the supervisor's verdict: the fast path.
         A refused command fails its fence, so the error surfaces at ``Fence.wait()``."""
@@ -173,17 +174,17 @@ class Context:
 
     # -- mappings ------------------------------------------------------------
 
-    def map(self, buf: "Buffer", perm: str = "rw") -> str:
+    def map(self, buf: Buffer, perm: str = "rw") -> str:
         """Map ``buf`` into this context ("r", "w" or "rw") until ``unmap``: later submits
         pay no map cost. Mapping more than the client may reach is an IommuFault."""
         return self._conn.request("map", ctx=self.handle, buf=buf.handle, perm=perm)["perm"]
 
-    def unmap(self, buf: "Buffer") -> bool:
+    def unmap(self, buf: Buffer) -> bool:
         """Drop the mapping; False if commands still use it (it goes when they finish)."""
         return self._conn.request("unmap", ctx=self.handle, buf=buf.handle)["unmapped"]
 
 
-def _with_cids(conn: "Connection", cmds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _with_cids(conn: Connection, cmds: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     # Copies: the caller's dicts stay as given, so one may be submitted again (or twice
     # in one batch) and get a fence and a correlation id of its own each time.
     return [{**c, "cid": c.get("cid") or conn.next_cid()} for c in cmds]

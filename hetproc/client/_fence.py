@@ -32,7 +32,7 @@ class Fence:
     never does (to wait on, or to pass in ``wait=``: the supervisor checks the right).
     """
 
-    def __init__(self, client: "Client", handle: int, *, cid: int = 0, seq: int = 0,
+    def __init__(self, client: Client, handle: int, *, cid: int = 0, seq: int = 0,
                  owned: bool = False, may_signal: bool = False) -> None:
         self.client = client
         self._conn = client.connection
@@ -45,7 +45,7 @@ class Fence:
         # Only the object the client got at creation releases the fence when dropped; a
         # Fence built around a known handle (e.g. one shared by another process) never does.
         self._released = not owned
-        self._queue: "Queue | None" = None  # set by the queue whose command signals it
+        self._queue: Queue | None = None  # set by the queue whose command signals it
 
     def done(self) -> bool:
         """True once the fence is signalled or failed (no wait, no request)."""

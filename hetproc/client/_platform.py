@@ -16,13 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from ipc import cleanup_prefix, errors, socket_address
 
 from .. import trace as _trace
-from ._client import Client
 from .._config import PlatformSpec, load_platform, to_raw
+from ._client import Client
 
 START_TIMEOUT = 20.0
 # Where this hetproc was imported from: the supervisor runs the same code as its owner,
@@ -45,7 +45,7 @@ class Platform:
 
     # Prefixes of the platforms this process started, oldest first: lets a test suite
     # check its own platforms for leftovers while other suites run beside it.
-    started_prefixes: list[str] = []
+    started_prefixes: ClassVar[list[str]] = []  # shared by every Platform of the process
 
     def __init__(self, platform_file: str | Path | None = None, *,
                  time_scale: float | None = None, spec: PlatformSpec | None = None,
@@ -76,7 +76,7 @@ class Platform:
         """The supervisor's process id (0 before ``start``)."""
         return self.proc.pid if self.proc else 0
 
-    def start(self) -> "Platform":
+    def start(self) -> Platform:
         """Start the supervisor (which starts one process per device), wait until it
         serves, and connect ``client`` as the platform's owner; returns the platform.
         Raises ``PlatformError`` if the supervisor exits, refuses the platform or does not
@@ -174,7 +174,7 @@ class Platform:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(5.0)
 
-    def __enter__(self) -> "Platform":
+    def __enter__(self) -> Platform:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

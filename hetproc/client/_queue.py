@@ -18,7 +18,8 @@ raise ``CancelledByReset``; open a new queue once the device serves again.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import posix_ipc
 
@@ -42,7 +43,7 @@ class Queue:
     meanwhile) fails its fence instead, so the error surfaces at ``Fence.wait()``.
     """
 
-    def __init__(self, ctx: "Context", slots: int = 256) -> None:
+    def __init__(self, ctx: Context, slots: int = 256) -> None:
         client = self.client = ctx.client
         conn = self._conn = client.connection
         self.ctx = ctx
@@ -57,7 +58,7 @@ class Queue:
         self._closed = False
         self._failed_here: dict[int, dict] = {}  # fences this process failed (``_fail_unseen``)
 
-    def __enter__(self) -> "Queue":
+    def __enter__(self) -> Queue:
         return self
 
     def __exit__(self, *exc: object) -> None:

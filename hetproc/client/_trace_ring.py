@@ -25,7 +25,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ipc import COUNTERS, FenceTable, SegmentCache, Stage, TraceBank
 
@@ -34,7 +35,7 @@ _C_MAPS, _C_IMPORTS = COUNTERS["maps"], COUNTERS["imports"]
 _C_WAITS, _C_WAIT_NS = COUNTERS["fence_waits"], COUNTERS["fence_wait_ns"]
 
 
-def _stage(stage: "Stage | int | str") -> int:
+def _stage(stage: Stage | int | str) -> int:
     if isinstance(stage, str):
         return int(Stage[stage.upper()])
     return int(stage)
@@ -63,7 +64,7 @@ class ClientTrace:
         self.enabled = self._ring.enabled
 
     @classmethod
-    def disabled(cls) -> "ClientTrace":
+    def disabled(cls) -> ClientTrace:
         """A writer that writes nothing (a connection before its ``hello``)."""
         return cls(SegmentCache(), None, None)
 
@@ -118,7 +119,7 @@ class ClientTrace:
     # -- for applications -------------------------------------------------------------
 
     @contextlib.contextmanager
-    def span(self, stage: "Stage | int | str", cid: int = 0, a0: int = 0) -> Iterator[None]:
+    def span(self, stage: Stage | int | str, cid: int = 0, a0: int = 0) -> Iterator[None]:
         """Mark a slice of this client's own work on a request, e.g. the callback that
         consumes a frame: ``with client.trace.span("CALLBACK", fence.cid): ...``."""
         st = _stage(stage)
@@ -130,7 +131,7 @@ class ClientTrace:
             with self._lock:
                 self._ring.end(st, cid, self.track)
 
-    def instant(self, stage: "Stage | int | str", cid: int = 0, a0: int = 0, a1: int = 0) -> None:
+    def instant(self, stage: Stage | int | str, cid: int = 0, a0: int = 0, a1: int = 0) -> None:
         with self._lock:
             self._ring.instant(_stage(stage), cid, self.track, a0, a1)
 

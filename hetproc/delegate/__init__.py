@@ -25,6 +25,7 @@ from ._cache import AssetCache
 from ._cli import add_model_commands
 from ._model import Graph, load_model
 from ._model import fold_constants as _fold_constants
+from ._npz import save_npz
 from ._partition import Boundary, Options, Partition, Placement
 from ._reference import run_graph as run_reference
 from ._runtime import DelegatedModel
@@ -48,4 +49,6 @@ def plan(model: _Any, spec: _Any = None, options: Options | None = None,
 
 
 __all__ = ["add_model_commands", "mobilenet_like", "light_model_path", "Graph", "load_model",
-           "run_reference", "Options", "Placement", "Partition", "Boundary", "DelegatedModel", "AssetCache", "BucketedModel", "plan", "Target", "TARGETS"]
+           "run_reference", "Options", "Placement", "Partition", "Boundary", "DelegatedModel",
+           "AssetCache", "BucketedModel", "plan", "Target", "TARGETS",
+           "save_npz"]

@@ -19,7 +19,8 @@ offsets and modeled times depend on the shapes. ``BucketedModel`` keeps one comp
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -108,7 +109,7 @@ class BucketedModel:
             self.loaded.clear()
             self._cpu.clear()
 
-    def __enter__(self) -> "BucketedModel":
+    def __enter__(self) -> BucketedModel:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,13 +13,15 @@ import os
 import stat
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from .._argtypes import positive_int, time_scale
 from .._config import TIME_SCALE_RANGE
+from ._npz import save_npz
 
 
 def add_model_commands(sub: Any, command: Callable[..., argparse.ArgumentParser]) -> None:
@@ -86,7 +88,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _check_path(path: str | None, flag: str) -> None:
     """An output path whose directory exists: checked before anything runs, never created."""
-    from hetproc import InvalidRequest
+    from hetproc.errors import InvalidRequest
     if path and not Path(path).resolve().parent.is_dir():
         raise InvalidRequest(f"{flag} {path}: the directory {Path(path).parent} does not exist")
 
@@ -101,7 +103,7 @@ def _options(args: argparse.Namespace, **over: Any) -> Any:
 
 
 def _shapes(args: argparse.Namespace) -> dict[str, list[int]] | None:
-    from hetproc import InvalidRequest
+    from hetproc.errors import InvalidRequest
     out = {}
     for item in args.input_shape:
         name, _, dims = item.partition("=")
@@ -142,7 +144,6 @@ def placement_dict(pl: Any) -> dict[str, Any]:
 
 
 def _feeds(graph: Any, path: str | None) -> dict[str, np.ndarray]:
-    from hetproc import InvalidRequest
     if path:
         return _read_npz(path)
     rng = np.random.default_rng(0)
@@ -161,7 +162,7 @@ _NPZ_HINT = "an .npz archive, one array per input name (numpy.savez)"
 def _read_npz(path: str) -> dict[str, np.ndarray]:
     """The inputs of ``--inputs``: a zip of plain arrays. Anything else (a pickle, a lone
     .npy, text) is refused by what it is, and nothing is ever unpickled."""
-    from hetproc import InvalidRequest
+    from hetproc.errors import InvalidRequest
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
             raise InvalidRequest(f"--inputs {path}: not a regular file; it must be {_NPZ_HINT}")
@@ -222,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result["outputs"] = {name: {"dtype": str(arr.dtype), "shape": list(arr.shape)}
                              for name, arr in out.items()}
         if args.output:
-            np.savez(args.output, **out)
+            save_npz(args.output, out)
             lines.append(f"outputs written to {args.output}")
         if args.trace:
             plat.export_trace(args.trace)

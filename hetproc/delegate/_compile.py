@@ -9,8 +9,9 @@ nothing of it goes through the command ring.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -31,16 +32,17 @@ def tensor_specs(graph: Graph) -> Specs:
     (static inputs only) fills in the rest."""
     specs: dict[str, tuple[str, tuple[int, ...] | None]] = {}
     for name, v in graph.values.items():
-        shape = tuple(v.shape) if all(isinstance(d, int) for d in v.shape) and v.shape != ("*",) else None
+        static = all(isinstance(d, int) for d in v.shape) and v.shape != ("*",)
+        shape = tuple(v.shape) if static else None
         specs[name] = (v.dtype, shape)
     for name, arr in graph.initializers.items():
         specs[name] = (arr.dtype.name, tuple(arr.shape))
     used = graph.used_values()  # an unused output (a Dropout mask) needs no shape
     needed = {o for n in graph.nodes for o in n.outputs if o and o in used}
     if any(not specs.get(t, ("", None))[0] or specs[t][1] is None for t in needed):
-        shapes = [specs.get(v.name, ("", None)) for v in graph.inputs]
-        if all(s[1] is not None and s[0] for s in shapes):
-            probe = {v.name: np.zeros(s[1], s[0]) for v, s in zip(graph.inputs, shapes)}
+        probe = {v.name: np.zeros(shape, dtype) for v in graph.inputs
+                 for dtype, shape in [specs.get(v.name, ("", None))] if dtype and shape is not None}
+        if len(probe) == len({v.name for v in graph.inputs}):  # static inputs only
             env = _probe(graph, probe)
             for name, arr in env.items():
                 specs[name] = (arr.dtype.name, tuple(arr.shape))
@@ -98,7 +100,7 @@ class Compiled:
 
 
 def _attrs(attrs: Mapping[str, Any], where: str) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in attrs.items():
         if isinstance(v, np.ndarray):
             if v.nbytes > MAX_TENSOR_ATTR_BYTES or v.dtype.kind not in "biuf":
@@ -109,6 +111,16 @@ def _attrs(attrs: Mapping[str, Any], where: str) -> dict[str, Any]:
         out[k] = [x.item() if isinstance(x, np.generic) else x for x in v] \
             if isinstance(v, (list, tuple)) else (v.item() if isinstance(v, np.generic) else v)
     return out
+
+
+def known_shape(specs: Specs, name: str) -> list[int]:
+    """The static shape of a partition's input or output (``compile_placement`` refuses a
+    placement with a boundary tensor of unknown shape before it compiles anything)."""
+    shape = specs.shape(name)
+    if shape is None:
+        raise errors.ShapeError(f"boundary tensor {name!r} has no static shape: bind the "
+                                "input shapes (a shape bucket) first")
+    return list(shape)
 
 
 def compile_placement(placement: Placement, specs: Specs) -> Compiled:
@@ -135,7 +147,8 @@ def compile_placement(placement: Placement, specs: Specs) -> Compiled:
 
 
 def _compile_one(graph: Graph, specs: Specs, p: Partition, inputs: BufferLayout,
-                 out_layouts: list[BufferLayout], producer_part: dict[str, int]) -> CompiledPartition:
+                 out_layouts: list[BufferLayout],
+                 producer_part: dict[str, int]) -> CompiledPartition:
     ids: dict[str, int] = {}
 
     def tid(name: str) -> int:
@@ -150,13 +163,13 @@ def _compile_one(graph: Graph, specs: Specs, p: Partition, inputs: BufferLayout,
             sources.append(src)
         lay = inputs if src == "input" else out_layouts[producer_part[t]]
         plan_inputs.append([tid(t), 1 + sources.index(src), lay.offsets[t], specs.dtype(t),
-                            list(specs.shape(t))])
+                            known_shape(specs, t)])
     steps = []
     for i in p.nodes:
         n = graph.nodes[i]
         steps.append([n.op, [tid(x) if x else -1 for x in n.inputs],
                       [tid(o) for o in n.outputs if o], _attrs(n.attrs, f"node {n.name}")])
-    outputs = [[tid(t), 0, out_layouts[p.index].offsets[t], specs.dtype(t), list(specs.shape(t))]
+    outputs = [[tid(t), 0, out_layouts[p.index].offsets[t], specs.dtype(t), known_shape(specs, t)]
                for t in p.outputs]
     plan = {"v": 1, "weights": [], "inputs": plan_inputs, "steps": steps, "outputs": outputs}
     # Offsets depend on the plan's length and the plan lists the offsets: two passes.

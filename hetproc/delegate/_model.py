@@ -83,7 +83,9 @@ def _require_onnx() -> None:
         return
     try:
         import onnx as _onnx
-        from onnx import helper as _h, numpy_helper as _nh, shape_inference as _si
+        from onnx import helper as _h
+        from onnx import numpy_helper as _nh
+        from onnx import shape_inference as _si
     except ImportError:
         raise errors.UnsupportedOp("ONNX models need the 'onnx' package: "
                                    "pip install 'hetproc[onnx]'") from None
@@ -255,7 +257,7 @@ def _parse(source: Any) -> Any:
     except Exception as exc:
         raise errors.InvalidRequest(f"model file is malformed or truncated: "
                                     f"{_first_line(exc)}") from None
-    if not model.HasField("graph") or not model.graph.node and not model.graph.output:
+    if not model.HasField("graph") or (not model.graph.node and not model.graph.output):
         raise errors.InvalidRequest("model file holds no graph (empty, truncated or not ONNX)")
     return model
 
@@ -335,7 +337,7 @@ def fold_constants(graph: Graph) -> Graph:
     compiled asset carries them as weights instead of recomputing them every run."""
     from device_workers import run_op, unsupported
     inits = dict(graph.initializers)
-    nodes = []
+    nodes: list[Node] = []
     outs = {v.name for v in graph.outputs}
     for n in graph.nodes:
         constant = all(not i or i in inits for i in n.inputs)
@@ -350,7 +352,8 @@ def fold_constants(graph: Graph) -> Graph:
                     set(n.outputs) & outs):
                 inits.update({o: np.ascontiguousarray(r) for o, r in zip(n.outputs, results) if o})
                 continue
-        if n.op == "Constant" and isinstance(n.attrs.get("value"), np.ndarray) and len(n.attrs) == 1:
+        if (n.op == "Constant" and isinstance(n.attrs.get("value"), np.ndarray)
+                and len(n.attrs) == 1):
             inits[n.outputs[0]] = n.attrs["value"]
             continue
         nodes.append(Node(len(nodes), n.name, n.op, n.inputs, n.outputs, n.attrs))

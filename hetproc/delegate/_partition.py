@@ -22,13 +22,13 @@ every refused node); fallback mode logs what fell back and why.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
 
 from ipc import errors
 
 from ._model import Graph
-from ._targets import Device, TARGETS, nbytes_of, refusal
+from ._targets import Device, nbytes_of, refusal
 
 FENCE_HOP_US = 25.0  # a semaphore wake across processes (measured ~21-28 us)
 
@@ -160,7 +160,8 @@ def _compute_node_us(graph: Graph, specs: Specs, idx: int, dev: Device) -> float
                               [s or () for _, s in outs], nbytes, n.attrs)
 
 
-def transfer(src: Device | None, dst: Device | None, nbytes: int, rank: int) -> tuple[list[str], float]:
+def transfer(src: Device | None, dst: Device | None, nbytes: int,
+             rank: int) -> tuple[list[str], float]:
     """Work at one boundary edge: what happens and its modeled cost (us)."""
     if src is not None and dst is not None and src.name == dst.name:
         return [], 0.0
@@ -187,7 +188,8 @@ def place(graph: Graph, specs: Specs, devices: Sequence[Device], options: Option
     if options.accelerators is not None:
         unknown = [a for a in options.accelerators if a not in by_name]
         if unknown:
-            raise errors.InvalidRequest(f"unknown accelerator(s) {unknown}; devices: {list(by_name)}")
+            raise errors.InvalidRequest(f"unknown accelerator(s) {unknown}; "
+                                        f"devices: {list(by_name)}")
         accels = [a for a in options.accelerators if a != fallback]
     else:
         accels = [d.name for d in devices if d.name != fallback and d.runs_graph]
@@ -198,7 +200,7 @@ def place(graph: Graph, specs: Specs, devices: Sequence[Device], options: Option
     cpu_us = {i: node_us(graph, specs, i, fb) for i in range(len(graph.nodes))}
     assignment: dict[int, str] = {}
     why: dict[int, str] = {}
-    for i, node in enumerate(graph.nodes):
+    for i in range(len(graph.nodes)):
         n, ins, outs = _node_io(graph, specs, i)
         refusals, best = [], None
         for a in accels:
@@ -366,7 +368,8 @@ def _weigh(graph: Graph, specs: Specs, parts: list[Partition], by_name: dict[str
         dev = by_name[p.device]
         if len(p.nodes) < options.min_nodes_per_partition:
             changes.append((p.nodes, f"partition of {len(p.nodes)} node(s) on {p.device} is "
-                                     f"below min_nodes_per_partition={options.min_nodes_per_partition}"))
+                                     "below min_nodes_per_partition="
+                                     f"{options.min_nodes_per_partition}"))
             continue
         if not options.weigh_costs:
             gains.append((0.0, p))
@@ -394,7 +397,6 @@ def _finish(graph: Graph, specs: Specs, parts: list[Partition],
             by_name: dict[str, Device]) -> list[Boundary]:
     _io(graph, parts)
     prod = graph.producers()
-    cons = graph.consumers()
     where = {i: q.device for q in parts for i in q.nodes}
     boundaries: list[Boundary] = []
     model_outs = {v.name for v in graph.outputs}

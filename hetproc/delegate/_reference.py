@@ -3,7 +3,8 @@ library the device processes use (``device_workers.run_op``)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 

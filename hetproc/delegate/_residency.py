@@ -18,7 +18,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-
 FREQUENCY_WINDOW_S = 1.0
 
 
@@ -87,7 +86,7 @@ class Residency:
                 self.known.pop(k, None)
 
 
-_BY_CLIENT: "weakref.WeakKeyDictionary[Any, dict[str, Residency]]" = weakref.WeakKeyDictionary()
+_BY_CLIENT: weakref.WeakKeyDictionary[Any, dict[str, Residency]] = weakref.WeakKeyDictionary()
 _REGISTRY_LOCK = threading.Lock()
 
 

@@ -9,29 +9,31 @@ ONE ``graph`` command on its device's context, waiting only on the fences of the
 partitions it reads from (fences only at partition boundaries), then reads the outputs.
 A partition whose producers may compute (really, in numpy) longer than half the
 platform's dependency timeout is submitted once they are done, so no device waits past
-that timeout on a fence. A command holds its device for the partition's modeled device time (roofline time of its
-ops plus cache maintenance and reformats at its boundaries); dispatch and fence hops are
-not added to it, since the emulator really performs them.
+that timeout on a fence. A command holds its device for the partition's modeled device
+time (roofline time of its ops plus cache maintenance and reformats at its boundaries);
+dispatch and fence hops are not added to it, since the emulator really performs them.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from ipc import errors
 
 from ._cache import AssetCache
-from ._compile import Compiled, compile_placement, tensor_specs
+from ._compile import Compiled, compile_placement, known_shape, tensor_specs
 from ._model import Graph, fold_constants, load_model
 from ._partition import Options, Placement, place
 from ._reference import check_inputs
 from ._residency import residency_of
-from ._targets import devices_of
+from ._targets import Device, devices_of
 
 RUN_TIMEOUT_S = 60.0
 # A tool-specific trace stage (200-255 are free): one instant per partition asset load,
@@ -61,10 +63,15 @@ def _wait(fence: Any, timeout: float) -> None:
 
 
 class DelegatedModel:
-    def __init__(self, client: Any, graph: Graph, compiled: Compiled) -> None:
+    def __init__(self, client: Any, graph: Graph, compiled: Compiled, devices: list[Device],
+                 options: Options, cache: AssetCache | None, shared_assets: list[int]) -> None:
+        """``load`` builds one; see there."""
         self.client = client
         self.graph = graph
         self.compiled = compiled
+        self._devices = {d.name: d for d in devices}
+        self._options, self._cache = options, cache
+        self._shared = shared_assets
         self.placement: Placement = compiled.placement
         self._lock = threading.Lock()
         self._closed = False
@@ -83,7 +90,7 @@ class DelegatedModel:
     def load(cls, client: Any, model: Any, *, options: Options | None = None,
              input_shapes: dict[str, Any] | None = None,
              cache: AssetCache | None = None,
-             shared_assets: list[int] | None = None) -> "DelegatedModel":
+             shared_assets: list[int] | None = None) -> DelegatedModel:
         """Place, compile and upload ``model`` (a path, bytes, ModelProto or ``Graph``).
         With ``cache``, each partition's asset is looked up first (``load_info["cache"]``
         says "hit", "compiled" or "corrupt asset, recompiled" per partition).
@@ -99,10 +106,7 @@ class DelegatedModel:
         devices = devices_of(client.info["spec"])
         placement = place(graph, specs, devices, options)
         compiled = compile_placement(placement, specs)
-        self = cls(client, graph, compiled)
-        self._devices = {d.name: d for d in devices}
-        self._options, self._cache = options, cache
-        self._shared = list(shared_assets or [])
+        self = cls(client, graph, compiled, devices, options, cache, list(shared_assets or []))
         try:
             self._upload()
         except BaseException:
@@ -213,7 +217,8 @@ class DelegatedModel:
             return "hit"
         cp.write(dest)
         self._cache.store(parts, dest.tobytes())
-        outcome = "corrupt asset, recompiled" if outcome != "miss" or payload is not None else "compiled"
+        recompiled = outcome != "miss" or payload is not None
+        outcome = "corrupt asset, recompiled" if recompiled else "compiled"
         self._cache.record(outcome)
         return outcome
 
@@ -224,18 +229,21 @@ class DelegatedModel:
 
     def _context(self, device: str) -> Any:
         if device not in self._contexts:
-            self._contexts[device] = self.client.context(device, name=_context_name(self.graph.name))
+            self._contexts[device] = self.client.context(device,
+                                                         name=_context_name(self.graph.name))
         return self._contexts[device]
 
     # -- running ------------------------------------------------------------------------
 
-    def run(self, inputs: Mapping[str, Any], *, timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, Any], *,
+            timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
         """Every model output by name. Bad inputs are refused before anything is submitted."""
         if self._closing:
             raise errors.InvalidRequest("this model is closing")
         return self._run(inputs, timeout)
 
-    def _run(self, inputs: Mapping[str, Any], timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
+    def _run(self, inputs: Mapping[str, Any],
+             timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
         arrays = check_inputs(self.graph, inputs)
         c = self.compiled
         with self._lock:
@@ -319,7 +327,8 @@ class DelegatedModel:
             # Fire and forget: no reply round trip per partition; a refused command fails
             # its fence, and _wait turns that into the supervisor's full message.
             fences.append(self._contexts[p.device].submit_nowait(
-                "graph", ins, [self._out_bufs[p.index]], wait=wait, ms=(p.device_us + fetch_us) / 1000,
+                "graph", ins, [self._out_bufs[p.index]], wait=wait,
+                ms=(p.device_us + fetch_us) / 1000,
                 timeout_ms=min(timeout * 1000 / scale, self._max_duration_ms())))
         self.last_run["residency"] = residency
 
@@ -339,8 +348,8 @@ class DelegatedModel:
     def _output_in_place(self, name: str, k: int) -> np.ndarray:
         c = self.compiled
         off = c.output_layouts[k].offsets[name]
-        dt, shape = np.dtype(c.specs.dtype(name)), c.specs.shape(name)
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        dt, shape = np.dtype(c.specs.dtype(name)), known_shape(c.specs, name)
+        n = math.prod(shape) * dt.itemsize
         return self._out_views[k][off:off + n].view(dt).reshape(shape)
 
     def output_view(self, name: str) -> np.ndarray | None:
@@ -414,7 +423,7 @@ class DelegatedModel:
         with self._lock:  # a run still inside (timed out above) fails with "closed"
             self._closed = True
         for p in self.placement.partitions:
-            dev = self._devices.get(p.device) if hasattr(self, "_devices") else None
+            dev = self._devices.get(p.device)
             if dev is not None and dev.sram_bytes > 0:
                 residency_of(self.client, p.device, dev.sram_bytes).forget([(id(self), p.index)])
         for ctx in self._contexts.values():
@@ -428,7 +437,7 @@ class DelegatedModel:
             except errors.HetprocError:
                 pass
 
-    def __enter__(self) -> "DelegatedModel":
+    def __enter__(self) -> DelegatedModel:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -35,9 +35,12 @@ def mobilenet_like(seed: int = 0, size: int = 32, classes: int = 10,
         return out
 
     c = 16
-    x = node("Conv", ["x", w("w0", c, 3, 3, 3), w("b0", c)], "stem", pads=[1, 1, 1, 1], strides=[2, 2])
-    bn = [const(f"bn_{k}", v) for k, v in (("s", rng.uniform(0.5, 1.5, c)), ("b", rng.standard_normal(c) * 0.1),
-                                           ("m", rng.standard_normal(c) * 0.1), ("v", rng.uniform(0.5, 1.5, c)))]
+    x = node("Conv", ["x", w("w0", c, 3, 3, 3), w("b0", c)], "stem", pads=[1, 1, 1, 1],
+             strides=[2, 2])
+    bn = [const(f"bn_{k}", v) for k, v in (("s", rng.uniform(0.5, 1.5, c)),
+                                           ("b", rng.standard_normal(c) * 0.1),
+                                           ("m", rng.standard_normal(c) * 0.1),
+                                           ("v", rng.uniform(0.5, 1.5, c)))]
     x = node("BatchNormalization", [x, *bn], "stem_bn")
     x = node("Clip", [x, const("zero", 0.0), const("six", 6.0)], "stem_relu6")
     # depthwise-separable block with a residual
@@ -47,7 +50,8 @@ def mobilenet_like(seed: int = 0, size: int = 32, classes: int = 10,
     x = node("Add", [x, p], "res1")
     x = node("HardSwish", [x], "hs1")
     # grouped conv, downsampling block
-    x = node("Conv", [x, w("gw", 2 * c, c // 4, 3, 3)], "gconv", pads=[1, 1, 1, 1], strides=[2, 2], group=4)
+    x = node("Conv", [x, w("gw", 2 * c, c // 4, 3, 3)], "gconv", pads=[1, 1, 1, 1], strides=[2, 2],
+             group=4)
     x = node("HardSigmoid", [x], "hsig")
     x = node("Mul", [x, const("gain", 1.5)], "gain_mul")
     x = node("MaxPool", [x], "pool", kernel_shape=[2, 2], strides=[2, 2])

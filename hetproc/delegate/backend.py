@@ -9,11 +9,12 @@ model), which is how the conformance suite checks a delegated op against ONNX's 
 from __future__ import annotations
 
 import unittest
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
-
 from onnx.backend.base import Backend, BackendRep  # this module needs the onnx extra
+
 from ipc import errors
 
 from ._model import Graph, load_model
@@ -114,7 +115,7 @@ class DelegateBackend:
     def client(self) -> Any:
         return self._client() if callable(self._client) else self._client
 
-    def prepare(self, model: Any, device: str = "CPU", **kwargs: Any) -> "BackendRep":
+    def prepare(self, model: Any, device: str = "CPU", **kwargs: Any) -> BackendRep:
         from ._partition import Options
         from ._runtime import DelegatedModel
         refusals = []

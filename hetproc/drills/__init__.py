@@ -23,13 +23,32 @@ from ._acceptance import run_matrix
 from ._campaign import campaign_task, run_campaign
 from ._conformance import conformance_cases, run_conformance
 from ._drills import DRILLS, run_drill
+from ._leaks import (
+                     alive,
+                     assert_no_leftovers,
+                     leftovers,
+                     new_children,
+                     platform_pids,
+                     started_prefixes,
+)
+from ._scenario import (
+                     Check,
+                     Option,
+                     Scenario,
+                     check_options,
+                     check_output_path,
+                     declared_options,
+                     find_scenario,
+                     load_module,
+                     load_scenario,
+                     quick_options,
+                     run_on_platform,
+                     run_scenario,
+                     scenario_folder,
+                     scenario_names,
+                     write_report,
+)
 from ._schedcheck import compare as compare_schedule
-from ._leaks import (alive, assert_no_leftovers, leftovers, new_children, platform_pids,
-                     started_prefixes)
-from ._scenario import (Check, Option, Scenario, check_options, check_output_path,
-                        declared_options, find_scenario, load_module, load_scenario,
-                        quick_options, run_on_platform, run_scenario, scenario_folder,
-                        scenario_names, write_report)
 
 __all__ = [
     "Scenario", "Check", "Option", "run_scenario", "run_on_platform", "scenario_names",

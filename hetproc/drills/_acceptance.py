@@ -14,7 +14,8 @@ import contextlib
 import multiprocessing
 import signal
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from ._drills import DRILLS, run_drill
 from ._scenario import load_scenario, quick_options, run_scenario, scenario_names

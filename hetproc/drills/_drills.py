@@ -18,7 +18,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -29,12 +30,12 @@ from ..client import same_code_env
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
-DRILLS: dict[str, tuple[Callable[["Drill"], None], str, dict[str, Any]]] = {}
+DRILLS: dict[str, tuple[Callable[[Drill], None], str, dict[str, Any]]] = {}
 
 
 def drill(name: str, doc: str, **recovery: Any):
     """Register a drill; ``recovery`` sets the platform's recovery policy for it."""
-    def register(fn: Callable[["Drill"], None]):
+    def register(fn: Callable[[Drill], None]):
         DRILLS[name] = (fn, doc, recovery)
         return fn
     return register
@@ -105,7 +106,8 @@ class Drill:
             self.bystander.stop()
             self.s.check("other clients unaffected (camera kept working)",
                          not self.bystander.failures and self.bystander.done > 0,
-                         f"{self.bystander.done} camera jobs done, failures: {self.bystander.failures}")
+                         f"{self.bystander.done} camera jobs done, "
+                         f"failures: {self.bystander.failures}")
             self.bystander = None
         deadline = time.monotonic() + 3
         while True:  # reclamation is asynchronous: give it a moment, never forever
@@ -178,8 +180,10 @@ def _timeout(d: Drill) -> None:
     err = d.expect_error(ctx.submit("work", ms=5), errors.DeviceTimeout, "context")
     inc = d.incident()
     d.s.check("device confirmed the stop itself (acknowledged, not killed)",
-              inc is not None and inc["confirmed_stop"] == "acknowledged", str(inc and inc["confirmed_stop"]))
-    d.s.check("buffers of the request reported untrusted", err is not None and not err.buffers_trusted)
+              inc is not None and inc["confirmed_stop"] == "acknowledged",
+              str(inc and inc["confirmed_stop"]))
+    d.s.check("buffers of the request reported untrusted",
+              err is not None and not err.buffers_trusted)
     _check_context_lost(d, ctx)
     d.next_request_succeeds("npu0")
     ctx.close()
@@ -284,7 +288,8 @@ def _alloc_fail(d: Drill) -> None:
     d.client.inject("alloc_fail")
     try:
         d.client.alloc(4096)
-        d.s.check("error is AllocationFailed, scope request, retryable", False, "allocation succeeded")
+        d.s.check("error is AllocationFailed, scope request, retryable", False,
+                  "allocation succeeded")
     except errors.AllocationFailed as exc:
         d.s.check("error is AllocationFailed, scope request, retryable",
                   exc.scope == "request" and exc.retryable)
@@ -330,7 +335,8 @@ def _compile_timeout(d: Drill) -> None:
     d.s.check("the request runs on the fallback device with the right result",
               bool((c.array() == 16).all()))
     err = d.client.metrics()["last_error"] or {}
-    d.s.check("the compile timeout is recorded", err.get("name") == "CompileTimeout", str(err.get("name")))
+    d.s.check("the compile timeout is recorded", err.get("name") == "CompileTimeout",
+              str(err.get("name")))
     for x in (a, b, c):
         x.free()
     ctx.close()
@@ -449,7 +455,8 @@ def _client_crash(d: Drill) -> None:
                             stdout=subprocess.PIPE, text=True, env=same_code_env())
     d.s.extra_pids.append(proc.pid)
     try:
-        ready = proc.stdout.readline().strip() == "ready"
+        out = proc.stdout  # a pipe (stdout=PIPE above), typed as maybe-None
+        ready = out is not None and out.readline().strip() == "ready"
         d.s.check("the doomed client was running", ready)
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)

@@ -8,7 +8,7 @@ the same question, so they all ask it here.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil
 

@@ -22,17 +22,19 @@ import math
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
 from ipc import errors
 
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
-from ..client import Platform
+from ..client import Client, Platform
 from ._leaks import leftovers, platform_pids
 
 Progress = Callable[[str], None]
@@ -177,8 +179,8 @@ def find_scenario(name: str) -> Path:
         return candidate
     known = scenario_names()
     near = difflib.get_close_matches(name, known, n=1)
-    raise errors.InvalidRequest(f"no scenario {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
-                                + f"; known: {', '.join(known)}")
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise errors.InvalidRequest(f"no scenario {name!r}{hint}; known: {', '.join(known)}")
 
 
 def load_module(path: Path) -> ModuleType:
@@ -221,7 +223,8 @@ def quick_options(module: ModuleType) -> dict[str, Any]:
     return dict(getattr(module, "QUICK", None) or {})
 
 
-def check_options(name: str, declared: dict[str, Option], options: dict[str, Any]) -> dict[str, Any]:
+def check_options(name: str, declared: dict[str, Option],
+                  options: dict[str, Any]) -> dict[str, Any]:
     """Every option set must be one the scenario declares, of the right type and range."""
     out = {}
     for key, value in options.items():
@@ -359,7 +362,7 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
     }
     if interrupted is not None:
         # The interrupt goes on (the caller asked to stop), carrying what was collected.
-        setattr(interrupted, "report", report)  # read back by the CLI: getattr(exc, "report")
+        vars(interrupted)["report"] = report  # read back by the CLI: getattr(exc, "report")
         raise interrupted
     return report
 
@@ -377,9 +380,18 @@ def _raised_at(exc: BaseException, func: Callable[..., Any]) -> str:
     return f"{f.filename}:{f.lineno} in {f.name}"
 
 
+def _client_of(plat: Platform) -> Client:
+    """The platform's own client; PlatformClosed once the platform was stopped (a
+    scenario may stop it itself)."""
+    if plat.client is None:
+        raise errors.PlatformClosed("the platform was stopped")
+    return plat.client
+
+
 def _metrics_or_none(plat: Platform) -> dict[str, Any] | None:
+    """None: the platform is gone (a drill killed the supervisor, a scenario stopped it)."""
     try:
-        return plat.metrics()
+        return _client_of(plat).metrics()
     except errors.HetprocError:
         return None
 
@@ -409,7 +421,7 @@ def _failure(plat: Platform, exc: Exception) -> dict[str, Any]:
                "correlation_id": 0}
     out: dict[str, Any] = {"error": err, "incidents": [], "windows": [], "last_error": None}
     try:
-        client = plat.client
+        client = _client_of(plat)
         cid = err.get("correlation_id") or 0
         got = client.incidents()
         history = list(got["history"]) + list(got["active"])  # one may still be recovering
@@ -478,7 +490,7 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
                       stem: str) -> dict[str, Any]:
     """Frozen windows (always summarised; written next to the trace file when there is
     one), the trace file and the timeline picture."""
-    client = plat.client
+    client = _client_of(plat)
     evidence: dict[str, Any] = {}
     if trace_path:
         base = os.path.splitext(trace_path)[0]

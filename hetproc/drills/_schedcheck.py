@@ -16,8 +16,9 @@ product's, unless the host lagged (the platform's ``model_lags`` count is in the
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ipc import END, Stage
 

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from hetproc.client import same_code_env
-from hetproc.delegate import load_model, run_reference
+from hetproc.delegate import load_model, run_reference, save_npz
 from ipc import cleanup_prefix
 
 from ._providers import normalize
@@ -79,7 +79,7 @@ def validate(model: Any, providers: Sequence[Any], inputs: dict[str, Any] | None
     reference = run_reference(graph, feeds)
     with tempfile.TemporaryDirectory(prefix="hetproc-validate-") as tmp:
         (Path(tmp) / "model.onnx").write_bytes(data)
-        _save(Path(tmp) / "inputs.npz", {k: np.asarray(v) for k, v in feeds.items()})
+        save_npz(Path(tmp) / "inputs.npz", {k: np.asarray(v) for k, v in feeds.items()})
 
         def one(k: int, name: str, opts: dict[str, str]) -> ProviderResult:
             work = Path(tmp) / f"run{k}"
@@ -97,11 +97,6 @@ def validate(model: Any, providers: Sequence[Any], inputs: dict[str, Any] | None
     best = min(passed, key=lambda r: (r.modeled_us if r.modeled_us is not None else 1e18,
                                       table.index(r))) if passed else None
     return Validation(best.provider if best else None, table)
-
-
-def _save(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Arrays by name (numpy's stubs read ``**arrays`` as its ``allow_pickle`` argument)."""
-    np.savez(path, **arrays)  # type: ignore[arg-type]
 
 
 def _model_bytes(model: Any) -> bytes:
@@ -244,7 +239,7 @@ def _child(work_dir: str) -> int:
                                                           "message": str(exc)}))
             ort.shutdown()
             return 0
-        _save(work / "outputs.npz", dict(zip(names, outs, strict=True)))
+        save_npz(work / "outputs.npz", dict(zip(names, outs, strict=True)))
         (work / "result.json").write_text(json.dumps({"status": "ok", "modeled_us": modeled}))
         ort.shutdown()
     return 0

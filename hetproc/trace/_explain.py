@@ -31,14 +31,16 @@ from __future__ import annotations
 import bisect
 import os
 import sys
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ipc import errors
 
 from . import _read
 
-__all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest", "format_request",
+__all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest",
+           "format_request",
            "IMPLICATIONS", "STAGES", "summary_lines", "as_dict", "parse_cid"]
 
 STAGES = ("submit", "queued", "acquire", "execute", "signal", "wake-up", "callback")
@@ -129,7 +131,7 @@ class _ByRow:
     attribution asks ("what ran on this device between t0 and t1"): each answer looks at
     the slices that can overlap, found by bisection, never at the whole trace."""
 
-    def __init__(self, trace: "Trace", slices: list[Slice]) -> None:
+    def __init__(self, trace: Trace, slices: list[Slice]) -> None:
         rows: dict[str, list[Slice]] = {}
         for sl in slices:
             rows.setdefault(trace.row(sl.pid, sl.tid), []).append(sl)
@@ -223,7 +225,7 @@ class Trace:
         if args.get("unfinished"):
             req.unfinished = True
 
-    def finish(self, other: Any) -> "Trace":
+    def finish(self, other: Any) -> Trace:
         """After the last event: ``otherData`` checked, everything in time order."""
         self.other = _read.check_other(other)
         for req in self.by_cid.values():
@@ -294,7 +296,6 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
     # the kernel: every part shares the cid): queued and acquire end where the first part
     # starts; execute runs from there to the end of the last part.
     sub, queued, ex = req.first("SUBMIT"), req.first("QUEUED"), req.first("EXEC")
-    last = req.last("EXEC")
     enq = req.first("ENQUEUE")
     start = sub or enq or queued or req.first("ACQUIRE_WAIT") or ex
     if start is None:
@@ -308,6 +309,7 @@ def _points(req: Request) -> list[tuple[str, float, str]]:
             # at the failure, by the supervisor; the device had taken it before it started.
             pts.append(("queued", min([queued.t1, *on_device]), "queue"))
     if ex is not None:
+        last = req.last("EXEC") or ex  # a first EXEC slice means a last one
         pts.append(("acquire", ex.t0, "device"))
         if not last.args.get("unfinished"):
             pts.append(("execute", last.t1, "device"))
@@ -356,7 +358,7 @@ def explain(trace: Trace, cid: int, *, detail: bool = True) -> Request | None:
         return req
     pts = _points(req)
     req.stages = []
-    for (_, t_prev, _), (name, t, kind) in zip(pts, pts[1:]):
+    for (_, t_prev, _), (name, t, _kind) in zip(pts, pts[1:]):
         req.stages.append(Span(name, t_prev, t, _where(trace, req, name),
                                _detail(trace, req, name, t_prev, t) if detail else ""))
     req.detailed = detail
@@ -402,10 +404,10 @@ def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str
         q = req.first("QUEUED")
         dev = trace.device_of(req)
         others: dict[int, float] = {}
-        for ex in trace.by_row("execs").overlapping(dev, t0, t1):
-            c = int(ex.args.get("cid") or 0)
+        for other in trace.by_row("execs").overlapping(dev, t0, t1):
+            c = int(other.args.get("cid") or 0)
             if c != req.cid:
-                others[c] = others.get(c, 0.0) + min(ex.t1, t1) - max(ex.t0, t0)
+                others[c] = others.get(c, 0.0) + min(other.t1, t1) - max(other.t0, t0)
         parts = []
         if q is not None:
             parts.append(f"priority {q.args.get('a1', 0)}")

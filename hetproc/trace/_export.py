@@ -9,7 +9,8 @@ file is self-describing (``hetproc trace explain FILE`` needs nothing else).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -71,7 +72,8 @@ def expand(records: np.ndarray, running: Iterable[Sequence[int]] = ()) -> np.nda
         flags = ex["a0"] & SIGNALLED_AT_END
         ex["a0"] &= SIGNALLED_AT_END - 1
         b = ex.copy()
-        b["phase"], b["t_ns"], b["a0"], b["a1"], b["a2"] = BEGIN, ex["a2"].astype(np.uint64), 0, 0, 0
+        b["phase"], b["t_ns"] = BEGIN, ex["a2"].astype(np.uint64)
+        b["a0"], b["a1"], b["a2"] = 0, 0, 0
         for cid, t in zip(ex["cid"].tolist(), ex["a1"].tolist()):
             if t > 0:
                 takes.setdefault(cid, []).append(t)

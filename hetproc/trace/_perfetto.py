@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -143,23 +144,14 @@ def to_chrome_trace(
     used_tids: set[tuple[int, int, int, int]] = set()
     for s in slices:
         tb, te, pid, track = s[0], s[1], s[2], s[3]
-        stacks = lanes.setdefault((pid, track), [])
-        for lane, ends in enumerate(stacks):
-            while ends and ends[-1] <= tb:
-                ends.pop()
-            if not ends or te <= ends[-1]:
-                break
-        else:
-            lane, ends = len(stacks), []
-            stacks.append(ends)
-        ends.append(te)
+        lane = _nesting_lane(lanes.setdefault((pid, track), []), tb, te)
         s.append(tid_for(track, lane))
         used_tids.add((pid, track, lane, s[-1]))
 
     # -- events: each flow step right after the slice it binds to -------------------------
     timed: list[tuple[int, int, int, dict]] = []  # (t_ns, -dur, order, event)
     by_cid: dict[int, list[int]] = {}
-    for i, (tb, te, pid, track, stage, cid, args, tid) in enumerate(slices):
+    for i, (tb, te, pid, _track, stage, cid, args, tid) in enumerate(slices):
         timed.append((tb, tb - te, 2 * i, {
             "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
             "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
@@ -260,6 +252,19 @@ def to_chrome_trace(
 
 _MARKER = {"SUBMIT": "SENT", "WAKE": "WOKE"}
 _MIN_MARK_NS = 2000  # a part narrower than this is not drawn apart (nor bound to)
+
+
+def _nesting_lane(stacks: list[list[int]], tb: int, te: int) -> int:
+    """The first lane of a track where [tb, te] nests inside the slices still open there
+    (those that ended by ``tb`` are closed on the way), or a new lane; ``te`` is opened."""
+    for lane, ends in enumerate(stacks):
+        while ends and ends[-1] <= tb:
+            ends.pop()
+        if not ends or te <= ends[-1]:
+            ends.append(te)
+            return lane
+    stacks.append([te])
+    return len(stacks) - 1
 
 
 def _one_per_overlap(idxs: list[int], slices: list[list[Any]]) -> list[int]:

@@ -14,7 +14,8 @@ only when a picture is asked for, so the rest of hetproc never needs it.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ipc import errors
 
@@ -45,7 +46,7 @@ def require_matplotlib():
     return Figure, FigureCanvasAgg
 
 
-def plot_timeline(trace: "Trace | Mapping[str, Any] | str | os.PathLike[str]",
+def plot_timeline(trace: Trace | Mapping[str, Any] | str | os.PathLike[str],
                   path: str | os.PathLike[str], *, window: tuple[float, float] | None = None,
                   title: str = "") -> dict[str, Any]:
     """Draw ``trace`` (a parsed ``Trace``, a Chrome trace dict or a file) into a PNG at
@@ -61,12 +62,14 @@ def plot_timeline(trace: "Trace | Mapping[str, Any] | str | os.PathLike[str]",
         slices = [s for s in slices if s.t1 >= lo and s.t0 <= hi]
     # Lanes, top to bottom: clients, then each device's queue and the device itself.
     lanes: dict[tuple[int, int], str] = {}
-    for s in sorted(slices, key=lambda s: (_lane_rank(tr.threads.get((s.pid, s.tid), "")), s.pid, s.tid)):
+    for s in sorted(slices,
+                    key=lambda s: (_lane_rank(tr.threads.get((s.pid, s.tid), "")), s.pid, s.tid)):
         key = (s.pid, s.tid)
         if key not in lanes:
             lanes[key] = tr.where(s)
     order = sorted(lanes, key=lambda k: (_lane_rank(tr.threads.get(k, "")),
-                                         _base_row(tr.threads.get(k, "")), tr.threads.get(k, ""), k))
+                                         _base_row(tr.threads.get(k, "")), tr.threads.get(k, ""),
+                                         k))
     y_of = {k: len(order) - 1 - i for i, k in enumerate(order)}
 
     fig = Figure(figsize=(14, 1.0 + 0.55 * max(1, len(order))), dpi=100)

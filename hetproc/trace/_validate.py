@@ -17,15 +17,16 @@ re-enacts the rules that matter for hetproc's traces (from Perfetto's
 
 hetproc adds its own expectations: a step binds to a slice of its own request (the same
 ``args.cid``), and the arrows point forward in time (the UI draws an arrow from the end
-of one bound slice to the start of the next: the next must not start earlier). ``validate`` returns every problem
-found (empty: the trace reads as intended); ``flow_chains`` returns, per request, the
-slices its arrows connect, in order.
+of one bound slice to the start of the next: the next must not start earlier).
+``validate`` returns every problem found (empty: the trace reads as intended);
+``flow_chains`` returns, per request, the slices its arrows connect, in order.
 """
 
 from __future__ import annotations
 
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["validate", "flow_chains"]
 
@@ -76,7 +77,7 @@ def _read_order(events: list) -> list[tuple[int, dict]]:
     return [(ts, ev) for ts, _, _, ev in keyed]
 
 
-def _bind(events: list) -> tuple[list[str], dict[tuple, list[tuple[float, str, dict, dict]]]]:
+def _bind(events: list) -> tuple[list[str], dict[tuple, list[tuple[int, str, dict, dict]]]]:
     """Replay the rows' stacks; returns nesting problems and, per flow key, its steps
     (ts, phase, the flow event, the slice it binds to or {})."""
     problems: list[str] = []
@@ -112,7 +113,7 @@ def validate(doc: Mapping[str, Any]) -> list[str]:
         return problems
     nesting, chains = _bind(events)
     problems += nesting
-    for (cat, name, fid), steps in chains.items():
+    for (_cat, name, fid), steps in chains.items():
         where = f"flow {name} {fid:#x}" if isinstance(fid, int) else f"flow {name} {fid}"
         phases = [ph for _, ph, _, _ in steps]
         if phases[0] != "s" or phases[-1] != "f" or any(ph != "t" for ph in phases[1:-1]):
@@ -124,8 +125,8 @@ def validate(doc: Mapping[str, Any]) -> list[str]:
             elif (bound.get("args") or {}).get("cid") != fid:
                 problems.append(f"{where}: step {ph} at {ts} binds to {bound.get('name')} "
                                 f"of request {(bound.get('args') or {}).get('cid')}")
-        bound = [b for _, _, _, b in steps]
-        for out, into in zip(bound, bound[1:]):
+        slices = [b for _, _, _, b in steps]
+        for out, into in zip(slices, slices[1:]):
             if out and into and _ns(into["ts"]) + _SLACK_NS < _ns(out["ts"]) + _ns(out["dur"]):
                 problems.append(f"{where}: the arrow {out.get('name')} -> {into.get('name')} "
                                 f"points backwards in time")
