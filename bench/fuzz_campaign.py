@@ -474,9 +474,10 @@ def flood(address: str, rng: random.Random) -> int:
 def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, ...]) -> dict:
     """A tenant that writes into its own user-mode queue what no honest client would:
     random bytes, records naming fences it does not own (handles guessed: low slots,
-    early generations, so live fences of other tenants are hit), wrong ring positions,
-    durations past the bound, far arrivals, and heads no ring can have, ringing the
-    doorbell after each burst. Only the device reads these; the platform's other tenants
+    early generations, so live fences of other tenants are hit) to signal or to wait on,
+    records that do not decode, wrong ring positions, durations past the bound, far
+    arrivals, heads no ring can have and floods of doorbell posts, ringing the doorbell
+    after each burst. Only the device reads these; the platform's other tenants
     must not notice (their results, their fences, the device's pid). Returns what it did
     and what became of its own fences (a forged record may only fail its writer's)."""
     from ipc import encode_queue_record
@@ -487,13 +488,28 @@ def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, 
         ring, seq = q._ring, 0
         for i in range(records):
             seq += 1
-            kind = rng.choice(("bytes", "foreign", "position", "hold", "arrival", "honest"))
+            kind = rng.choice(("bytes", "foreign", "position", "hold", "arrival", "honest",
+                               "foreign_wait", "undecodable", "flood"))
             now = time.monotonic_ns()
             if kind == "bytes":
                 data = rng.randbytes(rng.choice((0, 1, 8, 56, 120)))
             elif kind == "foreign":
                 guess = (rng.randint(1, 4) << 32) | rng.randrange(2048)
                 data = encode_queue_record(seq, rng.getrandbits(40), guess, now, 0)
+            elif kind == "foreign_wait":  # waits on a guessed fence it never imported
+                guess = (rng.randint(1, 4) << 32) | rng.randrange(2048)
+                data = encode_queue_record(seq, 1, 1 << 32, now, 0, wait=[guess])
+            elif kind == "undecodable":  # tag, kernel or wait count broken, a guessed fence
+                guess = (rng.randint(1, 4) << 32) | rng.randrange(2048)
+                raw = bytearray(encode_queue_record(seq, 1, guess, now, 0))
+                raw[rng.choice((0, 2, 3))] = 0xFF
+                data = bytes(raw)
+            elif kind == "flood":  # doorbell posts with nothing written
+                for _ in range(rng.choice((100, 20_000))):
+                    q._doorbell.release()
+                seq -= 1
+                done[kind] += 1
+                continue
             elif kind == "position":
                 data = encode_queue_record(seq + rng.randint(1, 1 << 20), 1, 1 << 32, now, 0)
             elif kind == "hold":

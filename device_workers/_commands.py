@@ -58,6 +58,7 @@ MAX_OPERANDS = 64           # buffers per command, inputs and outputs each
 MAX_DIMS = 8                # dimensions of one buffer view
 MAX_EXTENT = 1 << 40        # one dimension, one stride, one offset (bytes or elements)
 MAX_FENCES = 1024           # handles a command waits on or signals
+MAX_QUEUE_GRANTS = 256      # imported fences a queue attach names (later imports: qgrant)
 MAX_DURATION_NS = 3600 * 10**9  # no modeled duration, delay or timeout beyond an hour
 MAX_MESSAGE = 4096          # characters of an error message in a completion record
 MAX_BATCH = 64              # completion records in one ring slot (2 KiB: ~16 fit)
@@ -131,8 +132,10 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
     # with the commands it pushes
     "qattach": {"qid": Int(1, U64), "sid": Int(1, U64), "slots": Int(1, 1 << 16),
                 "tag": Int(0, U64), "max_hold_ns": _duration, "dep_timeout_ns": _duration,
-                "dispatch_ns": _duration, "first": Int(0, I64)},
+                "dispatch_ns": _duration, "first": Int(0, I64),
+                "grants?": List(Int(0, U64), max_len=MAX_QUEUE_GRANTS), "tenant?": Int(0, U64)},
     "qdetach": {"qid": Int(1, U64)},
+    "qgrant": {"qid": Int(1, U64), "fence": Int(0, U64)},
 }
 
 

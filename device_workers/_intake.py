@@ -58,6 +58,8 @@ class Intake:
                 self.stopped = True
             elif op == "qattach":
                 self.queues.attach(cmd)
+            elif op == "qgrant":
+                self.queues.grant(cmd["qid"], cmd["fence"])
             elif op == "qdetach":
                 self.queues.detach(cmd["qid"])
             return None

@@ -4,7 +4,9 @@ The supervisor attaches a queue with a control record on the device's own comman
 (``qattach``: which segment, whose fences, the bounds it granted); from then on the
 device reads that client's records directly, between the commands the supervisor
 schedules (those go first: they were chosen by the platform's policy, and a queue must
-not starve them), round robin over its queues, one record per queue per turn.
+not starve them), round robin over the tenants (client processes) and, within a tenant,
+over its queues: one record per turn, so a tenant's share does not grow with the queues
+it opens.
 
 Everything in a queue segment is the client's writing, so each record is checked here,
 where it is used, before any state changes:
@@ -15,7 +17,9 @@ where it is used, before any state changes:
 * its modeled duration within the bound the supervisor granted (so a record cannot
   occupy the device past the watchdog); its arrival is clamped to ``ARRIVAL_PAST_NS``
   in the past at most and never in the future (so it cannot hold the device idle);
-* wait fences are checked when waited on (a bad one fails the command, as ever). A
+* each wait fence is the client's own or one it imported (the owner tag, and the grants
+  the supervisor sends as the client imports), as the supervisor checks a submit's;
+  beyond that, wait fences are checked when waited on (a bad one fails the command, as ever). A
   record whose inputs are not ready holds the device only while nothing else is ready
   (the supervisor's ring, another queue): then it is set back, untouched, and taken again
   later, its dependency timeout counted from when it was first found waiting. A tenant
@@ -30,7 +34,7 @@ slot comes next, so a scribbled tail or head cannot make it read out of order or
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ipc import FenceTable, SegmentCache, errors
@@ -38,6 +42,7 @@ from ipc import QueueRecord, QueueRing, queue_bytes
 
 ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
 REFUSALS_PER_TURN = 32
+MAX_GRANTS = 4096  # imported fences one queue remembers (a client imports at most as many)
 
 
 @dataclass(eq=False)
@@ -46,6 +51,7 @@ class DeviceQueue:
     sid: int
     ring: QueueRing
     tag: int             # the owner tag of the client's fences
+    tenant: int          # the client's process: turns are shared per tenant
     max_hold_ns: int
     dep_timeout_ns: int
     dispatch_ns: int
@@ -59,6 +65,16 @@ class DeviceQueue:
     # set back while other work is ready, its dependency timeout counted from then.
     blocked_pos: int = -1
     blocked_since: int = 0
+    # Fences of other tenants this queue's client imported (the supervisor's grants): a
+    # record may wait on these and on its client's own, as a submit may.
+    grants: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Tenant:
+    """One client process's queues on this device, and whose turn is next among them."""
+    queues: list[DeviceQueue] = field(default_factory=list)
+    next: int = 0
 
 
 class DeviceQueues:
@@ -72,6 +88,9 @@ class DeviceQueues:
         self.report = report  # (error code, message): news for the supervisor
         self.queues: dict[int, DeviceQueue] = {}
         self._order: list[DeviceQueue] = []
+        # Turns go round the tenants, then round each tenant's queues: opening more
+        # queues does not buy a process more of the device.
+        self._tenants: dict[int, _Tenant] = {}
         self._next = 0
 
     def __bool__(self) -> bool:
@@ -89,16 +108,28 @@ class DeviceQueues:
             self.report(errors.BadPacket.code, f"{self.name}: queue {qid} not attached: {exc}")
             return
         self.detach(qid)
-        q = DeviceQueue(qid, sid, ring, rec["tag"], rec["max_hold_ns"], rec["dep_timeout_ns"],
-                        rec["dispatch_ns"], pos=rec["first"])
+        q = DeviceQueue(qid, sid, ring, rec["tag"], rec.get("tenant", rec["tag"]),
+                        rec["max_hold_ns"], rec["dep_timeout_ns"],
+                        rec["dispatch_ns"], pos=rec["first"], grants=set(rec.get("grants", ())))
         self.queues[qid] = q
         self._order.append(q)
+        self._tenants.setdefault(q.tenant, _Tenant()).queues.append(q)
+
+    def grant(self, qid: int, fence: int) -> None:
+        """The queue's client imported ``fence``: its records may wait on it."""
+        q = self.queues.get(qid)
+        if q is not None and len(q.grants) < MAX_GRANTS:
+            q.grants.add(fence)
 
     def detach(self, qid: int) -> None:
         q = self.queues.pop(qid, None)
         if q is None:
             return
         self._order.remove(q)
+        group = self._tenants[q.tenant]
+        group.queues.remove(q)
+        if not group.queues:
+            del self._tenants[q.tenant]
         q.ring.release()
 
     def forget_segment(self, sid: int) -> None:
@@ -110,13 +141,26 @@ class DeviceQueues:
     # -- records ------------------------------------------------------------------------
 
     def take(self) -> dict[str, Any] | None:
-        """The next command from the queues, round robin; None when none is owed."""
-        order = self._order
-        for _ in range(len(order)):
-            if self._next >= len(order):
+        """The next command from the queues, round robin over the tenants, then over
+        the tenant's queues; None when none is owed."""
+        groups = list(self._tenants.values())
+        for _ in range(len(groups)):
+            if self._next >= len(groups):
                 self._next = 0
-            q = order[self._next]
+            group = groups[self._next]
             self._next += 1
+            cmd = self._take_from_tenant(group)
+            if cmd is not None:
+                return cmd
+        return None
+
+    def _take_from_tenant(self, group: _Tenant) -> dict[str, Any] | None:
+        order = group.queues
+        for _ in range(len(order)):
+            if group.next >= len(order):
+                group.next = 0
+            q = order[group.next]
+            group.next += 1
             if q.busy:
                 continue
             cmd = self._take_from(q)
@@ -135,7 +179,7 @@ class DeviceQueues:
             q.pos += 1
             try:
                 cmd = self._command(q, ring.read(pos))
-            except errors.BadPacket as exc:
+            except (errors.BadPacket, errors.ForeignHandle) as exc:
                 self._refuse(q, pos, exc)
                 continue
             q.busy = True
@@ -148,6 +192,11 @@ class DeviceQueues:
         if self.fences.pending_owner(rec.signal) != q.tag:
             raise errors.BadPacket(f"queue record signals fence {rec.signal:#x}: not a "
                                    f"pending fence of this queue's client")
+        for handle in rec.wait:
+            owner = self.fences.owner(handle)  # -1: stale, which the wait itself reports
+            if owner != q.tag and owner != -1 and handle not in q.grants:
+                raise errors.ForeignHandle(f"queue record waits on fence {handle:#x}: it "
+                                           f"belongs to another client and was not imported")
         if rec.hold_ns > q.max_hold_ns:
             raise errors.BadPacket(f"queue record holds {rec.hold_ns} ns, past the "
                                    f"{q.max_hold_ns} ns this queue may run")
@@ -162,13 +211,11 @@ class DeviceQueues:
                 "outs": [], "queue": q,
                 "t_queued": min(now, max(now - ARRIVAL_PAST_NS, rec.t_written or arrive))}
 
-    def _refuse(self, q: DeviceQueue, pos: int, exc: errors.BadPacket) -> None:
-        """Fail the record's fence if it is the client's own and pending (what a
-        client's wait then explains); consume the slot either way."""
-        try:
-            signal = q.ring.read(pos).signal
-        except errors.BadPacket:
-            signal = 0
+    def _refuse(self, q: DeviceQueue, pos: int, exc: errors.HetprocError) -> None:
+        """Fail the fence named in the record's slot if it is the client's own and
+        pending (what a client's wait then explains), whether or not the record decoded;
+        consume the slot either way."""
+        signal = q.ring.slot_signal(pos)  # read raw: the record may not decode at all
         if signal and self.fences.pending_owner(signal) == q.tag:
             msg = f"queue record refused by {self.name}: {exc}"
             q.ring.write_note(signal, exc.code, msg)  # before the wake: the waiter reads it

@@ -17,7 +17,7 @@ SLOT_BYTES = 128
 STATE_DTYPE = np.dtype([
     # written by the device
     ("pid", "<u4"), ("epoch", "<u4"), ("state", "<u4"),
-    ("fault_flags", "<u4"),  # reserved: nothing writes or reads it
+    ("wakes", "<u4"),  # turns of the device's idle loop, mod 2**32 (evidence only)
     ("heartbeat_ns", "<u8"), ("progress", "<u8"), ("current_seq", "<u8"),
     ("current_cid", "<u8"), ("started_ns", "<u8"), ("ack_pidx", "<u8"),
     ("done", "<u8"), ("busy_ns", "<u8"), ("current_pidx", "<u8"),
@@ -60,7 +60,7 @@ class StateSlot:
     """
 
     # u32 indexes
-    PID, EPOCH, STATE = 0, 1, 2
+    PID, EPOCH, STATE, WAKES = 0, 1, 2, 3
     PARK = _word("park", 4)
     WANT_NEWS = _word("want_news", 4)
     # u64 indexes

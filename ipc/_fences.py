@@ -314,6 +314,13 @@ class FenceTable:
             return -1
         return self._u64[slot * _W64 + 5]
 
+    def owner(self, handle: int) -> int:
+        """The owner tag of a live fence, pending or not; -1 for a stale handle."""
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        if not self._owns(slot, gen):
+            return -1
+        return self._u64[slot * _W64 + 5]
+
     def pending(self, handle: int) -> bool:
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
         return self._owns(slot, gen) and self._u32[slot * _W32 + 1] == PENDING

@@ -60,6 +60,7 @@ _NOTE = struct.Struct("<QII")  # fence, error code, message length
 _NOTE_TEXT = NOTE_BYTES - _NOTE.size
 # tag, flags, kernel, n_wait, pad(4), qseq, cid, signal, arrive_ns, hold_ns, t_written
 RECORD = struct.Struct("<BBBB4x6Q")
+_SIGNAL, _SIGNAL_AT = struct.Struct("<Q"), 24  # the signal field's place in RECORD
 _WAITS = [struct.Struct(f"<{n}Q") for n in range(MAX_WAIT + 1)]
 MAX_U63 = (1 << 63) - 1
 MAX_HOLD_NS = 3600 * 10**9
@@ -172,6 +173,13 @@ class QueueRing:
         """The record in slot ``index``, decoded in place (``decode_record``)."""
         return decode_record(self._buf, HEADER_BYTES + (index & self._mask) * SLOT_BYTES,
                              SLOT_BYTES)
+
+    def slot_signal(self, index: int) -> int:
+        """The signal-fence word of slot ``index`` as written, whatever the rest holds: a
+        record refused at decode still names the fence its writer waits on. Only ever
+        used with that fence's owner checked (the slot is anyone's scribble)."""
+        return _SIGNAL.unpack_from(self._buf, HEADER_BYTES + (index & self._mask) * SLOT_BYTES
+                                   + _SIGNAL_AT)[0]
 
     def set_tail(self, finished: int) -> None:
         """Publish how many records are finished (the reader's own count)."""

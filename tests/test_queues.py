@@ -23,8 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hetproc
+from device_workers import StateSlot
 from hetproc import errors
-from ipc import QUEUE_LOST, decode_queue_record, encode_queue_record
+from ipc import QUEUE_LOST, Segment, decode_queue_record, encode_queue_record
+from ipc._queues import RECORD as QUEUE_RECORD
 from tests.helpers import wait_for
 
 WAIT = 10.0
@@ -116,6 +118,34 @@ def test_a_forged_record_cannot_complete_another_tenants_fence(platform):
         b.close()
 
 
+def test_a_queue_record_waits_only_on_fences_its_client_owns_or_imported(platform):
+    """The supervisor's rule for a submit's waits holds for a queue record too: tenant B
+    may not wait on tenant A's fence until it imports it (before: the record waited on
+    it). An import made while the queue is open, or before it opens, grants the wait."""
+    a = platform.client
+    b = platform.connect("tenant-b")
+    try:
+        secret = a.context("gpu0").submit_nowait("work", ms=300.0)
+        forged = hetproc.Fence(b, secret.handle)
+        with pytest.raises(errors.ForeignHandle):  # the supervisor's path
+            b.context("npu0").submit("work", ms=0.0, wait=[forged])
+        with b.context("npu0").queue() as q:
+            fence = _own_fence(q)
+            _raw_put(q, encode_queue_record(_next_seq(q), 1, fence.handle, time.monotonic_ns(),
+                                            0, wait=[secret.handle]))
+            with pytest.raises(errors.ForeignHandle, match="not imported"):
+                fence.wait(WAIT)
+            assert not secret.done()
+            imported = b.import_fence(secret.export())  # while the queue is open
+            after = q.submit_nowait(0.0, wait=[imported])
+            after.wait(WAIT)
+            assert secret.done()
+        with b.context("npu0").queue() as q2:  # opened after the import
+            q2.submit_nowait(0.0, wait=[imported]).wait(WAIT)
+    finally:
+        b.close()
+
+
 def test_a_record_out_of_ring_order_fails_its_own_fence(platform):
     ctx = platform.client.context("npu0")
     with ctx.queue() as q:
@@ -137,6 +167,139 @@ def test_a_duration_past_the_bound_is_refused_by_client_and_device(platform):
                                         q.max_hold_ns + 1))
         with pytest.raises(errors.BadPacket, match="holds"):
             fence.wait(WAIT)
+
+
+def _record_bytes(q: hetproc.Queue, signal: int, tag: int = 0xC2, kernel: int = 0,
+                  n_wait: int = 0, hold_ns: int = 0) -> bytes:
+    """A record packed past the encoder's checks, as a misbehaving client may write it."""
+    return QUEUE_RECORD.pack(tag, 0, kernel, n_wait, _next_seq(q), 1, signal,
+                             time.monotonic_ns(), hold_ns, 0) + bytes(min(8 * n_wait, 64))
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"hold_ns": 3600 * 10**9 + 1}, "out of range"),
+    ({"tag": 0xC3}, "tag"),
+    ({"kernel": 7}, "kernel"),
+    ({"n_wait": 9}, "wait fences"),
+])
+def test_a_record_refused_at_decode_fails_its_writers_fence(platform, bad, why):
+    """Whatever the record holds, the fence its slot names fails with ``BadPacket`` when
+    it is the writer's own (before: pending forever)."""
+    with platform.client.context("npu0").queue() as q:
+        fence = _own_fence(q)
+        _raw_put(q, _record_bytes(q, fence.handle, **bad))
+        with pytest.raises(errors.BadPacket, match=why):
+            fence.wait(WAIT)
+        q.submit_nowait(0.0).wait(WAIT)  # the queue goes on
+
+
+def test_an_undecodable_record_never_fails_another_tenants_fence(platform):
+    a = platform.client
+    b = platform.connect("tenant-b")
+    try:
+        victim = a.context("gpu0").submit_nowait("work", ms=200.0)
+        with b.context("npu0").queue() as q:
+            _raw_put(q, _record_bytes(q, victim.handle, tag=0))
+            q.submit_nowait(0.0).wait(WAIT)  # the scribbled record was consumed before it
+            assert not victim.done()
+        victim.wait(WAIT)
+    finally:
+        b.close()
+
+
+def _wakes(platform, device: str = "npu0") -> int:
+    """Turns of the device's idle loop so far, from its slot of the state table."""
+    pid = _device_pid(platform.client, device)
+    seg = Segment.attach(platform.prefix + "state")
+    try:
+        for index in range(len(seg.map) // 128):
+            slot = StateSlot(seg.map, index)
+            try:
+                if slot.u32[StateSlot.PID] == pid:
+                    return int(slot.u32[StateSlot.WAKES])
+            finally:
+                slot.release()
+    finally:
+        seg.close()
+    raise AssertionError(f"no state slot for {device}")
+
+
+def test_a_flood_of_doorbell_posts_costs_the_device_a_bounded_number_of_turns(platform):
+    """A client posts its device's doorbell 200,000 times with nothing written: the device
+    takes the posts in a few steps, not one loop turn each (before: ~200,000 turns), and
+    the other tenants' work, queued and through the supervisor, runs normally meanwhile."""
+    posts = 200_000
+    b = platform.connect("tenant-b")
+    try:
+        with b.context("npu0").queue() as flood, platform.client.context("npu0").queue() as q:
+            q.submit_nowait(0.0).wait(WAIT)
+            before = _wakes(platform)
+            code = ("import posix_ipc, sys\n"
+                    "bell = posix_ipc.Semaphore(sys.argv[1])\n"
+                    f"for _ in range({posts}):\n    bell.release()\n")
+            poster = subprocess.Popen([sys.executable, "-c", code, flood._doorbell.name])
+            try:
+                queued = [q.submit_nowait(0.5) for _ in range(20)]
+                direct = platform.client.context("npu0").submit_nowait("work", ms=1.0)
+                for f in [*queued, direct]:
+                    f.wait(WAIT)
+            finally:
+                assert poster.wait(WAIT) == 0
+            # Every post taken (without coalescing, one turn each: ~1 s of a core here).
+            assert wait_for(lambda: flood._doorbell.value == 0, timeout=60.0)
+            turns = _wakes(platform) - before
+        assert turns < posts // 10, turns
+    finally:
+        b.close()
+
+
+_ONE_QUEUE_TENANT = """
+import json, sys, time, hetproc
+c = hetproc.connect(sys.argv[1], "one-queue")
+with c.context("npu0").queue() as q:
+    print("ready", flush=True)
+    sys.stdin.readline()
+    fences = q.submit_many([float(sys.argv[3])] * int(sys.argv[2]))
+    written = time.monotonic_ns()
+    for f in fences:
+        f.wait(30.0)
+    print(json.dumps([written, [f.signal_time() for f in fences]]), flush=True)
+c.close()
+"""
+
+
+def test_queue_turns_are_shared_per_tenant_not_per_queue(platform):
+    """A process with seven queues and a process with one, all records written while the
+    device is busy: the device then alternates between the two tenants, so the one-queue
+    tenant's records are done by the time the other's first few are (before: one turn in
+    eight for it, its last record after ~7x as many of the other's)."""
+    n, ms = 10, 2.0
+    client = platform.client
+    npu = client.context("npu0")
+    other = subprocess.Popen([sys.executable, "-c", _ONE_QUEUE_TENANT, platform.prefix,
+                              str(n), str(ms)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    queues = []
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        queues = [npu.queue() for _ in range(7)]
+        gate = npu.submit_nowait("work", ms=600.0)  # the records below wait behind it
+        mine = [f for q in queues for f in q.submit_many([ms] * n)]
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        written, theirs = json.loads(other.stdout.readline())
+        assert other.wait(WAIT) == 0
+        for f in [gate, *mine]:
+            f.wait(WAIT)
+        assert written < gate.signal_time()  # every record was owed when the device freed
+        before_their_last = sum(f.signal_time() < max(theirs) for f in mine)
+        assert before_their_last <= n + 1, (before_their_last, n)
+    finally:
+        for q in queues:
+            q.close()
+        if other.poll() is None:
+            other.kill()
+            other.wait()
 
 
 def test_a_far_arrival_cannot_hold_the_device(platform):

@@ -5,7 +5,9 @@ ring (``ipc.QueueRing`` over an anonymous segment from the client's memory budge
 its descriptor to that connection (in the reply) and to the context's device (on its
 segment socket), then attaches it on the device with a control record in the device's
 own command ring, carrying what the device must enforce: whose fences the queue may
-complete (the owner tag stamped in the fence table by ``fence_create``), the longest
+complete (the owner tag stamped in the fence table by ``fence_create``), the fences of
+others it imported (records may wait on those and on its own, as submits may; each later
+import follows as a ``qgrant`` record), which tenant it is, the longest
 modeled duration a record may ask (the platform's watchdog), the dependency timeout and
 the dispatch latency. From then on the client writes records and rings the device's
 doorbell; the device checks and runs them (``device_workers._queues``). The supervisor
@@ -66,6 +68,7 @@ def _full_barrier() -> None:
     with _BARRIER:
         pass
 MAX_PER_CLIENT = 8       # queues one client process may hold open (all its connections)
+MAX_GRANTS = 256         # imported fences named when a queue attaches (device: MAX_QUEUE_GRANTS)
 MAX_PER_DEVICE = 32      # queues one device reads (each costs it a look per idle turn)
 
 
@@ -117,12 +120,26 @@ class Queues:
         self._control(dev, {"op": "qattach", "qid": q.qid, "sid": q.sid, "slots": slots,
                             "tag": client.id, "max_hold_ns": scaled(spec.watchdog_ms),
                             "dep_timeout_ns": scaled(spec.dependency_timeout_ms),
-                            "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0})
+                            "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0,
+                            "grants": self._imported_fences(client), "tenant": client.pid})
         self.open_queues[q.qid] = q
         self.stats["opened"] += 1
         return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": nbytes,
                 "doorbell": dev.doorbell.name, "tag": client.id,
                 "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs}
+
+    def _imported_fences(self, client: ClientRec) -> list[int]:
+        """The fences of others ``client`` imported: its records may wait on them, as its
+        submits may (``_validation.fence_rec``). Later imports follow (``fence_imported``)."""
+        return [h for h, rec in self.reg.fence_recs.items()
+                if client.id in rec.importers][:MAX_GRANTS]
+
+    def fence_imported(self, client: ClientRec, handle: int) -> None:
+        """``client`` imported ``handle``: its open queues' records may wait on it now."""
+        for q in self.open_queues.values():
+            if q.client is client:
+                self._control(self._device(q.device), {"op": "qgrant", "qid": q.qid,
+                                                       "fence": handle})
 
     def _may_open(self, client: "ClientRec", ctx: "ContextRec", slots: int) -> "DeviceHandle":
         """The device a queue may be opened on now; the limits' errors otherwise."""

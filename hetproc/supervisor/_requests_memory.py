@@ -28,14 +28,16 @@ if TYPE_CHECKING:
     from ._lifetimes import Lifetimes
     from ._memlog import MemLog
     from ._memory import Memory
+    from ._queues import Queues
 
 
 class MemoryRequests:
     def __init__(self, reg: Registry, pool: Memory, lifetimes: Lifetimes, iommu: Iommu,
                  handoff: Handoff, faults: FaultPlan, failures: Failures,
-                 memlog: MemLog) -> None:
+                 memlog: MemLog, queues: Queues) -> None:
         self.reg, self.pool, self.lifetimes, self.iommu = reg, pool, lifetimes, iommu
         self.handoff, self.faults, self.failures, self.memlog = handoff, faults, failures, memlog
+        self.queues = queues  # an imported fence may be waited on from the client's queues
 
     # -- buffers ------------------------------------------------------------------------
 
@@ -177,6 +179,7 @@ class MemoryRequests:
             if rec is None:
                 raise errors.StaleHandle("the exported fence was released")
             self.lifetimes.import_fence(client, rec)
+            self.queues.fence_imported(client, exp.handle)
             if "w" in exp.perm and rec.client is not client:
                 rec.signallers = rec.signallers | {client.id}
             return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
