@@ -34,11 +34,11 @@ slot comes next, so a scribbled tail or head cannot make it read out of order or
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ipc import FenceTable, SegmentCache, errors
-from ipc import QueueRecord, QueueRing, queue_bytes
+from ipc import FenceTable, QueueRecord, QueueRing, SegmentCache, errors, queue_bytes
 
 ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
 REFUSALS_PER_TURN = 32

@@ -332,7 +332,7 @@ def test_garbage_and_scribbled_indices_cost_only_the_writer(platform):
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.binary(min_size=0, max_size=128), min_size=1, max_size=8))
 def test_any_bytes_in_the_ring_leave_the_device_serving(queue_platform, slots):
-    plat, q = queue_platform
+    _plat, q = queue_platform
     for data in slots:
         _raw_put(q, data.ljust(1, b"\0"))
         _next_seq(q)
@@ -400,7 +400,7 @@ def _open_when_served(ctx: hetproc.Context) -> hetproc.Queue:
 def test_closing_a_queue_cancels_what_it_had_not_run(platform):
     ctx = platform.client.context("npu0")
     q = ctx.queue()
-    first, *rest = q.submit_many([100.0, 1.0, 1.0])
+    _first, *rest = q.submit_many([100.0, 1.0, 1.0])
     q.close()
     for f in rest:
         with pytest.raises(errors.Cancelled):

@@ -42,8 +42,9 @@ the supervisor scheduled is ready on that device, round robin between queues).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from device_workers import DeviceState
 from device_workers import StateSlot as S
@@ -51,6 +52,7 @@ from ipc import QUEUE_CLOSED, QUEUE_LOST, Block, QueueRing, encode, errors, queu
 
 from .. import _protocol
 from ._devices import RING_SLOTS
+from ._memory import sid_of
 
 if TYPE_CHECKING:
     from ._devices import DeviceHandle
@@ -75,8 +77,8 @@ MAX_PER_DEVICE = 32      # queues one device reads (each costs it a look per idl
 @dataclass(eq=False)
 class QueueRec:
     qid: int
-    client: "ClientRec"
-    ctx: "ContextRec"
+    client: ClientRec
+    ctx: ContextRec
     device: str
     block: Block
     ring: QueueRing
@@ -92,8 +94,8 @@ class Queues:
     failure path its owed records' fences take; ``tell`` sends a client the notice that
     its queue was lost."""
 
-    def __init__(self, reg: "Registry", pool: "Memory", failures: "Failures",
-                 tell: Callable[["ClientRec", dict], None]) -> None:
+    def __init__(self, reg: Registry, pool: Memory, failures: Failures,
+                 tell: Callable[[ClientRec, dict], None]) -> None:
         self.reg = reg
         self.pool = pool
         self.failures = failures
@@ -102,13 +104,13 @@ class Queues:
         self._ids = 0
         self.stats = {"opened": 0, "closed": 0, "lost": 0, "fences_failed": 0}
 
-    def _device(self, name: str) -> "DeviceHandle":
+    def _device(self, name: str) -> DeviceHandle:
         return self.reg.devices[name]
 
     # -- requests -----------------------------------------------------------------------
 
-    def open(self, client: "ClientRec", ctx: "ContextRec", slots: int,
-             hand: Callable[["ClientRec", int], list]) -> dict[str, Any]:
+    def open(self, client: ClientRec, ctx: ContextRec, slots: int,
+             hand: Callable[[ClientRec, int], list]) -> dict[str, Any]:
         """``hand(client, sid)``: the reply's ``segs`` entry for the ring's segment."""
         dev = self._may_open(client, ctx, slots)
         nbytes = queue_bytes(slots)
@@ -141,7 +143,7 @@ class Queues:
                 self._control(self._device(q.device), {"op": "qgrant", "qid": q.qid,
                                                        "fence": handle})
 
-    def _may_open(self, client: "ClientRec", ctx: "ContextRec", slots: int) -> "DeviceHandle":
+    def _may_open(self, client: ClientRec, ctx: ContextRec, slots: int) -> DeviceHandle:
         """The device a queue may be opened on now; the limits' errors otherwise."""
         if slots < MIN_SLOTS or slots > MAX_SLOTS or slots & (slots - 1):
             raise errors.InvalidRequest(f"queue slots must be a power of two in "
@@ -159,30 +161,35 @@ class Queues:
             raise errors.ResourceError(f"{dev.name}'s command ring is full", retryable=True)
         return dev
 
-    def _make_ring(self, client: "ClientRec", dev: "DeviceHandle", nbytes: int,
-                   hand: Callable[["ClientRec", int], list]) -> tuple[Block, Any, list]:
+    def _make_ring(self, client: ClientRec, dev: DeviceHandle, nbytes: int,
+                   hand: Callable[[ClientRec, int], list]) -> tuple[Block, Any, list]:
         """The ring's segment from the tenant's budget, its descriptor on its way to the
         client (in the reply) and to the device (before the record that names it)."""
         try:
             block = self.pool.allocate(client.pid, nbytes, exportable=True)
         except MemoryError as exc:
             raise errors.OutOfMemory(f"no memory for a queue of {nbytes} bytes: {exc}") from None
-        seg = self.pool.segments[block.segment]
+        sid = sid_of(block)
+        seg = self.pool.segments[sid]
+        sender = dev.segs  # None only while the device is (re)starting
         try:
-            segs = hand(client, seg.key)
+            if sender is None:
+                raise errors.ResourceError(f"{dev.name} is starting: open the queue again",
+                                           retryable=True)
+            segs = hand(client, sid)
         except errors.HetprocError:
             self.pool.free(block)
             raise
-        dev.segs.add(seg)
-        if not dev.segs.flush():
-            dev.segs.drop(seg.key)
-            client.segments.discard(seg.key)
+        sender.add(seg)
+        if not sender.flush():
+            sender.drop(sid)
+            client.segments.discard(sid)
             self.pool.free(block)
             raise errors.ResourceError(f"{dev.name} is not taking descriptors now: open the "
                                        f"queue again", retryable=True)
         return block, seg, segs
 
-    def close(self, client: "ClientRec", qid: int) -> dict[str, Any]:
+    def close(self, client: ClientRec, qid: int) -> dict[str, Any]:
         q = self.open_queues.get(qid)
         if q is None or q.client is not client:
             raise errors.InvalidHandle(f"queue {qid} is not open on this connection")
@@ -192,16 +199,16 @@ class Queues:
 
     # -- what ends queues -----------------------------------------------------------------
 
-    def client_gone(self, client: "ClientRec") -> None:
+    def client_gone(self, client: ClientRec) -> None:
         """Nobody is left to write or to wait (its fences fail with the client's)."""
         for q in [q for q in self.open_queues.values() if q.client is client]:
             self._drop(q, QUEUE_CLOSED)
 
-    def context_gone(self, ctx: "ContextRec") -> None:
+    def context_gone(self, ctx: ContextRec) -> None:
         for q in [q for q in self.open_queues.values() if q.ctx is ctx]:
             self._end(q, QUEUE_CLOSED, None, "its context was destroyed")
 
-    def device_gone(self, dev: "DeviceHandle", why: str) -> None:
+    def device_gone(self, dev: DeviceHandle, why: str) -> None:
         """The device process ended (its stop is confirmed): lose its queues."""
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
             self._end(q, QUEUE_LOST, dev, why)
@@ -209,7 +216,7 @@ class Queues:
             self.tell(q.client, _protocol.notice(errors.CancelledByReset(
                 f"queue {q.qid} on {dev.name} was lost: {why}").to_dict(), queue=q.qid))
 
-    def _end(self, q: QueueRec, state: int, dev: "DeviceHandle | None", why: str) -> None:
+    def _end(self, q: QueueRec, state: int, dev: DeviceHandle | None, why: str) -> None:
         """Set the state first (a submit sees it), then fail what was owed, then drop.
         The order against a client writing at the same time: ``ipc._queues``."""
         q.ring.set_state(state)
@@ -217,7 +224,7 @@ class Queues:
         self.stats["fences_failed"] += self._fail_owed(q, dev, why)
         self._drop(q, state, tell_device=dev is None)
 
-    def _fail_owed(self, q: QueueRec, dev: "DeviceHandle | None", why: str) -> int:
+    def _fail_owed(self, q: QueueRec, dev: DeviceHandle | None, why: str) -> int:
         """Fail the fences of the records the device owed (``dev``: it was reset; None:
         the queue was closed), then publish the head read (``ipc._queues``). The records
         are the client's writing: a fence fails only if it is that client's and pending."""
@@ -238,7 +245,7 @@ class Queues:
         ring.set_ended_at(head)  # what the client must fail itself starts here
         return failed
 
-    def _running_cid(self, dev: "DeviceHandle") -> int:
+    def _running_cid(self, dev: DeviceHandle) -> int:
         """The cid of the queue command the device was running when it stopped, or -1."""
         slot = self.reg.slots[dev.index]
         if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
@@ -247,7 +254,7 @@ class Queues:
         return -1
 
     @staticmethod
-    def _owed_error(q: QueueRec, dev: "DeviceHandle | None", why: str, cid: int,
+    def _owed_error(q: QueueRec, dev: DeviceHandle | None, why: str, cid: int,
                     running: bool) -> errors.HetprocError:
         if dev is None:
             return errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=cid)
@@ -268,14 +275,14 @@ class Queues:
         q.client.segments.discard(q.sid)
         self.pool.free(q.block)  # the devices drop the segment after the detach record
 
-    def _control(self, dev: "DeviceHandle", record: dict[str, Any]) -> None:
+    def _control(self, dev: DeviceHandle, record: dict[str, Any]) -> None:
         """A control record in the device's ring, in order with its commands. The ring
         keeps a slot for these (``open`` refuses when it is full), and a detach that
         does not fit is not needed: the segment's drop detaches the queue as well."""
         if dev.commands.try_put(encode(record)):
             dev.doorbell.release()
 
-    def owed(self, dev: "DeviceHandle") -> int:
+    def owed(self, dev: DeviceHandle) -> int:
         """Records the queues on ``dev`` hold and the device has not finished, as far as
         the rings say (indices that cannot be count as none)."""
         total = 0
