@@ -36,6 +36,8 @@ class Timing:
     ops: dict[str, float] = field(default_factory=dict)
 
     def duration_ms(self, op: str, nbytes: int) -> float:
+        """Modeled ms of ``op`` on ``nbytes``: its own figure when the file gives one, else
+        ``default_ms`` plus ``per_mib_ms`` per MiB (before the time scale)."""
         if op in self.ops:
             return float(self.ops[op])
         return self.default_ms + self.per_mib_ms * nbytes / (1 << 20)
@@ -117,6 +119,7 @@ class PowerSpec:
 
     @property
     def top(self) -> float:
+        """The highest frequency level (1.0: the timing model's own speed)."""
         return max(self.levels)
 
     def level_for(self, vote: float) -> float:
@@ -207,6 +210,7 @@ class PlatformSpec:
     limits: LimitsSpec = field(default_factory=LimitsSpec)
 
     def device(self, name: str) -> DeviceSpec:
+        """The device called ``name``; ``InvalidRequest`` naming the others if none is."""
         for dev in self.devices:
             if dev.name == name:
                 return dev
@@ -215,9 +219,11 @@ class PlatformSpec:
             f"(devices: {', '.join(d.name for d in self.devices)})")
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain values only (nested dicts and lists), for reports and JSON."""
         return asdict(self)
 
     def with_time_scale(self, time_scale: float | None) -> "PlatformSpec":
+        """A copy at another time scale (None: this one); ``InvalidRequest`` out of range."""
         if time_scale is None:
             return self
         check_time_scale(time_scale, "time scale")

@@ -217,6 +217,8 @@ def error_class(code: int) -> type[HetprocError]:
 
 
 def error_from_code(code: int, message: str = "", **kw: Any) -> HetprocError:
+    """The error a wire or fence code stands for, built with ``message`` (an unknown code:
+    the base class, never a failure to build one)."""
     return error_class(code)(message, **kw)
 
 
