@@ -65,9 +65,7 @@ class Connection:
         self._last_id = 0  # the highest request id sent: replies above it are not ours
         self._cids = itertools.count(1)
         self._to_release: list[int] = []  # fences dropped: one message with the next request
-        self._deferred_frees: dict[int, list[weakref.ref]] = {}  # handle -> its views
         self._fence_pool: list[int] = []
-        self._own_segments: dict[int, int] = {}  # exportable buffer handle -> its segment
         # Failure records the supervisor sent ahead of their fences' wakes, by fence
         # (bounded: the oldest go first; a waiter missing one asks instead).
         self._inbox: collections.OrderedDict[int, dict] = collections.OrderedDict()
@@ -80,6 +78,7 @@ class Connection:
         self._sup_pidfd = -1  # until hello names the supervisor: a reset during it is clean
         #: every shared segment mapped in this process, by id or name
         self.segments = SegmentCache()
+        self._frees = _Frees(self.segments)
         self.fences: FenceTable  #: the platform's fences, mapped by ``hello``
         self.trace = ClientTrace.disabled()  #: this process's trace ring (after ``hello``)
         try:
@@ -125,7 +124,7 @@ class Connection:
                 return
             self.closed = True
             self.channel.close()
-        self._deferred_frees.clear()
+        self._frees.waiting.clear()
         self.trace.close()
         fences = getattr(self, "fences", None)  # None: hello failed before mapping it
         if fences is not None:
@@ -178,7 +177,7 @@ class Connection:
     def own_segment(self, handle: int, segment: int) -> None:
         """Buffer ``handle`` has ``segment`` to itself (it is exportable): unmap the
         segment when the buffer is freed."""
-        self._own_segments[handle] = segment
+        self._frees.own_segment(handle, segment)
 
     def free(self, handle: int, views: list[weakref.ref]) -> None:
         """Free buffer ``handle`` now, or, while one of ``views`` (weak references to
@@ -186,11 +185,11 @@ class Connection:
         the block can never be handed to another tenant under a live view."""
         if _alive(views):
             with self._lock:
-                self._deferred_frees[handle] = views
+                self._frees.wait_for_views(handle, views)
             return
         self.request("free", buf=handle)
         with self._lock:
-            self._unmap_own(handle)
+            self._frees.unmap_own(handle)
 
     def segment(self, key: str | int) -> Segment:
         """The mapping of segment ``key`` (``PlatformClosed`` if this process has none:
@@ -263,14 +262,12 @@ class Connection:
             # land in the new list, not in the one already sent.
             pending, self._to_release = self._to_release, []
             self._write({"op": "fence_release", "id": 0, "fences": pending})
-        if self._deferred_frees:
-            ready = [h for h, views in list(self._deferred_frees.items()) if not _alive(views)]
-            for h in ready:
-                del self._deferred_frees[h]
+        if self._frees.waiting:  # checked inline: most requests have nothing to free
+            ready = self._frees.due()
             if ready:
                 self._write({"op": "free_many", "id": 0, "bufs": ready})
                 for h in ready:
-                    self._unmap_own(h)
+                    self._frees.unmap_own(h)
 
     def _reply_to(self, req_id: int) -> dict[str, Any]:
         while True:
@@ -363,12 +360,38 @@ class Connection:
             pass
         return self.last_notice
 
-    def _unmap_own(self, handle: int) -> None:
+
+class _Frees:
+    """The connection's bookkeeping of buffer frees: frees that wait for the buffer's
+    last numpy view to go (so a block is never handed to another tenant under a live
+    view), and the segments exportable buffers have to themselves (unmapped once the
+    buffer is freed). The connection's lock guards every change but ``own_segment``'s
+    single dict store."""
+
+    def __init__(self, segments: SegmentCache) -> None:
+        self.waiting: dict[int, list[weakref.ref]] = {}  # handle -> its views
+        self._own_segments: dict[int, int] = {}  # exportable buffer handle -> its segment
+        self._segments = segments
+
+    def own_segment(self, handle: int, segment: int) -> None:
+        self._own_segments[handle] = segment
+
+    def wait_for_views(self, handle: int, views: list[weakref.ref]) -> None:
+        self.waiting[handle] = views
+
+    def due(self) -> list[int]:
+        """The waiting frees whose last view is gone, taken off the list."""
+        ready = [h for h, views in list(self.waiting.items()) if not _alive(views)]
+        for h in ready:
+            del self.waiting[h]
+        return ready
+
+    def unmap_own(self, handle: int) -> None:
         """A freed exportable buffer's segment holds nothing else of ours: unmap it (the
         supervisor hands it again if this client imports the buffer later)."""
         sid = self._own_segments.pop(handle, None)
         if sid is not None:
-            self.segments.forget(sid)
+            self._segments.forget(sid)
 
 
 def _alive(views: list[weakref.ref]) -> bool:

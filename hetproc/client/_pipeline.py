@@ -140,119 +140,16 @@ class Pipeline:
             timeout_s: float = 30.0) -> PipelineReport:
         """Feed ``frames`` frames, one every ``interval_ms`` (None: as fast as the
         buffers allow, i.e. always backpressure), and collect them all."""
-        interval = int(interval_ms * 1e6) if interval_ms else 0
-        free = collections.deque(range(len(self.sets)))
-        queue: collections.deque[_Frame] = collections.deque()
-        flight: collections.deque[_Frame] = collections.deque()
-        lat: list[float] = []
-        dropped: list[int] = []
-        samples: list[tuple[float, int]] = []
-        stage_samples: list[tuple[float, list[int]]] = []
-        delayed = misses = failed = 0
-        ends: list[int] = []
-        deadline = time.monotonic() + timeout_s
-        t_first = time.monotonic_ns() + 2_000_000
-        nxt = 0
-
-        def sample(t: int) -> None:
-            samples.append(((t - t_first) / 1e6, len(queue) + len(flight)))
-            stage_samples.append(((t - t_first) / 1e6, self._stage_depths(flight, queue)))
-
-        def finish_oldest(timeout: float, before: int | None = None) -> object:
-            """Retire the oldest frame once its last fence is done: True; False if not
-            done within ``timeout``; ``_LATER`` if it ends (modeled) after ``before``."""
-            nonlocal misses, failed
-            fr = flight[0]
-            last = fr.fences[-1]
-            ok = True
-            try:
-                last.wait(timeout)
-            except errors.FenceTimeout:
-                return False
-            except errors.HetprocError:
-                failed += 1
-                ok = False
+        run = _Run(self, frames, int(interval_ms * 1e6) if interval_ms else 0, timeout_s)
+        while run.nxt < frames or run.queue or run.flight:
+            run.check_deadline()
+            run.start_queued()
+            t_arrive = run.arrival_time()
+            if run.nxt < frames and (not run.interval or time.monotonic_ns() >= t_arrive):
+                run.admit(t_arrive)
             else:
-                end = last.signal_time()
-                if before is not None and end > before:
-                    return _LATER  # in the model it still runs at ``before``
-                ends.append(end)
-                lat.append((end - fr.arrival) / 1e6)
-                if self.deadline_ns and end - fr.arrival > self.deadline_ns:
-                    misses += 1
-            flight.popleft()
-            for f in fr.fences[:-1]:
-                f.release()
-            old = self._freed_by[fr.slot]
-            if old is not None:
-                old.release()
-            free.append(fr.slot)
-            sample(max(fr.arrival, last.signal_time() or fr.arrival))
-            # A failed frame frees its set all the same, but its fence is not what the
-            # next frame there waits on: that frame would fail with it (DependencyFailed),
-            # and so would every later one on this set.
-            self._freed_by[fr.slot] = last if ok else None
-            if not ok:
-                last.release()
-            return True
-
-        while nxt < frames or queue or flight:
-            if time.monotonic() > deadline:
-                raise errors.FenceTimeout(f"pipeline did not finish within {timeout_s} s")
-            while queue and free:
-                self._submit(queue.popleft(), free.popleft(), flight)
-            t_arrive = t_first + nxt * interval if interval else 0
-            if nxt < frames and (not interval or time.monotonic_ns() >= t_arrive):
-                if interval:
-                    # Decide on the model's state at the arrival, whatever the host's lag:
-                    # every frame that may end by then is waited for (in order), and
-                    # retired if it did; the frames it frees go first (they came first).
-                    while flight and flight[0].arrival + flight[0].min_ns <= t_arrive:
-                        if time.monotonic() > deadline:
-                            raise errors.FenceTimeout(
-                                f"pipeline did not finish within {timeout_s} s")
-                        if finish_oldest(0.05, before=t_arrive) is _LATER:
-                            break
-                    while queue and free:
-                        self._submit(queue.popleft(), free.popleft(), flight)
-                fr = _Frame(nxt, t_arrive or time.monotonic_ns())
-                nxt += 1
-                if free and not queue:
-                    self._submit(fr, free.popleft(), flight)
-                elif len(queue) < self.max_queue:
-                    queue.append(fr)
-                elif self.policy == "drop_oldest" and queue:
-                    dropped.append(queue.popleft().index)
-                    queue.append(fr)
-                elif self.policy != "backpressure":  # drop_newest (or nothing older queued)
-                    dropped.append(fr.index)
-                else:  # backpressure: the source waits for a set to come free
-                    if not interval:
-                        fr.arrival = 0  # as fast as possible: it arrives when accepted
-                    fr.delayed = bool(interval)
-                    delayed += fr.delayed
-                    while not free:
-                        finish_oldest(1.0)
-                    if not fr.arrival:
-                        fr.arrival = time.monotonic_ns()
-                    queue.append(fr)
-                sample(fr.arrival)
-                continue
-            if flight:
-                more = bool(interval) and nxt < frames
-                wait_s = max(0.0, (t_arrive - time.monotonic_ns()) / 1e9) if more else 0.05
-                done = finish_oldest(min(wait_s, 0.05), before=t_arrive if more else None)
-                if done is _LATER:
-                    _sleep_until(t_arrive)  # it ends after the next arrival: that comes first
-            elif interval and nxt < frames:
-                _sleep_until(t_arrive)
-        span = (max(ends) - min(ends)) / 1e6 if len(ends) > 1 else 0.0
-        period = float(np.median(np.diff(sorted(ends)))) / 1e6 if len(ends) > 1 else 0.0
-        return PipelineReport(
-            frames=frames, completed=len(lat), dropped=len(dropped), delayed=delayed,
-            deadline_misses=misses, latency_ms=np.array(lat), failed=failed,
-            throughput_fps=(len(ends) - 1) / span * 1e3 if span else 0.0, period_ms=period,
-            queue_depth=samples, stage_depth=stage_samples, dropped_frames=dropped)
+                run.idle(t_arrive)
+        return run.report()
 
     def _submit(self, fr: _Frame, slot: int, flight: collections.deque) -> None:
         """Queue frame ``fr``'s stages on buffer set ``slot``, chained by fences."""
@@ -293,6 +190,163 @@ class Pipeline:
         for bufs in self.sets:
             for b in bufs:
                 b.free()
+
+
+class _Run:
+    """The state of one ``Pipeline.run``: free sets, the queue, frames in flight and what
+    the report counts. Kept apart from ``Pipeline`` because a pipeline can run again;
+    each run starts from empty counters."""
+
+    def __init__(self, pipe: Pipeline, frames: int, interval: int, timeout_s: float) -> None:
+        self.pipe = pipe
+        self.frames = frames
+        self.interval = interval
+        self.timeout_s = timeout_s
+        self.free = collections.deque(range(len(pipe.sets)))
+        self.queue: collections.deque[_Frame] = collections.deque()
+        self.flight: collections.deque[_Frame] = collections.deque()
+        self.lat: list[float] = []
+        self.dropped: list[int] = []
+        self.samples: list[tuple[float, int]] = []
+        self.stage_samples: list[tuple[float, list[int]]] = []
+        self.delayed = self.misses = self.failed = 0
+        self.ends: list[int] = []
+        self.deadline = time.monotonic() + timeout_s
+        self.t_first = time.monotonic_ns() + 2_000_000
+        self.nxt = 0
+
+    def check_deadline(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise errors.FenceTimeout(f"pipeline did not finish within {self.timeout_s} s")
+
+    def arrival_time(self) -> int:
+        """The next frame's modeled arrival (0 without an interval: it comes when taken)."""
+        return self.t_first + self.nxt * self.interval if self.interval else 0
+
+    def start_queued(self) -> None:
+        while self.queue and self.free:
+            self.pipe._submit(self.queue.popleft(), self.free.popleft(), self.flight)
+
+    def sample(self, t: int) -> None:
+        at_ms = (t - self.t_first) / 1e6
+        self.samples.append((at_ms, len(self.queue) + len(self.flight)))
+        self.stage_samples.append((at_ms, self.pipe._stage_depths(self.flight, self.queue)))
+
+    # -- arrivals ---------------------------------------------------------------------
+
+    def admit(self, t_arrive: int) -> None:
+        """Frame ``nxt`` arrives: start it, queue it, drop a frame or stall the source."""
+        if self.interval:
+            self.retire_ended_by(t_arrive)
+        fr = _Frame(self.nxt, t_arrive or time.monotonic_ns())
+        self.nxt += 1
+        policy = self.pipe.policy
+        if self.free and not self.queue:
+            self.pipe._submit(fr, self.free.popleft(), self.flight)
+        elif len(self.queue) < self.pipe.max_queue:
+            self.queue.append(fr)
+        elif policy == "drop_oldest" and self.queue:
+            self.dropped.append(self.queue.popleft().index)
+            self.queue.append(fr)
+        elif policy != "backpressure":  # drop_newest (or nothing older queued)
+            self.dropped.append(fr.index)
+        else:
+            self.stall_source(fr)
+        self.sample(fr.arrival)
+
+    def retire_ended_by(self, t_arrive: int) -> None:
+        """Decide on the model's state at the arrival, whatever the host's lag: every
+        frame that may end by then is waited for (in order), and retired if it did; the
+        frames it frees go first (they came first)."""
+        while self.flight and self.flight[0].arrival + self.flight[0].min_ns <= t_arrive:
+            self.check_deadline()
+            if self.finish_oldest(0.05, before=t_arrive) is _LATER:
+                break
+        self.start_queued()
+
+    def stall_source(self, fr: _Frame) -> None:
+        """Backpressure: the source waits for a set to come free; with an interval the
+        frame keeps its modeled arrival and counts as delayed."""
+        if not self.interval:
+            fr.arrival = 0  # as fast as possible: it arrives when accepted
+        fr.delayed = bool(self.interval)
+        self.delayed += fr.delayed
+        while not self.free:
+            self.finish_oldest(1.0)
+        if not fr.arrival:
+            fr.arrival = time.monotonic_ns()
+        self.queue.append(fr)
+
+    def idle(self, t_arrive: int) -> None:
+        """No arrival is due: retire a frame in flight, or sleep until the next arrival."""
+        more = bool(self.interval) and self.nxt < self.frames
+        if self.flight:
+            wait_s = max(0.0, (t_arrive - time.monotonic_ns()) / 1e9) if more else 0.05
+            done = self.finish_oldest(min(wait_s, 0.05), before=t_arrive if more else None)
+            if done is _LATER:
+                _sleep_until(t_arrive)  # it ends after the next arrival: that comes first
+        elif more:
+            _sleep_until(t_arrive)
+
+    # -- completions ------------------------------------------------------------------
+
+    def finish_oldest(self, timeout: float, before: int | None = None) -> object:
+        """Retire the oldest frame once its last fence is done: True; False if not
+        done within ``timeout``; ``_LATER`` if it ends (modeled) after ``before``."""
+        fr = self.flight[0]
+        last = fr.fences[-1]
+        ok = True
+        try:
+            last.wait(timeout)
+        except errors.FenceTimeout:
+            return False
+        except errors.HetprocError:
+            self.failed += 1
+            ok = False
+        else:
+            end = last.signal_time()
+            if before is not None and end > before:
+                return _LATER  # in the model it still runs at ``before``
+            self.count_end(fr, end)
+        self.flight.popleft()
+        self.free_set(fr, last, ok)
+        return True
+
+    def count_end(self, fr: _Frame, end: int) -> None:
+        self.ends.append(end)
+        self.lat.append((end - fr.arrival) / 1e6)
+        deadline_ns = self.pipe.deadline_ns
+        if deadline_ns and end - fr.arrival > deadline_ns:
+            self.misses += 1
+
+    def free_set(self, fr: _Frame, last: Fence, ok: bool) -> None:
+        """Give frame ``fr``'s buffer set back; ``last`` (its final fence) is what the
+        next frame on the set waits on."""
+        freed_by = self.pipe._freed_by
+        for f in fr.fences[:-1]:
+            f.release()
+        old = freed_by[fr.slot]
+        if old is not None:
+            old.release()
+        self.free.append(fr.slot)
+        self.sample(max(fr.arrival, last.signal_time() or fr.arrival))
+        # A failed frame frees its set all the same, but its fence is not what the
+        # next frame there waits on: that frame would fail with it (DependencyFailed),
+        # and so would every later one on this set.
+        freed_by[fr.slot] = last if ok else None
+        if not ok:
+            last.release()
+
+    def report(self) -> PipelineReport:
+        ends = self.ends
+        span = (max(ends) - min(ends)) / 1e6 if len(ends) > 1 else 0.0
+        period = float(np.median(np.diff(sorted(ends)))) / 1e6 if len(ends) > 1 else 0.0
+        return PipelineReport(
+            frames=self.frames, completed=len(self.lat), dropped=len(self.dropped),
+            delayed=self.delayed, deadline_misses=self.misses, latency_ms=np.array(self.lat),
+            failed=self.failed, throughput_fps=(len(ends) - 1) / span * 1e3 if span else 0.0,
+            period_ms=period, queue_depth=self.samples, stage_depth=self.stage_samples,
+            dropped_frames=self.dropped)
 
 
 def _sleep_until(t_ns: int) -> None:
