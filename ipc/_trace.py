@@ -32,8 +32,6 @@ import struct
 import time
 from collections.abc import Callable
 from enum import IntEnum
-from types import CellType, FunctionType
-from typing import Any
 
 import numpy as np
 
@@ -288,24 +286,122 @@ class TraceRing:
         self._set_on(bool(value))
 
     def _bind(self, pid: int) -> None:
-        """Build this ring's writer functions over one write index and one on-switch.
+        """Build the writer closures: every name they touch is a local or cell variable.
 
-        Attribute lookups on ``self`` cost ~10-15% of an emit, so every writer is a closure
-        whose every name is a local or a cell: the buffers, mask and pid are captured once,
-        and ``n`` (our copy of the write index) and ``on`` are cells that all writers share,
-        so a record written by ``pair`` moves the index ``emit`` writes at next.
+        Attribute lookups on ``self`` cost ~10-15% of an emit, so the buffers, mask and pid
+        are captured once; ``n`` (our copy of the write index) and ``on`` are cells shared
+        by all five functions.
         """
-        hq, recs, mask = self._hq, self._recs, self._mask
-        state = {"n": CellType(hq[_W_PUBLISHED]), "on": CellType(self._on)}
-        emit, phased, counter = (
-            _sharing(f, state) for f in _one_record_writers(hq, recs, mask, pid))
-        complete, pair = (
-            _sharing(f, state) for f in _several_record_writers(hq, recs, mask, pid))
-        on = state["on"]
+        hq = self._hq
+        recs = self._recs
+        mask = self._mask
+        pack = RECORD.pack_into
+        now = time.monotonic_ns
+        n = hq[_W_PUBLISHED]
+        on = self._on
 
         def set_on(value: bool) -> None:
-            on.cell_contents = value
+            nonlocal on
+            on = value
             self._on = value
+
+        # Publish protocol. Claim first, so a reader that may have copied a half-written
+        # slot learns it must drop it; then the record; then the published index. On
+        # x86-64 (TSO) stores become visible in program order and loads are not reordered
+        # with loads, so no fence is needed; each index is one aligned 8-byte store.
+        # Weaker CPUs would need a release fence before each index store.
+
+        def emit(stage: int, phase: int, cid: int = 0, track: int = 0, a0: int = 0,
+                 a1: int = 0, a2: int = 0, t_ns: int | None = None) -> None:
+            """Append one record (``t_ns`` defaults to now)."""
+            nonlocal n
+            if not on:
+                return
+            hq[3] = n + 1
+            pack(recs, (n & mask) * 48, now() if t_ns is None else t_ns,
+                 cid, a0, a1, a2, pid, track, stage, phase)
+            n += 1
+            hq[2] = n
+
+        def phased(phase: int) -> Callable[..., None]:
+            def write(stage: int, cid: int = 0, track: int = 0, a0: int = 0, a1: int = 0,
+                      a2: int = 0, t_ns: int | None = None) -> None:
+                nonlocal n
+                if not on:
+                    return
+                hq[3] = n + 1
+                pack(recs, (n & mask) * 48, now() if t_ns is None else t_ns,
+                     cid, a0, a1, a2, pid, track, stage, phase)
+                n += 1
+                hq[2] = n
+            return write
+
+        def counter(stage: int, value: int, track: int = 0, cid: int = 0,
+                    t_ns: int | None = None) -> None:
+            """Sample a counter: ``value`` goes into a0."""
+            nonlocal n
+            if not on:
+                return
+            hq[3] = n + 1
+            pack(recs, (n & mask) * 48, now() if t_ns is None else t_ns,
+                 cid, value, 0, 0, pid, track, stage, 4)
+            n += 1
+            hq[2] = n
+
+        def complete(stage: int, cid: int, track: int, t_begin: int, t_end: int, a0: int = 0,
+                     a1: int = 0, a2: int = 0) -> None:
+            """A whole slice at once (BEGIN at ``t_begin``, END at ``t_end``), for a span
+            that was timed rather than left open: one call and one publish for two records."""
+            nonlocal n
+            if not on:
+                return
+            hq[3] = n + 2
+            pack(recs, (n & mask) * 48, t_begin, cid, a0, a1, a2, pid, track, stage, 1)
+            pack(recs, ((n + 1) & mask) * 48, t_end, cid, 0, 0, 0, pid, track, stage, 2)
+            n += 2
+            hq[2] = n
+
+        pack2 = _RECORD_PAIR.pack_into
+        pack3 = _RECORD_TRIPLE.pack_into
+
+        def pair(cid: int, track: int, stage0: int, phase0: int, t0: int, a00: int, a01: int,
+                 a02: int, stage1: int, phase1: int, t1: int, a10: int = 0, a11: int = 0,
+                 a12: int = 0, counter_stage: int = -1, counter_value: int = 0) -> None:
+            """Two records of one request on one track (each: stage, phase, time, a0..a2),
+            then, given ``counter_stage``, a counter sample on the same track (cid 0, at
+            the first record's time): what ``emit`` and ``counter`` called in turn would
+            write, claimed and published at once."""
+            nonlocal n
+            if not on:
+                return
+            slot = n & mask
+            if counter_stage < 0:
+                hq[3] = n + 2
+                if slot != mask:  # both in one stretch: one pack of 96 bytes
+                    pack2(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0,
+                          t1, cid, a10, a11, a12, pid, track, stage1, phase1)
+                else:  # the first in the last slot, the second wraps to slot 0
+                    pack(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0)
+                    pack(recs, 0, t1, cid, a10, a11, a12, pid, track, stage1, phase1)
+                n += 2
+            else:
+                hq[3] = n + 3
+                if slot < mask - 1:  # all three in one stretch
+                    pack3(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0,
+                          t1, cid, a10, a11, a12, pid, track, stage1, phase1,
+                          t0, 0, counter_value, 0, 0, pid, track, counter_stage, 4)
+                else:
+                    pack(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0)
+                    pack(recs, ((n + 1) & mask) * 48, t1, cid, a10, a11, a12, pid, track,
+                         stage1, phase1)
+                    pack(recs, ((n + 2) & mask) * 48, t0, 0, counter_value, 0, 0, pid, track,
+                         counter_stage, 4)
+                n += 3
+            hq[2] = n
+
+        # The literal 2/3/4/48 above are _W_PUBLISHED/_W_CLAIMED/COUNTER/RECORD_BYTES:
+        # constants folded by hand because a global lookup per store is measurable.
+        assert (_W_PUBLISHED, _W_CLAIMED, COUNTER, RECORD_BYTES) == (2, 3, 4, 48)
 
         self._set_on = set_on
         self.emit = emit
@@ -382,147 +478,6 @@ class TraceRing:
         if self._closed:
             return "<TraceRing closed>"
         return f"<TraceRing pid={self.pid} capacity={self.capacity} written={self.written}>"
-
-
-# -- writer functions ----------------------------------------------------------------------
-#
-# Publish protocol. Claim first, so a reader that may have copied a half-written slot learns
-# it must drop it; then the record; then the published index. On x86-64 (TSO) stores become
-# visible in program order and loads are not reordered with loads, so no fence is needed;
-# each index is one aligned 8-byte store. Weaker CPUs would need a release fence before each
-# index store.
-#
-# The literal 2/3/4/48 below are _W_PUBLISHED/_W_CLAIMED/COUNTER/RECORD_BYTES: constants
-# folded by hand because a global lookup per store is measurable.
-assert (_W_PUBLISHED, _W_CLAIMED, COUNTER, RECORD_BYTES) == (2, 3, 4, 48)
-
-
-def _sharing(writer: Callable[..., Any], cells: dict[str, CellType]) -> Callable[..., Any]:
-    """``writer`` with its free variables named in ``cells`` bound to those cells.
-
-    Writers are built by two factories (one per kind of write) to keep each short, but
-    they must advance one write index and obey one switch. Sharing the cells gives them
-    that as cheaply as one big closure did: the same bytecode, nothing extra per call (a
-    shared object holding ``n`` would cost an attribute or item access per record).
-    """
-    code = writer.__code__
-    assert writer.__closure__ is not None
-    closure = tuple(cells.get(name, cell)
-                    for name, cell in zip(code.co_freevars, writer.__closure__))
-    # Nothing is assigned to the new function afterwards: setting its defaults would
-    # reset its version and keep CPython from specializing calls to it.
-    return FunctionType(code, writer.__globals__, code.co_name, writer.__defaults__, closure)
-
-
-def _one_record_writers(hq: memoryview, recs: memoryview, mask: int, pid: int) -> tuple[
-        Callable[..., None], Callable[[int], Callable[..., None]], Callable[..., None]]:
-    """``emit``, a maker of fixed-phase writers (begin, end, instant) and ``counter``: each
-    call claims, writes and publishes one record. ``n`` and ``on`` are rebound by
-    ``TraceRing._bind`` to the ring's shared cells."""
-    pack = RECORD.pack_into
-    now = time.monotonic_ns
-    n = 0  # placeholders: the ring's cells replace both (see _sharing)
-    on = False
-
-    def emit(stage: int, phase: int, cid: int = 0, track: int = 0, a0: int = 0,
-             a1: int = 0, a2: int = 0, t_ns: int | None = None) -> None:
-        """Append one record (``t_ns`` defaults to now)."""
-        nonlocal n
-        if not on:
-            return
-        hq[3] = n + 1
-        pack(recs, (n & mask) * 48, now() if t_ns is None else t_ns,
-             cid, a0, a1, a2, pid, track, stage, phase)
-        n += 1
-        hq[2] = n
-
-    def phased(phase: int) -> Callable[..., None]:
-        def write(stage: int, cid: int = 0, track: int = 0, a0: int = 0, a1: int = 0,
-                  a2: int = 0, t_ns: int | None = None) -> None:
-            nonlocal n
-            if not on:
-                return
-            hq[3] = n + 1
-            pack(recs, (n & mask) * 48, now() if t_ns is None else t_ns,
-                 cid, a0, a1, a2, pid, track, stage, phase)
-            n += 1
-            hq[2] = n
-        return write
-
-    def counter(stage: int, value: int, track: int = 0, cid: int = 0,
-                t_ns: int | None = None) -> None:
-        """Sample a counter: ``value`` goes into a0."""
-        nonlocal n
-        if not on:
-            return
-        hq[3] = n + 1
-        pack(recs, (n & mask) * 48, now() if t_ns is None else t_ns,
-             cid, value, 0, 0, pid, track, stage, 4)
-        n += 1
-        hq[2] = n
-
-    return emit, phased, counter
-
-
-def _several_record_writers(hq: memoryview, recs: memoryview, mask: int, pid: int) -> tuple[
-        Callable[..., None], Callable[..., None]]:
-    """``complete`` and ``pair``: two or three records claimed and published at once, for
-    the hot paths that know them together. ``n`` and ``on`` as in ``_one_record_writers``."""
-    pack = RECORD.pack_into
-    pack2 = _RECORD_PAIR.pack_into
-    pack3 = _RECORD_TRIPLE.pack_into
-    n = 0  # placeholders, as in _one_record_writers
-    on = False
-
-    def complete(stage: int, cid: int, track: int, t_begin: int, t_end: int, a0: int = 0,
-                 a1: int = 0, a2: int = 0) -> None:
-        """A whole slice at once (BEGIN at ``t_begin``, END at ``t_end``), for a span
-        that was timed rather than left open: one call and one publish for two records."""
-        nonlocal n
-        if not on:
-            return
-        hq[3] = n + 2
-        pack(recs, (n & mask) * 48, t_begin, cid, a0, a1, a2, pid, track, stage, 1)
-        pack(recs, ((n + 1) & mask) * 48, t_end, cid, 0, 0, 0, pid, track, stage, 2)
-        n += 2
-        hq[2] = n
-
-    def pair(cid: int, track: int, stage0: int, phase0: int, t0: int, a00: int, a01: int,
-             a02: int, stage1: int, phase1: int, t1: int, a10: int = 0, a11: int = 0,
-             a12: int = 0, counter_stage: int = -1, counter_value: int = 0) -> None:
-        """Two records of one request on one track (each: stage, phase, time, a0..a2),
-        then, given ``counter_stage``, a counter sample on the same track (cid 0, at
-        the first record's time): what ``emit`` and ``counter`` called in turn would
-        write, claimed and published at once."""
-        nonlocal n
-        if not on:
-            return
-        slot = n & mask
-        if counter_stage < 0:
-            hq[3] = n + 2
-            if slot != mask:  # both in one stretch: one pack of 96 bytes
-                pack2(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0,
-                      t1, cid, a10, a11, a12, pid, track, stage1, phase1)
-            else:  # the first in the last slot, the second wraps to slot 0
-                pack(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0)
-                pack(recs, 0, t1, cid, a10, a11, a12, pid, track, stage1, phase1)
-            n += 2
-        else:
-            hq[3] = n + 3
-            if slot < mask - 1:  # all three in one stretch
-                pack3(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0,
-                      t1, cid, a10, a11, a12, pid, track, stage1, phase1,
-                      t0, 0, counter_value, 0, 0, pid, track, counter_stage, 4)
-            else:
-                pack(recs, slot * 48, t0, cid, a00, a01, a02, pid, track, stage0, phase0)
-                pack(recs, ((n + 1) & mask) * 48, t1, cid, a10, a11, a12, pid, track,
-                     stage1, phase1)
-                pack(recs, ((n + 2) & mask) * 48, t0, 0, counter_value, 0, 0, pid, track,
-                     counter_stage, 4)
-            n += 3
-        hq[2] = n
-
-    return complete, pair
 
 
 # -- many rings -----------------------------------------------------------------------------
