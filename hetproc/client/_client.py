@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -122,25 +123,27 @@ class Client:
 
     def context(self, device: str, *, priority: int = 0, name: str = "",
                 cache_maintenance: bool | str | None = None, period_ms: float | None = None,
-                weight: float | None = None) -> "Context":
+                weight: float | None = None) -> Context:
         """A context on ``device``: the unit of isolation and of failure (seed §7, §20).
         ``cache_maintenance`` (default: the platform's) set to False, or to "clean" /
         "invalidate" alone, drops what a non-coherent device needs -- to show stale reads.
         ``period_ms``: its commands' default deadline (``edf``, ``mixed``); ``weight``: its
         client's share under the ``fair`` scheduler (seed §11)."""
-        extra: dict[str, Any] = {} if cache_maintenance is None else {"cache_maintenance": cache_maintenance}
+        extra: dict[str, Any] = {}
+        if cache_maintenance is not None:
+            extra["cache_maintenance"] = cache_maintenance
         if period_ms is not None:
             extra["period_ms"] = float(period_ms)
         if weight is not None:
             extra["weight"] = float(weight)
-        reply = self.connection.request("context_create", device=device, priority=priority, name=name,
-                              **extra)
+        reply = self.connection.request("context_create", device=device, priority=priority,
+                                        name=name, **extra)
         return Context(self, reply["ctx"], device, priority)
 
     def alloc(self, shape: Sequence[int] | int, dtype: Any = "float32", *,
               strides: Sequence[int] | None = None, layout: str | None = None,
               usage: Sequence[str] | None = None, align: int | None = None,
-              exportable: bool = False) -> "Buffer":
+              exportable: bool = False) -> Buffer:
         """A shared buffer from the platform's pool (4 KiB aligned, zero-copy for devices).
 
         The pool is this process's own: its segments hold only its buffers. ``exportable``
@@ -166,7 +169,7 @@ class Client:
             fields["align"] = int(align)
         return Buffer(self, self.connection.request("alloc", **fields))
 
-    def fence(self) -> "Fence":
+    def fence(self) -> Fence:
         """A user fence: the caller signals it (for example a camera frame's acquire fence)."""
         (handle,) = self.connection.request("fence_create")["fences"]
         return Fence(self, handle, owned=True, may_signal=True)
@@ -185,8 +188,9 @@ class Client:
     def inject(self, kind: str, *, device: str | None = None, at: int | None = None,
                every: int | None = None, probability: float = 0.0, count: int = 1,
                **params: Any) -> dict[str, Any]:
-        """Arm a fault (see ``hetproc.supervisor._faultplan``): e.g. ``inject("hang", device="npu0")``
-        makes the next command on npu0 hang. Deterministic by index, or seeded."""
+        """Arm a fault (see ``hetproc.supervisor._faultplan``): e.g.
+        ``inject("hang", device="npu0")`` makes the next command on npu0 hang.
+        Deterministic by index, or seeded."""
         fault: dict[str, Any] = {"kind": kind, "count": count, **params}
         for key, value in (("device", device), ("at", at), ("every", every)):
             if value is not None:
@@ -223,13 +227,13 @@ class Client:
 
     # -- sharing (rules in the supervisor's IOMMU) ---------------------------
 
-    def import_buffer(self, token: int) -> "Buffer":
+    def import_buffer(self, token: int) -> Buffer:
         """The buffer another client exported: the same handle, segment and offset, with
         the permission the export granted ("r" for ``read_only``). Free it when done: the
         memory lives until its owner and every importer let go."""
         return Buffer(self, self.connection.request("import", token=int(token), kind="buffer"))
 
-    def import_fence(self, token: int) -> "Fence":
+    def import_fence(self, token: int) -> Fence:
         """A fence another client exported, to wait on or to pass in ``wait=``; release
         it when done (it keeps the fence's slot alive until then)."""
         reply = self.connection.request("import", token=int(token), kind="fence")
@@ -258,7 +262,7 @@ class Client:
             time.sleep(0.002)
 
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -31,10 +31,21 @@ import os
 import select
 import threading
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from ipc import (CID_BY_CLIENT, Channel, FenceTable, Segment, SegmentCache, decode, encode,
-                 errors, make_cid, pack_frame)
+from ipc import (
+    CID_BY_CLIENT,
+    Channel,
+    FenceTable,
+    Segment,
+    SegmentCache,
+    decode,
+    encode,
+    errors,
+    make_cid,
+    pack_frame,
+)
 
 from .. import _protocol
 from ._trace_ring import ClientTrace

@@ -20,17 +20,18 @@ Decisions follow the model, not the host: before an arrival is placed, every fra
 could have ended by then (its arrival plus its stages' modeled time) is waited for and,
 if it did end by then, retired, so a host running late drops no more frames than the
 modeled SoC would. Backpressure stalls the source: a frame that found the queue full
-arrives only when a set frees up, and its latency still counts from when it should have arrived (the report
-counts it as delayed). Drops are counted by policy. The report has throughput, latency
-p50/p99, drops, delays, deadline misses and the queue depth over time.
+arrives only when a set frees up, and its latency still counts from when it should have
+arrived (the report counts it as delayed). Drops are counted by policy. The report has
+throughput, latency p50/p99, drops, delays, deadline misses and the queue depth over time.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class PipelineStage:
     """One stage: a kernel on a context's device. ``ms`` is its modeled duration, or a
     function of the frame index (a spike); ``handoff_ms`` delays its signal (seed §10)."""
 
-    context: "Context"
+    context: Context
     kernel: str = "work"
     ms: float | Callable[[int], float] | None = None
     params: dict | None = None
@@ -107,7 +108,7 @@ class Pipeline:
     """See the module docstring. ``fill(i, array)`` writes frame ``i`` into the first
     buffer of its set (default: leave it as it is)."""
 
-    def __init__(self, client: "Client", stages: Sequence[PipelineStage], *,
+    def __init__(self, client: Client, stages: Sequence[PipelineStage], *,
                  shape: Sequence[int] = (1, 16, 16, 3), dtype: str = "float32",
                  buffers: int = 3, max_queue: int = 2, policy: str = "backpressure",
                  deadline_ms: float | None = None,
@@ -125,13 +126,13 @@ class Pipeline:
         self.deadline_ns = int(deadline_ms * 1e6) if deadline_ms else 0
         self.fill = fill
         n = len(self.stages)
-        self.sets: list[list["Buffer"]] = [
+        self.sets: list[list[Buffer]] = [
             [client.alloc(shape, dtype) for _ in range(n + 1)] for _ in range(buffers)]
         for bufs in self.sets:  # mapped once, as a runtime does (no map per frame)
             for s, st in enumerate(self.stages):
                 st.context.map(bufs[s], "r")
                 st.context.map(bufs[s + 1], "w")
-        self._freed_by: list["Fence | None"] = [None] * buffers
+        self._freed_by: list[Fence | None] = [None] * buffers
         self._scale = float(client.info.get("time_scale", 1.0))
 
     # -- running ----------------------------------------------------------------------
