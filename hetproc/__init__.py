@@ -40,6 +40,8 @@ General layout: a folder says which process runs its code.
                           of parts, see its _server module; never imported by the client
     hetproc/trace/        reading evidence anywhere (live rings, files): Chrome Trace
                           export, explain, plot
+    hetproc/delegate/     the application's side of ONNX models: load, place, compile, run
+    hetproc/ort/          ONNX Runtime's Python API over the delegates
     hetproc/drills/       tools driving whole platforms: scenarios, drills, acceptance,
                           the one leftovers check
     hetproc/cli/          the hetproc command
