@@ -144,16 +144,7 @@ def placement_dict(pl: Any) -> dict[str, Any]:
 
 
 def _feeds(graph: Any, path: str | None) -> dict[str, np.ndarray]:
-    if path:
-        return _read_npz(path)
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for v in graph.inputs:
-        shape = [d if isinstance(d, int) else 1 for d in v.shape]
-        dt = np.dtype(v.dtype or "float32")
-        feeds[v.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f"
-                         else rng.integers(0, 8, shape).astype(dt))
-    return feeds
+    return _read_npz(path) if path else graph.sample_inputs()
 
 
 _NPZ_HINT = "an .npz archive, one array per input name (numpy.savez)"

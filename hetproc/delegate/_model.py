@@ -68,6 +68,18 @@ class Graph:
             self.__dict__["_used"] = cached
         return cached
 
+    def sample_inputs(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Seeded inputs of the declared shapes and dtypes (a symbolic dim as 1): floats
+        from a standard normal, integers in 0..7, for a run that needs no data of its own."""
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for v in self.inputs:
+            shape = [d if isinstance(d, int) else 1 for d in v.shape]
+            dt = np.dtype(v.dtype or "float32")
+            feeds[v.name] = (rng.standard_normal(shape).astype(dt) if dt.kind == "f"
+                             else rng.integers(0, 8, shape).astype(dt))
+        return feeds
+
     def consumers(self) -> dict[str, list[int]]:
         cons: dict[str, list[int]] = {}
         for n in self.nodes:

@@ -75,7 +75,7 @@ def validate(model: Any, providers: Sequence[Any], inputs: dict[str, Any] | None
     many children run at once (each has its own platform; 1 keeps them apart in time)."""
     data = _model_bytes(model)
     graph = load_model(data)
-    feeds = inputs if inputs is not None else _random_feeds(graph)
+    feeds = inputs if inputs is not None else graph.sample_inputs()
     reference = run_reference(graph, feeds)
     with tempfile.TemporaryDirectory(prefix="hetproc-validate-") as tmp:
         (Path(tmp) / "model.onnx").write_bytes(data)
@@ -107,15 +107,6 @@ def _model_bytes(model: Any) -> bytes:
     return model.SerializeToString()
 
 
-def _random_feeds(graph: Any) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    out = {}
-    for v in graph.inputs:
-        shape = [d if isinstance(d, int) else 1 for d in v.shape]
-        dt = np.dtype(v.dtype or "float32")
-        out[v.name] = (rng.random(shape).astype(dt) if dt.kind == "f"
-                       else rng.integers(0, 4, shape).astype(dt))
-    return out
 
 
 def _run_child(work: Path, timeout: float) -> tuple[int | None, float, str]:
