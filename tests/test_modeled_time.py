@@ -113,10 +113,14 @@ def _two_clients_backlog(plat: hetproc.Platform) -> tuple[list, list]:
         ca, cb = a.context("npu0"), b.context("npu0")
         for ctx in (ca, cb):  # contexts and fence pools ready: the two submits come close
             ctx.submit("work", ms=0).wait(5)
-        t0 = time.monotonic_ns()
-        fa = [ca.submit_nowait("work", ms=4, at_ns=t0) for _ in range(8)]
-        fb = [cb.submit_nowait("work", ms=4, at_ns=t0) for _ in range(2)]
-        for f in fa + fb:
+        # A long command in front: every submit below reaches the supervisor while it
+        # runs, so the policy chooses among all ten however late the host delivers them
+        # (without it, a client 16 ms late on a loaded machine found four of A's
+        # commands already on the device).
+        blocker = ca.submit_nowait("work", ms=150)
+        fa = [ca.submit_nowait("work", ms=4) for _ in range(8)]
+        fb = [cb.submit_nowait("work", ms=4) for _ in range(2)]
+        for f in [blocker] + fa + fb:
             f.wait(5)
         return [f.signal_time() for f in fa], [f.signal_time() for f in fb]
     finally:
