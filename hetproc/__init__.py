@@ -12,6 +12,8 @@ Public API::
     command(...)      one entry of Context.submit_many
     Queue             Context.queue(): records straight to the device, no supervisor hop
                       (a user-mode queue; ``work`` commands)
+    ResetStatus, ResetStats  Context.reset_status() / reset_stats(), Client.reset_stats():
+                      who a reset touched (GL robustness, gem_reset_stats)
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
                       (PipelineStage, PipelineReport; seed §10)
     SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
@@ -92,6 +94,8 @@ from .client import (
     Platform,
     PoolStatistics,
     Queue,
+    ResetStats,
+    ResetStatus,
     command,
     connect,
 )
@@ -113,6 +117,6 @@ __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
-    "simulate_schedule",
+    "simulate_schedule", "ResetStatus", "ResetStats",
 ]
 __all__ += errors.__all__

@@ -11,12 +11,13 @@ from ._buffer import Buffer
 from ._bufpool import BufferPool, PoolStatistics
 from ._client import FOREVER, Client
 from ._connection import Connection
-from ._context import Context, command
+from ._context import Context, ResetStats, ResetStatus, command
 from ._fence import Fence
 from ._pipeline import Pipeline, PipelineReport, PipelineStage
-from ._platform import Platform, connect, same_code_env
+from ._platform import Platform, connect, same_code_env, unwedge
 from ._queue import Queue
 
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
            "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
-           "Queue", "same_code_env", "Connection"]
+           "Queue", "same_code_env", "Connection", "ResetStatus", "ResetStats",
+           "unwedge"]

@@ -36,7 +36,7 @@ from ipc import FenceTable, errors
 
 from ._buffer import Buffer
 from ._connection import REQUEST_TIMEOUT, Connection
-from ._context import Context, command
+from ._context import Context, ResetStats, command
 from ._fence import Fence
 from ._trace_ring import ClientTrace
 
@@ -123,13 +123,19 @@ class Client:
 
     def context(self, device: str, *, priority: int = 0, name: str = "",
                 cache_maintenance: bool | str | None = None, period_ms: float | None = None,
-                weight: float | None = None) -> Context:
+                weight: float | None = None, recoverable: bool = False) -> Context:
         """A context on ``device``: the unit of isolation and of failure (seed §7, §20).
         ``cache_maintenance`` (default: the platform's) set to False, or to "clean" /
         "invalidate" alone, drops what a non-coherent device needs -- to show stale reads.
         ``period_ms``: its commands' default deadline (``edf``, ``mixed``); ``weight``: its
-        client's share under the ``fair`` scheduler (seed §11)."""
+        client's share under the ``fair`` scheduler (seed §11). ``recoverable``: a hang
+        of its own fails that command only (scope request) and the context goes on,
+        until it hangs too often and is banned (``ContextBanned``); by default a context
+        is lost at its first hang (``ContextLost``). ``ContextBanned`` (scope process)
+        once this process is banned."""
         extra: dict[str, Any] = {}
+        if recoverable:
+            extra["recoverable"] = True
         if cache_maintenance is not None:
             extra["cache_maintenance"] = cache_maintenance
         if period_ms is not None:
@@ -178,6 +184,11 @@ class Client:
         """The platform's figures; a client without a privileged role sees counters and
         device states, not other tenants' names, CPU or errors. ``quota``: its own usage."""
         return self.connection.request("metrics")["metrics"]
+
+    def reset_stats(self) -> ResetStats:
+        """Reset statistics of this process (every connection it holds, every context it
+        had, destroyed ones included): ``hetproc.ResetStats``."""
+        return ResetStats.from_reply(self.connection.request("reset_stats"))
 
     def grant_role(self) -> int:
         """(Owner only.) A token: a client that passes it as ``role=`` when it connects

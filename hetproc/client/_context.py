@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._fence import Fence
@@ -54,6 +55,38 @@ def command(kernel: str, ins: Iterable[Buffer] = (), outs: Iterable[Buffer] = ()
     if deadline_ms is not None:
         c["deadline_ms"] = float(deadline_ms)
     return c
+
+
+@dataclass(frozen=True)
+class ResetStatus:
+    """A context's part in the last reset of its device that touched it (GL robustness'
+    reset status): ``"guilty"`` (its command hung or crashed the device), ``"innocent"``
+    (a command of its was cancelled or replayed by another's reset), ``"unknown"`` (one
+    was, by a reset no command caused: a stall, a device killed from outside) or
+    ``"none"``. ``in_progress``: its device is being reset now; ``wedged``: its device's
+    reset failed and it runs nothing until unwedged; ``banned``: it hung too often."""
+
+    status: str
+    in_progress: bool
+    wedged: bool
+    banned: bool
+
+
+@dataclass(frozen=True)
+class ResetStats:
+    """Reset statistics (IGT ``gem_reset_stats``), of a context or of a process:
+    ``resets``, the resets of the devices it had contexts on (from the context's
+    creation); ``guilty``, its commands that caused one; ``innocent``, its commands a reset
+    caused by someone else (or by no command) cancelled or replayed."""
+
+    resets: int
+    guilty: int
+    innocent: int
+
+    @classmethod
+    def from_reply(cls, reply: dict[str, Any]) -> ResetStats:
+        """The statistics of a ``reset_stats`` reply."""
+        return cls(reply["resets"], reply["guilty"], reply["innocent"])
 
 
 class Context:
@@ -147,6 +180,18 @@ class Context:
         ``ResourceError`` when the device has no ring left."""
         return Queue(self, slots)
 
+    # -- resets (GL robustness, gem_reset_stats) -------------------------------
+
+    def reset_status(self) -> ResetStatus:
+        """Its part in the last reset that touched it, and whether one is running now."""
+        r = self._conn.request("reset_stats", ctx=self.handle)
+        return ResetStatus(r["status"], r["in_progress"], r["wedged"], r["banned"])
+
+    def reset_stats(self) -> ResetStats:
+        """How many resets touched it, and how many of its commands were guilty and
+        innocent (counts since the context was created; a lost context answers too)."""
+        return ResetStats.from_reply(self._conn.request("reset_stats", ctx=self.handle))
+
     # -- control -------------------------------------------------------------
 
     def vote(self, level: float) -> float:
@@ -196,4 +241,4 @@ def _arrival(at_ns: int | None) -> int:
     return time.monotonic_ns() if at_ns is None else int(at_ns)
 
 
-__all__ = ["Context", "command"]
+__all__ = ["Context", "command", "ResetStatus", "ResetStats"]

@@ -41,6 +41,7 @@ from ._requests_commands import CommandRequests
 from ._requests_conn import ConnectionRequests
 from ._requests_memory import MemoryRequests
 from ._requests_reports import ReportRequests
+from ._resets import ResetRequests, Resets
 
 FENCE_CAPACITY = 8192
 
@@ -114,7 +115,8 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     lifetimes.purge_with(commands.purge)  # cycle 1: a purge is a device command
     queues = Queues(reg, pool, failures, tell)
     policy = Policy.from_dict(spec.recovery)
-    recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed)
+    resets = Resets(policy, reg, commands, faults, spawn)
+    recovery = Recovery(policy, reg, commands, evidence, spawn, resets, queue_owed=queues.owed)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     ddr = DdrQuota(spec)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix)
@@ -130,6 +132,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
         "commands": CommandRequests(reg, pool, commands, iommu, handoff, faults, evidence, queues,
                                     ddr, fallback_device=policy.fallback_device),
         "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics),
+        "resets": ResetRequests(reg, resets),
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,
                  handoff, commands, queues, recovery, ddr, metrics, requests)

@@ -62,6 +62,10 @@ KINDS: dict[type[errors.HetprocError], Kind] = {
     errors.Cancelled: Kind(quiet_scopes=frozenset({"request"})),
     # A consequence: the failure that lost the context froze its window already.
     errors.ContextLost: Kind(freeze=False),
+    # A ban is the consequence of hangs that froze their windows; a wedged device's
+    # commands fail as the consequence of the failed reset its incident recorded.
+    errors.ContextBanned: Kind(freeze=False),
+    errors.DeviceWedged: Kind(freeze=False),
     errors.PlatformError: Kind(freeze=False),
 }
 _kind_cache: dict[type, Kind] = {}

@@ -56,6 +56,12 @@ class ClientRec:
     # of replies not sent yet: (position in ``outbuf`` of the byte they go with, fds).
     segments: set[int] = field(default_factory=set)
     outfds: list = field(default_factory=list)
+    # Only ``_resets`` changes these: resets that touched this client's contexts, its
+    # guilty and innocent commands, when its contexts were banned, and why the client
+    # itself is banned ("" while it is not).
+    resets: ResetCounts = field(default_factory=lambda: ResetCounts())
+    bans: list[int] = field(default_factory=list)
+    banned: str = ""
 
 
 @dataclass(eq=False)
@@ -75,6 +81,24 @@ class ContextRec:
     cache_maintenance: str = "both"
     period_ns: int = 0    # default relative deadline of its commands (0: none)
     weight: float = 1.0   # its client's share under the fair scheduler
+    # A recoverable context survives a hang of its own (only that command fails) until it
+    # is banned; one that is not is lost at its first (``_resets``).
+    recoverable: bool = False
+    # Only ``_resets`` changes these: its reset statistics and status, and when it hung.
+    resets: ResetCounts = field(default_factory=lambda: ResetCounts())
+    hangs: list[int] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class ResetCounts:
+    """What resets did to a context, or to a client's contexts (``gem_reset_stats``):
+    how many resets touched it, how many of its commands were guilty of one, how many
+    were innocent victims, and its part in the last reset that touched it."""
+
+    resets: int = 0
+    guilty: int = 0
+    innocent: int = 0
+    status: str = "none"  # "guilty", "innocent", "unknown" (the cause was not a command)
 
 
 @dataclass(eq=False)
@@ -167,6 +191,9 @@ class Registry:
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
     role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
+    # Only ``_resets`` changes this: the wedged devices (name -> why), which run nothing
+    # until unwedged; ``_validation.context_of`` refuses work for them.
+    wedged: dict[str, dict] = field(default_factory=dict)
 
     def tenant(self, client: ClientRec) -> list[ClientRec]:
         """Every connection of ``client``'s process (the kernel's pid): quotas count here,

@@ -51,6 +51,7 @@ on a fence before it is signalled, and a failure never turns back into success.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 import time
@@ -62,13 +63,16 @@ from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import errors
 
+from ._cpustat import DeviceCpu
 from ._devices import CommandState
+from ._resets import wedged_error
 
 if TYPE_CHECKING:
     from ._commands import Commands
     from ._devices import Command, DeviceHandle
     from ._evidence import Evidence
     from ._records import Registry
+    from ._resets import Resets
 
 
 @dataclass
@@ -79,12 +83,15 @@ class Policy:
     replay_innocent: bool = False
     fallback_device: str | None = None
     unsafe_reclaim: bool = False  # debug only: reclaim before the device confirmed its stop
+    ban_hangs: int = 3            # bans and wedging: see ``_resets``
+    ban_window_ms: float = 120_000.0
+    ban_contexts: int = 3
+    reset_attempts: int = 2
+    unsafe_unwedge: bool = False  # debug only: unwedge without resetting the device
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Policy:
-        known = {k: d[k] for k in ("max_rearm", "replay_innocent", "fallback_device",
-                                   "unsafe_reclaim") if k in d}
-        return cls(**known)
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
 @dataclass
@@ -108,6 +115,7 @@ class Incident:
     exit_status: int | None = None
     replay: list[Command] = field(default_factory=list)  # innocents to run again
     reason: str = ""  # why the device was reset, told to the innocent commands it cost
+    wedged: bool = False  # its reset failed (``_resets``): the device stays down
 
     def step(self, name: str, **detail: Any) -> None:
         self.steps.append({"step": name, "t_ms": round((time.monotonic_ns() - self.t0) / 1e6, 3),
@@ -122,7 +130,7 @@ class Incident:
             "confirmed_stop": self.how or "pending",
             "killed": self.killed, "exit_status": self.exit_status,
             "innocent": [c.seq for c in self.innocent], "error": self.error,
-            "fallback": self.fallback,
+            "fallback": self.fallback, "wedged": self.wedged,
             "other_clients_affected": sorted(self.affected_clients),
             "recovery_ms": round((self.done_ns - self.t0) / 1e6, 3) if self.done_ns else None,
             "steps": self.steps,
@@ -146,41 +154,13 @@ class _Quiet:
     excused: bool = False
 
 
-class DeviceCpu:
-    """Whether a device process is runnable now, and how much CPU it has had (ns, the
-    first field of ``/proc/<pid>/schedstat``), read with ``pread`` on descriptors kept
-    per device (a few us a look). What lets the watchdog tell a device that waits for
-    the host's CPU from one that hangs."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, tuple[int, int, int]] = {}  # device -> (pid, stat fd, schedstat fd)
-
-    def read(self, dev: DeviceHandle) -> tuple[bool, int]:
-        """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
-        entry = self._fds.get(dev.name)
-        if entry is None or entry[0] != dev.pid:
-            self._forget(dev.name)
-            try:
-                stat = os.open(f"/proc/{dev.pid}/stat", os.O_RDONLY)
-            except OSError:
-                return False, -1
-            try:
-                sched = os.open(f"/proc/{dev.pid}/schedstat", os.O_RDONLY)
-            except OSError:
-                os.close(stat)
-                return False, -1
-            entry = self._fds[dev.name] = (dev.pid, stat, sched)
-        try:
-            state = os.pread(entry[1], 512, 0).rpartition(b")")[2].split()[0]
-            return state == b"R", int(os.pread(entry[2], 128, 0).split()[0])
-        except (OSError, ValueError, IndexError):
-            return False, -1
-
-    def _forget(self, name: str) -> None:
-        entry = self._fds.pop(name, None)
-        if entry is not None:
-            os.close(entry[1])
-            os.close(entry[2])
+def _running_command(reg: Registry, dev: DeviceHandle) -> Command | None:
+    """The command the device's slot says it runs, unless it finished already."""
+    slot = reg.slots[dev.index]
+    if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
+        return None
+    cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+    return None if cmd is None or reg.signalled(cmd) else cmd
 
 
 def _timed(dev: DeviceHandle, slot: Any) -> bool:
@@ -199,11 +179,13 @@ class Recovery:
     ``_lifetimes`` frees what nobody else holds."""
 
     def __init__(self, policy: Policy, reg: Registry, commands: Commands,
-                 evidence: Evidence, spawn: Callable[[DeviceHandle], None],
+                 evidence: Evidence, spawn: Callable[[DeviceHandle], None], resets: Resets,
                  queue_owed: Callable[[DeviceHandle], int] = lambda dev: 0) -> None:
         """``queue_owed(dev)``: records its user-mode queues hold for it (``_queues``):
-        work it owes that no pushed command shows."""
+        work it owes that no pushed command shows. ``resets``: who each reset touched,
+        bans, and whether a reset fails (the device is then wedged)."""
         self.policy = policy
+        self.resets = resets
         self.queue_owed = queue_owed
         self.reg = reg
         self.commands = commands
@@ -340,6 +322,7 @@ class Recovery:
         inc = Incident(self._ids, kind, dev.name, guilty, time.monotonic_ns())
         self.active[dev.name] = inc
         dev.paused = True
+        self.resets.on_reset(dev)
         return inc
 
     def start_timeout(self, dev: DeviceHandle, cmd: Command, heartbeat_age_ms: float) -> None:
@@ -414,7 +397,7 @@ class Recovery:
         """The process is reaped. In an incident: the confirmation. Otherwise: a crash."""
         inc = self.active.get(dev.name)
         if inc is None:
-            running = self.running_command(dev)
+            running = _running_command(self.reg, dev)
             inc = self.new_incident("death", dev, running)
             exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
                                        correlation_id=running.cid if running else 0,
@@ -429,16 +412,10 @@ class Recovery:
         inc.innocent = [c for c in dev.take_pushed() if c is not inc.guilty]
         self.after_confirmed(dev, inc, reset=True)
 
-    def running_command(self, dev: DeviceHandle) -> Command | None:
-        slot = self.reg.slots[dev.index]
-        if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
-            return None
-        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        return None if cmd is None or self.reg.signalled(cmd) else cmd
-
     # -- steps 4-9 ----------------------------------------------------------------------
 
     def after_confirmed(self, dev: DeviceHandle, inc: Incident, reset: bool = False) -> None:
+        inc.wedged = reset and self.resets.reset_fails(dev, inc)  # decided before step 4
         if not self.policy.unsafe_reclaim or inc.kind != "timeout":
             self.fail_and_reclaim(dev, inc, inc.innocent)
         else:  # steps 4-6 of the guilty ran before the stop was confirmed
@@ -460,6 +437,9 @@ class Recovery:
         g = inc.guilty
         if g is None or g.state is CommandState.DONE:
             return []
+        survives, ban = self.resets.on_guilty(g, inc)
+        if survives and g.failure is not None and g.failure.scope == "context":
+            g.failure.scope = "request"  # a recoverable context goes on: only this failed
         target = self.fallback_target(g, inc)
         lost = None
         if target is None:
@@ -469,7 +449,10 @@ class Recovery:
                 inc.error = record
                 lost = errors.HetprocError.from_dict(record)
             inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
-        self.invalidate(g, inc, lost)  # the context's queued commands fail with it...
+        if survives:
+            g.outs_untrusted()
+        else:
+            self.invalidate(g, inc, ban or lost)  # the context's queued commands fail too...
         if target is None:
             return [g]
         self.commands.reroute(g, target)  # ...but the guilty request itself re-runs elsewhere
@@ -493,11 +476,13 @@ class Recovery:
                     self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
-            if self.policy.replay_innocent and cmd.ctx.lost is None:
+            self.resets.on_innocent(cmd, inc)
+            if self.policy.replay_innocent and cmd.ctx.lost is None and not inc.wedged:
                 replayed.append(cmd)
             else:
                 why = f": {inc.reason}" if inc.reason else ""
-                self.commands.fail_command(cmd, errors.CancelledByReset(
+                self.commands.fail_command(cmd, wedged_error(inc.device, inc.id) if inc.wedged
+                                           else errors.CancelledByReset(
                     f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}),
                     retire=False)
                 cancelled.append(cmd)
@@ -557,6 +542,9 @@ class Recovery:
         inc.step("dump", trace_window=record["trace_window"], in_flight=len(record["in_flight"]))
 
     def restart(self, dev: DeviceHandle, inc: Incident, reset: bool) -> None:
+        if inc.wedged:  # it stays down (paused) until unwedged
+            self.resets.wedge(dev, inc)
+            return
         if reset:
             self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
@@ -568,8 +556,8 @@ class Recovery:
 
     def probe(self, dev: DeviceHandle, inc: Incident) -> None:
         guilty_client = inc.guilty.ctx.client if inc.guilty else None
-        targets = {dev.name} | {c.device for _, c in self.reg.contexts.items()
-                                if c.client is not guilty_client}
+        targets = ({dev.name} | {c.device for _, c in self.reg.contexts.items()
+                                 if c.client is not guilty_client}) - set(self.reg.wedged)
         inc.probes = len(targets)
         # The device is serving again: release it to the watchdog (a probe stuck behind
         # another hang must not keep this incident, and so the device, unwatched).
@@ -579,6 +567,8 @@ class Recovery:
             self.commands.submit_probe(self.reg.devices[name], inc)
         inc.step("probe", devices=sorted(targets))
         self.commands.pump_all()
+        if not targets:  # every device it would probe is wedged: nothing to wait for
+            self._done(inc)
 
     def on_probe_done(self, inc: Incident, device: str, ok: bool) -> None:
         inc.step("probe_done", device=device, ok=ok)
@@ -586,10 +576,13 @@ class Recovery:
             inc.affected_clients.add(f"probe:{device}")
         inc.probes -= 1
         if inc.probes == 0:
-            inc.done_ns = time.monotonic_ns()
-            inc.step("done")
-            self.probing.pop(inc.id, None)
-            self.history.append(inc.summary())
+            self._done(inc)
+
+    def _done(self, inc: Incident) -> None:
+        inc.done_ns = time.monotonic_ns()
+        inc.step("done")
+        self.probing.pop(inc.id, None)
+        self.history.append(inc.summary())
 
     def note_failure(self, cmd: Command) -> None:
         """A command of another client failed during an incident: it was affected."""

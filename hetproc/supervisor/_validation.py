@@ -339,9 +339,17 @@ def context_of(reg: Registry, client: ClientRec, handle: Any,
     ctx = reg.contexts.get(handle)
     if ctx.client is not client:
         raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
-    if ctx.lost is not None and not allow_lost:
+    if allow_lost:
+        return ctx
+    if isinstance(ctx.lost, errors.ContextBanned):
+        raise errors.ContextBanned(f"context {handle:#x} is banned: {ctx.lost}")
+    if ctx.lost is not None:
         raise errors.ContextLost(f"context {handle:#x} was lost: {ctx.lost}",
                                  detail={"cause": ctx.lost.to_dict()})
+    why = reg.wedged.get(ctx.device)
+    if why is not None:
+        raise errors.DeviceWedged(f"{ctx.device} is wedged ({why['reason']}): unwedge it first",
+                                  buffers_trusted=True, detail={"incident": why["incident"]})
     return ctx
 
 
