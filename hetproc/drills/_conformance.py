@@ -6,12 +6,13 @@ DRM scheduler's KUnit tests and dEQP's robustness group by their case names; thi
 lets them find what hetproc guarantees under those names. A case is listed only where
 what hetproc checks really is what the original checks (its README table says how each
 maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name. Mechanisms
-hetproc does not have yet (bans, wedged devices, reset status queries, preempt timeouts,
-subsystem restart, fence file descriptors, hazards) have no case here, not even a skipped
-one: a case that cannot fail proves nothing.
+hetproc does not have yet (preempt timeouts, subsystem restart, fence file descriptors,
+hazards) have no case here, not even a skipped one: a case that cannot fail proves nothing.
 
-The cases that run on a shared platform live in ``_conformance_cases``; this module
-adds the drill cases and runs them. How they run:
+The cases that run on a shared platform live in ``_conformance_cases`` and, for reset
+statistics, bans and wedged devices (IGT ``gem_reset_stats``, ``gem_eio``, ``xe_wedged``),
+in ``_conformance_recovery``; this module adds the drill cases and runs them. How they
+run:
 
 - a *drill case* runs one of the crash/reset drills (``_drills``) on its own fresh
   platform and passes when every check of the drill held;
@@ -35,6 +36,7 @@ from typing import Any
 from ipc import errors
 
 from .._config import PlatformSpec, load_platform
+from . import _conformance_recovery  # noqa: F401  (registers the cases on resets)
 from ._conformance_cases import CASES, Case, CaseRun, add_case
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
@@ -92,8 +94,9 @@ for _name, _suite, _drill, _checks in _DRILL_CASES:
 # -- running ------------------------------------------------------------------------------
 
 
-SUITES = ("IGT gem_reset_stats", "IGT sw_sync", "IGT syncobj_wait", "DRM scheduler KUnit",
-          "dEQP robustness", "hetproc", "hetproc drill")
+SUITES = ("IGT gem_reset_stats", "IGT gem_eio", "IGT xe_wedged", "IGT sw_sync",
+          "IGT syncobj_wait", "DRM scheduler KUnit", "dEQP robustness", "hetproc",
+          "hetproc drill")
 
 
 def _listed(case: Case) -> tuple[int, int]:
