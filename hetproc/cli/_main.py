@@ -25,7 +25,7 @@ from ipc import cleanup_dead, errors
 from .. import drills
 from .._argtypes import int_in, positive_int, time_scale
 from .._config import TIME_SCALE_RANGE
-from . import _conformance, _show, _signals
+from . import _conformance, _device, _show, _signals
 from ._status import dead_platforms, live_platforms, print_status
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -243,8 +243,8 @@ def _parser() -> argparse.ArgumentParser:
     _json_arg(camp)
 
     _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
-    _trace_parsers(sub)
-    _platform_parsers(sub)
+    for add in (_trace_parsers, _platform_parsers, _device_parsers):
+        add(sub)
 
     status = _sub(sub, "status", "the platforms on this machine", """
         The live platforms on this machine, with supervisor and device pids, device
@@ -313,6 +313,10 @@ def _platform_parsers(sub: Any) -> None:
     _sub(psub, "show", "print the built-in platform file", """
         Print the built-in platform file, which documents every key: copy it, change it
         and pass it with --platform FILE.""", cmd_platform_show)
+
+
+def _device_parsers(sub: Any) -> None:
+    _device.add_command(sub, _sub, _role)
 
 
 def _platform_args(p: argparse.ArgumentParser) -> None:

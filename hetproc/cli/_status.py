@@ -54,7 +54,8 @@ def live_platforms(query: bool = True) -> list[dict[str, Any]]:
             for name, dev in (entry["metrics"] or {}).get("devices", {}).items():
                 entry["devices"].setdefault(name, {}).update(
                     pid=dev["pid"], state=dev["state"], queue_depth=dev["queue_depth"],
-                    completed=dev["completed"], failed=dev["failed"], epoch=dev["epoch"])
+                    completed=dev["completed"], failed=dev["failed"], epoch=dev["epoch"],
+                    wedged=dev.get("wedged", False))
         out.append(entry)
     return out
 

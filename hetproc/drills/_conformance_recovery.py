@@ -271,7 +271,10 @@ def _unwedged(c: CaseRun, device: str) -> None:
               out["was_wedged"] and out["epoch"] > epoch, str(out))
     c.s.check("the device no longer reads wedged",
               not c.client.metrics()["devices"][device]["wedged"])
-    c.next_request_succeeds(device)
+    ctx = c.client.context(device, name="after")
+    c.check_completes("the first request after the unwedge completes (no hang)",
+                      ctx.submit("work", ms=1), 3)
+    ctx.close()
 
 
 @case("xe_wedged/basic-wedged", "IGT xe_wedged",
@@ -306,7 +309,7 @@ def _basic_wedged(c: CaseRun) -> None:
     c.s.check("the buffer it wrote stays readable", bool((out.array() == 6.0).all()))
     c.next_request_succeeds("gpu0")
     _unwedged(c, "dsp0")
-    c.check_completes("the old context serves again", ctx.submit("work", ms=1))
+    c.check_completes("the old context serves again", ctx.submit("work", ms=1), 3)
     buf.free()
     out.free()
     ctx.close()

@@ -74,14 +74,16 @@ class Resets:
     # -- statistics (recovery tells us) ---------------------------------------------------
 
     def on_reset(self, dev: DeviceHandle) -> None:
-        """A reset of ``dev`` began: it counts for every context on it and their clients."""
-        clients: set[ClientRec] = set()
+        """A reset of ``dev`` began: it counts for every context on it, and once for each
+        process with a context on it (on every connection of that process)."""
+        pids = set()
         for _, ctx in self.reg.contexts.items():
             if ctx.device == dev.name and ctx.client.id:
                 ctx.resets.resets += 1
-                clients.add(ctx.client)
-        for client in clients:
-            client.resets.resets += 1
+                pids.add(ctx.client.pid)
+        for client in self.reg.live_clients():
+            if client.pid in pids:
+                client.resets.resets += 1
 
     def on_guilty(self, cmd: Command, inc: Incident) -> tuple[bool, errors.HetprocError | None]:
         """``cmd`` caused the reset. Returns whether its context survives it (it is
@@ -166,7 +168,8 @@ class ResetRequests:
         names = {self.reg.contexts.get(h).device for c in tenant for h in c.contexts}
         mine = [self.reg.devices[name] for name in names]
         out = _as_dict(client.resets)
-        for field in ("resets", "guilty", "innocent"):
+        out["resets"] = max(c.resets.resets for c in tenant)  # each counts every reset since
+        for field in ("guilty", "innocent"):  # ...it connected; commands count where they ran
             out[field] = sum(getattr(c.resets, field) for c in tenant)
         return {**out, "banned": any(c.banned for c in tenant),
                 "in_progress": any(d.paused and d.name not in self.reg.wedged for d in mine),
