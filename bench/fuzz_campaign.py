@@ -124,7 +124,8 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
         "faults_clear": {}, "grant_role": {}, "shutdown": {},
         "hello": {"name": "again", "owner": True, "pid": 1},
         "context_create": {"device": dev, "priority": 0, "name": "fz",
-                           "cache_maintenance": "auto", "period_ms": 10.0, "weight": 1.0},
+                           "cache_maintenance": "auto", "period_ms": 10.0, "weight": 1.0,
+                           "recoverable": rng.random() < 0.5},
         "context_destroy": {"ctx": h["ctx2"]},
         "alloc": {"shape": [4, 4], "dtype": "float32", "align": 64, "usage": ["input"],
                   "exportable": True},
@@ -142,10 +143,13 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
         "mem_events": {"since": 0, "limit": 16, "cids": [1]},
         "inject": {"fault": rng.choice([{"kind": "wrong_output", "every": 3},
                                         {"kind": "crash", "device": dev, "count": 1},
-                                        {"kind": "timeout", "probability": 0.1}])},
+                                        {"kind": "timeout", "probability": 0.1},
+                                        {"kind": "reset_fail", "device": dev, "every": 1}])},
         "prepare": {"ctx": h["ctx"], "kernel": "add"},
         "trace_frozen": {"window": 1, "offset": 0, "flush": False},
         "power_vote": {"ctx": h["ctx"], "level": rng.choice((0.0, 0.5, 1.0))},
+        "reset_stats": rng.choice(({"ctx": h["ctx"]}, {})),
+        "device_unwedge": {"device": dev},
     }
 
 

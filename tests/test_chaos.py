@@ -22,9 +22,11 @@ from tests.chaos import (
     ChaosFailure,
     draw_mix,
     draw_queue,
+    draw_resets,
     faults_on,
     judge_child_dependent,
     queue_rng,
+    resets_rng,
     run,
 )
 from tests.helpers import wait_for
@@ -54,6 +56,9 @@ def test_the_default_seeds_cover_the_whole_mix():
     assert any(c > 0 for m in mixes for c in m.chunk_ms)  # preemption somewhere
     queues = {draw_queue(queue_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
     assert "" in queues and len(queues) > 1  # a queue in some seeds, not in others
+    wedges = {draw_resets(resets_rng(int(s)), draw_queue(queue_rng(int(s))))[2]
+              for s in DEFAULT_SEEDS.split(",")}
+    assert "" in wedges and len(wedges) > 1  # a device wedged in some seeds, not in others
     assert all(m == draw_mix(random.Random(int(s)))
                for m, s in zip(mixes, DEFAULT_SEEDS.split(",")))  # a seed fixes its mix
 
