@@ -31,7 +31,7 @@ LAYOUTS = ("NHWC", "NCHW")
 # Fault kinds of the supervisor's fault plan (hetproc.supervisor._faultplan.FAULTS).
 FAULT_KINDS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
                "heartbeat_stall", "kernel_bug", "alloc_fail", "map_fail", "compile_timeout",
-               "oom")
+               "oom", "reset_fail")
 # Scheduling policies of a device (hetproc._config.POLICIES; a test keeps them equal).
 POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
 _MAINTENANCE = ("both", "clean", "invalidate", "none")

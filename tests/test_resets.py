@@ -154,7 +154,7 @@ def test_a_process_whose_contexts_keep_getting_banned_is_banned():
 def _wedge(c, device="dsp0"):
     c.inject("reset_fail", device=device, every=1, count=2)
     c.inject("crash", device=device, step="before_signal")
-    return c.context(device).submit("work", ms=100)
+    return c.context(device).submit("work", ms=500)  # 100 ms: the others go in behind it
 
 
 def test_a_wedged_device_fails_everything_fast_and_unwedge_brings_it_back():

@@ -116,7 +116,8 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     queues = Queues(reg, pool, failures, tell)
     policy = Policy.from_dict(spec.recovery)
     resets = Resets(policy, reg, commands, faults, spawn)
-    recovery = Recovery(policy, reg, commands, evidence, spawn, resets, queue_owed=queues.owed)
+    recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed,
+                        resets=resets)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     ddr = DdrQuota(spec)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix)

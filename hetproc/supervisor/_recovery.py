@@ -65,14 +65,14 @@ from ipc import errors
 
 from ._cpustat import DeviceCpu
 from ._devices import CommandState
-from ._resets import wedged_error
+from ._faultplan import FaultPlan
+from ._resets import Resets, wedged_error
 
 if TYPE_CHECKING:
     from ._commands import Commands
     from ._devices import Command, DeviceHandle
     from ._evidence import Evidence
     from ._records import Registry
-    from ._resets import Resets
 
 
 @dataclass
@@ -179,13 +179,15 @@ class Recovery:
     ``_lifetimes`` frees what nobody else holds."""
 
     def __init__(self, policy: Policy, reg: Registry, commands: Commands,
-                 evidence: Evidence, spawn: Callable[[DeviceHandle], None], resets: Resets,
-                 queue_owed: Callable[[DeviceHandle], int] = lambda dev: 0) -> None:
+                 evidence: Evidence, spawn: Callable[[DeviceHandle], None],
+                 queue_owed: Callable[[DeviceHandle], int] = lambda dev: 0, *,
+                 resets: Resets | None = None) -> None:
         """``queue_owed(dev)``: records its user-mode queues hold for it (``_queues``):
         work it owes that no pushed command shows. ``resets``: who each reset touched,
-        bans, and whether a reset fails (the device is then wedged)."""
+        bans, and whether a reset fails (the device is then wedged); None: one over an
+        empty fault plan (no reset ever fails)."""
         self.policy = policy
-        self.resets = resets
+        self.resets = resets or Resets(policy, reg, commands, FaultPlan(), spawn)
         self.queue_owed = queue_owed
         self.reg = reg
         self.commands = commands
