@@ -94,6 +94,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                             doc="contexts of a process banned within the window: it is too"),
         "reset_attempts": Key("int", 2, 1, 100,
                               doc="failed resets in a row that wedge the device"),
+        "wedge_on_hang": Key("bool", False, doc="a hang wedges its device: no reset"),
         "unsafe_unwedge": Key("bool", False, doc="debug only: unwedge without a reset"),
     },
     "iommu": {

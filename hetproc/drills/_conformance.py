@@ -43,7 +43,8 @@ from ._scenario import Scenario, run_on_platform
 
 # The policy of each shared platform: i915 runs an innocent context's request again after a
 # reset, which hetproc does only when asked (``replay_innocent``).
-GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True}}
+GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True},
+                                     "wedge_on_hang": {"wedge_on_hang": True}}
 
 
 # -- drill cases --------------------------------------------------------------------------

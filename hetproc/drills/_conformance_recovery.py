@@ -316,6 +316,38 @@ def _basic_wedged(c: CaseRun) -> None:
     c.finish(base)
 
 
+@case("xe_wedged/wedged-at-any-timeout", "IGT xe_wedged", group="wedge_on_hang", checks=(
+      "with the policy wedge_on_hang (xe's wedged_mode 2) a job that hangs npu0 wedges it at "
+      "once: no cancel and no reset are tried, the hung job fails (DeviceTimeout), a job "
+      "behind it ends with DeviceWedged, a submit is refused; an explicit unwedge resets "
+      "it and the next request succeeds"))
+def _wedged_at_any_timeout(c: CaseRun) -> None:
+    base = c.start()
+    guilty, other = c.client.context("npu0", name="hangs"), c.client.context("npu0")
+    c.client.inject("timeout", device="npu0")  # it would honour a cancel: none is sent
+    hung = guilty.submit("work", ms=5, timeout_ms=20)
+    time.sleep(0.01)
+    behind = other.submit("work", ms=1)
+    c.expect_failure("the hung job failed (DeviceTimeout)", hung, errors.DeviceTimeout)
+    c.expect_failure("the job behind it ended with DeviceWedged", behind, errors.DeviceWedged)
+    inc = c.new_incident()
+    steps = [s["step"] for s in inc["steps"]] if inc else []
+    c.s.check("wedged at once: no cancel, no reset attempted",
+              inc is not None and inc["wedged"] and "wedged" in steps
+              and not {"cancel", "restart", "reset_failed"} & set(steps), str(steps))
+    try:
+        other.submit("work", ms=1)
+        c.s.check("a submit is refused with DeviceWedged", False, "it was accepted")
+    except errors.DeviceWedged:
+        c.s.check("a submit is refused with DeviceWedged", True)
+    for f in (hung, behind):
+        f.release()
+    _unwedged(c, "npu0")
+    for ctx in (guilty, other):
+        ctx.close()
+    c.finish(base)
+
+
 @case("gem_eio/in-flight-external", "IGT gem_eio",
       "commands on dsp0 waiting on a user fence nobody signalled (one in the device's "
       "ring, more queued behind it on other contexts, one on gpu0 waiting on them) when "

@@ -87,6 +87,7 @@ class Policy:
     ban_window_ms: float = 120_000.0
     ban_contexts: int = 3
     reset_attempts: int = 2
+    wedge_on_hang: bool = False   # xe's wedged_mode 2: a hang wedges the device, no reset
     unsafe_unwedge: bool = False  # debug only: unwedge without resetting the device
 
     @classmethod
@@ -339,6 +340,9 @@ class Recovery:
         if not self.policy.fallback_device:
             n = self.commands.fail_dependants(cmd, exc)
             inc.steps[-1]["dependants_failed"] = n
+        if self.policy.wedge_on_hang:  # no cancel, no reset: stop it, it stays down
+            self.isolate(dev, inc)
+            return
         self.reg.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
         inc.step("cancel", pidx=cmd.pidx)
         inc.grace_deadline = time.monotonic_ns() + self.reg.scaled_ns(self.reg.spec.grace_ms)
@@ -366,6 +370,7 @@ class Recovery:
     def isolate(self, dev: DeviceHandle, inc: Incident) -> None:
         """No acknowledgement within the grace period: kill; the reaping confirms."""
         inc.step("isolate", pid=dev.pid, reason="stalled" if inc.kind == "stall"
+                 else "wedge_on_hang" if self.policy.wedge_on_hang
                  else "no cancel acknowledgement within grace")
         inc.grace_deadline = 0
         if dev.pid:
@@ -417,7 +422,7 @@ class Recovery:
     # -- steps 4-9 ----------------------------------------------------------------------
 
     def after_confirmed(self, dev: DeviceHandle, inc: Incident, reset: bool = False) -> None:
-        inc.wedged = reset and self.resets.reset_fails(dev, inc)  # decided before step 4
+        inc.wedged = reset and self.resets.stays_down(dev, inc)  # known before step 4
         if not self.policy.unsafe_reclaim or inc.kind != "timeout":
             self.fail_and_reclaim(dev, inc, inc.innocent)
         else:  # steps 4-6 of the guilty ran before the stop was confirmed

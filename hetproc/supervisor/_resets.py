@@ -19,7 +19,9 @@ reset succeeded; the rest is here, after the kernel's GPU drivers and their test
                 ``reset_attempts`` failures in a row the device is wedged: it runs
                 nothing, every command it held or had queued fails with ``DeviceWedged``,
                 and work for it is refused at once (``_validation.context_of``) until an
-                explicit unwedge, which resets it (forks it again) before it serves
+                explicit unwedge, which resets it (forks it again) before it serves.
+                With ``wedge_on_hang`` (xe's wedged_mode 2, for debugging a hang where it
+                happened) a hang or stall wedges the device at once, without a reset
 
 Only this part changes the fields it owns on the tables: ``ContextRec.resets`` and
 ``hangs``, ``ClientRec.resets``, ``bans`` and ``banned``, ``Registry.wedged``.
@@ -126,6 +128,14 @@ class Resets:
 
     # -- wedging --------------------------------------------------------------------------
 
+    def stays_down(self, dev: DeviceHandle, inc: Incident) -> bool:
+        """Whether ``dev``, reaped in ``inc``, is wedged rather than brought back: a hang
+        under ``wedge_on_hang``, or a reset that fails."""
+        return self._wedges_on_hang(inc) or self.reset_fails(dev, inc)
+
+    def _wedges_on_hang(self, inc: Incident) -> bool:
+        return self.policy.wedge_on_hang and inc.kind != "death"
+
     def reset_fails(self, dev: DeviceHandle, inc: Incident | None) -> bool:
         """Whether bringing ``dev`` back fails ``reset_attempts`` times in a row (the fault
         plan's ``reset_fail`` point); each failed attempt is a step of ``inc``."""
@@ -138,9 +148,9 @@ class Resets:
 
     def wedge(self, dev: DeviceHandle, inc: Incident) -> None:
         """``dev`` stays down: what waited for it fails now, work for it is refused."""
-        self.reg.wedged[dev.name] = {
-            "incident": inc.id, "since": time.time(),
-            "reason": f"its reset failed {self.policy.reset_attempts} times in a row"}
+        why = ("it hung (recovery.wedge_on_hang)" if self._wedges_on_hang(inc) else
+               f"its reset failed {self.policy.reset_attempts} times in a row")
+        self.reg.wedged[dev.name] = {"incident": inc.id, "since": time.time(), "reason": why}
         queued = dev.sched.clear()
         for cmd in queued:
             self.commands.fail_command(cmd, wedged_error(dev.name, inc.id))
