@@ -30,6 +30,8 @@ from ._frame import Frame
 from ._state import DeviceState
 from ._state import StateSlot as S
 
+_FAR = 1 << 62  # "no host time yet": ``point`` unclamped
+
 
 @dataclass(frozen=True, slots=True)
 class Suspended:
@@ -112,6 +114,14 @@ class Preemption:
             if cmd is not None:
                 (marked if cmd.get("pre") else self.backlog).append(cmd)
         return marked
+
+    def due(self) -> bool:
+        """The marked command has arrived in the model by the running command's next chunk
+        boundary, and the host has reached that boundary: the switch happens there, at
+        the modeled instant the policy would make it, never earlier (a command dated
+        ahead is marked before it arrives) and never between two boundaries."""
+        at = self.point(self.host.frame, int(self.host.u64[S.PREEMPT_AT]), _FAR)
+        return time.monotonic_ns() >= at
 
     def preempt(self) -> None:
         """Suspend the running command at this chunk boundary; run every marked command

@@ -62,7 +62,7 @@ S = StateSlot
 (_CURRENT_SEQ, _CURRENT_CID, _CURRENT_PIDX, _CANCEL_PIDX, _STARTED, _ACK_PIDX, _BUSY,
  _DONE) = (S.CURRENT_SEQ, S.CURRENT_CID, S.CURRENT_PIDX, S.CANCEL_PIDX, S.STARTED,
            S.ACK_PIDX, S.BUSY, S.DONE)
-_STATE, _PARK, _PREEMPT_PIDX = S.STATE, S.PARK, S.PREEMPT_PIDX
+_STATE, _PARK, _PREEMPT_PIDX, _PREEMPT_AT = S.STATE, S.PARK, S.PREEMPT_PIDX, S.PREEMPT_AT
 _BUSY_STATE, _IDLE_STATE = int(DeviceState.BUSY), int(DeviceState.IDLE)
 _NO_FAULT: dict = {}
 DOORBELL_SWALLOW_MAX = 1 << 16  # posts taken per turn (bounds one turn's work)
@@ -185,7 +185,7 @@ class DeviceWorker:
         preempt, backlog, outbox, intake = (self.preempt, self.preempt.backlog, self.outbox,
                                             self.intake)
         while not intake.stopped and u32[_PARK] == 0:
-            if u64[_PREEMPT_PIDX] > preempt.seen:
+            if u64[_PREEMPT_PIDX] > preempt.seen and u64[_PREEMPT_AT] <= self.model_end:
                 preempt.run_marked()  # urgent ones first, even with nothing to preempt
                 continue
             if backlog:
@@ -325,7 +325,7 @@ class DeviceWorker:
         # Injected faults act on memory itself: a late DMA write bypasses any cache.
         _faults.before_kernel(self, fault, mem.shared_outputs())
         speed = self.run_speed(cmd, mem.cursor)
-        busy = int(cmd["hold_ns"] / speed) if speed != 1.0 else cmd["hold_ns"]
+        busy = round(cmd["hold_ns"] / speed) if speed != 1.0 else cmd["hold_ns"]
         m_kernel_end = mem.cursor + busy
         if cmd["kernel"] != "work":
             run_kernel(cmd["kernel"], ins, outs, cmd["params"], between)
@@ -370,7 +370,7 @@ class DeviceWorker:
         thermal = self.thermal
         speed = (self.run_speed(cmd, m_start)
                  if thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
-        busy = int(hold_ns / speed) if speed != 1.0 else hold_ns
+        busy = round(hold_ns / speed) if speed != 1.0 else hold_ns
         m_kernel_end = m_start + busy
         t_end = now()
         if m_kernel_end + frame.shift > t_end:
@@ -506,7 +506,8 @@ class DeviceWorker:
         """Switch to a marked command if the supervisor asked and we may: even a stuck
         command can be preempted (the urgent work's own progress is counted as the
         device's, so the watchdog may re-arm for it, up to its limit)."""
-        if self.frame.preemptible and self.u64[S.PREEMPT_PIDX] > self.preempt.seen:
+        if (self.frame.preemptible and self.u64[S.PREEMPT_PIDX] > self.preempt.seen
+                and self.preempt.due()):
             self.preempt.preempt()
 
     def check_cancel(self) -> None:

@@ -200,6 +200,13 @@ class DeviceHandle:
     pushes: int = 0
     paused: bool = False  # during an incident nothing new reaches the device
     window_ns: int = 2_000_000  # modeled work let into the in-order ring at once
+    # The modeled instant the device is done with every command pushed that is no
+    # preemptor: the time the scheduler decides at (an estimate from arrivals and holds,
+    # never later than the truth; set to the truth when the ring drains).
+    free_ns: int = 0
+    # The host time at which a command dated ahead is due to be decided (0: none): the
+    # supervisor's tick pumps the device then (``due``).
+    wake_ns: int = 0
     time_scale: float = 1.0
     state: Any = None  # its StateSlot (what it runs; where a preemption is requested)
     sched: Scheduler = field(init=False)
@@ -271,11 +278,18 @@ class DeviceHandle:
         # Segment descriptors still waiting for the device's socket go before any command
         # (a command without operands needs none of its own: see ``_push``).
         quiet = self.segs is not None and not self.segs.waiting
+        self.wake_ns = 0
         while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
-            now = time.monotonic_ns()
-            cmd = sched.peek(now)
-            if cmd is None:
-                break  # (never: ``waiting`` is what peek looks at)
+            at = self.free_ns
+            cmd = sched.peek(at)
+            if cmd is None:  # nothing has arrived by then: the device idles until the next
+                at = sched.next_arrival() or 0
+                if at - ARRIVAL_LEAD_NS > time.monotonic_ns():
+                    self.wake_ns = at - ARRIVAL_LEAD_NS  # decided then, not now: an
+                    break  # earlier arrival may still come
+                cmd = sched.peek(at)
+                if cmd is None:
+                    break  # (never: something arrives at ``at``)
             first = True
             if cmd.wait and not self.inputs_ready(cmd):
                 cmd, first = self._producer_first(cmd)
@@ -284,10 +298,12 @@ class DeviceHandle:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
                 cmd.preemptor = True
-                if not self._push(cmd, now if first else -1, speed, quiet):
+                if not self._push(cmd, at if first else -1, speed, quiet):
                     break
                 self.preemptions += 1
-                self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
+                u64 = self.state.u64
+                u64[_PREEMPT_AT] = cmd.t_arrive  # not before: the device waits for it
+                u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
                 moved += 1
                 continue
             if plain >= 2:
@@ -297,12 +313,22 @@ class DeviceHandle:
             elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             plain += 1
-            if not self._push(cmd, now if first else -1, speed, quiet):
+            if not self._push(cmd, at if first else -1, speed, quiet):
                 break
+            free = self.free_ns
+            self.free_ns = (free if free > cmd.t_arrive else cmd.t_arrive) + cmd.hold_ns
             moved += 1
         if moved:
             self.doorbell.release()
         return moved
+
+    def due(self, now_ns: int) -> bool:
+        """A command dated ahead is to be decided now (the supervisor's tick asks)."""
+        return 0 < self.wake_ns <= now_ns
+
+    def settle(self, modeled_end: int) -> None:
+        """The ring drained: the device is free from its last command's modeled end."""
+        self.free_ns = modeled_end
 
     def _producer_first(self, cmd: Command) -> tuple[Command, bool]:
         """The scheduler chose ``cmd``, which waits on fences not signalled yet: if a
@@ -396,10 +422,10 @@ class DeviceHandle:
         return max(self.votes.values())
 
     def chunk_ns(self) -> int:
-        return int(self.spec.scheduler.chunk_ms * self.time_scale * 1e6)
+        return round(self.spec.scheduler.chunk_ms * self.time_scale * 1e6)
 
     def switch_ns(self) -> int:
-        return int(self.spec.scheduler.switch_us * self.time_scale * 1e3)
+        return round(self.spec.scheduler.switch_us * self.time_scale * 1e3)
 
     def take_pushed(self) -> list[Command]:
         """The commands the device held when it died, in ring order; queued ones stay."""
@@ -493,6 +519,12 @@ class DeviceHandle:
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
+_PREEMPT_AT = StateSlot.PREEMPT_AT
+# How long before its modeled arrival a command dated ahead is decided and handed to its
+# device: more than the supervisor's 5 ms tick, so that it is there in time; a command
+# submitted later than this, dated earlier, finds the decision made (with the real clock,
+# only a workload submitted ahead of time schedules exactly as the model says).
+ARRIVAL_LEAD_NS = 12_000_000
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
 
