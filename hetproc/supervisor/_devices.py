@@ -20,7 +20,14 @@ from typing import Any
 
 import posix_ipc
 
-from device_workers import DeviceBoot, DeviceState, StateSlot, device_main, encode_command
+from device_workers import (
+    LEAST_URGENT,
+    DeviceBoot,
+    DeviceState,
+    StateSlot,
+    device_main,
+    encode_command,
+)
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 
 from .._config import DeviceSpec
@@ -30,6 +37,9 @@ from ._timing import ModeledTiming
 RING_SLOTS = 256
 RING_SLOT_BYTES = 2048
 MAX_IN_RING = 250  # commands handed to the device at once; the rest wait, scheduled, here
+# Marked commands out at once: the device orders them by urgency and nests preemptions
+# (``device_workers._preempt``); past this many, the next waits here.
+MAX_MARKED = 16
 
 
 class CommandState(enum.Enum):
@@ -108,7 +118,7 @@ class Command:
             params=self.params,
             ins=_descriptors(self.ins, self.in_perms, "r") if self.ins else None,
             outs=_descriptors(self.outs, self.out_perms, "w") if self.outs else None,
-            fault=self.fault, mem=self.mem)
+            fault=self.fault, mem=self.mem, urg=self.device.urgency_of(self))
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -322,6 +332,11 @@ class DeviceHandle:
             self.doorbell.release()
         return moved
 
+    def urgency_of(self, cmd: Command) -> int:
+        """What the device compares to preempt (``Scheduler.urgency``; on a device that
+        does not preempt, the same for every command)."""
+        return self.sched.urgency(cmd) if self.pushed.chunk_ns else LEAST_URGENT
+
     def due(self, now_ns: int) -> bool:
         """A command dated ahead is to be decided now (the supervisor's tick asks)."""
         return 0 < self.wake_ns <= now_ns
@@ -411,7 +426,7 @@ class DeviceHandle:
         if (victim is None or victim.hold_ns <= self.chunk_ns()
                 or not self.sched.preempts(head, victim) or not self.inputs_ready(head)):
             return _NO
-        if any(c.preemptor for c in self.pushed.values()):
+        if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
         return _NOW
 

@@ -42,6 +42,8 @@ from typing import Any
 from .._config import SchedSpec
 
 NO_DEADLINE = (1 << 63) - 1
+_DEADLINE_BITS = (1 << 61) - 1  # a deadline in ``Mixed.urgency`` (73 years of ns)
+_PRIORITY_CEILING = 1 << 20  # above any priority: ``Priority.urgency`` stays positive
 _DECAY = 0.9  # per accounted command, for the mixed policy's recent shares
 
 
@@ -131,6 +133,11 @@ class Scheduler:
     def preempts(self, new: Any, running: Any) -> bool:
         """Whether ``new`` is urgent enough to preempt ``running`` at a chunk boundary."""
         return False
+
+    def urgency(self, cmd: Any) -> int:
+        """``preempts`` as one number per command, for the device to compare (lower
+        preempts higher: ``preempts(a, b)`` exactly when ``urgency(a) < urgency(b)``)."""
+        return 0
 
     def remove_if(self, doomed: Callable[[Any], bool]) -> list[Any]:
         """Take out every waiting command ``doomed`` says, returned in arrival order."""
@@ -355,6 +362,9 @@ class Priority(Scheduler):
     def preempts(self, new: Any, running: Any) -> bool:
         return new.priority > running.priority
 
+    def urgency(self, cmd: Any) -> int:
+        return _PRIORITY_CEILING - cmd.priority
+
 
 class Edf(Scheduler):
     name = "edf"
@@ -377,6 +387,9 @@ class Edf(Scheduler):
 
     def preempts(self, new: Any, running: Any) -> bool:
         return (new.deadline_ns or NO_DEADLINE) < (running.deadline_ns or NO_DEADLINE)
+
+    def urgency(self, cmd: Any) -> int:
+        return cmd.deadline_ns or NO_DEADLINE
 
 
 REALTIME, ALWAYS_ON, THIRD_PARTY = 2, 1, 0
@@ -446,6 +459,13 @@ class Mixed(Scheduler):
         if kn != kr:
             return kn > kr
         return kn == REALTIME and self.rt.preempts(new, running)
+
+    def urgency(self, cmd: Any) -> int:
+        """The class in the top bits (real-time lowest), then, for real-time work only,
+        the deadline: two commands of one other class never preempt each other."""
+        k = self.klass(cmd)
+        deadline = min(cmd.deadline_ns or NO_DEADLINE, _DEADLINE_BITS) if k == REALTIME else 0
+        return ((REALTIME - k) << 61) | deadline
 
 
 POLICY_CLASSES: dict[str, type[Scheduler]] = {
