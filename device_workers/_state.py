@@ -1,4 +1,4 @@
-"""The heartbeat / state table: one 192-byte slot per device in shared memory.
+"""The heartbeat / state table: one 128-byte slot per device in shared memory.
 
 The device writes its own fields (pid, state, heartbeat, progress, what it runs); the
 supervisor writes only the request fields (``cancel_pidx``, ``park``). Each field has one
@@ -13,7 +13,7 @@ import mmap
 
 import numpy as np
 
-SLOT_BYTES = 192
+SLOT_BYTES = 128
 STATE_DTYPE = np.dtype([
     # written by the device
     ("pid", "<u4"), ("epoch", "<u4"), ("state", "<u4"),
@@ -26,10 +26,6 @@ STATE_DTYPE = np.dtype([
     ("preempt_pidx", "<u8"),  # run the marked commands up to this one at the next chunk
     # written by the device
     ("preemptions", "<u8"), ("switch_ns", "<u8"),
-    # written by the supervisor: the modeled arrival of the marked command; the device
-    # switches at the running command's first chunk boundary at or after it
-    ("preempt_at_ns", "<u8"),
-    ("spare", "<u8", (7,)),
 ])
 assert STATE_DTYPE.itemsize == SLOT_BYTES, STATE_DTYPE.itemsize
 # Each field's byte offset in a slot (``fields`` maps a name to (dtype, offset); it is None
@@ -69,11 +65,11 @@ class StateSlot:
     WANT_NEWS = _word("want_news", 4)
     # u64 indexes
     (HEARTBEAT, PROGRESS, CURRENT_SEQ, CURRENT_CID, STARTED, ACK_PIDX, DONE, BUSY,
-     CURRENT_PIDX, CANCEL_PIDX, PREEMPT_PIDX, PREEMPTIONS, SWITCH_NS, PREEMPT_AT) = (
+     CURRENT_PIDX, CANCEL_PIDX, PREEMPT_PIDX, PREEMPTIONS, SWITCH_NS) = (
         _word(name, 8) for name in (
             "heartbeat_ns", "progress", "current_seq", "current_cid", "started_ns", "ack_pidx",
             "done", "busy_ns", "current_pidx", "cancel_pidx", "preempt_pidx", "preemptions",
-            "switch_ns", "preempt_at_ns"))
+            "switch_ns"))
 
     def __init__(self, buf: mmap.mmap | memoryview, index: int) -> None:
         raw = memoryview(buf).cast("B")[index * SLOT_BYTES:(index + 1) * SLOT_BYTES]

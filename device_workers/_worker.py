@@ -393,7 +393,7 @@ class DeviceWorker:
         busy = round(hold_ns / speed) if speed != 1.0 else hold_ns
         m_kernel_end = m_start + busy
         t_end = now()
-        if m_kernel_end + frame.shift > t_end:
+        if m_kernel_end + frame.shift > t_end or preempt.pending:
             self.hold_model(m_kernel_end, self.between_chunks)
             t_end = now()
         m_end = m_kernel_end + frame.shift
@@ -504,12 +504,16 @@ class DeviceWorker:
 
     def hold_model(self, deadline: int, between: Callable[[], None]) -> None:
         """Hold until a modeled deadline of the running command, plus the time it spent
-        preempted (which may grow while it holds: a resume adds to its frame's shift)."""
+        preempted (which may grow while it holds: a resume adds to its frame's shift).
+        A preemption due before the deadline happens even when the host arrives late,
+        past it: the model switched there, whatever the host's pace."""
         frame = self.frame
         frame.holds_to = deadline
         while True:
             shift = frame.shift
             hold_until(deadline + shift, between, self.boot.chunk_ns)
+            if frame.preemptible:
+                self.maybe_preempt()
             if frame.shift == shift:
                 return
 

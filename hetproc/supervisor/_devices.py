@@ -311,9 +311,7 @@ class DeviceHandle:
                 if not self._push(cmd, at if first else -1, speed, quiet):
                     break
                 self.preemptions += 1
-                u64 = self.state.u64
-                u64[_PREEMPT_AT] = cmd.t_arrive  # not before: the device waits for it
-                u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
+                self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
                 moved += 1
                 continue
             if plain >= 2:
@@ -328,9 +326,34 @@ class DeviceHandle:
             free = self.free_ns
             self.free_ns = (free if free > cmd.t_arrive else cmd.t_arrive) + cmd.hold_ns
             moved += 1
+        if preemptive and sched.arrivals and pushed.long:
+            moved += self._mark_ahead(speed, quiet)
         if moved:
             self.doorbell.release()
         return moved
+
+    def _mark_ahead(self, speed: float, quiet: bool) -> int:
+        """Mark now the commands dated ahead that will preempt a long command in the ring,
+        so that the device has them at the boundary where the model switches, however
+        late the host is then. Only until the ring's work ends (the holds of every command
+        in it, marked ones too, from the device's free instant): later arrivals are the
+        scheduler's choice once the device is free."""
+        pushed, sched = self.pushed, self.sched
+        horizon = self.free_ns + sum(c.hold_ns for c in pushed.values() if c.preemptor)
+        marked = 0
+        for t, seq in sorted(sched.arrivals):
+            if t > horizon or len(pushed) >= MAX_IN_RING:
+                break
+            cmd = sched.waiting[seq]
+            if self._urgency(cmd) is not _NOW:
+                continue
+            cmd.preemptor = True
+            if not self._push(cmd, -1, speed, quiet):
+                break
+            self.preemptions += 1
+            self.state.u64[_PREEMPT_PIDX] = cmd.pidx
+            marked += 1
+        return marked
 
     def urgency_of(self, cmd: Command) -> int:
         """What the device compares to preempt (``Scheduler.urgency``; on a device that
@@ -403,28 +426,16 @@ class DeviceHandle:
         self.pushed[cmd.seq] = cmd
         return True
 
-    def victim(self) -> Command | None:
-        """The command a preemption would suspend: the one the device says it runs, else
-        the oldest long one in the ring that is not a preemptor (finished commands whose
-        records we have not read yet may still be listed: short ones are skipped)."""
-        current = self.pushed.get(int(self.state.u64[_CURRENT_SEQ])) if self.state else None
-        if current is not None and not current.preemptor:
-            return current
-        chunk = self.chunk_ns()
-        for c in self.pushed.values():
-            if not c.preemptor and c.hold_ns > chunk:
-                return c
-        return None
-
     def _urgency(self, head: Command) -> object:
-        """Whether ``head`` goes into the ring now, out of order, to preempt what runs
-        (``_NOW``); should, but another preemptor is still out (``_LATER``: one at a time,
-        the next chosen by policy when it ends); or not (``_NO``)."""
-        if not self.preemptive or self.state is None:
+        """Whether ``head`` goes into the ring now, out of order, marked (``_NOW``): it
+        preempts a long command in the ring, running now or by the time ``head`` arrives
+        (the device compares urgencies at each boundary and switches only to a more
+        urgent one); should, but ``MAX_MARKED`` are out (``_LATER``); or not (``_NO``)."""
+        if not self.preemptive or self.state is None or not self.inputs_ready(head):
             return _NO
-        victim = self.victim()
-        if (victim is None or victim.hold_ns <= self.chunk_ns()
-                or not self.sched.preempts(head, victim) or not self.inputs_ready(head)):
+        chunk, preempts = self.chunk_ns(), self.sched.preempts
+        if not any(not c.preemptor and c.hold_ns > chunk and preempts(head, c)
+                   for c in self.pushed.values()):
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
@@ -534,7 +545,6 @@ class DeviceHandle:
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
-_PREEMPT_AT = StateSlot.PREEMPT_AT
 # How long before its modeled arrival a command dated ahead is decided and handed to its
 # device: more than the supervisor's 5 ms tick, so that it is there in time; a command
 # submitted later than this, dated earlier, finds the decision made (with the real clock,
