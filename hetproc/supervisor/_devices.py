@@ -290,16 +290,24 @@ class DeviceHandle:
         quiet = self.segs is not None and not self.segs.waiting
         self.wake_ns = 0
         while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
+            # The decision is the model's at ``at``: when the device is next free, or, if
+            # nothing has arrived by then, when the next command does.
+            # Nothing is released past a decision not made yet: a command dated earlier
+            # than the next arrival may still come, and must then compete.
             at = self.free_ns
             cmd = sched.peek(at)
-            if cmd is None:  # nothing has arrived by then: the device idles until the next
+            if cmd is None:
                 at = sched.next_arrival() or 0
                 if at - ARRIVAL_LEAD_NS > time.monotonic_ns():
-                    self.wake_ns = at - ARRIVAL_LEAD_NS  # decided then, not now: an
-                    break  # earlier arrival may still come
+                    self.wake_ns = at - ARRIVAL_LEAD_NS
+                    break
                 cmd = sched.peek(at)
                 if cmd is None:
                     break  # (never: something arrives at ``at``)
+            elif at - ARRIVAL_LEAD_NS > time.monotonic_ns() and (
+                    not preemptive or not pushed.long or self._urgency(cmd) is not _NOW):
+                self.wake_ns = at - ARRIVAL_LEAD_NS  # decided then (a preemptor: now)
+                break
             first = True
             if cmd.wait and not self.inputs_ready(cmd):
                 cmd, first = self._producer_first(cmd)
