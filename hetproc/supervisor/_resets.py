@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import errors
 
-from . import _validation as check
 from ._records import ClientRec, ContextRec, ResetCounts
 from ._requests import need_privilege
 
@@ -53,6 +52,20 @@ def refuse_banned(reg: Registry, client: ClientRec) -> None:
     for c in reg.tenant(client):
         if c.banned:
             raise errors.ContextBanned(f"this process is banned: {c.banned}", scope="process")
+
+
+def unusable(reg: Registry, ctx: ContextRec) -> errors.HetprocError:
+    """Why ``ctx`` takes no work (``_validation.context_of`` asks): it is banned, lost,
+    or its device is wedged."""
+    name = f"context {ctx.handle:#x}"
+    if isinstance(ctx.lost, errors.ContextBanned):
+        return errors.ContextBanned(f"{name} is banned: {ctx.lost}")
+    if ctx.lost is not None:
+        return errors.ContextLost(f"{name} was lost: {ctx.lost}",
+                                  detail={"cause": ctx.lost.to_dict()})
+    why = reg.wedged[ctx.device]
+    return errors.DeviceWedged(f"{ctx.device} is wedged ({why['reason']}): unwedge it first",
+                               buffers_trusted=True, detail={"incident": why["incident"]})
 
 
 def reset_metrics(reg: Registry) -> dict[str, Any]:
@@ -118,10 +131,12 @@ class Resets:
         inc.step("ban", context=ctx.name or hex(ctx.handle), hangs=len(ctx.hangs))
         client = ctx.client
         client.bans[:] = [t for t in client.bans if now - t < window] + [now]
-        if len(client.bans) >= self.policy.ban_contexts and not client.banned:
-            client.banned = (f"{len(client.bans)} of its contexts were banned within {ms:g} ms "
+        # Counted over the process: its connections cannot spread the bans out.
+        bans = sum(1 for c in self.reg.tenant(client) for t in c.bans if now - t < window)
+        if bans >= self.policy.ban_contexts and not client.banned:
+            client.banned = (f"{bans} of its contexts were banned within {ms:g} ms "
                              f"(recovery.ban_contexts = {self.policy.ban_contexts})")
-            inc.step("ban", client=client.name, contexts=len(client.bans))
+            inc.step("ban", client=client.name, contexts=bans)
         self.reg.note_event("ban", context=ctx.name or hex(ctx.handle), client=client.name,
                             process_banned=bool(client.banned))
         return ban
@@ -169,7 +184,9 @@ class ResetRequests:
     def reset_stats(self, client: ClientRec, msg: dict) -> dict:
         """A context's reset statistics and status (``ctx``), or its process's."""
         if "ctx" in msg:
-            ctx = check.context_of(self.reg, client, msg["ctx"], allow_lost=True)
+            ctx = self.reg.contexts.get(msg["ctx"])  # a lost or banned one answers too
+            if ctx.client is not client:
+                raise errors.ForeignHandle(f"context {msg['ctx']:#x} belongs to another client")
             dev = self.reg.devices[ctx.device]
             return {**_as_dict(ctx.resets), "banned": isinstance(ctx.lost, errors.ContextBanned),
                     "in_progress": dev.paused and dev.name not in self.reg.wedged,

@@ -23,6 +23,7 @@ from ipc import PENDING, Int, List, Map, Num, OneOf, Plain, Str, errors
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
 from ._records import BufferRec, ClientRec, ContextRec, FenceRec, Registry
+from ._resets import unusable
 
 if TYPE_CHECKING:
     from .._config import LimitsSpec
@@ -339,17 +340,8 @@ def context_of(reg: Registry, client: ClientRec, handle: Any,
     ctx = reg.contexts.get(handle)
     if ctx.client is not client:
         raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
-    if allow_lost:
-        return ctx
-    if isinstance(ctx.lost, errors.ContextBanned):
-        raise errors.ContextBanned(f"context {handle:#x} is banned: {ctx.lost}")
-    if ctx.lost is not None:
-        raise errors.ContextLost(f"context {handle:#x} was lost: {ctx.lost}",
-                                 detail={"cause": ctx.lost.to_dict()})
-    why = reg.wedged.get(ctx.device)
-    if why is not None:
-        raise errors.DeviceWedged(f"{ctx.device} is wedged ({why['reason']}): unwedge it first",
-                                  buffers_trusted=True, detail={"incident": why["incident"]})
+    if not allow_lost and (ctx.lost is not None or ctx.device in reg.wedged):
+        raise unusable(reg, ctx)  # lost, banned, or its device wedged
     return ctx
 
 
