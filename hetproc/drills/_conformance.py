@@ -6,12 +6,13 @@ DRM scheduler's KUnit tests and dEQP's robustness group by their case names; thi
 lets them find what hetproc guarantees under those names. A case is listed only where
 what hetproc checks really is what the original checks (its README table says how each
 maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name. Mechanisms
-hetproc does not have yet (preempt timeouts, subsystem restart, fence file descriptors,
-hazards) have no case here, not even a skipped one: a case that cannot fail proves nothing.
+hetproc does not have yet have no case here, not even a skipped one: a case that cannot
+fail proves nothing.
 
-The cases that run on a shared platform live in ``_conformance_cases`` and, for reset
-statistics, bans and wedged devices (IGT ``gem_reset_stats``, ``gem_eio``, ``xe_wedged``),
-in ``_conformance_recovery``; this module adds the drill cases and runs them. How they
+The cases that run on a shared platform live in ``_conformance_cases``, in
+``_conformance_sched`` (preempt timeouts) and, for reset statistics, bans and wedged
+devices (IGT ``gem_reset_stats``, ``gem_eio``, ``xe_wedged``), in
+``_conformance_recovery``; this module adds the drill cases and runs them. How they
 run:
 
 - a *drill case* runs one of the crash/reset drills (``_drills``) on its own fresh
@@ -36,7 +37,10 @@ from typing import Any
 from ipc import errors
 
 from .._config import PlatformSpec, load_platform
-from . import _conformance_recovery  # noqa: F401  (registers the cases on resets)
+from . import (
+    _conformance_recovery,  # noqa: F401  (registers the cases on resets)
+    _conformance_sched,  # noqa: F401  (registers its cases)
+)
 from ._conformance_cases import CASES, Case, CaseRun, add_case
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
@@ -96,13 +100,15 @@ for _name, _suite, _drill, _checks in _DRILL_CASES:
 
 
 SUITES = ("IGT gem_reset_stats", "IGT gem_eio", "IGT xe_wedged", "IGT sw_sync",
-          "IGT syncobj_wait", "DRM scheduler KUnit", "dEQP robustness", "hetproc",
-          "hetproc drill")
+          "IGT syncobj_wait", "IGT sysfs_preempt_timeout", "DRM scheduler KUnit",
+          "dEQP robustness", "hetproc", "hetproc drill")
 
 
 def _listed(case: Case) -> tuple[int, int]:
-    """Suite by suite, each in the order its cases were registered."""
-    return SUITES.index(case.suite), list(CASES).index(case.name)
+    """Suite by suite (a suite not named in ``SUITES`` after them), each in the order its
+    cases were registered."""
+    rank = SUITES.index(case.suite) if case.suite in SUITES else len(SUITES)
+    return rank, list(CASES).index(case.name)
 
 
 def conformance_cases(only: str | None = None) -> list[Case]:

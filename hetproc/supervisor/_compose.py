@@ -33,9 +33,10 @@ from ._lifetimes import Lifetimes
 from ._memlog import MemLog
 from ._memory import Memory
 from ._metrics import Metrics
+from ._policy import Policy
 from ._queues import Queues
 from ._records import ClientRec, Registry
-from ._recovery import Policy, Recovery
+from ._recovery import Recovery
 from ._requests import Handler, handler_table
 from ._requests_commands import CommandRequests
 from ._requests_conn import ConnectionRequests

@@ -43,8 +43,9 @@ if TYPE_CHECKING:
     from ._commands import Commands
     from ._devices import Command, DeviceHandle
     from ._faultplan import FaultPlan
+    from ._policy import Policy
     from ._records import Registry
-    from ._recovery import Incident, Policy
+    from ._recovery import Incident
 
 
 def refuse_banned(reg: Registry, client: ClientRec) -> None:

@@ -1,7 +1,8 @@
-"""``DeviceCpu``: whether a device process is runnable, and how much CPU it has had.
+"""How much CPU a device process has had, and whether it is runnable now.
 
-What lets the watchdog (``_recovery``) tell a device that waits for the host's CPU from
-one that hangs.
+What lets the watchdog (``_recovery``) tell a device that waits for the host's CPU (a
+loaded machine: lag, excused and counted) from one that hangs (it sleeps, or spins
+through its whole budget).
 """
 
 from __future__ import annotations
