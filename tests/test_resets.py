@@ -5,8 +5,10 @@ reset: the next request hangs)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -69,13 +71,34 @@ def test_guilty_innocent_and_unrelated_contexts_read_exact_status_and_counts():
                        "elsewhere": ("none", hetproc.ResetStats(0, 0, 0))}
         # One process holds both connections: its statistics are their sum, once per reset.
         assert c.reset_stats() == other.reset_stats() == hetproc.ResetStats(1, 1, 1)
-        # A stall has no guilty command: what it cost reads "unknown".
-        before = innocent.reset_stats().innocent
+        # npu0 killed from outside with nothing in flight: a reset for every context on
+        # it, guilty and innocent for none, and their statuses stay what they were.
         assert innocent.reset_status().in_progress is False
-        os.kill(plat.metrics()["devices"]["npu0"]["pid"], 9)  # nothing runs: no culprit
+        os.kill(plat.metrics()["devices"]["npu0"]["pid"], 9)
+        assert wait_for(lambda: unrelated.reset_stats().resets == 2)
         _settled(c)
-        assert innocent.reset_stats().innocent == before  # it had nothing in flight
-        assert innocent.reset_stats().resets == 2
+        assert (innocent.reset_status().status, innocent.reset_stats()) == \
+            ("innocent", hetproc.ResetStats(2, 0, 1))
+        assert elsewhere.reset_stats().resets == 0
+
+
+def test_work_lost_to_a_reset_no_command_caused_reads_unknown():
+    """A device stopped before it took its work is a stall (no guilty command): the
+    commands it cost read ``unknown``, counted as innocent."""
+    with _platform() as plat:
+        c = plat.client
+        ctx = c.context("npu0")
+        pid = plat.metrics()["devices"]["npu0"]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # ours (our platform's device), by pid
+        try:
+            assert _outcome(ctx.submit("work", ms=1)) == "CancelledByReset"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        _settled(c)
+        assert c.incidents()["history"][-1]["kind"] == "stall"
+        assert (ctx.reset_status().status, ctx.reset_stats()) == \
+            ("unknown", hetproc.ResetStats(1, 0, 1))
 
 
 def test_reset_stats_refuses_another_clients_context():
