@@ -82,6 +82,22 @@ def test_guilty_innocent_and_unrelated_contexts_read_exact_status_and_counts():
         assert elsewhere.reset_stats().resets == 0
 
 
+def test_a_reset_reads_in_progress_until_the_device_serves_again():
+    spec = dataclasses.replace(hetproc.load_platform(None), grace_ms=500.0)
+    with hetproc.Platform(spec=spec, time_scale=0.2) as plat:  # 100 ms without an answer
+        c = plat.client
+        hangs, bystander = c.context("npu0"), c.context("npu0")
+        c.inject("hang", device="npu0")
+        hung = hangs.submit("work", ms=5)
+        seen = set()
+        while not hung.done():
+            seen.add(bystander.reset_status().in_progress)
+        assert seen == {False, True}  # before the watchdog, then while it is reset
+        _settled(c)
+        assert not bystander.reset_status().in_progress
+        hung.release()
+
+
 def test_work_lost_to_a_reset_no_command_caused_reads_unknown():
     """A device stopped before it took its work is a stall (no guilty command): the
     commands it cost read ``unknown``, counted as innocent."""
