@@ -317,7 +317,9 @@ class DeviceWorker:
         u32[S.STATE] = DeviceState.BUSY
         tr.exec_begin(cid, t_start)
         frame.m_origin = m_start
-        frame.preemptible = self.preempt.allowed()
+        # A queue's command is never suspended: a command of the ring that runs proves
+        # no queue command is on the device (the barrier after an unbind, ``_queues``).
+        frame.preemptible = self.preempt.allowed() and "queue" not in cmd
         # "work" only holds time: its operands are checked and maintained, not viewed.
         views = cmd["kernel"] != "work" or bool(fault)
         mem = self.memory
@@ -427,6 +429,7 @@ class DeviceWorker:
                 self.model_end = max(self.model_end, t_end)
         word = exc.wire if exc is not None else 0
         if "queue" in cmd:
+            self.memory.report()  # (nobody reads it; a failed command's lines are dropped)
             if exc is not None:
                 self.queues.failing(cmd, exc)  # the note that explains it goes first
             self.outbox.signal(cmd["signal"], word, m_end)

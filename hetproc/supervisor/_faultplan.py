@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from device_workers import fires
 from ipc import errors
 
 DEVICE_FAULTS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
@@ -68,15 +69,7 @@ class FaultRule:
             return False
         if self.client is not None and (client is None or client[1] != self.client):
             return False
-        if self.count and self.fired >= self.count:
-            return False
-        self.seen += 1
-        hit = ((self.at is not None and self.seen == self.at)
-               or (self.every is not None and self.seen % self.every == 0)
-               or (self.probability > 0 and rng.random() < self.probability))
-        if hit:
-            self.fired += 1
-        return hit
+        return fires(self, rng)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "device": self.device, "client": self.client,
