@@ -546,9 +546,9 @@ def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: in
     device's timing table gives it, plus the memory traffic of its kernel at a floor
     bandwidth a busy machine still reaches (10 ns per byte: 64 MiB -> 0.67 s). A 64 MiB
     ``fill`` is slow because it is big, not because its device hung; a hang of a small
-    command is still caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it (every client is
-    untrusted: a long ``ms`` needs a ``timeout_ms`` too, within ``limits.max_duration_ms``),
-    and it never exceeds that limit unless ``watchdog_ms`` does. The recovery's watchdog
+    command is still caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it
+    (every client is untrusted: a long ``ms`` needs a ``timeout_ms`` too, within
+    ``limits.max_duration_ms``), and it never exceeds that limit unless ``watchdog_ms`` does. The recovery's watchdog
     counts the device's CPU time against this budget (a starved device is not hung).
     ``nbytes``: what the command's operands hold, together (``device_workers.watchdog_budget``
     is the formula: a device applies it to a queue record)."""
