@@ -548,8 +548,9 @@ def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: in
     ``fill`` is slow because it is big, not because its device hung; a hang of a small
     command is still caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it
     (every client is untrusted: a long ``ms`` needs a ``timeout_ms`` too, within
-    ``limits.max_duration_ms``), and it never exceeds that limit unless ``watchdog_ms`` does. The recovery's watchdog
-    counts the device's CPU time against this budget (a starved device is not hung).
+    ``limits.max_duration_ms``), and it never exceeds that limit unless ``watchdog_ms``
+    does. The recovery's watchdog counts the device's CPU time against this budget (a
+    starved device is not hung).
     ``nbytes``: what the command's operands hold, together (``device_workers.watchdog_budget``
     is the formula: a device applies it to a queue record)."""
     floor = reg.scaled_ns(reg.spec.watchdog_ms)
