@@ -49,6 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ipc import (
     QUEUE_CHECKED,
     QUEUE_MODELED,
@@ -272,6 +274,12 @@ class DeviceQueues:
             except errors.HetprocError as exc:  # its checks, the supervisor's classes
                 self._refuse(q, pos, exc)
                 continue
+            except (ValueError, TypeError, KeyError, OverflowError, IndexError) as exc:
+                # A check that met values it was never meant to see (a scribbled table or
+                # params): the record is refused, never the device's loop.
+                self._refuse(q, pos, errors.BadPacket(f"queue record: {type(exc).__name__}: "
+                                                      f"{exc}"[:300]))
+                continue
             q.busy = True
             return cmd
         return None
@@ -418,6 +426,10 @@ def _operand(table: BindingTable, slot: int, gen: int, need: str, role: str,
     supervisor's IOMMU grant refuses, refused the same way); the device's own check of
     the descriptor (``_cache``) still runs where it maps it."""
     b = table.entry(slot, gen)
+    try:
+        np.dtype(b.dtype)
+    except TypeError:
+        raise errors.BadPacket(f"binding {slot}: dtype {b.dtype!r} is not one") from None
     if need not in b.perm:
         raise errors.IommuFault(
             f"{role} {index} (buffer {b.handle:#x}): the binding grants {b.perm!r}, the "

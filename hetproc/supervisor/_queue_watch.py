@@ -145,6 +145,10 @@ class QueueWatch:
         self.verdicts[dev.name] = (t.cid, exc)
         rec.isolate(dev, inc)
 
+    def timing_on(self, device: str) -> bool:
+        """A queue command on ``device`` is being timed now."""
+        return device in self.timing
+
     def take_verdict(self, dev: DeviceHandle, cid: int) -> errors.HetprocError | None:
         """The error of the queue command ``dev`` was reset for, if it is ``cid``."""
         got = self.verdicts.get(dev.name)

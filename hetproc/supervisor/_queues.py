@@ -442,7 +442,11 @@ class Queues:
 
     def owed(self, dev: DeviceHandle) -> int:
         """Records the queues on ``dev`` hold and the device has not finished, as far as
-        the rings say (indices that cannot be count as none)."""
+        the rings say (indices that cannot be count as none). None while the queue
+        watchdog times the command it runs: those records are that watchdog's to judge
+        (as the command watchdog's are, ``Recovery.watch_queue``)."""
+        if self.watch.timing_on(dev.name):
+            return 0
         total = 0
         for q in self.open_queues.values():
             if q.device == dev.name:
