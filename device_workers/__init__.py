@@ -6,6 +6,7 @@ calls ``device_main`` in it.
 
 from ._boot import DeviceBoot
 from ._commands import COMMAND_SCHEMAS, decode_command, decode_completions, encode_command
+from ._faults import QUEUE_KINDS as QUEUE_FAULT_KINDS
 from ._faults import fires
 from ._graph_asset import asset_layout, plan_bytes, read_asset, write_asset
 from ._graph_ops import GRAPH_OPS, op_flops, run_op, unsupported
@@ -29,7 +30,7 @@ __all__ = ["DeviceBoot", "DeviceWorker", "device_main", "COMMAND_SCHEMAS",
            "decode_command", "decode_completions", "encode_command", "RING_CORRUPT_EXIT_STATUS",
            "DeviceState", "StateSlot", "STATE_DTYPE", "state_table",
            "validate_kernel", "check_depth", "modeled_ns", "watchdog_budget", "maintenance",
-           "admit", "fires", "checksum_of", "read_checksum",
+           "admit", "fires", "QUEUE_FAULT_KINDS", "checksum_of", "read_checksum",
            "QUEUE_TRACK_BASE", "SIGNALLED_AT_END", "SLOT_SUPERVISOR", "TRACK_SUPERVISOR",
            "device_slot", "device_track", "queue_track",
            "GRAPH_OPS", "run_op", "unsupported", "op_flops",

@@ -85,11 +85,12 @@ class Rule:
                    int(d.get("count", 1)), dict(d.get("params") or {}))
 
 
-def draw(rules: list[Rule], rng: random.Random) -> dict[str, Any] | None:
-    """The fault of the next command, as the supervisor's plan puts it in a packet."""
-    for rule in rules:
+def draw(rules: list[Rule], rng: random.Random) -> tuple[int, dict[str, Any]] | None:
+    """The rule that fires for the next command (its place in ``rules``) and its fault, as
+    the supervisor's plan puts it in a packet; None when none fires."""
+    for i, rule in enumerate(rules):
         if fires(rule, rng):
-            return {"kind": rule.kind, **rule.params}
+            return i, {"kind": rule.kind, **rule.params}
     return None
 
 

@@ -344,9 +344,10 @@ class DeviceQueues:
                 cmd["mem"] = {k: v for k, v in (("inv", inv), ("clean", clean)) if v}
         if t.quota is not None and nbytes:
             cmd["arrive_ns"], t.tat = admit(t.tat, cmd["arrive_ns"], nbytes, *t.quota)
-        fault = _faults.draw(t.faults, t.rng)
-        if fault is not None:
-            cmd["fault"] = fault
+        drawn = _faults.draw(t.faults, t.rng) if t.faults else None
+        if drawn is not None:
+            t.table.count_fired(drawn[0])  # the supervisor counts it against the rule
+            cmd["fault"] = drawn[1]
         t.table.watch(rec.cid, cmd["timeout_ns"])
 
     @staticmethod

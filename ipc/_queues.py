@@ -275,15 +275,18 @@ class QueueRing:
 
 MAX_BINDINGS = 256
 MAX_DIMS = 8
-TABLE_HEADER = 64
+MAX_RULES = 64  # fault rules a queue is given, each with a count of its firings here
+TABLE_HEADER = 64 + 8 * MAX_RULES
 # generation, rights (1 r, 2 w), dims, strided, pad; segment, offset, span, handle;
 # dtype; shape; strides
 _ENTRY = struct.Struct(f"<IBBBxQQQQ16s{MAX_DIMS}Q{MAX_DIMS}Q")
 ENTRY_BYTES = 192
 _GEN = struct.Struct("<I")
 # The header's words (u64): the queue command the device runs (its cid, 0: none) and its
-# watchdog timeout (ns), written by the device before it starts the command.
-_WATCH_CID, _WATCH_TIMEOUT = 0, 1
+# watchdog timeout (ns), written by the device before it starts the command; from word 8,
+# how often each fault rule the queue was given fired (the device counts, the supervisor
+# adds them to its rules: one count per rule whichever path it fires on).
+_WATCH_CID, _WATCH_TIMEOUT, _FIRED = 0, 1, 8
 PERM_BITS = {"r": 1, "w": 2, "rw": 3}
 _PERMS = ("", "r", "w", "rw")
 
@@ -373,6 +376,15 @@ class BindingTable:
         """The supervisor: (cid, timeout_ns) of the queue command the device noted."""
         q = self._q
         return q[_WATCH_CID], q[_WATCH_TIMEOUT]
+
+    def count_fired(self, rule: int) -> None:
+        """The device: fault rule ``rule`` (its place in the list given) fired."""
+        if 0 <= rule < MAX_RULES:
+            self._q[_FIRED + rule] += 1
+
+    def fired(self, rule: int) -> int:
+        """The supervisor: how often rule ``rule`` fired on the device (only grows)."""
+        return self._q[_FIRED + rule] if 0 <= rule < MAX_RULES else 0
 
     def release(self) -> None:
         self._q.release()

@@ -11,7 +11,6 @@ drill's corruption appears on a queue too when reclamation skips the barrier.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import time
@@ -23,6 +22,7 @@ from hypothesis import strategies as st
 
 import hetproc
 from hetproc import errors
+from hetproc.drills import run_drill
 from tests.helpers import wait_for
 
 WAIT = 10.0
@@ -279,51 +279,24 @@ def test_a_device_killed_mid_command_keeps_its_bound_buffers_until_reaped(platfo
     q.close()
 
 
-def _late_writer_on_a_queue(unsafe: bool) -> dict:
-    """The late-writer drill on a queue: a queue command keeps writing its output after
-    its watchdog; the client frees that output and a new buffer of the same size gets a
-    canary. Reclaiming it before the device confirmed its stop hands the canary's block
-    to a writer that never stopped."""
-    spec = hetproc.load_platform()
-    spec = dataclasses.replace(spec, recovery={**spec.recovery, "unsafe_reclaim": unsafe})
-    with hetproc.Platform(spec=spec, time_scale=1.0) as plat:
-        c = plat.client
-        npu = c.context("npu0")
-        out = c.alloc(1 << 16, "uint8")
-        where = (out.segment, out.offset)
-        c.inject("late_writer", device="npu0")
-        with npu.queue() as q:
-            fence = q.submit("work", [], [out], ms=5.0)
-            assert wait_for(lambda: c.metrics()["devices"]["npu0"]["state"] == "busy")
-            out.free()
-            time.sleep(0.02)
-            nxt = c.alloc(1 << 16, "uint8")
-            nxt.array()[:] = 0x5A
-            try:
-                fence.wait(WAIT)
-                error = None
-            except errors.HetprocError as exc:
-                error = type(exc).__name__
-            time.sleep(0.2)
-            corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
-            reused = (nxt.segment, nxt.offset) == where
-            nxt.free()
-        return {"error": error, "corrupted": corrupted, "reused": reused,
-                "incidents": c.incidents()["history"]}
-
-
 def test_the_unbind_barrier_keeps_a_late_writer_off_the_next_owner():
-    safe = _late_writer_on_a_queue(unsafe=False)
-    assert safe["error"] == "DeviceTimeout"  # the queue watchdog caught it
-    assert safe["corrupted"] == 0 and not safe["reused"]
-    assert safe["incidents"] and safe["incidents"][-1]["confirmed_stop"] == "reaped"
+    """The late-writer drill on a queue: its command keeps writing its bound output past
+    its watchdog while the client frees it; the queue watchdog resets the device and only
+    its reaping lets the buffer go: the next owner's canary is intact."""
+    report = run_drill("late-writer-queue")
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    assert report["ok"], failed
+    assert report["metrics"]["canary_bytes_corrupted"] == 0
 
 
 def test_reclaiming_a_bound_buffer_without_the_barrier_corrupts_the_next_owner():
-    """The rule broken on purpose (``unsafe_reclaim``: let go at unbind): the freed block
-    goes straight to the next owner while the device still writes it."""
-    unsafe = _late_writer_on_a_queue(unsafe=True)
-    assert unsafe["reused"] and unsafe["corrupted"] > 0
+    """The rule broken on purpose (``unsafe_reclaim``: let go at the unbind, no barrier):
+    the freed block goes straight to the next owner while the device still writes it."""
+    report = run_drill("late-writer-queue", unsafe_reclaim=True)
+    failed = {c["name"] for c in report["checks"] if not c["passed"]}
+    assert failed == {"no corruption of the buffer's next owner (canary intact)"}
+    assert report["metrics"]["canary_bytes_corrupted"] > 0
+    assert report["metrics"]["next_owner_got_same_block"] is True
 
 
 # -- faults and the watchdog ----------------------------------------------------------------
@@ -387,8 +360,9 @@ def test_a_scribbled_binding_table_yields_only_the_supervisors_errors(table, slo
     from device_workers._cache import DeviceMemory
     from device_workers._queues import _operand
     from ipc import BindingTable, Segment, SegmentCache, table_bytes
+    from ipc._queues import TABLE_HEADER
     raw = bytearray(table_bytes(4))
-    raw[64:64 + len(table)] = table
+    raw[TABLE_HEADER:TABLE_HEADER + len(table)] = table
     tab = BindingTable(memoryview(raw), 4)
     seg = Segment.anonymous_segment("scribble", 1 << 16, 7)
     cache = SegmentCache()

@@ -39,6 +39,7 @@ from ipc import (
     errors,
 )
 
+from ._command import command
 from ._fence import Fence
 
 if TYPE_CHECKING:
@@ -97,7 +98,6 @@ class Queue:
         ``kernel`` reads ``ins`` and writes ``outs`` after the fences in ``wait``, for
         ``ms`` modeled ms (default: the platform's timing model); returns its fence. A
         buffer not bound yet is bound first (a request to the supervisor, once)."""
-        from ._context import command
         return self.submit_many([command(kernel, ins, outs, wait=wait, params=params, ms=ms,
                                          timeout_ms=timeout_ms, checked=checked)],
                                 at_ns=at_ns)[0]

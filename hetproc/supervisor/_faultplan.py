@@ -13,7 +13,7 @@ raised by the supervisor itself.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,10 +99,15 @@ def _check_fields(kind: str, f: dict[str, Any]) -> None:
 
 
 class FaultPlan:
+    """``before_draw``: brings in what fired elsewhere (a device's queues) before a draw;
+    ``on_fire``: a command rule fired here (the devices' copies must hear of it)."""
+
     def __init__(self, rules: Iterable[dict[str, Any]] = (), seed: int = 0) -> None:
         self.rng = random.Random(seed)
         self.rules = [FaultRule.parse(r) for r in rules]
         self.log: list[dict[str, Any]] = []
+        self.before_draw: Callable[[], None] | None = None
+        self.on_fire: Callable[[], None] | None = None
 
     def add(self, raw: dict[str, Any], client: int | None = None) -> FaultRule:
         """Arm a rule; ``client`` (an id) scopes it to that client's own work (a normal
@@ -125,9 +130,13 @@ class FaultPlan:
         or None (the common, cheap case)."""
         if not self.rules:
             return None
+        if self.before_draw is not None:
+            self.before_draw()
         for rule in self.rules:
             if rule.matches(event, device, self.rng, client):
                 self.log.append({"kind": rule.kind, "device": device, "cid": cid})
+                if event == "command" and self.on_fire is not None:
+                    self.on_fire()
                 return rule
         return None
 

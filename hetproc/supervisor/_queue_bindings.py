@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ipc import QUEUE_MAX_BINDINGS, Binding, BindingTable, errors
+from ipc import QUEUE_MAX_BINDINGS, Binding, BindingTable, Block, errors, table_bytes
 
 from ._memory import sid_of
 
@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from ._handoff import Handoff
     from ._iommu import Iommu
     from ._lifetimes import Lifetimes
-    from ._records import BufferRec, ContextRec, Registry
+    from ._memory import Memory
+    from ._records import BufferRec, ClientRec, ContextRec, Registry
 
 
 @dataclass(eq=False)
@@ -177,3 +178,25 @@ class Binder:
     def bound_to(self, bs: BindingSet, buf: BufferRec) -> bool:
         b = bs.by_handle.get(buf.handle)
         return b is not None and b.buf is buf
+
+
+def make_table(pool: Memory, client: ClientRec, dev: DeviceHandle) -> tuple[Block, BindingTable]:
+    """The binding table's segment: from the tenant's budget, to the device only."""
+    nbytes = table_bytes()
+    try:
+        block = pool.allocate(client.pid, nbytes, exportable=True)
+    except MemoryError as exc:
+        raise errors.OutOfMemory(f"no memory for a binding table: {exc}") from None
+    seg = pool.segments[sid_of(block)]
+    sender = dev.segs
+    if sender is None:
+        pool.free(block)
+        raise errors.ResourceError(f"{dev.name} is starting: open the queue again",
+                                   retryable=True)
+    sender.add(seg)
+    if not sender.flush():
+        sender.drop(sid_of(block))
+        pool.free(block)
+        raise errors.ResourceError(f"{dev.name} is not taking descriptors now: open the "
+                                   f"queue again", retryable=True)
+    return block, BindingTable(memoryview(seg.map)[:nbytes], QUEUE_MAX_BINDINGS)

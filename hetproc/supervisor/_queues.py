@@ -51,36 +51,33 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from device_workers import DeviceState
 from device_workers import StateSlot as S
-from device_workers._faults import QUEUE_KINDS
 from ipc import (
     QUEUE_CLOSED,
     QUEUE_LOST,
-    QUEUE_MAX_BINDINGS,
     BindingTable,
     Block,
     QueueRing,
     encode,
     errors,
     queue_bytes,
-    table_bytes,
 )
 
 from .. import _protocol
-from ._bandwidth import quota_mbps
 from ._devices import RING_SLOTS
 from ._memory import sid_of
-from ._queue_bindings import Binder, BindingSet
+from ._queue_bindings import Binder, BindingSet, make_table
+from ._queue_terms import QueueTerms
 from ._queue_watch import QueueWatch
 
 if TYPE_CHECKING:
     from ._devices import DeviceHandle
     from ._failures import Failures
-    from ._faultplan import FaultPlan
+    from ._faultplan import FaultPlan, FaultRule
     from ._handoff import Handoff
     from ._memory import Memory
     from ._records import BufferRec, ClientRec, ContextRec, Registry
@@ -110,6 +107,10 @@ class QueueRec:
     slots: int
     table_block: Block | None = None
     bindings: BindingSet | None = None
+    # The fault rules its device was given, in that order, and how often each had fired
+    # there when last looked at (``harvest``): the device's counts go to these rules.
+    forwarded: list[FaultRule] = field(default_factory=list)
+    counted: list[int] = field(default_factory=list)
 
     @property
     def sid(self) -> int:
@@ -132,6 +133,11 @@ class Queues:
         self.handoff = handoff
         self.faults = faults
         self.watch = QueueWatch(reg, self._tables)
+        self.terms = QueueTerms(reg, handoff, faults)
+        # One count per rule whichever path it fires on: a draw here first brings in the
+        # devices' firings; a firing here re-sends the devices their rules.
+        faults.before_draw = self.harvest
+        faults.on_fire = self.faults_changed
         self.open_queues: dict[int, QueueRec] = {}
         self._ids = 0
         self.stats = {"opened": 0, "closed": 0, "lost": 0, "fences_failed": 0}
@@ -148,7 +154,7 @@ class Queues:
         nbytes = queue_bytes(slots)
         block, seg, segs = self._make_ring(client, dev, nbytes, hand)
         try:
-            tblock, table = self._make_table(client, dev)
+            tblock, table = make_table(self.pool, client, dev)
         except errors.HetprocError:
             client.segments.discard(sid_of(block))
             self.pool.free(block)
@@ -164,7 +170,7 @@ class Queues:
                             "dep_timeout_ns": scaled(spec.dependency_timeout_ms),
                             "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0,
                             "grants": self._imported_fences(client), "tenant": client.pid,
-                            "table": sid_of(tblock), "terms": self._terms(q, dev)})
+                            "table": sid_of(tblock), "terms": self.terms.terms(q, dev)})
         self.open_queues[q.qid] = q
         self.stats["opened"] += 1
         return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": nbytes,
@@ -172,73 +178,16 @@ class Queues:
                 "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs,
                 "kernels": list(dev.spec.ops)}
 
-    def _make_table(self, client: ClientRec, dev: DeviceHandle) -> tuple[Block, BindingTable]:
-        """The binding table's segment: from the tenant's budget, to the device only."""
-        nbytes = table_bytes()
-        try:
-            block = self.pool.allocate(client.pid, nbytes, exportable=True)
-        except MemoryError as exc:
-            raise errors.OutOfMemory(f"no memory for a binding table: {exc}") from None
-        seg = self.pool.segments[sid_of(block)]
-        sender = dev.segs
-        if sender is None:
-            self.pool.free(block)
-            raise errors.ResourceError(f"{dev.name} is starting: open the queue again",
-                                       retryable=True)
-        sender.add(seg)
-        if not sender.flush():
-            sender.drop(sid_of(block))
-            self.pool.free(block)
-            raise errors.ResourceError(f"{dev.name} is not taking descriptors now: open the "
-                                       f"queue again", retryable=True)
-        return block, BindingTable(memoryview(seg.map)[:nbytes], QUEUE_MAX_BINDINGS)
-
-    def _terms(self, q: QueueRec, dev: DeviceHandle) -> dict[str, Any]:
-        """What the device holds the queue's records to: the supervisor's own checks and
-        models of a submit, as numbers (``device_workers._queues.Terms``)."""
-        spec, scaled, timing = self.reg.spec, self.reg.scaled_ns, dev.spec.timing
-        params = _protocol.COMMAND["params?"]
-        terms: dict[str, Any] = {
-            "entries": QUEUE_MAX_BINDINGS, "kernels": list(dev.spec.ops),
-            "timing": [dict(timing.ops), timing.default_ms, timing.per_mib_ms, spec.time_scale],
-            "watchdog": [scaled(spec.watchdog_ms), scaled(spec.limits.max_duration_ms)],
-            "params": [params.values.depth, params.max_len, params.max_bytes],
-            "mode": q.ctx.cache_maintenance, "faults": self._fault_rules(q),
-            "seed": (spec.fault_seed * 1_000_003 + q.qid) & ((1 << 63) - 1)}
-        if not dev.spec.coherent and q.ctx.cache_maintenance != "none":
-            terms["cache"] = list(self.handoff.cache_costs(dev.spec))
-        mbps = quota_mbps(spec, q.client)
-        if mbps is not None:
-            per_byte = 1e3 / mbps
-            terms["quota"] = [per_byte, spec.ddr_burst_kib * 1024 * per_byte]
-        return terms
-
-    def _fault_rules(self, q: QueueRec) -> list[dict[str, Any]]:
-        """The rules that would hit this client's commands on this device, for the
-        device to draw on each record (``device_workers._faults.fires``)."""
-        out = []
-        for r in self.faults.rules:
-            if (r.event != "command" or r.kind not in QUEUE_KINDS
-                    or (r.device and r.device != q.device)
-                    or (r.owner is not None and r.owner != q.client.id)
-                    or (r.client is not None and r.client != q.client.name)
-                    or (r.count and r.fired >= r.count)):
-                continue
-            rule: dict[str, Any] = {"kind": r.kind, "probability": float(r.probability),
-                                    "count": max(0, r.count - r.fired) if r.count else 0,
-                                    "params": dict(r.params)}
-            if r.at is not None:
-                rule["at"] = r.at
-            if r.every is not None:
-                rule["every"] = r.every
-            out.append(rule)
-        return out[:64]
+    def harvest(self) -> None:
+        """Count the rules' firings on the devices' queues against the rules."""
+        for q in self.open_queues.values():
+            self.terms.harvest(q)
 
     def faults_changed(self) -> None:
         """A rule was armed or cleared: each queue's device hears which apply now."""
         for q in self.open_queues.values():
             self._control(self._device(q.device), {"op": "qfaults", "qid": q.qid,
-                                                   "rules": self._fault_rules(q)})
+                                                   "rules": self.terms.fault_rules(q)})
 
     # -- bindings (``_queue_bindings``) ----------------------------------------------------
 
@@ -378,7 +327,7 @@ class Queues:
         the queue was closed), then publish the head read (``ipc._queues``). The records
         are the client's writing: a fence fails only if it is that client's and pending."""
         ring, fences, tag = q.ring, self.reg.fences, q.client.id
-        running = self._running_cid(dev) if dev is not None else -1
+        running = _running_cid(self.reg, dev) if dev is not None else -1
         tail, head = ring.tail, ring.head
         failed = 0
         for i in range(tail, tail + min(max(head - tail, 0), q.slots)):
@@ -388,32 +337,13 @@ class Queues:
                 continue
             if fences.pending_owner(rec.signal) != tag:
                 continue
-            exc = self._owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
+            exc = _owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
             if dev is not None and i == tail:
                 exc = self.watch.take_verdict(dev, rec.cid) or exc
             self.failures.fail(exc, [rec.signal], noted=0)  # its record reaches the owner first
             failed += 1
         ring.set_ended_at(head)  # what the client must fail itself starts here
         return failed
-
-    def _running_cid(self, dev: DeviceHandle) -> int:
-        """The cid of the queue command the device was running when it stopped, or -1."""
-        slot = self.reg.slots[dev.index]
-        if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
-                                                                 DeviceState.WAITING):
-            return int(slot.u64[S.CURRENT_CID])
-        return -1
-
-    @staticmethod
-    def _owed_error(q: QueueRec, dev: DeviceHandle | None, why: str, cid: int,
-                    running: bool) -> errors.HetprocError:
-        if dev is None:
-            return errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=cid)
-        if running:
-            return errors.DeviceCrashed(f"{dev.name} stopped while running queue {q.qid}'s "
-                                        f"command: {why}", correlation_id=cid)
-        return errors.CancelledByReset(f"queue {q.qid} on {dev.name} was lost: {why}",
-                                       correlation_id=cid)
 
     def _drop(self, q: QueueRec, state: int, tell_device: bool = True) -> None:
         """``tell_device`` False: the device process is gone (reaped), so what was bound
@@ -459,3 +389,23 @@ class Queues:
                     if q.bindings is not None)
         return {"open": len(self.open_queues), **self.stats, "bindings": bound,
                 **{f"bindings_{k}": v for k, v in self.binder.stats.items()}}
+
+
+def _running_cid(reg: Registry, dev: DeviceHandle) -> int:
+    """The cid of the queue command the device was running when it stopped, or -1."""
+    slot = reg.slots[dev.index]
+    if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
+                                                             DeviceState.WAITING):
+        return int(slot.u64[S.CURRENT_CID])
+    return -1
+
+
+def _owed_error(q: QueueRec, dev: DeviceHandle | None, why: str, cid: int,
+                running: bool) -> errors.HetprocError:
+    if dev is None:
+        return errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=cid)
+    if running:
+        return errors.DeviceCrashed(f"{dev.name} stopped while running queue {q.qid}'s "
+                                    f"command: {why}", correlation_id=cid)
+    return errors.CancelledByReset(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                   correlation_id=cid)
