@@ -53,6 +53,7 @@ import numpy as np
 
 from ipc import (
     QUEUE_CHECKED,
+    QUEUE_MAX_BINDINGS,
     QUEUE_MODELED,
     QUEUE_TIMEOUT,
     Binding,
@@ -124,6 +125,40 @@ class Terms:
     faults: list[_faults.Rule] = field(default_factory=list)
     rng: random.Random = field(default_factory=random.Random)
     tat: float = 0.0  # the DDR quota's clock (``admit``), this queue's
+    # Bindings resolved before, by (slot, generation), and their descriptors by (handle,
+    # generation): a record naming a live one costs a read of its generation only.
+    resolved: dict[tuple[int, int], Binding] = field(default_factory=dict)
+    descriptors: dict[tuple[int, int], list] = field(default_factory=dict)
+    # (kernel, bytes) -> (modeled ns, default watchdog ns): the same numbers every time
+    models: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def resolve(self, slot: int, gen: int, need: str, role: str, index: int) -> Binding:
+        """The live binding a record names, with the rights ``need`` (``_operand``)."""
+        b = self.resolved.get((slot, gen))
+        if b is None or self.table.generation(slot) != gen:
+            if b is not None:
+                del self.resolved[slot, gen]
+            b = _operand(self.table, slot, gen, need, role, index)
+            if len(self.resolved) >= 2 * QUEUE_MAX_BINDINGS:
+                self.resolved.clear()
+                self.descriptors.clear()
+            self.resolved[slot, gen] = b
+            self.descriptors[b.handle, b.gen] = b.descriptor()
+        elif need not in b.perm:
+            _operand(self.table, slot, gen, need, role, index)  # raises, saying why
+        return b
+
+    def model(self, kernel: str, nbytes: int) -> tuple[int, int]:
+        """(modeled ns, default watchdog ns) of ``kernel`` on ``nbytes``: the supervisor's
+        timing model and watchdog budget (``_operands``)."""
+        got = self.models.get((kernel, nbytes))
+        if got is None:
+            ops, default, per_mib, scale = self.timing
+            modeled = modeled_ns(ops, default, per_mib, kernel, nbytes, scale)
+            got = (modeled, watchdog_budget(self.watchdog[0], modeled, nbytes, self.watchdog[1]))
+            if len(self.models) < 1024:
+                self.models[kernel, nbytes] = got
+        return got
 
 
 @dataclass(eq=False)
@@ -318,23 +353,20 @@ class DeviceQueues:
         duration, watchdog, cache maintenance and DDR quota from the same models."""
         kernel = cmd["kernel"] = t.kernels[rec.kernel]
         params = self._params(t, rec.params) if rec.params else {}
-        ins = [_operand(t.table, slot, gen, "r", "input", i) for i, (slot, gen) in
-               enumerate(rec.ins)]
-        outs = [_operand(t.table, slot, gen, "w", "output", i) for i, (slot, gen) in
+        ins = [t.resolve(slot, gen, "r", "input", i) for i, (slot, gen) in enumerate(rec.ins)]
+        outs = [t.resolve(slot, gen, "w", "output", i) for i, (slot, gen) in
                 enumerate(rec.outs)]
         if kernel != "work":
             validate_kernel(kernel, [(b.shape, b.dtype) for b in ins],
                             [(b.shape, b.dtype) for b in outs], params)
         nbytes = sum(b.span for b in ins) + sum(b.span for b in outs)
-        ops, default, per_mib, scale = t.timing
-        modeled = modeled_ns(ops, default, per_mib, kernel, nbytes, scale)
+        modeled, budget = t.model(kernel, nbytes)
         if rec.flags & QUEUE_MODELED:
             cmd["hold_ns"] = modeled
-        cmd["timeout_ns"] = (rec.timeout_ns if rec.flags & QUEUE_TIMEOUT
-                             else watchdog_budget(t.watchdog[0], modeled, nbytes, t.watchdog[1]))
+        cmd["timeout_ns"] = rec.timeout_ns if rec.flags & QUEUE_TIMEOUT else budget
         cmd["params"] = params
-        cmd["ins"] = [b.descriptor() for b in ins]
-        cmd["outs"] = [b.descriptor() for b in outs]
+        cmd["ins"] = [t.descriptors[b.handle, b.gen] for b in ins]
+        cmd["outs"] = [t.descriptors[b.handle, b.gen] for b in outs]
         if rec.flags & QUEUE_CHECKED:
             cmd["checked"] = True
         if t.cache is not None and (ins or outs):

@@ -429,7 +429,7 @@ class DeviceWorker:
                 self.model_end = max(self.model_end, t_end)
         word = exc.wire if exc is not None else 0
         if "queue" in cmd:
-            self.memory.report()  # (nobody reads it; a failed command's lines are dropped)
+            self.memory.forget()  # a failed command's lines are dropped; no report to send
             if exc is not None:
                 self.queues.failing(cmd, exc)  # the note that explains it goes first
             self.outbox.signal(cmd["signal"], word, m_end)

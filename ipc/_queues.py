@@ -339,6 +339,12 @@ class BindingTable:
                          *b.shape, *pad, *strides, *((0,) * (MAX_DIMS - len(strides))))
         _GEN.pack_into(self._buf, at, gen)
 
+    def generation(self, slot: int) -> int:
+        """The slot's live generation (0: unbound), for a reader that resolved it before."""
+        if not 0 <= slot < self.entries:
+            return 0
+        return _GEN.unpack_from(self._buf, TABLE_HEADER + slot * ENTRY_BYTES)[0]
+
     def unbind(self, slot: int) -> None:
         """No record resolves this slot from now on (a device reads the generation first)."""
         _GEN.pack_into(self._buf, TABLE_HEADER + slot * ENTRY_BYTES, 0)
