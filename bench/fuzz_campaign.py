@@ -132,6 +132,8 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
         "fence_create": {"count": 2}, "fence_release": {"fences": [h["fence2"]]},
         "queue_open": {"ctx": h["ctx"], "slots": rng.choice((16, 64, 3, 1 << 16))},
         "queue_close": {"queue": rng.choice(EDGE_INTS[:12])},
+        "queue_bind": {"queue": rng.choice(EDGE_INTS[:12]), "buf": h["buf"]},
+        "queue_unbind": {"queue": rng.choice(EDGE_INTS[:12]), "buf": h["buf"]},
         "fence_error": {"fence": h["fence"]}, "fence_signal": {"fence": h["fence"], "error": 0},
         "submit": {"ctx": h["ctx"], "cmds": [dict(cmd), dict(cmd)]},
         "cancel": {"ctx": h["ctx2"]},
@@ -473,7 +475,8 @@ def flood(address: str, rng: random.Random) -> int:
 
 def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, ...]) -> dict:
     """A tenant that writes into its own user-mode queue what no honest client would:
-    random bytes, records naming fences it does not own (handles guessed: low slots,
+    random bytes, records naming binding slots and generations it never bound, kernels,
+    params and flags at random, records naming fences it does not own (handles guessed: low slots,
     early generations, so live fences of other tenants are hit) to signal or to wait on,
     records that do not decode, wrong ring positions, durations past the bound, far
     arrivals, heads no ring can have and floods of doorbell posts, ringing the doorbell
@@ -489,7 +492,7 @@ def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, 
         for i in range(records):
             seq += 1
             kind = rng.choice(("bytes", "foreign", "position", "hold", "arrival", "honest",
-                               "foreign_wait", "undecodable", "flood"))
+                               "foreign_wait", "undecodable", "flood", "operands"))
             now = time.monotonic_ns()
             if kind == "bytes":
                 data = rng.randbytes(rng.choice((0, 1, 8, 56, 120)))
@@ -510,6 +513,13 @@ def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, 
                 seq -= 1
                 done[kind] += 1
                 continue
+            elif kind == "operands":  # guessed bindings, kernels, params and flags
+                pairs = [(rng.randrange(300), rng.randrange(4)) for _ in range(rng.randint(0, 3))]
+                data = encode_queue_record(seq, 1, 1 << 32, now, 0, [],
+                                           rng.randrange(len(q.kernels)),
+                                           ins=pairs[:2], outs=pairs[2:],
+                                           params=rng.randbytes(rng.choice((0, 3, 20))),
+                                           flags=rng.choice((0, 1, 4, 5)))
             elif kind == "position":
                 data = encode_queue_record(seq + rng.randint(1, 1 << 20), 1, 1 << 32, now, 0)
             elif kind == "hold":

@@ -363,6 +363,9 @@ class DeviceQueues:
         modeled, budget = t.model(kernel, nbytes)
         if rec.flags & QUEUE_MODELED:
             cmd["hold_ns"] = modeled
+        if rec.flags & QUEUE_TIMEOUT and rec.timeout_ns > max(t.watchdog):
+            raise errors.InvalidRequest(f"command: timeout_ms = {rec.timeout_ns / 1e6:g} is "
+                                        f"past the platform's limit (limits.max_duration_ms)")
         cmd["timeout_ns"] = rec.timeout_ns if rec.flags & QUEUE_TIMEOUT else budget
         cmd["params"] = params
         cmd["ins"] = [t.descriptors[b.handle, b.gen] for b in ins]

@@ -283,7 +283,7 @@ def test_the_unbind_barrier_keeps_a_late_writer_off_the_next_owner():
     """The late-writer drill on a queue: its command keeps writing its bound output past
     its watchdog while the client frees it; the queue watchdog resets the device and only
     its reaping lets the buffer go: the next owner's canary is intact."""
-    report = run_drill("late-writer-queue")
+    report = run_drill("queue-late-writer")
     failed = [c["name"] for c in report["checks"] if not c["passed"]]
     assert report["ok"], failed
     assert report["metrics"]["canary_bytes_corrupted"] == 0
@@ -292,7 +292,7 @@ def test_the_unbind_barrier_keeps_a_late_writer_off_the_next_owner():
 def test_reclaiming_a_bound_buffer_without_the_barrier_corrupts_the_next_owner():
     """The rule broken on purpose (``unsafe_reclaim``: let go at the unbind, no barrier):
     the freed block goes straight to the next owner while the device still writes it."""
-    report = run_drill("late-writer-queue", unsafe_reclaim=True)
+    report = run_drill("queue-late-writer", unsafe_reclaim=True)
     failed = {c["name"] for c in report["checks"] if not c["passed"]}
     assert failed == {"no corruption of the buffer's next owner (canary intact)"}
     assert report["metrics"]["canary_bytes_corrupted"] > 0
@@ -427,3 +427,22 @@ def test_scribbled_records_with_operands_reach_only_bound_buffers(scribbled, rec
             assert not isinstance(exc, errors.FenceTimeout)
     q.submit("copy", [bound], [bound]).wait(WAIT)  # the queue goes on
     assert (canary.array() == 7.0).all()
+
+
+def test_a_rule_fires_once_whichever_path_meets_it_first(platform):
+    """``inject`` (at=1, count=1): the queue command meets the fault; the submit after it
+    does not, and the other way round (the device's firings count against the rule)."""
+    client = platform.client
+    x, y = client.alloc((N,), "float32"), client.alloc((N,), "float32")
+    ctx = client.context("gpu0")
+    with ctx.queue() as q:
+        client.inject("kernel_bug", device="gpu0")
+        with pytest.raises(errors.DeviceFault):
+            q.submit("copy", [x], [y]).wait(WAIT)
+        ctx.submit("copy", [x], [y]).wait(WAIT)
+        client.inject("kernel_bug", device="gpu0")
+        with pytest.raises(errors.DeviceFault):
+            ctx.submit("copy", [x], [y]).wait(WAIT)
+        q.submit("copy", [x], [y]).wait(WAIT)
+        fired = [f["kind"] for f in client.incidents()["faults"]]
+        assert fired == ["kernel_bug", "kernel_bug"], fired

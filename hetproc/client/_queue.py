@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from ._context import Context
 
 FULL_WAIT_S = 5.0  # how long a submit waits for a free slot before it says so
+MAX_RECORD_NS = 3600 * 10**9  # the longest duration or timeout a record carries
 
 
 class Queue:
@@ -166,9 +167,9 @@ class Queue:
             kw["flags"] |= QUEUE_MODELED
         else:
             hold = self._hold_ns(ms)
-        if c.get("timeout_ms") is not None:
+        if c.get("timeout_ms") is not None:  # (the device bounds it as a submit's is)
             kw["flags"] |= QUEUE_TIMEOUT
-            kw["timeout_ns"] = self._hold_ns(c["timeout_ms"])
+            kw["timeout_ns"] = self._ns(c["timeout_ms"], "a timeout")
         if c.get("checked"):
             kw["flags"] |= QUEUE_CHECKED
         if c.get("params"):
@@ -227,13 +228,17 @@ class Queue:
                 self._failed_here[handle] = exc.to_dict()
                 fences.signal(handle, exc.wire)
 
-    def _hold_ns(self, ms: Any) -> int:
+    def _ns(self, ms: Any, what: str = "a duration") -> int:
+        """A finite number of ms >= 0, scaled to ns (within what a record holds)."""
         if isinstance(ms, bool) or not isinstance(ms, (int, float)):
-            raise errors.BadPacket(f"a duration must be a number, got {type(ms).__name__}")
+            raise errors.BadPacket(f"{what} must be a number, got {type(ms).__name__}")
         ms = float(ms)
-        if not 0.0 <= ms < float("inf"):
-            raise errors.InvalidRequest(f"a duration must be a finite number of ms >= 0, got {ms}")
-        hold = int(ms * self._scale * 1e6)
+        if not 0.0 <= ms < float("inf") or ms * self._scale * 1e6 > MAX_RECORD_NS:
+            raise errors.InvalidRequest(f"{what} must be a finite number of ms >= 0, got {ms}")
+        return int(ms * self._scale * 1e6)
+
+    def _hold_ns(self, ms: Any) -> int:
+        hold = self._ns(ms)
         if hold > self.max_hold_ns:
             raise errors.InvalidRequest(f"{ms} ms is past the {self.max_hold_ns / 1e6:g} ms "
                                         f"(modeled) a queue command may run")

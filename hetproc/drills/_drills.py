@@ -245,7 +245,7 @@ def _late_writer(d: Drill) -> None:
     d.finish(base)
 
 
-@drill("late-writer-queue", "a queue command keeps writing its bound output after its "
+@drill("queue-late-writer", "a queue command keeps writing its bound output after its "
        "watchdog: the buffer, freed by its client, must stay bound until the device is "
        "confirmed stopped")
 def _late_writer_queue(d: Drill) -> None:
