@@ -231,23 +231,30 @@ def _registered(client: hetproc.Client) -> tuple[int, int]:
 def test_a_freed_bound_buffer_is_reclaimed_only_after_the_barrier(platform):
     """The client frees a buffer its queue's running command writes: it stays quarantined
     (unbound: no new record may name it) until the command ends and the barrier behind
-    it completes, then goes; a record naming it afterwards is refused."""
+    it completes, then goes. (The device is held still for a moment while the buffer is
+    freed, so that the command is certainly running then, however loaded the host.)"""
     client = platform.client
     gpu = client.context("gpu0")
     x, y = client.alloc((N,), "float32"), client.alloc((N,), "float32")
     with gpu.queue() as q:
         q.bind(x)
         q.bind(y)
-        running = q.submit("copy", [x], [y], ms=150.0)
+        running = q.submit("copy", [x], [y], ms=100.0)
         assert wait_for(lambda: client.metrics()["devices"]["gpu0"]["state"] == "busy")
         base = _registered(client)[0]
-        y.free()
-        time.sleep(0.05)
-        assert _registered(client) == (base, 1)  # still held: the device may write it
-        assert not running.done()
+        pid = client.metrics()["devices"]["gpu0"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            y.free()
+            time.sleep(0.03)
+            assert _registered(client) == (base, 1)  # still held: the device may write it
+        finally:
+            os.kill(pid, signal.SIGCONT)
         running.wait(WAIT)
         assert wait_for(lambda: _registered(client) == (base - 1, 0))
         assert client.metrics()["queues"]["bindings_barriers"] >= 1
+        with pytest.raises(errors.StaleHandle):
+            q.submit("copy", [x], [y])
 
 
 def test_a_device_killed_mid_command_keeps_its_bound_buffers_until_reaped(platform):
