@@ -51,7 +51,7 @@ def modeled_ns(ops_ms: dict[str, float], default_ms: float, per_mib_ms: float, k
     """A kernel's modeled duration on ``nbytes`` (the platform's timing table: its own
     figure, else ``default_ms`` plus ``per_mib_ms`` per MiB), at the time scale, in ns."""
     ms = float(ops_ms[kernel]) if kernel in ops_ms else default_ms + per_mib_ms * nbytes / (1 << 20)
-    return int(ms * scale * 1e6)
+    return round(ms * scale * 1e6)  # as the supervisor scales (``Registry.scaled_ns``)
 
 
 def watchdog_budget(floor_ns: int, modeled: int, nbytes: int, cap_ns: int) -> int:

@@ -235,7 +235,7 @@ class Queue:
         ms = float(ms)
         if not 0.0 <= ms < float("inf") or ms * self._scale * 1e6 > MAX_RECORD_NS:
             raise errors.InvalidRequest(f"{what} must be a finite number of ms >= 0, got {ms}")
-        return int(ms * self._scale * 1e6)
+        return round(ms * self._scale * 1e6)  # as the supervisor scales a submit's
 
     def _hold_ns(self, ms: Any) -> int:
         hold = self._ns(ms)

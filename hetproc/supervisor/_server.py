@@ -212,9 +212,13 @@ class Supervisor:
             self.drop_silent_connections()
 
     def tick(self) -> None:
-        """Timers: completions nobody woke us for, the watchdog, incidents' grace periods."""
+        """Timers: completions nobody woke us for, commands dated ahead that are due, the
+        watchdog, incidents' grace periods."""
         self.commands.collect_news()
         now = time.monotonic_ns()
+        for dev in self.reg.devices.values():
+            if dev.due(now):
+                dev.pump()
         self.queues.tick(now)  # a queue command's watchdog first: it names the command
         self.recovery.tick(now)
 
