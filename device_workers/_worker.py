@@ -337,8 +337,7 @@ class DeviceWorker:
         u32[S.STATE] = DeviceState.BUSY
         tr.exec_begin(cid, t_start)
         frame.m_origin = m_start
-        # A queue's command is never suspended: a command of the ring that runs proves
-        # no queue command is on the device (the barrier after an unbind, ``_queues``).
+        # (never a queue's: a ring command that ran proves none is on the device, ``_queues``)
         frame.preemptible = self.preempt.allowed() and "queue" not in cmd
         # "work" only holds time: its operands are checked and maintained, not viewed.
         views = cmd["kernel"] != "work" or bool(fault)
