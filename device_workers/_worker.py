@@ -200,7 +200,7 @@ class DeviceWorker:
                 # The supervisor's ring is empty: one record from the queues, if any. The
                 # records of its commands go out first: a queue command may wait or hold,
                 # and the supervisor must not take a finished command for a stalled one.
-                cmd = self.queues.take() if self.queues else None
+                cmd = self.queues.take() if self.queues and not preempt.arrived() else None
                 if cmd is not None:
                     outbox.flush()
                     if not cmd["wait"] or self.await_queue_inputs(cmd):
@@ -252,7 +252,7 @@ class DeviceWorker:
                 if now >= deadline:
                     break
                 if self.commands.depth() or self.queues.other_ready(cmd["queue"]) \
-                        or self.u32[S.PARK]:
+                        or self.u32[S.PARK] or self.preempt.arrived():
                     self.queues.set_back(cmd)
                     return False
                 self.beat()
