@@ -119,6 +119,17 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
         {"kernel": "work", "ms": 0.1, "priority": rng.choice((0, 5, 60)),
          "deadline_ms": rng.choice((0.5, 5.0))},
     ])
+    return {**_templates(h, rng, dev, cmd), **_later_templates(h, random.Random(hash(
+        rng.getstate())))}  # (the later ones draw nothing from ``rng``: see ``LATER_OPS``)
+
+
+def _later_templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]]:
+    """Templates of ``LATER_OPS``, from a generator of their own."""
+    return {op: {"queue": rng.choice(EDGE_INTS[:12]), "buf": h["buf"]} for op in sorted(LATER_OPS)}
+
+
+def _templates(h: dict[str, int], rng: random.Random, dev: str,
+               cmd: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "ping": {}, "metrics": {}, "incidents": {}, "dumps": {}, "trace_info": {},
         "faults_clear": {}, "grant_role": {}, "shutdown": {},
@@ -222,12 +233,11 @@ def packet(seed: int, index: int, h: dict[str, int], next_id: int) -> tuple[str,
     if r < 0.62:
         kind = "mutated"
         op = rng.choice([o for o in _protocol.REQUESTS if o not in LATER_OPS])
-        msg = {"v": 1, "op": op, "id": next_id, **templates(h, rng)[op]}
+        t = templates(h, rng)
         later = random.Random(f"{seed}:{index}:later")
         if later.random() < LATER_SHARE:  # (a stream of its own: see ``LATER_OPS``)
             op = later.choice(sorted(LATER_OPS))
-            msg = {"v": 1, "op": op, "id": next_id, "queue": later.choice(EDGE_INTS[:12]),
-                   "buf": h["buf"]}
+        msg = {"v": 1, "op": op, "id": next_id, **t[op]}
         for _ in range(rng.choice((1, 1, 1, 2, 3))):
             msg = mutate(msg, rng)
         body = encode(msg)
