@@ -15,15 +15,18 @@ def command(kernel: str, ins: Iterable[Buffer] = (), outs: Iterable[Buffer] = ()
             wait: Iterable[Fence] = (), params: dict | None = None, ms: float | None = None,
             handoff_ms: float = 0.0, timeout_ms: float | None = None,
             checked: bool = False, priority: int | None = None,
-            deadline_ms: float | None = None) -> dict[str, Any]:
+            deadline_ms: float | None = None, preemptible: bool = True) -> dict[str, Any]:
     """One command for ``Context.submit_many``: ``kernel`` reads ``ins`` and writes
     ``outs`` after the fences in ``wait``. ``ms`` is its modeled duration (for kernels
     that take one), ``handoff_ms`` the modeled time its consumers pay to take its output.
     ``timeout_ms`` overrides the watchdog; ``checked`` re-executes the kernel and
     compares, so corrupt output fails the request. ``priority`` overrides the context's
     (up to the client's maximum); ``deadline_ms`` (after the submit) is what the ``edf``
-    and ``mixed`` schedulers order by. ``StaleHandle`` for a freed buffer; everything
-    else is checked by the supervisor at submit."""
+    and ``mixed`` schedulers order by. ``preemptible=False``: the device never suspends it
+    at a chunk boundary (a kernel without preemption points); holding the device past its
+    ``preempt_timeout_ms`` while a more urgent command waits gets it reset
+    (``PreemptTimeout``). ``StaleHandle`` for a freed buffer; everything else is checked
+    by the supervisor at submit."""
     c: dict[str, Any] = {"kernel": kernel, "ins": [b.live_handle() for b in ins],
                          "outs": [b.live_handle() for b in outs],
                          "wait": [f.handle for f in wait]}
@@ -41,4 +44,6 @@ def command(kernel: str, ins: Iterable[Buffer] = (), outs: Iterable[Buffer] = ()
         c["priority"] = int(priority)
     if deadline_ms is not None:
         c["deadline_ms"] = float(deadline_ms)
+    if not preemptible:
+        c["preemptible"] = False
     return c

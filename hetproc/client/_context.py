@@ -55,14 +55,16 @@ class Context:
                *, wait: Iterable[Fence] = (), params: dict | None = None,
                ms: float | None = None, handoff_ms: float = 0.0,
                timeout_ms: float | None = None, checked: bool = False,
-               priority: int | None = None, deadline_ms: float | None = None) -> Fence:
+               priority: int | None = None, deadline_ms: float | None = None,
+               preemptible: bool = True) -> Fence:
         """Queue one command (the arguments are ``command``'s) and return the fence it
         signals when done (or fails). Raises the supervisor's verdict if it refuses the
         command (``IommuFault``, ``InvalidRequest``, ``ResourceError``...)."""
         return self.submit_many([command(kernel, ins, outs, wait=wait, params=params, ms=ms,
                                          handoff_ms=handoff_ms, timeout_ms=timeout_ms,
                                          checked=checked, priority=priority,
-                                         deadline_ms=deadline_ms)])[0]
+                                         deadline_ms=deadline_ms,
+                                         preemptible=preemptible)])[0]
 
     def submit_nowait(self, kernel: str, ins: Iterable[Buffer] = (),
                       outs: Iterable[Buffer] = (), *, at_ns: int | None = None,
