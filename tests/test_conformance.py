@@ -41,7 +41,7 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     prefix = {"IGT gem_reset_stats": "gem_reset_stats/", "IGT sw_sync": "sw_sync/",
               "IGT syncobj_wait": "syncobj_wait/", "DRM scheduler KUnit": "drm_sched/",
               "dEQP robustness": "dEQP-EGL.functional.robustness.", "hetproc": "hetproc/",
-              "hetproc drill": "hetproc/"}
+              "Vulkan synchronization validation": "hetproc/hazard-", "hetproc drill": "hetproc/"}
     listed = conformance_cases()
     assert all(c.name.startswith(prefix[c.suite]) and c.checks for c in listed)
     assert [SUITES.index(c.suite) for c in listed] == sorted(SUITES.index(c.suite) for c in listed)

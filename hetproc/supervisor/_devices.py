@@ -85,6 +85,9 @@ class Command:
     maps: Any = ()        # persistent mappings it uses (a list once it has one; _iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
+    # Only ``_hazards`` sets this, on a chain's last part: the buffers the client's command
+    # reads and writes, of which it is a reader or the writer until it retires.
+    hazard: Any = None
 
     def outs_untrusted(self) -> None:
         for b in self.outs:
@@ -315,8 +318,20 @@ class DeviceHandle:
             producer = next((c for c in self.sched if want.intersection(c.signal)), None)
             if producer is None:
                 break
-            cmd, seen = producer, seen + 1
+            cmd, seen = self._context_first(producer), seen + 1
         return cmd, seen == 0
+
+    def _context_first(self, cmd: Command) -> Command:
+        """The oldest command still queued here that must run before ``cmd`` in its
+        context's order (``Scheduler.in_order``), else ``cmd``: pulling a producer
+        forward never lets it overtake its own context."""
+        in_order = self.sched.in_order
+        for c in self.sched:  # (in arrival order)
+            if c is cmd:
+                return cmd
+            if c.ctx is cmd.ctx and c.seq < cmd.seq and in_order(c, cmd):
+                return c
+        return cmd
 
     def _hand_segments(self, cmd: Command) -> bool:
         """Every segment ``cmd`` names is on its way to the device before the command is:
@@ -387,6 +402,10 @@ class DeviceHandle:
             return _NO
         if any(c.preemptor for c in self.pushed.values()):
             return _LATER
+        in_order = self.sched.in_order
+        if any(c.ctx is head.ctx and c.seq < head.seq and in_order(c, head)
+               for c in self.pushed.values()):
+            return _NO  # it would overtake its own context's earlier command in the ring
         return _NOW
 
     def speed(self) -> float:

@@ -93,6 +93,12 @@ class Scheduler:
         """Whether ``new`` is urgent enough to preempt ``running`` at a chunk boundary."""
         return False
 
+    def in_order(self, first: Any, later: Any) -> bool:
+        """Whether ``later``, submitted after ``first`` on the same context, can never run
+        before it: never picked first, never preempting it (each policy answers for its
+        own rules; the hazard check counts on it, ``_hazards``). False: no such promise."""
+        return False
+
     def remove_if(self, doomed: Callable[[Any], bool]) -> list[Any]:
         """Take out every waiting command ``doomed`` says, returned in arrival order."""
         out = [c for c in self.waiting.values() if doomed(c)]
@@ -146,6 +152,9 @@ class Fifo(Scheduler):
         return next(iter(self.waiting.values()))
 
     _pick = _peek
+
+    def in_order(self, first: Any, later: Any) -> bool:
+        return True
 
 
 class FairQueue:
@@ -225,6 +234,9 @@ class Fair(Scheduler):
     def account(self, cmd: Any, ran_ns: int) -> None:
         self.fq.charge(cmd, ran_ns)
 
+    def in_order(self, first: Any, later: Any) -> bool:
+        return True  # one client's commands leave its queue in order
+
 
 class Priority(Scheduler):
     """Highest priority first; clients of one level share it fairly (``FairQueue``)."""
@@ -298,6 +310,9 @@ class Priority(Scheduler):
     def preempts(self, new: Any, running: Any) -> bool:
         return new.priority > running.priority
 
+    def in_order(self, first: Any, later: Any) -> bool:
+        return later.priority <= first.priority  # one level: its client's queue, in order
+
 
 class Edf(Scheduler):
     name = "edf"
@@ -320,6 +335,9 @@ class Edf(Scheduler):
 
     def preempts(self, new: Any, running: Any) -> bool:
         return (new.deadline_ns or NO_DEADLINE) < (running.deadline_ns or NO_DEADLINE)
+
+    def in_order(self, first: Any, later: Any) -> bool:
+        return (later.deadline_ns or NO_DEADLINE) >= (first.deadline_ns or NO_DEADLINE)
 
 
 REALTIME, ALWAYS_ON, THIRD_PARTY = 2, 1, 0
@@ -386,6 +404,14 @@ class Mixed(Scheduler):
         if kn != kr:
             return kn > kr
         return kn == REALTIME and self.rt.preempts(new, running)
+
+    def in_order(self, first: Any, later: Any) -> bool:
+        kf, kl = self.klass(first), self.klass(later)
+        if kl == kf:
+            return kl != REALTIME or self.rt.in_order(first, later)
+        # A lower class waits for a higher one, except always-on work below its share,
+        # which may go before real-time work (``_choose``).
+        return kl < kf and not (kl == ALWAYS_ON and kf == REALTIME)
 
 
 POLICY_CLASSES: dict[str, type[Scheduler]] = {
