@@ -16,9 +16,11 @@ command N is checked against them before anything of its batch is committed::
    (``Scheduler.in_order``: the same priority under "priority", no earlier deadline under
    "edf"...; the device keeps the promise: a preemptor never overtakes its own context);
 3. T's fence completed already (signalled, or failed: a failed T writes no more);
-4. walking up from N's waits: a fence's producer (``FenceRec.producer``) is T, or comes
-   after T on T's context (2.), or waits itself on fences that lead to T. The walk does
-   not go past a completed fence (everything upstream of it finished).
+4. walking up from N: through the producer of each fence a command waits on
+   (``FenceRec.producer``) and the unfinished commands before it on its own context
+   (queued or in its device's ring; for N, also earlier in its batch), T is reached, or
+   a command after T on T's context (2.). The walk does not go past a completed fence
+   or command (everything before it finished).
 
 Zero false positives first: where the supervisor cannot know what a fence follows -- a
 fence a client signals by hand, or a user-mode queue's (its records never pass here) --
@@ -72,6 +74,8 @@ class Hazards:
         self.unverified = 0   # ordering questions given up past MAX_WALK (taken as ordered)
         self.found: Counter[str] = Counter()  # hazards by kind
         self.refused = 0      # submits refused for one (mode "error")
+        self._batch: list[Command] = []  # the batch being checked, and where (``check``)
+        self._at = 0
 
     # -- at submit ----------------------------------------------------------------------
 
@@ -89,8 +93,10 @@ class Hazards:
         if ops is None:
             return None
         view: _View | None = {} if len(ops) > 1 else None
+        self._batch = cmds
         for i, (reads, writes) in ops.items():
             cmd = cmds[i]
+            self._at = i  # (the walk's view of the batch: its commands before this one)
             self.checked += 1
             hit = self._first_hazard(cmd, reads, writes, view)
             if hit is not None:
@@ -147,33 +153,55 @@ class Hazards:
             return False  # in n's own batch, with no fence its client chose: none to wait on
         if self.reg.fences.poll(sig[0])[0] != PENDING:
             return True
-        return self._upstream(t, n.wait)
+        return self._upstream(t, n)
 
-    def _upstream(self, t: Command, waits: list[int]) -> bool:
-        """Whether a fence in ``waits`` follows ``t``, through the producers' own waits."""
+    def _upstream(self, t: Command, n: Command) -> bool:
+        """Whether ``t`` runs before something ``n`` runs after: walking up from ``n``
+        through the producers of the fences each command waits on and the unfinished
+        commands before it on its own context, never past a completed fence or command."""
         recs, poll = self.reg.fence_recs, self.reg.fences.poll
         in_order = t.device.sched.in_order
-        stack, seen = list(waits), set()
+        stack, seen = [n], {n}
         while stack:
-            h = stack.pop()
-            if h in seen:
-                continue
-            seen.add(h)
+            c = stack.pop()
+            if (c is not n and c.ctx is t.ctx and c.device is t.device and 0 < t.seq < c.seq
+                    and in_order(t, c)):
+                return True
+            for h in c.wait:
+                rec = recs.get(h)
+                if rec is None or poll(h)[0] != PENDING:
+                    continue  # completed: so did everything it followed
+                p = rec.producer
+                if p is None or p is t:
+                    return True  # t, or a fence a client or a queue signals: it may follow t
+                if p not in seen and p.state is not _DONE:
+                    seen.add(p)
+                    stack.append(p)
+            for e in self._context_before(c, n):
+                if e is t:
+                    return True
+                if e not in seen:
+                    seen.add(e)
+                    stack.append(e)
             if len(seen) > MAX_WALK:
                 self.unverified += 1
                 return True
-            rec = recs.get(h)
-            if rec is None or poll(h)[0] != PENDING:
-                continue  # completed: so did everything it followed
-            p = rec.producer
-            if p is None:
-                return True  # signalled by a client's hand or a queue record: may follow t
-            if p is t or (p.ctx is t.ctx and p.device is t.device and 0 < t.seq < p.seq
-                          and in_order(t, p)):
-                return True
-            if p.state is not _DONE:
-                stack.extend(p.wait)
         return False
+
+    def _context_before(self, c: Command, n: Command) -> list[Command]:
+        """The unfinished commands that run before ``c`` on its context: still queued or
+        in its device's ring, and, for the command being checked, earlier in its batch."""
+        out = []
+        if c is n:
+            in_order = n.device.sched.in_order
+            out = [e for e in self._batch[:self._at] if in_order(e, n)]
+        if c.ctx.inflight > (0 if c is n else 1):
+            dev = c.device
+            in_order = dev.sched.in_order
+            for group in (dev.sched.waiting.values(), dev.pushed.values()):
+                out += [e for e in group if e.ctx is c.ctx and e is not c
+                        and (c is n or e.seq < c.seq) and in_order(e, c)]
+        return out
 
     # -- reports ----------------------------------------------------------------------------
 
