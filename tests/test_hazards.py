@@ -212,3 +212,21 @@ def test_without_the_check_the_reader_sees_half_written_data():
             assert np.all(buf.array() == 2.0)  # what the program meant the reader to see
     assert seen["error"] is True  # refused, naming the last writer
     assert seen["off"] != expected and seen["off"] == checksum_of(np.full(shape, 1.0, np.float32))
+
+
+def test_the_conformance_cases_fail_when_the_check_is_off(tmp_path):
+    """The three cases guard the check: on a platform whose file says hazards = "off",
+    every one of them fails at its refusal (the other checks still hold)."""
+    from importlib import resources
+
+    from hetproc.drills import run_conformance
+    text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
+    assert '\nhazards = "error"' in text
+    soc = tmp_path / "no-hazards.toml"
+    soc.write_text(text.replace('\nhazards = "error"', '\nhazards = "off"', 1))
+    result = run_conformance(only="hetproc/hazard-*", platform_file=str(soc))
+    rows = {r["name"]: r for r in result["rows"]}
+    assert len(rows) == 3 and not result["ok"]
+    for kind in ("read-after-write", "write-after-read", "write-after-write"):
+        row = rows[f"hetproc/hazard-{kind}"]
+        assert row["failed_checks"] == [f"the unordered {kind} was refused with SyncHazard"], row
