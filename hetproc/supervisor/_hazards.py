@@ -24,8 +24,8 @@ command N is checked against them before anything of its batch is committed::
 
 Zero false positives first: where the supervisor cannot know what a fence follows -- a
 fence a client signals by hand, or a user-mode queue's (its records never pass here) --
-N is taken as ordered, and so is a walk that visits more than ``MAX_WALK`` fences (it is
-counted as ``unverified``). A hazard is reported against the first other command found.
+N is taken as ordered, and so is a walk that visits more than ``MAX_WALK`` commands (it
+is counted as ``unverified``). A hazard is reported against the first other command found.
 
 ``hazards`` in the platform file: "error" (the default) refuses the submit with
 ``SyncHazard`` (scope request, not retryable; nothing of the batch runs); "warn" serves
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 RAW, WAR, WAW = "read-after-write", "write-after-read", "write-after-write"
 KINDS = (RAW, WAR, WAW)
-MAX_WALK = 256  # fences one ordering question may visit before it is taken as ordered
+MAX_WALK = 256  # commands one ordering question may visit before it is taken as ordered
 _DONE = CommandState.DONE
 _HAZARD = int(Stage.HAZARD)
 
@@ -94,15 +94,18 @@ class Hazards:
             return None
         view: _View | None = {} if len(ops) > 1 else None
         self._batch = cmds
-        for i, (reads, writes) in ops.items():
-            cmd = cmds[i]
-            self._at = i  # (the walk's view of the batch: its commands before this one)
-            self.checked += 1
-            hit = self._first_hazard(cmd, reads, writes, view)
-            if hit is not None:
-                self._report(cmd, *hit)
-            if view is not None:
-                _note(view, cmd, reads, writes)
+        try:
+            for i, (reads, writes) in ops.items():
+                cmd = cmds[i]
+                self._at = i  # (the walk's view of the batch: its commands before this one)
+                self.checked += 1
+                hit = self._first_hazard(cmd, reads, writes, view)
+                if hit is not None:
+                    self._report(cmd, *hit)
+                if view is not None:
+                    _note(view, cmd, reads, writes)
+        finally:
+            self._batch = []  # (holds no command past its submit)
         return ops
 
     def record(self, chains: list[list[Command]], ops: dict[int, tuple]) -> None:
