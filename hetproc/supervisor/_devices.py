@@ -31,7 +31,7 @@ from device_workers import (
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 
 from .._config import DeviceSpec
-from ._scheduler import Scheduler, make_scheduler
+from ._scheduler import Scheduler, context_ahead, first_of_context, make_scheduler
 from ._timing import ModeledTiming
 
 RING_SLOTS = 256
@@ -98,9 +98,7 @@ class Command:
     maps: Any = ()        # persistent mappings it uses (a list once it has one; _iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
-    # Only ``_hazards`` sets this, on a chain's last part: the buffers the client's command
-    # reads and writes, of which it is a reader or the writer until it retires.
-    hazard: Any = None
+    hazard: Any = None  # only ``_hazards`` sets it: (reads, writes) of a chain's last part
 
     def outs_untrusted(self) -> None:
         for b in self.outs:
@@ -397,20 +395,8 @@ class DeviceHandle:
             producer = next((c for c in self.sched if want.intersection(c.signal)), None)
             if producer is None:
                 break
-            cmd, seen = self._context_first(producer), seen + 1
+            cmd, seen = first_of_context(self.sched, producer), seen + 1
         return cmd, seen == 0
-
-    def _context_first(self, cmd: Command) -> Command:
-        """The oldest command still queued here that must run before ``cmd`` in its
-        context's order (``Scheduler.in_order``), else ``cmd``: pulling a producer
-        forward never lets it overtake its own context."""
-        in_order = self.sched.in_order
-        for c in self.sched:  # (in arrival order)
-            if c is cmd:
-                return cmd
-            if c.ctx is cmd.ctx and c.seq < cmd.seq and in_order(c, cmd):
-                return c
-        return cmd
 
     def _hand_segments(self, cmd: Command) -> bool:
         """Every segment ``cmd`` names is on its way to the device before the command is:
@@ -469,18 +455,9 @@ class DeviceHandle:
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
-        if self._context_ahead(head):
-            return _NO
+        if context_ahead(self.sched, self.pushed.values(), head):
+            return _NO  # marked, it would overtake its own context
         return _NOW
-
-    def _context_ahead(self, head: Command) -> bool:
-        """Whether an unfinished command of ``head``'s context must run before it
-        (``Scheduler.in_order``): in the ring, or still here (a command dated ahead is
-        marked before the policy sees it). Marked, ``head`` would overtake it."""
-        in_order, ctx, seq = self.sched.in_order, head.ctx, head.seq
-        return any(c.ctx is ctx and c.seq < seq and in_order(c, head)
-                   for group in (self.pushed.values(), self.sched.waiting.values())
-                   for c in group)
 
     def speed(self) -> float:
         """The frequency level the clients voted for: the highest vote (none: the top)."""

@@ -100,8 +100,6 @@ class CommandRequests:
         # first commit, so a batch is queued whole or not at all.
         if self.reg.fences.free_count() < 3 * len(cmds):
             raise errors.OutOfMemory(f"fence table too full for a batch of {len(cmds)}")
-        hazards = self.hazards
-        ops = hazards.check(cmds) if hazards.on else None  # SyncHazard: nothing queued
         t_submit = time.monotonic_ns()  # every command validated: the watchdog's anchor
         for cmd in cmds:
             cmd.t_submit = t_submit
@@ -109,6 +107,8 @@ class CommandRequests:
             for cmd in cmds:
                 cmd.t_arrive = self.ddr.admit(client, cmd.t_arrive,
                                               sum(b.nbytes for b in cmd.ins + cmd.outs))
+        hazards = self.hazards  # (on the final arrivals: they order a context's commands)
+        ops = hazards.check(cmds) if hazards.on else None  # SyncHazard: nothing queued
         chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.reg.devices[ctx.device]
         commit, enqueue = self.commands.commit, dev.sched.add  # (what dev.enqueue does)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import collections
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._config import SchedSpec
@@ -502,6 +502,31 @@ class Mixed(Scheduler):
 
 POLICY_CLASSES: dict[str, type[Scheduler]] = {
     cls.name: cls for cls in (Fifo, Priority, Edf, Fair, Mixed)}
+
+
+# -- a context's order, as the device keeps it (``DeviceHandle``) ----------------------------
+
+
+def first_of_context(sched: Scheduler, cmd: Any) -> Any:
+    """The oldest command still queued in ``sched`` that must run before ``cmd`` in its
+    context's order (``Scheduler.in_order``), else ``cmd``: a producer pulled forward
+    (``DeviceHandle._producer_first``) never overtakes its own context."""
+    in_order = sched.in_order
+    for c in sched.waiting.values():  # (in arrival order)
+        if c is cmd:
+            return cmd
+        if c.ctx is cmd.ctx and c.seq < cmd.seq and in_order(c, cmd):
+            return c
+    return cmd
+
+
+def context_ahead(sched: Scheduler, pushed: Iterable[Any], head: Any) -> bool:
+    """Whether an unfinished command of ``head``'s context must run before it: in the
+    device's ring (``pushed``) or still queued in ``sched`` (a command dated ahead may be
+    marked to preempt before the policy sees it, ``DeviceHandle._mark_ahead``)."""
+    in_order, ctx, seq = sched.in_order, head.ctx, head.seq
+    return any(c.ctx is ctx and c.seq < seq and in_order(c, head)
+               for group in (pushed, sched.waiting.values()) for c in group)
 
 
 def make_scheduler(spec: SchedSpec) -> Scheduler:
