@@ -8,6 +8,7 @@ overwrites what npu0 still reads (write after read), npu0 and gpu0 both write on
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import numpy as np
 import pytest
@@ -230,3 +231,38 @@ def test_the_conformance_cases_fail_when_the_check_is_off(tmp_path):
     for kind in ("read-after-write", "write-after-read", "write-after-write"):
         row = rows[f"hetproc/hazard-{kind}"]
         assert row["failed_checks"] == [f"the unordered {kind} was refused with SyncHazard"], row
+
+
+@pytest.mark.parametrize("policy", ["fifo", "priority", "edf", "fair", "mixed"])
+def test_a_policys_in_order_promise_is_kept_by_its_picks_and_preemptions(policy):
+    """What the check counts on, as pure logic: whenever a policy says ``later`` (same
+    context, submitted after ``first``) runs in order, ``later`` never preempts ``first``
+    and, with both queued and any other work beside them, is never picked first."""
+    from types import SimpleNamespace
+
+    from hetproc import SchedSpec
+    from hetproc.supervisor._scheduler import make_scheduler
+    rng = random.Random(policy)
+    ctx = SimpleNamespace(client=SimpleNamespace(id=1), weight=1.0)
+    other = SimpleNamespace(client=SimpleNamespace(id=2), weight=1.0)
+    promised = 0
+    for trial in range(300):
+        s = make_scheduler(SchedSpec(policy=policy, realtime_priority=10))
+
+        def cmd(seq, c=ctx):
+            return SimpleNamespace(seq=seq, ctx=c, priority=rng.choice([0, 1, 5, 10, 12]),
+                                   deadline_ns=rng.choice([0, 10, 20]), hold_ns=rng.choice([1, 5]),
+                                   t_arrive=rng.choice([0, 0, 3]))
+        first, later = cmd(2), cmd(5)
+        if not s.in_order(first, later):
+            continue
+        promised += 1
+        assert not s.preempts(later, first), (first, later)
+        for c in [cmd(1, other), first, cmd(3, other), later, cmd(7, other)]:
+            s.add(c)
+        picked = []
+        while (c := s.pick(None)) is not None:
+            picked.append(c.seq)
+            s.account(c, c.hold_ns)
+        assert picked.index(2) < picked.index(5), (trial, picked)
+    assert promised > 30
