@@ -9,6 +9,7 @@ Registered with ``_conformance_cases.case``; ``_conformance`` imports this modul
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,7 @@ def _write_after_write(c: CaseRun, bufs: list, gate: Any, out: list) -> tuple:
 
 
 def _hazard_case(c: CaseRun, kind: str, program: Program) -> None:
+    c.client.ping()  # fence releases still owed by the case before go out first
     base = c.counts()
     bufs = [c.client.alloc((64,), "float32") for _ in range(3)]
     buf = bufs[0]
@@ -77,17 +79,30 @@ def _hazard_case(c: CaseRun, kind: str, program: Program) -> None:
         c.s.check("scope request, not retryable", exc.scope == "request" and not exc.retryable,
                   f"{exc.scope}, retryable {exc.retryable}")
     gate.signal()
-    gate.release()
     fenced = second([first])
     if c.check_completes("the same program waiting on that fence is served", fenced, 5):
         c.s.check("the buffer holds what the program meant",
                   bool(np.all(buf.array() == expected)), str(buf.array()[:4]))
-    first.release()
+    _retired(c)
+    for f in (first, gate):
+        f.release()
     for ctx in contexts:
         ctx.close()
     for b in bufs:
         b.free()
+    c.client.ping()  # (releases and frees go out with a request)
     c.finish(base)
+
+
+def _retired(c: CaseRun) -> None:
+    """Every command retired (the supervisor read their completions): a fence released
+    after that goes at once, not with a later case's request."""
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        m = c.client.metrics()
+        if not m["in_flight"] and not sum(m["queue_depth"].values()):
+            return
+        time.sleep(0.01)
 
 
 @case("hetproc/hazard-read-after-write", SUITE,
