@@ -31,8 +31,8 @@ is counted as ``unverified``). A hazard is reported against the first other comm
 ``SyncHazard`` (scope request, not retryable; nothing of the batch runs); "warn" serves
 it; both count it (``metrics()["hazards"]``), note an event (``incidents()["events"]``)
 and write a ``HAZARD`` instant into the trace (a1: the kind, a2: the buffer); the error
-also freezes a trace window. "off" does not look. Host access (``Buffer.array()``) never
-passes through the supervisor and is not checked.
+also freezes a trace window. "off" does not look. Host access (``Buffer.array()``) and
+the operands of user-mode queue records never pass through the supervisor: not checked.
 """
 
 from __future__ import annotations
