@@ -461,7 +461,7 @@ class DeviceHandle:
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
         # Marked, it must not overtake an earlier command of its own context.
-        return _NO if context_ahead(self.sched, self.pushed.values(), head) else _NOW
+        return _NO if context_ahead(self.sched, head) else _NOW
 
     def speed(self) -> float:
         """The frequency level the clients voted for: the highest vote (none: the top)."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import collections
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._config import SchedSpec
@@ -520,13 +520,16 @@ def first_of_context(sched: Scheduler, cmd: Any) -> Any:
     return cmd
 
 
-def context_ahead(sched: Scheduler, pushed: Iterable[Any], head: Any) -> bool:
-    """Whether an unfinished command of ``head``'s context must run before it: in the
-    device's ring (``pushed``) or still queued in ``sched`` (a command dated ahead may be
-    marked to preempt before the policy sees it, ``DeviceHandle._mark_ahead``)."""
+def context_ahead(sched: Scheduler, head: Any) -> bool:
+    """Whether a command of ``head``'s context that must run before it is still queued in
+    ``sched`` (a command dated ahead may be marked to preempt before the policy sees it,
+    ``DeviceHandle._mark_ahead``). One already in the device's ring needs no check: the
+    device runs marked commands by (urgency, ring position), and a later command that
+    keeps its context's order (``in_order``) is never more urgent, and is later in the
+    ring."""
     in_order, ctx, seq = sched.in_order, head.ctx, head.seq
     return any(c.ctx is ctx and c.seq < seq and in_order(c, head)
-               for group in (pushed, sched.waiting.values()) for c in group)
+               for c in sched.waiting.values())
 
 
 def make_scheduler(spec: SchedSpec) -> Scheduler:
