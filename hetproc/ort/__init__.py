@@ -50,9 +50,9 @@ from ._errors import (
     OrtError,
     RuntimeException,
 )
+from ._inference import EpAssignedNode, EpAssignedSubgraph, InferenceSession
 from ._options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions
 from ._providers import get_all_providers, get_available_providers, shutdown, use_platform
-from ._session import EpAssignedNode, EpAssignedSubgraph, InferenceSession
 from ._types import ModelMetadata, NodeArg
 from ._validate import validate
 from ._values import IOBinding, OrtValue

@@ -45,7 +45,7 @@ class ModelCompiler:
             return out.read_bytes()
 
     def _compile(self, out: str, embed: bool) -> None:
-        from ._session import InferenceSession
+        from ._inference import InferenceSession
         so = copy.copy(self._options)
         so._config = dict(self._options._config)
         so.add_session_config_entry("ep.context_enable", "1")

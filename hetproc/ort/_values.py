@@ -240,9 +240,9 @@ class IOBinding:
 
     def _run(self, run_options: RunOptions | None) -> None:
         s = self._session
-        s._validate_input(list(self._inputs))
-        names = s._output_names(list(self._outputs) or None)
-        out = s._run(s._arrays(self._inputs), run_options)
+        s._signature.check_required(list(self._inputs))
+        names = s._signature.output_names(list(self._outputs) or None)
+        out = s._run(s._signature.arrays(self._inputs), run_options)
         model = s._last_model()
         results = []
         for name in names:
