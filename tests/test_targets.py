@@ -32,9 +32,6 @@ OVER: dict[tuple[str, str], tuple[str, int]] = {
     # One closure on purpose: every writer advances one write index in a cell, with no
     # attribute or item access per trace record (the trace is always on).
     ("ipc/_trace.py", "_bind"): ("function lines", 129),
-    ("hetproc/trace/_perfetto.py", "to_chrome_trace"): ("function lines", 193),
-    ("hetproc/trace/_export.py", "expand"): ("function lines", 97),
-    ("hetproc/trace/_explain.py", "_detail"): ("function lines", 94),
     ("hetproc/cli/_main.py", "_parser"): ("function lines", 103),
     ("hetproc/drills/_scenario.py", "run_on_platform"): ("function lines", 85),
     ("hetproc/drills/_conformance_cases.py", "_conformance_cases.py"): ("module lines", 604),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -379,99 +379,127 @@ def _where(trace: Trace, req: Request, stage: str) -> str:
 
 
 def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str:
-    if stage == "acquire":
-        w = req.first("ACQUIRE_WAIT")  # the request's own input; later parts wait on earlier ones
-        if w is None or w.t0 >= t1:
-            return "no input fence: dispatch only"
-        handle = int(w.args.get("end_a0", 0))
-        pcid = int(w.args.get("end_a1", 0))
-        who = int(w.args.get("end_a2", 0))
-        text = f"waited {_within(w, t0, t1):.3f} ms on fence {handle:#x}"
-        if who == _USER_SIGNALLER:
-            text += ", a user fence signalled by a client"
-        elif who == 0 and handle:
-            text += ", failed by the supervisor"
-        if pcid and pcid != req.cid:
-            prod = explain(trace, pcid, detail=False)  # its times only: no chain to follow
-            if prod is not None:
-                dom = prod.dominant
-                text += (f", produced by request {pcid:#x} on {trace.device_of(prod)}"
-                         + (f" (its {dom.name} {dom.dur:.3f} ms)" if dom else ""))
-            else:
-                text += f", produced by request {pcid:#x} (outside this trace)"
-        return text
-    if stage == "queued":
-        q = req.first("QUEUED")
-        dev = trace.device_of(req)
-        others: dict[int, float] = {}
-        for other in trace.by_row("execs").overlapping(dev, t0, t1):
-            c = int(other.args.get("cid") or 0)
-            if c != req.cid:
-                others[c] = others.get(c, 0.0) + min(other.t1, t1) - max(other.t0, t0)
-        parts = []
-        if q is not None:
-            parts.append(f"priority {q.args.get('a1', 0)}")
-        if q is not None:
-            # Exact, from the slices (the counter track is sampled): commands in this queue
-            # when this one arrived, itself included.
-            row = trace.row(q.pid, q.tid)
-            depth = sum(1 for _ in trace.by_row("queued").covering(row, q.t0))
-            parts.append(f"{max(depth, 1)} waiting to start on arrival (itself included)")
-        power = trace.counter_at(f"power state {dev}", t0)
-        if power is not None:
-            parts.append("device was in low power" if power == 0 else "device was active")
-        if others:
-            top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
-            parts.append(f"{dev} ran meanwhile: " + ", ".join(
-                f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
-        blocked: dict[int, float] = {}  # head-of-line: the device waited for another's input
-        for w in trace.by_row("waits").overlapping(dev, t0, t1):
-            c = int(w.args.get("cid") or 0)
-            if c != req.cid:
-                blocked[c] = blocked.get(c, 0.0) + min(w.t1, t1) - max(w.t0, t0)
-        if blocked:
-            top = sorted(blocked.items(), key=lambda kv: -kv[1])[:3]
-            parts.append(f"{dev} sat waiting on the inputs of earlier requests: " + ", ".join(
-                f"{c:#x} for {ms:.3f} ms" for c, ms in top))
-        return "; ".join(parts)
-    if stage == "execute":
-        ex = req.last("EXEC")
-        pieces = req.slices.get("EXEC", [])
-        if len(pieces) > 1:
-            return (f"ran in {len(pieces)} parts on the device (a runtime-inserted copy or "
-                    f"reformat first): "
-                    + " + ".join(f"{_within(p, t0, t1):.3f}" for p in pieces) + " ms")
-        if ex is not None and ex.args.get("unfinished"):
-            errs = (trace.other.get("frozen") or {}).get("errors") or []
-            why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]
-            return "never finished: the device hung or died" + (f" ({why[0]})" if why else "")
-        m = req.first("MAP")
-        if m is not None:
-            return (f"mapped {int(m.args.get('end_a1', 0))} buffers, "
-                    f"{int(m.args.get('end_a0', 0))} bytes in {_within(m, t0, t1):.3f} ms")
-        return ""
-    if stage == "wake-up":
-        w = req.last("WAKE")
-        if w is not None and w.t0 > t0:
-            return f"the client started waiting {w.t0 - t0:.3f} ms after the signal"
-        if w is not None:
-            return "the client was already waiting"
-        return ""
-    if stage == "signal":
-        sig = req.instants.get("SIGNAL")
-        code = int(sig[0].args.get("a0", 0)) if sig else 0
-        if code:
-            return f"signalled the failure {errors.error_class(code).__name__}"
-        return ""
-    if stage == "submit":
-        s, e = req.first("SUBMIT"), req.first("ENQUEUE")
-        parts = []
-        if s is not None:
-            parts.append(f"client submit {_within(s, t0, t1):.3f} ms")
-        if e is not None:
-            parts.append(f"supervisor validation {_within(e, t0, t1):.3f} ms")
-        return ", ".join(parts)
+    """What the trace tells of one stage of a request beyond its time ("" if nothing)."""
+    tell = _DETAILS.get(stage)
+    return tell(trace, req, t0, t1) if tell is not None else ""
+
+
+def _acquire_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """The input fence it waited on: for how long, who signalled it, and the request that
+    produced it."""
+    w = req.first("ACQUIRE_WAIT")  # the request's own input; later parts wait on earlier ones
+    if w is None or w.t0 >= t1:
+        return "no input fence: dispatch only"
+    handle = int(w.args.get("end_a0", 0))
+    pcid = int(w.args.get("end_a1", 0))
+    who = int(w.args.get("end_a2", 0))
+    text = f"waited {_within(w, t0, t1):.3f} ms on fence {handle:#x}"
+    if who == _USER_SIGNALLER:
+        text += ", a user fence signalled by a client"
+    elif who == 0 and handle:
+        text += ", failed by the supervisor"
+    if pcid and pcid != req.cid:
+        prod = explain(trace, pcid, detail=False)  # its times only: no chain to follow
+        if prod is not None:
+            dom = prod.dominant
+            text += (f", produced by request {pcid:#x} on {trace.device_of(prod)}"
+                     + (f" (its {dom.name} {dom.dur:.3f} ms)" if dom else ""))
+        else:
+            text += f", produced by request {pcid:#x} (outside this trace)"
+    return text
+
+
+def _queued_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """Why it waited in the queue: its priority, the queue's depth on arrival, the
+    device's power state, what ran meanwhile and whose inputs held the device."""
+    q = req.first("QUEUED")
+    dev = trace.device_of(req)
+    others: dict[int, float] = {}
+    for other in trace.by_row("execs").overlapping(dev, t0, t1):
+        c = int(other.args.get("cid") or 0)
+        if c != req.cid:
+            others[c] = others.get(c, 0.0) + min(other.t1, t1) - max(other.t0, t0)
+    parts = []
+    if q is not None:
+        parts.append(f"priority {q.args.get('a1', 0)}")
+    if q is not None:
+        # Exact, from the slices (the counter track is sampled): commands in this queue
+        # when this one arrived, itself included.
+        row = trace.row(q.pid, q.tid)
+        depth = sum(1 for _ in trace.by_row("queued").covering(row, q.t0))
+        parts.append(f"{max(depth, 1)} waiting to start on arrival (itself included)")
+    power = trace.counter_at(f"power state {dev}", t0)
+    if power is not None:
+        parts.append("device was in low power" if power == 0 else "device was active")
+    if others:
+        top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
+        parts.append(f"{dev} ran meanwhile: " + ", ".join(
+            f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
+    blocked: dict[int, float] = {}  # head-of-line: the device waited for another's input
+    for w in trace.by_row("waits").overlapping(dev, t0, t1):
+        c = int(w.args.get("cid") or 0)
+        if c != req.cid:
+            blocked[c] = blocked.get(c, 0.0) + min(w.t1, t1) - max(w.t0, t0)
+    if blocked:
+        top = sorted(blocked.items(), key=lambda kv: -kv[1])[:3]
+        parts.append(f"{dev} sat waiting on the inputs of earlier requests: " + ", ".join(
+            f"{c:#x} for {ms:.3f} ms" for c, ms in top))
+    return "; ".join(parts)
+
+
+def _execute_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """How it ran: in parts, never finished (with the frozen window's reason), or the
+    buffers mapped for it."""
+    ex = req.last("EXEC")
+    pieces = req.slices.get("EXEC", [])
+    if len(pieces) > 1:
+        return (f"ran in {len(pieces)} parts on the device (a runtime-inserted copy or "
+                f"reformat first): "
+                + " + ".join(f"{_within(p, t0, t1):.3f}" for p in pieces) + " ms")
+    if ex is not None and ex.args.get("unfinished"):
+        errs = (trace.other.get("frozen") or {}).get("errors") or []
+        why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]
+        return "never finished: the device hung or died" + (f" ({why[0]})" if why else "")
+    m = req.first("MAP")
+    if m is not None:
+        return (f"mapped {int(m.args.get('end_a1', 0))} buffers, "
+                f"{int(m.args.get('end_a0', 0))} bytes in {_within(m, t0, t1):.3f} ms")
     return ""
+
+
+def _wake_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """Whether the client was already waiting when the fence signalled."""
+    w = req.last("WAKE")
+    if w is not None and w.t0 > t0:
+        return f"the client started waiting {w.t0 - t0:.3f} ms after the signal"
+    if w is not None:
+        return "the client was already waiting"
+    return ""
+
+
+def _signal_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """The failure a failed fence carried."""
+    sig = req.instants.get("SIGNAL")
+    code = int(sig[0].args.get("a0", 0)) if sig else 0
+    if code:
+        return f"signalled the failure {errors.error_class(code).__name__}"
+    return ""
+
+
+def _submit_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """The client's and the supervisor's share of the submit."""
+    s, e = req.first("SUBMIT"), req.first("ENQUEUE")
+    parts = []
+    if s is not None:
+        parts.append(f"client submit {_within(s, t0, t1):.3f} ms")
+    if e is not None:
+        parts.append(f"supervisor validation {_within(e, t0, t1):.3f} ms")
+    return ", ".join(parts)
+
+
+_DETAILS: dict[str, Callable[[Trace, Request, float, float], str]] = {
+    "acquire": _acquire_detail, "queued": _queued_detail, "execute": _execute_detail,
+    "wake-up": _wake_detail, "signal": _signal_detail, "submit": _submit_detail}
 
 
 def _within(sl: Slice, t0: float, t1: float) -> float:
