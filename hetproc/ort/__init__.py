@@ -61,10 +61,12 @@ __version__ = "1.32.0+hetproc"  # the ONNX Runtime API this follows
 
 
 def get_device() -> str:
+    """ORT's build device string; here the emulator's ("CPU-HETPROC")."""
     return "CPU-HETPROC"
 
 
 def get_version_string() -> str:
+    """The ONNX Runtime API version this follows, marked as hetproc's."""
     return __version__
 
 

@@ -24,6 +24,8 @@ the same "runtime timeout" seen from the API means very different things::
               CPU scheduling in the client
     callback  the client's own callback took the time
     submit    the submit path: client runtime, control channel, supervisor validation
+
+``_text`` prints what is found here (the table, its JSON, a trace's summary).
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ from ipc import errors
 from . import _read
 
 __all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest",
-           "format_request",
-           "IMPLICATIONS", "STAGES", "summary_lines", "as_dict", "parse_cid"]
+           "IMPLICATIONS", "STAGES"]
 
 STAGES = ("submit", "queued", "acquire", "execute", "signal", "wake-up", "callback")
 
@@ -103,25 +104,31 @@ class Request:
 
     @property
     def start(self) -> float:
+        """When its first stage began (ms from the trace's origin; 0 without stages)."""
         return self.stages[0].t0 if self.stages else 0.0
 
     @property
     def end(self) -> float:
+        """When its last stage ended (ms from the trace's origin; 0 without stages)."""
         return self.stages[-1].t1 if self.stages else 0.0
 
     @property
     def total(self) -> float:
+        """Its latency in ms, first stage's start to last stage's end."""
         return self.end - self.start
 
     @property
     def dominant(self) -> Span | None:
+        """The longest stage: where the repair starts (``IMPLICATIONS``)."""
         return max(self.stages, key=lambda s: s.dur) if self.stages else None
 
     def first(self, name: str) -> Slice | None:
+        """Its first slice of stage ``name`` (SUBMIT, QUEUED, EXEC...), if any."""
         got = self.slices.get(name)
         return got[0] if got else None
 
     def last(self, name: str) -> Slice | None:
+        """Its last slice of stage ``name`` (a request run in parts has several)."""
         got = self.slices.get(name)
         return got[-1] if got else None
 
@@ -252,6 +259,8 @@ class Trace:
         return got
 
     def where(self, s: Slice) -> str:
+        """The process and row a slice sits on, as a person names them ("npu0",
+        "supervisor: npu0 queue", "client camera")."""
         row = self.row(s.pid, s.tid)
         proc = self.processes.get(s.pid, f"pid {s.pid}")
         if row.startswith("client ") or (row and row in proc):
@@ -259,6 +268,8 @@ class Trace:
         return f"{proc}: {row}" if row else proc
 
     def device_of(self, req: Request) -> str:
+        """The device that ran (or would have run) the request: its EXEC's or acquire's
+        row, else the queue it waited in; "?" when the trace does not say."""
         s = req.first("EXEC") or req.first("ACQUIRE_WAIT")
         if s is not None:
             return self.row(s.pid, s.tid) or self.processes.get(s.pid, "?")
@@ -268,6 +279,8 @@ class Trace:
         return "?"
 
     def counter_at(self, name: str, t: float) -> float | None:
+        """Counter ``name``'s value at ``t`` (its last sample at or before; None before
+        the first or for a counter the trace lacks)."""
         series = self.counters.get(name)
         if not series:
             return None
@@ -538,59 +551,3 @@ def slowest(trace: Trace, n: int, among: Iterable[int] | None = None) -> list[Re
         reqs = [r for r in reqs if r.cid in keep]
     top = sorted(reqs, key=lambda r: -r.total)[:n]
     return [explain(trace, r.cid) or r for r in top]
-
-
-# -- text -------------------------------------------------------------------------------
-
-
-def format_request(trace: Trace, req: Request) -> str:
-    dom = req.dominant
-    lines = [f"request {req.cid:#x} on {trace.device_of(req)}: {req.total:.3f} ms from "
-             f"{req.stages[0].name if req.stages else '?'} start to "
-             f"{req.stages[-1].name if req.stages else '?'} end"
-             + (" (unfinished at the end of the trace)" if req.unfinished else "")]
-    lines.append(f"  {'stage':10s} {'at ms':>10s} {'ms':>10s} {'share':>6s}  where / evidence")
-    for s in req.stages:
-        share = 100.0 * s.dur / req.total if req.total > 0 else 0.0
-        mark = "*" if s is dom else " "
-        lines.append(f"{mark} {s.name:10s} {s.t0 - req.start:10.3f} {s.dur:10.3f} {share:5.1f}%  "
-                     f"{s.where}" + (f": {s.detail}" if s.detail else ""))
-    if dom is not None:
-        share = 100.0 * dom.dur / req.total if req.total > 0 else 0.0
-        lines.append(f"  dominant: {dom.name} ({dom.dur:.3f} ms, {share:.0f}%) -> "
-                     f"{IMPLICATIONS[dom.name]}")
-    return "\n".join(lines)
-
-
-def as_dict(trace: Trace, req: Request) -> dict[str, Any]:
-    dom = req.dominant
-    return {"cid": req.cid, "device": trace.device_of(req), "total_ms": req.total,
-            "unfinished": req.unfinished,
-            "stages": [{"stage": s.name, "at_ms": s.t0 - req.start, "ms": s.dur,
-                        "where": s.where, "detail": s.detail} for s in req.stages],
-            "dominant": dom.name if dom else None,
-            "implication": IMPLICATIONS[dom.name] if dom else None}
-
-
-def summary_lines(trace: Trace) -> list[str]:
-    reqs = requests(trace)
-    lines = []
-    frozen = trace.other.get("frozen")
-    if frozen:
-        lines.append(f"frozen window {frozen.get('id')}: {frozen.get('reason')} "
-                     f"({len(frozen.get('errors', []))} error(s), "
-                     f"cids {', '.join(f'{c:#x}' for c in frozen.get('cids', [])) or '-'})")
-    if reqs:
-        totals = sorted(r.total for r in reqs)
-        p50 = totals[len(totals) // 2]
-        p99 = totals[min(len(totals) - 1, int(len(totals) * 0.99))]
-        lines.append(f"{len(reqs)} requests: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
-                     f"max {totals[-1]:.3f} ms")
-    else:
-        lines.append("no requests in this trace")
-    return lines
-
-
-def parse_cid(text: str) -> int:
-    """A correlation id as printed (``0x...``) or in decimal."""
-    return int(text, 0)
