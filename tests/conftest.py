@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 import hetproc
-from hetproc.drills import leftovers, new_children, started_prefixes
+from hetproc.drills import (
+    assert_no_leftovers,
+    leftovers,
+    new_children,
+    platform_pids,
+    started_prefixes,
+)
+
+from .helpers import wait_for
 
 
 def pytest_sessionstart(session):
@@ -53,3 +61,27 @@ def platform():
 @pytest.fixture
 def client(platform):
     return platform.client
+
+
+@pytest.fixture(scope="module")
+def shared_platform():
+    """One platform for the tests of a module that use it only through a ``tenant`` of
+    their own and wait for whatever they queued, so that they need no platform start
+    each (about a second apiece); nothing of it may remain once it stops."""
+    with hetproc.Platform(time_scale=1.0) as plat:
+        pids = platform_pids(plat)
+        yield plat
+    assert_no_leftovers(plat.prefix, pids)
+
+
+@pytest.fixture
+def tenant(shared_platform):
+    """A fresh client of the module's shared platform. After the test, the supervisor
+    still runs and nothing is left in flight for the next test to meet (a test that
+    leaves work behind fails here, not its neighbour)."""
+    c = shared_platform.connect("tenant")
+    yield c
+    c.close()
+    assert shared_platform.proc.poll() is None, "the supervisor died"
+    assert wait_for(lambda: shared_platform.metrics()["in_flight"] == 0), \
+        shared_platform.metrics()["in_flight"]

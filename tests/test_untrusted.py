@@ -21,7 +21,6 @@ import pytest
 
 import hetproc
 from hetproc.client import Fence
-from hetproc.drills import assert_no_leftovers, platform_pids
 
 from .helpers import wait_for
 
@@ -42,28 +41,6 @@ def _raw_request(address: str, msg: dict, timeout: float = 5.0) -> dict:
         chan.close()
 
 
-@pytest.fixture(scope="module")
-def shared():
-    """One platform for the tests that attack it only through a client of their own and
-    wait for whatever they queued (each checks it is left as found: ``tenant``), so that
-    they need no platform start each; nothing of it may remain once it stops."""
-    with hetproc.Platform(time_scale=1.0) as plat:
-        pids = platform_pids(plat)
-        yield plat
-    assert_no_leftovers(plat.prefix, pids)
-
-
-@pytest.fixture
-def tenant(shared):
-    """A fresh client of the shared platform; after the test the supervisor still runs and
-    nothing is left in flight for the next test to meet."""
-    c = shared.connect("tenant")
-    yield c
-    c.close()
-    assert _alive(shared)
-    assert wait_for(lambda: shared.metrics()["in_flight"] == 0), shared.metrics()["in_flight"]
-
-
 def _counts(client) -> tuple[int, int]:
     m = client.metrics()
     return m["submitted"], m["completed"]
@@ -75,8 +52,8 @@ def _counts(client) -> tuple[int, int]:
 @pytest.mark.parametrize("field,value", [("ms", 1e30), ("ms", float("nan")), ("ms", float("inf")),
                                          ("ms", -1.0), ("timeout_ms", 1e30),
                                          ("handoff_ms", 1e300)])
-def test_out_of_range_duration_is_refused_before_anything_is_queued(shared, tenant, field,
-                                                                    value):
+def test_out_of_range_duration_is_refused_before_anything_is_queued(shared_platform, tenant,
+                                                                    field, value):
     c = tenant
     submitted, completed = _counts(c)
     ctx = c.context("npu0")
@@ -87,7 +64,7 @@ def test_out_of_range_duration_is_refused_before_anything_is_queued(shared, tena
     with pytest.raises(hetproc.InvalidRequest, match=field):
         ctx.submit_many([cmd])
     first.wait(5)
-    assert _alive(shared)
+    assert _alive(shared_platform)
     ctx.submit("work", ms=1).wait(5)  # the device is not jammed
     assert wait_for(lambda: c.metrics()["completed"] == completed + 2)
     assert c.metrics()["submitted"] == submitted + 2
@@ -102,10 +79,10 @@ def test_a_batch_with_one_bad_command_queues_nothing(tenant):
     assert tenant.metrics()["submitted"] == submitted
 
 
-def test_a_batch_is_checked_command_by_command_not_by_its_first(shared, tenant):
+def test_a_batch_is_checked_command_by_command_not_by_its_first(shared_platform, tenant):
     """What all commands of a submit share is looked up once, but each command's own
     fields are still checked: one bad command deep in a batch of 64 refuses it whole."""
-    owner, other = tenant, shared.connect("other")
+    owner, other = tenant, shared_platform.connect("other")
     submitted, _ = _counts(owner)
     theirs = other.fence()
     ctx = owner.context("npu0")
@@ -137,26 +114,26 @@ def test_a_batch_is_checked_command_by_command_not_by_its_first(shared, tenant):
     ({"kernel": "w" * 10000}, hetproc.InvalidRequest),
     ({"kernel": "work", "wait": list(range(100000))}, hetproc.InvalidRequest),
 ])
-def test_malformed_commands_are_refused_whole(shared, tenant, cmd, err):
+def test_malformed_commands_are_refused_whole(shared_platform, tenant, cmd, err):
     ctx = tenant.context("npu0")
     with pytest.raises(err):
         ctx.submit_many([cmd])
-    assert _alive(shared)
+    assert _alive(shared_platform)
     ctx.submit("work", ms=1).wait(5)
 
 
 def test_nowait_submit_of_an_unencodable_duration_fails_its_fence_not_the_supervisor(
-        shared, tenant):
+        shared_platform, tenant):
     ctx = tenant.context("npu0")
     ctx.submit("work", ms=5)
     f = ctx.submit_nowait("work", ms=1e30)
     with pytest.raises(hetproc.InvalidRequest):
         f.wait(5)
     ctx.submit("work", ms=1).wait(5)
-    assert _alive(shared)
+    assert _alive(shared_platform)
 
 
-def test_requests_with_out_of_range_fields_are_refused(shared, tenant):
+def test_requests_with_out_of_range_fields_are_refused(shared_platform, tenant):
     c = tenant
     for fields in ({"op": "fence_create", "count": 1 << 40}, {"op": "mem_events", "limit": -5},
                    {"op": "context_create", "device": "npu0", "name": "x" * 5000},
@@ -166,7 +143,7 @@ def test_requests_with_out_of_range_fields_are_refused(shared, tenant):
         op = fields.pop("op")
         with pytest.raises(hetproc.InvalidRequest):
             c._request(op, **fields)
-    assert _alive(shared)
+    assert _alive(shared_platform)
     c.ping()
 
 
@@ -316,14 +293,15 @@ def decode_reply(frame: bytes) -> dict:
 # -- 4. identity from the kernel ------------------------------------------------------------
 
 
-def test_a_huge_client_name_is_refused_and_metrics_still_work(shared, tenant):
-    reply = _raw_request(shared.address, {"v": 1, "op": "hello", "id": 1, "name": "n" * 100_000,
-                                            "pid": os.getpid()})
+def test_a_huge_client_name_is_refused_and_metrics_still_work(shared_platform, tenant):
+    address = shared_platform.address
+    reply = _raw_request(address, {"v": 1, "op": "hello", "id": 1, "name": "n" * 100_000,
+                                   "pid": os.getpid()})
     assert not reply["ok"] and "name" in reply["error"]["message"]
-    reply = _raw_request(shared.address, {"v": 1, "op": "hello", "id": 1, "name": "evil\x1b[2J",
-                                          "pid": os.getpid()})
+    reply = _raw_request(address, {"v": 1, "op": "hello", "id": 1, "name": "evil\x1b[2J",
+                                   "pid": os.getpid()})
     assert not reply["ok"]
-    shared.client.metrics()
+    shared_platform.client.metrics()
     tenant.metrics()
 
 
