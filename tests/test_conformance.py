@@ -60,8 +60,9 @@ def test_each_case_passes_and_says_which_check_broke_if_not(whole_suite, name):
 def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     prefix = {"IGT gem_reset_stats": "gem_reset_stats/", "IGT sw_sync": "sw_sync/",
               "IGT syncobj_wait": "syncobj_wait/", "DRM scheduler KUnit": "drm_sched/",
+              "IGT sysfs_preempt_timeout": "sysfs_preempt_timeout/",
               "dEQP robustness": "dEQP-EGL.functional.robustness.", "hetproc": "hetproc/",
-              "hetproc drill": "hetproc/"}
+              "Vulkan synchronization validation": "hetproc/hazard-", "hetproc drill": "hetproc/"}
     listed = conformance_cases()
     assert all(c.name.startswith(prefix[c.suite]) and c.checks for c in listed)
     assert [SUITES.index(c.suite) for c in listed] == sorted(SUITES.index(c.suite) for c in listed)
@@ -79,6 +80,9 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
      "watchdog verdict was 'no hang' (re-armed on progress)"),
     # Buffers reclaimed before the device confirmed its stop: the late writer corrupts.
     ("hetproc/late-writer", {"unsafe_reclaim": True}, "hetproc/late-writer",
+     "no corruption of the buffer's next owner (canary intact)"),
+    # A queue's bound buffer let go without the barrier: the late writer corrupts too.
+    ("hetproc/queue-late-writer", {"unsafe_reclaim": True}, "hetproc/queue-late-writer",
      "no corruption of the buffer's next owner (canary intact)"),
     # An innocent request caught in a reset is failed instead of run again, as i915 would.
     ("unrelated-ctx", {"replay_innocent": False}, "gem_reset_stats/unrelated-ctx-npu0",
