@@ -5,9 +5,10 @@ A runtime engineer knows IGT's ``gem_reset_stats``, ``sw_sync`` and ``syncobj_wa
 DRM scheduler's KUnit tests and dEQP's robustness group by their case names; this suite
 lets them find what hetproc guarantees under those names. A case is listed only where
 what hetproc checks really is what the original checks (its README table says how each
-maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name. Mechanisms
-hetproc does not have yet have no case here, not even a skipped one: a case that cannot
-fail proves nothing.
+maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name, and so
+do the synchronisation hazards Vulkan's validation layer names (``_conformance_hazards``).
+Mechanisms hetproc does not have yet (subsystem restart, fence file descriptors) have no
+case here, not even a skipped one: a case that cannot fail proves nothing.
 
 The cases that run on a shared platform live in ``_conformance_cases``, in
 ``_conformance_sched`` (preempt timeouts) and, for reset statistics, bans and wedged
@@ -42,6 +43,7 @@ from . import (
     _conformance_sched,  # noqa: F401  (registers its cases)
 )
 from ._conformance_cases import CASES, Case, CaseRun, add_case
+from ._conformance_hazards import SUITE as SYNC_SUITE  # (registers its cases too)
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
 
@@ -69,6 +71,10 @@ _DRILL_CASES = [
     ("hetproc/late-writer", "hetproc drill", "late-writer",
      "a hung command's buffer freed by its client stays quarantined until the device is "
      "confirmed stopped: its next owner's canary is intact"),
+    ("hetproc/queue-late-writer", "hetproc drill", "queue-late-writer",
+     "the same on a user-mode queue: a bound buffer freed while a queue command still "
+     "writes it is let go only after the device is confirmed stopped (the queue command's "
+     "own watchdog, DeviceTimeout); its next owner's canary is intact"),
     ("hetproc/crash", "hetproc drill", "crash",
      "the device process dies mid-command: DeviceCrashed (scope device), reaped, restarted "
      "with a new epoch, next request served"),
@@ -101,7 +107,7 @@ for _name, _suite, _drill, _checks in _DRILL_CASES:
 
 SUITES = ("IGT gem_reset_stats", "IGT gem_eio", "IGT xe_wedged", "IGT sw_sync",
           "IGT syncobj_wait", "IGT sysfs_preempt_timeout", "DRM scheduler KUnit",
-          "dEQP robustness", "hetproc", "hetproc drill")
+          "dEQP robustness", SYNC_SUITE, "hetproc", "hetproc drill")
 
 
 def _listed(case: Case) -> tuple[int, int]:

@@ -31,7 +31,7 @@ from device_workers import (
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 
 from .._config import DeviceSpec
-from ._scheduler import Scheduler, make_scheduler
+from ._scheduler import Scheduler, context_ahead, first_of_context, make_scheduler
 from ._timing import ModeledTiming
 
 RING_SLOTS = 256
@@ -98,6 +98,7 @@ class Command:
     maps: Any = ()        # persistent mappings it uses (a list once it has one; _iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
+    hazard: Any = None  # only ``_hazards`` sets it: (reads, writes) of a chain's last part
 
     def outs_untrusted(self) -> None:
         for b in self.outs:
@@ -222,6 +223,10 @@ class DeviceHandle:
     # The host time at which a command dated ahead is due to be decided (0: none): the
     # supervisor's tick pumps the device then.
     wake_ns: int = 0
+    # How long before its modeled instant a decision is made and handed to the device
+    # (``scheduler.commit_lead_ms``): a command submitted later than that, dated earlier,
+    # finds it made (with the real clock, only work submitted ahead schedules exactly).
+    lead_ns: int = 12_000_000
     time_scale: float = 1.0
     state: Any = None  # its StateSlot (what it runs; where a preemption is requested)
     sched: Scheduler = field(init=False)
@@ -332,24 +337,25 @@ class DeviceHandle:
         """The command the model picks next and the modeled instant ``at`` it does: when
         the device is next free, or, if nothing has arrived by then, when the next
         command does. None (and ``wake_ns`` set) while that instant is more than
-        ``ARRIVAL_LEAD_NS`` away: nothing is released past a decision not made yet, as a
+        ``lead_ns`` away: nothing is released past a decision not made yet, as a
         command dated earlier may still come and must then compete (a preemptor is
         marked at once all the same)."""
         sched = self.sched
-        at = self.free_ns
+        # An idle device is free by now whatever the estimate says (a reset emptied it).
+        at = self.free_ns if self.pushed else min(self.free_ns, time.monotonic_ns())
         cmd = sched.peek(at)
         if cmd is None:
             at = sched.next_arrival() or 0
-            if at - ARRIVAL_LEAD_NS > time.monotonic_ns():
-                self.wake_ns = at - ARRIVAL_LEAD_NS
+            if at - self.lead_ns > time.monotonic_ns():
+                self.wake_ns = at - self.lead_ns
                 return None
             cmd = sched.peek(at)
             if cmd is None:
                 return None  # (never: something arrives at ``at``)
-        elif at - ARRIVAL_LEAD_NS > time.monotonic_ns() and (
+        elif at - self.lead_ns > time.monotonic_ns() and (
                 not self.preemptive or not self.pushed.long
                 or self._urgency(cmd) is not _NOW):
-            self.wake_ns = at - ARRIVAL_LEAD_NS
+            self.wake_ns = at - self.lead_ns
             return None
         return cmd, at
 
@@ -394,7 +400,7 @@ class DeviceHandle:
             producer = next((c for c in self.sched if want.intersection(c.signal)), None)
             if producer is None:
                 break
-            cmd, seen = producer, seen + 1
+            cmd, seen = first_of_context(self.sched, producer), seen + 1
         return cmd, seen == 0
 
     def _hand_segments(self, cmd: Command) -> bool:
@@ -454,7 +460,8 @@ class DeviceHandle:
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
-        return _NOW
+        # Marked, it must not overtake an earlier command of its own context.
+        return _NO if context_ahead(self.sched, head) else _NOW
 
     def speed(self) -> float:
         """The frequency level the clients voted for: the highest vote (none: the top)."""
@@ -560,11 +567,7 @@ class DeviceHandle:
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
-# How long before its modeled arrival a command dated ahead is decided and handed to its
-# device: more than the supervisor's 5 ms tick, so that it is there in time; a command
-# submitted later than this, dated earlier, finds the decision made (with the real clock,
-# only a workload submitted ahead of time schedules exactly as the model says).
-ARRIVAL_LEAD_NS = 12_000_000
+
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
 
