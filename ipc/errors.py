@@ -488,7 +488,7 @@ class DeviceWedged(DeviceFault):
     hangs); buffers stay readable, other devices keep serving. Not retryable until the
     device is unwedged; another device may run the request."""
 
-    code = 39
+    code = 37
     scope = "device"
     retryable = False
 
