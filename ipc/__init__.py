@@ -59,7 +59,15 @@ from ._queues import QueueRecord, QueueRing, queue_bytes
 from ._queues import decode_record as decode_queue_record
 from ._queues import encode_record as encode_queue_record
 from ._ring import Ring
-from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
+from ._segments import (
+    Block,
+    BlockPool,
+    Segment,
+    SegmentCache,
+    block_size,
+    read_only_descriptor,
+    span_bytes,
+)
 from ._slotmap import SlotMap
 from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing, merge, stage_name
 from ._tracebank import COUNTERS, TraceBank
@@ -78,6 +86,7 @@ __all__ = [
     "QUEUE_OPEN", "QUEUE_LOST", "QUEUE_CLOSED",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
+    "read_only_descriptor",
     "SegmentSender", "SegmentReceiver", "segment_socketpair",
     "SlotMap",
     "Stage", "TraceRing", "TraceBank", "RECORD_DTYPE", "BEGIN", "END", "INSTANT", "COUNTER",

@@ -56,6 +56,8 @@ class SegmentSender:
             raise ValueError(f"segment {sid!r} has no descriptor to pass")
         if sid in self.sent:
             return
+        # OSError (no descriptor left for the duplicate): nothing queued, the caller
+        # tries again later; a duplicate, so that the segment may be dropped meanwhile.
         self._out.append((_MSG.pack(_MAGIC, ADD, sid, seg.size), [os.dup(seg.fd)]))
         self.sent.add(sid)
 
@@ -88,6 +90,11 @@ class SegmentSender:
     @property
     def waiting(self) -> int:
         return len(self._out)
+
+    @property
+    def waiting_fds(self) -> int:
+        """Descriptors held for messages not sent yet (each ADD holds one)."""
+        return sum(len(fds) for _, fds in self._out)
 
     def close(self) -> None:
         for _, fds in self._out:

@@ -329,7 +329,10 @@ class DeviceHandle:
             if sid not in segs.sent:
                 seg = self.segment_of(sid)
                 if seg is not None:
-                    segs.add(seg)
+                    try:
+                        segs.add(seg)
+                    except OSError:  # no descriptor for the duplicate: try next turn
+                        return False
         return segs.flush()
 
     def forget_segment(self, sid: int) -> None:

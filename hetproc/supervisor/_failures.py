@@ -63,6 +63,8 @@ KINDS: dict[type[errors.HetprocError], Kind] = {
     # A consequence: the failure that lost the context froze its window already.
     errors.ContextLost: Kind(freeze=False),
     errors.PlatformError: Kind(freeze=False),
+    # A refusal at the door (the platform's descriptors are in use): nothing ran.
+    errors.DescriptorsExhausted: Kind(freeze=False),
 }
 _kind_cache: dict[type, Kind] = {}
 

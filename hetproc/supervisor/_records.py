@@ -21,6 +21,8 @@ import numpy as np
 
 from ipc import PENDING, Block, FenceTable, FrameReader, SlotMap, errors, span_bytes
 
+from ._descriptors import DescriptorBudget
+
 if TYPE_CHECKING:
     from .._config import PlatformSpec
     from ._devices import Command, DeviceHandle
@@ -56,6 +58,12 @@ class ClientRec:
     # of replies not sent yet: (position in ``outbuf`` of the byte they go with, fds).
     segments: set[int] = field(default_factory=set)
     outfds: list = field(default_factory=list)
+    # Those of ``segments`` handed read-only (a read-only import): their descriptor was
+    # opened read-only, so the client's mapping cannot write (``_requests.hand_segment``).
+    read_only_segments: set[int] = field(default_factory=set)
+    # Descriptors taken for the reply being built (``hand_segment``), in ``segs`` order:
+    # the loop gives them to the outbox with the reply, or closes them with a refusal.
+    handing: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -167,6 +175,9 @@ class Registry:
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
     role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
+    # The platform's descriptors, shared by every tenant (``_descriptors``).
+    descriptors: DescriptorBudget = field(
+        default_factory=lambda: DescriptorBudget(1 << 20, lambda: 0))
 
     def tenant(self, client: ClientRec) -> list[ClientRec]:
         """Every connection of ``client``'s process (the kernel's pid): quotas count here,

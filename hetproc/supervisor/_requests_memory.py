@@ -185,12 +185,15 @@ class MemoryRequests:
             return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
                     "signal": rec.client is client or client.id in rec.signallers}
         buf = self.reg.buffers.get(exp.handle)
-        segs = hand_segment(self.reg, self.pool, client, buf.block.segment)  # quota first
+        sid = buf.block.segment
+        held = sid in client.segments
+        segs = hand_segment(self.reg, self.pool, client, sid,  # quota first
+                            writable="w" in exp.perm)
         try:
             perm = self.iommu.add_buffer_import(client, buf, exp.perm)
         except BaseException:
-            if segs:
-                client.segments.discard(buf.block.segment)
+            if segs and not held:
+                client.segments.discard(sid)
             raise
         return {**self.handoff.describe(buf), "perm": perm, "segs": segs}
 
