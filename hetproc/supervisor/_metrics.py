@@ -60,7 +60,7 @@ def platform_metrics(reg: Registry, pool: Memory, recovery: Recovery, handoff: H
         "incidents": {"active": len(recovery.active) + len(recovery.probing),
                       "recovered": len(recovery.history),
                       "watchdog_verdicts": dict(recovery.verdicts)},
-        "pool": pool.metrics(),
+        "pool": pool.metrics(), "descriptors": reg.descriptors.metrics(),
     }
     m.update(handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
     return evidence.add_metrics(m)
@@ -89,7 +89,7 @@ _TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "complet
                    "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
                    "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
                    "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
-                   "fence_semaphores")
+                   "fence_semaphores", "descriptors")
 
 
 def tenant_view(m: dict, client: Any) -> dict:

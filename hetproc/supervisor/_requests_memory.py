@@ -194,6 +194,8 @@ class MemoryRequests:
         except BaseException:
             if segs and not held:
                 client.segments.discard(sid)
+            elif segs:  # it asked for a writable one: it holds the read-only one still
+                client.read_only_segments.add(sid)
             raise
         return {**self.handoff.describe(buf), "perm": perm, "segs": segs}
 
