@@ -121,7 +121,7 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
     ])
     return {
         "ping": {}, "metrics": {}, "incidents": {}, "dumps": {}, "trace_info": {},
-        "faults_clear": {}, "grant_role": {}, "shutdown": {},
+        "faults_clear": {}, "grant_role": {"scope": "trace"}, "shutdown": {},
         "hello": {"name": "again", "owner": True, "pid": 1},
         "context_create": {"device": dev, "priority": 0, "name": "fz",
                            "cache_maintenance": "auto", "period_ms": 10.0, "weight": 1.0},

@@ -22,6 +22,7 @@ from ._fences import (
     split_handle,
 )
 from ._names import (
+    SHM_DIR,
     Manifest,
     cleanup_dead,
     cleanup_prefix,
@@ -77,7 +78,7 @@ __all__ = [
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",
-    "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
+    "Manifest", "SHM_DIR", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",
     "VERSION", "MAX_PACKET", "encode", "decode", "unpack", "check_fields",
     "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",

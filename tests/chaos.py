@@ -846,6 +846,20 @@ class _Run:
                 self.ph.fail("a client without a role read the platform's incidents")
             except hetproc.NotPermitted:
                 pass
+            try:
+                hetproc.trace.trace_info(b)
+                self.ph.fail("a client without a role read the platform's trace")
+            except hetproc.NotPermitted:
+                pass
+        # A trace role (what a run shares with its user) reads the trace, and only that.
+        token = self.plat.client.grant_role(scope="trace")
+        with self.plat.connect("trace-reader", role=token) as reader:
+            self.ph.check(hetproc.trace.trace_info(reader)["segment"], "no trace for its role")
+            try:
+                reader.incidents()
+                self.ph.fail("a trace role read the platform's incidents")
+            except hetproc.NotPermitted:
+                pass
         self.tally["roles"] += 1
 
     def pipeline_round(self, rnd: int) -> None:

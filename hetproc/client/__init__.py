@@ -16,7 +16,8 @@ from ._fence import Fence
 from ._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._platform import Platform, connect, same_code_env
 from ._queue import Queue
+from ._roles import read_trace_role
 
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
            "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
-           "Queue", "same_code_env", "Connection"]
+           "Queue", "same_code_env", "Connection", "read_trace_role"]

@@ -46,6 +46,7 @@ class ClientRec:
     # Identity from the kernel (SO_PEERCRED at accept), never from a packet.
     uid: int = -1
     privileged: bool = False  # the owner, or a holder of a role the owner granted
+    trace_reader: bool = False  # privileged, or a holder of a trace role the owner granted
     hello_deadline: float = 0.0  # monotonic s; a connection silent past it is closed
     # Only ``_lifetimes`` changes this (register, release_buffer); it counts the bytes of
     # the buffers in ``buffers``, as ``_quotas`` checks them.
@@ -174,7 +175,9 @@ class Registry:
         "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0})
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
-    role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
+    # Tokens the owner granted -> their scope: "all" (privileged) or "trace" (reads the
+    # platform's trace, every tenant's: what its user reads from another terminal).
+    role_tokens: dict[int, str] = field(default_factory=dict)
     # The platform's descriptors, shared by every tenant (``_descriptors``).
     descriptors: DescriptorBudget = field(
         default_factory=lambda: DescriptorBudget(1 << 20, lambda: 0))

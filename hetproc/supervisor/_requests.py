@@ -73,6 +73,14 @@ def need_privilege(client: ClientRec, what: str) -> None:
                                   "it granted): a client sees its own work only")
 
 
+def need_trace_role(client: ClientRec) -> None:
+    if not client.trace_reader:
+        raise errors.NotPermitted(
+            "the platform's trace needs a role: the owner, or a role it granted "
+            "(grant_role(), or grant_role(scope='trace') to read the trace only): a "
+            "client sees its own work only")
+
+
 def hand_segment(reg: Registry, pool: Memory, client: ClientRec, sid: int, *,
                  writable: bool = True) -> list:
     """``[[sid, bytes]]`` if the segment's descriptor must go with the reply (this
