@@ -118,6 +118,8 @@ def test_tenants_using_up_the_descriptors_are_refused_and_nobody_is_disconnected
             with pytest.raises(hetproc.DescriptorsExhausted, match="descriptors"):
                 late.alloc(4096, "uint8", exportable=True)
             late.ping()
+            seen = late.metrics()["descriptors"]
+            assert seen["limit"] == 400 and seen["refused"] >= 2, seen
             # The hog kept every buffer and byte, and its connection still serves.
             hog.stdin.write("check\n")
             hog.stdin.flush()

@@ -80,6 +80,7 @@ class MemoryRequests:
         dropped = self.lifetimes.drop_import(client, msg["buf"])  # an importer lets go
         if dropped is not None:
             client.segments.discard(own)
+            client.read_only_segments.discard(own)
             return dropped
         buf = check.buffer_of(self.reg, client, msg["buf"])
         reclaimed = self.lifetimes.release_buffer(buf)

@@ -463,6 +463,7 @@ class Supervisor:
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
         client.segments.clear()
+        client.read_only_segments.clear()
         if not self.reg.tenant(client):  # its process's last connection
             self.parts.ddr.forget(client.pid)
             self.pool.tenant_gone(client.pid)  # its pool goes once its blocks are back
