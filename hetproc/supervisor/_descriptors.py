@@ -9,12 +9,15 @@ take every descriptor, and then an ``accept`` (a newcomer's hello), or a duplica
 to send a reply, fails for someone who did nothing wrong.
 
 The budget is the supervisor's own limit (``RLIMIT_NOFILE``, raised to the hard limit at
-start) less what the platform held when it began serving (devices, rings, the listener:
-``baseline``) less ``reserve``, kept for accepting and answering::
+start); what the platform held when it began serving (devices, rings, the listener:
+``baseline``) and what tenants hold (``counted``) are in use; ``reserve`` is kept::
 
-    limit ── reserve ── new connections stop here (refused with one clear line)
-          └─ reserve/2 more ── segments and handed descriptors stop here
-                                (``DescriptorsExhausted``: nothing changed, retryable)
+    in use ............ up to limit - reserve      a new segment, a handed descriptor:
+                                                   past it ``DescriptorsExhausted`` (one
+                                                   line naming the limit; nothing changed)
+    in use ............ up to limit - reserve / 2  a new connection: past it, refused
+    the rest                                       accepting a connection to refuse it,
+                                                   answering, restarting a device
 
 so a refusal is always an answer, never a lost connection, and nobody is disconnected
 by someone else's usage.

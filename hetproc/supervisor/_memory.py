@@ -15,8 +15,10 @@ segment holds only memory every holder may reach::
     internal pool    (key 0)               the runtime's copies; handed to devices only
 
 Records and packets name a segment by its id (``sid``, a small int never reused), not by
-a name. A segment's memory goes when its last holder closes or dies: the supervisor drops
-its own descriptor and mapping when the segment is empty (an own segment when its buffer
+a name. The supervisor holds a segment by its descriptor alone -- one descriptor, of the
+platform's budget (``room``, ``_descriptors``) -- and maps it only to read it itself (a
+queue's ring, ``mapping``). A segment's memory goes when its last holder closes or dies:
+the supervisor drops its own descriptor (and mapping) when the segment is empty (an own segment when its buffer
 is reclaimed; a pool when its tenant left and its last block came back) and tells the
 devices to drop theirs (``on_drop``); a client unmaps an own segment when it frees the
 buffer, and a pool when it closes. The platform budget (``memory_mib``) counts every

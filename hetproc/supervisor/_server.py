@@ -241,9 +241,10 @@ class Supervisor:
 
     def on_accept(self) -> bool:
         """Take one connection. Its peer's pid and uid come from the kernel (SO_PEERCRED),
-        never from a packet. Past ``limits.max_clients`` connections, or from another user,
-        the peer is told why and closed at once; an accept that fails (descriptors
-        exhausted) costs that peer its connection, never the loop."""
+        never from a packet. Past ``limits.max_clients`` connections, from another user, or
+        when the platform's descriptors leave only what answering needs (``_descriptors``),
+        the peer is told why and closed at once; an accept that fails anyway costs that
+        peer its connection, never the loop."""
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
