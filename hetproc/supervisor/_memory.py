@@ -18,10 +18,10 @@ Records and packets name a segment by its id (``sid``, a small int never reused)
 a name. The supervisor holds a segment by its descriptor alone -- one descriptor, of the
 platform's budget (``room``, ``_descriptors``) -- and maps it only to read it itself (a
 queue's ring, ``mapping``). A segment's memory goes when its last holder closes or dies:
-the supervisor drops its own descriptor (and mapping) when the segment is empty (an own segment when its buffer
-is reclaimed; a pool when its tenant left and its last block came back) and tells the
-devices to drop theirs (``on_drop``); a client unmaps an own segment when it frees the
-buffer, and a pool when it closes. The platform budget (``memory_mib``) counts every
+the supervisor drops its own descriptor (and mapping) when the segment is empty (an own
+segment when its buffer is reclaimed; a pool when its tenant left and its last block came
+back) and tells the devices to drop theirs (``on_drop``); a client unmaps an own segment
+when it frees the buffer, and a pool when it closes. The platform budget (``memory_mib``) counts every
 tenant's blocks together; the pages kept for reuse in tenants' pools stay within it too
 (``free``).
 """
