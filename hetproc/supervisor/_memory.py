@@ -21,9 +21,9 @@ queue's ring, ``mapping``). A segment's memory goes when its last holder closes 
 the supervisor drops its own descriptor (and mapping) when the segment is empty (an own
 segment when its buffer is reclaimed; a pool when its tenant left and its last block came
 back) and tells the devices to drop theirs (``on_drop``); a client unmaps an own segment
-when it frees the buffer, and a pool when it closes. The platform budget (``memory_mib``) counts every
-tenant's blocks together; the pages kept for reuse in tenants' pools stay within it too
-(``free``).
+when it frees the buffer, and a pool when it closes. The platform budget (``memory_mib``)
+counts every tenant's blocks together; the pages kept for reuse in tenants' pools stay
+within it too (``free``).
 """
 
 from __future__ import annotations
