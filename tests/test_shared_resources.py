@@ -52,8 +52,7 @@ _OWNER = textwrap.dedent("""
     import json, resource, sys, hetproc
     limit = int(sys.argv[1])
     resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))  # the supervisor inherits it
-    with hetproc.Platform(time_scale=1.0, limits={"client_segments": 4096,
-                                                 "client_buffers": 4096}) as plat:
+    with hetproc.Platform(time_scale=1.0) as plat:  # the default quotas
         print(json.dumps({"prefix": plat.prefix, "pid": plat.pid}), flush=True)
         sys.stdin.readline()
 """)
@@ -62,7 +61,7 @@ _HOG = textwrap.dedent("""
     import json, sys, hetproc
     c = hetproc.connect(sys.argv[1], "hog")
     bufs, refusal = [], None  # (buffer, the byte written into it)
-    while refusal is None and len(bufs) < 2000:
+    while refusal is None and len(bufs) < int(sys.argv[2]):
         try:
             b = c.alloc(4096, "uint8", exportable=True)
         except hetproc.DescriptorsExhausted as exc:
@@ -100,19 +99,25 @@ def small_platform():
         owner.communicate("\n", timeout=30)
 
 
-def _spawn(code: str, prefix: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", code, prefix], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+def _spawn(code: str, prefix: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, prefix, *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
 def test_tenants_using_up_the_descriptors_are_refused_and_nobody_is_disconnected(
         small_platform):
+    """Two tenants, each within its quota (``client_segments`` 256), together past what
+    the supervisor may hold: the second is refused with one line naming the limit, a
+    newcomer is still answered, and nobody loses a connection, a buffer or a byte."""
     prefix = small_platform["prefix"]
-    hog = _spawn(_HOG, prefix)
+    hogs = [_spawn(_HOG, prefix, "200")]
     try:
-        first = json.loads(hog.stdout.readline())
-        assert first["held"] > 50, first
-        assert "RLIMIT_NOFILE 400" in first["refusal"], first["refusal"]
+        first = json.loads(hogs[0].stdout.readline())
+        assert first == {"held": 200, "refusal": None}, first
+        hogs.append(_spawn(_HOG, prefix, "200"))
+        second = json.loads(hogs[1].stdout.readline())
+        assert 0 < second["held"] < 200, second  # within its quota, past the platform's
+        assert "RLIMIT_NOFILE 400" in second["refusal"], second["refusal"]
         # A newcomer is still answered (its hello), and refused with the same clear line.
         with hetproc.connect(prefix, "newcomer") as late:
             with pytest.raises(hetproc.DescriptorsExhausted, match="descriptors"):
@@ -120,19 +125,20 @@ def test_tenants_using_up_the_descriptors_are_refused_and_nobody_is_disconnected
             late.ping()
             seen = late.metrics()["descriptors"]
             assert seen["limit"] == 400 and seen["refused"] >= 2, seen
-            # The hog kept every buffer and byte, and its connection still serves.
-            hog.stdin.write("check\n")
-            hog.stdin.flush()
-            verdict = json.loads(hog.stdout.readline())
-            assert verdict == {"intact": True, "ran": 7}
-            hog.stdin.write("free\n")
-            hog.stdin.flush()
-            assert json.loads(hog.stdout.readline()) == {"freed": 8}
+            # Both hogs kept every buffer and byte, and their connections still serve.
+            for hog in hogs:
+                hog.stdin.write("check\n")
+                hog.stdin.flush()
+                assert json.loads(hog.stdout.readline()) == {"intact": True, "ran": 7}
+            hogs[0].stdin.write("free\n")
+            hogs[0].stdin.flush()
+            assert json.loads(hogs[0].stdout.readline()) == {"freed": 8}
             room = [late.alloc(4096, "uint8", exportable=True) for _ in range(4)]
             assert len(room) == 4, "what was freed serves the next tenant"
     finally:
-        hog.communicate("quit\n", timeout=30)
-    assert hog.returncode == 0
+        for hog in hogs:
+            hog.communicate("quit\n", timeout=30)
+    assert [hog.returncode for hog in hogs] == [0, 0]
 
 
 # -- queues: per-tenant shares of a device's pool -------------------------------------------
