@@ -126,7 +126,7 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
              "hold_ns": _duration, "delay_ns": _duration, "dep_timeout_ns": _duration,
              "fault?": FAULT, "mem?": MEM_REQUEST,
              # modeled time (invariant 8), preemption and the voted speed (seed §7, §11)
-             "arrive_ns?": Int(0, I64), "pre?": bool, "spd?": Num(0.0, 1.0),
+             "arrive_ns?": Int(0, I64), "pre?": bool, "nopre?": bool, "spd?": Num(0.0, 1.0),
              "urg?": Int(0, I64)},
     "stop": {},
     # user-mode queues (``_queues``): the supervisor attaches and detaches them in order
@@ -150,8 +150,8 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
 # checks every header field's range, the exact length, and the tail's schema.
 
 RECORD_TAG = 0xC1
-_F_CHECKED, _F_PRE, _F_SPD = 1, 2, 4
-_CMD_FLAGS = _F_CHECKED | _F_PRE | _F_SPD
+_F_CHECKED, _F_PRE, _F_SPD, _F_NOPRE = 1, 2, 4, 8
+_CMD_FLAGS = _F_CHECKED | _F_PRE | _F_SPD | _F_NOPRE
 # tag, flags, kernel length, pad, n_wait, n_signal, tail length,
 # seq, pidx, cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, urg, spd
 CMD_HEAD = struct.Struct("<BBBBHHI8qd")
@@ -167,6 +167,7 @@ _EMPTY = b""
 def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
                    signal: list[int], hold_ns: int, delay_ns: int, dep_timeout_ns: int,
                    arrive_ns: int, *, checked: bool = False, pre: bool = False,
+                   nopre: bool = False,
                    spd: float | None = None, params: dict | None = None,
                    ins: list | None = None, outs: list | None = None,
                    fault: dict | None = None, mem: dict | None = None,
@@ -188,7 +189,7 @@ def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
     tail_bytes = msgpack.packb(tail, use_bin_type=True) if tail else _EMPTY
     nw, ns = len(wait), len(signal)
     flags = (_F_CHECKED if checked else 0) | (_F_PRE if pre else 0) | (
-        _F_SPD if spd is not None else 0)
+        _F_SPD if spd is not None else 0) | (_F_NOPRE if nopre else 0)
     head = CMD_HEAD.pack(RECORD_TAG, flags, len(k), 0, nw, ns, len(tail_bytes), seq, pidx,
                          cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, urg,
                          0.0 if spd is None else spd)
@@ -288,6 +289,8 @@ def decode_command(data: bytes) -> dict[str, Any]:
             cmd["checked"] = True
         if flags & _F_PRE:
             cmd["pre"] = True
+        if flags & _F_NOPRE:
+            cmd["nopre"] = True
         if flags & _F_SPD:
             cmd["spd"] = spd
     if tlen:

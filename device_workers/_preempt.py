@@ -163,6 +163,17 @@ class Preemption:
             return None  # it ends first: the next command is chosen then
         return at if time.monotonic_ns() >= at else None
 
+    def run_next(self, cmd: dict[str, Any]) -> None:
+        """Run ``cmd``, the next in ring order, unless a marked command more urgent has
+        arrived by the time it would start: that one runs first, and ``cmd`` waits at the
+        head of the backlog (the policy's choice at that instant, as the model makes it)."""
+        first = self.before(cmd) if self.pending else None
+        if first is not None:
+            self.backlog.appendleft(cmd)
+            self.pending.remove(first)
+            cmd = first
+        self.host.execute(cmd)
+
     def before(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
         """A pending command to run before ``cmd``, the next in ring order: one more
         urgent that has arrived by the time ``cmd`` would start."""

@@ -78,7 +78,7 @@ COMMAND: dict[str, Any] = {
     "kernel": text(64), "signal?": HANDLE, "ins?": handles(16), "outs?": handles(16),
     "wait?": handles(64), "params?": plain_map(1024),  # a ring slot is 2 KiB
     "ms?": DURATION, "handoff_ms?": DURATION, "cid?": CID, "timeout_ms?": DURATION,
-    "checked?": bool, "priority?": PRIORITY, "deadline_ms?": DURATION}
+    "checked?": bool, "priority?": PRIORITY, "deadline_ms?": DURATION, "preemptible?": bool}
 
 REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     # ``pid`` is ignored (the kernel says who the peer is); ``role`` a token the owner granted

@@ -15,7 +15,8 @@ for each field and each class for when it is raised and when it is not.
     │   │   DtypeError, UnsupportedOp
     │   └── IommuFault ── ForeignBuffer
     ├── Timeout               a deadline passed (every timeout, whatever its cause)
-    │   ├── FenceTimeout, DeviceTimeout, DependencyTimeout, RequestTimeout
+    │   ├── FenceTimeout, DeviceTimeout (PreemptTimeout), DependencyTimeout,
+    │   │   RequestTimeout
     │   └── CompileTimeout (also a ResourceError)
     ├── Cancelled             the client's own cancel: not a failure
     ├── DeviceFault           execution failed on a device

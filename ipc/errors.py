@@ -60,6 +60,7 @@ __all__ = [
     "FenceTimeout",
     "DeviceTimeout",
     "DependencyTimeout",
+    "PreemptTimeout",
     "RequestTimeout",
     "DeviceFault",
     "Cancelled",
@@ -352,6 +353,16 @@ class DeviceTimeout(Timeout):
     scope = "context"
     buffers_trusted = False
     fallback_possible = True
+
+
+class PreemptTimeout(DeviceTimeout):
+    """A command that cannot be preempted held its device past the device's
+    ``preempt_timeout_ms`` while a more urgent command waited to preempt it (i915's
+    ``preempt_timeout``): it was reset, and only it is guilty; the urgent command runs
+    after the reset. Not raised for a command that yields at its chunk boundaries, nor
+    while nothing more urgent waits."""
+
+    code = 70
 
 
 class DependencyTimeout(Timeout):

@@ -468,6 +468,8 @@ class _Run:
         self.dm: Any = None
         # A generator of its own: the seed's other draws stay as they were before queues.
         self.qrng = queue_rng(seed)
+        # ... and so do the draws added with non-preemptible commands.
+        self.nopre_rng = random.Random(f"nopre-{seed}")
         self.queue_device = draw_queue(self.qrng)
         self.queue: hetproc.Queue | None = None
         self.queue_ctx: hetproc.Context | None = None
@@ -745,6 +747,8 @@ class _Run:
             out["priority"] = rng.randint(0, client.info["max_priority"])
         if rng.random() < 0.4:
             out["deadline_ms"] = rng.choice([0.5, 2.0, 10.0, 50.0])
+        if self.nopre_rng.random() < 0.15:  # never suspended: a blocker under preemption
+            out["preemptible"] = False
         return out
 
     def signal_item(self, views: list[np.ndarray]) -> list[tuple]:

@@ -120,3 +120,17 @@ def test_cli_exits_1_and_names_the_failed_check_when_a_mechanism_is_off(tmp_path
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "drm_sched/skip_reset"]
     assert "watchdog verdict was 'no hang' (re-armed on progress)" in out.stdout
+
+
+def test_the_preempt_timeout_case_fails_when_the_timeout_is_off(tmp_path):
+    """npu0 with ``preempt_timeout_ms = 0``: the blocker is never reset, and the case
+    says so (the urgent request waits out the blocker)."""
+    from importlib import resources
+    text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
+    assert "preempt_timeout_ms = 640 }" in text
+    soc = tmp_path / "no-preempt-timeout.toml"
+    soc.write_text(text.replace("preempt_timeout_ms = 640 }", "preempt_timeout_ms = 0 }", 1))
+    out = _cli("--only", "sysfs_preempt_timeout/timeout", "--platform", str(soc))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "sysfs_preempt_timeout/timeout"]
+    assert "the blocker is reset (PreemptTimeout)" in out.stdout

@@ -284,6 +284,10 @@ def test_queue_turns_are_shared_per_tenant_not_per_queue(platform):
         assert other.stdout.readline().strip() == "ready"
         queues = [npu.queue() for _ in range(7)]
         gate = npu.submit_nowait("work", ms=600.0)  # the records below wait behind it
+        # ... once it runs: it goes through the supervisor, the records straight to the
+        # device, which would otherwise take some of them first (a race the test lost on
+        # a loaded machine: 7 of ours before the gate, B's not written yet).
+        assert wait_for(lambda: client.metrics()["devices"]["npu0"]["state"] == "busy")
         mine = [f for q in queues for f in q.submit_many([ms] * n)]
         other.stdin.write("go\n")
         other.stdin.flush()

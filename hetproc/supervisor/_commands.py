@@ -204,7 +204,7 @@ class Commands:
                 done.append(rec)
                 self._on_command_done(dev, cmd, rec)
                 if not dev.pushed and type(m1) is int:
-                    dev.settle(m1)  # the truth replaces the estimate
+                    dev.free_ns = m1  # the ring drained: the truth replaces the estimate
         finally:
             dev.timing.note_many(done)
 

@@ -62,7 +62,9 @@ from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import errors
 
+from ._device_cpu import DeviceCpu
 from ._devices import CommandState
+from ._preempt_timeout import preempt_timeout
 
 if TYPE_CHECKING:
     from ._commands import Commands
@@ -146,43 +148,6 @@ class _Quiet:
     excused: bool = False
 
 
-class DeviceCpu:
-    """Whether a device process is runnable now, and how much CPU it has had (ns, the
-    first field of ``/proc/<pid>/schedstat``), read with ``pread`` on descriptors kept
-    per device (a few us a look). What lets the watchdog tell a device that waits for
-    the host's CPU from one that hangs."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, tuple[int, int, int]] = {}  # device -> (pid, stat fd, schedstat fd)
-
-    def read(self, dev: DeviceHandle) -> tuple[bool, int]:
-        """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
-        entry = self._fds.get(dev.name)
-        if entry is None or entry[0] != dev.pid:
-            self._forget(dev.name)
-            try:
-                stat = os.open(f"/proc/{dev.pid}/stat", os.O_RDONLY)
-            except OSError:
-                return False, -1
-            try:
-                sched = os.open(f"/proc/{dev.pid}/schedstat", os.O_RDONLY)
-            except OSError:
-                os.close(stat)
-                return False, -1
-            entry = self._fds[dev.name] = (dev.pid, stat, sched)
-        try:
-            state = os.pread(entry[1], 512, 0).rpartition(b")")[2].split()[0]
-            return state == b"R", int(os.pread(entry[2], 128, 0).split()[0])
-        except (OSError, ValueError, IndexError):
-            return False, -1
-
-    def _forget(self, name: str) -> None:
-        entry = self._fds.pop(name, None)
-        if entry is not None:
-            os.close(entry[1])
-            os.close(entry[2])
-
-
 def _timed(dev: DeviceHandle, slot: Any) -> bool:
     """The device runs a command of ours: the command watchdog's case."""
     if slot.u32[S.STATE] != DeviceState.BUSY:
@@ -251,6 +216,11 @@ class Recovery:
             cmd.watch_deadline = started + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
             cmd.watch_cpu = self.device_cpu.read(dev)[1]
+            return
+        blocked = None if cmd.preemptible else preempt_timeout(self.reg, dev, cmd, now)
+        if blocked is not None:
+            self.verdicts["preempt_timeout"] += 1
+            self.start_timeout(dev, cmd, (now - slot.u64[S.HEARTBEAT]) / 1e6, blocked)
             return
         if now < cmd.watch_deadline or self._host_lag(dev, cmd):
             return
@@ -342,11 +312,16 @@ class Recovery:
         dev.paused = True
         return inc
 
-    def start_timeout(self, dev: DeviceHandle, cmd: Command, heartbeat_age_ms: float) -> None:
+    def start_timeout(self, dev: DeviceHandle, cmd: Command, heartbeat_age_ms: float,
+                      exc: errors.DeviceTimeout | None = None) -> None:
+        """The watchdog fired on ``cmd`` (``exc``: the error it fails with, when it is not
+        the job watchdog's own, e.g. a preempt timeout): mark it guilty, cancel it."""
         inc = self.new_incident("timeout", dev, cmd)
-        exc = errors.DeviceTimeout(
-            f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms watchdog",
-            correlation_id=cmd.cid, detail={"incident": inc.id})
+        if exc is None:
+            exc = errors.DeviceTimeout(
+                f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms "
+                "watchdog", correlation_id=cmd.cid)
+        exc.detail = {**(exc.detail or {}), "incident": inc.id}
         inc.error = exc.to_dict()
         cmd.failure = exc
         inc.step("mark", cid=cmd.cid, seq=cmd.seq, rearms=cmd.rearms,

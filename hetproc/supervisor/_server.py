@@ -212,7 +212,7 @@ class Supervisor:
         self.commands.collect_news()
         now = time.monotonic_ns()
         for dev in self.reg.devices.values():
-            if dev.due(now):
+            if 0 < dev.wake_ns <= now:  # a decision dated ahead is due
                 dev.pump()
         self.recovery.tick(now)
 

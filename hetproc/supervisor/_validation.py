@@ -375,11 +375,10 @@ def check_layout(shape: list, dtype: str, strides: list | None, budget_bytes: in
 
 
 def release_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
-    """A submit's modeled release: the client's own date for it (so the host's submit path
-    is absorbed, not modeled), at most ``MAX_BACKDATE_NS`` before now (an untrusted stamp
-    can shift its own work a little, nobody else's) and at most the platform's
-    ``limits.arrival_horizon_ms`` after it (a command dated ahead waits in the scheduler
-    for its modeled arrival). Deadlines count from it."""
+    """A submit's modeled release, which deadlines count from: the client's own date (the
+    host's submit path is absorbed, not modeled), at most ``MAX_BACKDATE_NS`` before now
+    (an untrusted stamp shifts its own work a little, nobody else's) and at most
+    ``limits.arrival_horizon_ms`` after it (it then waits in the scheduler)."""
     if not isinstance(t_client, int) or isinstance(t_client, bool):
         return now_ns
     horizon = int(reg.spec.limits.arrival_horizon_ms * 1e6)
@@ -493,6 +492,8 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
             scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else m[1],  # timeout_ns
             c.get("checked", False),
             in_perms=in_perms, out_perms=out_perms, plan=plan))
+        if c.get("preemptible") is False:
+            out[-1].preemptible = False
     return out
 
 
