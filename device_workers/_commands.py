@@ -116,6 +116,26 @@ FAULT = Map(fields={
     "*": Plain(depth=2, items=64, max_len=256),  # rule options the device ignores
 }, max_len=32)
 
+# A fault rule the supervisor forwards for a queue's commands (``_faults.Rule``).
+QUEUE_FAULT = Map(fields={
+    "kind": Str(32, choices=_faults.QUEUE_KINDS), "at?": Int(1, I64), "every?": Int(1, I64),
+    "probability?": Num(0.0, 1.0), "count?": Int(0, I64),
+    "params?": Map(values=Plain(depth=2, items=64, max_len=256), max_len=32),
+})
+_QUEUE_FAULTS = List(QUEUE_FAULT, max_len=64)
+# What a queue that runs kernels on bound buffers is held to (``_queues.Terms``).
+QUEUE_TERMS = Map(fields={
+    "entries": Int(1, 4096), "kernels": List(Str(64), min_len=1, max_len=64),
+    "timing": Tuple((Map(values=Num(0.0, 1e9), max_len=64), Num(0.0, 1e9), Num(0.0, 1e9),
+                     Num(0.0, 1e6))),
+    "watchdog": Tuple((_duration, _duration)),
+    "params": Tuple((Int(0, 16), Int(0, 1 << 20), Int(0, 1 << 20))),
+    "cache?": Tuple((_duration, Num(0.0, 1e12), _duration, Num(0.0, 1e12), Int(0, I64))),
+    "mode": Str(16, choices=frozenset(("both", "clean", "invalidate", "none"))),
+    "quota?": Tuple((Num(0.0, 1e12), Num(0.0, 1e18))),
+    "faults?": _QUEUE_FAULTS, "seed?": Int(0, U64),
+})
+
 COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
     "exec": {"seq": Int(0, I64), "pidx": Int(0, I64), "cid": Int(0, I64),
              "kernel": Str(64), "checked?": bool,
@@ -134,9 +154,11 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
     "qattach": {"qid": Int(1, U64), "sid": Int(1, U64), "slots": Int(1, 1 << 16),
                 "tag": Int(0, U64), "max_hold_ns": _duration, "dep_timeout_ns": _duration,
                 "dispatch_ns": _duration, "first": Int(0, I64),
-                "grants?": List(Int(0, U64), max_len=MAX_QUEUE_GRANTS), "tenant?": Int(0, U64)},
+                "grants?": List(Int(0, U64), max_len=MAX_QUEUE_GRANTS), "tenant?": Int(0, U64),
+                "table?": Int(1, U64), "terms?": QUEUE_TERMS},
     "qdetach": {"qid": Int(1, U64)},
     "qgrant": {"qid": Int(1, U64), "fence": Int(0, U64)},
+    "qfaults": {"qid": Int(1, U64), "rules": _QUEUE_FAULTS},
 }
 
 

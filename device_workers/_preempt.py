@@ -118,6 +118,12 @@ class Preemption:
                 best, key = c, k
         return best
 
+    def arrived(self) -> bool:
+        """A pending command has arrived: it is ready, so a queue's record waits for it
+        (a queue runs when nothing the supervisor scheduled is ready)."""
+        now = time.monotonic_ns()
+        return any(c["arrive_ns"] <= now for c in self.pending)
+
     def alone(self) -> dict[str, Any] | None:
         """With nothing else queued, the pending command to run next: the most urgent of
         those arrived by the time the first of them arrives (or the device is free)."""

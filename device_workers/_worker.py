@@ -200,7 +200,7 @@ class DeviceWorker:
                 # The supervisor's ring is empty: one record from the queues, if any. The
                 # records of its commands go out first: a queue command may wait or hold,
                 # and the supervisor must not take a finished command for a stalled one.
-                cmd = self.queues.take() if self.queues else None
+                cmd = self.queues.take() if self.queues and not preempt.arrived() else None
                 if cmd is not None:
                     outbox.flush()
                     if not cmd["wait"] or self.await_queue_inputs(cmd):
@@ -240,7 +240,7 @@ class DeviceWorker:
                 if now >= deadline:
                     break
                 if self.commands.depth() or self.queues.other_ready(cmd["queue"]) \
-                        or self.u32[S.PARK]:
+                        or self.u32[S.PARK] or self.preempt.arrived():
                     self.queues.set_back(cmd)
                     return False
                 self.beat()
@@ -325,7 +325,8 @@ class DeviceWorker:
         u32[S.STATE] = DeviceState.BUSY
         tr.exec_begin(cid, t_start)
         frame.m_origin = m_start
-        frame.preemptible = self.preempt.allowed() and "nopre" not in cmd
+        # (never a queue's: a ring command that ran proves none is on the device, ``_queues``)
+        frame.preemptible = self.preempt.allowed() and "nopre" not in cmd and "queue" not in cmd
         # "work" only holds time: its operands are checked and maintained, not viewed.
         views = cmd["kernel"] != "work" or bool(fault)
         mem = self.memory
@@ -435,6 +436,7 @@ class DeviceWorker:
                 self.model_end = max(self.model_end, t_end)
         word = exc.wire if exc is not None else 0
         if "queue" in cmd:
+            self.memory.forget()  # a failed command's lines are dropped; no report to send
             if exc is not None:
                 self.queues.failing(cmd, exc)  # the note that explains it goes first
             self.outbox.signal(cmd["signal"], word, m_end)

@@ -11,7 +11,7 @@ Public API::
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
     Queue             Context.queue(): records straight to the device, no supervisor hop
-                      (a user-mode queue; ``work`` commands)
+                      (a user-mode queue; commands as submit means them, on bound buffers)
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
                       (PipelineStage, PipelineReport; seed §10)
     SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
@@ -51,7 +51,8 @@ tests/test_layers.py enforces the arrows between them.
 Invariants (ARCHITECTURE §3) and the one module that owns each:
 
     1 reclaim after confirmed stop   supervisor/_lifetimes (how; the only code that
-                                     frees) and supervisor/_recovery (when)
+                                     frees) and supervisor/_recovery (when; a queue's
+                                     bound buffers: supervisor/_queue_bindings)
     2 no forever waits               ipc/_fences (every wait has a deadline) and
                                      supervisor/_failures (errors set before the wake)
     3 generations                    ipc/_fences, ipc/_slotmap (handles carry them)

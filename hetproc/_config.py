@@ -87,7 +87,10 @@ class SchedSpec:
     device's in-order ring ahead of the running command. ``preempt_timeout_ms``: how long
     a command that cannot be preempted (``preemptible=False``) may hold the device while
     a more urgent one waits to preempt it, before it is reset (i915's default, 640; 0:
-    never). ``mixed``: priority >=
+    never). ``commit_lead_ms``: how long before its modeled instant a scheduling decision
+    is made and handed to the device (host time; more than the supervisor's 5 ms tick):
+    work dated earlier but submitted later than that finds the decision made; a longer
+    lead fills the ring sooner. ``mixed``: priority >=
     ``realtime_priority`` is real-time (earliest deadline first, strictly first), priority
     >= 1 is always-on with at least ``min_share`` of the device, 0 is third-party.
     """
@@ -99,6 +102,7 @@ class SchedSpec:
     realtime_priority: int = 10
     min_share: float = 0.2
     preempt_timeout_ms: float = 640.0
+    commit_lead_ms: float = 12.0
 
 
 @dataclass(frozen=True)

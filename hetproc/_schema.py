@@ -127,6 +127,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "window_ms": Key("float", 2.0, 0, 1e6),
         "realtime_priority": Key("int", 10, 0, 1_000_000),
         "min_share": Key("float", 0.2, 0, 1),
+        "commit_lead_ms": Key("float", 12.0, 6, 1e7,
+                              doc="host ms before its modeled instant a decision is made"),
         "preempt_timeout_ms": Key("float", 640.0, 0, 1e9,
                                   doc="reset a non-preemptible command blocking a more "
                                       "urgent one after this long (0: never)"),

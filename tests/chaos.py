@@ -473,6 +473,9 @@ class _Run:
         self.queue_device = draw_queue(self.qrng)
         self.queue: hetproc.Queue | None = None
         self.queue_ctx: hetproc.Context | None = None
+        self.q_src: hetproc.Buffer | None = None  # the queue's copy operands (``queue_buffers``)
+        self.q_dst: hetproc.Buffer | None = None
+        self.q_copied: hetproc.Buffer | None = None  # the destination this round copied into
         self.tally["queue"] = collections.Counter()
 
     def go(self) -> dict[str, Any]:
@@ -806,28 +809,57 @@ class _Run:
                 self.queue_ctx = None
                 t["context_lost"] += 1
                 return []
-        durations = [self.qrng.choice([0.0, 0.05, 0.2]) for _ in range(self.qrng.randint(1, 6))]
+        cmds: list = []
+        for _ in range(self.qrng.randint(1, 6)):
+            if self.qrng.random() < 0.4:  # a copy between two buffers bound to the queue
+                src, dst = self.queue_buffers()
+                cmds.append(hetproc.command("copy", [src], [dst], checked=True))
+                self.q_copied = dst
+            else:
+                cmds.append(self.qrng.choice([0.0, 0.05, 0.2]))
         try:
-            return q.submit_many(durations)
+            return q.submit_many(cmds)
         except hetproc.CancelledByReset:  # lost between the check and the write
             t["lost_at_submit"] += 1
             return []
 
+    def queue_buffers(self) -> tuple[hetproc.Buffer, hetproc.Buffer]:
+        """The queue's copy source and destination (the bystander's); now and then the
+        destination is freed while commands may still use it (an unbind, a barrier,
+        reclaimed only once the device let go) and another takes its place."""
+        if self.q_src is None:
+            self.q_src = self.by.alloc(N)
+            self.q_src.array()[:] = np.arange(N, dtype=np.float32)
+        if self.q_dst is None or self.qrng.random() < 0.1:
+            if self.q_dst is not None:
+                self.q_dst.free()
+            self.q_dst = self.by.alloc(N)
+        return self.q_src, self.q_dst
+
     def queue_verdict(self, rnd: int, fences: list) -> None:
-        """Every queue fence resolves; the successes signal in queue order."""
-        t, done = self.tally["queue"], []
+        """Every queue fence resolves; the successes signal in queue order; when every
+        copy of the round succeeded, the destination holds the source. A queue command
+        meets the injected faults a submit meets (its own watchdog: DeviceTimeout; a
+        checked copy given a wrong output: WrongOutput)."""
+        t, done, copies_ok = self.tally["queue"], [], True
         for f in fences:
             try:
                 f.wait(WAIT_S)
             except hetproc.FenceTimeout:
                 self.ph.fail(f"round {rnd}: a queue command hung: {dict(t)}")
-            except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled) as exc:
+            except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled,
+                    hetproc.DeviceTimeout, hetproc.WrongOutput, hetproc.StaleHandle) as exc:
                 t[type(exc).__name__] += 1
+                copies_ok = False
             else:
                 t["ok"] += 1
                 done.append(f.signal_time())
             f.release()
         self.ph.check(done == sorted(done), f"round {rnd}: queue commands out of order")
+        copied, self.q_copied = self.q_copied, None
+        if copies_ok and copied is not None and copied is self.q_dst and self.q_src is not None:
+            self.ph.check(np.array_equal(copied.array(), self.q_src.array()),
+                          f"round {rnd}: a queue copy was wrong")
 
     def role_check(self) -> None:
         """b's priority ceiling is its role's: one above it is refused, cleanly."""

@@ -60,6 +60,9 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     # Buffers reclaimed before the device confirmed its stop: the late writer corrupts.
     ("hetproc/late-writer", {"unsafe_reclaim": True}, "hetproc/late-writer",
      "no corruption of the buffer's next owner (canary intact)"),
+    # A queue's bound buffer let go without the barrier: the late writer corrupts too.
+    ("hetproc/queue-late-writer", {"unsafe_reclaim": True}, "hetproc/queue-late-writer",
+     "no corruption of the buffer's next owner (canary intact)"),
     # An innocent request caught in a reset is failed instead of run again, as i915 would.
     ("unrelated-ctx", {"replay_innocent": False}, "gem_reset_stats/unrelated-ctx-npu0",
      "the unrelated request completed"),

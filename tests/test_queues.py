@@ -172,14 +172,14 @@ def test_a_duration_past_the_bound_is_refused_by_client_and_device(platform):
 def _record_bytes(q: hetproc.Queue, signal: int, tag: int = 0xC2, kernel: int = 0,
                   n_wait: int = 0, hold_ns: int = 0) -> bytes:
     """A record packed past the encoder's checks, as a misbehaving client may write it."""
-    return QUEUE_RECORD.pack(tag, 0, kernel, n_wait, _next_seq(q), 1, signal,
-                             time.monotonic_ns(), hold_ns, 0) + bytes(min(8 * n_wait, 64))
+    return QUEUE_RECORD.pack(tag, 0, kernel, n_wait, 0, 0, 0, _next_seq(q), 1, signal,
+                             time.monotonic_ns(), hold_ns, 0, 0) + bytes(min(8 * n_wait, 64))
 
 
 @pytest.mark.parametrize("bad, why", [
     ({"hold_ns": 3600 * 10**9 + 1}, "out of range"),
     ({"tag": 0xC3}, "tag"),
-    ({"kernel": 7}, "kernel"),
+    ({"kernel": 200}, "kernel"),
     ({"n_wait": 9}, "wait fences"),
 ])
 def test_a_record_refused_at_decode_fails_its_writers_fence(platform, bad, why):

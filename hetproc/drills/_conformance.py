@@ -63,6 +63,10 @@ _DRILL_CASES = [
     ("hetproc/late-writer", "hetproc drill", "late-writer",
      "a hung command's buffer freed by its client stays quarantined until the device is "
      "confirmed stopped: its next owner's canary is intact"),
+    ("hetproc/queue-late-writer", "hetproc drill", "queue-late-writer",
+     "the same on a user-mode queue: a bound buffer freed while a queue command still "
+     "writes it is let go only after the device is confirmed stopped (the queue command's "
+     "own watchdog, DeviceTimeout); its next owner's canary is intact"),
     ("hetproc/crash", "hetproc drill", "crash",
      "the device process dies mid-command: DeviceCrashed (scope device), reaped, restarted "
      "with a new epoch, next request served"),

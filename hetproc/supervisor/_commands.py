@@ -48,6 +48,17 @@ class Watcher(Protocol):
     def on_probe_done(self, inc: Any, device: str, ok: bool) -> None: ...
 
 
+def _reestimate_free(dev: DeviceHandle) -> None:
+    """A command failed, was cancelled or refused, so the time it would have held the
+    device is not taken: the device is free, in the model, from now plus what is left in
+    its ring (an estimate kept high would hold every later decision back)."""
+    free = time.monotonic_ns()
+    for c in dev.pushed.values():
+        if not c.preemptor:
+            free = (free if free > c.t_arrive else c.t_arrive) + c.hold_ns
+    dev.free_ns = min(dev.free_ns, free)
+
+
 class Commands:
     def __init__(self, reg: Registry, lifetimes: Lifetimes, handoff: Handoff,
                  faults: FaultPlan, evidence: Evidence, failures: Failures) -> None:
@@ -189,9 +200,12 @@ class Commands:
             self.evidence.note_error(errors.BadPacket(f"{dev.name}: bad completion batch: {exc}"))
             return
         done = []  # the records of commands we knew, for the modeled-time summary
+        cut_short = False  # a command ended before its modeled hold: the estimate is stale
         try:
             for rec in batch:
                 m1 = rec.get("m1")
+                if rec["code"] or type(m1) is not int:
+                    cut_short = True
                 if rec["epoch"] != dev.epoch:
                     continue  # from before a reset: that command was already failed
                 cmd = dev.pushed.pop(rec["seq"], None)
@@ -207,6 +221,8 @@ class Commands:
                     dev.free_ns = m1  # the ring drained: the truth replaces the estimate
         finally:
             dev.timing.note_many(done)
+        if cut_short:
+            _reestimate_free(dev)
 
     def _on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]

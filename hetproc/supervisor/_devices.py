@@ -222,6 +222,10 @@ class DeviceHandle:
     # The host time at which a command dated ahead is due to be decided (0: none): the
     # supervisor's tick pumps the device then.
     wake_ns: int = 0
+    # How long before its modeled instant a decision is made and handed to the device
+    # (``scheduler.commit_lead_ms``): a command submitted later than that, dated earlier,
+    # finds it made (with the real clock, only work submitted ahead schedules exactly).
+    lead_ns: int = 12_000_000
     time_scale: float = 1.0
     state: Any = None  # its StateSlot (what it runs; where a preemption is requested)
     sched: Scheduler = field(init=False)
@@ -332,24 +336,25 @@ class DeviceHandle:
         """The command the model picks next and the modeled instant ``at`` it does: when
         the device is next free, or, if nothing has arrived by then, when the next
         command does. None (and ``wake_ns`` set) while that instant is more than
-        ``ARRIVAL_LEAD_NS`` away: nothing is released past a decision not made yet, as a
+        ``lead_ns`` away: nothing is released past a decision not made yet, as a
         command dated earlier may still come and must then compete (a preemptor is
         marked at once all the same)."""
         sched = self.sched
-        at = self.free_ns
+        # An idle device is free by now whatever the estimate says (a reset emptied it).
+        at = self.free_ns if self.pushed else min(self.free_ns, time.monotonic_ns())
         cmd = sched.peek(at)
         if cmd is None:
             at = sched.next_arrival() or 0
-            if at - ARRIVAL_LEAD_NS > time.monotonic_ns():
-                self.wake_ns = at - ARRIVAL_LEAD_NS
+            if at - self.lead_ns > time.monotonic_ns():
+                self.wake_ns = at - self.lead_ns
                 return None
             cmd = sched.peek(at)
             if cmd is None:
                 return None  # (never: something arrives at ``at``)
-        elif at - ARRIVAL_LEAD_NS > time.monotonic_ns() and (
+        elif at - self.lead_ns > time.monotonic_ns() and (
                 not self.preemptive or not self.pushed.long
                 or self._urgency(cmd) is not _NOW):
-            self.wake_ns = at - ARRIVAL_LEAD_NS
+            self.wake_ns = at - self.lead_ns
             return None
         return cmd, at
 
@@ -563,11 +568,7 @@ class DeviceHandle:
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
-# How long before its modeled arrival a command dated ahead is decided and handed to its
-# device: more than the supervisor's 5 ms tick, so that it is there in time; a command
-# submitted later than this, dated earlier, finds the decision made (with the real clock,
-# only a workload submitted ahead of time schedules exactly as the model says).
-ARRIVAL_LEAD_NS = 12_000_000
+
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
 

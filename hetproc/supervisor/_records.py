@@ -95,8 +95,9 @@ class BufferRec:
     strides: tuple[int, ...] | None
     nbytes: int
     client: ClientRec
-    # Only ``_lifetimes`` changes this (take_refs +1, ``_unref_buffer`` -1): the committed
-    # commands not yet retired that name it among their inputs or outputs. Never below 0.
+    # Only ``_lifetimes`` changes this (take_refs and hold_buffer +1, ``_unref_buffer`` -1):
+    # the committed commands not yet retired that name it among their inputs or outputs,
+    # and the queue bindings not yet let go (``_queue_bindings``). Never below 0.
     refs: int = 0
     # Only ``_lifetimes`` sets this, once (its client freed it or left); it is reclaimed
     # when ``refs`` is 0 and no importer holds it: until then it is quarantined.

@@ -165,3 +165,9 @@ class CommandRequests:
 
     def queue_close(self, client: ClientRec, msg: dict) -> dict:
         return self.queues.close(client, msg["queue"])
+
+    def queue_bind(self, client: ClientRec, msg: dict) -> dict:
+        return self.queues.bind(client, msg["queue"], msg["buf"])
+
+    def queue_unbind(self, client: ClientRec, msg: dict) -> dict:
+        return self.queues.unbind(client, msg["queue"], msg["buf"])
