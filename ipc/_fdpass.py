@@ -47,19 +47,24 @@ class SegmentSender:
         self._out: deque[tuple[bytes, list[int]]] = deque()
         self.messages = 0
 
-    def add(self, seg: Segment) -> None:
+    def add(self, seg: Segment) -> bool:
         """Queue ``seg`` for the receiver unless it has it already. Only an anonymous
         segment whose creator kept its descriptor travels (ValueError otherwise: a named
-        one is opened by name, and its id would not fit the message)."""
+        one is opened by name, and its id would not fit the message). False, with
+        nothing queued, when no descriptor is left for the duplicate that waits in the
+        queue (so that the segment may be dropped meanwhile): try again later."""
         sid = seg.key
         if not isinstance(sid, int) or seg.fd < 0:
             raise ValueError(f"segment {sid!r} has no descriptor to pass")
         if sid in self.sent:
-            return
-        # OSError (no descriptor left for the duplicate): nothing queued, the caller
-        # tries again later; a duplicate, so that the segment may be dropped meanwhile.
-        self._out.append((_MSG.pack(_MAGIC, ADD, sid, seg.size), [os.dup(seg.fd)]))
+            return True
+        try:
+            fd = os.dup(seg.fd)
+        except OSError:
+            return False
+        self._out.append((_MSG.pack(_MAGIC, ADD, sid, seg.size), [fd]))
         self.sent.add(sid)
+        return True
 
     def drop(self, sid: int) -> None:
         if sid in self.sent:

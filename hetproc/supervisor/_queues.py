@@ -68,6 +68,7 @@ from ipc import (
 )
 
 from .. import _protocol
+from . import _quotas as quota
 from ._devices import RING_SLOTS
 from ._memory import sid_of
 from ._queue_bindings import Binder, BindingSet, make_table
@@ -94,7 +95,6 @@ def _full_barrier() -> None:
 MAX_PER_CLIENT = 8       # queues one client process may hold open (all its connections)
 MAX_GRANTS = 256         # imported fences named when a queue attaches (device: MAX_QUEUE_GRANTS)
 MAX_PER_DEVICE = 32      # queues one device reads (each costs it a look per idle turn)
-NEWCOMER_SLOTS = 4       # of those, kept for tenants holding none there (``_share_check``)
 
 
 @dataclass(eq=False)
@@ -254,33 +254,14 @@ class Queues:
         dev = self._device(ctx.device)
         if sum(q.device == dev.name for q in self.open_queues.values()) >= MAX_PER_DEVICE:
             raise errors.QuotaExceeded(f"{MAX_PER_DEVICE} queues open on {dev.name}")
-        self._share_check(client, dev.name)
+        quota.check_queue_share(client, dev.name, MAX_PER_DEVICE, [
+            q.client.pid for q in self.open_queues.values() if q.device == dev.name])
         if not dev.pid or dev.paused or dev.segs is None:
             raise errors.ResourceError(f"{dev.name} is resetting: open the queue again "
                                        f"once it serves", retryable=True)
         if dev.commands.depth() >= RING_SLOTS - 2:
             raise errors.ResourceError(f"{dev.name}'s command ring is full", retryable=True)
         return dev
-
-    def _share_check(self, client: ClientRec, device: str) -> None:
-        """A device's queues are a pool shared per tenant (a process): a tenant holding
-        some may add one while it holds less than its share -- the pool over the tenants
-        there plus one still to come -- and while more than ``NEWCOMER_SLOTS`` are free.
-        A tenant holding none may take any free one, so a few tenants filling their
-        quotas never lock every other tenant out of a device."""
-        there = [q.client.pid for q in self.open_queues.values() if q.device == device]
-        mine = there.count(client.pid)
-        if not mine:
-            return
-        tenants = len(set(there))
-        share = max(1, MAX_PER_DEVICE // (tenants + 1))
-        free = MAX_PER_DEVICE - len(there)
-        if mine >= share or free <= NEWCOMER_SLOTS:
-            raise errors.QuotaExceeded(
-                f"{device}'s queues are shared per tenant: this process holds {mine}, "
-                f"its share is {share} of {MAX_PER_DEVICE} with {tenants} tenant(s) there, "
-                f"and the last {NEWCOMER_SLOTS} free are kept for tenants holding none "
-                f"({free} free)", detail={"limit": "queue_share"})
 
     def _make_ring(self, client: ClientRec, dev: DeviceHandle, nbytes: int,
                    hand: Callable[[ClientRec, int], list]) -> tuple[Block, Any, list]:
@@ -302,9 +283,7 @@ class Queues:
         except errors.HetprocError:
             self.pool.free(block)
             raise
-        try:
-            sender.add(seg)
-        except OSError:
+        if not sender.add(seg):
             client.segments.discard(sid)
             self.pool.free(block)
             raise errors.DescriptorsExhausted(f"no descriptor to hand {dev.name} the queue's "
