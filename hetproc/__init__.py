@@ -70,6 +70,10 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
     8 modeled time                   device_workers/_worker (the modeled start),
                                      _outbox (the stamp in the fences) and _hold
                                      (holding to the end)
+    9 zero-copy is synchronised      supervisor/_hazards (each buffer's unfinished writer
+                                     and readers; a submit that touches one unordered is
+                                     refused), with the schedulers' in_order promise
+                                     (supervisor/_scheduler, kept by _devices)
 """
 
 

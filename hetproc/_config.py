@@ -217,6 +217,9 @@ class PlatformSpec:
     iommu: IommuSpec = field(default_factory=IommuSpec)
     # Default for new contexts: True ("both"), False ("none"), "clean" or "invalidate".
     cache_maintenance: bool | str = True
+    # A command touching a buffer unordered: "error" refuses it (SyncHazard), "warn"
+    # serves it and counts it, "off" does not look (hetproc.supervisor._hazards).
+    hazards: str = "error"
     trace: TraceSpec = field(default_factory=TraceSpec)
     limits: LimitsSpec = field(default_factory=LimitsSpec)
 

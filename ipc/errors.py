@@ -56,6 +56,7 @@ __all__ = [
     "IommuFault",
     "ForeignBuffer",
     "NotPermitted",
+    "SyncHazard",
     "Timeout",
     "FenceTimeout",
     "DeviceTimeout",
@@ -324,6 +325,20 @@ class NotPermitted(InvalidRequest):
     trace; signalling a fence it may only wait on; a priority above its role's maximum)."""
 
     code = 9
+
+
+class SyncHazard(InvalidRequest):
+    """A command would touch a buffer another unfinished command uses, unordered (seed
+    §4, §5): it reads what a command still writes and does not wait for (read after
+    write), or writes what one still reads (write after read) or writes (write after
+    write), neither directly nor through the fences it waits on, nor in order on the
+    same context. Refused at submit, nothing ran; ``detail`` names the ``hazard`` kind,
+    the ``buffer``, the other command (``other_cid``) and the ``missing_fence`` to wait
+    on. Retrying the same command cannot help; waiting on that fence does. Raised only
+    where the platform's ``hazards`` is "error" (its default); "warn" serves and counts.
+    """
+
+    code = 8
 
 
 # -- a deadline passed ------------------------------------------------------------------

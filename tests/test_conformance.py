@@ -40,8 +40,9 @@ def test_every_case_passes_with_its_recovery_time():
 def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     prefix = {"IGT gem_reset_stats": "gem_reset_stats/", "IGT sw_sync": "sw_sync/",
               "IGT syncobj_wait": "syncobj_wait/", "DRM scheduler KUnit": "drm_sched/",
+              "IGT sysfs_preempt_timeout": "sysfs_preempt_timeout/",
               "dEQP robustness": "dEQP-EGL.functional.robustness.", "hetproc": "hetproc/",
-              "hetproc drill": "hetproc/"}
+              "Vulkan synchronization validation": "hetproc/hazard-", "hetproc drill": "hetproc/"}
     listed = conformance_cases()
     assert all(c.name.startswith(prefix[c.suite]) and c.checks for c in listed)
     assert [SUITES.index(c.suite) for c in listed] == sorted(SUITES.index(c.suite) for c in listed)

@@ -5,10 +5,11 @@ A runtime engineer knows IGT's ``gem_reset_stats``, ``sw_sync`` and ``syncobj_wa
 DRM scheduler's KUnit tests and dEQP's robustness group by their case names; this suite
 lets them find what hetproc guarantees under those names. A case is listed only where
 what hetproc checks really is what the original checks (its README table says how each
-maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name. Mechanisms
-hetproc does not have yet (bans, wedged devices, reset status queries, preempt timeouts,
-subsystem restart, fence file descriptors, hazards) have no case here, not even a skipped
-one: a case that cannot fail proves nothing.
+maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name, and so
+do the synchronisation hazards Vulkan's validation layer names (``_conformance_hazards``).
+Mechanisms hetproc does not have yet (bans, wedged devices, reset status queries,
+subsystem restart, fence file descriptors) have no case here, not even a skipped one: a
+case that cannot fail proves nothing.
 
 The cases that run on a shared platform live in ``_conformance_cases``; this module
 adds the drill cases and runs them. How they run:
@@ -37,6 +38,7 @@ from ipc import errors
 from .._config import PlatformSpec, load_platform
 from . import _conformance_sched  # noqa: F401  (registers its cases)
 from ._conformance_cases import CASES, Case, CaseRun, add_case
+from ._conformance_hazards import SUITE as SYNC_SUITE  # (registers its cases too)
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
 
@@ -98,8 +100,8 @@ for _name, _suite, _drill, _checks in _DRILL_CASES:
 
 
 SUITES = ("IGT gem_reset_stats", "IGT sw_sync", "IGT syncobj_wait",
-          "IGT sysfs_preempt_timeout", "DRM scheduler KUnit", "dEQP robustness", "hetproc",
-          "hetproc drill")
+          "IGT sysfs_preempt_timeout", "DRM scheduler KUnit", "dEQP robustness", SYNC_SUITE,
+          "hetproc", "hetproc drill")
 
 
 def _listed(case: Case) -> tuple[int, int]:

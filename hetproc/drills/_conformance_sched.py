@@ -33,6 +33,7 @@ def _preempt_timeout(c: CaseRun) -> None:
     urgent = high.submit_nowait("work", ms=1, at_ns=t0 + 5 * MS)
     c.expect_failure("the blocker is reset (PreemptTimeout)", blocker, errors.PreemptTimeout,
                      timeout=10 * limit_ms / 1000)
+    blocker.release()  # now, not when collected: the next case counts the live fences
     if c.check_completes("the urgent request completes after the reset", urgent, 10):
         waited_ms = (urgent.signal_time() - t0) / 1e6 - 5
         c.s.check("it waited the preempt timeout, not the blocker's length",

@@ -25,6 +25,7 @@ from device_workers import decode_completions
 from ipc import errors, make_cid
 
 from ._devices import Command, CommandState, DeviceHandle
+from ._hazards import forget as forget_hazard
 from ._records import ClientRec, ContextRec, Registry
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ class Commands:
         assert cmd.ctx.inflight > 0, "a context retires only what it committed"
         cmd.ctx.inflight -= 1
         self.handoff.on_retire(cmd)
+        if cmd.hazard is not None:
+            forget_hazard(cmd)
         self.lifetimes.drop_refs(cmd)
         if cmd.then is not None:
             cmd.then()

@@ -28,6 +28,7 @@ from ._evidence import Evidence
 from ._failures import Failures
 from ._faultplan import FaultPlan
 from ._handoff import Handoff
+from ._hazards import Hazards
 from ._iommu import Iommu
 from ._lifetimes import Lifetimes
 from ._memlog import MemLog
@@ -122,7 +123,9 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     queues.watch.watch_with(recovery)  # cycle 3: a queue command's timeout is an incident
     ddr = DdrQuota(spec)
-    metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix)
+    hazards = Hazards(reg, evidence, spec.hazards)
+    metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
+                      hazards=hazards)
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
@@ -133,7 +136,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
         "memory": MemoryRequests(reg, pool, lifetimes, iommu, handoff, faults, failures, memlog,
                                  queues),
         "commands": CommandRequests(reg, pool, commands, iommu, handoff, faults, evidence, queues,
-                                    ddr, fallback_device=policy.fallback_device),
+                                    ddr, hazards, fallback_device=policy.fallback_device),
         "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics,
                                   faults_changed=queues.faults_changed),
     })

@@ -31,7 +31,7 @@ from device_workers import (
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 
 from .._config import DeviceSpec
-from ._scheduler import Scheduler, make_scheduler
+from ._scheduler import Scheduler, context_ahead, first_of_context, make_scheduler
 from ._timing import ModeledTiming
 
 RING_SLOTS = 256
@@ -98,6 +98,7 @@ class Command:
     maps: Any = ()        # persistent mappings it uses (a list once it has one; _iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
+    hazard: Any = None  # only ``_hazards`` sets it: (reads, writes) of a chain's last part
 
     def outs_untrusted(self) -> None:
         for b in self.outs:
@@ -399,7 +400,7 @@ class DeviceHandle:
             producer = next((c for c in self.sched if want.intersection(c.signal)), None)
             if producer is None:
                 break
-            cmd, seen = producer, seen + 1
+            cmd, seen = first_of_context(self.sched, producer), seen + 1
         return cmd, seen == 0
 
     def _hand_segments(self, cmd: Command) -> bool:
@@ -459,7 +460,8 @@ class DeviceHandle:
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
-        return _NOW
+        # Marked, it must not overtake an earlier command of its own context.
+        return _NO if context_ahead(self.sched, head) else _NOW
 
     def speed(self) -> float:
         """The frequency level the clients voted for: the highest vote (none: the top)."""

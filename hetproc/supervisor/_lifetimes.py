@@ -136,6 +136,7 @@ class Lifetimes:
         for h in cmd.signal:
             rec = recs[h]
             rec.bound = True
+            rec.producer = cmd
             rec.refs += 1
         for h in cmd.wait:
             recs[h].refs += 1

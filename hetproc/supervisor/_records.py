@@ -114,6 +114,10 @@ class BufferRec:
     # Non-coherent devices that may hold this buffer dirty in their cache (written, not
     # cleaned): its block is reused only after each of them forgot those lines.
     dirty_on: set[str] = field(default_factory=set)
+    # Only ``_hazards`` changes these: the last command that writes it and has not retired
+    # (None: none), and the unretired ones that read it since (None: none).
+    hz_writer: Any = None
+    hz_readers: dict | None = None
 
     @property
     def offset(self) -> int:
@@ -149,6 +153,9 @@ class FenceRec:
     error: dict | None = None
     importers: frozenset[int] = _NOBODY  # client ids that imported it
     signallers: frozenset[int] = _NOBODY  # importers granted the signal right
+    # Only ``_lifetimes.take_refs`` sets this, with ``bound``: the command that signals it
+    # (the hazard check walks up through it). None: a client or a queue signals it.
+    producer: Any = None
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:
