@@ -91,10 +91,11 @@ KNOWN_CYCLES: dict[tuple[str, ...], str] = {
     ("hetproc.delegate", "hetproc.delegate._cli"):
         "the package imports its command-line part, whose commands import the package's "
         "names inside functions",
-    ("hetproc.ort._providers", "hetproc.ort._session", "hetproc.ort._values"):
+    ("hetproc.ort._feeds", "hetproc.ort._providers", "hetproc.ort._session",
+     "hetproc.ort._values"):
         "shutdown() closes every session and frees every value, whose modules import the "
-        "providers; the session's runs and the values' client import the others inside "
-        "functions",
+        "providers; the session's runs (through the feed checks, which read OrtValues) and "
+        "the values' client import the others inside functions",
     ("hetproc.ort", "hetproc.ort._validate"):
         "the validation child runs the model through the package's own API, imported "
         "inside its function",

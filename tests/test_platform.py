@@ -1,4 +1,8 @@
-"""The platform across real processes: order, errors, handles, isolation, cleanup."""
+"""The platform across real processes: order, errors, handles, isolation, cleanup.
+
+Tests that only submit and wait, each through a ``tenant`` of its own, share one platform
+(``shared_platform``); those that kill, crash, stop or count a platform's whole state
+start their own."""
 
 from __future__ import annotations
 
@@ -20,9 +24,9 @@ from ipc import cleanup_dead, entries_with_prefix
 from tests.helpers import wait_for
 
 
-def test_fences_order_a_chain_across_three_devices(client):
-    cpu, npu, gpu = (client.context(d) for d in ("cpu0", "npu0", "gpu0"))
-    x, a, b, y = (client.alloc((64, 64)) for _ in range(4))
+def test_fences_order_a_chain_across_three_devices(tenant):
+    cpu, npu, gpu = (tenant.context(d) for d in ("cpu0", "npu0", "gpu0"))
+    x, a, b, y = (tenant.alloc((64, 64)) for _ in range(4))
     x.array()[:] = np.arange(64 * 64, dtype=np.float32).reshape(64, 64) - 2000
     # Each stage holds longer than the previous hand-off, so a stage that ran without
     # waiting would read zeros and the result would be wrong.
@@ -30,17 +34,17 @@ def test_fences_order_a_chain_across_three_devices(client):
     f2 = npu.submit("relu", [a], [b], wait=[f1], ms=5)
     f3 = gpu.submit("scale", [b], [y], wait=[f2], params={"factor": 0.25}, ms=5)
     f3.wait(5)
-    t = [client.fences.info(f.handle)["t_ns"] for f in (f1, f2, f3)]
+    t = [tenant.fences.info(f.handle)["t_ns"] for f in (f1, f2, f3)]
     assert t[0] < t[1] < t[2], "signals happen in dependency order"
     np.testing.assert_allclose(y.array(), 0.25 * np.maximum(2 * x.array(), 0))
 
 
-def test_user_fence_gates_a_device_and_many_waiters_wake(client):
-    gate = client.fence()
-    npu = client.context("npu0")
-    out = client.alloc(16)
+def test_user_fence_gates_a_device_and_many_waiters_wake(tenant):
+    gate = tenant.fence()
+    npu = tenant.context("npu0")
+    out = tenant.alloc(16)
     done = npu.submit("fill", [], [out], wait=[gate], params={"value": 7.0}, ms=0) \
-        if "fill" in client.info["spec"]["devices"][1]["ops"] else \
+        if "fill" in tenant.info["spec"]["devices"][1]["ops"] else \
         npu.submit("work", [], [out], wait=[gate], ms=0)
     time.sleep(0.05)
     assert not done.done(), "the device must wait for the gate"
@@ -48,16 +52,16 @@ def test_user_fence_gates_a_device_and_many_waiters_wake(client):
     done.wait(5)
 
 
-def test_wait_timeout_leaves_the_command_running(client):
-    f = client.context("dsp0").submit("work", ms=300)
+def test_wait_timeout_leaves_the_command_running(tenant):
+    f = tenant.context("dsp0").submit("work", ms=300)
     with pytest.raises(hetproc.FenceTimeout):
         f.wait(0.02)
     f.wait(5)  # it still completes
 
 
-def test_error_propagates_to_dependants(client):
-    gate = client.fence()
-    npu, gpu = client.context("npu0"), client.context("gpu0")
+def test_error_propagates_to_dependants(tenant):
+    gate = tenant.fence()
+    npu, gpu = tenant.context("npu0"), tenant.context("gpu0")
     f2 = npu.submit("work", wait=[gate], ms=1)
     f3 = gpu.submit("work", wait=[f2], ms=1)
     gate.signal(hetproc.DeviceTimeout)
@@ -66,13 +70,14 @@ def test_error_propagates_to_dependants(client):
     with pytest.raises(hetproc.DependencyFailed) as e3:
         f3.wait(5)
     assert e2.value.correlation_id == f2.cid and e3.value.correlation_id == f3.cid
-    assert client.context("npu0").submit("work", ms=0).wait(5) is None, "devices live on"
+    assert tenant.context("npu0").submit("work", ms=0).wait(5) is None, "devices live on"
 
 
-def test_bad_requests_are_refused_and_nothing_runs(client):
-    npu = client.context("npu0")
-    a, b = client.alloc((4, 4)), client.alloc((5, 5))
-    i64 = client.alloc((4, 4), "int64")
+def test_bad_requests_are_refused_and_nothing_runs(tenant):
+    submitted = tenant.metrics()["submitted"]
+    npu = tenant.context("npu0")
+    a, b = tenant.alloc((4, 4)), tenant.alloc((5, 5))
+    i64 = tenant.alloc((4, 4), "int64")
     with pytest.raises(hetproc.UnsupportedOp):
         npu.submit("resize", [a], [b])
     with pytest.raises(hetproc.ShapeError):
@@ -80,18 +85,18 @@ def test_bad_requests_are_refused_and_nothing_runs(client):
     with pytest.raises(hetproc.DtypeError):
         npu.submit("relu", [i64], [i64])
     with pytest.raises(hetproc.ShapeError):
-        client.alloc((0, 4))
+        tenant.alloc((0, 4))
     with pytest.raises(hetproc.DtypeError):
-        client.alloc((4,), "complex64")
+        tenant.alloc((4,), "complex64")
     with pytest.raises(hetproc.InvalidRequest):
-        client.context("tpu9")
-    m = client.metrics()
-    assert m["submitted"] == 0 and m["in_flight"] == 0
+        tenant.context("tpu9")
+    m = tenant.metrics()
+    assert m["submitted"] == submitted and m["in_flight"] == 0
 
 
-def test_a_refused_nowait_submit_fails_its_fence(client):
-    a, b = client.alloc((4, 4)), client.alloc((5, 5))
-    f = client.context("npu0").submit_nowait("add", [a, b], [a])
+def test_a_refused_nowait_submit_fails_its_fence(tenant):
+    a, b = tenant.alloc((4, 4)), tenant.alloc((5, 5))
+    f = tenant.context("npu0").submit_nowait("add", [a, b], [a])
     with pytest.raises(hetproc.ShapeError):
         f.wait(5)
 
@@ -319,28 +324,28 @@ def test_status_lists_the_platform_with_its_pids(platform):
     assert all(d["pid"] > 0 for d in me["devices"].values())
 
 
-def test_a_higher_priority_request_overtakes_queued_lower_ones(client):
+def test_a_higher_priority_request_overtakes_queued_lower_ones(tenant):
     """Only ~2 ms of modeled work sits in a device's in-order ring; the rest waits by
     priority, so the camera's request does not wait behind a third-party backlog."""
-    background = client.context("npu0", priority=0, name="third-party")
-    camera = client.context("npu0", priority=10, name="camera")
+    background = tenant.context("npu0", priority=0, name="third-party")
+    camera = tenant.context("npu0", priority=10, name="camera")
     # One batch, then the urgent one: two requests, so even a loaded host queues the
     # urgent one long before the backlog's third command could start.
     backlog = background.submit_many([hetproc.command("work", ms=50) for _ in range(5)])
     urgent = camera.submit("work", ms=1)
     for f in backlog + [urgent]:
         f.wait(5)
-    done = {id(f): client.fences.info(f.handle)["t_ns"] for f in backlog + [urgent]}
+    done = {id(f): tenant.fences.info(f.handle)["t_ns"] for f in backlog + [urgent]}
     assert done[id(urgent)] < done[id(backlog[2])], "the urgent request waited its turn"
     order = sorted(backlog, key=lambda f: done[id(f)])
     assert order == backlog, "equal priorities keep their submission order"
 
 
 @pytest.mark.parametrize("nowait", [False, True])
-def test_one_command_dict_may_be_submitted_again_and_twice_in_a_batch(client, nowait):
+def test_one_command_dict_may_be_submitted_again_and_twice_in_a_batch(tenant, nowait):
     """A batch is built from the caller's dicts without changing them: the same dict
     submitted twice in a batch, and again later, gets its own fence and id each time."""
-    ctx = client.context("cpu0")
+    ctx = tenant.context("cpu0")
     cmd = hetproc.command("work", ms=0.1)
     first = ctx.submit_many([cmd, cmd], nowait=nowait)
     again = ctx.submit_many([cmd], nowait=nowait)

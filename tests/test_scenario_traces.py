@@ -16,7 +16,18 @@ from hetproc.trace import flow_chains, validate
 CLIENT_STEPS = {"WAKE", "WOKE", "CALLBACK"}
 
 
-@pytest.mark.parametrize("name", drills.scenario_names())
+# multi_tenant is left out: it runs each scheduling policy on a platform of its own (the
+# NPU's policy is part of the platform), so the trace of the platform its run writes holds
+# no request at all, only an idle platform's rows; its runs in test_scenarios prove it
+# leaves nothing behind. Running its five policies here cost more than the rest together.
+TRACED = [n for n in drills.scenario_names() if n != "multi_tenant"]
+
+
+def test_the_traced_scenarios_are_every_one_but_multi_tenant():
+    assert "multi_tenant" in drills.scenario_names() and len(TRACED) >= 5
+
+
+@pytest.mark.parametrize("name", TRACED)
 def test_every_scenario_trace_validates_and_its_flows_end_at_the_client(name, tmp_path):
     module = drills.load_scenario(name)
     trace = tmp_path / f"{name}.json"
@@ -32,11 +43,8 @@ def test_every_scenario_trace_validates_and_its_flows_end_at_the_client(name, tm
         problems = validate(doc)
         assert problems == [], (path.name, problems[:5])
     doc = json.loads(trace.read_text())
-    if not any(ev.get("name") == "SUBMIT" for ev in doc["traceEvents"]):
-        # multi_tenant runs each scheduling policy on a platform of its own (the NPU's
-        # policy is part of the platform): the scenario's platform saw no request.
-        assert name == "multi_tenant", f"{name}: no request in the trace"
-        return
+    assert any(ev.get("name") == "SUBMIT" for ev in doc["traceEvents"]), \
+        f"{name}: no request in the trace"
     chains = flow_chains(doc)
     assert chains, "no request flows in the trace"
     waited = [steps for steps in chains.values() if any(n in CLIENT_STEPS for n, _ in steps)]

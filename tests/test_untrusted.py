@@ -41,14 +41,21 @@ def _raw_request(address: str, msg: dict, timeout: float = 5.0) -> dict:
         chan.close()
 
 
+def _counts(client) -> tuple[int, int]:
+    m = client.metrics()
+    return m["submitted"], m["completed"]
+
+
 # -- 1. validate before any state changes ---------------------------------------------------
 
 
 @pytest.mark.parametrize("field,value", [("ms", 1e30), ("ms", float("nan")), ("ms", float("inf")),
                                          ("ms", -1.0), ("timeout_ms", 1e30),
                                          ("handoff_ms", 1e300)])
-def test_out_of_range_duration_is_refused_before_anything_is_queued(platform, field, value):
-    c = platform.client
+def test_out_of_range_duration_is_refused_before_anything_is_queued(shared_platform, tenant,
+                                                                    field, value):
+    c = tenant
+    submitted, completed = _counts(c)
     ctx = c.context("npu0")
     first = ctx.submit("work", ms=20)  # a queued command the attack would jam behind
     cmd = {"kernel": "work", "ins": [], "outs": [], "wait": [], field: value}
@@ -57,24 +64,26 @@ def test_out_of_range_duration_is_refused_before_anything_is_queued(platform, fi
     with pytest.raises(hetproc.InvalidRequest, match=field):
         ctx.submit_many([cmd])
     first.wait(5)
-    assert _alive(platform)
+    assert _alive(shared_platform)
     ctx.submit("work", ms=1).wait(5)  # the device is not jammed
-    assert wait_for(lambda: c.metrics()["completed"] == 2)
-    assert c.metrics()["submitted"] == 2
+    assert wait_for(lambda: c.metrics()["completed"] == completed + 2)
+    assert c.metrics()["submitted"] == submitted + 2
 
 
-def test_a_batch_with_one_bad_command_queues_nothing(platform):
-    ctx = platform.client.context("npu0")
+def test_a_batch_with_one_bad_command_queues_nothing(tenant):
+    submitted, _ = _counts(tenant)
+    ctx = tenant.context("npu0")
     good = {"kernel": "work", "ms": 1.0}
     with pytest.raises(hetproc.InvalidRequest):
         ctx.submit_many([dict(good), dict(good), {"kernel": "work", "ms": 1e30}])
-    assert platform.client.metrics()["submitted"] == 0
+    assert tenant.metrics()["submitted"] == submitted
 
 
-def test_a_batch_is_checked_command_by_command_not_by_its_first(platform):
+def test_a_batch_is_checked_command_by_command_not_by_its_first(shared_platform, tenant):
     """What all commands of a submit share is looked up once, but each command's own
     fields are still checked: one bad command deep in a batch of 64 refuses it whole."""
-    owner, other = platform.client, platform.connect("other")
+    owner, other = tenant, shared_platform.connect("other")
+    submitted, _ = _counts(owner)
     theirs = other.fence()
     ctx = owner.context("npu0")
 
@@ -91,10 +100,10 @@ def test_a_batch_is_checked_command_by_command_not_by_its_first(platform):
         ctx.submit_many(batch(deadline_ms=-1.0))
     with pytest.raises(hetproc.InvalidRequest):
         ctx.submit_many(batch(wait=[theirs.handle]))
-    assert owner.metrics()["submitted"] == 0
+    assert owner.metrics()["submitted"] == submitted
     for f in ctx.submit_many(batch(priority=3), nowait=True):
         f.wait(5)
-    assert owner.metrics()["submitted"] == 64
+    assert owner.metrics()["submitted"] == submitted + 64
     other.close()
 
 
@@ -105,26 +114,27 @@ def test_a_batch_is_checked_command_by_command_not_by_its_first(platform):
     ({"kernel": "w" * 10000}, hetproc.InvalidRequest),
     ({"kernel": "work", "wait": list(range(100000))}, hetproc.InvalidRequest),
 ])
-def test_malformed_commands_are_refused_whole(platform, cmd, err):
-    ctx = platform.client.context("npu0")
+def test_malformed_commands_are_refused_whole(shared_platform, tenant, cmd, err):
+    ctx = tenant.context("npu0")
     with pytest.raises(err):
         ctx.submit_many([cmd])
-    assert _alive(platform)
+    assert _alive(shared_platform)
     ctx.submit("work", ms=1).wait(5)
 
 
-def test_nowait_submit_of_an_unencodable_duration_fails_its_fence_not_the_supervisor(platform):
-    ctx = platform.client.context("npu0")
+def test_nowait_submit_of_an_unencodable_duration_fails_its_fence_not_the_supervisor(
+        shared_platform, tenant):
+    ctx = tenant.context("npu0")
     ctx.submit("work", ms=5)
     f = ctx.submit_nowait("work", ms=1e30)
     with pytest.raises(hetproc.InvalidRequest):
         f.wait(5)
     ctx.submit("work", ms=1).wait(5)
-    assert _alive(platform)
+    assert _alive(shared_platform)
 
 
-def test_requests_with_out_of_range_fields_are_refused(platform):
-    c = platform.client
+def test_requests_with_out_of_range_fields_are_refused(shared_platform, tenant):
+    c = tenant
     for fields in ({"op": "fence_create", "count": 1 << 40}, {"op": "mem_events", "limit": -5},
                    {"op": "context_create", "device": "npu0", "name": "x" * 5000},
                    {"op": "context_create", "device": "npu0\n\x00"},
@@ -133,7 +143,7 @@ def test_requests_with_out_of_range_fields_are_refused(platform):
         op = fields.pop("op")
         with pytest.raises(hetproc.InvalidRequest):
             c._request(op, **fields)
-    assert _alive(platform)
+    assert _alive(shared_platform)
     c.ping()
 
 
@@ -213,7 +223,15 @@ class wait_for_client:
         self.c.close()
 
 
-def test_a_connection_that_never_says_hello_is_dropped(platform):
+def test_a_connection_that_never_says_hello_is_dropped():
+    """Dropped after the platform's hello deadline (a short one here: the wait is real
+    time), while the owner, which said hello at once, keeps its connection."""
+    with hetproc.Platform(time_scale=1.0, limits={"hello_timeout_ms": 1000.0}) as plat:
+        _dropped_without_hello(plat)
+        plat.client.ping()
+
+
+def _dropped_without_hello(platform) -> None:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(10)
     s.connect(platform.address)
@@ -275,14 +293,16 @@ def decode_reply(frame: bytes) -> dict:
 # -- 4. identity from the kernel ------------------------------------------------------------
 
 
-def test_a_huge_client_name_is_refused_and_metrics_still_work(platform):
-    reply = _raw_request(platform.address, {"v": 1, "op": "hello", "id": 1, "name": "n" * 100_000,
-                                            "pid": os.getpid()})
+def test_a_huge_client_name_is_refused_and_metrics_still_work(shared_platform, tenant):
+    address = shared_platform.address
+    reply = _raw_request(address, {"v": 1, "op": "hello", "id": 1, "name": "n" * 100_000,
+                                   "pid": os.getpid()})
     assert not reply["ok"] and "name" in reply["error"]["message"]
-    reply = _raw_request(platform.address, {"v": 1, "op": "hello", "id": 1, "name": "evil\x1b[2J",
-                                            "pid": os.getpid()})
+    reply = _raw_request(address, {"v": 1, "op": "hello", "id": 1, "name": "evil\x1b[2J",
+                                   "pid": os.getpid()})
     assert not reply["ok"]
-    platform.client.metrics()
+    shared_platform.client.metrics()
+    tenant.metrics()
 
 
 def test_a_packet_pid_is_ignored(platform):

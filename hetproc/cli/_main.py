@@ -164,7 +164,20 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"hetproc {_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
+    _run_parser(sub)
+    _drill_parser(sub)
+    _acceptance_parser(sub)
+    _campaign_parser(sub)
+    _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
+    _trace_parsers(sub)
+    _platform_parsers(sub)
+    _machine_parsers(sub)
+    from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
+    add_model_commands(sub, _sub)
+    return p
 
+
+def _run_parser(sub: Any) -> None:
     run = _sub(sub, "run", "run a scenario on a fresh platform", """
         Start a platform, run one scenario script on it, stop it, and print what the
         script measured and checked. SCENARIO is a name from the scenarios package
@@ -194,6 +207,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="when the scenario raises, print its traceback too")
     _json_arg(run)
 
+
+def _drill_parser(sub: Any) -> None:
     dr = _sub(sub, "drill", "inject one fault and check the recovery", """
         A crash/reset drill: one fault is injected while a bystander client keeps
         working on another device. The recovery timeline and every check are printed;
@@ -210,6 +225,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="seed the platform's fault plan (what a campaign varies)")
     _json_arg(dr)
 
+
+def _acceptance_parser(sub: Any) -> None:
     acc = _sub(sub, "acceptance", "every scenario and drill, as a table", """
         The acceptance matrix of seed §21: every scenario and every drill, each on its
         own fresh platform, with pass/fail, leaks and recovery time. With --jobs N, N
@@ -223,6 +240,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="cells run at once (default 1)")
     _json_arg(acc)
 
+
+def _campaign_parser(sub: Any) -> None:
     camp = _sub(sub, "campaign", "run one drill under many seeds", """
         Run a drill N times, each with its own seed (the seed drives the platform's
         fault plan and the drill's own choices), and summarise the failures with the
@@ -243,10 +262,9 @@ def _parser() -> argparse.ArgumentParser:
     camp.add_argument("--report", metavar="FILE", help="write the JSON summary here")
     _json_arg(camp)
 
-    _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
-    _trace_parsers(sub)
-    _platform_parsers(sub)
 
+def _machine_parsers(sub: Any) -> None:
+    """The platforms on this machine: status, cleanup."""
     status = _sub(sub, "status", "the platforms on this machine", """
         The live platforms on this machine, with supervisor and device pids, device
         states, queues, CPU time, buffer maps, fence waits, power switches and the last
@@ -258,10 +276,6 @@ def _parser() -> argparse.ArgumentParser:
         Remove the named objects and the processes of every platform whose supervisor
         is dead. Live platforms are never touched.""", cmd_cleanup)
     _json_arg(cleanup)
-
-    from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
-    add_model_commands(sub, _sub)
-    return p
 
 
 def _trace_parsers(sub: Any) -> None:

@@ -31,6 +31,9 @@ from ._runtime import DelegatedModel
 
 
 class BucketedModel:
+    """A model with symbolic input dims, compiled once per input-shape bucket (see the
+    module's docstring for what a request does on a hit, a miss and out of range)."""
+
     def __init__(self, client: Any, model: Any, buckets: Sequence[Mapping[str, Sequence[int]]],
                  *, max_shape: Mapping[str, Sequence[int]] | None = None,
                  min_shape: Mapping[str, Sequence[int]] | None = None,
@@ -78,6 +81,8 @@ class BucketedModel:
                                         f"range (min {lo}): no bucket can take it")
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Run on the bucket of these input shapes (compiled on a miss, or on the CPU,
+        as the model was told); ``ShapeError`` outside the declared range."""
         key = self._key({k: np.shape(v) for k, v in inputs.items()})
         with self._lock:
             model = self.loaded.get(key)
@@ -103,6 +108,7 @@ class BucketedModel:
         return model.run(inputs)
 
     def close(self) -> None:
+        """Close every bucket's model (and the CPU fallbacks): assets, buffers, contexts."""
         with self._lock:
             for m in list(self.loaded.values()) + list(self._cpu.values()):
                 m.close()

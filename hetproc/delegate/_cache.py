@@ -57,12 +57,15 @@ class AssetCache:
     @staticmethod
     def key_parts(fingerprint: str, device: Any, bucket: Any, options: str,
                   node_range: tuple[int, int]) -> dict[str, Any]:
+        """What an asset depends on (seed §13): model, compiler, runtime, device kind and
+        firmware, shape bucket, options, node range. Any change is another asset."""
         return {"model": fingerprint, "compiler": COMPILER_VERSION, "runtime": runtime_version(),
                 "device_kind": device.kind, "firmware": device.firmware, "bucket": bucket,
                 "options": options, "nodes": list(node_range)}
 
     @staticmethod
     def key(parts: dict[str, Any]) -> str:
+        """The file name of the asset for ``key_parts``: a digest of them."""
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
 
     def _file(self, key: str) -> Path:
@@ -104,6 +107,8 @@ class AssetCache:
         return payload
 
     def store(self, parts: dict[str, Any], payload: bytes) -> None:
+        """Write an asset with its parts and checksum (readers see the old file or the
+        new, never half), then evict down to capacity; a write that fails stores nothing."""
         meta = json.dumps(parts, sort_keys=True).encode()
         blob = _MAGIC + _LEN.pack(len(meta)) + meta + hashlib.sha256(payload).digest() + payload
         fd, tmp = tempfile.mkstemp(dir=self.path, suffix=".tmp")
@@ -117,6 +122,7 @@ class AssetCache:
         self.evict()
 
     def entries(self) -> list[tuple[Path, int, float]]:
+        """(file, bytes, last use) of every asset in the directory."""
         out = []
         for f in self.path.glob("*.hpa"):
             try:
@@ -127,6 +133,7 @@ class AssetCache:
         return out
 
     def evict(self) -> None:
+        """Remove the least recently used assets until the directory fits its capacity."""
         entries = sorted(self.entries(), key=lambda e: e[2])
         total = sum(e[1] for e in entries)
         for f, size, _ in entries:
@@ -137,4 +144,5 @@ class AssetCache:
             self.stats["evicted"] += 1
 
     def record(self, outcome: str) -> None:
+        """Count one lookup's outcome ("hit", "compiled", "corrupt asset, recompiled")."""
         self.stats[outcome] = self.stats.get(outcome, 0) + 1

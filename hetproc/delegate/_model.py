@@ -58,6 +58,7 @@ class Graph:
     opset: int = 0
 
     def producers(self) -> dict[str, int]:
+        """Value name -> index of the node that writes it (graph inputs have none)."""
         return {o: n.index for n in self.nodes for o in n.outputs if o}
 
     def used_values(self) -> frozenset[str]:
@@ -81,6 +82,7 @@ class Graph:
         return feeds
 
     def consumers(self) -> dict[str, list[int]]:
+        """Value name -> indices of the nodes that read it, in graph order."""
         cons: dict[str, list[int]] = {}
         for n in self.nodes:
             for i in n.inputs:

@@ -46,6 +46,8 @@ class Options:
     in_order: bool = False
 
     def key(self) -> str:
+        """The options as one string: part of an asset's cache key (other options, other
+        partitions, so another asset)."""
         return (f"strict={int(self.strict)},acc={','.join(self.accelerators or ())},"
                 f"fb={self.fallback},maxp={self.max_partitions},"
                 f"minn={self.min_nodes_per_partition},w={int(self.weigh_costs)}"
@@ -89,6 +91,8 @@ class Placement:
     summary: list[str]
 
     def text(self) -> str:
+        """The placement as ``hetproc model inspect`` prints it: the decisions, then each
+        partition and each boundary with its bytes and conversions."""
         lines = list(self.log)
         lines.append("")
         for p in self.partitions:

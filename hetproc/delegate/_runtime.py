@@ -63,6 +63,10 @@ def _wait(fence: Any, timeout: float) -> None:
 
 
 class DelegatedModel:
+    """A graph placed, compiled and loaded on a platform: its partitions' assets in shared
+    buffers, a context per device, buffers for the tensors at partition boundaries. Built
+    by ``load``; ``run`` (or ``run_async``) once per request; ``close`` gives it all back."""
+
     def __init__(self, client: Any, graph: Graph, compiled: Compiled, devices: list[Device],
                  options: Options, cache: AssetCache | None, shared_assets: list[int]) -> None:
         """``load`` builds one; see there."""

@@ -43,11 +43,14 @@ class Target:
     any_dtype: bool = False
 
     def peak(self, dtype: str) -> float:
+        """Operations per second for ``dtype``'s class (integer or float)."""
         cls = "int" if dtype.startswith(("int", "uint")) else "float"
         return self.peak_gops.get(cls, 1.0) * 1e9
 
     def node_us(self, op: str, dtype: str, in_shapes: Sequence[Sequence[int]],
                 out_shapes: Sequence[Sequence[int]], nbytes: int, attrs: Mapping) -> float:
+        """Modeled time of one node (roofline): launch cost plus the longer of its
+        compute at peak and its bytes at the bandwidth."""
         flops = op_flops(op, in_shapes, out_shapes, attrs)
         return self.launch_us + max(flops / self.peak(dtype),
                                     nbytes / (self.bandwidth_gbs * 1e9)) * 1e6

@@ -46,6 +46,9 @@ def run_cell(kind: str, name: str, options: dict[str, Any], platform_file: str |
 
 def run_matrix(*, platform_file: str | None = None, time_scale: float | None = None,
                quick: bool = False, jobs: int = 1, on_row: OnRow | None = None) -> dict[str, Any]:
+    """Every cell, each on its own platform (with ``jobs`` > 1, that many at once, each
+    in a process of its own); ``{"rows", "ok"}`` in cell order. ``on_row`` hears the rows
+    so far and the cells still to come whenever one ends."""
     todo = cells(quick)
     order = {(k, n): i for i, (k, n, _) in enumerate(todo)}
     rows: list[dict[str, Any]] = []

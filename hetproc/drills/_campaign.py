@@ -84,6 +84,10 @@ def run_campaign(drill: str, *, seeds: int, seed_base: int = 0, jobs: int = 1,
                  scheduler: str | None = None, platform_file: str | None = None,
                  time_scale: float | None = None,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run ``drill`` once per seed (``seed_base`` on, ``seeds`` of them), each in its own
+    process, locally ``jobs`` at once or on a Dask ``scheduler``; the summary
+    (``summarise``): passes, failures grouped by check with the seeds that reproduce
+    them, and every run. The same JSON whichever backend ran it."""
     if drill not in DRILLS:
         raise errors.InvalidRequest(f"no drill {drill!r}; known: {', '.join(DRILLS)}")
     say = progress or (lambda text: None)

@@ -38,6 +38,7 @@ def leftovers(prefix: str, pids: Iterable[int] = ()) -> dict[str, list]:
 
 
 def assert_no_leftovers(prefix: str, pids: Iterable[int] = ()) -> None:
+    """``leftovers`` as a test assertion: fails naming what the platform left."""
     left = leftovers(prefix, pids)
     assert left == {"objects": [], "processes": []}, f"platform {prefix} left {left}"
 

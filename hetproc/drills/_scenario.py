@@ -105,10 +105,12 @@ class Scenario:
 
     @property
     def client(self):
+        """The platform's owner client: the one a script uses unless it connects tenants."""
         return self.platform.client
 
     @property
     def time_scale(self) -> float:
+        """Host seconds per modeled second: scale real-time waits by it, not figures."""
         return self.platform.spec.time_scale
 
     def option(self, name: str, default: Any = None) -> Any:
@@ -125,10 +127,12 @@ class Scenario:
             self.on_progress(text)
 
     def metric(self, name: str, value: Any) -> Any:
+        """Record a figure for the report (numpy values made JSON-ready); returns it."""
         self.metrics[name] = _plain(value)
         return value
 
     def check(self, name: str, passed: bool, detail: str = "") -> bool:
+        """Record a pass/fail check (the run passes only if all do); returns ``passed``."""
         self.checks.append(Check(name, bool(passed), detail))
         return bool(passed)
 
@@ -141,6 +145,7 @@ class Scenario:
                           f"measured {measured:.3f} ms, expected {expected:.3f} ± {tol:.3f} ms")
 
     def note(self, text: str) -> None:
+        """A line for the summary that is neither a figure nor a check (a table)."""
         self.notes.append(text)
 
     def trace(self) -> dict[str, Any]:
@@ -184,6 +189,8 @@ def find_scenario(name: str) -> Path:
 
 
 def load_module(path: Path) -> ModuleType:
+    """A scenario script imported from its path; a syntax error is one line
+    (``InvalidRequest`` naming file and line), not a traceback."""
     spec = importlib.util.spec_from_file_location(f"hetproc_scenario_{path.stem}", path)
     if spec is None or spec.loader is None:
         raise errors.InvalidRequest(f"cannot load scenario {path}")
@@ -307,66 +314,100 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
     plat = Platform(spec=spec, trace=True if (trace_path or plot_path) and trace is None else trace,
                     share_trace=share_trace).start()
     s = Scenario(plat, dict(options), declared=dict(declared or {}), on_progress=say)
-    error = failure = None
-    interrupted: BaseException | None = None
-    pids: list[int] = []
-    evidence: dict[str, Any] = {}
-    leaks: dict[str, Any] = {}
+    out = _Outcome()
     try:
-        pids = platform_pids(plat)
+        out.pids = platform_pids(plat)
         before = _counts(plat.metrics())
         say("running")
-        try:
-            func(s)
-        except Exception as exc:  # the report must say what broke, not just crash
-            kind = type(exc).__name__
-            error = str(exc) if str(exc).startswith(f"{kind}:") else f"{kind}: {exc}"
-            where = _raised_at(exc, func)
-            s.check("ran to the end", False, f"{error} (at {where})" if where else error)
-            failure = _failure(plat, exc)
-            failure["where"] = where
-            failure["traceback"] = traceback.format_exception(exc)
-        except BaseException as exc:  # Ctrl-C, a signal: stop, but keep the evidence first
-            interrupted = exc
-            error = f"interrupted ({type(exc).__name__}: {exc})"
-            s.check("ran to the end", False, error)
-        final = _metrics_or_none(plat)  # None: a drill killed the supervisor on purpose
-        if final is not None:
-            say("letting in-flight news reach the supervisor")
-            leaks = _settled_leak_check(plat, before, final)
-            s.metrics.setdefault("platform_metrics", _plain(leaks.pop("final")))
-            if strict_leaks:
-                s.check("leak check: no command left in flight or queued, no client left "
-                        "connected", leaks["ok"], json.dumps(leaks["grown"]))
-            say("writing the evidence")
-            evidence = _collect_evidence(plat, trace_path, plot_path, name)
+        _call_scenario(func, s, plat, out)
+        _look_after(plat, s, before, out, strict_leaks=strict_leaks, say=say,
+                    evidence=(trace_path, plot_path, name))
     except Exception as exc:  # the platform itself broke while we looked at it
-        error = error or f"{type(exc).__name__}: {exc}"
+        out.error = out.error or f"{type(exc).__name__}: {exc}"
         s.check("the platform answered after the run", False, f"{type(exc).__name__}: {exc}")
     finally:
         say("stopping the platform")
         plat.stop()
-    left = leftovers(plat.prefix, pids + s.extra_pids)
+    left = leftovers(plat.prefix, out.pids + s.extra_pids)
     s.check("nothing left behind", not left["objects"] and not left["processes"],
             json.dumps(left))
-    if failure is not None:
-        failure["evidence"] = _evidence_paths(evidence)
-    report = {
+    if out.failure is not None:
+        out.failure["evidence"] = _evidence_paths(out.evidence)
+    report = _report(s, name, description, spec, left, out, time.monotonic() - t0)
+    if out.interrupted is not None:
+        # The interrupt goes on (the caller asked to stop), carrying what was collected.
+        vars(out.interrupted)["report"] = report  # read back by the CLI: getattr(exc, "report")
+        raise out.interrupted
+    return report
+
+
+@dataclass
+class _Outcome:
+    """What ``run_on_platform`` gathered as the run went: the error that stopped the
+    scenario (text) and its explanation, an interrupt to pass on once the platform is
+    stopped, the platform's pids (gone after stop?), the evidence and the leak check."""
+
+    error: str | None = None
+    failure: dict[str, Any] | None = None
+    interrupted: BaseException | None = None
+    pids: list[int] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    leaks: dict[str, Any] = field(default_factory=dict)
+
+
+def _call_scenario(func: Callable[[Scenario], None], s: Scenario, plat: Platform,
+                   out: _Outcome) -> None:
+    """Run the scenario; what it raised becomes a failed check and ``out``'s error (an
+    exception explained, an interrupt kept to be raised again after the clean-up)."""
+    try:
+        func(s)
+    except Exception as exc:  # the report must say what broke, not just crash
+        kind = type(exc).__name__
+        out.error = str(exc) if str(exc).startswith(f"{kind}:") else f"{kind}: {exc}"
+        where = _raised_at(exc, func)
+        s.check("ran to the end", False, f"{out.error} (at {where})" if where else out.error)
+        out.failure = _failure(plat, exc)
+        out.failure["where"] = where
+        out.failure["traceback"] = traceback.format_exception(exc)
+    except BaseException as exc:  # Ctrl-C, a signal: stop, but keep the evidence first
+        out.interrupted = exc
+        out.error = f"interrupted ({type(exc).__name__}: {exc})"
+        s.check("ran to the end", False, out.error)
+
+
+def _look_after(plat: Platform, s: Scenario, before: dict[str, Any], out: _Outcome, *,
+                strict_leaks: bool, say: Progress,
+                evidence: tuple[str | None, str | None, str]) -> None:
+    """After the scenario, on the still running platform: the leak check (counts back
+    where they began), the final metrics, the evidence (trace, plot, frozen windows).
+    Nothing to look at when the scenario killed the supervisor on purpose."""
+    final = _metrics_or_none(plat)
+    if final is None:
+        return
+    say("letting in-flight news reach the supervisor")
+    out.leaks = _settled_leak_check(plat, before, final)
+    s.metrics.setdefault("platform_metrics", _plain(out.leaks.pop("final")))
+    if strict_leaks:
+        s.check("leak check: no command left in flight or queued, no client left "
+                "connected", out.leaks["ok"], json.dumps(out.leaks["grown"]))
+    say("writing the evidence")
+    trace_path, plot_path, name = evidence
+    out.evidence = _collect_evidence(plat, trace_path, plot_path, name)
+
+
+def _report(s: Scenario, name: str, description: str, spec: PlatformSpec,
+            left: dict[str, Any], out: _Outcome, duration_s: float) -> dict[str, Any]:
+    return {
         "scenario": name, "description": description,
         "platform": {"name": spec.name, "source": spec.source, "time_scale": spec.time_scale,
                      "devices": [d.name for d in spec.devices]},
         "options": s.options, "metrics": s.metrics,
         "checks": [c.__dict__ for c in s.checks], "notes": s.notes,
-        "timeline": s.timeline, "left_behind": left, "leak_check": leaks,
-        "evidence": evidence, "error": error, "failure": failure,
-        "duration_s": round(time.monotonic() - t0, 3),
+        "timeline": s.timeline, "left_behind": left, "leak_check": out.leaks,
+        "evidence": out.evidence, "error": out.error, "failure": out.failure,
+        "duration_s": round(duration_s, 3),
         "ok": all(c.passed for c in s.checks),
     }
-    if interrupted is not None:
-        # The interrupt goes on (the caller asked to stop), carrying what was collected.
-        vars(interrupted)["report"] = report  # read back by the CLI: getattr(exc, "report")
-        raise interrupted
-    return report
 
 
 def _raised_at(exc: BaseException, func: Callable[..., Any]) -> str:
@@ -514,6 +555,7 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
 
 
 def write_report(report: dict[str, Any], path: str) -> None:
+    """The report as indented JSON, written whole or not at all (temp file, rename)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(report, f, indent=2)

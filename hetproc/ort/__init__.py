@@ -50,9 +50,9 @@ from ._errors import (
     OrtError,
     RuntimeException,
 )
+from ._inference import EpAssignedNode, EpAssignedSubgraph, InferenceSession
 from ._options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions
 from ._providers import get_all_providers, get_available_providers, shutdown, use_platform
-from ._session import EpAssignedNode, EpAssignedSubgraph, InferenceSession
 from ._types import ModelMetadata, NodeArg
 from ._validate import validate
 from ._values import IOBinding, OrtValue
@@ -61,10 +61,12 @@ __version__ = "1.32.0+hetproc"  # the ONNX Runtime API this follows
 
 
 def get_device() -> str:
+    """ORT's build device string; here the emulator's ("CPU-HETPROC")."""
     return "CPU-HETPROC"
 
 
 def get_version_string() -> str:
+    """The ONNX Runtime API version this follows, marked as hetproc's."""
     return __version__
 
 

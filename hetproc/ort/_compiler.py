@@ -15,6 +15,10 @@ from ._options import SessionOptions
 
 
 class ModelCompiler:
+    """``ModelCompiler(sess_options, model, embed_compiled_data_into_model=False)``: the
+    model is checked at once (ORT's errors for an empty path or bytes, or another type);
+    it is read, placed and compiled when a ``compile_to_*`` method runs."""
+
     def __init__(self, sess_options: SessionOptions, input_model_path_or_bytes: Any,
                  embed_compiled_data_into_model: bool = False, **ignored: Any) -> None:
         if isinstance(input_model_path_or_bytes, (str, os.PathLike)):
@@ -30,6 +34,8 @@ class ModelCompiler:
         self._embed = bool(embed_compiled_data_into_model)
 
     def compile_to_file(self, output_model_path: str | os.PathLike | None = None) -> None:
+        """Write the EP context model to ``output_model_path`` (default: beside the
+        model, ``<stem>_ctx.onnx``; a model given as bytes needs a path)."""
         if output_model_path is None:
             if not isinstance(self._model, (str, os.PathLike)):
                 raise InvalidArgument("an output path is needed for a model given as bytes")
@@ -45,7 +51,7 @@ class ModelCompiler:
             return out.read_bytes()
 
     def _compile(self, out: str, embed: bool) -> None:
-        from ._session import InferenceSession
+        from ._inference import InferenceSession
         so = copy.copy(self._options)
         so._config = dict(self._options._config)
         so.add_session_config_entry("ep.context_enable", "1")

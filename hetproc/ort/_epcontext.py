@@ -46,6 +46,11 @@ DOMAIN = "com.microsoft"
 
 
 class OrtCompiledModelCompatibility(enum.IntEnum):
+    """ORT's verdict on a stored partition of an EP context model: its provider is not
+    listed (NOT_APPLICABLE), it loads as stored (OPTIMAL), it runs now but is rebuilt
+    beside it for a changed device (PREFER_RECOMPILATION), or it is refused (UNSUPPORTED:
+    another compiler or runtime version)."""
+
     EP_NOT_APPLICABLE = 0
     EP_SUPPORTED_OPTIMAL = 1
     EP_SUPPORTED_PREFER_RECOMPILATION = 2

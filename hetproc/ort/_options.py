@@ -22,6 +22,9 @@ import enum
 
 
 class GraphOptimizationLevel(enum.IntEnum):
+    """ORT's optimisation levels: accepted and kept; hetproc folds constants whatever
+    the level (ORT's basic level), and partitions for its devices on top."""
+
     ORT_DISABLE_ALL = 0
     ORT_ENABLE_BASIC = 1
     ORT_ENABLE_EXTENDED = 2
@@ -30,11 +33,17 @@ class GraphOptimizationLevel(enum.IntEnum):
 
 
 class ExecutionMode(enum.IntEnum):
+    """ORT's execution modes: accepted and kept; partitions on different devices run in
+    parallel whenever their fences allow, whichever is set."""
+
     ORT_SEQUENTIAL = 0
     ORT_PARALLEL = 1
 
 
 class SessionOptions:
+    """ORT's session options: the attributes ORT has (kept; see the module docstring for
+    what hetproc acts on), config entries, and providers for sessions that name none."""
+
     def __init__(self) -> None:
         self._config: dict[str, str] = {}
         self._providers: list[tuple[str, dict[str, str]]] = []
@@ -60,14 +69,17 @@ class SessionOptions:
                                 {str(k): str(v) for k, v in dict(provider_options).items()}))
 
     def has_providers(self) -> bool:
+        """Whether ``add_provider`` was called."""
         return bool(self._providers)
 
     def add_session_config_entry(self, key: str, value: str) -> None:
+        """Set a config entry (strings only, as ORT's binding insists)."""
         if not isinstance(key, str) or not isinstance(value, str):
             raise TypeError("add_session_config_entry(): key and value are strings")
         self._config[key] = value
 
     def get_session_config_entry(self, key: str) -> str:
+        """A config entry; ORT's RuntimeError when it was never set."""
         if key not in self._config:
             raise RuntimeError(f"SessionOptions does not have configuration with key: {key}")
         return self._config[key]
@@ -90,9 +102,11 @@ class RunOptions:
         self._config: dict[str, str] = {}
 
     def add_run_config_entry(self, key: str, value: str) -> None:
+        """Set a run config entry (kept and readable; hetproc acts on none yet)."""
         self._config[str(key)] = str(value)
 
     def get_run_config_entry(self, key: str) -> str:
+        """A run config entry; ORT's RuntimeError when it was never set."""
         if key not in self._config:
             raise RuntimeError(f"RunOptions does not have configuration with key: {key}")
         return self._config[key]

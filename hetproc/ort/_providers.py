@@ -49,10 +49,13 @@ KNOWN_KEYS = set(PLATFORM_KEYS) | {"device", "fault", "max_partitions",
 
 
 def get_available_providers() -> list[str]:
+    """Every provider hetproc has, in its default priority (accelerators first, the CPU
+    last); a platform without a provider's device leaves it out of a session, warning."""
     return list(PROVIDERS)
 
 
 def get_all_providers() -> list[str]:
+    """The same list: hetproc builds no provider it cannot run."""
     return list(PROVIDERS)
 
 

@@ -72,6 +72,9 @@ def value_args(proto: Any) -> tuple[list[NodeArg], list[NodeArg], list[NodeArg]]
 
 
 class ModelMetadata:
+    """The model's producer, graph name and description, domain, version and custom
+    metadata (hetproc's own ``hetproc.*`` keys left out), as ORT reports them."""
+
     def __init__(self, proto: Any) -> None:
         self.producer_name = proto.producer_name
         self.graph_name = proto.graph.name

@@ -85,6 +85,8 @@ class OrtValue:
     @classmethod
     def ortvalue_from_numpy(cls, numpy_obj: Any, device_type: str = "cpu",
                             device_id: int = 0) -> OrtValue:
+        """The array itself on "cpu" (no copy); on a device kind, a new shared buffer
+        holding a copy of it."""
         arr = np.asarray(numpy_obj)
         if device_type == "cpu":
             return cls(arr)
@@ -95,6 +97,8 @@ class OrtValue:
     @classmethod
     def ortvalue_from_shape_and_type(cls, shape: Any, element_type: Any,
                                      device_type: str = "cpu", device_id: int = 0) -> OrtValue:
+        """A zeroed value (``element_type``: a numpy dtype or ONNX's number); on a device
+        kind, a shared buffer of the platform, freed when the value is collected."""
         dt = _dtype(element_type)
         shape = tuple(int(d) for d in shape)
         if device_type == "cpu":
@@ -116,33 +120,44 @@ class OrtValue:
         return cls(view, device)
 
     def data_ptr(self) -> int:
+        """The address of the value's memory (a device value's: its shared buffer)."""
         return int(self._array.ctypes.data)
 
     def device_name(self) -> str:
+        """"cpu", or the device kind the value lives on."""
         return self._device
 
     def shape(self) -> list[int]:
+        """The tensor's dims."""
         return list(self._array.shape)
 
     def data_type(self) -> str:
+        """Its type as ORT writes it (``tensor(float)``)."""
         return onnx_type_name(self._array.dtype)
 
     def element_type(self) -> int:
+        """ONNX's element type number (1 for float32; 0 for one ONNX has no number for)."""
         return NUMPY_TO_ONNX.get(self._array.dtype.name, 0)
 
     def tensor_size_in_bytes(self) -> int:
+        """Bytes of its data."""
         return int(self._array.nbytes)
 
     def has_value(self) -> bool:
+        """Always true: hetproc's values are never empty (ORT's optional types are not
+        supported)."""
         return True
 
     def is_tensor(self) -> bool:
+        """Always true: a value is a dense tensor."""
         return True
 
     def is_sparse_tensor(self) -> bool:
+        """Always false (no sparse tensors)."""
         return False
 
     def is_tensor_sequence(self) -> bool:
+        """Always false (no sequences)."""
         return False
 
     def numpy(self) -> np.ndarray:
@@ -159,6 +174,8 @@ class OrtValue:
         return self._buffer
 
     def update_inplace(self, np_arr: Any) -> None:
+        """Write new contents into the value's own memory (same shape and dtype, else
+        INVALID_ARGUMENT): a bound input sees them at its next run, with no new binding."""
         arr = np.asarray(np_arr)
         if arr.shape != self._array.shape or arr.dtype != self._array.dtype:
             raise InvalidArgument(f"update_inplace: {arr.dtype}{list(arr.shape)} does not match "
@@ -175,6 +192,9 @@ def _from_pointer(ptr: int, element_type: Any, shape: Any) -> np.ndarray:
 
 
 class IOBinding:
+    """A session's inputs and outputs bound ahead of a run (``session.io_binding()``);
+    see the module docstring for where each kind of binding's data lives."""
+
     def __init__(self, session: Any) -> None:
         self._session = session
         self._inputs: dict[str, Any] = {}
@@ -184,19 +204,24 @@ class IOBinding:
     # -- inputs -------------------------------------------------------------------------
 
     def bind_cpu_input(self, name: str, arr_on_cpu: Any) -> None:
+        """Bind an input to a host array (read when the run starts)."""
         self._inputs[name] = np.asarray(arr_on_cpu)
 
     def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any,
                    shape: Any, buffer_ptr: int) -> None:
+        """Bind an input to memory at ``buffer_ptr`` of that element type and shape (the
+        caller keeps it alive until the run)."""
         self._inputs[name] = _from_pointer(buffer_ptr, element_type, shape)
 
     def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
+        """Bind an input to an OrtValue (its memory as it is when the run starts)."""
         self._inputs[name] = ortvalue
 
     def synchronize_inputs(self) -> None:
         """Inputs are written when the run starts: nothing earlier is in flight."""
 
     def clear_binding_inputs(self) -> None:
+        """Forget every bound input."""
         self._inputs.clear()
 
     # -- outputs ------------------------------------------------------------------------
@@ -204,6 +229,9 @@ class IOBinding:
     def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0,
                     element_type: Any = None, shape: Any = None,
                     buffer_ptr: int | None = None) -> None:
+        """Bind an output: into memory at ``buffer_ptr`` (element type and shape then
+        needed), to the host ("cpu": a new array per run), or to a device kind: the
+        partition's own output buffer, read in place."""
         if buffer_ptr is not None:
             if element_type is None or shape is None:
                 raise ValueError("`element_type` and `shape` are to be provided if "
@@ -218,31 +246,37 @@ class IOBinding:
                                   f"{DEVICE_KINDS}")
 
     def bind_ortvalue_output(self, name: str, ortvalue: OrtValue) -> None:
+        """Bind an output to an OrtValue of the caller: each run copies the result into it."""
         self._outputs[name] = ("value", ortvalue)
 
     def synchronize_outputs(self) -> None:
         """Every output's fence was waited for before ``run_with_iobinding`` returned."""
 
     def clear_binding_outputs(self) -> None:
+        """Forget every bound output and the last run's results."""
         self._outputs.clear()
         self._results = []
 
     def get_outputs(self) -> list[OrtValue]:
+        """The last run's outputs as OrtValues, in the order bound."""
         return list(self._results)
 
     def get_outputs_as_ortvaluevector(self) -> list[OrtValue]:
+        """The same as ``get_outputs`` (ORT's vector type is a list here)."""
         return list(self._results)
 
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:
+        """The last run's outputs as host arrays, copied (never a view of a buffer the
+        next run overwrites)."""
         return [v.numpy_view().copy() for v in self._results]
 
     # -- the run ------------------------------------------------------------------------
 
     def _run(self, run_options: RunOptions | None) -> None:
         s = self._session
-        s._validate_input(list(self._inputs))
-        names = s._output_names(list(self._outputs) or None)
-        out = s._run(s._arrays(self._inputs), run_options)
+        s._signature.check_required(list(self._inputs))
+        names = s._signature.output_names(list(self._outputs) or None)
+        out = s._run(s._signature.arrays(self._inputs), run_options)
         model = s._last_model()
         results = []
         for name in names:

@@ -22,22 +22,12 @@ Nothing here runs inside the supervisor or a device, except ``_export`` and ``_p
 which the supervisor also uses to write the frozen windows it dumps.
 """
 
-from ._explain import (
-                       Request,
-                       Trace,
-                       as_dict,
-                       explain,
-                       format_request,
-                       load_trace,
-                       parse_cid,
-                       requests,
-                       slowest,
-                       summary_lines,
-)
+from ._explain import Request, Trace, explain, load_trace, requests, slowest
 from ._export import frozen_to_chrome, records_to_chrome
 from ._live import chrome_trace, export_trace, frozen_windows, snapshot, trace_info, write_frozen
 from ._perfetto import to_chrome_trace, write_chrome_trace
 from ._plot import plot_timeline, require_matplotlib
+from ._text import as_dict, format_request, parse_cid, summary_lines
 from ._validate import flow_chains, validate
 
 __all__ = [

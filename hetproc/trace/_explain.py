@@ -24,6 +24,8 @@ the same "runtime timeout" seen from the API means very different things::
               CPU scheduling in the client
     callback  the client's own callback took the time
     submit    the submit path: client runtime, control channel, supervisor validation
+
+``_text`` prints what is found here (the table, its JSON, a trace's summary).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from __future__ import annotations
 import bisect
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +42,7 @@ from ipc import errors
 from . import _read
 
 __all__ = ["Request", "Span", "Trace", "load_trace", "requests", "explain", "slowest",
-           "format_request",
-           "IMPLICATIONS", "STAGES", "summary_lines", "as_dict", "parse_cid"]
+           "IMPLICATIONS", "STAGES"]
 
 STAGES = ("submit", "queued", "acquire", "execute", "signal", "wake-up", "callback")
 
@@ -103,25 +104,31 @@ class Request:
 
     @property
     def start(self) -> float:
+        """When its first stage began (ms from the trace's origin; 0 without stages)."""
         return self.stages[0].t0 if self.stages else 0.0
 
     @property
     def end(self) -> float:
+        """When its last stage ended (ms from the trace's origin; 0 without stages)."""
         return self.stages[-1].t1 if self.stages else 0.0
 
     @property
     def total(self) -> float:
+        """Its latency in ms, first stage's start to last stage's end."""
         return self.end - self.start
 
     @property
     def dominant(self) -> Span | None:
+        """The longest stage: where the repair starts (``IMPLICATIONS``)."""
         return max(self.stages, key=lambda s: s.dur) if self.stages else None
 
     def first(self, name: str) -> Slice | None:
+        """Its first slice of stage ``name`` (SUBMIT, QUEUED, EXEC...), if any."""
         got = self.slices.get(name)
         return got[0] if got else None
 
     def last(self, name: str) -> Slice | None:
+        """Its last slice of stage ``name`` (a request run in parts has several)."""
         got = self.slices.get(name)
         return got[-1] if got else None
 
@@ -252,6 +259,8 @@ class Trace:
         return got
 
     def where(self, s: Slice) -> str:
+        """The process and row a slice sits on, as a person names them ("npu0",
+        "supervisor: npu0 queue", "client camera")."""
         row = self.row(s.pid, s.tid)
         proc = self.processes.get(s.pid, f"pid {s.pid}")
         if row.startswith("client ") or (row and row in proc):
@@ -259,6 +268,8 @@ class Trace:
         return f"{proc}: {row}" if row else proc
 
     def device_of(self, req: Request) -> str:
+        """The device that ran (or would have run) the request: its EXEC's or acquire's
+        row, else the queue it waited in; "?" when the trace does not say."""
         s = req.first("EXEC") or req.first("ACQUIRE_WAIT")
         if s is not None:
             return self.row(s.pid, s.tid) or self.processes.get(s.pid, "?")
@@ -268,6 +279,8 @@ class Trace:
         return "?"
 
     def counter_at(self, name: str, t: float) -> float | None:
+        """Counter ``name``'s value at ``t`` (its last sample at or before; None before
+        the first or for a counter the trace lacks)."""
         series = self.counters.get(name)
         if not series:
             return None
@@ -379,99 +392,127 @@ def _where(trace: Trace, req: Request, stage: str) -> str:
 
 
 def _detail(trace: Trace, req: Request, stage: str, t0: float, t1: float) -> str:
-    if stage == "acquire":
-        w = req.first("ACQUIRE_WAIT")  # the request's own input; later parts wait on earlier ones
-        if w is None or w.t0 >= t1:
-            return "no input fence: dispatch only"
-        handle = int(w.args.get("end_a0", 0))
-        pcid = int(w.args.get("end_a1", 0))
-        who = int(w.args.get("end_a2", 0))
-        text = f"waited {_within(w, t0, t1):.3f} ms on fence {handle:#x}"
-        if who == _USER_SIGNALLER:
-            text += ", a user fence signalled by a client"
-        elif who == 0 and handle:
-            text += ", failed by the supervisor"
-        if pcid and pcid != req.cid:
-            prod = explain(trace, pcid, detail=False)  # its times only: no chain to follow
-            if prod is not None:
-                dom = prod.dominant
-                text += (f", produced by request {pcid:#x} on {trace.device_of(prod)}"
-                         + (f" (its {dom.name} {dom.dur:.3f} ms)" if dom else ""))
-            else:
-                text += f", produced by request {pcid:#x} (outside this trace)"
-        return text
-    if stage == "queued":
-        q = req.first("QUEUED")
-        dev = trace.device_of(req)
-        others: dict[int, float] = {}
-        for other in trace.by_row("execs").overlapping(dev, t0, t1):
-            c = int(other.args.get("cid") or 0)
-            if c != req.cid:
-                others[c] = others.get(c, 0.0) + min(other.t1, t1) - max(other.t0, t0)
-        parts = []
-        if q is not None:
-            parts.append(f"priority {q.args.get('a1', 0)}")
-        if q is not None:
-            # Exact, from the slices (the counter track is sampled): commands in this queue
-            # when this one arrived, itself included.
-            row = trace.row(q.pid, q.tid)
-            depth = sum(1 for _ in trace.by_row("queued").covering(row, q.t0))
-            parts.append(f"{max(depth, 1)} waiting to start on arrival (itself included)")
-        power = trace.counter_at(f"power state {dev}", t0)
-        if power is not None:
-            parts.append("device was in low power" if power == 0 else "device was active")
-        if others:
-            top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
-            parts.append(f"{dev} ran meanwhile: " + ", ".join(
-                f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
-        blocked: dict[int, float] = {}  # head-of-line: the device waited for another's input
-        for w in trace.by_row("waits").overlapping(dev, t0, t1):
-            c = int(w.args.get("cid") or 0)
-            if c != req.cid:
-                blocked[c] = blocked.get(c, 0.0) + min(w.t1, t1) - max(w.t0, t0)
-        if blocked:
-            top = sorted(blocked.items(), key=lambda kv: -kv[1])[:3]
-            parts.append(f"{dev} sat waiting on the inputs of earlier requests: " + ", ".join(
-                f"{c:#x} for {ms:.3f} ms" for c, ms in top))
-        return "; ".join(parts)
-    if stage == "execute":
-        ex = req.last("EXEC")
-        pieces = req.slices.get("EXEC", [])
-        if len(pieces) > 1:
-            return (f"ran in {len(pieces)} parts on the device (a runtime-inserted copy or "
-                    f"reformat first): "
-                    + " + ".join(f"{_within(p, t0, t1):.3f}" for p in pieces) + " ms")
-        if ex is not None and ex.args.get("unfinished"):
-            errs = (trace.other.get("frozen") or {}).get("errors") or []
-            why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]
-            return "never finished: the device hung or died" + (f" ({why[0]})" if why else "")
-        m = req.first("MAP")
-        if m is not None:
-            return (f"mapped {int(m.args.get('end_a1', 0))} buffers, "
-                    f"{int(m.args.get('end_a0', 0))} bytes in {_within(m, t0, t1):.3f} ms")
-        return ""
-    if stage == "wake-up":
-        w = req.last("WAKE")
-        if w is not None and w.t0 > t0:
-            return f"the client started waiting {w.t0 - t0:.3f} ms after the signal"
-        if w is not None:
-            return "the client was already waiting"
-        return ""
-    if stage == "signal":
-        sig = req.instants.get("SIGNAL")
-        code = int(sig[0].args.get("a0", 0)) if sig else 0
-        if code:
-            return f"signalled the failure {errors.error_class(code).__name__}"
-        return ""
-    if stage == "submit":
-        s, e = req.first("SUBMIT"), req.first("ENQUEUE")
-        parts = []
-        if s is not None:
-            parts.append(f"client submit {_within(s, t0, t1):.3f} ms")
-        if e is not None:
-            parts.append(f"supervisor validation {_within(e, t0, t1):.3f} ms")
-        return ", ".join(parts)
+    """What the trace tells of one stage of a request beyond its time ("" if nothing)."""
+    tell = _DETAILS.get(stage)
+    return tell(trace, req, t0, t1) if tell is not None else ""
+
+
+def _acquire_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """The input fence it waited on: for how long, who signalled it, and the request that
+    produced it."""
+    w = req.first("ACQUIRE_WAIT")  # the request's own input; later parts wait on earlier ones
+    if w is None or w.t0 >= t1:
+        return "no input fence: dispatch only"
+    handle = int(w.args.get("end_a0", 0))
+    pcid = int(w.args.get("end_a1", 0))
+    who = int(w.args.get("end_a2", 0))
+    text = f"waited {_within(w, t0, t1):.3f} ms on fence {handle:#x}"
+    if who == _USER_SIGNALLER:
+        text += ", a user fence signalled by a client"
+    elif who == 0 and handle:
+        text += ", failed by the supervisor"
+    if pcid and pcid != req.cid:
+        prod = explain(trace, pcid, detail=False)  # its times only: no chain to follow
+        if prod is not None:
+            dom = prod.dominant
+            text += (f", produced by request {pcid:#x} on {trace.device_of(prod)}"
+                     + (f" (its {dom.name} {dom.dur:.3f} ms)" if dom else ""))
+        else:
+            text += f", produced by request {pcid:#x} (outside this trace)"
+    return text
+
+
+def _queued_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """Why it waited in the queue: its priority, the queue's depth on arrival, the
+    device's power state, what ran meanwhile and whose inputs held the device."""
+    q = req.first("QUEUED")
+    dev = trace.device_of(req)
+    others: dict[int, float] = {}
+    for other in trace.by_row("execs").overlapping(dev, t0, t1):
+        c = int(other.args.get("cid") or 0)
+        if c != req.cid:
+            others[c] = others.get(c, 0.0) + min(other.t1, t1) - max(other.t0, t0)
+    parts = []
+    if q is not None:
+        parts.append(f"priority {q.args.get('a1', 0)}")
+    if q is not None:
+        # Exact, from the slices (the counter track is sampled): commands in this queue
+        # when this one arrived, itself included.
+        row = trace.row(q.pid, q.tid)
+        depth = sum(1 for _ in trace.by_row("queued").covering(row, q.t0))
+        parts.append(f"{max(depth, 1)} waiting to start on arrival (itself included)")
+    power = trace.counter_at(f"power state {dev}", t0)
+    if power is not None:
+        parts.append("device was in low power" if power == 0 else "device was active")
+    if others:
+        top = sorted(others.items(), key=lambda kv: -kv[1])[:3]
+        parts.append(f"{dev} ran meanwhile: " + ", ".join(
+            f"request {c:#x}{_owner(trace, c)} for {ms:.3f} ms" for c, ms in top))
+    blocked: dict[int, float] = {}  # head-of-line: the device waited for another's input
+    for w in trace.by_row("waits").overlapping(dev, t0, t1):
+        c = int(w.args.get("cid") or 0)
+        if c != req.cid:
+            blocked[c] = blocked.get(c, 0.0) + min(w.t1, t1) - max(w.t0, t0)
+    if blocked:
+        top = sorted(blocked.items(), key=lambda kv: -kv[1])[:3]
+        parts.append(f"{dev} sat waiting on the inputs of earlier requests: " + ", ".join(
+            f"{c:#x} for {ms:.3f} ms" for c, ms in top))
+    return "; ".join(parts)
+
+
+def _execute_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """How it ran: in parts, never finished (with the frozen window's reason), or the
+    buffers mapped for it."""
+    ex = req.last("EXEC")
+    pieces = req.slices.get("EXEC", [])
+    if len(pieces) > 1:
+        return (f"ran in {len(pieces)} parts on the device (a runtime-inserted copy or "
+                f"reformat first): "
+                + " + ".join(f"{_within(p, t0, t1):.3f}" for p in pieces) + " ms")
+    if ex is not None and ex.args.get("unfinished"):
+        errs = (trace.other.get("frozen") or {}).get("errors") or []
+        why = [e["reason"] for e in errs if e.get("cid") == req.cid and e.get("reason")]
+        return "never finished: the device hung or died" + (f" ({why[0]})" if why else "")
+    m = req.first("MAP")
+    if m is not None:
+        return (f"mapped {int(m.args.get('end_a1', 0))} buffers, "
+                f"{int(m.args.get('end_a0', 0))} bytes in {_within(m, t0, t1):.3f} ms")
     return ""
+
+
+def _wake_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """Whether the client was already waiting when the fence signalled."""
+    w = req.last("WAKE")
+    if w is not None and w.t0 > t0:
+        return f"the client started waiting {w.t0 - t0:.3f} ms after the signal"
+    if w is not None:
+        return "the client was already waiting"
+    return ""
+
+
+def _signal_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """The failure a failed fence carried."""
+    sig = req.instants.get("SIGNAL")
+    code = int(sig[0].args.get("a0", 0)) if sig else 0
+    if code:
+        return f"signalled the failure {errors.error_class(code).__name__}"
+    return ""
+
+
+def _submit_detail(trace: Trace, req: Request, t0: float, t1: float) -> str:
+    """The client's and the supervisor's share of the submit."""
+    s, e = req.first("SUBMIT"), req.first("ENQUEUE")
+    parts = []
+    if s is not None:
+        parts.append(f"client submit {_within(s, t0, t1):.3f} ms")
+    if e is not None:
+        parts.append(f"supervisor validation {_within(e, t0, t1):.3f} ms")
+    return ", ".join(parts)
+
+
+_DETAILS: dict[str, Callable[[Trace, Request, float, float], str]] = {
+    "acquire": _acquire_detail, "queued": _queued_detail, "execute": _execute_detail,
+    "wake-up": _wake_detail, "signal": _signal_detail, "submit": _submit_detail}
 
 
 def _within(sl: Slice, t0: float, t1: float) -> float:
@@ -510,59 +551,3 @@ def slowest(trace: Trace, n: int, among: Iterable[int] | None = None) -> list[Re
         reqs = [r for r in reqs if r.cid in keep]
     top = sorted(reqs, key=lambda r: -r.total)[:n]
     return [explain(trace, r.cid) or r for r in top]
-
-
-# -- text -------------------------------------------------------------------------------
-
-
-def format_request(trace: Trace, req: Request) -> str:
-    dom = req.dominant
-    lines = [f"request {req.cid:#x} on {trace.device_of(req)}: {req.total:.3f} ms from "
-             f"{req.stages[0].name if req.stages else '?'} start to "
-             f"{req.stages[-1].name if req.stages else '?'} end"
-             + (" (unfinished at the end of the trace)" if req.unfinished else "")]
-    lines.append(f"  {'stage':10s} {'at ms':>10s} {'ms':>10s} {'share':>6s}  where / evidence")
-    for s in req.stages:
-        share = 100.0 * s.dur / req.total if req.total > 0 else 0.0
-        mark = "*" if s is dom else " "
-        lines.append(f"{mark} {s.name:10s} {s.t0 - req.start:10.3f} {s.dur:10.3f} {share:5.1f}%  "
-                     f"{s.where}" + (f": {s.detail}" if s.detail else ""))
-    if dom is not None:
-        share = 100.0 * dom.dur / req.total if req.total > 0 else 0.0
-        lines.append(f"  dominant: {dom.name} ({dom.dur:.3f} ms, {share:.0f}%) -> "
-                     f"{IMPLICATIONS[dom.name]}")
-    return "\n".join(lines)
-
-
-def as_dict(trace: Trace, req: Request) -> dict[str, Any]:
-    dom = req.dominant
-    return {"cid": req.cid, "device": trace.device_of(req), "total_ms": req.total,
-            "unfinished": req.unfinished,
-            "stages": [{"stage": s.name, "at_ms": s.t0 - req.start, "ms": s.dur,
-                        "where": s.where, "detail": s.detail} for s in req.stages],
-            "dominant": dom.name if dom else None,
-            "implication": IMPLICATIONS[dom.name] if dom else None}
-
-
-def summary_lines(trace: Trace) -> list[str]:
-    reqs = requests(trace)
-    lines = []
-    frozen = trace.other.get("frozen")
-    if frozen:
-        lines.append(f"frozen window {frozen.get('id')}: {frozen.get('reason')} "
-                     f"({len(frozen.get('errors', []))} error(s), "
-                     f"cids {', '.join(f'{c:#x}' for c in frozen.get('cids', [])) or '-'})")
-    if reqs:
-        totals = sorted(r.total for r in reqs)
-        p50 = totals[len(totals) // 2]
-        p99 = totals[min(len(totals) - 1, int(len(totals) * 0.99))]
-        lines.append(f"{len(reqs)} requests: p50 {p50:.3f} ms, p99 {p99:.3f} ms, "
-                     f"max {totals[-1]:.3f} ms")
-    else:
-        lines.append("no requests in this trace")
-    return lines
-
-
-def parse_cid(text: str) -> int:
-    """A correlation id as printed (``0x...``) or in decimal."""
-    return int(text, 0)

@@ -51,88 +51,120 @@ def expand(records: np.ndarray, running: Iterable[Sequence[int]] = ()) -> np.nda
     ``running``: ``(pid, track, cid, started_ns)`` of commands still executing (from the
     devices' state table): they get an open EXEC BEGIN, since their record comes at the end.
     """
-    extra = []
-    st, ph = records["stage"], records["phase"]
-    # -- SUBMIT ---------------------------------------------------------------------------
-    m = (st == _SUBMIT) & (ph == INSTANT) & (records["a2"] > 0)
-    if m.any():
-        sub = records[m]
-        b, e = sub.copy(), sub.copy()
-        b["phase"], b["t_ns"], b["a2"] = BEGIN, sub["a2"].astype(np.uint64), 0
-        e["phase"], e["a0"], e["a2"] = END, 0, 0
-        extra += [b, e]
-        records = records[~m]
-        st, ph = records["stage"], records["phase"]
-    # -- EXEC -----------------------------------------------------------------------------
+    extra: list[np.ndarray] = []
+    records = _submit_slices(records, extra)
     takes: dict[int, list[int]] = {}  # cid -> take times (a request may run in parts)
-    m = (st == _EXEC) & (ph == END) & (records["a2"] > 0)
-    done: set[int] = set()
-    if m.any():
-        ex = records[m].copy()
-        flags = ex["a0"] & SIGNALLED_AT_END
-        ex["a0"] &= SIGNALLED_AT_END - 1
-        b = ex.copy()
-        b["phase"], b["t_ns"] = BEGIN, ex["a2"].astype(np.uint64)
-        b["a0"], b["a1"], b["a2"] = 0, 0, 0
-        for cid, t in zip(ex["cid"].tolist(), ex["a1"].tolist()):
-            if t > 0:
-                takes.setdefault(cid, []).append(t)
-        done = set(ex["cid"].tolist())
-        sig = ex[flags != 0].copy()
-        sig["stage"], sig["phase"], sig["a1"], sig["a2"] = _SIGNAL, INSTANT, 0, 0
-        ex["a1"], ex["a2"] = 0, 0
-        extra += [b, ex, sig]
-        records = records[~m]
-        st, ph = records["stage"], records["phase"]
+    records, done = _exec_slices(records, extra, takes)
     opened = [r for r in running if int(r[2]) not in done]
     if opened:
         run = np.zeros(len(opened), RECORD_DTYPE)
         for i, (pid, track, cid, t0) in enumerate(opened):
             run[i] = (t0, cid, 0, 0, 0, pid, track, _EXEC, BEGIN)
         extra.append(run)
-    m = (st == _ACQ) & (ph == BEGIN) & (records["a2"] > 0)
-    if m.any():
-        for cid, t in zip(records["cid"][m].tolist(), records["a2"][m].tolist()):
-            takes.setdefault(cid, []).append(t)  # the same take as its EXEC's: deduplicated
-        records = records.copy()
-        records["a2"][m] = 0  # consumed: not an argument of the wait
-    # -- QUEUED end from the take, then ENQUEUE out of QUEUED's begin ----------------------
-    qb = (st == _QUEUED) & (ph == BEGIN)
-    if takes and qb.any():
-        # Each QUEUED slice of a request (one per part, begun in seq order = a0) ends at
-        # the next take of that request: one device runs one request's parts in order.
-        ended: dict[int, int] = {}
-        for c in records["cid"][(st == _QUEUED) & (ph == END)].tolist():
-            ended[c] = ended.get(c, 0) + 1
-        q = records[qb]
-        q = q[np.argsort(q["a0"], kind="stable")]
-        order = {c: sorted(set(ts)) for c, ts in takes.items()}
-        used: dict[int, int] = {}
-        rows, times = [], []
-        for i, c in enumerate(q["cid"].tolist()):
-            k = used.get(c, 0) + ended.get(c, 0)  # parts closed explicitly go first
-            ts = order.get(c)
-            if ts is not None and k < len(ts):
-                rows.append(i)
-                times.append(ts[k])
-                used[c] = used.get(c, 0) + 1
-        if rows:
-            e = q[rows].copy()
-            e["phase"], e["a0"], e["a1"], e["a2"] = END, 0, 0, 0
-            e["t_ns"] = np.array(times, np.uint64)
-            extra.append(e)
-    m = qb & (records["a2"] > 0)
-    if m.any():
-        q = records[m].copy()
-        b = q.copy()
-        b["stage"], b["a2"] = _ENQUEUE, 0
-        t_enq = q["t_ns"] + q["a2"].astype(np.uint64)
-        e = b.copy()
-        e["phase"], e["t_ns"], e["a0"], e["a1"] = END, t_enq, 0, 0
-        q["t_ns"], q["a2"] = t_enq, 0
-        extra += [b, e, q]
-        records = records[~m]
+    records = _acquire_takes(records, takes)
+    _queued_ends(records, takes, extra)
+    records = _enqueue_slices(records, extra)
     return merge(records, *extra) if extra else records
+
+
+def _submit_slices(records: np.ndarray, extra: list[np.ndarray]) -> np.ndarray:
+    """A SUBMIT instant with a2 = its start: a BEGIN and an END into ``extra``; returns
+    the records without it."""
+    m = (records["stage"] == _SUBMIT) & (records["phase"] == INSTANT) & (records["a2"] > 0)
+    if not m.any():
+        return records
+    sub = records[m]
+    b, e = sub.copy(), sub.copy()
+    b["phase"], b["t_ns"], b["a2"] = BEGIN, sub["a2"].astype(np.uint64), 0
+    e["phase"], e["a0"], e["a2"] = END, 0, 0
+    extra += [b, e]
+    return records[~m]
+
+
+def _exec_slices(records: np.ndarray, extra: list[np.ndarray],
+                 takes: dict[int, list[int]]) -> tuple[np.ndarray, set[int]]:
+    """An EXEC END with a2 = its start: the BEGIN, the END and (``SIGNALLED_AT_END``) the
+    SIGNAL instant into ``extra``, its take time (a1) into ``takes``; returns the records
+    without it and the cids that ended."""
+    m = (records["stage"] == _EXEC) & (records["phase"] == END) & (records["a2"] > 0)
+    if not m.any():
+        return records, set()
+    ex = records[m].copy()
+    flags = ex["a0"] & SIGNALLED_AT_END
+    ex["a0"] &= SIGNALLED_AT_END - 1
+    b = ex.copy()
+    b["phase"], b["t_ns"] = BEGIN, ex["a2"].astype(np.uint64)
+    b["a0"], b["a1"], b["a2"] = 0, 0, 0
+    for cid, t in zip(ex["cid"].tolist(), ex["a1"].tolist()):
+        if t > 0:
+            takes.setdefault(cid, []).append(t)
+    done = set(ex["cid"].tolist())
+    sig = ex[flags != 0].copy()
+    sig["stage"], sig["phase"], sig["a1"], sig["a2"] = _SIGNAL, INSTANT, 0, 0
+    ex["a1"], ex["a2"] = 0, 0
+    extra += [b, ex, sig]
+    return records[~m], done
+
+
+def _acquire_takes(records: np.ndarray, takes: dict[int, list[int]]) -> np.ndarray:
+    """An ACQUIRE_WAIT BEGIN's a2 is the take time: into ``takes``, and no longer an
+    argument of the wait (a copy of the records where one was consumed)."""
+    m = (records["stage"] == _ACQ) & (records["phase"] == BEGIN) & (records["a2"] > 0)
+    if not m.any():
+        return records
+    for cid, t in zip(records["cid"][m].tolist(), records["a2"][m].tolist()):
+        takes.setdefault(cid, []).append(t)  # the same take as its EXEC's: deduplicated
+    records = records.copy()
+    records["a2"][m] = 0
+    return records
+
+
+def _queued_ends(records: np.ndarray, takes: dict[int, list[int]],
+                 extra: list[np.ndarray]) -> None:
+    """A QUEUED slice without an END ends when the device took the command: each QUEUED
+    slice of a request (one per part, begun in seq order = a0) ends at the next take of
+    that request (one device runs one request's parts in order)."""
+    st, ph = records["stage"], records["phase"]
+    qb = (st == _QUEUED) & (ph == BEGIN)
+    if not takes or not qb.any():
+        return
+    ended: dict[int, int] = {}
+    for c in records["cid"][(st == _QUEUED) & (ph == END)].tolist():
+        ended[c] = ended.get(c, 0) + 1
+    q = records[qb]
+    q = q[np.argsort(q["a0"], kind="stable")]
+    order = {c: sorted(set(ts)) for c, ts in takes.items()}
+    used: dict[int, int] = {}
+    rows, times = [], []
+    for i, c in enumerate(q["cid"].tolist()):
+        k = used.get(c, 0) + ended.get(c, 0)  # parts closed explicitly go first
+        ts = order.get(c)
+        if ts is not None and k < len(ts):
+            rows.append(i)
+            times.append(ts[k])
+            used[c] = used.get(c, 0) + 1
+    if rows:
+        e = q[rows].copy()
+        e["phase"], e["a0"], e["a1"], e["a2"] = END, 0, 0, 0
+        e["t_ns"] = np.array(times, np.uint64)
+        extra.append(e)
+
+
+def _enqueue_slices(records: np.ndarray, extra: list[np.ndarray]) -> np.ndarray:
+    """A QUEUED BEGIN stamped at the message's arrival with a2 = ns spent validating and
+    queueing: an ENQUEUE slice over that time, then the QUEUED BEGIN at its end."""
+    m = (records["stage"] == _QUEUED) & (records["phase"] == BEGIN) & (records["a2"] > 0)
+    if not m.any():
+        return records
+    q = records[m].copy()
+    b = q.copy()
+    b["stage"], b["a2"] = _ENQUEUE, 0
+    t_enq = q["t_ns"] + q["a2"].astype(np.uint64)
+    e = b.copy()
+    e["phase"], e["t_ns"], e["a0"], e["a1"] = END, t_enq, 0, 0
+    q["t_ns"], q["a2"] = t_enq, 0
+    extra += [b, e, q]
+    return records[~m]
 
 
 def records_to_chrome(records: np.ndarray, names: Mapping[int, str], tracks: Mapping[int, str],

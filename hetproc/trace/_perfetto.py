@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -80,6 +80,38 @@ def to_chrome_trace(
     BEGIN (its BEGIN was overwritten, or fell outside the window) is dropped and counted in
     ``otherData.dropped_ends``.
     """
+    sname = _stage_namer(stage_names)
+    recs = records[np.argsort(records["t_ns"], kind="stable")] if len(records) else records
+    rows = recs.tolist()  # tuples of Python ints: far faster to walk than numpy scalars
+    t_first, t_last = (rows[0][0], rows[-1][0]) if rows else (0, 0)
+    t0 = t_first if origin_ns is None else origin_ns
+    pairs = _Pairs(rows, sname, t0, track_names, t_last)
+    slices, points = pairs.slices, pairs.points
+    used_tids = _place_on_lanes(slices)
+    timed, by_cid = _slice_events(slices, sname, t0)
+    flows = _flow_events(timed, by_cid, slices, sname, t0,
+                         marker_base=2 * len(slices) + len(points) + 1)
+    for t, order, ev in points:
+        # Points sort after every slice starting at the same time (so they nest inside).
+        timed.append((t, 0, 2 * len(slices) + order, ev))
+    timed.sort(key=lambda x: (x[0], x[1], x[2]))
+    return {
+        "traceEvents": _metadata(rows, used_tids, process_names, track_names)
+        + [ev for _, _, _, ev in timed],
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "origin_monotonic_ns": t0,
+            "records": len(rows),
+            "slices": len(slices),
+            "unfinished_slices": pairs.unfinished,
+            "dropped_ends": pairs.dropped_ends,
+            "flows": flows,
+        },
+    }
+
+
+def _stage_namer(stage_names: Mapping[int, str] | None) -> Callable[[int], str]:
+    """A stage's name, looked up once per stage (``stage_names`` first)."""
     names: dict[int, str] = {}
 
     def sname(stage: int) -> str:
@@ -89,56 +121,62 @@ def to_chrome_trace(
                 stage_names[stage] if stage_names and stage in stage_names else stage_name(stage)
             )
         return got
+    return sname
 
-    recs = records[np.argsort(records["t_ns"], kind="stable")] if len(records) else records
-    rows = recs.tolist()  # tuples of Python ints: far faster to walk than numpy scalars
-    if rows:
-        t_first, t_last = rows[0][0], rows[-1][0]
-    else:
-        t_first = t_last = 0
-    t0 = t_first if origin_ns is None else origin_ns
 
-    # -- pair BEGIN/END into slices -------------------------------------------------------
-    # slice: [t_begin, t_end, pid, track, stage, cid, args]
-    open_: dict[tuple[int, int, int, int], list[tuple[int, dict]]] = {}
-    slices: list[list[Any]] = []
-    points: list[tuple[int, int, dict]] = []  # (t_ns, order, event) for "i" and "C"
-    dropped_ends = 0
-    for t, cid, a0, a1, a2, pid, track, stage, phase in rows:
-        if phase == BEGIN:
-            args = {"cid": cid, "a0": a0, "a1": a1, "a2": a2}
-            open_.setdefault((pid, track, stage, cid), []).append((t, args))
-        elif phase == END:
-            stack = open_.get((pid, track, stage, cid))
-            if not stack:
-                dropped_ends += 1
-                continue
-            tb, args = stack.pop()  # LIFO: a re-entered stage closes its innermost slice
-            if a0 or a1 or a2:
-                # END may carry the outcome (bytes moved, error code): keep it apart.
-                args.update(end_a0=a0, end_a1=a1, end_a2=a2)
-            slices.append([tb, t, pid, track, stage, cid, args])
-        elif phase == INSTANT:
-            points.append((t, len(points), {
-                "name": sname(stage), "cat": EVENT_CATEGORY, "ph": "i", "s": "t",
-                "ts": _us(t - t0), "pid": pid, "tid": tid_for(track),
-                "args": {"cid": cid, "a0": a0, "a1": a1, "a2": a2},
-            }))
-        elif phase == COUNTER:
-            points.append((t, len(points), {
-                "name": f"{sname(stage)} {track_names.get(track, f'track {track}')}",
-                "cat": COUNTER_CATEGORY, "ph": "C", "ts": _us(t - t0), "pid": pid,
-                "tid": tid_for(track), "args": {"value": a0},
-            }))
-    unfinished = 0
-    for (pid, track, stage, cid), stack in open_.items():
-        for tb, args in stack:
-            args["unfinished"] = True
-            slices.append([tb, t_last, pid, track, stage, cid, args])
-            unfinished += 1
+class _Pairs:
+    """The records walked once in time order: BEGIN/END paired into slices
+    ``[t_begin, t_end, pid, track, stage, cid, args]`` per (pid, track, stage, cid),
+    instants and counters as ``(t_ns, order, event)`` points."""
 
-    # -- place slices on rows so that each row nests properly ------------------------------
-    # Longest first among equal starts, so a parent precedes its children.
+    def __init__(self, rows: list[tuple[int, ...]], sname: Callable[[int], str], t0: int,
+                 track_names: Mapping[int, str], t_last: int) -> None:
+        self.slices: list[list[Any]] = []
+        self.points: list[tuple[int, int, dict]] = []
+        self.dropped_ends = 0
+        open_: dict[tuple[int, int, int, int], list[tuple[int, dict]]] = {}
+        for t, cid, a0, a1, a2, pid, track, stage, phase in rows:
+            if phase == BEGIN:
+                args = {"cid": cid, "a0": a0, "a1": a1, "a2": a2}
+                open_.setdefault((pid, track, stage, cid), []).append((t, args))
+            elif phase == END:
+                self._end(open_.get((pid, track, stage, cid)), t, pid, track, stage, cid,
+                          a0, a1, a2)
+            elif phase == INSTANT:
+                self.points.append((t, len(self.points), {
+                    "name": sname(stage), "cat": EVENT_CATEGORY, "ph": "i", "s": "t",
+                    "ts": _us(t - t0), "pid": pid, "tid": tid_for(track),
+                    "args": {"cid": cid, "a0": a0, "a1": a1, "a2": a2},
+                }))
+            elif phase == COUNTER:
+                self.points.append((t, len(self.points), {
+                    "name": f"{sname(stage)} {track_names.get(track, f'track {track}')}",
+                    "cat": COUNTER_CATEGORY, "ph": "C", "ts": _us(t - t0), "pid": pid,
+                    "tid": tid_for(track), "args": {"value": a0},
+                }))
+        self.unfinished = 0
+        for (pid, track, stage, cid), stack in open_.items():
+            for tb, args in stack:
+                args["unfinished"] = True
+                self.slices.append([tb, t_last, pid, track, stage, cid, args])
+                self.unfinished += 1
+
+    def _end(self, stack: list[tuple[int, dict]] | None, t: int, pid: int, track: int,
+             stage: int, cid: int, a0: int, a1: int, a2: int) -> None:
+        if not stack:
+            self.dropped_ends += 1
+            return
+        tb, args = stack.pop()  # LIFO: a re-entered stage closes its innermost slice
+        if a0 or a1 or a2:
+            # END may carry the outcome (bytes moved, error code): keep it apart.
+            args.update(end_a0=a0, end_a1=a1, end_a2=a2)
+        self.slices.append([tb, t, pid, track, stage, cid, args])
+
+
+def _place_on_lanes(slices: list[list[Any]]) -> set[tuple[int, int, int, int]]:
+    """Give each slice a row (its tid, appended to it) so that each row nests properly;
+    returns the rows used as (pid, track, lane, tid). Longest first among equal starts,
+    so a parent precedes its children."""
     slices.sort(key=lambda s: (s[0], s[0] - s[1]))
     lanes: dict[tuple[int, int], list[list[int]]] = {}  # (pid, track) -> per-lane end stacks
     used_tids: set[tuple[int, int, int, int]] = set()
@@ -147,56 +185,40 @@ def to_chrome_trace(
         lane = _nesting_lane(lanes.setdefault((pid, track), []), tb, te)
         s.append(tid_for(track, lane))
         used_tids.add((pid, track, lane, s[-1]))
+    return used_tids
 
-    # -- events: each flow step right after the slice it binds to -------------------------
-    timed: list[tuple[int, int, int, dict]] = []  # (t_ns, -dur, order, event)
+
+def _slice_events(slices: list[list[Any]], sname: Callable[[int], str], t0: int
+                  ) -> tuple[list[tuple[int, int, int, dict]], dict[int, list[int]]]:
+    """The "X" events as ``(t_ns, -dur, order, event)``, and per cid the slices that are
+    steps of its flow (an empty slice binds nothing)."""
+    timed: list[tuple[int, int, int, dict]] = []
     by_cid: dict[int, list[int]] = {}
     for i, (tb, te, pid, _track, stage, cid, args, tid) in enumerate(slices):
         timed.append((tb, tb - te, 2 * i, {
             "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
             "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
         }))
-        if cid and sname(stage) in _FLOW_RANK and te > tb:  # an empty slice binds nothing
+        if cid and sname(stage) in _FLOW_RANK and te > tb:
             by_cid.setdefault(cid, []).append(i)
+    return timed, by_cid
+
+
+def _flow_events(timed: list[tuple[int, int, int, dict]], by_cid: dict[int, list[int]],
+                 slices: list[list[Any]], sname: Callable[[int], str], t0: int,
+                 marker_base: int) -> int:
+    """Each request's flow, its steps added to ``timed`` right after the slice each binds
+    to; returns how many flows were drawn."""
     flows = 0
-    marker_base = 2 * len(slices) + len(points) + 1
     markers = 0
     for cid, idxs in by_cid.items():
-        if len(idxs) < 2:
-            continue  # a single slice has nothing to point at
-        # By stage, then by start (a request run in parts has several QUEUED and EXEC).
-        idxs.sort(key=lambda i: (_FLOW_RANK[sname(slices[i][4])], slices[i][0]))
-        # A client may wait for one request several times (a timed wait that gave up, then
-        # another): the arrow goes to the wait that ended last, the one that saw it done.
-        wakes = [i for i in idxs if sname(slices[i][4]) == "WAKE"]
-        if len(wakes) > 1:
-            woke = max(wakes, key=lambda i: slices[i][1])
-            idxs = [i for i in idxs if i == woke or i not in wakes]
-        idxs = _one_per_overlap(idxs, slices)
-        if len(idxs) < 2:
+        steps = _flow_steps(idxs, slices, sname)
+        if len(steps) < 2:
             continue
         flows += 1
-        # A viewer links the steps in the order it reads them (by time): a step that would
-        # be read before the one it follows is left out (a window cut the request short,
-        # or a modeled EXEC lies before the host queued it), and the parts the arrows
-        # touch are chosen again among the steps that remain.
-        while True:
-            spans = _forward_spans([(slices[i][0], slices[i][1]) for i in idxs])
-            kept, t_last = [], 0
-            for i, span in zip(idxs, spans):
-                if span[0] >= t_last:
-                    kept.append((i, span))
-                    t_last = span[0]
-            if len(kept) == len(idxs):
-                break
-            idxs = [i for i, _ in kept]
-        if len(kept) < 2:
-            flows -= 1
-            continue
-        idxs, spans = [i for i, _ in kept], [sp for _, sp in kept]
-        last = len(idxs) - 1
-        for k, (i, (sb, se)) in enumerate(zip(idxs, spans)):
-            tb, te, pid, _, stage, _, args, tid = slices[i]
+        last = len(steps) - 1
+        for k, (i, (sb, se)) in enumerate(steps):
+            tb, te, pid, _, stage, _, _, tid = slices[i]
             ev = {"name": FLOW_NAME, "cat": CATEGORY, "id": cid,
                   "ph": "s" if k == 0 else ("f" if k == last else "t"),
                   "ts": _us(sb - t0), "pid": pid, "tid": tid}
@@ -216,15 +238,47 @@ def to_chrome_trace(
                 "ph": "X", "ts": _us(sb - t0), "dur": _us(se - sb), "pid": pid, "tid": tid,
                 "args": {"cid": cid, "marks": sname(stage)}}))
             timed.append((sb, sb - se, order + 1, ev))
-    for t, order, ev in points:
-        # Points sort after every slice starting at the same time (so they nest inside).
-        timed.append((t, 0, 2 * len(slices) + order, ev))
-    timed.sort(key=lambda x: (x[0], x[1], x[2]))
+    return flows
 
-    # -- metadata: name every process and every row ----------------------------------------
+
+def _flow_steps(idxs: list[int], slices: list[list[Any]], sname: Callable[[int], str]
+                ) -> list[tuple[int, tuple[int, int]]]:
+    """One request's steps as (slice index, the span its arrows touch), in flow order;
+    fewer than two: no flow."""
+    if len(idxs) < 2:
+        return []  # a single slice has nothing to point at
+    # By stage, then by start (a request run in parts has several QUEUED and EXEC).
+    idxs.sort(key=lambda i: (_FLOW_RANK[sname(slices[i][4])], slices[i][0]))
+    # A client may wait for one request several times (a timed wait that gave up, then
+    # another): the arrow goes to the wait that ended last, the one that saw it done.
+    wakes = [i for i in idxs if sname(slices[i][4]) == "WAKE"]
+    if len(wakes) > 1:
+        woke = max(wakes, key=lambda i: slices[i][1])
+        idxs = [i for i in idxs if i == woke or i not in wakes]
+    idxs = _one_per_overlap(idxs, slices)
+    if len(idxs) < 2:
+        return []
+    # A viewer links the steps in the order it reads them (by time): a step that would
+    # be read before the one it follows is left out (a window cut the request short,
+    # or a modeled EXEC lies before the host queued it), and the parts the arrows
+    # touch are chosen again among the steps that remain.
+    while True:
+        spans = _forward_spans([(slices[i][0], slices[i][1]) for i in idxs])
+        kept, t_last = [], 0
+        for i, span in zip(idxs, spans):
+            if span[0] >= t_last:
+                kept.append((i, span))
+                t_last = span[0]
+        if len(kept) == len(idxs):
+            return kept
+        idxs = [i for i, _ in kept]
+
+
+def _metadata(rows: list[tuple[int, ...]], used_tids: set[tuple[int, int, int, int]],
+              process_names: Mapping[int, str], track_names: Mapping[int, str]) -> list[dict]:
+    """"M" events naming every process and every row (a lane > 0 as "<track> #<lane>")."""
     meta: list[dict] = []
-    pids = sorted({r[5] for r in rows})
-    for pid in pids:
+    for pid in sorted({r[5] for r in rows}):
         meta.append({"name": "process_name", "ph": "M", "ts": 0, "pid": pid, "tid": 0,
                      "args": {"name": process_names.get(pid, f"pid {pid}")}})
     rows_named = {(r[5], r[6], 0, tid_for(r[6])) for r in rows} | used_tids
@@ -235,19 +289,7 @@ def to_chrome_trace(
         # Chrome's viewer orders rows by this; keeps a track's lanes together.
         meta.append({"name": "thread_sort_index", "ph": "M", "ts": 0, "pid": pid,
                      "tid": tid, "args": {"sort_index": (track << 8) | min(lane, 255)}})
-
-    return {
-        "traceEvents": meta + [ev for _, _, _, ev in timed],
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "origin_monotonic_ns": t0,
-            "records": len(rows),
-            "slices": len(slices),
-            "unfinished_slices": unfinished,
-            "dropped_ends": dropped_ends,
-            "flows": flows,
-        },
-    }
+    return meta
 
 
 _MARKER = {"SUBMIT": "SENT", "WAKE": "WOKE"}
