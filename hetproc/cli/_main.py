@@ -553,16 +553,14 @@ def _role(platform: str) -> int | None:
     (``client.grant_role()``) passed in ``HETPROC_ROLE``, or else the trace role a
     platform started by this user with its trace shared (``hetproc run``) left for it."""
     from ..client import read_trace_role
-    token = os.environ.get("HETPROC_ROLE", "")
-    if token.isdigit():
+    if (token := os.environ.get("HETPROC_ROLE", "")).isdigit():
         return int(token)
     return None if platform.startswith("\0") else read_trace_role(platform)
 
 
 @contextlib.contextmanager
 def _trace_reader(platform: str) -> Iterator[Any]:
-    """A client of ``platform`` with the role to read its trace; a refusal in one line
-    that says how to get the role."""
+    """A client of ``platform`` that may read its trace; a refusal says how to get one."""
     from ..client import connect
     with connect(platform, "hetproc-trace", role=_role(platform)) as client:
         try:
