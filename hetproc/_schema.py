@@ -151,6 +151,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "client_contexts": Key("int", 64, 0, 1 << 30),
         "client_inflight": Key("int", 16384, 0, 1 << 30),
         "client_segments": Key("int", 256, 1, 1 << 20),
+        "client_fence_fds": Key("int", 64, 0, 1 << 16),
     },
     "timing": {
         "default_ms": Key("float", 0.0, 0, 3_600_000),

@@ -12,6 +12,8 @@ of the connection is theirs to touch. It owns::
     the fence pool            output fences a no-wait submit picks without a round trip
     fences to release, frees  batched into the next request: a finalizer only appends
     the failure inbox         records the supervisor sends ahead of a fence's wake
+    fence descriptors         the ``Fence.fd()`` descriptors open in this process: closed
+                              by their Fence, the rest when the connection closes
     the trace writer          this process's trace ring (``ClientTrace``)
 
 Inside, there is one reader of the socket (``_read``: it maps the descriptors a frame
@@ -80,6 +82,7 @@ class Connection:
         # Failure records the supervisor sent ahead of their fences' wakes, by fence
         # (bounded: the oldest go first; a waiter missing one asks instead).
         self._inbox: collections.OrderedDict[int, dict] = collections.OrderedDict()
+        self._fence_fds: set[int] = set()  # descriptors of Fence.fd() still open
         #: the last notice that named no fence (a refusal at the door, a warning)
         self.last_notice: dict | None = None
         self.closed = False
@@ -136,6 +139,8 @@ class Connection:
             self.closed = True
             self.channel.close()
         self._frees.waiting.clear()
+        for fd in list(self._fence_fds):
+            self.close_fence_fd(fd)
         self.trace.close()
         fences = getattr(self, "fences", None)  # None: hello failed before mapping it
         if fences is not None:
@@ -185,6 +190,20 @@ class Connection:
         append: safe in a finalizer."""
         self._to_release.append(handle)
 
+    def fence_fd(self, handle: int) -> int:
+        """A new descriptor of fence ``handle`` (see ``ipc._fencefd``), this process's
+        until ``close_fence_fd`` (or ``close``)."""
+        (fd,) = self.request("fence_fd", fence=handle)["fds"]
+        self._fence_fds.add(fd)
+        return fd
+
+    def close_fence_fd(self, fd: int) -> None:
+        """Close a descriptor ``fence_fd`` gave, once (a number already closed, or never
+        ours, is left alone: it may name another file by now)."""
+        if fd in self._fence_fds:
+            self._fence_fds.discard(fd)
+            os.close(fd)
+
     def own_segment(self, handle: int, segment: int) -> None:
         """Buffer ``handle`` has ``segment`` to itself (it is exportable): unmap the
         segment when the buffer is freed."""
@@ -227,7 +246,7 @@ class Connection:
             if fence not in self._inbox and not self.closed:
                 try:
                     while select.select([self.channel.sock], [], [], 0)[0]:
-                        self._read(self.timeout)  # a late reply is discarded
+                        _discard(self._read(self.timeout))  # a late reply
                 except (OSError, errors.HetprocError):
                     pass  # a broken channel is reported by the next request
             return self._inbox.get(fence)
@@ -286,11 +305,13 @@ class Connection:
             if reply is None:
                 continue  # a notice, filed
             if reply["id"] != req_id:
+                _discard(reply)
                 if 0 < reply["id"] <= self._last_id:
                     continue  # the late answer to a request that timed out: discarded
                 raise errors.BadPacket(f"reply id {reply['id']} answers no request sent "
                                        f"(last sent {self._last_id})")
             if not reply["ok"]:
+                _discard(reply)
                 raise errors.HetprocError.from_dict(reply.get("error") or {})
             return reply
 
@@ -300,6 +321,7 @@ class Connection:
         notice (id 0) is filed; returns the reply, None for a notice."""
         reply = decode(self.channel.recv(timeout), _protocol.REPLIES)
         self._take_segments(reply)
+        self._take_fence_fds(reply)
         if reply["id"] != 0:
             return reply
         fence, error = reply.get("fence"), reply.get("error")
@@ -330,6 +352,16 @@ class Connection:
                     os.close(rest)
                 raise errors.BadPacket(
                     f"segment {sid} handed over is not mappable: {exc}") from None
+
+    def _take_fence_fds(self, reply: dict[str, Any]) -> None:
+        """A fence descriptor a reply hands over (``fds``: how many, after the segments'
+        descriptors): the count becomes the list of descriptors, now this process's."""
+        n = reply.get("fds")
+        if n is None:
+            return
+        if type(n) is not int or not 0 < n <= 1:
+            raise errors.BadPacket(f"malformed descriptor count {n!r}")
+        reply["fds"] = self.channel.take_fds(n)
 
     def _failure(self, exc: OSError, msg: dict[str, Any], *, sent: bool) -> errors.HetprocError:
         """The error a caller sees for a socket that failed while ``msg`` went out
@@ -403,6 +435,17 @@ class _Frees:
         sid = self._own_segments.pop(handle, None)
         if sid is not None:
             self._segments.forget(sid)
+
+
+def _discard(reply: dict[str, Any] | None) -> None:
+    """Close the descriptors of a reply nobody takes (a late one, a refusal)."""
+    fds = reply.get("fds") if reply else None
+    if isinstance(fds, list):
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _alive(views: list[weakref.ref]) -> bool:

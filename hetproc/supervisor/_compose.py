@@ -27,6 +27,7 @@ from ._devices import Command, DeviceHandle
 from ._evidence import Evidence
 from ._failures import Failures
 from ._faultplan import FaultPlan
+from ._fencefds import FenceFds
 from ._handoff import Handoff
 from ._iommu import Iommu
 from ._lifetimes import Lifetimes
@@ -94,6 +95,7 @@ class Parts:
     recovery: Recovery
     ddr: DdrQuota
     metrics: Metrics
+    fencefds: FenceFds
     requests: dict[str, Handler]
 
 
@@ -122,6 +124,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
                 "spec": spec.to_dict()}
+    fencefds = FenceFds(reg, lifetimes, failures)
     requests = handler_table({
         "connection": ConnectionRequests(reg, evidence, platform=platform, stop=stop,
                                          owner_pid=os.getppid()),
@@ -130,9 +133,10 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
         "commands": CommandRequests(reg, pool, commands, iommu, handoff, faults, evidence, queues,
                                     ddr, fallback_device=policy.fallback_device),
         "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics),
+        "fencefds": fencefds,
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,
-                 handoff, commands, queues, recovery, ddr, metrics, requests)
+                 handoff, commands, queues, recovery, ddr, metrics, fencefds, requests)
 
 
 def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, Segment]:
