@@ -27,6 +27,7 @@ from ._fences import (
     split_cid,
     split_handle,
 )
+from ._fences import watch as watch_fence
 from ._names import (
     Manifest,
     cleanup_dead,
@@ -75,7 +76,7 @@ __all__ = [
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",
-    "FenceFdStatus", "FENCE_FD_RECORD", "fence_fd_pair", "fence_fd_complete",
+    "watch_fence", "FenceFdStatus", "FENCE_FD_RECORD", "fence_fd_pair", "fence_fd_complete",
     "fence_fd_status", "fence_fd_wait",
     "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",

@@ -86,6 +86,14 @@ def split_cid(cid: int) -> tuple[int, int, int]:
     return cid >> CID_CLIENT_SHIFT, cid & (CID_BY_CLIENT | CID_BY_HANDOFF), cid & _CID_SEQ
 
 
+def watch(table: FenceTable, handle: int) -> None:
+    """Mark a live fence of ``table`` watched (its creator does, once a descriptor or a
+    merge depends on it): its signallers then set ``poked``. Reuse clears the mark."""
+    slot, gen = split_handle(handle)
+    if table._owns(slot, gen):
+        table._u64[slot * _W64 + 5] |= WATCHED
+
+
 class FenceTable:
     """A table of fences over one shared segment; see the module docstring."""
 
@@ -333,25 +341,15 @@ class FenceTable:
             return -1
         return self._u64[slot * _W64 + 5] & _OWNER_MASK
 
-    def watch(self, handle: int) -> None:
-        """Mark a live fence watched (the creator does, once a descriptor or a merge
-        depends on it): its signallers then poke the supervisor. Cleared on reuse."""
-        slot, gen = split_handle(handle)
-        if self._owns(slot, gen):
-            self._u64[slot * _W64 + 5] |= WATCHED
-
-    def watched(self, handle: int) -> bool:
-        slot, gen = handle & 0xFFFFFFFF, handle >> 32
-        return self._owns(slot, gen) and bool(self._u64[slot * _W64 + 5] & WATCHED)
-
-    def outcome(self, handle: int) -> tuple[int, int, int, int]:
-        """``(state, error word, cid, modeled signal ns)`` of a live fence (no numpy);
-        state -1 for a stale handle."""
+    def outcome(self, handle: int) -> tuple[int, int, int, int, bool]:
+        """``(state, error word, cid, modeled signal ns, watched)`` of a live fence (no
+        numpy); state -1 for a stale handle."""
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
         if not self._owns(slot, gen):
-            return -1, 0, 0, 0
+            return -1, 0, 0, 0, False
         i, j = slot * _W32, slot * _W64
-        return self._u32[i + 1], self._u32[i + 2], self._u64[j + 3], self._u64[j + 2]
+        return (self._u32[i + 1], self._u32[i + 2], self._u64[j + 3], self._u64[j + 2],
+                bool(self._u64[j + 5] & WATCHED))
 
     def pending(self, handle: int) -> bool:
         slot, gen = handle & 0xFFFFFFFF, handle >> 32

@@ -82,7 +82,8 @@ class Connection:
         # Failure records the supervisor sent ahead of their fences' wakes, by fence
         # (bounded: the oldest go first; a waiter missing one asks instead).
         self._inbox: collections.OrderedDict[int, dict] = collections.OrderedDict()
-        self._fence_fds: set[int] = set()  # descriptors of Fence.fd() still open
+        #: the descriptors of ``Fence.fd()`` open in this process
+        self.fence_fds = FenceFds()
         #: the last notice that named no fence (a refusal at the door, a warning)
         self.last_notice: dict | None = None
         self.closed = False
@@ -139,8 +140,7 @@ class Connection:
             self.closed = True
             self.channel.close()
         self._frees.waiting.clear()
-        for fd in list(self._fence_fds):
-            self.close_fence_fd(fd)
+        self.fence_fds.close_all()
         self.trace.close()
         fences = getattr(self, "fences", None)  # None: hello failed before mapping it
         if fences is not None:
@@ -189,20 +189,6 @@ class Connection:
         """Let the platform recycle ``handle``; told with the next request. Only a list
         append: safe in a finalizer."""
         self._to_release.append(handle)
-
-    def fence_fd(self, handle: int) -> int:
-        """A new descriptor of fence ``handle`` (see ``ipc._fencefd``), this process's
-        until ``close_fence_fd`` (or ``close``)."""
-        (fd,) = self.request("fence_fd", fence=handle)["fds"]
-        self._fence_fds.add(fd)
-        return fd
-
-    def close_fence_fd(self, fd: int) -> None:
-        """Close a descriptor ``fence_fd`` gave, once (a number already closed, or never
-        ours, is left alone: it may name another file by now)."""
-        if fd in self._fence_fds:
-            self._fence_fds.discard(fd)
-            os.close(fd)
 
     def own_segment(self, handle: int, segment: int) -> None:
         """Buffer ``handle`` has ``segment`` to itself (it is exportable): unmap the
@@ -320,8 +306,7 @@ class Connection:
         frame, a discarded one too, so that descriptors stay in step with frames), and a
         notice (id 0) is filed; returns the reply, None for a notice."""
         reply = decode(self.channel.recv(timeout), _protocol.REPLIES)
-        self._take_segments(reply)
-        self._take_fence_fds(reply)
+        self._take_descriptors(reply)
         if reply["id"] != 0:
             return reply
         fence, error = reply.get("fence"), reply.get("error")
@@ -333,18 +318,19 @@ class Connection:
             self._inbox.popitem(last=False)
         return None
 
-    def _take_segments(self, reply: dict[str, Any]) -> None:
-        """Map the buffer segments a reply hands over: their descriptors came with the
-        stream (SCM_RIGHTS), in order."""
-        segs = reply.get("segs")
-        if not segs:
-            return
-        if not isinstance(segs, list) or not all(
+    def _take_descriptors(self, reply: dict[str, Any]) -> None:
+        """Take the descriptors a reply hands over (they came with the stream,
+        SCM_RIGHTS, in order): the buffer segments it names (``segs``) are mapped; a
+        fence descriptor follows them (``fds``: how many), and replaces its count."""
+        segs, n = reply.get("segs"), reply.get("fds")
+        if n is not None and (type(n) is not int or not 0 < n <= 1):
+            raise errors.BadPacket(f"malformed descriptor count {n!r}")
+        if segs and (not isinstance(segs, list) or not all(
                 isinstance(s, list) and len(s) == 2 and all(type(v) is int for v in s)
-                for s in segs):
+                for s in segs)):
             raise errors.BadPacket(f"malformed segment list {segs!r}")
-        fds = self.channel.take_fds(len(segs))
-        for i, ((sid, size), fd) in enumerate(zip(segs, fds)):
+        fds = self.channel.take_fds(len(segs)) if segs else []
+        for i, ((sid, size), fd) in enumerate(zip(segs or [], fds)):
             try:
                 self.segments.add(Segment.from_fd(fd, sid, size=size))
             except (OSError, ValueError) as exc:
@@ -352,16 +338,8 @@ class Connection:
                     os.close(rest)
                 raise errors.BadPacket(
                     f"segment {sid} handed over is not mappable: {exc}") from None
-
-    def _take_fence_fds(self, reply: dict[str, Any]) -> None:
-        """A fence descriptor a reply hands over (``fds``: how many, after the segments'
-        descriptors): the count becomes the list of descriptors, now this process's."""
-        n = reply.get("fds")
-        if n is None:
-            return
-        if type(n) is not int or not 0 < n <= 1:
-            raise errors.BadPacket(f"malformed descriptor count {n!r}")
-        reply["fds"] = self.channel.take_fds(n)
+        if n:
+            reply["fds"] = self.channel.take_fds(n)
 
     def _failure(self, exc: OSError, msg: dict[str, Any], *, sent: bool) -> errors.HetprocError:
         """The error a caller sees for a socket that failed while ``msg`` went out
@@ -402,6 +380,28 @@ class Connection:
         except (OSError, errors.HetprocError):
             pass
         return self.last_notice
+
+
+class FenceFds:
+    """The fence descriptors open in this process (``Fence.fd()``): each closed once, by
+    its Fence or, for the rest, when the connection closes; a number that is not ours
+    (any more) is left alone, since it may name another file by now."""
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()
+
+    def add(self, fd: int) -> int:
+        self._open.add(fd)
+        return fd
+
+    def close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self._open):
+            self.close(fd)
 
 
 class _Frees:

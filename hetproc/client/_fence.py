@@ -169,7 +169,7 @@ class Fence:
         shared memory at once (a fence wake, no round trip). Any other Fence (one built
         around a handle) asks the supervisor, which checks the right: ``NotPermitted`` or
         ``ForeignHandle`` if the client has none. False if it was signalled already."""
-        if self._may_signal and not self._conn.fences.watched(self.handle):
+        if self._may_signal and not self._conn.fences.outcome(self.handle)[4]:
             # (A watched fence goes by request: the supervisor completes its descriptors
             # and merges at once instead of on its next tick.)
             return self._conn.fences.signal(self.handle, error().wire if error else 0,
@@ -208,7 +208,8 @@ class Fence:
         (``wait_fence_fd`` then says ``SupervisorLost`` or ``PlatformClosed``).
         ``QuotaExceeded`` past ``limits.client_fence_fds`` pending descriptors."""
         if self._fd < 0:
-            self._fd = self._conn.fence_fd(self.handle)
+            (fd,) = self._conn.request("fence_fd", fence=self.handle)["fds"]
+            self._fd = self._conn.fence_fds.add(fd)
         return self._fd
 
     def close_fd(self) -> None:
@@ -216,7 +217,7 @@ class Fence:
         once the fence completes)."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            self._conn.close_fence_fd(fd)
+            self._conn.fence_fds.close(fd)
 
     async def wait_async(self, timeout: float | None = None) -> None:
         """``wait()`` for asyncio: the running loop watches ``fd()`` (no thread, no

@@ -27,7 +27,7 @@ from ._devices import Command, DeviceHandle
 from ._evidence import Evidence
 from ._failures import Failures
 from ._faultplan import FaultPlan
-from ._fencefds import FenceFds
+from ._fencefds import FenceFdRequests, FenceFds
 from ._handoff import Handoff
 from ._iommu import Iommu
 from ._lifetimes import Lifetimes
@@ -119,12 +119,13 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     ddr = DdrQuota(spec)
-    metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix)
+    fencefds = FenceFds(reg, lifetimes, failures)
+    metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
+                      fencefds)
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
                 "spec": spec.to_dict()}
-    fencefds = FenceFds(reg, lifetimes, failures)
     requests = handler_table({
         "connection": ConnectionRequests(reg, evidence, platform=platform, stop=stop,
                                          owner_pid=os.getppid()),
@@ -133,7 +134,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
         "commands": CommandRequests(reg, pool, commands, iommu, handoff, faults, evidence, queues,
                                     ddr, fallback_device=policy.fallback_device),
         "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics),
-        "fencefds": fencefds,
+        "fencefds": FenceFdRequests(fencefds),
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,
                  handoff, commands, queues, recovery, ddr, metrics, fencefds, requests)

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ipc import PENDING, errors, fence_fd_complete, fence_fd_pair
+from ipc import PENDING, errors, fence_fd_complete, fence_fd_pair, watch_fence
 
 from . import _quotas as quota
 from . import _validation as check
@@ -70,8 +70,8 @@ class _Watch:
 
 class FenceFds:
     """Descriptors and merges over the tables (``reg``), the references
-    (``lifetimes``) and the failure path (``failures``); requests ``fence_fd`` and
-    ``fence_merge`` are its handlers."""
+    (``lifetimes``) and the failure path (``failures``); ``FenceFdRequests`` serves
+    their requests."""
 
     def __init__(self, reg: Registry, lifetimes: Lifetimes, failures: Failures) -> None:
         self.reg = reg
@@ -82,15 +82,15 @@ class FenceFds:
         self._next_sweep = 0.0
         self.completed = 0  # descriptors completed (a metric)
 
-    # -- requests -----------------------------------------------------------------------
+    # -- what the requests ask for --------------------------------------------------------
 
-    def fence_fd(self, client: ClientRec, msg: dict) -> dict:
+    def open_fd(self, client: ClientRec, msg: dict) -> dict:
         """A descriptor of a fence the client may wait on; ``_give`` is the reader's end,
         handed over with the reply (the loop sends and closes it)."""
         handle = check.check_fence(self.reg, client, msg["fence"])
         table = self.reg.fences
         keep, give = fence_fd_pair()
-        state, word, cid, t_ns = table.outcome(handle)
+        state, word, cid, t_ns, _ = table.outcome(handle)
         if state != PENDING:
             fence_fd_complete(keep, handle, word, cid, t_ns)
             return {"fds": 1, "_give": give}
@@ -102,11 +102,11 @@ class FenceFds:
             raise
         rec = self.reg.fence_recs[handle]
         self.lifetimes.hold_fence(rec)
-        table.watch(handle)
+        watch_fence(table, handle)
         self.fds.setdefault(handle, []).append(_Watch(client, keep=keep, recs=[rec]))
         return {"fds": 1, "_give": give}
 
-    def fence_merge(self, client: ClientRec, msg: dict) -> dict:
+    def merge(self, client: ClientRec, msg: dict) -> dict:
         """A new fence of the client's that signals once every input did and fails with
         the first failure; its inputs are fences the client may wait on."""
         handles = list(dict.fromkeys(msg["fences"]))  # a fence merged with itself: once
@@ -122,7 +122,7 @@ class FenceFds:
             self.lifetimes.hold_fence(rec)
         self.merges[merged] = watch
         for h in handles:
-            self.reg.fences.watch(h)
+            watch_fence(self.reg.fences, h)
         self._settle(watch)  # inputs done already (sync_expired_merge): complete now
         return {"fence": merged}
 
@@ -155,7 +155,7 @@ class FenceFds:
             for watch in list(self.merges.values()):
                 self._settle(watch)
             for handle in list(self.fds):
-                state, word, cid, t_ns = table.outcome(handle)
+                state, word, cid, t_ns, _ = table.outcome(handle)
                 if state != PENDING:
                     self._complete_fds(handle, word, cid, t_ns)
             if not table.poked:
@@ -182,7 +182,7 @@ class FenceFds:
         failed: list[tuple[int, int]] = []
         latest, pending = 0, False
         for h in watch.inputs:
-            state, word, _, t_ns = table.outcome(h)
+            state, word, _, t_ns, _ = table.outcome(h)
             if state == PENDING:
                 pending = True
             elif word:
@@ -248,3 +248,16 @@ class FenceFds:
         return {"fence_fds_pending": sum(len(ws) for ws in self.fds.values()),
                 "fence_fds_completed": self.completed, "fence_merges_pending": len(self.merges)}
 
+
+
+class FenceFdRequests:
+    """The handler group of ``fence_fd`` and ``fence_merge`` (``_requests``)."""
+
+    def __init__(self, fencefds: FenceFds) -> None:
+        self.fencefds = fencefds
+
+    def fence_fd(self, client: ClientRec, msg: dict) -> dict:
+        return self.fencefds.open_fd(client, msg)
+
+    def fence_merge(self, client: ClientRec, msg: dict) -> dict:
+        return self.fencefds.merge(client, msg)

@@ -42,8 +42,8 @@ built in one place (``_compose``)::
     FenceFds    (_fencefds)    fence descriptors and merged fences: watched, swept
     FaultPlan   (_faultplan)   injected faults
     Metrics     (_metrics)     the platform's figures, and what a tenant may see of them
-    handlers    (_requests*)   one per request of ``hetproc._protocol``, in four groups:
-                               connection, memory, commands, reports
+    handlers    (_requests*)   one per request of ``hetproc._protocol``, in five groups:
+                               connection, memory, commands, reports, fence descriptors
     Outbox      (_outbox)      replies and notices to clients; slow readers buffered
     (functions) _validation    every field of a request checked before any handler runs
     (functions) _quotas        per-tenant limits (a tenant = a client process)
