@@ -75,9 +75,13 @@ def new_pair() -> tuple[socket.socket, socket.socket]:
     return keep, give
 
 
-def complete(keep: socket.socket, handle: int, word: int, cid: int = 0, t_ns: int = 0) -> None:
-    """Write the outcome into the writer's end and close it (never blocks, never raises:
-    a reader that already closed its end has nobody left to tell)."""
+def complete(keep: socket.socket, handle: int, word: int = 0, cid: int = 0, t_ns: int = 0,
+             error: errors.HetprocError | None = None) -> None:
+    """Write the outcome (the fence's error ``word``, or that of ``error``: a descriptor
+    ended without its fence) into the writer's end and close it (never blocks, never
+    raises: a reader that already closed its end has nobody left to tell)."""
+    if error is not None:
+        word = error.wire
     try:
         keep.send(RECORD.pack(_MAGIC, word, handle, cid, t_ns))
     except OSError:

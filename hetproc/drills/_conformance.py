@@ -7,11 +7,11 @@ lets them find what hetproc guarantees under those names. A case is listed only 
 what hetproc checks really is what the original checks (its README table says how each
 maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name. Mechanisms
 hetproc does not have yet (bans, wedged devices, reset status queries, preempt timeouts,
-subsystem restart, fence file descriptors, hazards) have no case here, not even a skipped
-one: a case that cannot fail proves nothing.
+hazards) have no case here, not even a skipped one: a case that cannot fail proves nothing.
 
-The cases that run on a shared platform live in ``_conformance_cases``; this module
-adds the drill cases and runs them. How they run:
+The cases that run on a shared platform live in ``_conformance_cases`` and, for fences
+as descriptors and merges, ``_conformance_fences``; this module adds the drill cases and
+runs them. How they run:
 
 - a *drill case* runs one of the crash/reset drills (``_drills``) on its own fresh
   platform and passes when every check of the drill held;
@@ -35,6 +35,7 @@ from typing import Any
 from ipc import errors
 
 from .._config import PlatformSpec, load_platform
+from . import _conformance_fences  # noqa: F401  (registers its cases)
 from ._conformance_cases import CASES, Case, CaseRun, add_case
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform

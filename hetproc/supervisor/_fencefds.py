@@ -231,15 +231,18 @@ class FenceFds:
             if not self.fds[handle]:
                 del self.fds[handle]
             for watch in mine:
-                self._finish(watch, handle, gone.wire, 0, 0)
+                if watch.keep is not None:
+                    fence_fd_complete(watch.keep, handle, error=gone)
+                    watch.keep = None
+                self._finish(watch, handle, 0, 0, 0)
 
     def close(self) -> None:
         """The platform stops: every pending descriptor ends with ``PlatformClosed``."""
-        word = errors.PlatformClosed().wire
+        closed = errors.PlatformClosed("the platform stopped")
         for handle, watches in self.fds.items():
             for watch in watches:
                 if watch.keep is not None:
-                    fence_fd_complete(watch.keep, handle, word)
+                    fence_fd_complete(watch.keep, handle, error=closed)
                     watch.keep = None
         self.fds.clear()
         self.merges.clear()
