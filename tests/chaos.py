@@ -32,8 +32,12 @@ granted role (a client's priority ceiling is its role's); and a user-mode queue 
 the seeds, drawn from a generator of its own so that the other draws of a seed stay as
 they were): a client submits work straight to a device through it, every fence resolves,
 the successes keep queue order, a queue lost to a device reset refuses further submits
-and a new one is opened. Faults stay off the pipeline's
-and the model's commands (they are not re-checked by the device), except crashes.
+and a new one is opened. And fence descriptors and merges (their own generator too): in
+some rounds a's in-flight fences are merged and watched through descriptors; every
+descriptor turns readable before its deadline, says what its fence says, the merge fails
+exactly when one of its inputs did, and no descriptor is left pending at the end. Faults
+stay off the pipeline's and the model's commands (they are not re-checked by the device),
+except crashes.
 
 A run walks through named phases (``PHASES``); a failure is a ``ChaosFailure`` naming its
 seed and phase. The seed fixes every choice of the run (faults, kernels, the round the
@@ -50,6 +54,7 @@ import dataclasses
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -208,6 +213,11 @@ def queue_rng(seed: int) -> random.Random:
     """The generator of a seed's queue choices: its own, so that adding queues to the mix
     left every other draw of every seed as it was."""
     return random.Random(f"queue-{seed}")
+
+
+def fd_rng(seed: int) -> random.Random:
+    """The generator of a seed's fence descriptor choices (its own, as ``queue_rng``)."""
+    return random.Random(f"fencefd-{seed}")
 
 
 def draw_queue(rng: random.Random) -> str:
@@ -445,6 +455,8 @@ class _Run:
         self.queue: hetproc.Queue | None = None
         self.queue_ctx: hetproc.Context | None = None
         self.tally["queue"] = collections.Counter()
+        self.fdrng = fd_rng(seed)
+        self.tally["fence_fds"] = collections.Counter()
 
     def go(self) -> dict[str, Any]:
         self.others: list[hetproc.Client] = []
@@ -622,6 +634,7 @@ class _Run:
         if rng.random() < 0.15:
             self.role_check()
         queued = self.queue_round() if self.queue_device else []
+        watched = self.fd_round(pending)
 
         for f, out, kernel, want, label in pending:
             try:
@@ -641,6 +654,7 @@ class _Run:
                 tally["wrong"].append((rnd, label))
         self.ph.check(not tally["wrong"], f"successful commands were wrong: {tally}")
         self.queue_verdict(rnd, queued)
+        self.fd_verdict(rnd, watched)
         for fence in self.user_fences:
             fence.release()
         self.user_fences.clear()
@@ -790,6 +804,43 @@ class _Run:
                 done.append(f.signal_time())
             f.release()
         self.ph.check(done == sorted(done), f"round {rnd}: queue commands out of order")
+
+    def fd_round(self, pending: list) -> tuple | None:
+        """Now and then: a's fences of the round merged, the merge and one of them watched
+        through descriptors, while they run (and a device may be reset under them)."""
+        a, rng = self.plat.client, self.fdrng
+        mine = [p[0] for p in pending if p[0].client is a]
+        if not mine or rng.random() < 0.5:
+            return None
+        chosen = rng.sample(mine, rng.randint(1, min(4, len(mine))))
+        try:
+            merged = hetproc.merge_fences(chosen)
+            return merged, chosen, merged.fd(), chosen[0].fd()
+        except hetproc.HetprocError as exc:  # a fence already released: never in flight here
+            self.ph.fail(f"a merge of in-flight fences was refused: {exc!r}")
+        return None
+
+    def fd_verdict(self, rnd: int, watched: tuple | None) -> None:
+        """Each descriptor completes with what its fence says; the merge fails exactly
+        when an input did."""
+        if watched is None:
+            return
+        merged, inputs, merged_fd, one_fd = watched
+        t = self.tally["fence_fds"]
+        for fd in (merged_fd, one_fd):
+            if not select.select([fd], [], [], WAIT_S)[0]:
+                self.ph.fail(f"round {rnd}: a fence descriptor never turned readable")
+        failed_inputs = [f for f in inputs if f.error() is not None]
+        status = _fd_error(one_fd)
+        self.ph.check((status is None) == (inputs[0].error() is None),
+                      f"round {rnd}: a descriptor disagrees with its fence: {status!r}")
+        merged_err = _fd_error(merged_fd)
+        self.ph.check((merged_err is None) == (not failed_inputs),
+                      f"round {rnd}: merge says {merged_err!r}, failed inputs "
+                      f"{[f.error() for f in failed_inputs]}")
+        t["failed" if failed_inputs else "signalled"] += 1
+        merged.release()
+        inputs[0].close_fd()
 
     def role_check(self) -> None:
         """b's priority ceiling is its role's: one above it is refused, cleanly."""
@@ -1017,10 +1068,20 @@ class _Run:
                          f"active incidents: {a.incidents()['active']}")
         self.ph.check(all(d["pid"] for d in a.metrics()["devices"].values()),
                       "a device is not running")
+        self.ph.check(wait_for(lambda: a.metrics()["fence_fds"]["fence_fds_pending"] == 0),
+                      f"fence descriptors left pending: {a.metrics()['fence_fds']}")
         self.ph.check(a.supervisor_alive(), "the supervisor died")
 
 
 # -- one seed as a process (what bench.chaos_campaign runs) -----------------------------------
+
+def _fd_error(fd: int) -> hetproc.HetprocError | None:
+    try:
+        hetproc.wait_fence_fd(fd, 0)
+        return None
+    except hetproc.HetprocError as exc:
+        return exc
+
 
 def _leftovers(prefix: str, children_before: set[int]) -> dict[str, Any]:
     """What the run left: named objects under its prefix, live child processes (the one
