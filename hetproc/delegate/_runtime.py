@@ -12,10 +12,18 @@ platform's dependency timeout is submitted once they are done, so no device wait
 that timeout on a fence. A command holds its device for the partition's modeled device
 time (roofline time of its ops plus cache maintenance and reformats at its boundaries);
 dispatch and fence hops are not added to it, since the emulator really performs them.
+
+A device that restarts as a subsystem (``DeviceRestarted``) takes the model's context on
+it with it: ``run`` then reloads what was bound to that device -- a new context, its
+partitions' assets from the asset cache (an asset the cache does not hold stays as its
+shared buffer holds it: a restart never touches shared memory), its operand mappings --
+and runs once more. A second restart during that recovery raises ``DeviceRestarted``
+with ``retryable`` False: the caller decides, nothing hangs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -163,10 +171,11 @@ class DelegatedModel:
         self.load_info.update(compile_ms=compile_ms,
                               asset_bytes=sum(cp.nbytes for cp in c.partitions))
 
-    def _map_operands(self) -> None:
+    def _map_operands(self, devices: set[str] | None = None) -> None:
         """Map every operand into the contexts that use it once, at load: runs then pay
         no transient IOMMU map per command (seed §4: mapping is a counted step). A buffer
-        one partition writes and another on the same device reads gets "rw"."""
+        one partition writes and another on the same device reads gets "rw".
+        ``devices``: only into the contexts of these (new ones, after a restart)."""
         need: dict[tuple[str, int], tuple[Any, set[str]]] = {}
 
         def want(device: str, buf: Any, perm: str) -> None:
@@ -180,7 +189,8 @@ class DelegatedModel:
                 buf = self._input_buf if src == "input" else self._out_bufs[int(src[1:])]
                 want(p.device, buf, "r")
         for (device, _), (buf, perms) in need.items():
-            self._contexts[device].map(buf, "rw" if "w" in perms else "r")
+            if devices is None or device in devices:
+                self._contexts[device].map(buf, "rw" if "w" in perms else "r")
 
     def _import(self, token: int, cp: Any) -> Any:
         """Another client's asset, read-only, if it is byte for byte what we compiled."""
@@ -240,7 +250,70 @@ class DelegatedModel:
         """Every model output by name. Bad inputs are refused before anything is submitted."""
         if self._closing:
             raise errors.InvalidRequest("this model is closing")
-        return self._run(inputs, timeout)
+        return self._run_recovering(inputs, timeout)
+
+    def _run_recovering(self, inputs: Mapping[str, Any],
+                        timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
+        """``_run``; after a subsystem restart, reload what it took and run once more."""
+        try:
+            return self._run(inputs, timeout)
+        except errors.DeviceRestarted as first:
+            try:
+                self._reload(first)
+                return self._run(inputs, timeout)
+            except errors.DeviceRestarted as again:
+                raise errors.DeviceRestarted(
+                    f"{again.detail.get('device') or 'a device'} restarted again while the "
+                    f"model recovered from a restart ({first.message}): {again.message}",
+                    retryable=False, correlation_id=again.correlation_id,
+                    detail={**again.detail, "first": first.to_dict()}) from again
+
+    def _reload(self, restarted: errors.HetprocError) -> None:
+        """What a restart took from this model, loaded again: for the device it names
+        (every device of the model when it names none), a new context, the assets of its
+        partitions from the asset cache, its operands mapped again."""
+        named = restarted.detail.get("device")
+        devices = [named] if named in self._contexts else list(self._contexts)
+        with self._lock:
+            if self._closed:
+                raise errors.InvalidRequest("this model was closed")
+            outcomes: list[str] = []
+            for device in devices:
+                with contextlib.suppress(errors.HetprocError):
+                    self._contexts.pop(device).close()
+                self._context(device)
+                outcomes += self._refill(device)
+            self._map_operands(set(devices))
+            self.load_info["restarts"] = self.load_info.get("restarts", 0) + 1
+            self.load_info["reloaded"] = outcomes
+
+    def _refill(self, device: str) -> list[str]:
+        """The assets of ``device``'s partitions written again from the asset cache
+        ("reloaded": the cache checks their integrity); one the cache does not hold, or
+        one shared from another client, stays as its shared buffer holds it ("kept")."""
+        bucket = [[v.name, list(self.compiled.specs.shape(v.name) or ())]
+                  for v in self.graph.inputs]
+        out = []
+        for cp in self.compiled.partitions:
+            p = cp.partition
+            if p.device != device:
+                continue
+            payload = None
+            if self._cache is not None and p.index >= len(self._shared):
+                parts = self._cache.key_parts(self.graph.fingerprint, self._devices[device],
+                                              bucket, self._options.key(),
+                                              (p.nodes[0], p.nodes[-1]))
+                payload, _ = self._cache.load(parts)
+            dev = self._devices[device]
+            if dev.sram_bytes > 0:  # nothing of it is resident in the new instance
+                residency_of(self.client, device, dev.sram_bytes).forget([(id(self), p.index)])
+            if self._cache is None or payload is None or len(payload) != cp.nbytes:
+                out.append("kept")
+                continue
+            self._assets[p.index].array()[:] = np.frombuffer(payload, np.uint8)
+            self._cache.record("hit")
+            out.append("reloaded")
+        return out
 
     def _run(self, inputs: Mapping[str, Any],
              timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
@@ -267,7 +340,10 @@ class DelegatedModel:
                 try:
                     _wait(f, timeout)
                 except errors.HetprocError as exc:
-                    failure = failure or exc
+                    # A restart explains its dependants' failures: it is the one to report.
+                    if failure is None or (isinstance(exc, errors.DeviceRestarted)
+                                           and not isinstance(failure, errors.DeviceRestarted)):
+                        failure = exc
             if failure is not None:
                 raise failure
             self.last_run.update(wall_s=time.perf_counter() - t0, commands=len(fences),
@@ -392,7 +468,7 @@ class DelegatedModel:
         out: dict[str, np.ndarray] | None = None
         error: BaseException | None = None
         try:
-            out = self._run(inputs)
+            out = self._run_recovering(inputs)
         except errors.HetprocError as exc:
             error = exc
         if callback is not None:

@@ -114,8 +114,8 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     handoff = Handoff(reg, lifetimes, iommu, memlog)
     commands = Commands(reg, lifetimes, handoff, faults, evidence, failures)
     lifetimes.purge_with(commands.purge)  # cycle 1: a purge is a device command
-    queues = Queues(reg, pool, failures, tell)
     policy = Policy.from_dict(spec.recovery)
+    queues = Queues(reg, pool, failures, tell, restart_devices=policy.subsystem_restart)
     recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     ddr = DdrQuota(spec)

@@ -95,7 +95,11 @@ class Queues:
     its queue was lost."""
 
     def __init__(self, reg: Registry, pool: Memory, failures: Failures,
-                 tell: Callable[[ClientRec, dict], None]) -> None:
+                 tell: Callable[[ClientRec, dict], None],
+                 restart_devices: tuple[str, ...] = ()) -> None:
+        """``restart_devices``: those whose death is a subsystem restart (``_recovery``):
+        their queues are lost with ``DeviceRestarted``."""
+        self.restart_devices = frozenset(restart_devices)
         self.reg = reg
         self.pool = pool
         self.failures = failures
@@ -213,7 +217,9 @@ class Queues:
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
             self._end(q, QUEUE_LOST, dev, why)
             self.stats["lost"] += 1
-            self.tell(q.client, _protocol.notice(errors.CancelledByReset(
+            lost = (errors.DeviceRestarted if dev.name in self.restart_devices
+                    else errors.CancelledByReset)
+            self.tell(q.client, _protocol.notice(lost(
                 f"queue {q.qid} on {dev.name} was lost: {why}").to_dict(), queue=q.qid))
 
     def _end(self, q: QueueRec, state: int, dev: DeviceHandle | None, why: str) -> None:
@@ -253,11 +259,13 @@ class Queues:
             return int(slot.u64[S.CURRENT_CID])
         return -1
 
-    @staticmethod
-    def _owed_error(q: QueueRec, dev: DeviceHandle | None, why: str, cid: int,
+    def _owed_error(self, q: QueueRec, dev: DeviceHandle | None, why: str, cid: int,
                     running: bool) -> errors.HetprocError:
         if dev is None:
             return errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=cid)
+        if dev.name in self.restart_devices:
+            return errors.DeviceRestarted(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                          correlation_id=cid, detail={"device": dev.name})
         if running:
             return errors.DeviceCrashed(f"{dev.name} stopped while running queue {q.qid}'s "
                                         f"command: {why}", correlation_id=cid)

@@ -28,6 +28,13 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
 A device that dies on its own (crash, SIGKILL from outside) enters at step 4: its reaping
 is the confirmed stop.
 
+A device the policy's ``subsystem_restart`` names restarts as a subsystem, as a DSP or
+NPU whose firmware crashed does: when its process dies (on its own or killed at step 3)
+the new instance keeps nothing of the old one. Every command it held fails with
+``DeviceRestarted`` (none is replayed), and at step 8 every context on it is lost with
+that error, which a submit on one of them raises; its queues are lost with it. Other
+devices' contexts are untouched.
+
 The watchdog also watches the queue, not only the running command: a device that holds
 commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
 state, done counter, progress, ring read index all unchanged -- for a quiet bound is
@@ -79,12 +86,14 @@ class Policy:
     replay_innocent: bool = False
     fallback_device: str | None = None
     unsafe_reclaim: bool = False  # debug only: reclaim before the device confirmed its stop
+    # devices whose process death is a subsystem restart (every handle on them is lost)
+    subsystem_restart: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Policy:
         known = {k: d[k] for k in ("max_rearm", "replay_innocent", "fallback_device",
                                    "unsafe_reclaim") if k in d}
-        return cls(**known)
+        return cls(**known, subsystem_restart=tuple(d.get("subsystem_restart") or ()))
 
 
 @dataclass
@@ -416,9 +425,11 @@ class Recovery:
         if inc is None:
             running = self.running_command(dev)
             inc = self.new_incident("death", dev, running)
-            exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
-                                       correlation_id=running.cid if running else 0,
-                                       detail={"incident": inc.id})
+            crashed = (errors.DeviceRestarted if dev.name in self.policy.subsystem_restart
+                       else errors.DeviceCrashed)
+            exc = crashed(f"{dev.name} process died (exit status {status})",
+                          correlation_id=running.cid if running else 0,
+                          detail={"incident": inc.id, "device": dev.name})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -493,12 +504,15 @@ class Recovery:
                     self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
-            if self.policy.replay_innocent and cmd.ctx.lost is None:
+            restarted = inc.device in self.policy.subsystem_restart
+            if self.policy.replay_innocent and cmd.ctx.lost is None and not restarted:
                 replayed.append(cmd)
             else:
                 why = f": {inc.reason}" if inc.reason else ""
-                self.commands.fail_command(cmd, errors.CancelledByReset(
-                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}),
+                cls = errors.DeviceRestarted if restarted else errors.CancelledByReset
+                self.commands.fail_command(cmd, cls(
+                    f"cancelled by the {'restart' if restarted else 'reset'} of "
+                    f"{inc.device}{why}", detail={"incident": inc.id, "device": inc.device}),
                     retire=False)
                 cancelled.append(cmd)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
@@ -560,11 +574,29 @@ class Recovery:
         if reset:
             self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
+            if dev.name in self.policy.subsystem_restart:
+                self.lose_contexts(dev, inc)
         else:
             inc.step("resume", epoch=dev.epoch, note="cancel acknowledged: no reset needed")
         for cmd in inc.replay:
             self.commands.requeue(cmd)
         dev.paused = False
+
+    def lose_contexts(self, dev: DeviceHandle, inc: Incident) -> None:
+        """Step 8 of a subsystem restart: every context bound to the old instance is lost
+        (``DeviceRestarted``), what it still had queued fails with it."""
+        lost = []
+        for _, ctx in list(self.reg.contexts.items()):
+            if ctx.device != dev.name or ctx.lost is not None or not ctx.handle:
+                continue
+            ctx.lost = errors.DeviceRestarted(
+                f"{dev.name} restarted (epoch {dev.epoch}): its contexts are gone",
+                detail={"incident": inc.id, "device": dev.name, "epoch": dev.epoch})
+            self.commands.cancel_queued(ctx, ctx.lost)
+            lost.append(ctx.name or hex(ctx.handle))
+            if inc.guilty is None or ctx.client is not inc.guilty.ctx.client:
+                inc.affected_clients.add(ctx.client.name)
+        inc.step("contexts_lost", contexts=lost)
 
     def probe(self, dev: DeviceHandle, inc: Incident) -> None:
         guilty_client = inc.guilty.ctx.client if inc.guilty else None

@@ -340,8 +340,12 @@ def context_of(reg: Registry, client: ClientRec, handle: Any,
     if ctx.client is not client:
         raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
     if ctx.lost is not None and not allow_lost:
-        raise errors.ContextLost(f"context {handle:#x} was lost: {ctx.lost}",
-                                 detail={"cause": ctx.lost.to_dict()})
+        # A restarted device's contexts say so: the caller's retry is a new context.
+        cls = errors.DeviceRestarted if isinstance(ctx.lost, errors.DeviceRestarted) \
+            else errors.ContextLost
+        raise cls(f"context {handle:#x} was lost: {ctx.lost}",
+                  detail={"cause": ctx.lost.to_dict(), **({"device": ctx.device}
+                          if cls is errors.DeviceRestarted else {})})
     return ctx
 
 
