@@ -41,8 +41,10 @@ from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
 
 # The policy of each shared platform: i915 runs an innocent context's request again after a
-# reset, which hetproc does only when asked (``replay_innocent``).
-GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True}}
+# reset, which hetproc does only when asked (``replay_innocent``); an NPU whose death is a
+# subsystem restart (``subsystem_restart``) loses every context on it.
+GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True},
+                                     "restart": {"subsystem_restart": ["npu0"]}}
 
 
 # -- drill cases --------------------------------------------------------------------------

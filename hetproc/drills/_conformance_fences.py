@@ -1,5 +1,6 @@
-"""The conformance cases of fences as file descriptors and merged fences (sync_file):
-IGT ``sw_sync``'s merge and descriptor cases, under their names, on the shared platform.
+"""The conformance cases of fences as file descriptors and merged fences (sync_file),
+IGT ``sw_sync``'s merge and descriptor cases under their names, and of the subsystem
+restart (its own platform group, whose recovery policy restarts npu0 as a subsystem).
 
 A user fence of a client is a point on that client's timeline (sw_sync's timeline is
 the process that alone may signal its fences); ``Fence.fd()`` is the sync_file, and
@@ -13,6 +14,8 @@ import os
 import select
 import socket
 import time
+
+import numpy as np
 
 from ipc import errors
 
@@ -234,3 +237,101 @@ def _fence_fd_timeline_closed(c: CaseRun) -> None:
     c.s.check("both descriptors ended with Cancelled, scope process",
               outcomes == ["Cancelled process"] * 2, str(outcomes))
     _release(f, merged)
+
+
+# -- a subsystem restart (the platform's [recovery] subsystem_restart names npu0) ---------
+
+
+@case("hetproc/subsystem-restart", "hetproc", group="restart", checks=(
+      "the NPU process dies and a new instance starts (a subsystem restart): the running "
+      "command fails with DeviceRestarted (scope device, retryable); every context on npu0, "
+      "this client's and another tenant's, and a queue on it refuse work with "
+      "DeviceRestarted; gpu0's context keeps working and a new npu0 context serves; a "
+      "delegated model reloads its assets from the asset cache and its retry is exact; a "
+      "second crash during that recovery ends its run with a non-retryable DeviceRestarted, "
+      "never a hang (vendors mock this with one-off libraries: Qualcomm's SSR)"))
+def _subsystem_restart(c: CaseRun) -> None:
+    base = c.start()
+    other = c.connect("other-tenant")
+    mine, gpu = c.client.context("npu0", name="mine"), c.client.context("gpu0", name="gpu")
+    theirs = other.context("npu0", name="theirs")
+    queue = theirs.queue(slots=16)
+    c.client.inject("crash", device="npu0", step="in_kernel")
+    running = mine.submit("work", ms=20)
+    err = c.expect_failure("the running command failed with DeviceRestarted", running,
+                           errors.DeviceRestarted)
+    c.s.check("its scope is the device and it is retryable",
+              err is not None and err.scope == "device" and err.retryable)
+    running.release()
+    inc = c.new_incident()
+    c.s.check("the stop was confirmed by reaping and every npu0 context was lost",
+              inc is not None and inc["confirmed_stop"] == "reaped"
+              and any(s["step"] == "contexts_lost" for s in inc["steps"]))
+    for label, submit in (("this client's context", lambda: mine.submit("work", ms=1)),
+                          ("another tenant's context", lambda: theirs.submit("work", ms=1)),
+                          ("the queue", lambda: queue.submit_nowait(0.1))):
+        try:
+            submit()
+            c.s.check(f"{label} refuses work with DeviceRestarted", False, "it took work")
+        except errors.DeviceRestarted as exc:
+            c.s.check(f"{label} refuses work with DeviceRestarted", exc.retryable, exc.name)
+    c.check_completes("gpu0's context keeps working", gpu.submit("work", ms=1), 5)
+    c.next_request_succeeds("npu0")
+    queue.close()
+    for ctx in (mine, theirs, gpu):
+        ctx.close()
+    other.close()
+    _delegate_restarts(c)
+    c.finish(base)
+
+
+def _delegate_restarts(c: CaseRun) -> None:
+    """A delegated model through one restart (recovered) and a double one (not retryable)."""
+    try:
+        from ..delegate import (
+            AssetCache,
+            DelegatedModel,
+            Options,
+            load_model,
+            mobilenet_like,
+            run_reference,
+        )
+        model = mobilenet_like()
+    except ImportError:  # the delegate needs onnx: the handles' part above still ran
+        c.s.metric("delegate_part", "skipped: onnx is not installed")
+        return
+    import tempfile
+
+    x = np.random.default_rng(7).random((1, 3, 32, 32), dtype=np.float32)
+    want = run_reference(load_model(model), {"x": x})["prob"]
+    spread = Options(min_nodes_per_partition=1, weigh_costs=False)
+    app = c.connect("model-app")  # its own client: closing it lets go of all the model held
+    with tempfile.TemporaryDirectory() as cache_dir, DelegatedModel.load(
+            app, model, options=spread, cache=AssetCache(cache_dir)) as dm:
+        c.client.inject("crash", device="npu0", step="in_kernel")
+        try:
+            out = dm.run({"x": x}, timeout=10)["prob"]
+            exact = bool(np.allclose(out, want, rtol=1e-6, atol=0))
+            c.s.check("a delegated model recovered from the restart, exactly", exact and
+                      dm.load_info.get("restarts") == 1
+                      and "reloaded" in dm.load_info.get("reloaded", []),
+                      str(dm.load_info.get("reloaded")))
+        except errors.HetprocError as exc:
+            c.s.check("a delegated model recovered from the restart, exactly", False, repr(exc))
+        c.client.inject("crash", device="npu0", step="in_kernel", every=1, count=0)
+        t0 = time.monotonic()
+        try:
+            dm.run({"x": x}, timeout=10)
+            err: errors.HetprocError | None = None
+        except errors.HetprocError as exc:
+            err = exc
+        c.s.metric("double_restart_ms", round((time.monotonic() - t0) * 1000, 3))
+        c.s.check("a second crash during its recovery ends the run, not retryable",
+                  isinstance(err, errors.DeviceRestarted) and not err.retryable, repr(err))
+        c.client.clear_faults()
+        try:
+            dm.run({"x": x}, timeout=10)
+            c.s.check("once the crashes stop, the model runs again", True)
+        except errors.HetprocError as exc:
+            c.s.check("once the crashes stop, the model runs again", False, repr(exc))
+    app.close()
