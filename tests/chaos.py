@@ -35,7 +35,10 @@ the successes keep queue order, a queue lost to a device reset refuses further s
 and a new one is opened. And fence descriptors and merges (their own generator too): in
 some rounds a's in-flight fences are merged and watched through descriptors; every
 descriptor turns readable before its deadline, says what its fence says, the merge fails
-exactly when one of its inputs did, and no descriptor is left pending at the end. Faults
+exactly when one of its inputs did, and no descriptor is left pending at the end. In half
+the seeds (a generator of its own as well) npu0 restarts as a subsystem: each kill of it
+loses every context and queue on it (DeviceRestarted), which every client rebuilds as a
+runtime would, and the delegated model recovers by itself. Faults
 stay off the pipeline's and the model's commands (they are not re-checked by the device),
 except crashes.
 
@@ -220,14 +223,28 @@ def fd_rng(seed: int) -> random.Random:
     return random.Random(f"fencefd-{seed}")
 
 
+def restart_rng(seed: int) -> random.Random:
+    """The generator of whether npu0 restarts as a subsystem (its own, as ``queue_rng``)."""
+    return random.Random(f"restart-{seed}")
+
+
+def draw_restart(rng: random.Random) -> bool:
+    """npu0's death is a subsystem restart (every handle on it lost): half the seeds."""
+    return rng.random() < 0.5
+
+
 def draw_queue(rng: random.Random) -> str:
     """The device the seed's queue runs on ('' for none): the first draws of ``queue_rng``."""
     return rng.choice(["npu0", "gpu0", "dsp0"]) if rng.random() < 0.5 else ""
 
 
-def platform_spec(mix: Mix) -> hetproc.PlatformSpec:
-    """The default platform, every device scheduled by the mix's policy."""
+def platform_spec(mix: Mix, restart: bool = False) -> hetproc.PlatformSpec:
+    """The default platform, every device scheduled by the mix's policy; ``restart``:
+    npu0 restarts as a subsystem when its process dies."""
     base = hetproc.load_platform(None)
+    if restart:
+        base = dataclasses.replace(base, recovery={**base.recovery,
+                                                   "subsystem_restart": ["npu0"]})
     chunks = dict(zip(DEVICES, mix.chunk_ms or (2.0,) * len(DEVICES)))
     devices = tuple(dataclasses.replace(d, scheduler=dataclasses.replace(
         d.scheduler, policy=mix.policy, chunk_ms=chunks.get(d.name, d.scheduler.chunk_ms)))
@@ -409,10 +426,11 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
     ph = Phases(seed, log)
     rng = random.Random(seed)
     mix = draw_mix(rng)
+    restart = draw_restart(restart_rng(seed))
     if log:
-        log(f"mix {mix}")
+        log(f"mix {mix}, npu0 restarts as a subsystem: {restart}")
     with ph.phase("setup"):
-        plat = hetproc.Platform(spec=platform_spec(mix), time_scale=1.0).start()
+        plat = hetproc.Platform(spec=platform_spec(mix, restart), time_scale=1.0).start()
     try:
         if on_prefix:
             on_prefix(plat.prefix)
@@ -762,7 +780,7 @@ class _Run:
             try:
                 q.submit_nowait(0.0)
                 self.ph.fail("a lost queue accepted a submit")
-            except hetproc.CancelledByReset:
+            except (hetproc.CancelledByReset, hetproc.DeviceRestarted):
                 t["lost"] += 1
             q.close()
             q = self.queue = None
@@ -777,7 +795,7 @@ class _Run:
             except hetproc.ResourceError:  # the device is resetting: next round
                 t["busy"] += 1
                 return []
-            except hetproc.ContextLost:
+            except (hetproc.ContextLost, hetproc.DeviceRestarted):  # a restart took it
                 self.queue_ctx.close()
                 self.queue_ctx = None
                 t["context_lost"] += 1
@@ -785,7 +803,7 @@ class _Run:
         durations = [self.qrng.choice([0.0, 0.05, 0.2]) for _ in range(self.qrng.randint(1, 6))]
         try:
             return q.submit_many(durations)
-        except hetproc.CancelledByReset:  # lost between the check and the write
+        except (hetproc.CancelledByReset, hetproc.DeviceRestarted):  # lost meanwhile
             t["lost_at_submit"] += 1
             return []
 
@@ -797,7 +815,8 @@ class _Run:
                 f.wait(WAIT_S)
             except hetproc.FenceTimeout:
                 self.ph.fail(f"round {rnd}: a queue command hung: {dict(t)}")
-            except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled) as exc:
+            except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled,
+                    hetproc.DeviceRestarted) as exc:
                 t[type(exc).__name__] += 1
             else:
                 t["ok"] += 1
