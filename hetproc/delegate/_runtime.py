@@ -14,16 +14,12 @@ time (roofline time of its ops plus cache maintenance and reformats at its bound
 dispatch and fence hops are not added to it, since the emulator really performs them.
 
 A device that restarts as a subsystem (``DeviceRestarted``) takes the model's context on
-it with it: ``run`` then reloads what was bound to that device -- a new context, its
-partitions' assets from the asset cache (an asset the cache does not hold stays as its
-shared buffer holds it: a restart never touches shared memory), its operand mappings --
-and runs once more. A second restart during that recovery raises ``DeviceRestarted``
-with ``retryable`` False: the caller decides, nothing hangs.
+it with it: ``run`` reloads what was bound to that device and runs once more; a second
+restart during that recovery is not retried (``_restart``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
@@ -41,6 +37,7 @@ from ._model import Graph, fold_constants, load_model
 from ._partition import Options, Placement, place
 from ._reference import check_inputs
 from ._residency import residency_of
+from ._restart import run_recovering
 from ._targets import Device, devices_of
 
 RUN_TIMEOUT_S = 60.0
@@ -250,70 +247,7 @@ class DelegatedModel:
         """Every model output by name. Bad inputs are refused before anything is submitted."""
         if self._closing:
             raise errors.InvalidRequest("this model is closing")
-        return self._run_recovering(inputs, timeout)
-
-    def _run_recovering(self, inputs: Mapping[str, Any],
-                        timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
-        """``_run``; after a subsystem restart, reload what it took and run once more."""
-        try:
-            return self._run(inputs, timeout)
-        except errors.DeviceRestarted as first:
-            try:
-                self._reload(first)
-                return self._run(inputs, timeout)
-            except errors.DeviceRestarted as again:
-                raise errors.DeviceRestarted(
-                    f"{again.detail.get('device') or 'a device'} restarted again while the "
-                    f"model recovered from a restart ({first.message}): {again.message}",
-                    retryable=False, correlation_id=again.correlation_id,
-                    detail={**again.detail, "first": first.to_dict()}) from again
-
-    def _reload(self, restarted: errors.HetprocError) -> None:
-        """What a restart took from this model, loaded again: for the device it names
-        (every device of the model when it names none), a new context, the assets of its
-        partitions from the asset cache, its operands mapped again."""
-        named = restarted.detail.get("device")
-        devices = [named] if named in self._contexts else list(self._contexts)
-        with self._lock:
-            if self._closed:
-                raise errors.InvalidRequest("this model was closed")
-            outcomes: list[str] = []
-            for device in devices:
-                with contextlib.suppress(errors.HetprocError):
-                    self._contexts.pop(device).close()
-                self._context(device)
-                outcomes += self._refill(device)
-            self._map_operands(set(devices))
-            self.load_info["restarts"] = self.load_info.get("restarts", 0) + 1
-            self.load_info["reloaded"] = outcomes
-
-    def _refill(self, device: str) -> list[str]:
-        """The assets of ``device``'s partitions written again from the asset cache
-        ("reloaded": the cache checks their integrity); one the cache does not hold, or
-        one shared from another client, stays as its shared buffer holds it ("kept")."""
-        bucket = [[v.name, list(self.compiled.specs.shape(v.name) or ())]
-                  for v in self.graph.inputs]
-        out = []
-        for cp in self.compiled.partitions:
-            p = cp.partition
-            if p.device != device:
-                continue
-            payload = None
-            if self._cache is not None and p.index >= len(self._shared):
-                parts = self._cache.key_parts(self.graph.fingerprint, self._devices[device],
-                                              bucket, self._options.key(),
-                                              (p.nodes[0], p.nodes[-1]))
-                payload, _ = self._cache.load(parts)
-            dev = self._devices[device]
-            if dev.sram_bytes > 0:  # nothing of it is resident in the new instance
-                residency_of(self.client, device, dev.sram_bytes).forget([(id(self), p.index)])
-            if self._cache is None or payload is None or len(payload) != cp.nbytes:
-                out.append("kept")
-                continue
-            self._assets[p.index].array()[:] = np.frombuffer(payload, np.uint8)
-            self._cache.record("hit")
-            out.append("reloaded")
-        return out
+        return run_recovering(self, inputs, timeout)
 
     def _run(self, inputs: Mapping[str, Any],
              timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
@@ -468,7 +402,7 @@ class DelegatedModel:
         out: dict[str, np.ndarray] | None = None
         error: BaseException | None = None
         try:
-            out = self._run_recovering(inputs)
+            out = run_recovering(self, inputs, RUN_TIMEOUT_S)
         except errors.HetprocError as exc:
             error = exc
         if callback is not None:

@@ -27,13 +27,8 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
 
 A device that dies on its own (crash, SIGKILL from outside) enters at step 4: its reaping
 is the confirmed stop.
-
-A device the policy's ``subsystem_restart`` names restarts as a subsystem, as a DSP or
-NPU whose firmware crashed does: when its process dies (on its own or killed at step 3)
-the new instance keeps nothing of the old one. Every command it held fails with
-``DeviceRestarted`` (none is replayed), and at step 8 every context on it is lost with
-that error, which a submit on one of them raises; its queues are lost with it. Other
-devices' contexts are untouched.
+A device the policy's ``subsystem_restart`` names restarts as a subsystem instead
+(``_restarts``): every handle bound to the old instance is lost with ``DeviceRestarted``.
 
 The watchdog also watches the queue, not only the running command: a device that holds
 commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
@@ -69,7 +64,9 @@ from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import errors
 
+from ._devicecpu import DeviceCpu
 from ._devices import CommandState
+from ._restarts import death_error, innocent_error, lose_contexts
 
 if TYPE_CHECKING:
     from ._commands import Commands
@@ -153,43 +150,6 @@ class _Quiet:
     since: int
     cpu: int
     excused: bool = False
-
-
-class DeviceCpu:
-    """Whether a device process is runnable now, and how much CPU it has had (ns, the
-    first field of ``/proc/<pid>/schedstat``), read with ``pread`` on descriptors kept
-    per device (a few us a look). What lets the watchdog tell a device that waits for
-    the host's CPU from one that hangs."""
-
-    def __init__(self) -> None:
-        self._fds: dict[str, tuple[int, int, int]] = {}  # device -> (pid, stat fd, schedstat fd)
-
-    def read(self, dev: DeviceHandle) -> tuple[bool, int]:
-        """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
-        entry = self._fds.get(dev.name)
-        if entry is None or entry[0] != dev.pid:
-            self._forget(dev.name)
-            try:
-                stat = os.open(f"/proc/{dev.pid}/stat", os.O_RDONLY)
-            except OSError:
-                return False, -1
-            try:
-                sched = os.open(f"/proc/{dev.pid}/schedstat", os.O_RDONLY)
-            except OSError:
-                os.close(stat)
-                return False, -1
-            entry = self._fds[dev.name] = (dev.pid, stat, sched)
-        try:
-            state = os.pread(entry[1], 512, 0).rpartition(b")")[2].split()[0]
-            return state == b"R", int(os.pread(entry[2], 128, 0).split()[0])
-        except (OSError, ValueError, IndexError):
-            return False, -1
-
-    def _forget(self, name: str) -> None:
-        entry = self._fds.pop(name, None)
-        if entry is not None:
-            os.close(entry[1])
-            os.close(entry[2])
 
 
 def _timed(dev: DeviceHandle, slot: Any) -> bool:
@@ -425,11 +385,10 @@ class Recovery:
         if inc is None:
             running = self.running_command(dev)
             inc = self.new_incident("death", dev, running)
-            crashed = (errors.DeviceRestarted if dev.name in self.policy.subsystem_restart
-                       else errors.DeviceCrashed)
-            exc = crashed(f"{dev.name} process died (exit status {status})",
-                          correlation_id=running.cid if running else 0,
-                          detail={"incident": inc.id, "device": dev.name})
+            died = death_error(self.policy.subsystem_restart, dev.name)
+            exc = died(f"{dev.name} process died (exit status {status})",
+                       correlation_id=running.cid if running else 0,
+                       detail={"incident": inc.id, "device": dev.name})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -504,16 +463,15 @@ class Recovery:
                     self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
-            restarted = inc.device in self.policy.subsystem_restart
-            if self.policy.replay_innocent and cmd.ctx.lost is None and not restarted:
+            cls = innocent_error(self.policy.subsystem_restart, inc.device)
+            replays = self.policy.replay_innocent and cls is errors.CancelledByReset
+            if replays and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
                 why = f": {inc.reason}" if inc.reason else ""
-                cls = errors.DeviceRestarted if restarted else errors.CancelledByReset
                 self.commands.fail_command(cmd, cls(
-                    f"cancelled by the {'restart' if restarted else 'reset'} of "
-                    f"{inc.device}{why}", detail={"incident": inc.id, "device": inc.device}),
-                    retire=False)
+                    f"cancelled by the reset of {inc.device}{why}",
+                    detail={"incident": inc.id, "device": inc.device}), retire=False)
                 cancelled.append(cmd)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
@@ -574,29 +532,12 @@ class Recovery:
         if reset:
             self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
-            if dev.name in self.policy.subsystem_restart:
-                self.lose_contexts(dev, inc)
+            lose_contexts(self.policy.subsystem_restart, self.reg, self.commands, dev, inc)
         else:
             inc.step("resume", epoch=dev.epoch, note="cancel acknowledged: no reset needed")
         for cmd in inc.replay:
             self.commands.requeue(cmd)
         dev.paused = False
-
-    def lose_contexts(self, dev: DeviceHandle, inc: Incident) -> None:
-        """Step 8 of a subsystem restart: every context bound to the old instance is lost
-        (``DeviceRestarted``), what it still had queued fails with it."""
-        lost = []
-        for _, ctx in list(self.reg.contexts.items()):
-            if ctx.device != dev.name or ctx.lost is not None or not ctx.handle:
-                continue
-            ctx.lost = errors.DeviceRestarted(
-                f"{dev.name} restarted (epoch {dev.epoch}): its contexts are gone",
-                detail={"incident": inc.id, "device": dev.name, "epoch": dev.epoch})
-            self.commands.cancel_queued(ctx, ctx.lost)
-            lost.append(ctx.name or hex(ctx.handle))
-            if inc.guilty is None or ctx.client is not inc.guilty.ctx.client:
-                inc.affected_clients.add(ctx.client.name)
-        inc.step("contexts_lost", contexts=lost)
 
     def probe(self, dev: DeviceHandle, inc: Incident) -> None:
         guilty_client = inc.guilty.ctx.client if inc.guilty else None

@@ -1,0 +1,47 @@
+"""How much CPU a device process has had, and whether it is runnable now: what lets the
+watchdog (``_recovery``) tell a device that waits for the host from one that hangs."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._devices import DeviceHandle
+
+
+class DeviceCpu:
+    """Whether a device process is runnable now, and how much CPU it has had (ns, the
+    first field of ``/proc/<pid>/schedstat``), read with ``pread`` on descriptors kept
+    per device (a few us a look). What lets the watchdog tell a device that waits for
+    the host's CPU from one that hangs."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, tuple[int, int, int]] = {}  # device -> (pid, stat fd, schedstat fd)
+
+    def read(self, dev: DeviceHandle) -> tuple[bool, int]:
+        """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
+        entry = self._fds.get(dev.name)
+        if entry is None or entry[0] != dev.pid:
+            self._forget(dev.name)
+            try:
+                stat = os.open(f"/proc/{dev.pid}/stat", os.O_RDONLY)
+            except OSError:
+                return False, -1
+            try:
+                sched = os.open(f"/proc/{dev.pid}/schedstat", os.O_RDONLY)
+            except OSError:
+                os.close(stat)
+                return False, -1
+            entry = self._fds[dev.name] = (dev.pid, stat, sched)
+        try:
+            state = os.pread(entry[1], 512, 0).rpartition(b")")[2].split()[0]
+            return state == b"R", int(os.pread(entry[2], 128, 0).split()[0])
+        except (OSError, ValueError, IndexError):
+            return False, -1
+
+    def _forget(self, name: str) -> None:
+        entry = self._fds.pop(name, None)
+        if entry is not None:
+            os.close(entry[1])
+            os.close(entry[2])
