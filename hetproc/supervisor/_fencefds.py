@@ -89,7 +89,10 @@ class FenceFds:
         handed over with the reply (the loop sends and closes it)."""
         handle = check.check_fence(self.reg, client, msg["fence"])
         table = self.reg.fences
-        keep, give = fence_fd_pair()
+        try:
+            keep, give = fence_fd_pair()
+        except OSError as exc:  # this process is out of descriptors: that request fails
+            raise errors.OutOfMemory(f"no descriptor for a fence fd: {exc}") from None
         state, word, cid, t_ns, _ = table.outcome(handle)
         if state != PENDING:
             fence_fd_complete(keep, handle, word, cid, t_ns)
