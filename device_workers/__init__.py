@@ -5,7 +5,13 @@ calls ``device_main`` in it.
 """
 
 from ._boot import DeviceBoot
-from ._commands import COMMAND_SCHEMAS, decode_command, decode_completions, encode_command
+from ._commands import (
+    COMMAND_SCHEMAS,
+    LEAST_URGENT,
+    decode_command,
+    decode_completions,
+    encode_command,
+)
 from ._graph_asset import asset_layout, plan_bytes, read_asset, write_asset
 from ._graph_ops import GRAPH_OPS, op_flops, run_op, unsupported
 from ._intake import RING_CORRUPT_EXIT_STATUS
@@ -24,7 +30,8 @@ from ._tracing import (
 from ._worker import DeviceWorker, device_main
 
 __all__ = ["DeviceBoot", "DeviceWorker", "device_main", "COMMAND_SCHEMAS",
-           "decode_command", "decode_completions", "encode_command", "RING_CORRUPT_EXIT_STATUS",
+           "decode_command", "decode_completions", "encode_command", "LEAST_URGENT",
+           "RING_CORRUPT_EXIT_STATUS",
            "DeviceState", "StateSlot", "STATE_DTYPE", "state_table",
            "validate_kernel", "checksum_of", "read_checksum",
            "QUEUE_TRACK_BASE", "SIGNALLED_AT_END", "SLOT_SUPERVISOR", "TRACK_SUPERVISOR",

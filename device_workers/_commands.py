@@ -126,7 +126,8 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
              "hold_ns": _duration, "delay_ns": _duration, "dep_timeout_ns": _duration,
              "fault?": FAULT, "mem?": MEM_REQUEST,
              # modeled time (invariant 8), preemption and the voted speed (seed §7, §11)
-             "arrive_ns?": Int(0, I64), "pre?": bool, "spd?": Num(0.0, 1.0)},
+             "arrive_ns?": Int(0, I64), "pre?": bool, "spd?": Num(0.0, 1.0),
+             "urg?": Int(0, I64)},
     "stop": {},
     # user-mode queues (``_queues``): the supervisor attaches and detaches them in order
     # with the commands it pushes
@@ -152,8 +153,9 @@ RECORD_TAG = 0xC1
 _F_CHECKED, _F_PRE, _F_SPD = 1, 2, 4
 _CMD_FLAGS = _F_CHECKED | _F_PRE | _F_SPD
 # tag, flags, kernel length, pad, n_wait, n_signal, tail length,
-# seq, pidx, cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, spd
-CMD_HEAD = struct.Struct("<BBBBHHI7qd")
+# seq, pidx, cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, urg, spd
+CMD_HEAD = struct.Struct("<BBBBHHI8qd")
+LEAST_URGENT = I64  # ``urg`` of a command nothing is compared with (no preemption)
 MAX_KERNEL = 64
 _TAIL: dict[str, Any] = {"params?": COMMAND_SCHEMAS["exec"]["params"],
          "ins?": COMMAND_SCHEMAS["exec"]["ins"], "outs?": COMMAND_SCHEMAS["exec"]["outs"],
@@ -167,8 +169,10 @@ def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
                    arrive_ns: int, *, checked: bool = False, pre: bool = False,
                    spd: float | None = None, params: dict | None = None,
                    ins: list | None = None, outs: list | None = None,
-                   fault: dict | None = None, mem: dict | None = None) -> bytes:
-    """The record of one ``exec`` command (see ``decode_command``)."""
+                   fault: dict | None = None, mem: dict | None = None,
+                   urg: int = LEAST_URGENT) -> bytes:
+    """The record of one ``exec`` command (see ``decode_command``); ``urg``: its urgency
+    on a preemptive device (lower preempts higher: ``_preempt``)."""
     k = kernel.encode()
     tail: dict[str, Any] = {}
     if params:
@@ -186,7 +190,7 @@ def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
     flags = (_F_CHECKED if checked else 0) | (_F_PRE if pre else 0) | (
         _F_SPD if spd is not None else 0)
     head = CMD_HEAD.pack(RECORD_TAG, flags, len(k), 0, nw, ns, len(tail_bytes), seq, pidx,
-                         cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns,
+                         cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, urg,
                          0.0 if spd is None else spd)
     fences = (_U64S[nw + ns] if nw + ns < 4 else struct.Struct(f"<{nw + ns}Q")).pack(
         *wait, *signal)
@@ -199,7 +203,7 @@ def _bad(what: str) -> errors.BadPacket:
 
 # The header again with ``spd`` as its raw 64 bits: the common record has no speed, and
 # "no speed" must be exactly +0.0, all bits clear (not -0.0, not a NaN), one compare.
-_CMD_HEAD_RAW = struct.Struct("<BBBBHHI7qQ")
+_CMD_HEAD_RAW = struct.Struct("<BBBBHHI8qQ")
 _F64 = struct.Struct("<d")
 _SPD_AT = CMD_HEAD.size - 8
 # Several fields are checked at once where that is exact: an OR of ints is negative iff one
@@ -218,7 +222,8 @@ def _check_head(flags: int, pad: int, klen: int, nw: int, ns: int, seq: int, pid
         raise _bad(f"kernel name of {klen} bytes, {nw} wait and {ns} signal fences "
                    f"(at most {MAX_KERNEL}, {MAX_FENCES}, {MAX_FENCES})")
     if not (0 <= seq <= I64 and 0 <= pidx <= I64 and 0 <= cid <= I64 and 0 <= arrive):
-        raise _bad(f"seq {seq}, pidx {pidx}, cid {cid} or arrive_ns {arrive} out of range")
+        raise _bad(f"seq {seq}, pidx {pidx}, cid {cid}, arrive_ns or urg {arrive} out of "
+                   "range")
     if not (0 <= hold <= MAX_DURATION_NS and 0 <= delay <= MAX_DURATION_NS
             and 0 <= dep <= MAX_DURATION_NS):
         raise _bad(f"hold_ns {hold}, delay_ns {delay} or dep_timeout_ns {dep} outside "
@@ -238,14 +243,14 @@ def decode_command(data: bytes) -> dict[str, Any]:
     n = len(data)
     if n < _HEAD_BYTES:
         raise _bad(f"{n} bytes, shorter than its {_HEAD_BYTES}-byte header")
-    (_tag, flags, klen, pad, nw, ns, tlen, seq, pidx, cid, hold, delay, dep, arrive,
+    (_tag, flags, klen, pad, nw, ns, tlen, seq, pidx, cid, hold, delay, dep, arrive, urg,
      spd_bits) = _CMD_HEAD_RAW.unpack_from(data)
     # Every header field in its range (seq, pidx, cid, arrive_ns are signed 64-bit: only
     # their sign is left to check); the field-by-field check runs when this one fails.
     if (flags & ~_CMD_FLAGS or pad or klen > MAX_KERNEL or (nw | ns) >> _FENCE_BITS
-            or (seq | pidx | cid | arrive | hold | delay | dep) < 0
+            or (seq | pidx | cid | arrive | hold | delay | dep | urg) < 0
             or hold > MAX_DURATION_NS or delay > MAX_DURATION_NS or dep > MAX_DURATION_NS):
-        _check_head(flags, pad, klen, nw, ns, seq, pidx, cid, hold, delay, dep, arrive)
+        _check_head(flags, pad, klen, nw, ns, seq, pidx, cid, hold, delay, dep, arrive | urg)
     nf = nw + ns
     off = _HEAD_BYTES + klen
     if n != off + 8 * nf + tlen:
@@ -276,6 +281,8 @@ def decode_command(data: bytes) -> dict[str, Any]:
     cmd = {"op": "exec", "seq": seq, "pidx": pidx, "cid": cid, "kernel": kernel,
            "wait": wait, "signal": signal, "hold_ns": hold, "delay_ns": delay,
            "dep_timeout_ns": dep, "arrive_ns": arrive, "params": {}, "ins": [], "outs": []}
+    if urg != LEAST_URGENT:
+        cmd["urg"] = urg
     if flags:
         if flags & _F_CHECKED:
             cmd["checked"] = True

@@ -18,7 +18,7 @@ class Frame:
     """One command from the moment it is taken to the moment it is finished."""
 
     __slots__ = ("cmd", "pidx", "t_start", "shift", "m_origin", "preemptible", "modeled",
-                 "signal", "t_end", "loop_flushes")
+                 "signal", "t_end", "loop_flushes", "holds_to")
     # The outcome, which the body sets as its last steps once the command ran to its end
     # (until then unset or the previous command's: ``finish`` reads them only after the
     # body returned):
@@ -39,9 +39,12 @@ class Frame:
         self.t_start = 0
         self.shift = 0            # modeled time spent preempted: only a resume adds to it
         self.m_origin = 0         # its modeled start: its chunk boundaries count from here
-        # True only while its kernel and hold run, and never under a suspended command:
-        # where a preemption may suspend it (``DeviceWorker.maybe_preempt``).
+        # True only while its kernel and hold run: where a preemption may suspend it
+        # (``DeviceWorker.maybe_preempt``).
         self.preemptible = False
+        # The modeled end of the stretch it holds now, before its shift (``hold_model``): a
+        # chunk boundary is where work is left, so none at or past its end.
+        self.holds_to = 0
 
 
 # The frame of no command: nothing to cancel, nothing to preempt, no time shifted.

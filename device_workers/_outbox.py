@@ -47,6 +47,7 @@ class Outbox:
         self.completions = completions
         self.commands = commands  # with ``backlog``: what still waits to run
         self.backlog = backlog
+        self.pending: list = []  # the marked commands read, not run (``Preemption.pending``)
         self.u32 = u32
         self.fences = fences
         self.trace = trace
@@ -149,7 +150,7 @@ class Outbox:
             self.post(record)
 
     def _queued(self) -> int:
-        return self.commands.depth() or len(self.backlog)
+        return self.commands.depth() or len(self.backlog) or len(self.pending)
 
     def flush_if_dry(self) -> None:
         """Flush what is left when nothing waits to run."""

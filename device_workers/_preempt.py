@@ -1,20 +1,26 @@
-"""Preemption (seed §7, §11): urgent commands first, at the running command's next chunk.
+"""Preemption (seed §7, §11): urgent commands first, at a chunk boundary, to any depth.
 
-The supervisor pushes a more urgent command out of order, marked ``pre``, and names it in
-the state table's ``preempt_pidx``. At its next chunk boundary the running command is
-suspended (a modeled switch cost to save, another to restore), every marked command in
-the ring runs, the others wait in a local backlog in ring order, and the suspended
-command resumes, its modeled end pushed back by the time it was off the device. Between
-commands the marked ones simply run first.
+The supervisor pushes a command more urgent than the one running out of order, marked
+``pre``, with its urgency ``urg`` (lower is more urgent: the policy's order, from
+``Scheduler.urgency``), and raises the state table's ``preempt_pidx``. The device reads
+the ring then: marked commands become ``pending``, the others wait in a local backlog in
+ring order. At the running command's first chunk boundary at or after a pending command's
+modeled arrival, if that command is more urgent, the running one is suspended (a modeled
+switch cost to save, another to restore) and the most urgent pending command that has
+arrived runs in a frame of its own, itself preemptible. When it ends, the next one is
+the most urgent pending command more urgent than the suspended one; when none is, the
+suspended command resumes, its modeled end pushed back by its whole time off the device.
+Between commands, pending commands that have arrived run first, most urgent first.
 
 ::
 
-    running ──chunk boundary──▶ suspend: Suspended pushed ──▶ marked commands run, each
-       ▲                                                      in its own frame
+    running ──chunk boundary──▶ suspend: Suspended pushed ──▶ pending commands run, each
+       ▲                         (any depth: a pending          in its own frame, most
+       │                          command preempts these too)   urgent first
        └──────────── resume: Suspended popped, its frame's shift grows ◀──┘
 
-The suspended commands form a stack, innermost last. Today it is at most one deep: a
-command runs preemptible only while the stack is empty (``allowed``).
+The suspended commands form a stack, innermost last: each is resumed when nothing pending
+is more urgent than it, which is the order the reference simulator resumes them in.
 """
 
 from __future__ import annotations
@@ -26,9 +32,12 @@ from typing import Any, Protocol
 
 from ipc import errors
 
+from ._commands import LEAST_URGENT
 from ._frame import Frame
 from ._state import DeviceState
 from ._state import StateSlot as S
+
+_FAR = 1 << 62  # "no host time yet": ``point`` unclamped
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,17 +92,39 @@ class Preemption:
         # Unmarked commands a preemption read past, in ring order: ``take_marked``
         # appends, the loop runs them once the suspended command is done.
         self.backlog: deque = deque()
+        # Marked commands read from the ring, not run yet (any order: ``choice`` picks).
+        self.pending: list[dict[str, Any]] = []
 
     def allowed(self) -> bool:
-        """A command starting now may be preempted (never one run under a suspended one)."""
-        return self.enabled and not self.stack
+        """A command starting now may be preempted (at any depth)."""
+        return self.enabled
 
-    def run_marked(self) -> None:
-        """Between commands: run the marked ones in the ring before anything else."""
-        self.seen = max(self.seen, int(self.host.u64[S.PREEMPT_PIDX]))
-        for cmd in self.take_marked():
-            self.host.execute(cmd)
-            self.seen = max(self.seen, cmd["pidx"])
+    def collect(self) -> None:
+        """If the supervisor marked more, read the ring: marked commands join ``pending``,
+        the others the backlog, in ring order."""
+        target = int(self.host.u64[S.PREEMPT_PIDX])
+        if target > self.seen:
+            self.seen = target
+            self.pending.extend(self.take_marked())
+
+    def choice(self, by: int, than: int, than_pidx: int = 0) -> dict[str, Any] | None:
+        """The most urgent pending command arrived by modeled time ``by`` and before
+        ``(than, than_pidx)`` in (urgency, ring position) order, or None: strictly more
+        urgent with ``than_pidx`` 0; as urgent and earlier in the ring also counts."""
+        best, key = None, (than, than_pidx)
+        for c in self.pending:
+            k = (c.get("urg", LEAST_URGENT), c["pidx"])
+            if c["arrive_ns"] <= by and k < key:
+                best, key = c, k
+        return best
+
+    def alone(self) -> dict[str, Any] | None:
+        """With nothing else queued, the pending command to run next: the most urgent of
+        those arrived by the time the first of them arrives (or the device is free)."""
+        if not self.pending:
+            return None
+        first = min(c["arrive_ns"] for c in self.pending)
+        return self.choice(max(self.host.model_end, first), LEAST_URGENT + 1)
 
     def take_marked(self) -> list[dict[str, Any]]:
         """Empty the ring: the commands marked to preempt, in ring order; the others go
@@ -113,28 +144,52 @@ class Preemption:
                 (marked if cmd.get("pre") else self.backlog).append(cmd)
         return marked
 
-    def preempt(self) -> None:
-        """Suspend the running command at this chunk boundary; run every marked command
-        in the ring; set the others aside in ring order; resume. The switches cost
-        ``switch_ns`` each in modeled time, and the suspended command's modeled end moves
-        back by its whole time off the device."""
+    def due(self) -> int | None:
+        """The chunk boundary of the running command at which a pending command more urgent
+        than it takes over, once the host has reached it (None: not now). The switch is
+        at the modeled instant the policy makes it: never before the command's arrival,
+        never between two boundaries, whatever the host's wake-ups."""
+        self.collect()
+        if not self.pending:
+            return None
+        frame = self.host.frame
+        mine = frame.cmd.get("urg", LEAST_URGENT)
+        points = [self.point(frame, c["arrive_ns"], _FAR) for c in self.pending
+                  if c.get("urg", LEAST_URGENT) < mine]
+        if not points:
+            return None
+        at = min(points)
+        if at >= frame.holds_to + frame.shift:
+            return None  # it ends first: the next command is chosen then
+        return at if time.monotonic_ns() >= at else None
+
+    def before(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
+        """A pending command to run before ``cmd``, the next in ring order: one more
+        urgent that has arrived by the time ``cmd`` would start."""
+        self.collect()
+        if not self.pending:
+            return None
+        start = max(self.host.model_end, cmd.get("arrive_ns", 0))
+        return self.choice(start, cmd.get("urg", LEAST_URGENT), cmd["pidx"])
+
+    def preempt(self, at: int) -> None:
+        """Suspend the running command at boundary ``at``; run the pending commands more
+        urgent than it, most urgent first (each preemptible in turn); resume it. The
+        switches cost ``switch_ns`` each in modeled time, and the suspended command's
+        modeled end moves back by its whole time off the device."""
         host = self.host
-        target = int(host.u64[S.PREEMPT_PIDX])
-        self.seen = max(self.seen, target)
-        marked = self.take_marked()
-        if not marked:
+        at = max(at, host.model_end)  # never before an earlier preemption's work
+        mine = host.frame.cmd.get("urg", LEAST_URGENT)
+        cmd = self.choice(at, mine)
+        if cmd is None:
             return
-        now = time.monotonic_ns()
-        # Never before the device's last modeled end (an earlier preemption's work).
-        at = max(self.point(host.frame, marked[0].get("arrive_ns", 0), now), host.model_end)
-        self.stack.append(self.suspend(at, target))
+        self.stack.append(self.suspend(at, cmd["pidx"]))
         try:
-            while marked and not host.intake.stopped:
-                cmd = marked.pop(0)
+            while cmd is not None and not host.intake.stopped:
+                self.pending.remove(cmd)
                 host.execute(cmd)
-                self.seen = max(self.seen, cmd["pidx"])
-                if not marked:
-                    marked = self.take_marked()  # marked while the first ones ran
+                self.collect()
+                cmd = self.choice(host.model_end, mine)
         finally:
             saved = self.stack.pop()
         self.resume(saved)

@@ -105,6 +105,7 @@ class DeviceWorker:
                                   chunk_ns=boot.chunk_ns)
         self.outbox = Outbox(boot, completions, self.commands, self.preempt.backlog,
                              self.u32, self.fences, self.tr)
+        self.outbox.pending = self.preempt.pending
         # The outbox's records waiting for their hand-off signal (the same list): the
         # loop's wake-ups and every cancel check look at it.
         self.delayed = self.outbox.delayed
@@ -186,10 +187,9 @@ class DeviceWorker:
                                             self.intake)
         while not intake.stopped and u32[_PARK] == 0:
             if u64[_PREEMPT_PIDX] > preempt.seen:
-                preempt.run_marked()  # urgent ones first, even with nothing to preempt
-                continue
+                preempt.collect()  # the marked commands, wherever they are in the ring
             if backlog:
-                self.execute(backlog.popleft())
+                self.run_next(backlog.popleft())
                 continue
             try:
                 data = get()
@@ -206,6 +206,11 @@ class DeviceWorker:
                     if not cmd["wait"] or self.await_queue_inputs(cmd):
                         self.execute(cmd)
                     continue
+                alone = preempt.alone() if preempt.pending else None
+                if alone is not None:  # nothing else queued: it runs (from its arrival)
+                    preempt.pending.remove(alone)
+                    self.execute(alone)
+                    continue
                 outbox.flush()
                 self.tr.idle()
                 self._fetch_segments()  # the ring ran dry: unmap segments that are gone
@@ -213,12 +218,27 @@ class DeviceWorker:
             try:
                 cmd = intake.decode(data)
                 if cmd is not None:
-                    self.execute(cmd)
+                    if cmd.get("pre"):
+                        preempt.pending.append(cmd)  # run by urgency, not ring order
+                    else:
+                        self.run_next(cmd)
             except Exception as exc:  # last resort: a bug must not end the device loop
                 outbox.complete(0, 0, errors.InternalError.code,
                                 f"device loop error: {type(exc).__name__}: {exc}"[:1000])
         # Stopped or parked with the ring empty: the records the hold-only path left.
         outbox.flush_if_dry()
+
+    def run_next(self, cmd: dict[str, Any]) -> None:
+        """Run ``cmd``, the next in ring order, unless a marked command more urgent has
+        arrived by the time it would start: that one runs first, and ``cmd`` waits at the
+        head of the backlog (the policy's choice at that instant, as the model makes it)."""
+        preempt = self.preempt
+        first = preempt.before(cmd) if preempt.pending else None
+        if first is not None:
+            preempt.backlog.appendleft(cmd)
+            preempt.pending.remove(first)
+            cmd = first
+        self.execute(cmd)
 
     def await_queue_inputs(self, cmd: dict[str, Any]) -> bool:
         """Wait for a queue command's input fences while nothing else wants the device;
@@ -325,7 +345,7 @@ class DeviceWorker:
         # Injected faults act on memory itself: a late DMA write bypasses any cache.
         _faults.before_kernel(self, fault, mem.shared_outputs())
         speed = self.run_speed(cmd, mem.cursor)
-        busy = int(cmd["hold_ns"] / speed) if speed != 1.0 else cmd["hold_ns"]
+        busy = round(cmd["hold_ns"] / speed) if speed != 1.0 else cmd["hold_ns"]
         m_kernel_end = mem.cursor + busy
         if cmd["kernel"] != "work":
             run_kernel(cmd["kernel"], ins, outs, cmd["params"], between)
@@ -365,15 +385,15 @@ class DeviceWorker:
         self.tr.exec_begin(cmd["cid"], t_start)
         frame.m_origin = m_start
         preempt = self.preempt
-        frame.preemptible = preempt.enabled and not preempt.stack  # ``allowed``, inlined
+        frame.preemptible = preempt.enabled  # ``allowed``, inlined
         self.memory.no_buffers(m_start)
         thermal = self.thermal
         speed = (self.run_speed(cmd, m_start)
                  if thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
-        busy = int(hold_ns / speed) if speed != 1.0 else hold_ns
+        busy = round(hold_ns / speed) if speed != 1.0 else hold_ns
         m_kernel_end = m_start + busy
         t_end = now()
-        if m_kernel_end + frame.shift > t_end:
+        if m_kernel_end + frame.shift > t_end or preempt.pending:
             self.hold_model(m_kernel_end, self.between_chunks)
             t_end = now()
         m_end = m_kernel_end + frame.shift
@@ -484,11 +504,16 @@ class DeviceWorker:
 
     def hold_model(self, deadline: int, between: Callable[[], None]) -> None:
         """Hold until a modeled deadline of the running command, plus the time it spent
-        preempted (which may grow while it holds: a resume adds to its frame's shift)."""
+        preempted (which may grow while it holds: a resume adds to its frame's shift).
+        A preemption due before the deadline happens even when the host arrives late,
+        past it: the model switched there, whatever the host's pace."""
         frame = self.frame
+        frame.holds_to = deadline
         while True:
             shift = frame.shift
             hold_until(deadline + shift, between, self.boot.chunk_ns)
+            if frame.preemptible:
+                self.maybe_preempt()
             if frame.shift == shift:
                 return
 
@@ -506,8 +531,12 @@ class DeviceWorker:
         """Switch to a marked command if the supervisor asked and we may: even a stuck
         command can be preempted (the urgent work's own progress is counted as the
         device's, so the watchdog may re-arm for it, up to its limit)."""
-        if self.frame.preemptible and self.u64[S.PREEMPT_PIDX] > self.preempt.seen:
-            self.preempt.preempt()
+        preempt = self.preempt
+        if self.frame.preemptible and (preempt.pending
+                                       or self.u64[S.PREEMPT_PIDX] > preempt.seen):
+            at = preempt.due()
+            if at is not None:
+                preempt.preempt(at)
 
     def check_cancel(self) -> None:
         """Hand-off signals that are due, then the cancel request (no progress counted)."""

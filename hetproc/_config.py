@@ -175,6 +175,9 @@ class LimitsSpec:
     process_clients: int = 32          # ...of them from one process (one tenant)
     hello_timeout_ms: float = 3000.0   # real time a new connection has to say hello
     max_duration_ms: float = 600000.0  # ms, handoff_ms, timeout_ms (modeled, before scale)
+    # How far ahead of now a client may date a submit (``at_ns``): the command waits in
+    # the scheduler for its modeled arrival, so a workload can be submitted ahead of time.
+    arrival_horizon_ms: float = 10000.0
     max_name: int = 64                 # characters of a client or context name
     max_priority: int = 10             # highest context priority of a normal client
     max_priority_privileged: int = 50  # ...of the owner and of clients granted a role

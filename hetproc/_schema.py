@@ -144,6 +144,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "process_clients": Key("int", 32, 1, 1_000_000),
         "hello_timeout_ms": Key("float", 3000.0, 0, 1e9),
         "max_duration_ms": Key("float", 600000.0, 0, 1e9),
+        "arrival_horizon_ms": Key("float", 10000.0, 0, 3.6e6),
         "max_name": Key("int", 64, 0, 1_000_000),
         "max_priority": Key("int", 10, 0, 1_000_000),
         "max_priority_privileged": Key("int", 50, 0, 1_000_000),

@@ -64,9 +64,10 @@ _OUT_OF_RANGE = [
     (4, MAX_FENCES + 1), (5, MAX_FENCES + 1),
     (6, 1), (6, 0xFFFFFFFF),              # tail length that does not add up
     (7, -1), (8, -1), (9, -1), (13, -1),  # seq, pidx, cid, arrive_ns negative
+    (14, -1), (14, -(1 << 63)),           # urg negative
     (10, MAX_DURATION_NS + 1), (10, -1), (11, MAX_DURATION_NS + 1), (11, -5),
     (12, MAX_DURATION_NS + 1), (12, -(1 << 63)),
-    (14, 1.5), (14, -0.1), (14, math.nan), (14, math.inf),
+    (15, 1.5), (15, -0.1), (15, math.nan), (15, math.inf),
 ]
 
 
@@ -80,11 +81,11 @@ def test_a_speed_without_its_flag_is_refused():
     rec = _valid_record(spd=None)
     assert "spd" not in decode_command(rec)
     with pytest.raises(errors.BadPacket, match="spd"):
-        decode_command(_repack(rec, 14, 0.5))
+        decode_command(_repack(rec, 15, 0.5))
 
 
 _FIELDS = {  # header index -> (lowest valid, highest valid) of a signed 64-bit field
-    7: (0, I64), 8: (0, I64), 9: (0, I64), 13: (0, I64),
+    7: (0, I64), 8: (0, I64), 9: (0, I64), 13: (0, I64), 14: (0, I64),
     10: (0, MAX_DURATION_NS), 11: (0, MAX_DURATION_NS), 12: (0, MAX_DURATION_NS),
 }
 

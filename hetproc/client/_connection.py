@@ -54,6 +54,8 @@ from ._trace_ring import ClientTrace
 
 REQUEST_TIMEOUT = 10.0
 _RECORDS_KEPT = 4096    # failure records kept for waiters that have not woken yet
+FENCE_BATCH = 256       # fences asked for at once
+FENCE_LOW_WATER = 128   # below this many in the pool, the next batch is asked for ahead
 _DOOR_WAIT_S = 0.2      # how long a refused hello looks for the supervisor's reason
 
 
@@ -79,6 +81,7 @@ class Connection:
         self._cids = itertools.count(1)
         self._to_release: list[int] = []  # fences dropped: one message with the next request
         self._fence_pool: list[int] = []
+        self._refill_id = 0  # the fence_create sent ahead of need, its reply not read yet
         # Failure records the supervisor sent ahead of their fences' wakes, by fence
         # (bounded: the oldest go first; a waiter missing one asks instead).
         self._inbox: collections.OrderedDict[int, dict] = collections.OrderedDict()
@@ -174,16 +177,47 @@ class Connection:
         return make_cid(self.client_id, next(self._cids), CID_BY_CLIENT)
 
     def take_fences(self, n: int) -> list[int]:
-        """``n`` output fences from this client's pool, refilled in batches (one round
-        trip per 256 fences instead of one per command). ``PlatformClosed`` once closed:
-        the pool's fences went with the connection."""
-        if self.closed:
-            raise errors.PlatformClosed("this client is closed")
-        while len(self._fence_pool) < n:
-            want = min(1024, max(256, n - len(self._fence_pool)))
-            self._fence_pool += self.request("fence_create", count=want)["fences"]
-        taken, self._fence_pool = self._fence_pool[:n], self._fence_pool[n:]
-        return taken
+        """``n`` output fences from this client's pool. The pool is refilled ahead of
+        need: below ``FENCE_LOW_WATER`` a ``fence_create`` goes out one way and its reply
+        is read with whatever comes next, so a submitter does not wait for a round trip
+        (it waits only when it takes more than the pool holds). ``PlatformClosed`` once
+        closed: the pool's fences went with the connection."""
+        with self._usable():
+            pool = self._fence_pool
+            while self._refill_id and len(pool) < n:
+                try:  # the refill on its way: its reply fills the pool
+                    self._read(self.timeout)
+                except OSError as exc:
+                    ask = {"op": "fence_create", "id": self._refill_id}
+                    raise self._failure(exc, ask, sent=True) from None
+            while len(pool) < n:
+                want = min(1024, max(FENCE_BATCH, n - len(pool)))
+                msg: dict[str, Any] = {"op": "fence_create", "id": next(self._ids),
+                                       "count": want}
+                pool += self._exchange(msg)["fences"]
+            taken = pool[:n]
+            del pool[:n]
+            if len(pool) < FENCE_LOW_WATER and not self._refill_id:
+                self._refill_ahead()
+            return taken
+
+    def _refill_ahead(self) -> None:
+        """Ask for a batch of fences without waiting for it (lock held)."""
+        req_id = next(self._ids)
+        self._last_id = max(self._last_id, req_id)
+        self._send({"op": "fence_create", "id": req_id, "count": FENCE_BATCH}, flush=True)
+        self._refill_id = req_id
+
+    def _refilled(self, reply: dict[str, Any]) -> None:
+        """The reply to ``_refill_ahead``: its fences join the pool. A refusal (the
+        client's fence quota) is left for the request that needs the fences to meet."""
+        self._refill_id = 0
+        if reply["ok"]:
+            try:
+                fences = _protocol.result_of("fence_create", reply)["fences"]
+            except errors.HetprocError:
+                return
+            self._fence_pool += fences
 
     def release_fence(self, handle: int) -> None:
         """Let the platform recycle ``handle``; told with the next request. Only a list
@@ -308,6 +342,9 @@ class Connection:
         reply = decode(self.channel.recv(timeout), _protocol.REPLIES)
         self._take_descriptors(reply)
         if reply["id"] != 0:
+            if reply["id"] == self._refill_id:
+                self._refilled(reply)
+                return None
             return reply
         fence, error = reply.get("fence"), reply.get("error")
         if type(fence) is not int or not isinstance(error, dict):

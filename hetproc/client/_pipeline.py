@@ -123,7 +123,7 @@ class Pipeline:
         self.stages = list(stages)
         self.policy = policy
         self.max_queue = max_queue
-        self.deadline_ns = int(deadline_ms * 1e6) if deadline_ms else 0
+        self.deadline_ns = round(deadline_ms * 1e6) if deadline_ms else 0
         self.fill = fill
         n = len(self.stages)
         self.sets: list[list[Buffer]] = [
@@ -141,7 +141,7 @@ class Pipeline:
             timeout_s: float = 30.0) -> PipelineReport:
         """Feed ``frames`` frames, one every ``interval_ms`` (None: as fast as the
         buffers allow, i.e. always backpressure), and collect them all."""
-        run = _Run(self, frames, int(interval_ms * 1e6) if interval_ms else 0, timeout_s)
+        run = _Run(self, frames, round(interval_ms * 1e6) if interval_ms else 0, timeout_s)
         while run.nxt < frames or run.queue or run.flight:
             run.check_deadline()
             run.start_queued()

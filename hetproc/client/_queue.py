@@ -135,7 +135,7 @@ class Queue:
         ms = float(ms)
         if not 0.0 <= ms < float("inf"):
             raise errors.InvalidRequest(f"a duration must be a finite number of ms >= 0, got {ms}")
-        hold = int(ms * self._scale * 1e6)
+        hold = round(ms * self._scale * 1e6)
         if hold > self.max_hold_ns:
             raise errors.InvalidRequest(f"{ms} ms is past the {self.max_hold_ns / 1e6:g} ms "
                                         f"(modeled) a queue command may run")

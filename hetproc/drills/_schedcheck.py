@@ -1,11 +1,12 @@
 """A task set on a real platform against the reference simulator, job by job.
 
 ``compare(platform, taskset)`` submits every job of the task set to the running platform
-at its arrival (the host sleeps until each one, then dates the submit with ``at_ns``),
-waits for all of them, reads each job's modeled start (the device's EXEC record, at its
-modeled times) and end (its fence's modeled signal stamp, less its hand-off), and
-simulates the same set with ``hetproc.simulate_schedule`` under the platform's own
-scheduler settings (policy, chunk, switch cost, dispatch latency, time scale 1). The
+ahead of time, each dated with its modeled arrival (``at_ns``: the scheduler holds it
+until then, so the host's pace does not enter the schedule), waits for all of them,
+reads each job's modeled start (the device's EXEC record, at its modeled times) and end
+(its fence's modeled signal stamp, less its hand-off), and simulates the same set with
+``hetproc.simulate_schedule`` under the platform's own scheduler settings (policy, chunk,
+switch cost, dispatch latency, time scale 1). The
 result has one row per job and a summary: misses on both sides, the largest start and
 end errors, how many jobs differ. Times in the rows are ns after the task set's origin.
 
@@ -26,7 +27,8 @@ from .. import _refsched, errors
 from ..client import Fence, Platform, command
 
 MS = 1_000_000
-LEAD_NS = 50 * MS        # the origin, this far after the contexts are warm
+LEAD_NS = 100 * MS       # the origin, this far after the contexts are warm...
+LEAD_PER_JOB_NS = MS // 2  # ...plus this per job: every submit is in before it
 WAIT_MARGIN_S = 10.0     # real seconds past the set's modeled length to wait for its fences
 
 
@@ -89,7 +91,7 @@ def _submit(platform: Platform, clients: dict[str, Any],
             # contexts and fence pools ready, off the clock (``submit_nowait`` fills the pool)
             ctx.submit_nowait("work", ms=0).wait(5)
     timeout_ms = min(600_000.0, 1000.0 + sum(j.duration_ns for j in jobs) / MS)
-    t0 = time.monotonic_ns() + LEAD_NS
+    t0 = time.monotonic_ns() + LEAD_NS + LEAD_PER_JOB_NS * len(jobs)
     fences: dict[str, Fence] = {}
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_ns, i))
     for i in order:
@@ -98,9 +100,6 @@ def _submit(platform: Platform, clients: dict[str, Any],
         if late:  # its fence must exist when it is submitted, at its arrival
             raise errors.InvalidRequest(f"job {j.name!r} waits for {late}, which arrive after it")
         at = t0 + j.arrival_ns
-        delay = (at - time.monotonic_ns()) / 1e9
-        if delay > 0:
-            time.sleep(delay)
         kw: dict[str, Any] = {"ms": j.duration_ns / MS, "timeout_ms": timeout_ms,
                               "wait": [fences[d] for d in j.after]}
         if j.deadline_ns:

@@ -191,6 +191,7 @@ class Commands:
         done = []  # the records of commands we knew, for the modeled-time summary
         try:
             for rec in batch:
+                m1 = rec.get("m1")
                 if rec["epoch"] != dev.epoch:
                     continue  # from before a reset: that command was already failed
                 cmd = dev.pushed.pop(rec["seq"], None)
@@ -202,6 +203,8 @@ class Commands:
                     continue
                 done.append(rec)
                 self._on_command_done(dev, cmd, rec)
+                if not dev.pushed and type(m1) is int:
+                    dev.settle(m1)  # the truth replaces the estimate
         finally:
             dev.timing.note_many(done)
 

@@ -182,7 +182,7 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
         efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         devices[dspec.name] = DeviceHandle(
             dspec, index, named.prefix, ring, bell, efd,
-            window_ns=int(dspec.scheduler.window_ms * spec.time_scale * 1e6),
+            window_ns=round(dspec.scheduler.window_ms * spec.time_scale * 1e6),
             time_scale=spec.time_scale, state=slots[index], inputs_ready=inputs_ready,
             segment_of=pool.segments.get)
     return Registry(spec, fences, devices, slots, state, clients=clients), pool, state_segment

@@ -20,7 +20,14 @@ from typing import Any
 
 import posix_ipc
 
-from device_workers import DeviceBoot, DeviceState, StateSlot, device_main, encode_command
+from device_workers import (
+    LEAST_URGENT,
+    DeviceBoot,
+    DeviceState,
+    StateSlot,
+    device_main,
+    encode_command,
+)
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 
 from .._config import DeviceSpec
@@ -30,6 +37,9 @@ from ._timing import ModeledTiming
 RING_SLOTS = 256
 RING_SLOT_BYTES = 2048
 MAX_IN_RING = 250  # commands handed to the device at once; the rest wait, scheduled, here
+# Marked commands out at once: the device orders them by urgency and nests preemptions
+# (``device_workers._preempt``); past this many, the next waits here.
+MAX_MARKED = 16
 
 
 class CommandState(enum.Enum):
@@ -108,7 +118,7 @@ class Command:
             params=self.params,
             ins=_descriptors(self.ins, self.in_perms, "r") if self.ins else None,
             outs=_descriptors(self.outs, self.out_perms, "w") if self.outs else None,
-            fault=self.fault, mem=self.mem)
+            fault=self.fault, mem=self.mem, urg=self.device.urgency_of(self))
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -200,6 +210,13 @@ class DeviceHandle:
     pushes: int = 0
     paused: bool = False  # during an incident nothing new reaches the device
     window_ns: int = 2_000_000  # modeled work let into the in-order ring at once
+    # The modeled instant the device is done with every command pushed that is no
+    # preemptor: the time the scheduler decides at (an estimate from arrivals and holds,
+    # never later than the truth; set to the truth when the ring drains).
+    free_ns: int = 0
+    # The host time at which a command dated ahead is due to be decided (0: none): the
+    # supervisor's tick pumps the device then (``due``).
+    wake_ns: int = 0
     time_scale: float = 1.0
     state: Any = None  # its StateSlot (what it runs; where a preemption is requested)
     sched: Scheduler = field(init=False)
@@ -271,11 +288,26 @@ class DeviceHandle:
         # Segment descriptors still waiting for the device's socket go before any command
         # (a command without operands needs none of its own: see ``_push``).
         quiet = self.segs is not None and not self.segs.waiting
+        self.wake_ns = 0
         while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
-            now = time.monotonic_ns()
-            cmd = sched.peek(now)
+            # The decision is the model's at ``at``: when the device is next free, or, if
+            # nothing has arrived by then, when the next command does.
+            # Nothing is released past a decision not made yet: a command dated earlier
+            # than the next arrival may still come, and must then compete.
+            at = self.free_ns
+            cmd = sched.peek(at)
             if cmd is None:
-                break  # (never: ``waiting`` is what peek looks at)
+                at = sched.next_arrival() or 0
+                if at - ARRIVAL_LEAD_NS > time.monotonic_ns():
+                    self.wake_ns = at - ARRIVAL_LEAD_NS
+                    break
+                cmd = sched.peek(at)
+                if cmd is None:
+                    break  # (never: something arrives at ``at``)
+            elif at - ARRIVAL_LEAD_NS > time.monotonic_ns() and (
+                    not preemptive or not pushed.long or self._urgency(cmd) is not _NOW):
+                self.wake_ns = at - ARRIVAL_LEAD_NS  # decided then (a preemptor: now)
+                break
             first = True
             if cmd.wait and not self.inputs_ready(cmd):
                 cmd, first = self._producer_first(cmd)
@@ -284,7 +316,7 @@ class DeviceHandle:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
                 cmd.preemptor = True
-                if not self._push(cmd, now if first else -1, speed, quiet):
+                if not self._push(cmd, at if first else -1, speed, quiet):
                     break
                 self.preemptions += 1
                 self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
@@ -297,12 +329,52 @@ class DeviceHandle:
             elif plain:
                 queued_ns = cmd.hold_ns  # the one lookahead command
             plain += 1
-            if not self._push(cmd, now if first else -1, speed, quiet):
+            if not self._push(cmd, at if first else -1, speed, quiet):
                 break
+            free = self.free_ns
+            self.free_ns = (free if free > cmd.t_arrive else cmd.t_arrive) + cmd.hold_ns
             moved += 1
+        if preemptive and sched.arrivals and pushed.long:
+            moved += self._mark_ahead(speed, quiet)
         if moved:
             self.doorbell.release()
         return moved
+
+    def _mark_ahead(self, speed: float, quiet: bool) -> int:
+        """Mark now the commands dated ahead that will preempt a long command in the ring,
+        so that the device has them at the boundary where the model switches, however
+        late the host is then. Only until the ring's work ends (the holds of every command
+        in it, marked ones too, from the device's free instant): later arrivals are the
+        scheduler's choice once the device is free."""
+        pushed, sched = self.pushed, self.sched
+        horizon = self.free_ns + sum(c.hold_ns for c in pushed.values() if c.preemptor)
+        marked = 0
+        for t, seq in sorted(sched.arrivals):
+            if t > horizon or len(pushed) >= MAX_IN_RING:
+                break
+            cmd = sched.waiting[seq]
+            if self._urgency(cmd) is not _NOW:
+                continue
+            cmd.preemptor = True
+            if not self._push(cmd, -1, speed, quiet):
+                break
+            self.preemptions += 1
+            self.state.u64[_PREEMPT_PIDX] = cmd.pidx
+            marked += 1
+        return marked
+
+    def urgency_of(self, cmd: Command) -> int:
+        """What the device compares to preempt (``Scheduler.urgency``; on a device that
+        does not preempt, the same for every command)."""
+        return self.sched.urgency(cmd) if self.pushed.chunk_ns else LEAST_URGENT
+
+    def due(self, now_ns: int) -> bool:
+        """A command dated ahead is to be decided now (the supervisor's tick asks)."""
+        return 0 < self.wake_ns <= now_ns
+
+    def settle(self, modeled_end: int) -> None:
+        """The ring drained: the device is free from its last command's modeled end."""
+        self.free_ns = modeled_end
 
     def _producer_first(self, cmd: Command) -> tuple[Command, bool]:
         """The scheduler chose ``cmd``, which waits on fences not signalled yet: if a
@@ -362,30 +434,18 @@ class DeviceHandle:
         self.pushed[cmd.seq] = cmd
         return True
 
-    def victim(self) -> Command | None:
-        """The command a preemption would suspend: the one the device says it runs, else
-        the oldest long one in the ring that is not a preemptor (finished commands whose
-        records we have not read yet may still be listed: short ones are skipped)."""
-        current = self.pushed.get(int(self.state.u64[_CURRENT_SEQ])) if self.state else None
-        if current is not None and not current.preemptor:
-            return current
-        chunk = self.chunk_ns()
-        for c in self.pushed.values():
-            if not c.preemptor and c.hold_ns > chunk:
-                return c
-        return None
-
     def _urgency(self, head: Command) -> object:
-        """Whether ``head`` goes into the ring now, out of order, to preempt what runs
-        (``_NOW``); should, but another preemptor is still out (``_LATER``: one at a time,
-        the next chosen by policy when it ends); or not (``_NO``)."""
-        if not self.preemptive or self.state is None:
+        """Whether ``head`` goes into the ring now, out of order, marked (``_NOW``): it
+        preempts a long command in the ring, running now or by the time ``head`` arrives
+        (the device compares urgencies at each boundary and switches only to a more
+        urgent one); should, but ``MAX_MARKED`` are out (``_LATER``); or not (``_NO``)."""
+        if not self.preemptive or self.state is None or not self.inputs_ready(head):
             return _NO
-        victim = self.victim()
-        if (victim is None or victim.hold_ns <= self.chunk_ns()
-                or not self.sched.preempts(head, victim) or not self.inputs_ready(head)):
+        chunk, preempts = self.chunk_ns(), self.sched.preempts
+        if not any(not c.preemptor and c.hold_ns > chunk and preempts(head, c)
+                   for c in self.pushed.values()):
             return _NO
-        if any(c.preemptor for c in self.pushed.values()):
+        if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
         return _NOW
 
@@ -396,10 +456,10 @@ class DeviceHandle:
         return max(self.votes.values())
 
     def chunk_ns(self) -> int:
-        return int(self.spec.scheduler.chunk_ms * self.time_scale * 1e6)
+        return round(self.spec.scheduler.chunk_ms * self.time_scale * 1e6)
 
     def switch_ns(self) -> int:
-        return int(self.spec.scheduler.switch_us * self.time_scale * 1e3)
+        return round(self.spec.scheduler.switch_us * self.time_scale * 1e3)
 
     def take_pushed(self) -> list[Command]:
         """The commands the device held when it died, in ring order; queued ones stay."""
@@ -493,6 +553,11 @@ class DeviceHandle:
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
+# How long before its modeled arrival a command dated ahead is decided and handed to its
+# device: more than the supervisor's 5 ms tick, so that it is there in time; a command
+# submitted later than this, dated earlier, finds the decision made (with the real clock,
+# only a workload submitted ahead of time schedules exactly as the model says).
+ARRIVAL_LEAD_NS = 12_000_000
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
 

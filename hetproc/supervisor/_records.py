@@ -178,7 +178,7 @@ class Registry:
         """A modeled duration in ms, times the platform's time scale, in ns."""
         if ms < 0:
             raise errors.InvalidRequest(f"negative duration {ms} ms")
-        return int(ms * self.spec.time_scale * 1e6)
+        return round(ms * self.spec.time_scale * 1e6)  # 4.35 ms is 4,350,000 ns, not 4,349,999
 
     def note_event(self, kind: str, **detail: Any) -> None:
         self.events.append({"event": kind, "t": time.time(), **detail})

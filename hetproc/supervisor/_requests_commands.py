@@ -90,9 +90,9 @@ class CommandRequests:
                 f"a submit carries 1..{MAX_BATCH} commands, got {len(msg['cmds'])}")
         quota.check_inflight(self.reg, client, len(msg["cmds"]))
         quota.check_fences(self.reg, client, sum(1 for c in msg["cmds"] if "signal" not in c))
-        t_arrive = check.arrival_ns(self.reg, msg.get("t_ns"), t0_ns)
+        t_release = check.release_ns(self.reg, msg.get("t_ns"), t0_ns)
         cmds = check.build_commands(self.reg, self.iommu, self.handoff, self.faults, ctx,
-                                    msg["cmds"], t_arrive, t0_ns)  # all valid, or none runs
+                                    msg["cmds"], t_release)  # all valid, or none runs
         # Every part of a chain may need a new fence: make sure they all exist before the
         # first commit, so a batch is queued whole or not at all.
         if self.reg.fences.free_count() < 3 * len(cmds):

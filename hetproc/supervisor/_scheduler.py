@@ -18,6 +18,13 @@ this arrival preempt that running command), plus removal and iteration for recov
 device's ring is in order, so ``DeviceHandle.pump`` moves only a short window of picked
 work into it; everything else waits here, where a later, more urgent arrival still wins.
 
+Decisions are made in modeled time. ``peek(t)`` and ``pick(t)`` choose among the commands
+that have arrived by ``t`` (their ``t_arrive``), the instant the device is next free in the
+model, whatever the host's clock says: a command dated ahead waits here, unseen by the
+policy, until a decision at or after its arrival (``release``), and ``next_arrival`` says
+when that is. This is what makes a workload submitted ahead of time schedule the same on
+a loaded machine as on a quiet one (``hetproc._refsched`` is the specification).
+
 Fair sharing inside a level is what keeps one client's backlog from starving another's:
 a client that joins gets the current virtual time, not credit for the time it was idle.
 Pure logic over plain attributes of a command (``seq``, ``priority``, ``deadline_ns``,
@@ -35,6 +42,8 @@ from typing import Any
 from .._config import SchedSpec
 
 NO_DEADLINE = (1 << 63) - 1
+_DEADLINE_BITS = (1 << 61) - 1  # a deadline in ``Mixed.urgency`` (73 years of ns)
+_PRIORITY_CEILING = 1 << 20  # above any priority: ``Priority.urgency`` stays positive
 _DECAY = 0.9  # per accounted command, for the mixed policy's recent shares
 
 
@@ -64,27 +73,59 @@ class Scheduler:
 
     def __init__(self, spec: SchedSpec) -> None:
         self.spec = spec
-        self.waiting: dict[int, Any] = {}  # seq -> command, in arrival order
+        self.waiting: dict[int, Any] = {}  # seq -> command, every one queued here
+        # Commands not released to the policy yet, as (arrival, seq): a heap, so the next
+        # arrival is at its top. ``released_ns`` only grows: a command arriving at or
+        # before it goes straight to the policy.
+        self.arrivals: list[tuple[int, int]] = []
+        self.released_ns = 0
+        self.ready = 0  # how many of ``waiting`` the policy holds
 
     # -- the interface -------------------------------------------------------------------
 
     def add(self, cmd: Any) -> None:
         self.waiting[cmd.seq] = cmd
-        self._add(cmd)
+        t = getattr(cmd, "t_arrive", 0)
+        if t > self.released_ns:
+            heapq.heappush(self.arrivals, (t, cmd.seq))
+        else:
+            self.ready += 1
+            self._add(cmd)
 
-    def pick(self, now_ns: int = 0) -> Any | None:
-        """The next command to run, removed from the queue; None when none waits."""
-        if not self.waiting:
+    def release(self, until_ns: int | None) -> None:
+        """Hand the policy every command that has arrived by ``until_ns`` (None: all)."""
+        if until_ns is None:
+            until_ns = NO_DEADLINE
+        if until_ns > self.released_ns:
+            self.released_ns = until_ns
+        arrivals, waiting = self.arrivals, self.waiting
+        while arrivals and arrivals[0][0] <= until_ns:
+            cmd = waiting[heapq.heappop(arrivals)[1]]
+            self.ready += 1
+            self._add(cmd)
+
+    def next_arrival(self) -> int | None:
+        """When the earliest command the policy does not see yet arrives (None: none)."""
+        return self.arrivals[0][0] if self.arrivals else None
+
+    def pick(self, now_ns: int | None = None) -> Any | None:
+        """The next command to run at modeled time ``now_ns`` among those arrived by then,
+        removed from the queue; None when none has. ``None``: every command has arrived
+        (pure logic, as the policy tests use it)."""
+        self.release(now_ns)
+        if not self.ready:
             return None
-        cmd = self._pick(now_ns)
+        cmd = self._pick(now_ns or 0)
         del self.waiting[cmd.seq]
+        self.ready -= 1
         return cmd
 
-    def peek(self, now_ns: int = 0) -> Any | None:
+    def peek(self, now_ns: int | None = None) -> Any | None:
         """What ``pick`` would return, without removing it."""
-        if not self.waiting:
+        self.release(now_ns)
+        if not self.ready:
             return None
-        return self._peek(now_ns)
+        return self._peek(now_ns or 0)
 
     def account(self, cmd: Any, ran_ns: int) -> None:
         """Charge ``ran_ns`` of device time to ``cmd``'s client (fairness, shares)."""
@@ -93,12 +134,19 @@ class Scheduler:
         """Whether ``new`` is urgent enough to preempt ``running`` at a chunk boundary."""
         return False
 
+    def urgency(self, cmd: Any) -> int:
+        """``preempts`` as one number per command, for the device to compare (lower
+        preempts higher: ``preempts(a, b)`` exactly when ``urgency(a) < urgency(b)``)."""
+        return 0
+
     def remove_if(self, doomed: Callable[[Any], bool]) -> list[Any]:
         """Take out every waiting command ``doomed`` says, returned in arrival order."""
         out = [c for c in self.waiting.values() if doomed(c)]
         if out:
             for c in out:
                 del self.waiting[c.seq]
+            self.arrivals = [a for a in self.arrivals if a[1] in self.waiting]
+            heapq.heapify(self.arrivals)
             self._rebuild()
         return out
 
@@ -123,9 +171,11 @@ class Scheduler:
         raise NotImplementedError
 
     def _rebuild(self) -> None:
-        """Rebuild the policy's structures from ``waiting`` after a removal."""
-        cmds = list(self.waiting.values())
+        """Rebuild the policy's structures from the released commands after a removal."""
+        pending = {seq for _, seq in self.arrivals}
+        cmds = [c for seq, c in self.waiting.items() if seq not in pending]
         self._reset()
+        self.ready = len(cmds)
         for c in cmds:
             self._add(c)
 
@@ -134,18 +184,25 @@ class Scheduler:
 
 
 class Fifo(Scheduler):
+    """In order of arrival (of release to the policy: submission order at one arrival)."""
+
     name = "fifo"
 
+    def __init__(self, spec: SchedSpec) -> None:
+        super().__init__(spec)
+        self.queue: collections.deque = collections.deque()
+
     def _reset(self) -> None:
-        pass
+        self.queue.clear()
 
     def _add(self, cmd: Any) -> None:
-        pass
+        self.queue.append(cmd)
 
     def _peek(self, now_ns: int) -> Any:
-        return next(iter(self.waiting.values()))
+        return self.queue[0]
 
-    _pick = _peek
+    def _pick(self, now_ns: int) -> Any:
+        return self.queue.popleft()
 
 
 class FairQueue:
@@ -275,6 +332,11 @@ class Priority(Scheduler):
 
     def add(self, cmd: Any) -> None:
         self.waiting[cmd.seq] = cmd
+        t = getattr(cmd, "t_arrive", 0)
+        if t > self.released_ns:
+            heapq.heappush(self.arrivals, (t, cmd.seq))
+            return
+        self.ready += 1
         p = cmd.priority
         fq = self.levels.get(p)
         if fq is None:
@@ -285,8 +347,10 @@ class Priority(Scheduler):
         fq.clock = self.shared.clock
         fq.add(cmd)
 
-    def peek(self, now_ns: int = 0) -> Any | None:
-        if not self.waiting:
+    def peek(self, now_ns: int | None = None) -> Any | None:
+        if self.arrivals:
+            self.release(now_ns)
+        if not self.ready:
             return None
         return self.levels[self.top].peek()
 
@@ -297,6 +361,9 @@ class Priority(Scheduler):
 
     def preempts(self, new: Any, running: Any) -> bool:
         return new.priority > running.priority
+
+    def urgency(self, cmd: Any) -> int:
+        return _PRIORITY_CEILING - cmd.priority
 
 
 class Edf(Scheduler):
@@ -321,6 +388,9 @@ class Edf(Scheduler):
     def preempts(self, new: Any, running: Any) -> bool:
         return (new.deadline_ns or NO_DEADLINE) < (running.deadline_ns or NO_DEADLINE)
 
+    def urgency(self, cmd: Any) -> int:
+        return cmd.deadline_ns or NO_DEADLINE
+
 
 REALTIME, ALWAYS_ON, THIRD_PARTY = 2, 1, 0
 
@@ -338,6 +408,8 @@ class Mixed(Scheduler):
         self.rt = Edf(spec)
         self.ao = Fair(spec)
         self.tp = Fair(spec)
+        for part in (self.rt, self.ao, self.tp):
+            part.released_ns = NO_DEADLINE  # this policy releases: its parts hold no arrival
         self.served = [0.0, 0.0, 0.0]  # recent device time per class, decayed
 
     def klass(self, cmd: Any) -> int:
@@ -351,6 +423,7 @@ class Mixed(Scheduler):
     def _reset(self) -> None:
         for part in (self.rt, self.ao, self.tp):
             part.waiting.clear()
+            part.ready = 0
             part._reset()
 
     def _add(self, cmd: Any) -> None:
@@ -386,6 +459,13 @@ class Mixed(Scheduler):
         if kn != kr:
             return kn > kr
         return kn == REALTIME and self.rt.preempts(new, running)
+
+    def urgency(self, cmd: Any) -> int:
+        """The class in the top bits (real-time lowest), then, for real-time work only,
+        the deadline: two commands of one other class never preempt each other."""
+        k = self.klass(cmd)
+        deadline = min(cmd.deadline_ns or NO_DEADLINE, _DEADLINE_BITS) if k == REALTIME else 0
+        return ((REALTIME - k) << 61) | deadline
 
 
 POLICY_CLASSES: dict[str, type[Scheduler]] = {

@@ -214,9 +214,14 @@ class Supervisor:
             self.drop_silent_connections()
 
     def tick(self) -> None:
-        """Timers: completions nobody woke us for, the watchdog, incidents' grace periods."""
+        """Timers: completions nobody woke us for, commands dated ahead that are due, the
+        watchdog, incidents' grace periods."""
         self.commands.collect_news()
-        self.recovery.tick(time.monotonic_ns())
+        now = time.monotonic_ns()
+        for dev in self.reg.devices.values():
+            if dev.due(now):
+                dev.pump()
+        self.recovery.tick(now)
 
     def ask_for_news(self) -> None:
         """Tell each device whether we need its completions at once: when commands wait

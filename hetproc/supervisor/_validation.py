@@ -378,15 +378,26 @@ def check_layout(shape: list, dtype: str, strides: list | None, budget_bytes: in
     return tuple(shape), dt.name, tuple(strides) if strides else None
 
 
-def arrival_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
-    """A submit's modeled arrival: the client's own submit time (so the host's submit path
-    is absorbed, not modeled), never later than now nor more than ``MAX_BACKDATE_NS``
-    before it (an untrusted stamp can shift its own work a little, nobody else's), plus
-    the platform's modeled dispatch latency (invariant 8)."""
-    t = now_ns
-    if isinstance(t_client, int) and not isinstance(t_client, bool):
-        t = min(now_ns, max(now_ns - MAX_BACKDATE_NS, t_client))
-    return t + reg.scaled_ns(reg.spec.dispatch_us / 1000.0)
+def release_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
+    """A submit's modeled release: the client's own date for it (so the host's submit path
+    is absorbed, not modeled), at most ``MAX_BACKDATE_NS`` before now (an untrusted stamp
+    can shift its own work a little, nobody else's) and at most the platform's
+    ``limits.arrival_horizon_ms`` after it (a command dated ahead waits in the scheduler
+    for its modeled arrival). Deadlines count from it."""
+    if not isinstance(t_client, int) or isinstance(t_client, bool):
+        return now_ns
+    horizon = int(reg.spec.limits.arrival_horizon_ms * 1e6)
+    if t_client > now_ns + horizon:
+        raise errors.InvalidRequest(
+            f"at_ns is {(t_client - now_ns) / 1e6:.1f} ms ahead of now; the platform's "
+            f"limits.arrival_horizon_ms allows {reg.spec.limits.arrival_horizon_ms:g}")
+    return max(now_ns - MAX_BACKDATE_NS, t_client)
+
+
+def arrival_ns(reg: Registry, release: int) -> int:
+    """A command's modeled arrival at its device: its release plus the platform's modeled
+    dispatch latency (invariant 8)."""
+    return release + reg.scaled_ns(reg.spec.dispatch_us / 1000.0)
 
 
 def bounded_ms(value: Any, what: str, lo: float = 0.0, hi: float = MAX_DEADLINE_MS) -> float:
@@ -411,14 +422,14 @@ def request_priority(reg: Registry, ctx: ContextRec, c: dict) -> int:
 
 
 def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultPlan,
-                   ctx: ContextRec, cmds: list, t_arrive: int, t_received: int) -> list[Command]:
+                   ctx: ContextRec, cmds: list, t_release: int) -> list[Command]:
     """Validate every command of one submit: every handle, generation, owner, op, dtype and
     shape is checked here, before anything reaches a device (seed §20). All valid, or an
     error for the first one that is not (nothing was changed for any of them).
 
     What is the same for every command of the message is looked up once: the device and
     the ops it runs, the client, the context's defaults (priority, deadline from its
-    period, counted from ``t_received``, when the supervisor received the message), the
+    period, counted from ``t_release``, the submit's modeled release), the
     dependency timeout, and per (kernel, bytes touched) the modeled hold and the default
     watchdog. Every check that depends on a command's own fields runs for each command
     (``check_request`` checked every field's type and bounds already)."""
@@ -426,7 +437,8 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
     client, buffers = ctx.client, reg.buffers
     resolve, scaled_ns = iommu.resolve, reg.scaled_ns
     dep_timeout_ns = scaled_ns(reg.spec.dependency_timeout_ms)
-    default_deadline = t_received + ctx.period_ns if ctx.period_ns else 0
+    t_arrive = arrival_ns(reg, t_release)
+    default_deadline = t_release + ctx.period_ns if ctx.period_ns else 0
     default_priority = ctx.priority
     runs: set[str] = set()  # kernels of this batch the device runs
     modeled: dict[tuple[str, int], tuple[int, int]] = {}  # -> (hold ns, watchdog ns)
@@ -459,9 +471,9 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
         wait = [check_fence(reg, client, x) for x in h] if h else []
         signal = [check_signal_fence(reg, client, c["signal"])] if "signal" in c else []
         priority = request_priority(reg, ctx, c) if "priority" in c else default_priority
-        # Counted from when the supervisor received the submit: a client dating its
-        # submit earlier must not make its work look more urgent (edf, mixed).
-        deadline = (t_received + scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
+        # Counted from the release, as a real-time task's deadline is (a client may date
+        # its submit at most MAX_BACKDATE_NS early: no more urgency than that).
+        deadline = (t_release + scaled_ns(bounded_ms(c["deadline_ms"], "deadline_ms"))
                     if "deadline_ms" in c else default_deadline)
         cid = c.get("cid", 0)
         if faults.rules and faults.draw("map", dev.name, cid, client=(client.id, client.name)):
