@@ -51,13 +51,15 @@ def test_a_fence_fd_is_unreadable_while_pending_and_readable_for_good_after(clie
 
 def test_poll_and_epoll_see_a_command_fence_complete(client):
     ctx = client.context("gpu0")
-    f = ctx.submit("work", ms=20)
+    gate = client.fence()
+    f = ctx.submit("work", wait=[gate], ms=1)
     poller = select.poll()
     poller.register(f.fd(), select.POLLIN)
     ep = select.epoll()
     ep.register(f.fd(), select.EPOLLIN)
     try:
-        assert not poller.poll(0) and not ep.poll(0)  # a 20 ms command is still running
+        assert not poller.poll(20) and not ep.poll(0)  # the command waits for its gate
+        gate.signal()
         assert poller.poll(5000)
         assert ep.poll(5)
         assert f.done()  # readable means the fence completed
@@ -65,6 +67,7 @@ def test_poll_and_epoll_see_a_command_fence_complete(client):
     finally:
         ep.close()
         f.release()
+        gate.release()
         ctx.close()
 
 

@@ -182,20 +182,24 @@ def _sync_busy_fork_unixsocket(c: CaseRun) -> None:
 
 @case("hetproc/fence-fd-wait", "hetproc",
       "one fence descriptor waited on with select, poll, epoll and asyncio: none returns "
-      "before the command completes, all see it; a merge with a failed input fails with "
-      "that input's error (scope and retryability kept) through its descriptor, at once")
+      "before the command completes (it waits for a gate fence), all see it; a merge "
+      "with a failed input fails with that input's error (scope and retryability kept) "
+      "through its descriptor, at once")
 def _fence_fd_wait(c: CaseRun) -> None:
     ctx = c.client.context("gpu0", name="fd-wait")
-    f = ctx.submit("work", ms=30)
+    gate = c.client.fence()
+    f = ctx.submit("work", wait=[gate], ms=1)
     fd = f.fd()
     ep = select.epoll()
     ep.register(fd, select.EPOLLIN)
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    early = [bool(select.select([fd], [], [], 0)[0]), bool(poller.poll(0)), bool(ep.poll(0))]
+    early = [bool(select.select([fd], [], [], 0.01)[0]), bool(poller.poll(0)),
+             bool(ep.poll(0))]
     c.s.check("no waiter returns before the command completes", not any(early), str(early))
 
     async def in_a_loop() -> None:
+        asyncio.get_running_loop().call_later(0.005, gate.signal)
         await f.wait_async(5)
 
     asyncio.run(in_a_loop())
@@ -213,7 +217,7 @@ def _fence_fd_wait(c: CaseRun) -> None:
     c.s.check("the merge failed with its input's error, through its descriptor",
               isinstance(err, errors.DeviceCrashed) and err.scope == "device"
               and err.retryable, repr(err))
-    _release(f, pending, failing, merged)
+    _release(f, gate, pending, failing, merged)
     ctx.close()
 
 
