@@ -56,7 +56,9 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
     1 reclaim after confirmed stop   supervisor/_lifetimes (how; the only code that
                                      frees) and supervisor/_recovery (when)
     2 no forever waits               ipc/_fences (every wait has a deadline) and
-                                     supervisor/_failures (errors set before the wake)
+                                     supervisor/_failures (errors set before the wake);
+                                     a fence descriptor ends even without its fence
+                                     (ipc/_fencefd, supervisor/_fencefds)
     3 generations                    ipc/_fences, ipc/_slotmap (handles carry them)
     4 isolation                      supervisor/_iommu (checked again on the device:
                                      device_workers/_cache)
