@@ -13,7 +13,8 @@ completes both::
       supervisor: its own table's ``poked``      close our end, let go of the fence
 
 Who writes: only the supervisor, which outlives every client and every device restart,
-so a descriptor handed to another process still completes when its asker is gone. A
+so a descriptor's outcome never waits for a signaller or a reader to stay alive (its
+asker's connection only bounds how long the supervisor keeps its end: see below). A
 signaller never blocks and never learns who watches: it only sets the table's ``poked``
 (the fence slot's watched bit, which the creator set) and, when it is a device, writes
 the completion eventfd the loop already selects on; a client's signal of a watched user
@@ -113,8 +114,8 @@ class FenceFds:
         """A new fence of the client's that signals once every input did and fails with
         the first failure; its inputs are fences the client may wait on."""
         handles = list(dict.fromkeys(msg["fences"]))  # a fence merged with itself: once
-        if not handles:
-            raise errors.InvalidRequest("fence_merge needs at least one fence")
+        if not 0 < len(handles) <= MAX_MERGE:  # (the packet's cap is the same)
+            raise errors.InvalidRequest(f"fence_merge takes 1 to {MAX_MERGE} fences")
         recs = [check.fence_rec(self.reg, client, h) for h in handles]
         quota.check_fences(self.reg, client, 1)
         merged = self.lifetimes.new_fence(client)
