@@ -119,6 +119,17 @@ def templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]
         {"kernel": "work", "ms": 0.1, "priority": rng.choice((0, 5, 60)),
          "deadline_ms": rng.choice((0.5, 5.0))},
     ])
+    return {**_templates(h, rng, dev, cmd), **_later_templates(h, random.Random(hash(
+        rng.getstate())))}  # (the later ones draw nothing from ``rng``: see ``LATER_OPS``)
+
+
+def _later_templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[str, Any]]:
+    """Templates of ``LATER_OPS``, from a generator of their own."""
+    return {op: {"queue": rng.choice(EDGE_INTS[:12]), "buf": h["buf"]} for op in sorted(LATER_OPS)}
+
+
+def _templates(h: dict[str, int], rng: random.Random, dev: str,
+               cmd: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "ping": {}, "metrics": {}, "incidents": {}, "dumps": {}, "trace_info": {},
         "faults_clear": {}, "grant_role": {}, "shutdown": {},
@@ -210,14 +221,25 @@ def encode(value: Any) -> bytes:
         return msgpack.packb(_SHORT.repr(value)[:200])  # what cannot be encoded cannot be sent
 
 
+# Requests added after the seeds' sequences were fixed: drawn from a generator of their
+# own, so that every seed still sends what it sent before (a seed that found a bug must
+# find it again), and these besides.
+LATER_OPS = frozenset(("queue_bind", "queue_unbind"))
+LATER_SHARE = 0.03
+
+
 def packet(seed: int, index: int, h: dict[str, int], next_id: int) -> tuple[str, bytes]:
     """The packet at ``index``: its kind and the bytes sent (a frame, or not quite)."""
     rng = random.Random(f"{seed}:{index}")
     r = rng.random()
     if r < 0.62:
         kind = "mutated"
-        op = rng.choice(list(_protocol.REQUESTS))
-        msg = {"v": 1, "op": op, "id": next_id, **templates(h, rng)[op]}
+        op = rng.choice([o for o in _protocol.REQUESTS if o not in LATER_OPS])
+        t = templates(h, rng)
+        later = random.Random(f"{seed}:{index}:later")
+        if later.random() < LATER_SHARE:  # (a stream of its own: see ``LATER_OPS``)
+            op = later.choice(sorted(LATER_OPS))
+        msg = {"v": 1, "op": op, "id": next_id, **t[op]}
         for _ in range(rng.choice((1, 1, 1, 2, 3))):
             msg = mutate(msg, rng)
         body = encode(msg)
@@ -475,7 +497,8 @@ def flood(address: str, rng: random.Random) -> int:
 
 def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, ...]) -> dict:
     """A tenant that writes into its own user-mode queue what no honest client would:
-    random bytes, records naming fences it does not own (handles guessed: low slots,
+    random bytes, records naming binding slots and generations it never bound, kernels,
+    params and flags at random, records naming fences it does not own (handles guessed: low slots,
     early generations, so live fences of other tenants are hit) to signal or to wait on,
     records that do not decode, wrong ring positions, durations past the bound, far
     arrivals, heads no ring can have and floods of doorbell posts, ringing the doorbell
@@ -488,10 +511,13 @@ def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, 
     try:
         q = client.context(rng.choice(devices)).queue(slots=64)
         ring, seq = q._ring, 0
+        later = random.Random(hash(rng.getstate()))  # (draws nothing from ``rng``)
         for i in range(records):
             seq += 1
             kind = rng.choice(("bytes", "foreign", "position", "hold", "arrival", "honest",
                                "foreign_wait", "undecodable", "flood"))
+            if later.random() < 0.1:  # (a stream of its own: see ``LATER_OPS``)
+                kind = "operands"
             now = time.monotonic_ns()
             if kind == "bytes":
                 data = rng.randbytes(rng.choice((0, 1, 8, 56, 120)))
@@ -512,6 +538,14 @@ def scribble(prefix: str, rng: random.Random, records: int, devices: tuple[str, 
                 seq -= 1
                 done[kind] += 1
                 continue
+            elif kind == "operands":  # guessed bindings, kernels, params and flags
+                pairs = [(later.randrange(300), later.randrange(4))
+                         for _ in range(later.randint(0, 3))]
+                data = encode_queue_record(seq, 1, 1 << 32, now, 0, [],
+                                           later.randrange(len(q.kernels)),
+                                           ins=pairs[:2], outs=pairs[2:],
+                                           params=later.randbytes(later.choice((0, 3, 20))),
+                                           flags=later.choice((0, 1, 4, 5)))
             elif kind == "position":
                 data = encode_queue_record(seq + rng.randint(1, 1 << 20), 1, 1 << 32, now, 0)
             elif kind == "hold":

@@ -179,6 +179,16 @@ class DeviceMemory:
         """The current outputs as they are in shared memory, past any cache."""
         return [op.shared for op in self._outs if op.shared is not None]
 
+    def forget(self) -> None:
+        """``report`` for a command nobody reads a report of (a queue's): a failed
+        command's partial writes are dropped all the same, then the state is reset."""
+        if self.idle:
+            return
+        if not self._released:
+            for op in self._outs:
+                self._drop(op.key)
+        self._reset()
+
     def report(self) -> dict[str, Any] | None:
         """What this command did to memory, for the completion record; then forget it.
 

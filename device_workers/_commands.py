@@ -116,6 +116,26 @@ FAULT = Map(fields={
     "*": Plain(depth=2, items=64, max_len=256),  # rule options the device ignores
 }, max_len=32)
 
+# A fault rule the supervisor forwards for a queue's commands (``_faults.Rule``).
+QUEUE_FAULT = Map(fields={
+    "kind": Str(32, choices=_faults.QUEUE_KINDS), "at?": Int(1, I64), "every?": Int(1, I64),
+    "probability?": Num(0.0, 1.0), "count?": Int(0, I64),
+    "params?": Map(values=Plain(depth=2, items=64, max_len=256), max_len=32),
+})
+_QUEUE_FAULTS = List(QUEUE_FAULT, max_len=64)
+# What a queue that runs kernels on bound buffers is held to (``_queues.Terms``).
+QUEUE_TERMS = Map(fields={
+    "entries": Int(1, 4096), "kernels": List(Str(64), min_len=1, max_len=64),
+    "timing": Tuple((Map(values=Num(0.0, 1e9), max_len=64), Num(0.0, 1e9), Num(0.0, 1e9),
+                     Num(0.0, 1e6))),
+    "watchdog": Tuple((_duration, _duration)),
+    "params": Tuple((Int(0, 16), Int(0, 1 << 20), Int(0, 1 << 20))),
+    "cache?": Tuple((_duration, Num(0.0, 1e12), _duration, Num(0.0, 1e12), Int(0, I64))),
+    "mode": Str(16, choices=frozenset(("both", "clean", "invalidate", "none"))),
+    "quota?": Tuple((Num(0.0, 1e12), Num(0.0, 1e18))),
+    "faults?": _QUEUE_FAULTS, "seed?": Int(0, U64),
+})
+
 COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
     "exec": {"seq": Int(0, I64), "pidx": Int(0, I64), "cid": Int(0, I64),
              "kernel": Str(64), "checked?": bool,
@@ -126,7 +146,7 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
              "hold_ns": _duration, "delay_ns": _duration, "dep_timeout_ns": _duration,
              "fault?": FAULT, "mem?": MEM_REQUEST,
              # modeled time (invariant 8), preemption and the voted speed (seed §7, §11)
-             "arrive_ns?": Int(0, I64), "pre?": bool, "spd?": Num(0.0, 1.0),
+             "arrive_ns?": Int(0, I64), "pre?": bool, "nopre?": bool, "spd?": Num(0.0, 1.0),
              "urg?": Int(0, I64)},
     "stop": {},
     # user-mode queues (``_queues``): the supervisor attaches and detaches them in order
@@ -134,9 +154,11 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
     "qattach": {"qid": Int(1, U64), "sid": Int(1, U64), "slots": Int(1, 1 << 16),
                 "tag": Int(0, U64), "max_hold_ns": _duration, "dep_timeout_ns": _duration,
                 "dispatch_ns": _duration, "first": Int(0, I64),
-                "grants?": List(Int(0, U64), max_len=MAX_QUEUE_GRANTS), "tenant?": Int(0, U64)},
+                "grants?": List(Int(0, U64), max_len=MAX_QUEUE_GRANTS), "tenant?": Int(0, U64),
+                "table?": Int(1, U64), "terms?": QUEUE_TERMS},
     "qdetach": {"qid": Int(1, U64)},
     "qgrant": {"qid": Int(1, U64), "fence": Int(0, U64)},
+    "qfaults": {"qid": Int(1, U64), "rules": _QUEUE_FAULTS},
 }
 
 
@@ -150,8 +172,8 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
 # checks every header field's range, the exact length, and the tail's schema.
 
 RECORD_TAG = 0xC1
-_F_CHECKED, _F_PRE, _F_SPD = 1, 2, 4
-_CMD_FLAGS = _F_CHECKED | _F_PRE | _F_SPD
+_F_CHECKED, _F_PRE, _F_SPD, _F_NOPRE = 1, 2, 4, 8
+_CMD_FLAGS = _F_CHECKED | _F_PRE | _F_SPD | _F_NOPRE
 # tag, flags, kernel length, pad, n_wait, n_signal, tail length,
 # seq, pidx, cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, urg, spd
 CMD_HEAD = struct.Struct("<BBBBHHI8qd")
@@ -167,6 +189,7 @@ _EMPTY = b""
 def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
                    signal: list[int], hold_ns: int, delay_ns: int, dep_timeout_ns: int,
                    arrive_ns: int, *, checked: bool = False, pre: bool = False,
+                   nopre: bool = False,
                    spd: float | None = None, params: dict | None = None,
                    ins: list | None = None, outs: list | None = None,
                    fault: dict | None = None, mem: dict | None = None,
@@ -188,7 +211,7 @@ def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
     tail_bytes = msgpack.packb(tail, use_bin_type=True) if tail else _EMPTY
     nw, ns = len(wait), len(signal)
     flags = (_F_CHECKED if checked else 0) | (_F_PRE if pre else 0) | (
-        _F_SPD if spd is not None else 0)
+        _F_SPD if spd is not None else 0) | (_F_NOPRE if nopre else 0)
     head = CMD_HEAD.pack(RECORD_TAG, flags, len(k), 0, nw, ns, len(tail_bytes), seq, pidx,
                          cid, hold_ns, delay_ns, dep_timeout_ns, arrive_ns, urg,
                          0.0 if spd is None else spd)
@@ -288,6 +311,8 @@ def decode_command(data: bytes) -> dict[str, Any]:
             cmd["checked"] = True
         if flags & _F_PRE:
             cmd["pre"] = True
+        if flags & _F_NOPRE:
+            cmd["nopre"] = True
         if flags & _F_SPD:
             cmd["spd"] = spd
     if tlen:

@@ -25,8 +25,10 @@ kernel_bug         the kernel raises an unexpected Python exception (a bug in ve
 from __future__ import annotations
 
 import os
+import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,6 +42,56 @@ STEPS = frozenset(("before_kernel", "in_kernel", "before_signal"))  # where "cra
 CRASH_EXIT_STATUS = 70
 LATE_WRITE_BYTE = 0xAB
 _FOREVER_S = 120.0  # "forever" is bounded too: the supervisor acts long before this
+
+
+# What a queue's commands may be given: every kind but ``lost_fence`` (a queue command has
+# no completion record from which the supervisor could repair a lost signal).
+QUEUE_KINDS = KINDS - {"lost_fence"}
+
+
+def fires(rule: Any, rng: random.Random) -> bool:
+    """One matching event for ``rule`` (its ``at``, ``every``, ``probability``, ``count``,
+    and the counts ``seen`` and ``fired`` it keeps): whether it fires now. The one rule of
+    when a fault fires, for the supervisor's plan and a device's queues alike."""
+    if rule.count and rule.fired >= rule.count:
+        return False
+    rule.seen += 1
+    hit = ((rule.at is not None and rule.seen == rule.at)
+           or (rule.every is not None and rule.seen % rule.every == 0)
+           or (rule.probability > 0 and rng.random() < rule.probability))
+    if hit:
+        rule.fired += 1
+    return hit
+
+
+@dataclass
+class Rule:
+    """A fault rule the supervisor forwarded for a queue's commands (its scope -- device,
+    client -- already applied); its counts are this queue's."""
+
+    kind: str
+    at: int | None = None
+    every: int | None = None
+    probability: float = 0.0
+    count: int = 1
+    params: dict[str, Any] = field(default_factory=dict)
+    seen: int = 0
+    fired: int = 0
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> Rule:
+        """From a ``qattach`` / ``qfaults`` record (its schema checked the fields)."""
+        return cls(d["kind"], d.get("at"), d.get("every"), float(d.get("probability", 0.0)),
+                   int(d.get("count", 1)), dict(d.get("params") or {}))
+
+
+def draw(rules: list[Rule], rng: random.Random) -> tuple[int, dict[str, Any]] | None:
+    """The rule that fires for the next command (its place in ``rules``) and its fault, as
+    the supervisor's plan puts it in a packet; None when none fires."""
+    for i, rule in enumerate(rules):
+        if fires(rule, rng):
+            return i, {"kind": rule.kind, **rule.params}
+    return None
 
 
 class Host(Protocol):

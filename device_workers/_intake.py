@@ -60,6 +60,8 @@ class Intake:
                 self.queues.attach(cmd)
             elif op == "qgrant":
                 self.queues.grant(cmd["qid"], cmd["fence"])
+            elif op == "qfaults":
+                self.queues.set_faults(cmd["qid"], cmd["rules"])
             elif op == "qdetach":
                 self.queues.detach(cmd["qid"])
             return None

@@ -118,6 +118,12 @@ class Preemption:
                 best, key = c, k
         return best
 
+    def arrived(self) -> bool:
+        """A pending command has arrived: it is ready, so a queue's record waits for it
+        (a queue runs when nothing the supervisor scheduled is ready)."""
+        now = time.monotonic_ns()
+        return any(c["arrive_ns"] <= now for c in self.pending)
+
     def alone(self) -> dict[str, Any] | None:
         """With nothing else queued, the pending command to run next: the most urgent of
         those arrived by the time the first of them arrives (or the device is free)."""
@@ -162,6 +168,17 @@ class Preemption:
         if at >= frame.holds_to + frame.shift:
             return None  # it ends first: the next command is chosen then
         return at if time.monotonic_ns() >= at else None
+
+    def run_next(self, cmd: dict[str, Any]) -> None:
+        """Run ``cmd``, the next in ring order, unless a marked command more urgent has
+        arrived by the time it would start: that one runs first, and ``cmd`` waits at the
+        head of the backlog (the policy's choice at that instant, as the model makes it)."""
+        first = self.before(cmd) if self.pending else None
+        if first is not None:
+            self.backlog.appendleft(cmd)
+            self.pending.remove(first)
+            cmd = first
+        self.host.execute(cmd)
 
     def before(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
         """A pending command to run before ``cmd``, the next in ring order: one more

@@ -25,6 +25,16 @@ where it is used, before any state changes:
   later, its dependency timeout counted from when it was first found waiting. A tenant
   cannot block a shared device with records waiting on fences it never signals.
 
+A record may name buffers: each operand is a (slot, generation) of the queue's binding
+table (``ipc.BindingTable``, written by the supervisor alone when the client bound the
+buffer). Each is resolved here against the live entry -- the generation (a slot unbound
+or bound again is ``StaleHandle``), the rights the access needs (``IommuFault``), and,
+where the device maps it, the bounds in its segment -- and the command is then checked
+and modeled as the supervisor checks and models a submit, by the same functions
+(``_operands``: params, the kernel's own checks, the timing model, the default watchdog,
+cache maintenance on a non-coherent device, the DDR quota; ``_faults``: the fault rules
+the supervisor forwarded). The trace has the same stages as a submit's.
+
 A record that fails is refused: its fence, when it is the client's own and pending, fails
 with ``BadPacket`` so the client's wait explains it; the slot is consumed either way and
 the queue goes on. The device's own position counter, not the shared tail, says which
@@ -33,13 +43,39 @@ slot comes next, so a scribbled tail or head cannot make it read out of order or
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ipc import FenceTable, QueueRecord, QueueRing, SegmentCache, errors, queue_bytes
+import numpy as np
 
+from ipc import (
+    QUEUE_CHECKED,
+    QUEUE_MAX_BINDINGS,
+    QUEUE_MODELED,
+    QUEUE_TIMEOUT,
+    Binding,
+    BindingTable,
+    FenceTable,
+    QueueRecord,
+    QueueRing,
+    SegmentCache,
+    check_fields,
+    errors,
+    queue_bytes,
+    table_bytes,
+    unpack,
+)
+
+from . import _faults
+from ._commands import COMMAND_SCHEMAS
+from ._kernels import validate as validate_kernel
+from ._operands import admit, check_depth, maintenance, modeled_ns, watchdog_budget
+
+# A command's params as a device takes them (what ``decode_command`` checks a submit's by).
+_PARAMS = {"params": COMMAND_SCHEMAS["exec"]["params"]}
 ARRIVAL_PAST_NS = 250_000_000   # as the supervisor bounds a submit's modeled arrival
 REFUSALS_PER_TURN = 32
 MAX_GRANTS = 4096  # imported fences one queue remembers (a client imports at most as many)
@@ -68,6 +104,61 @@ class DeviceQueue:
     # Fences of other tenants this queue's client imported (the supervisor's grants): a
     # record may wait on these and on its client's own, as a submit may.
     grants: set[int] = field(default_factory=set)
+    # What a record with operands is checked and modeled by (None: ``work`` only).
+    terms: Terms | None = None
+    table_sid: int = 0  # the binding table's segment
+
+
+@dataclass(eq=False)
+class Terms:
+    """The supervisor's terms for records that name kernels and buffers (``qattach``):
+    the bindings, and what the supervisor's path would apply to a submit."""
+
+    table: BindingTable
+    kernels: tuple[str, ...]      # the device's ops: a record's kernel byte indexes these
+    timing: tuple[dict, float, float, float]  # ops ms, default ms, ms per MiB, time scale
+    watchdog: tuple[int, int]     # floor and cap of the default budget (ns)
+    params: tuple[int, int, int]  # a submit's params: values' depth, entries, bytes
+    cache: tuple | None           # maintenance costs on a non-coherent device, else None
+    mode: str                     # the context's cache maintenance
+    quota: tuple[float, float] | None  # DDR ns per byte and burst tolerance (ns), or None
+    faults: list[_faults.Rule] = field(default_factory=list)
+    rng: random.Random = field(default_factory=random.Random)
+    tat: float = 0.0  # the DDR quota's clock (``admit``), this queue's
+    # Bindings resolved before, by (slot, generation), and their descriptors by (handle,
+    # generation): a record naming a live one costs a read of its generation only.
+    resolved: dict[tuple[int, int], Binding] = field(default_factory=dict)
+    descriptors: dict[tuple[int, int], list] = field(default_factory=dict)
+    # (kernel, bytes) -> (modeled ns, default watchdog ns): the same numbers every time
+    models: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def resolve(self, slot: int, gen: int, need: str, role: str, index: int) -> Binding:
+        """The live binding a record names, with the rights ``need`` (``_operand``)."""
+        b = self.resolved.get((slot, gen))
+        if b is None or self.table.generation(slot) != gen:
+            if b is not None:
+                del self.resolved[slot, gen]
+            b = _operand(self.table, slot, gen, need, role, index)
+            if len(self.resolved) >= 2 * QUEUE_MAX_BINDINGS:
+                self.resolved.clear()
+                self.descriptors.clear()
+            self.resolved[slot, gen] = b
+            self.descriptors[b.handle, b.gen] = b.descriptor()
+        elif need not in b.perm:
+            _operand(self.table, slot, gen, need, role, index)  # raises, saying why
+        return b
+
+    def model(self, kernel: str, nbytes: int) -> tuple[int, int]:
+        """(modeled ns, default watchdog ns) of ``kernel`` on ``nbytes``: the supervisor's
+        timing model and watchdog budget (``_operands``)."""
+        got = self.models.get((kernel, nbytes))
+        if got is None:
+            ops, default, per_mib, scale = self.timing
+            modeled = modeled_ns(ops, default, per_mib, kernel, nbytes, scale)
+            got = (modeled, watchdog_budget(self.watchdog[0], modeled, nbytes, self.watchdog[1]))
+            if len(self.models) < 1024:
+                self.models[kernel, nbytes] = got
+        return got
 
 
 @dataclass(eq=False)
@@ -107,13 +198,46 @@ class DeviceQueues:
         except (KeyError, ValueError, TypeError) as exc:
             self.report(errors.BadPacket.code, f"{self.name}: queue {qid} not attached: {exc}")
             return
+        terms = None
+        if "table" in rec:
+            try:
+                terms = self._terms(rec)
+            except (KeyError, ValueError, TypeError, IndexError) as exc:
+                ring.release()
+                self.report(errors.BadPacket.code,
+                            f"{self.name}: queue {qid} not attached: its terms: {exc}")
+                return
+            ring.kernels = len(terms.kernels)
         self.detach(qid)
         q = DeviceQueue(qid, sid, ring, rec["tag"], rec.get("tenant", rec["tag"]),
                         rec["max_hold_ns"], rec["dep_timeout_ns"],
-                        rec["dispatch_ns"], pos=rec["first"], grants=set(rec.get("grants", ())))
+                        rec["dispatch_ns"], pos=rec["first"], grants=set(rec.get("grants", ())),
+                        terms=terms, table_sid=rec.get("table", 0))
         self.queues[qid] = q
         self._order.append(q)
         self._tenants.setdefault(q.tenant, _Tenant()).queues.append(q)
+
+    def _terms(self, rec: dict[str, Any]) -> Terms:
+        """The terms of a queue that runs kernels on bound buffers (see ``Terms``)."""
+        t = rec["terms"]
+        seg = self.cache.get(rec["table"])
+        table = BindingTable(memoryview(seg.map)[:table_bytes(t["entries"])], t["entries"])
+        depth, max_len, max_bytes = t["params"]
+        ops, default, per_mib, scale = t["timing"]
+        cache = tuple(t["cache"]) if t.get("cache") else None
+        quota = tuple(t["quota"]) if t.get("quota") else None
+        return Terms(table, tuple(t["kernels"]), (dict(ops), float(default), float(per_mib),
+                                                   float(scale)),
+                     (int(t["watchdog"][0]), int(t["watchdog"][1])),
+                     (int(depth), int(max_len), int(max_bytes)), cache,
+                     str(t["mode"]), quota, [_faults.Rule.of(r) for r in t.get("faults", ())],
+                     random.Random(int(t.get("seed", 0))))
+
+    def set_faults(self, qid: int, rules: list[dict[str, Any]]) -> None:
+        """The fault rules that apply to this queue's commands now (``qfaults``)."""
+        q = self.queues.get(qid)
+        if q is not None and q.terms is not None:
+            q.terms.faults = [_faults.Rule.of(r) for r in rules]
 
     def grant(self, qid: int, fence: int) -> None:
         """The queue's client imported ``fence``: its records may wait on it."""
@@ -131,11 +255,14 @@ class DeviceQueues:
         if not group.queues:
             del self._tenants[q.tenant]
         q.ring.release()
+        if q.terms is not None:
+            q.terms.table.release()
 
     def forget_segment(self, sid: int) -> None:
         """The segment is going: release our views of it first (an unmap with views
         exported would fail)."""
-        for q in [q for q in self._order if q.sid == sid]:
+        for q in [q for q in self._order
+                  if q.sid == sid or (q.terms is not None and q.table_sid == sid)]:
             self.detach(q.qid)
 
     # -- records ------------------------------------------------------------------------
@@ -179,8 +306,14 @@ class DeviceQueues:
             q.pos += 1
             try:
                 cmd = self._command(q, ring.read(pos))
-            except (errors.BadPacket, errors.ForeignHandle) as exc:
+            except errors.HetprocError as exc:  # its checks, the supervisor's classes
                 self._refuse(q, pos, exc)
+                continue
+            except (ValueError, TypeError, KeyError, OverflowError, IndexError) as exc:
+                # A check that met values it was never meant to see (a scribbled table or
+                # params): the record is refused, never the device's loop.
+                self._refuse(q, pos, errors.BadPacket(f"queue record: {type(exc).__name__}: "
+                                                      f"{exc}"[:300]))
                 continue
             q.busy = True
             return cmd
@@ -204,12 +337,73 @@ class DeviceQueues:
         # to a far start that would hold the device idle for others.
         now = time.monotonic_ns()
         arrive = min(now, max(now - ARRIVAL_PAST_NS, rec.arrive_ns))
-        return {"op": "exec", "seq": 0, "pidx": 0, "cid": rec.cid, "kernel": rec.kernel,
-                "wait": list(rec.wait), "signal": [rec.signal], "hold_ns": rec.hold_ns,
-                "delay_ns": 0, "dep_timeout_ns": q.dep_timeout_ns,
-                "arrive_ns": arrive + q.dispatch_ns, "params": {}, "ins": [],
-                "outs": [], "queue": q,
-                "t_queued": min(now, max(now - ARRIVAL_PAST_NS, rec.t_written or arrive))}
+        cmd = {"op": "exec", "seq": 0, "pidx": 0, "cid": rec.cid, "kernel": "work",
+               "wait": list(rec.wait), "signal": [rec.signal], "hold_ns": rec.hold_ns,
+               "delay_ns": 0, "dep_timeout_ns": q.dep_timeout_ns,
+               "arrive_ns": arrive + q.dispatch_ns, "params": {}, "ins": [],
+               "outs": [], "queue": q,
+               "t_queued": min(now, max(now - ARRIVAL_PAST_NS, rec.t_written or arrive))}
+        if q.terms is not None:
+            self._operands(q.terms, rec, cmd)
+        return cmd
+
+    def _operands(self, t: Terms, rec: QueueRecord, cmd: dict[str, Any]) -> None:
+        """What the supervisor does to a submit, done to a record: its kernel, params and
+        operands checked (in the supervisor's order and with its error classes), its
+        duration, watchdog, cache maintenance and DDR quota from the same models."""
+        kernel = cmd["kernel"] = t.kernels[rec.kernel]
+        params = self._params(t, rec.params) if rec.params else {}
+        ins = [t.resolve(slot, gen, "r", "input", i) for i, (slot, gen) in enumerate(rec.ins)]
+        outs = [t.resolve(slot, gen, "w", "output", i) for i, (slot, gen) in
+                enumerate(rec.outs)]
+        if kernel != "work":
+            validate_kernel(kernel, [(b.shape, b.dtype) for b in ins],
+                            [(b.shape, b.dtype) for b in outs], params)
+        nbytes = sum(b.span for b in ins) + sum(b.span for b in outs)
+        modeled, budget = t.model(kernel, nbytes)
+        if rec.flags & QUEUE_MODELED:
+            cmd["hold_ns"] = modeled
+        if rec.flags & QUEUE_TIMEOUT and rec.timeout_ns > max(t.watchdog):
+            raise errors.InvalidRequest(f"command: timeout_ms = {rec.timeout_ns / 1e6:g} is "
+                                        f"past the platform's limit (limits.max_duration_ms)")
+        cmd["timeout_ns"] = rec.timeout_ns if rec.flags & QUEUE_TIMEOUT else budget
+        cmd["params"] = params
+        cmd["ins"] = [t.descriptors[b.handle, b.gen] for b in ins]
+        cmd["outs"] = [t.descriptors[b.handle, b.gen] for b in outs]
+        if rec.flags & QUEUE_CHECKED:
+            cmd["checked"] = True
+        if t.cache is not None and (ins or outs):
+            inv, clean = maintenance([(b.handle, b.span, False) for b in ins],
+                                     [(b.handle, b.span, False) for b in outs], t.mode, t.cache)
+            if inv or clean:
+                cmd["mem"] = {k: v for k, v in (("inv", inv), ("clean", clean)) if v}
+        if t.quota is not None and nbytes:
+            cmd["arrive_ns"], t.tat = admit(t.tat, cmd["arrive_ns"], nbytes, *t.quota)
+        drawn = _faults.draw(t.faults, t.rng) if t.faults else None
+        if drawn is not None:
+            t.table.count_fired(drawn[0])  # the supervisor counts it against the rule
+            cmd["fault"] = drawn[1]
+        t.table.watch(rec.cid, cmd["timeout_ns"])
+
+    @staticmethod
+    def _params(t: Terms, raw: bytes) -> dict[str, Any]:
+        """A record's params as a submit's are checked: the supervisor's request bounds
+        (``check_depth``), then what a device takes in a command (its ``exec`` spec)."""
+        try:
+            params = unpack(raw)
+        except Exception as exc:  # msgpack raises many unrelated types on garbage
+            raise errors.BadPacket(f"queue record params: {type(exc).__name__}") from None
+        if type(params) is not dict:
+            raise errors.BadPacket(f"command: field 'params' must be dict, got "
+                                   f"{type(params).__name__}")
+        depth, max_len, max_bytes = t.params
+        if len(params) > max_len:
+            raise errors.InvalidRequest(f"command: params has {len(params)} entries, "
+                                        f"at most {max_len}")
+        if params:
+            check_depth(params, "params", 1 + depth, max_bytes)
+            check_fields({"params": params}, _PARAMS, where="queue record")
+        return params
 
     def _refuse(self, q: DeviceQueue, pos: int, exc: errors.HetprocError) -> None:
         """Fail the fence named in the record's slot if it is the client's own and
@@ -224,10 +418,12 @@ class DeviceQueues:
 
     def set_back(self, cmd: dict[str, Any]) -> None:
         """Put a taken record back, untouched: its inputs are not ready and other work
-        is. Nothing of it ran, so it is taken again later, whole."""
+        is. Nothing of it ran, so it is taken again later, whole (and checked again)."""
         q: DeviceQueue = cmd["queue"]
         q.busy = False
         q.pos -= 1
+        if q.terms is not None:
+            q.terms.table.watch(0, 0)
 
     def blocked_since(self, cmd: dict[str, Any], now: int) -> int:
         """When this record was first found waiting for its inputs."""
@@ -255,4 +451,24 @@ class DeviceQueues:
         q: DeviceQueue = cmd["queue"]
         q.busy = False
         if self.queues.get(q.qid) is q:
+            if q.terms is not None:
+                q.terms.table.watch(0, 0)
             q.ring.set_tail(q.pos)
+
+
+def _operand(table: BindingTable, slot: int, gen: int, need: str, role: str,
+             index: int) -> Binding:
+    """The live binding a record names, with the rights the access needs (what the
+    supervisor's IOMMU grant refuses, refused the same way); the device's own check of
+    the descriptor (``_cache``) still runs where it maps it."""
+    b = table.entry(slot, gen)
+    try:
+        np.dtype(b.dtype)
+    except TypeError:
+        raise errors.BadPacket(f"binding {slot}: dtype {b.dtype!r} is not one") from None
+    if need not in b.perm:
+        raise errors.IommuFault(
+            f"{role} {index} (buffer {b.handle:#x}): the binding grants {b.perm!r}, the "
+            f"access needs {need!r}", detail={"buffer": b.handle, "perm": b.perm,
+                                              "need": need, "by": "device"})
+    return b

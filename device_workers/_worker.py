@@ -189,7 +189,7 @@ class DeviceWorker:
             if u64[_PREEMPT_PIDX] > preempt.seen:
                 preempt.collect()  # the marked commands, wherever they are in the ring
             if backlog:
-                self.run_next(backlog.popleft())
+                preempt.run_next(backlog.popleft())
                 continue
             try:
                 data = get()
@@ -200,7 +200,7 @@ class DeviceWorker:
                 # The supervisor's ring is empty: one record from the queues, if any. The
                 # records of its commands go out first: a queue command may wait or hold,
                 # and the supervisor must not take a finished command for a stalled one.
-                cmd = self.queues.take() if self.queues else None
+                cmd = self.queues.take() if self.queues and not preempt.arrived() else None
                 if cmd is not None:
                     outbox.flush()
                     if not cmd["wait"] or self.await_queue_inputs(cmd):
@@ -221,24 +221,12 @@ class DeviceWorker:
                     if cmd.get("pre"):
                         preempt.pending.append(cmd)  # run by urgency, not ring order
                     else:
-                        self.run_next(cmd)
+                        preempt.run_next(cmd)
             except Exception as exc:  # last resort: a bug must not end the device loop
                 outbox.complete(0, 0, errors.InternalError.code,
                                 f"device loop error: {type(exc).__name__}: {exc}"[:1000])
         # Stopped or parked with the ring empty: the records the hold-only path left.
         outbox.flush_if_dry()
-
-    def run_next(self, cmd: dict[str, Any]) -> None:
-        """Run ``cmd``, the next in ring order, unless a marked command more urgent has
-        arrived by the time it would start: that one runs first, and ``cmd`` waits at the
-        head of the backlog (the policy's choice at that instant, as the model makes it)."""
-        preempt = self.preempt
-        first = preempt.before(cmd) if preempt.pending else None
-        if first is not None:
-            preempt.backlog.appendleft(cmd)
-            preempt.pending.remove(first)
-            cmd = first
-        self.execute(cmd)
 
     def await_queue_inputs(self, cmd: dict[str, Any]) -> bool:
         """Wait for a queue command's input fences while nothing else wants the device;
@@ -252,7 +240,7 @@ class DeviceWorker:
                 if now >= deadline:
                     break
                 if self.commands.depth() or self.queues.other_ready(cmd["queue"]) \
-                        or self.u32[S.PARK]:
+                        or self.u32[S.PARK] or self.preempt.arrived():
                     self.queues.set_back(cmd)
                     return False
                 self.beat()
@@ -337,7 +325,8 @@ class DeviceWorker:
         u32[S.STATE] = DeviceState.BUSY
         tr.exec_begin(cid, t_start)
         frame.m_origin = m_start
-        frame.preemptible = self.preempt.allowed()
+        # (never a queue's: a ring command that ran proves none is on the device, ``_queues``)
+        frame.preemptible = self.preempt.allowed() and "nopre" not in cmd and "queue" not in cmd
         # "work" only holds time: its operands are checked and maintained, not viewed.
         views = cmd["kernel"] != "work" or bool(fault)
         mem = self.memory
@@ -385,7 +374,7 @@ class DeviceWorker:
         self.tr.exec_begin(cmd["cid"], t_start)
         frame.m_origin = m_start
         preempt = self.preempt
-        frame.preemptible = preempt.enabled  # ``allowed``, inlined
+        frame.preemptible = preempt.enabled and "nopre" not in cmd  # ``allowed``, inlined
         self.memory.no_buffers(m_start)
         thermal = self.thermal
         speed = (self.run_speed(cmd, m_start)
@@ -447,6 +436,7 @@ class DeviceWorker:
                 self.model_end = max(self.model_end, t_end)
         word = exc.wire if exc is not None else 0
         if "queue" in cmd:
+            self.memory.forget()  # a failed command's lines are dropped; no report to send
             if exc is not None:
                 self.queues.failing(cmd, exc)  # the note that explains it goes first
             self.outbox.signal(cmd["signal"], word, m_end)

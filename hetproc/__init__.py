@@ -14,7 +14,7 @@ Public API::
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
     Queue             Context.queue(): records straight to the device, no supervisor hop
-                      (a user-mode queue; ``work`` commands)
+                      (a user-mode queue; commands as submit means them, on bound buffers)
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
                       (PipelineStage, PipelineReport; seed §10)
     SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
@@ -54,7 +54,8 @@ tests/test_layers.py enforces the arrows between them.
 Invariants (ARCHITECTURE §3) and the one module that owns each:
 
     1 reclaim after confirmed stop   supervisor/_lifetimes (how; the only code that
-                                     frees) and supervisor/_recovery (when)
+                                     frees) and supervisor/_recovery (when; a queue's
+                                     bound buffers: supervisor/_queue_bindings)
     2 no forever waits               ipc/_fences (every wait has a deadline) and
                                      supervisor/_failures (errors set before the wake);
                                      a fence descriptor ends even without its fence
@@ -73,6 +74,10 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
     8 modeled time                   device_workers/_worker (the modeled start),
                                      _outbox (the stamp in the fences) and _hold
                                      (holding to the end)
+    9 zero-copy is synchronised      supervisor/_hazards (each buffer's unfinished writer
+                                     and readers; a submit that touches one unordered is
+                                     refused), with the schedulers' in_order promise
+                                     (supervisor/_scheduler, kept by _devices)
 """
 
 

@@ -84,7 +84,13 @@ class SchedSpec:
     ``chunk_ms`` is the preemption granularity: a running command can be preempted at a
     chunk boundary by a more urgent one (0: never preempted); every switch costs
     ``switch_us`` of modeled save/restore. ``window_ms``: modeled work let into the
-    device's in-order ring ahead of the running command. ``mixed``: priority >=
+    device's in-order ring ahead of the running command. ``preempt_timeout_ms``: how long
+    a command that cannot be preempted (``preemptible=False``) may hold the device while
+    a more urgent one waits to preempt it, before it is reset (i915's default, 640; 0:
+    never). ``commit_lead_ms``: how long before its modeled instant a scheduling decision
+    is made and handed to the device (host time; more than the supervisor's 5 ms tick):
+    work dated earlier but submitted later than that finds the decision made; a longer
+    lead fills the ring sooner. ``mixed``: priority >=
     ``realtime_priority`` is real-time (earliest deadline first, strictly first), priority
     >= 1 is always-on with at least ``min_share`` of the device, 0 is third-party.
     """
@@ -95,6 +101,8 @@ class SchedSpec:
     window_ms: float = 2.0
     realtime_priority: int = 10
     min_share: float = 0.2
+    preempt_timeout_ms: float = 640.0
+    commit_lead_ms: float = 12.0
 
 
 @dataclass(frozen=True)
@@ -211,6 +219,9 @@ class PlatformSpec:
     iommu: IommuSpec = field(default_factory=IommuSpec)
     # Default for new contexts: True ("both"), False ("none"), "clean" or "invalidate".
     cache_maintenance: bool | str = True
+    # A command touching a buffer unordered: "error" refuses it (SyncHazard), "warn"
+    # serves it and counts it, "off" does not look (hetproc.supervisor._hazards).
+    hazards: str = "error"
     trace: TraceSpec = field(default_factory=TraceSpec)
     limits: LimitsSpec = field(default_factory=LimitsSpec)
 

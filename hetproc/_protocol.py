@@ -78,7 +78,7 @@ COMMAND: dict[str, Any] = {
     "kernel": text(64), "signal?": HANDLE, "ins?": handles(16), "outs?": handles(16),
     "wait?": handles(64), "params?": plain_map(1024),  # a ring slot is 2 KiB
     "ms?": DURATION, "handoff_ms?": DURATION, "cid?": CID, "timeout_ms?": DURATION,
-    "checked?": bool, "priority?": PRIORITY, "deadline_ms?": DURATION}
+    "checked?": bool, "priority?": PRIORITY, "deadline_ms?": DURATION, "preemptible?": bool}
 
 REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     # ``pid`` is ignored (the kernel says who the peer is); ``role`` a token the owner granted
@@ -100,6 +100,9 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     # user-mode submission queues: a ring the client writes and the device reads
     "queue_open": {"id": ID, "ctx": HANDLE, "slots?": Int(1, 1 << 16)},
     "queue_close": {"id": ID, "queue": HANDLE},
+    # a buffer the queue's records may name (a slot of its binding table), and letting go
+    "queue_bind": {"id": ID, "queue": HANDLE, "buf": HANDLE},
+    "queue_unbind": {"id": ID, "queue": HANDLE, "buf": HANDLE},
     "fence_release": {"id": ID, "fences": handles(4096)},
     "fence_error": {"id": ID, "fence": HANDLE},
     # fences as descriptors (sync_file) and merged fences (``supervisor._fencefds``)
@@ -181,8 +184,11 @@ RESULTS: dict[str, dict[str, Any]] = {
     "free_many": {},
     "fence_create": {"fences": handles(1024)},
     "queue_open": {"qid": HANDLE, "sid": SEGMENT, "slots": Int(1, 1 << 16), "bytes": Int(0, I64),
-                   "doorbell": text(255), "tag": HANDLE, "max_hold_ns": Int(0, I64), "segs": SEGS},
+                   "doorbell": text(255), "tag": HANDLE, "max_hold_ns": Int(0, I64), "segs": SEGS,
+                   "kernels?": List(text(64), max_len=64)},
     "queue_close": {},
+    "queue_bind": {"slot": Int(0, 1 << 16), "gen": Int(1, U64), "perm": text(2)},
+    "queue_unbind": {},
     "fence_release": {},
     "fence_error": {"error": OneOf((None, ERROR))},
     # the descriptor comes with the reply (SCM_RIGHTS); the client puts it in ``fds``

@@ -35,6 +35,8 @@ FAULT_KINDS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_
 # Scheduling policies of a device (hetproc._config.POLICIES; a test keeps them equal).
 POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
 _MAINTENANCE = ("both", "clean", "invalidate", "none")
+# What the supervisor does with a synchronisation hazard (hetproc.supervisor._hazards).
+HAZARD_MODES = ("error", "warn", "off")
 _REQUIRED = object()
 
 
@@ -75,6 +77,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "ddr_burst_kib": Key("int", 256, 0, 1_000_000),
         "fault_seed": Key("int", 0, 0, 2**63 - 1),
         "cache_maintenance": Key("maintenance", True),
+        "hazards": Key("str", "error", choices=HAZARD_MODES,
+                       doc="an unordered buffer access: refused, counted, or not checked"),
         "recovery": Key("table", {}),
         "iommu": Key("table", {}),
         "trace": Key("table", {}),
@@ -129,6 +133,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "window_ms": Key("float", 2.0, 0, 1e6),
         "realtime_priority": Key("int", 10, 0, 1_000_000),
         "min_share": Key("float", 0.2, 0, 1),
+        "commit_lead_ms": Key("float", 12.0, 6, 1e7,
+                              doc="host ms before its modeled instant a decision is made"),
+        "preempt_timeout_ms": Key("float", 640.0, 0, 1e9,
+                                  doc="reset a non-preemptible command blocking a more "
+                                      "urgent one after this long (0: never)"),
     },
     "power": {
         "levels": Key("list", [1.0], 1, None, check=_levels),

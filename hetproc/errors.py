@@ -13,9 +13,11 @@ for each field and each class for when it is raised and when it is not.
     ├── InvalidRequest        the request was wrong: nothing ran, retrying cannot help
     │   ├── BadPacket, InvalidHandle (StaleHandle, ForeignHandle), ShapeError,
     │   │   DtypeError, UnsupportedOp
-    │   └── IommuFault ── ForeignBuffer
+    │   ├── IommuFault ── ForeignBuffer
+    │   └── SyncHazard        a buffer touched unordered (read/write after write/read)
     ├── Timeout               a deadline passed (every timeout, whatever its cause)
-    │   ├── FenceTimeout, DeviceTimeout, DependencyTimeout, RequestTimeout
+    │   ├── FenceTimeout, DeviceTimeout (PreemptTimeout), DependencyTimeout,
+    │   │   RequestTimeout
     │   └── CompileTimeout (also a ResourceError)
     ├── Cancelled             the client's own cancel: not a failure
     ├── DeviceFault           execution failed on a device

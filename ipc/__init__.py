@@ -60,9 +60,14 @@ from ._packets import (
 )
 from ._profile import profiled
 from ._queues import CLOSED as QUEUE_CLOSED
+from ._queues import F_CHECKED as QUEUE_CHECKED
+from ._queues import F_MODELED as QUEUE_MODELED
+from ._queues import F_TIMEOUT as QUEUE_TIMEOUT
 from ._queues import LOST as QUEUE_LOST
+from ._queues import MAX_BINDINGS as QUEUE_MAX_BINDINGS
+from ._queues import MAX_RULES as QUEUE_MAX_RULES
 from ._queues import OPEN as QUEUE_OPEN
-from ._queues import QueueRecord, QueueRing, queue_bytes
+from ._queues import Binding, BindingTable, QueueRecord, QueueRing, queue_bytes, table_bytes
 from ._queues import decode_record as decode_queue_record
 from ._queues import encode_record as encode_queue_record
 from ._ring import Ring
@@ -84,6 +89,9 @@ __all__ = [
     "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",
     "Ring", "profiled",
     "QueueRing", "QueueRecord", "queue_bytes", "decode_queue_record", "encode_queue_record",
+    "Binding", "BindingTable", "table_bytes", "QUEUE_MAX_BINDINGS", "QUEUE_MAX_RULES",
+    "QUEUE_CHECKED",
+    "QUEUE_MODELED", "QUEUE_TIMEOUT",
     "QUEUE_OPEN", "QUEUE_LOST", "QUEUE_CLOSED",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",

@@ -105,6 +105,7 @@ class Stage(IntEnum):
     FAULT = 46
     ERROR = 47
     PREEMPT = 48  # a running command suspended at a chunk boundary for a more urgent one
+    HAZARD = 49  # a command touched a buffer unordered (a0 other cid, a1 kind, a2 buffer)
     # -- counters (value in a0) ----------------------------------------------------------
     QUEUE_DEPTH = 100
     INFLIGHT = 101

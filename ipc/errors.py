@@ -56,10 +56,12 @@ __all__ = [
     "IommuFault",
     "ForeignBuffer",
     "NotPermitted",
+    "SyncHazard",
     "Timeout",
     "FenceTimeout",
     "DeviceTimeout",
     "DependencyTimeout",
+    "PreemptTimeout",
     "RequestTimeout",
     "DeviceFault",
     "Cancelled",
@@ -325,6 +327,20 @@ class NotPermitted(InvalidRequest):
     code = 9
 
 
+class SyncHazard(InvalidRequest):
+    """A command would touch a buffer another unfinished command uses, unordered (seed
+    §4, §5): it reads what a command still writes and does not wait for (read after
+    write), or writes what one still reads (write after read) or writes (write after
+    write), neither directly nor through the fences it waits on, nor in order on the
+    same context. Refused at submit, nothing ran; ``detail`` names the ``hazard`` kind,
+    the ``buffer``, the other command (``other_cid``) and the ``missing_fence`` to wait
+    on. Retrying the same command cannot help; waiting on that fence does. Raised only
+    where the platform's ``hazards`` is "error" (its default); "warn" serves and counts.
+    """
+
+    code = 8
+
+
 # -- a deadline passed ------------------------------------------------------------------
 
 
@@ -352,6 +368,16 @@ class DeviceTimeout(Timeout):
     scope = "context"
     buffers_trusted = False
     fallback_possible = True
+
+
+class PreemptTimeout(DeviceTimeout):
+    """A command that cannot be preempted held its device past the device's
+    ``preempt_timeout_ms`` while a more urgent command waited to preempt it (i915's
+    ``preempt_timeout``): it was reset, and only it is guilty; the urgent command runs
+    after the reset. Not raised for a command that yields at its chunk boundaries, nor
+    while nothing more urgent waits."""
+
+    code = 70
 
 
 class DependencyTimeout(Timeout):

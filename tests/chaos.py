@@ -16,7 +16,9 @@ Invariants checked (ARCHITECTURE.md §3), for every seed:
      ends by a timeout, unless the fault plan's record shows a fault that hangs a running
      command landed on it *and* the child had signalled (so the command really ran). Its
      watchdog is long (DEPENDENT_TIMEOUT_MS), so that a device process a loaded machine
-     kept off its CPU is not judged; tests/test_chaos.py pins the 40 ms case on its own.
+     kept off its CPU is not judged; tests/test_chaos.py pins the 40 ms case on its own;
+  6. zero-copy is never judged unsynchronised when it is not (invariant 9): the hazard
+     check (on, "error", as by default) reports nothing on the mix's own commands.
 
 Each seed also draws its mix (``draw_mix``) from the same generator: the scheduling policy
 of every device (fifo, priority, edf, fair, mixed; its preemption chunk), per-context
@@ -469,9 +471,14 @@ class _Run:
         self.dm: Any = None
         # A generator of its own: the seed's other draws stay as they were before queues.
         self.qrng = queue_rng(seed)
+        # ... and so do the draws added with non-preemptible commands.
+        self.nopre_rng = random.Random(f"nopre-{seed}")
         self.queue_device = draw_queue(self.qrng)
         self.queue: hetproc.Queue | None = None
         self.queue_ctx: hetproc.Context | None = None
+        self.q_src: hetproc.Buffer | None = None  # the queue's copy operands (``queue_buffers``)
+        self.q_dst: hetproc.Buffer | None = None
+        self.q_copied: hetproc.Buffer | None = None  # the destination this round copied into
         self.tally["queue"] = collections.Counter()
         self.fdrng = fd_rng(seed)
         self.tally["fence_fds"] = collections.Counter()
@@ -743,6 +750,8 @@ class _Run:
             out["priority"] = rng.randint(0, client.info["max_priority"])
         if rng.random() < 0.4:
             out["deadline_ms"] = rng.choice([0.5, 2.0, 10.0, 50.0])
+        if self.nopre_rng.random() < 0.15:  # never suspended: a blocker under preemption
+            out["preemptible"] = False
         return out
 
     def signal_item(self, views: list[np.ndarray]) -> list[tuple]:
@@ -800,29 +809,58 @@ class _Run:
                 self.queue_ctx = None
                 t["context_lost"] += 1
                 return []
-        durations = [self.qrng.choice([0.0, 0.05, 0.2]) for _ in range(self.qrng.randint(1, 6))]
+        cmds: list = []
+        for _ in range(self.qrng.randint(1, 6)):
+            if self.qrng.random() < 0.4:  # a copy between two buffers bound to the queue
+                src, dst = self.queue_buffers()
+                cmds.append(hetproc.command("copy", [src], [dst], checked=True))
+                self.q_copied = dst
+            else:
+                cmds.append(self.qrng.choice([0.0, 0.05, 0.2]))
         try:
-            return q.submit_many(durations)
+            return q.submit_many(cmds)
         except (hetproc.CancelledByReset, hetproc.DeviceRestarted):  # lost meanwhile
             t["lost_at_submit"] += 1
             return []
 
+    def queue_buffers(self) -> tuple[hetproc.Buffer, hetproc.Buffer]:
+        """The queue's copy source and destination (the bystander's); now and then the
+        destination is freed while commands may still use it (an unbind, a barrier,
+        reclaimed only once the device let go) and another takes its place."""
+        if self.q_src is None:
+            self.q_src = self.by.alloc(N)
+            self.q_src.array()[:] = np.arange(N, dtype=np.float32)
+        if self.q_dst is None or self.qrng.random() < 0.1:
+            if self.q_dst is not None:
+                self.q_dst.free()
+            self.q_dst = self.by.alloc(N)
+        return self.q_src, self.q_dst
+
     def queue_verdict(self, rnd: int, fences: list) -> None:
-        """Every queue fence resolves; the successes signal in queue order."""
-        t, done = self.tally["queue"], []
+        """Every queue fence resolves; the successes signal in queue order; when every
+        copy of the round succeeded, the destination holds the source. A queue command
+        meets the injected faults a submit meets (its own watchdog: DeviceTimeout; a
+        checked copy given a wrong output: WrongOutput)."""
+        t, done, copies_ok = self.tally["queue"], [], True
         for f in fences:
             try:
                 f.wait(WAIT_S)
             except hetproc.FenceTimeout:
                 self.ph.fail(f"round {rnd}: a queue command hung: {dict(t)}")
             except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled,
+                    hetproc.DeviceTimeout, hetproc.WrongOutput, hetproc.StaleHandle,
                     hetproc.DeviceRestarted) as exc:
                 t[type(exc).__name__] += 1
+                copies_ok = False
             else:
                 t["ok"] += 1
                 done.append(f.signal_time())
             f.release()
         self.ph.check(done == sorted(done), f"round {rnd}: queue commands out of order")
+        copied, self.q_copied = self.q_copied, None
+        if copies_ok and copied is not None and copied is self.q_dst and self.q_src is not None:
+            self.ph.check(np.array_equal(copied.array(), self.q_src.array()),
+                          f"round {rnd}: a queue copy was wrong")
 
     def fd_round(self, pending: list) -> tuple | None:
         """Now and then: a's fences of the round merged, the merge and one of them watched
@@ -1090,6 +1128,13 @@ class _Run:
         self.ph.check(wait_for(lambda: a.metrics()["fence_fds"]["fence_fds_pending"] == 0),
                       f"fence descriptors left pending: {a.metrics()['fence_fds']}")
         self.ph.check(a.supervisor_alive(), "the supervisor died")
+        # The mix is a correct program: no hazard on its clients' commands (the hostile
+        # tenant's are its own business), in any round, under any fault.
+        ours = {c.id for c in [a, *self.others]}
+        hazards = [e for e in a.incidents()["events"]
+                   if e["event"] == "hazard" and e["cid"] >> 40 in ours]
+        self.tally["hazards"] = a.metrics()["hazards"]["found"]
+        self.ph.check(not hazards, f"hazards reported on a correct program: {hazards[:3]}")
 
 
 # -- one seed as a process (what bench.chaos_campaign runs) -----------------------------------

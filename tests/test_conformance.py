@@ -40,8 +40,9 @@ def test_every_case_passes_with_its_recovery_time():
 def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     prefix = {"IGT gem_reset_stats": "gem_reset_stats/", "IGT sw_sync": "sw_sync/",
               "IGT syncobj_wait": "syncobj_wait/", "DRM scheduler KUnit": "drm_sched/",
+              "IGT sysfs_preempt_timeout": "sysfs_preempt_timeout/",
               "dEQP robustness": "dEQP-EGL.functional.robustness.", "hetproc": "hetproc/",
-              "hetproc drill": "hetproc/"}
+              "Vulkan synchronization validation": "hetproc/hazard-", "hetproc drill": "hetproc/"}
     listed = conformance_cases()
     assert all(c.name.startswith(prefix[c.suite]) and c.checks for c in listed)
     assert [SUITES.index(c.suite) for c in listed] == sorted(SUITES.index(c.suite) for c in listed)
@@ -62,6 +63,9 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
      "watchdog verdict was 'no hang' (re-armed on progress)"),
     # Buffers reclaimed before the device confirmed its stop: the late writer corrupts.
     ("hetproc/late-writer", {"unsafe_reclaim": True}, "hetproc/late-writer",
+     "no corruption of the buffer's next owner (canary intact)"),
+    # A queue's bound buffer let go without the barrier: the late writer corrupts too.
+    ("hetproc/queue-late-writer", {"unsafe_reclaim": True}, "hetproc/queue-late-writer",
      "no corruption of the buffer's next owner (canary intact)"),
     # An innocent request caught in a reset is failed instead of run again, as i915 would.
     ("unrelated-ctx", {"replay_innocent": False}, "gem_reset_stats/unrelated-ctx-npu0",
@@ -123,3 +127,17 @@ def test_cli_exits_1_and_names_the_failed_check_when_a_mechanism_is_off(tmp_path
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "drm_sched/skip_reset"]
     assert "watchdog verdict was 'no hang' (re-armed on progress)" in out.stdout
+
+
+def test_the_preempt_timeout_case_fails_when_the_timeout_is_off(tmp_path):
+    """npu0 with ``preempt_timeout_ms = 0``: the blocker is never reset, and the case
+    says so (the urgent request waits out the blocker)."""
+    from importlib import resources
+    text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
+    assert "preempt_timeout_ms = 640 }" in text
+    soc = tmp_path / "no-preempt-timeout.toml"
+    soc.write_text(text.replace("preempt_timeout_ms = 640 }", "preempt_timeout_ms = 0 }", 1))
+    out = _cli("--only", "sysfs_preempt_timeout/timeout", "--platform", str(soc))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "sysfs_preempt_timeout/timeout"]
+    assert "the blocker is reset (PreemptTimeout)" in out.stdout

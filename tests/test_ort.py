@@ -4,6 +4,7 @@ only hetproc can drill (strict fallback, provider priority, device resets as ORT
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -445,13 +446,34 @@ def test_a_lost_supervisor_is_runtime_exception(own_platform):
     assert isinstance(exc.value.__cause__, hetproc.PlatformError)
 
 
-def test_work_cancelled_by_another_clients_reset_is_engine_error(own_platform):
-    """Another application's long command holds the NPU; ours queues behind it; the NPU
-    dies under theirs: theirs is DeviceCrashed, ours was only caught in the reset."""
+@pytest.fixture
+def eager_platform():
+    """``own_platform`` with npu0 committing its scheduling decisions 10 s ahead: the
+    command queued behind a long one is in the device's ring at once (with the default
+    lead it waits in the supervisor until just before it runs, out of a reset's reach)."""
+    spec = hetproc.load_platform()
+    devices = tuple(dataclasses.replace(d, scheduler=dataclasses.replace(
+        d.scheduler, commit_lead_ms=10_000.0)) if d.name == "npu0" else d
+        for d in spec.devices)
+    with hetproc.Platform(spec=dataclasses.replace(spec, devices=devices),
+                          time_scale=1.0) as plat:
+        before = hort.use_platform(plat)
+        try:
+            yield plat
+        finally:
+            hort.shutdown()
+            hort.use_platform(before)
+
+
+def test_work_cancelled_by_another_clients_reset_is_engine_error(eager_platform):
+    """Another application's long command holds the NPU; ours is on the NPU's ring behind
+    it; the NPU dies under theirs: theirs is DeviceCrashed, ours was only caught in the
+    reset."""
     import signal
     import threading
 
     from tests.helpers import wait_for
+    own_platform = eager_platform
     model = mobilenet_like().SerializeToString()
     s = hort.InferenceSession(model, providers=[("HetprocNpuExecutionProvider", SPREAD)])
     s.run(None, {"x": _x()})  # warm: the next run's first command goes straight to npu0

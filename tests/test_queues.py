@@ -172,14 +172,14 @@ def test_a_duration_past_the_bound_is_refused_by_client_and_device(platform):
 def _record_bytes(q: hetproc.Queue, signal: int, tag: int = 0xC2, kernel: int = 0,
                   n_wait: int = 0, hold_ns: int = 0) -> bytes:
     """A record packed past the encoder's checks, as a misbehaving client may write it."""
-    return QUEUE_RECORD.pack(tag, 0, kernel, n_wait, _next_seq(q), 1, signal,
-                             time.monotonic_ns(), hold_ns, 0) + bytes(min(8 * n_wait, 64))
+    return QUEUE_RECORD.pack(tag, 0, kernel, n_wait, 0, 0, 0, _next_seq(q), 1, signal,
+                             time.monotonic_ns(), hold_ns, 0, 0) + bytes(min(8 * n_wait, 64))
 
 
 @pytest.mark.parametrize("bad, why", [
     ({"hold_ns": 3600 * 10**9 + 1}, "out of range"),
     ({"tag": 0xC3}, "tag"),
-    ({"kernel": 7}, "kernel"),
+    ({"kernel": 200}, "kernel"),
     ({"n_wait": 9}, "wait fences"),
 ])
 def test_a_record_refused_at_decode_fails_its_writers_fence(platform, bad, why):
@@ -284,6 +284,10 @@ def test_queue_turns_are_shared_per_tenant_not_per_queue(platform):
         assert other.stdout.readline().strip() == "ready"
         queues = [npu.queue() for _ in range(7)]
         gate = npu.submit_nowait("work", ms=600.0)  # the records below wait behind it
+        # ... once it runs: it goes through the supervisor, the records straight to the
+        # device, which would otherwise take some of them first (a race the test lost on
+        # a loaded machine: 7 of ours before the gate, B's not written yet).
+        assert wait_for(lambda: client.metrics()["devices"]["npu0"]["state"] == "busy")
         mine = [f for q in queues for f in q.submit_many([ms] * n)]
         other.stdin.write("go\n")
         other.stdin.flush()

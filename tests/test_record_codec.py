@@ -58,7 +58,7 @@ def test_a_record_decodes_to_what_the_map_format_gives():
 
 # header index -> values out of range (struct packs them; the reader must refuse them)
 _OUT_OF_RANGE = [
-    (1, 8), (1, 0xFF),                    # unknown flags
+    (1, 16), (1, 0xFF),                   # unknown flags
     (2, 65), (2, 255),                    # kernel name longer than 64 bytes
     (3, 1),                               # padding
     (4, MAX_FENCES + 1), (5, MAX_FENCES + 1),

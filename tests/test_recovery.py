@@ -19,6 +19,8 @@ def test_drill_passes(name):
     failed = [c for c in report["checks"] if not c["passed"]]
     assert report["ok"], failed
     assert report["left_behind"] == {"objects": [], "processes": []}
+    final = report["metrics"].get("platform_metrics")  # (none: the drill killed the supervisor)
+    assert final is None or not any(final["hazards"]["found"].values()), final["hazards"]
 
 
 def test_unsafe_reclaim_is_caught_by_the_late_writer_drill():

@@ -198,26 +198,12 @@ class Connection:
             taken = pool[:n]
             del pool[:n]
             if len(pool) < FENCE_LOW_WATER and not self._refill_id:
-                self._refill_ahead()
+                req_id = next(self._ids)  # the next batch, asked for without waiting
+                self._last_id = max(self._last_id, req_id)
+                self._send({"op": "fence_create", "id": req_id, "count": FENCE_BATCH},
+                           flush=True)
+                self._refill_id = req_id
             return taken
-
-    def _refill_ahead(self) -> None:
-        """Ask for a batch of fences without waiting for it (lock held)."""
-        req_id = next(self._ids)
-        self._last_id = max(self._last_id, req_id)
-        self._send({"op": "fence_create", "id": req_id, "count": FENCE_BATCH}, flush=True)
-        self._refill_id = req_id
-
-    def _refilled(self, reply: dict[str, Any]) -> None:
-        """The reply to ``_refill_ahead``: its fences join the pool. A refusal (the
-        client's fence quota) is left for the request that needs the fences to meet."""
-        self._refill_id = 0
-        if reply["ok"]:
-            try:
-                fences = _protocol.result_of("fence_create", reply)["fences"]
-            except errors.HetprocError:
-                return
-            self._fence_pool += fences
 
     def release_fence(self, handle: int) -> None:
         """Let the platform recycle ``handle``; told with the next request. Only a list
@@ -342,10 +328,15 @@ class Connection:
         reply = decode(self.channel.recv(timeout), _protocol.REPLIES)
         self._take_descriptors(reply)
         if reply["id"] != 0:
-            if reply["id"] == self._refill_id:
-                self._refilled(reply)
-                return None
-            return reply
+            if reply["id"] != self._refill_id:
+                return reply
+            # The batch of fences asked for ahead: into the pool. A refusal (the fence
+            # quota) is left for the request that needs the fences to meet.
+            self._refill_id = 0
+            if reply["ok"] and type(reply.get("fences")) is list and all(
+                    type(h) is int for h in reply["fences"]):
+                self._fence_pool += reply["fences"]
+            return None
         fence, error = reply.get("fence"), reply.get("error")
         if type(fence) is not int or not isinstance(error, dict):
             self.last_notice = error

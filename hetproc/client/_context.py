@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._command import command
 from ._fence import Fence
 from ._queue import Queue
 
@@ -21,39 +22,6 @@ if TYPE_CHECKING:
     from ._buffer import Buffer
     from ._client import Client
     from ._connection import Connection
-
-
-def command(kernel: str, ins: Iterable[Buffer] = (), outs: Iterable[Buffer] = (), *,
-            wait: Iterable[Fence] = (), params: dict | None = None, ms: float | None = None,
-            handoff_ms: float = 0.0, timeout_ms: float | None = None,
-            checked: bool = False, priority: int | None = None,
-            deadline_ms: float | None = None) -> dict[str, Any]:
-    """One command for ``Context.submit_many``: ``kernel`` reads ``ins`` and writes
-    ``outs`` after the fences in ``wait``. ``ms`` is its modeled duration (for kernels
-    that take one), ``handoff_ms`` the modeled time its consumers pay to take its output.
-    ``timeout_ms`` overrides the watchdog; ``checked`` re-executes the kernel and
-    compares, so corrupt output fails the request. ``priority`` overrides the context's
-    (up to the client's maximum); ``deadline_ms`` (after the submit) is what the ``edf``
-    and ``mixed`` schedulers order by. ``StaleHandle`` for a freed buffer; everything
-    else is checked by the supervisor at submit."""
-    c: dict[str, Any] = {"kernel": kernel, "ins": [b.live_handle() for b in ins],
-                         "outs": [b.live_handle() for b in outs],
-                         "wait": [f.handle for f in wait]}
-    if params:
-        c["params"] = params
-    if ms is not None:
-        c["ms"] = float(ms)
-    if handoff_ms:
-        c["handoff_ms"] = float(handoff_ms)
-    if timeout_ms is not None:
-        c["timeout_ms"] = float(timeout_ms)
-    if checked:
-        c["checked"] = True
-    if priority is not None:
-        c["priority"] = int(priority)
-    if deadline_ms is not None:
-        c["deadline_ms"] = float(deadline_ms)
-    return c
 
 
 class Context:
@@ -87,14 +55,16 @@ class Context:
                *, wait: Iterable[Fence] = (), params: dict | None = None,
                ms: float | None = None, handoff_ms: float = 0.0,
                timeout_ms: float | None = None, checked: bool = False,
-               priority: int | None = None, deadline_ms: float | None = None) -> Fence:
+               priority: int | None = None, deadline_ms: float | None = None,
+               preemptible: bool = True) -> Fence:
         """Queue one command (the arguments are ``command``'s) and return the fence it
         signals when done (or fails). Raises the supervisor's verdict if it refuses the
         command (``IommuFault``, ``InvalidRequest``, ``ResourceError``...)."""
         return self.submit_many([command(kernel, ins, outs, wait=wait, params=params, ms=ms,
                                          handoff_ms=handoff_ms, timeout_ms=timeout_ms,
                                          checked=checked, priority=priority,
-                                         deadline_ms=deadline_ms)])[0]
+                                         deadline_ms=deadline_ms,
+                                         preemptible=preemptible)])[0]
 
     def submit_nowait(self, kernel: str, ins: Iterable[Buffer] = (),
                       outs: Iterable[Buffer] = (), *, at_ns: int | None = None,

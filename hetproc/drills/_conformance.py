@@ -5,9 +5,10 @@ A runtime engineer knows IGT's ``gem_reset_stats``, ``sw_sync`` and ``syncobj_wa
 DRM scheduler's KUnit tests and dEQP's robustness group by their case names; this suite
 lets them find what hetproc guarantees under those names. A case is listed only where
 what hetproc checks really is what the original checks (its README table says how each
-maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name. Mechanisms
-hetproc does not have yet (bans, wedged devices, reset status queries, preempt timeouts,
-hazards) have no case here, not even a skipped one: a case that cannot fail proves nothing.
+maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name, and so
+do the synchronisation hazards Vulkan's validation layer names (``_conformance_hazards``).
+Mechanisms hetproc does not have yet (bans, wedged devices, reset status queries) have
+no case here, not even a skipped one: a case that cannot fail proves nothing.
 
 The cases that run on a shared platform live in ``_conformance_cases`` and, for fences
 as descriptors and merges, ``_conformance_fences``; this module adds the drill cases and
@@ -35,8 +36,12 @@ from typing import Any
 from ipc import errors
 
 from .._config import PlatformSpec, load_platform
-from . import _conformance_fences  # noqa: F401  (registers its cases)
+from . import (
+    _conformance_fences,  # noqa: F401  (registers its cases)
+    _conformance_sched,  # noqa: F401  (registers its cases)
+)
 from ._conformance_cases import CASES, Case, CaseRun, add_case
+from ._conformance_hazards import SUITE as SYNC_SUITE  # (registers its cases too)
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
 
@@ -65,6 +70,10 @@ _DRILL_CASES = [
     ("hetproc/late-writer", "hetproc drill", "late-writer",
      "a hung command's buffer freed by its client stays quarantined until the device is "
      "confirmed stopped: its next owner's canary is intact"),
+    ("hetproc/queue-late-writer", "hetproc drill", "queue-late-writer",
+     "the same on a user-mode queue: a bound buffer freed while a queue command still "
+     "writes it is let go only after the device is confirmed stopped (the queue command's "
+     "own watchdog, DeviceTimeout); its next owner's canary is intact"),
     ("hetproc/crash", "hetproc drill", "crash",
      "the device process dies mid-command: DeviceCrashed (scope device), reaped, restarted "
      "with a new epoch, next request served"),
@@ -95,13 +104,16 @@ for _name, _suite, _drill, _checks in _DRILL_CASES:
 # -- running ------------------------------------------------------------------------------
 
 
-SUITES = ("IGT gem_reset_stats", "IGT sw_sync", "IGT syncobj_wait", "DRM scheduler KUnit",
-          "dEQP robustness", "hetproc", "hetproc drill")
+SUITES = ("IGT gem_reset_stats", "IGT sw_sync", "IGT syncobj_wait",
+          "IGT sysfs_preempt_timeout", "DRM scheduler KUnit", "dEQP robustness", SYNC_SUITE,
+          "hetproc", "hetproc drill")
 
 
 def _listed(case: Case) -> tuple[int, int]:
-    """Suite by suite, each in the order its cases were registered."""
-    return SUITES.index(case.suite), list(CASES).index(case.name)
+    """Suite by suite (a suite not named in ``SUITES`` after them), each in the order its
+    cases were registered."""
+    rank = SUITES.index(case.suite) if case.suite in SUITES else len(SUITES)
+    return rank, list(CASES).index(case.name)
 
 
 def conformance_cases(only: str | None = None) -> list[Case]:

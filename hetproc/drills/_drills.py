@@ -245,6 +245,45 @@ def _late_writer(d: Drill) -> None:
     d.finish(base)
 
 
+@drill("queue-late-writer", "a queue command keeps writing its bound output after its "
+       "watchdog: the buffer, freed by its client, must stay bound until the device is "
+       "confirmed stopped")
+def _late_writer_queue(d: Drill) -> None:
+    base = d.start()
+    nbytes = 1 << 16
+    victim = d.plat.connect("victim")  # closed at the end: its fence pool goes with it
+    ctx = victim.context("npu0", name="victim")
+    out = victim.alloc(nbytes, "uint8")
+    where = (out.segment, out.offset)
+    victim.inject("late_writer", device="npu0")  # fires on this client's work only
+    with ctx.queue() as q:
+        fence = q.submit("work", [], [out], ms=5)
+        deadline = time.monotonic() + 5  # running: its buffer is in the device's hands
+        while victim.metrics()["devices"]["npu0"]["state"] != "busy" \
+                and time.monotonic() < deadline:
+            time.sleep(0.002)
+        out.free()  # unbinds it: reclaimed once the device proved it let go
+        nxt = victim.alloc(nbytes, "uint8")  # the next owner, with a canary
+        nxt.array()[:] = 0x5A
+        reused = (nxt.segment, nxt.offset) == where
+        d.expect_error(fence, errors.DeviceTimeout)
+        inc = d.incident()
+        d.s.check("the queue command's own watchdog stopped it (reaped)",
+                  inc is not None and inc["confirmed_stop"] == "reaped",
+                  str(inc and inc["confirmed_stop"]))
+    time.sleep(d.plat.spec.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
+    corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
+    d.s.metric("next_owner_got_same_block", reused)
+    d.s.metric("canary_bytes_corrupted", corrupted)
+    d.s.check("no corruption of the buffer's next owner (canary intact)", corrupted == 0,
+              f"{corrupted} of {nbytes} canary bytes overwritten by the late writer"
+              + (" (the block was handed out before the device let go)" if corrupted else ""))
+    nxt.free()
+    victim.close()
+    d.next_request_succeeds("npu0")
+    d.finish(base)
+
+
 @drill("crash", "the device process dies mid-command: fail its work, restart, probe")
 def _crash(d: Drill) -> None:
     base = d.start()

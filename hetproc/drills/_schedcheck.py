@@ -27,7 +27,7 @@ from .. import _refsched, errors
 from ..client import Fence, Platform, command
 
 MS = 1_000_000
-LEAD_NS = 100 * MS       # the origin, this far after the contexts are warm...
+LEAD_NS = 300 * MS       # the origin, this far after the contexts are warm...
 LEAD_PER_JOB_NS = MS // 2  # ...plus this per job: every submit is in before it
 WAIT_MARGIN_S = 10.0     # real seconds past the set's modeled length to wait for its fences
 

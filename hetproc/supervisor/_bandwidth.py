@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from device_workers import admit
+
 from .._config import PlatformSpec
 
 
@@ -42,14 +44,13 @@ class DdrQuota:
             return t_arrive
         per_byte_ns = 1e3 / mbps  # 1 MB/s = 1 byte/us
         tolerance = self.spec.ddr_burst_kib * 1024 * per_byte_ns
-        tat = max(self.tat.get(client.pid, 0.0), float(t_arrive))
-        start = max(float(t_arrive), tat - tolerance)
-        self.tat[client.pid] = max(tat, start) + nbytes * per_byte_ns
+        start, self.tat[client.pid] = admit(self.tat.get(client.pid, 0.0), t_arrive, nbytes,
+                                            per_byte_ns, tolerance)
         if start > t_arrive:
             rec = self.delayed.setdefault(client.name, [0, 0])
             rec[0] += 1
             rec[1] += int(start - t_arrive)
-        return int(start)
+        return start
 
     def forget(self, pid: int) -> None:
         """The process's last connection is gone."""

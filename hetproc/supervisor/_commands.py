@@ -25,6 +25,7 @@ from device_workers import decode_completions
 from ipc import errors, make_cid
 
 from ._devices import Command, CommandState, DeviceHandle
+from ._hazards import forget as forget_hazard
 from ._records import ClientRec, ContextRec, Registry
 
 if TYPE_CHECKING:
@@ -46,6 +47,17 @@ class Watcher(Protocol):
     def on_guilty_finished(self, dev: DeviceHandle, cmd: Command, code: int) -> bool: ...
     def note_failure(self, cmd: Command) -> None: ...
     def on_probe_done(self, inc: Any, device: str, ok: bool) -> None: ...
+
+
+def _reestimate_free(dev: DeviceHandle) -> None:
+    """A command failed, was cancelled or refused, so the time it would have held the
+    device is not taken: the device is free, in the model, from now plus what is left in
+    its ring (an estimate kept high would hold every later decision back)."""
+    free = time.monotonic_ns()
+    for c in dev.pushed.values():
+        if not c.preemptor:
+            free = (free if free > c.t_arrive else c.t_arrive) + c.hold_ns
+    dev.free_ns = min(dev.free_ns, free)
 
 
 class Commands:
@@ -95,6 +107,8 @@ class Commands:
         assert cmd.ctx.inflight > 0, "a context retires only what it committed"
         cmd.ctx.inflight -= 1
         self.handoff.on_retire(cmd)
+        if cmd.hazard is not None:
+            forget_hazard(cmd)
         self.lifetimes.drop_refs(cmd)
         if cmd.then is not None:
             cmd.then()
@@ -189,9 +203,12 @@ class Commands:
             self.evidence.note_error(errors.BadPacket(f"{dev.name}: bad completion batch: {exc}"))
             return
         done = []  # the records of commands we knew, for the modeled-time summary
+        cut_short = False  # a command ended before its modeled hold: the estimate is stale
         try:
             for rec in batch:
                 m1 = rec.get("m1")
+                if rec["code"] or type(m1) is not int:
+                    cut_short = True
                 if rec["epoch"] != dev.epoch:
                     continue  # from before a reset: that command was already failed
                 cmd = dev.pushed.pop(rec["seq"], None)
@@ -204,9 +221,11 @@ class Commands:
                 done.append(rec)
                 self._on_command_done(dev, cmd, rec)
                 if not dev.pushed and type(m1) is int:
-                    dev.settle(m1)  # the truth replaces the estimate
+                    dev.free_ns = m1  # the ring drained: the truth replaces the estimate
         finally:
             dev.timing.note_many(done)
+        if cut_short:
+            _reestimate_free(dev)
 
     def _on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]

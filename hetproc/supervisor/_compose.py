@@ -2,7 +2,7 @@
 
 ``compose`` builds the tables (``_tables``: every named object, each recorded in the
 manifest before it exists), then each part in dependency order, each given what it uses
-in its constructor, and returns them as ``Parts``. Two cycles are closed here, once, by
+in its constructor, and returns them as ``Parts``. Three cycles are closed here, once, by
 a setter that asserts it runs once; they and the edges up to the loop are listed in
 ``_server``'s docstring.
 """
@@ -29,11 +29,13 @@ from ._failures import Failures
 from ._faultplan import FaultPlan
 from ._fencefds import FenceFdRequests, FenceFds
 from ._handoff import Handoff
+from ._hazards import Hazards
 from ._iommu import Iommu
 from ._lifetimes import Lifetimes
 from ._memlog import MemLog
 from ._memory import Memory
 from ._metrics import Metrics
+from ._queue_bindings import Binder
 from ._queues import Queues
 from ._records import ClientRec, Registry
 from ._recovery import Policy, Recovery
@@ -115,13 +117,19 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     commands = Commands(reg, lifetimes, handoff, faults, evidence, failures)
     lifetimes.purge_with(commands.purge)  # cycle 1: a purge is a device command
     policy = Policy.from_dict(spec.recovery)
-    queues = Queues(reg, pool, failures, tell, restart_devices=policy.subsystem_restart)
+    binder = Binder(reg, iommu, handoff, lifetimes, faults,
+                    barrier=lambda dev, then: commands.submit_system(dev, then=then),
+                    unsafe=policy.unsafe_reclaim)
+    queues = Queues(reg, pool, failures, tell, binder, handoff, faults,
+                    restart_devices=policy.subsystem_restart)
     recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
+    queues.watch.watch_with(recovery)  # cycle 3: a queue command's timeout is an incident
     ddr = DdrQuota(spec)
     fencefds = FenceFds(reg, lifetimes, failures)
+    hazards = Hazards(reg, evidence, spec.hazards)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
-                      fencefds)
+                      hazards=hazards, fencefds=fencefds)
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
@@ -132,8 +140,9 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
         "memory": MemoryRequests(reg, pool, lifetimes, iommu, handoff, faults, failures, memlog,
                                  queues),
         "commands": CommandRequests(reg, pool, commands, iommu, handoff, faults, evidence, queues,
-                                    ddr, fallback_device=policy.fallback_device),
-        "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics),
+                                    ddr, hazards, fallback_device=policy.fallback_device),
+        "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics,
+                                  faults_changed=queues.faults_changed),
         "fencefds": FenceFdRequests(fencefds),
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,
@@ -183,6 +192,7 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
         devices[dspec.name] = DeviceHandle(
             dspec, index, named.prefix, ring, bell, efd,
             window_ns=round(dspec.scheduler.window_ms * spec.time_scale * 1e6),
+            lead_ns=round(dspec.scheduler.commit_lead_ms * 1e6),  # host time: not scaled
             time_scale=spec.time_scale, state=slots[index], inputs_ready=inputs_ready,
             segment_of=pool.segments.get)
     return Registry(spec, fences, devices, slots, state, clients=clients), pool, state_segment

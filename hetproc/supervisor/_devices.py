@@ -31,7 +31,7 @@ from device_workers import (
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 
 from .._config import DeviceSpec
-from ._scheduler import Scheduler, make_scheduler
+from ._scheduler import Scheduler, context_ahead, first_of_context, make_scheduler
 from ._timing import ModeledTiming
 
 RING_SLOTS = 256
@@ -90,11 +90,15 @@ class Command:
     in_perms: list[str] = field(default_factory=list)
     out_perms: list[str] = field(default_factory=list)
     mem: dict | None = None
+    # False: the device never suspends it; a more urgent command waiting on it longer than
+    # the device's ``preempt_timeout_ms`` gets it reset (``_recovery``'s preempt timeout).
+    preemptible: bool = True
     role: str = "kernel"  # "kernel", or a runtime-inserted "copy" / "reformat"
     plan: Any = None      # the hand-off plan until expanded into commands
     maps: Any = ()        # persistent mappings it uses (a list once it has one; _iommu)
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
+    hazard: Any = None  # only ``_hazards`` sets it: (reads, writes) of a chain's last part
 
     def outs_untrusted(self) -> None:
         for b in self.outs:
@@ -114,11 +118,13 @@ class Command:
         return encode_command(
             self.seq, self.pidx, self.cid, self.kernel, self.wait, self.signal, self.hold_ns,
             self.delay_ns, self.dep_timeout_ns, self.t_arrive, checked=self.checked,
-            pre=self.preemptor, spd=float(speed) if speed != 1.0 else None,
-            params=self.params,
+            pre=self.preemptor, nopre=not self.preemptible,
+            spd=float(speed) if speed != 1.0 else None, params=self.params,
             ins=_descriptors(self.ins, self.in_perms, "r") if self.ins else None,
             outs=_descriptors(self.outs, self.out_perms, "w") if self.outs else None,
-            fault=self.fault, mem=self.mem, urg=self.device.urgency_of(self))
+            fault=self.fault, mem=self.mem,
+            # what the device compares to preempt (the same for all when it never does)
+            urg=self.device.sched.urgency(self) if self.device.pushed.chunk_ns else LEAST_URGENT)
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -215,8 +221,12 @@ class DeviceHandle:
     # never later than the truth; set to the truth when the ring drains).
     free_ns: int = 0
     # The host time at which a command dated ahead is due to be decided (0: none): the
-    # supervisor's tick pumps the device then (``due``).
+    # supervisor's tick pumps the device then.
     wake_ns: int = 0
+    # How long before its modeled instant a decision is made and handed to the device
+    # (``scheduler.commit_lead_ms``): a command submitted later than that, dated earlier,
+    # finds it made (with the real clock, only work submitted ahead schedules exactly).
+    lead_ns: int = 12_000_000
     time_scale: float = 1.0
     state: Any = None  # its StateSlot (what it runs; where a preemption is requested)
     sched: Scheduler = field(init=False)
@@ -290,24 +300,10 @@ class DeviceHandle:
         quiet = self.segs is not None and not self.segs.waiting
         self.wake_ns = 0
         while waiting and len(pushed) < MAX_IN_RING and not self.paused and self.pid:
-            # The decision is the model's at ``at``: when the device is next free, or, if
-            # nothing has arrived by then, when the next command does.
-            # Nothing is released past a decision not made yet: a command dated earlier
-            # than the next arrival may still come, and must then compete.
-            at = self.free_ns
-            cmd = sched.peek(at)
-            if cmd is None:
-                at = sched.next_arrival() or 0
-                if at - ARRIVAL_LEAD_NS > time.monotonic_ns():
-                    self.wake_ns = at - ARRIVAL_LEAD_NS
-                    break
-                cmd = sched.peek(at)
-                if cmd is None:
-                    break  # (never: something arrives at ``at``)
-            elif at - ARRIVAL_LEAD_NS > time.monotonic_ns() and (
-                    not preemptive or not pushed.long or self._urgency(cmd) is not _NOW):
-                self.wake_ns = at - ARRIVAL_LEAD_NS  # decided then (a preemptor: now)
+            decided = self._decide()
+            if decided is None:
                 break
+            cmd, at = decided
             first = True
             if cmd.wait and not self.inputs_ready(cmd):
                 cmd, first = self._producer_first(cmd)
@@ -315,11 +311,8 @@ class DeviceHandle:
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
-                cmd.preemptor = True
-                if not self._push(cmd, at if first else -1, speed, quiet):
+                if not self._mark(cmd, at if first else -1, speed, quiet):
                     break
-                self.preemptions += 1
-                self.state.u64[_PREEMPT_PIDX] = cmd.pidx  # read by the device between chunks
                 moved += 1
                 continue
             if plain >= 2:
@@ -340,6 +333,42 @@ class DeviceHandle:
             self.doorbell.release()
         return moved
 
+    def _decide(self) -> tuple[Command, int] | None:
+        """The command the model picks next and the modeled instant ``at`` it does: when
+        the device is next free, or, if nothing has arrived by then, when the next
+        command does. None (and ``wake_ns`` set) while that instant is more than
+        ``lead_ns`` away: nothing is released past a decision not made yet, as a
+        command dated earlier may still come and must then compete (a preemptor is
+        marked at once all the same)."""
+        sched = self.sched
+        # An idle device is free by now whatever the estimate says (a reset emptied it).
+        at = self.free_ns if self.pushed else min(self.free_ns, time.monotonic_ns())
+        cmd = sched.peek(at)
+        if cmd is None:
+            at = sched.next_arrival() or 0
+            if at - self.lead_ns > time.monotonic_ns():
+                self.wake_ns = at - self.lead_ns
+                return None
+            cmd = sched.peek(at)
+            if cmd is None:
+                return None  # (never: something arrives at ``at``)
+        elif at - self.lead_ns > time.monotonic_ns() and (
+                not self.preemptive or not self.pushed.long
+                or self._urgency(cmd) is not _NOW):
+            self.wake_ns = at - self.lead_ns
+            return None
+        return cmd, at
+
+    def _mark(self, cmd: Command, peeked: int, speed: float, quiet: bool) -> bool:
+        """Push ``cmd`` out of order, marked to preempt; the device reads the ring for it
+        between chunks (``preempt_pidx``)."""
+        cmd.preemptor = True
+        if not self._push(cmd, peeked, speed, quiet):
+            return False
+        self.preemptions += 1
+        self.state.u64[_PREEMPT_PIDX] = cmd.pidx
+        return True
+
     def _mark_ahead(self, speed: float, quiet: bool) -> int:
         """Mark now the commands dated ahead that will preempt a long command in the ring,
         so that the device has them at the boundary where the model switches, however
@@ -355,26 +384,10 @@ class DeviceHandle:
             cmd = sched.waiting[seq]
             if self._urgency(cmd) is not _NOW:
                 continue
-            cmd.preemptor = True
-            if not self._push(cmd, -1, speed, quiet):
+            if not self._mark(cmd, -1, speed, quiet):
                 break
-            self.preemptions += 1
-            self.state.u64[_PREEMPT_PIDX] = cmd.pidx
             marked += 1
         return marked
-
-    def urgency_of(self, cmd: Command) -> int:
-        """What the device compares to preempt (``Scheduler.urgency``; on a device that
-        does not preempt, the same for every command)."""
-        return self.sched.urgency(cmd) if self.pushed.chunk_ns else LEAST_URGENT
-
-    def due(self, now_ns: int) -> bool:
-        """A command dated ahead is to be decided now (the supervisor's tick asks)."""
-        return 0 < self.wake_ns <= now_ns
-
-    def settle(self, modeled_end: int) -> None:
-        """The ring drained: the device is free from its last command's modeled end."""
-        self.free_ns = modeled_end
 
     def _producer_first(self, cmd: Command) -> tuple[Command, bool]:
         """The scheduler chose ``cmd``, which waits on fences not signalled yet: if a
@@ -387,7 +400,7 @@ class DeviceHandle:
             producer = next((c for c in self.sched if want.intersection(c.signal)), None)
             if producer is None:
                 break
-            cmd, seen = producer, seen + 1
+            cmd, seen = first_of_context(self.sched, producer), seen + 1
         return cmd, seen == 0
 
     def _hand_segments(self, cmd: Command) -> bool:
@@ -447,7 +460,8 @@ class DeviceHandle:
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
-        return _NOW
+        # Marked, it must not overtake an earlier command of its own context.
+        return _NO if context_ahead(self.sched, self.pushed.values(), head) else _NOW
 
     def speed(self) -> float:
         """The frequency level the clients voted for: the highest vote (none: the top)."""
@@ -553,11 +567,7 @@ class DeviceHandle:
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
-# How long before its modeled arrival a command dated ahead is decided and handed to its
-# device: more than the supervisor's 5 ms tick, so that it is there in time; a command
-# submitted later than this, dated earlier, finds the decision made (with the real clock,
-# only a workload submitted ahead of time schedules exactly as the model says).
-ARRIVAL_LEAD_NS = 12_000_000
+
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
 

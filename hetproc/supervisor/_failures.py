@@ -58,6 +58,9 @@ KINDS: dict[type[errors.HetprocError], Kind] = {
     # it happens on the device: it freezes).
     errors.InvalidRequest: Kind(freeze=False),
     errors.IommuFault: Kind(),
+    # An unordered buffer access refused at submit: a caller's mistake, yet the evidence
+    # that matters is what the other command was doing then, so it freezes a window.
+    errors.SyncHazard: Kind(),
     # A command its own client cancelled is no failure; one a reset cancelled is.
     errors.Cancelled: Kind(quiet_scopes=frozenset({"request"})),
     # A consequence: the failure that lost the context froze its window already.

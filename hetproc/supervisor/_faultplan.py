@@ -13,10 +13,11 @@ raised by the supervisor itself.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from device_workers import fires
 from ipc import errors
 
 DEVICE_FAULTS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
@@ -68,15 +69,7 @@ class FaultRule:
             return False
         if self.client is not None and (client is None or client[1] != self.client):
             return False
-        if self.count and self.fired >= self.count:
-            return False
-        self.seen += 1
-        hit = ((self.at is not None and self.seen == self.at)
-               or (self.every is not None and self.seen % self.every == 0)
-               or (self.probability > 0 and rng.random() < self.probability))
-        if hit:
-            self.fired += 1
-        return hit
+        return fires(self, rng)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "device": self.device, "client": self.client,
@@ -106,10 +99,15 @@ def _check_fields(kind: str, f: dict[str, Any]) -> None:
 
 
 class FaultPlan:
+    """``before_draw``: brings in what fired elsewhere (a device's queues) before a draw;
+    ``on_fire``: a command rule fired here (the devices' copies must hear of it)."""
+
     def __init__(self, rules: Iterable[dict[str, Any]] = (), seed: int = 0) -> None:
         self.rng = random.Random(seed)
         self.rules = [FaultRule.parse(r) for r in rules]
         self.log: list[dict[str, Any]] = []
+        self.before_draw: Callable[[], None] | None = None
+        self.on_fire: Callable[[], None] | None = None
 
     def add(self, raw: dict[str, Any], client: int | None = None) -> FaultRule:
         """Arm a rule; ``client`` (an id) scopes it to that client's own work (a normal
@@ -132,9 +130,13 @@ class FaultPlan:
         or None (the common, cheap case)."""
         if not self.rules:
             return None
+        if self.before_draw is not None:
+            self.before_draw()
         for rule in self.rules:
             if rule.matches(event, device, self.rng, client):
                 self.log.append({"kind": rule.kind, "device": device, "cid": cid})
+                if event == "command" and self.on_fire is not None:
+                    self.on_fire()
                 return rule
         return None
 

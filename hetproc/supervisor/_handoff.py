@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from device_workers import maintenance
 from ipc import CID_BY_HANDOFF, errors, make_cid
 
 from ._devices import Command
@@ -346,27 +347,12 @@ class Handoff:
         spec = cmd.device.spec
         mode = cmd.ctx.cache_maintenance
         if not spec.coherent and mode != "none":
-            costs = self._cache_costs.get(spec.name)
-            if costs is None:  # ns fixed and per byte, at the platform's time scale
-                c, scaled = spec.cache, self.reg.scaled_ns
-                costs = self._cache_costs[spec.name] = (
-                    scaled(c.op_us / 1000), scaled(c.invalidate_us_per_mib / 1000) / (1 << 20),
-                    scaled(c.op_us / 1000), scaled(c.clean_us_per_mib / 1000) / (1 << 20),
-                    c.kib << 10)
-            inv_fixed, inv_per_byte, clean_fixed, clean_per_byte, cap = costs
-            inv, seen = [], set()
-            for i, b in enumerate(cmd.ins if mode in ("both", "invalidate") else ()):
-                if b.handle in seen or (b.internal and b.last_writer == spec.name):
-                    continue  # the runtime's own buffer, last written here: nothing stale
-                seen.add(b.handle)
-                # A range larger than the cache costs at most a whole-cache operation.
-                inv.append([i, inv_fixed + int(min(b.nbytes, cap) * inv_per_byte)])
-            clean, seen = [], set()
-            for j, b in enumerate(cmd.outs if mode in ("both", "clean") else ()):
-                if b.handle in seen or b.internal:
-                    continue  # read next on this same device: no other agent looks
-                seen.add(b.handle)
-                clean.append([j, clean_fixed + int(min(b.nbytes, cap) * clean_per_byte)])
+            costs = self.cache_costs(spec)
+            # (the runtime's own buffer, last written here, holds nothing stale; one
+            # read next on this same device needs no clean: no other agent looks)
+            inv, clean = maintenance(
+                [(b.handle, b.nbytes, b.internal and b.last_writer == spec.name) for b in cmd.ins],
+                [(b.handle, b.nbytes, b.internal) for b in cmd.outs], mode, costs)
             if inv:
                 mem["inv"] = inv
             if clean:
@@ -377,6 +363,18 @@ class Handoff:
                     b.dirty_on.add(spec.name)  # its line stays dirty in that cache
         for b in cmd.outs:
             b.last_writer = spec.name
+
+    def cache_costs(self, spec: Any) -> tuple[int, float, int, float, int]:
+        """A non-coherent device's maintenance costs (``device_workers.maintenance``):
+        ns fixed and per byte, at the platform's time scale, and its cache's bytes."""
+        costs = self._cache_costs.get(spec.name)
+        if costs is None:
+            c, scaled = spec.cache, self.reg.scaled_ns
+            costs = self._cache_costs[spec.name] = (
+                scaled(c.op_us / 1000), scaled(c.invalidate_us_per_mib / 1000) / (1 << 20),
+                scaled(c.op_us / 1000), scaled(c.clean_us_per_mib / 1000) / (1 << 20),
+                c.kib << 10)
+        return costs
 
     def on_retire(self, cmd: Command) -> None:
         if cmd.transients or cmd.maps:

@@ -11,10 +11,11 @@ memory go while anything may still touch it::
                            holds it; recovery retires it only             dirty lines first
                            after the device confirmed its stop)           (``purge``)
 
-A buffer is referenced by its owner, by each importer and by each command that may still
-touch it (``refs``); a fence likewise. The block goes back to the pool only when all of
-those are gone. Fences: released by the owner, dropped when no command and no importer
-holds them; the slot's generation makes a stale handle harmless after that.
+A buffer is referenced by its owner, by each importer, by each command that may still
+touch it and by each user-mode queue it is bound to (``refs``); a fence likewise. The
+block goes back to the pool only when all of those are gone. Fences: released by the
+owner, dropped when no command and no importer holds them; the slot's generation makes a
+stale handle harmless after that.
 
 The counts are written on the fields they keep (``_records``: ``BufferRec.refs``,
 ``FenceRec.refs``); every reference is let go through ``_unref_buffer`` or
@@ -143,6 +144,7 @@ class Lifetimes:
         for h in cmd.signal:
             rec = recs[h]
             rec.bound = True
+            rec.producer = cmd
             rec.refs += 1
         for h in cmd.wait:
             recs[h].refs += 1
@@ -150,6 +152,16 @@ class Lifetimes:
             b.refs += 1
         for b in cmd.outs:
             b.refs += 1
+
+    def hold_buffer(self, buf: BufferRec) -> None:
+        """A queue binding holds ``buf`` (``_queue_bindings``): a device may touch it
+        through any record of that queue until the binding is let go."""
+        buf.refs += 1
+
+    def let_go_buffer(self, buf: BufferRec) -> None:
+        """A binding's hold ends: only once its device confirmed it will not touch the
+        buffer (the barrier after the unbind, or the device's reaping)."""
+        self._unref_buffer(buf)
 
     def drop_refs(self, cmd: Command) -> None:
         """A retired command lets go; what nobody else holds is reclaimed now."""

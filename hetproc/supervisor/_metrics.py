@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ._evidence import Evidence
     from ._fencefds import FenceFds
     from ._handoff import Handoff
+    from ._hazards import Hazards
     from ._memory import Memory
     from ._queues import Queues
     from ._recovery import Recovery
@@ -29,10 +30,11 @@ class Metrics:
     """Every part's figures in one dict: ``metrics()``."""
 
     def __init__(self, reg: Registry, pool: Memory, recovery: Recovery, handoff: Handoff,
-                 evidence: Evidence, queues: Queues, ddr: DdrQuota, prefix: str,
-                 fencefds: FenceFds | None = None) -> None:
+                 evidence: Evidence, queues: Queues, ddr: DdrQuota, prefix: str, *,
+                 hazards: Hazards | None = None, fencefds: FenceFds | None = None) -> None:
         self.reg, self.pool, self.recovery, self.handoff = reg, pool, recovery, handoff
         self.evidence, self.queues, self.ddr, self.prefix = evidence, queues, ddr, prefix
+        self.hazards = hazards
         self.fencefds = fencefds
 
     def __call__(self) -> dict[str, Any]:
@@ -40,6 +42,8 @@ class Metrics:
                              self.evidence, self.prefix)
         m["ddr_quota"] = self.ddr.metrics()
         m["queues"] = self.queues.metrics()
+        if self.hazards is not None:
+            m["hazards"] = self.hazards.metrics()
         if self.fencefds is not None:
             m["fence_fds"] = self.fencefds.counts()
         return m
@@ -94,7 +98,7 @@ _TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "complet
                    "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
                    "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
                    "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
-                   "fence_semaphores", "fence_fds")
+                   "fence_semaphores", "hazards", "fence_fds")
 
 
 def tenant_view(m: dict, client: Any) -> dict:

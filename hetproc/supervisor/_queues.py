@@ -32,33 +32,55 @@ It stays in charge of everything else:
   (``_recovery``), judged by the device's own signs (counters and heartbeat), never by
   the ring a client writes.
 
-What a queue does not do (yet): buffer operands (a record names no buffer, so there is
-nothing to validate, map, or reclaim: ``work`` commands only -- modeled durations and
-fence dependencies), fault injection rules, the command watchdog (a record's duration is
-bounded instead), the supervisor's scheduling policy (queue records run when no command
-the supervisor scheduled is ready on that device, round robin between queues).
+* **operands** -- a record names buffers the client bound to the queue
+  (``_queue_bindings``: checked once at bind, let go only after the device proved it will
+  not touch them); the device checks every operand of every record against the binding
+  table, and applies the supervisor's models (``device_workers._queues``);
+
+* **faults and the watchdog** -- the fault rules that would hit the client's commands on
+  that device go to the device with the queue (``qattach``) and again whenever they
+  change (``qfaults``); a queue command is timed like a pushed one (``_queue_watch``).
+
+What a queue does not do (yet): the supervisor's scheduling policy (queue records run
+when no command the supervisor scheduled is ready on that device, round robin between
+queues), inserted copies (a buffer the device cannot take as it is is refused at bind),
+``lost_fence`` faults, and the DDR bytes of its commands in the supervisor's counters.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from device_workers import DeviceState
 from device_workers import StateSlot as S
-from ipc import QUEUE_CLOSED, QUEUE_LOST, Block, QueueRing, encode, errors, queue_bytes
+from ipc import (
+    QUEUE_CLOSED,
+    QUEUE_LOST,
+    BindingTable,
+    Block,
+    QueueRing,
+    encode,
+    errors,
+    queue_bytes,
+)
 
 from .. import _protocol
 from ._devices import RING_SLOTS
 from ._memory import sid_of
+from ._queue_bindings import Binder, BindingSet, make_table
+from ._queue_terms import QueueTerms
+from ._queue_watch import QueueWatch
 
 if TYPE_CHECKING:
     from ._devices import DeviceHandle
     from ._failures import Failures
+    from ._faultplan import FaultPlan, FaultRule
+    from ._handoff import Handoff
     from ._memory import Memory
-    from ._records import ClientRec, ContextRec, Registry
+    from ._records import BufferRec, ClientRec, ContextRec, Registry
 
 MIN_SLOTS, MAX_SLOTS = 16, 4096
 _BARRIER = threading.Lock()
@@ -83,6 +105,12 @@ class QueueRec:
     block: Block
     ring: QueueRing
     slots: int
+    table_block: Block | None = None
+    bindings: BindingSet | None = None
+    # The fault rules its device was given, in that order, and how often each had fired
+    # there when last looked at (``harvest``): the device's counts go to these rules.
+    forwarded: list[FaultRule] = field(default_factory=list)
+    counted: list[int] = field(default_factory=list)
 
     @property
     def sid(self) -> int:
@@ -95,15 +123,24 @@ class Queues:
     its queue was lost."""
 
     def __init__(self, reg: Registry, pool: Memory, failures: Failures,
-                 tell: Callable[[ClientRec, dict], None],
-                 restart_devices: tuple[str, ...] = ()) -> None:
-        """``restart_devices``: those whose death is a subsystem restart (``_recovery``):
+                 tell: Callable[[ClientRec, dict], None], binder: Binder, handoff: Handoff,
+                 faults: FaultPlan, restart_devices: tuple[str, ...] = ()) -> None:
+        """``restart_devices``: those whose death is a subsystem restart (``_restarts``):
         their queues are lost with ``DeviceRestarted``."""
         self.restart_devices = frozenset(restart_devices)
         self.reg = reg
         self.pool = pool
         self.failures = failures
         self.tell = tell
+        self.binder = binder
+        self.handoff = handoff
+        self.faults = faults
+        self.watch = QueueWatch(reg, self._tables)
+        self.terms = QueueTerms(reg, handoff, faults)
+        # One count per rule whichever path it fires on: a draw here first brings in the
+        # devices' firings; a firing here re-sends the devices their rules.
+        faults.before_draw = self.harvest
+        faults.on_fire = self.faults_changed
         self.open_queues: dict[int, QueueRec] = {}
         self._ids = 0
         self.stats = {"opened": 0, "closed": 0, "lost": 0, "fences_failed": 0}
@@ -119,20 +156,81 @@ class Queues:
         dev = self._may_open(client, ctx, slots)
         nbytes = queue_bytes(slots)
         block, seg, segs = self._make_ring(client, dev, nbytes, hand)
+        try:
+            tblock, table = make_table(self.pool, client, dev)
+        except errors.HetprocError:
+            client.segments.discard(sid_of(block))
+            self.pool.free(block)
+            raise
         self._ids += 1
         q = QueueRec(self._ids, client, ctx, dev.name, block,
-                     QueueRing(memoryview(seg.map)[:nbytes], slots), slots)
+                     QueueRing(memoryview(seg.map)[:nbytes], slots), slots, tblock,
+                     BindingSet(table))
+        q.ring.kernels = len(dev.spec.ops)  # its records name the device's ops
         spec, scaled = self.reg.spec, self.reg.scaled_ns
         self._control(dev, {"op": "qattach", "qid": q.qid, "sid": q.sid, "slots": slots,
                             "tag": client.id, "max_hold_ns": scaled(spec.watchdog_ms),
                             "dep_timeout_ns": scaled(spec.dependency_timeout_ms),
                             "dispatch_ns": scaled(spec.dispatch_us / 1000.0), "first": 0,
-                            "grants": self._imported_fences(client), "tenant": client.pid})
+                            "grants": self._imported_fences(client), "tenant": client.pid,
+                            "table": sid_of(tblock), "terms": self.terms.terms(q, dev)})
         self.open_queues[q.qid] = q
         self.stats["opened"] += 1
         return {"qid": q.qid, "sid": q.sid, "slots": slots, "bytes": nbytes,
                 "doorbell": dev.doorbell.name, "tag": client.id,
-                "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs}
+                "max_hold_ns": scaled(spec.watchdog_ms), "segs": segs,
+                "kernels": list(dev.spec.ops)}
+
+    def harvest(self) -> None:
+        """Count the rules' firings on the devices' queues against the rules."""
+        for q in self.open_queues.values():
+            self.terms.harvest(q)
+
+    def faults_changed(self) -> None:
+        """A rule was armed or cleared: each queue's device hears which apply now."""
+        for q in self.open_queues.values():
+            self._control(self._device(q.device), {"op": "qfaults", "qid": q.qid,
+                                                   "rules": self.terms.fault_rules(q)})
+
+    # -- bindings (``_queue_bindings``) ----------------------------------------------------
+
+    def bind(self, client: ClientRec, qid: int, handle: Any) -> dict[str, Any]:
+        q = self._own(client, qid)
+        assert q.bindings is not None
+        return self.binder.bind(q.bindings, q.ctx, self._device(q.device), handle)
+
+    def unbind(self, client: ClientRec, qid: int, handle: Any) -> dict[str, Any]:
+        q = self._own(client, qid)
+        assert q.bindings is not None
+        dev = self._device(q.device)
+        n = self.binder.unbind(q.bindings, q.ctx, dev, [handle], bool(dev.pid))
+        if not n:
+            raise errors.InvalidRequest(f"buffer {handle!r} is not bound to queue {qid}")
+        return {}
+
+    def buffer_released(self, client: ClientRec, buf: BufferRec) -> None:
+        """``client`` let go of ``buf`` (a free, an importer's free): its queues unbind it,
+        and the buffer is reclaimed only once their devices let go."""
+        for q in self.open_queues.values():
+            if q.client is client and q.bindings is not None \
+                    and self.binder.bound_to(q.bindings, buf):
+                dev = self._device(q.device)
+                self.binder.unbind(q.bindings, q.ctx, dev, [buf.handle], bool(dev.pid))
+
+    def _own(self, client: ClientRec, qid: Any) -> QueueRec:
+        q = self.open_queues.get(qid) if isinstance(qid, int) else None
+        if q is None or q.client is not client:
+            raise errors.InvalidHandle(f"queue {qid} is not open on this connection")
+        return q
+
+    def _tables(self, dev: DeviceHandle) -> list[tuple[int, BindingTable]]:
+        return [(q.qid, q.bindings.table) for q in self.open_queues.values()
+                if q.device == dev.name and q.bindings is not None]
+
+    def tick(self, now: int) -> None:
+        """The queue commands' watchdog (``_queue_watch``)."""
+        if self.open_queues:
+            self.watch.tick(now)
 
     def _imported_fences(self, client: ClientRec) -> list[int]:
         """The fences of others ``client`` imported: its records may wait on them, as its
@@ -194,9 +292,7 @@ class Queues:
         return block, seg, segs
 
     def close(self, client: ClientRec, qid: int) -> dict[str, Any]:
-        q = self.open_queues.get(qid)
-        if q is None or q.client is not client:
-            raise errors.InvalidHandle(f"queue {qid} is not open on this connection")
+        q = self._own(client, qid)
         self._end(q, QUEUE_CLOSED, None, "the queue was closed")
         self.stats["closed"] += 1
         return {}
@@ -221,6 +317,7 @@ class Queues:
                     else errors.CancelledByReset)
             self.tell(q.client, _protocol.notice(lost(
                 f"queue {q.qid} on {dev.name} was lost: {why}").to_dict(), queue=q.qid))
+        self.watch.device_gone(dev)
 
     def _end(self, q: QueueRec, state: int, dev: DeviceHandle | None, why: str) -> None:
         """Set the state first (a submit sees it), then fail what was owed, then drop.
@@ -235,7 +332,7 @@ class Queues:
         the queue was closed), then publish the head read (``ipc._queues``). The records
         are the client's writing: a fence fails only if it is that client's and pending."""
         ring, fences, tag = q.ring, self.reg.fences, q.client.id
-        running = self._running_cid(dev) if dev is not None else -1
+        running = _running_cid(self.reg, dev) if dev is not None else -1
         tail, head = ring.tail, ring.head
         failed = 0
         for i in range(tail, tail + min(max(head - tail, 0), q.slots)):
@@ -245,43 +342,34 @@ class Queues:
                 continue
             if fences.pending_owner(rec.signal) != tag:
                 continue
-            exc = self._owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
+            exc = _owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
+            if dev is not None and dev.name in self.restart_devices:
+                exc = errors.DeviceRestarted(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                             correlation_id=rec.cid, detail={"device": dev.name})
+            if dev is not None and i == tail:
+                exc = self.watch.take_verdict(dev, rec.cid) or exc
             self.failures.fail(exc, [rec.signal], noted=0)  # its record reaches the owner first
             failed += 1
         ring.set_ended_at(head)  # what the client must fail itself starts here
         return failed
 
-    def _running_cid(self, dev: DeviceHandle) -> int:
-        """The cid of the queue command the device was running when it stopped, or -1."""
-        slot = self.reg.slots[dev.index]
-        if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
-                                                                 DeviceState.WAITING):
-            return int(slot.u64[S.CURRENT_CID])
-        return -1
-
-    def _owed_error(self, q: QueueRec, dev: DeviceHandle | None, why: str, cid: int,
-                    running: bool) -> errors.HetprocError:
-        if dev is None:
-            return errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=cid)
-        if dev.name in self.restart_devices:
-            return errors.DeviceRestarted(f"queue {q.qid} on {dev.name} was lost: {why}",
-                                          correlation_id=cid, detail={"device": dev.name})
-        if running:
-            return errors.DeviceCrashed(f"{dev.name} stopped while running queue {q.qid}'s "
-                                        f"command: {why}", correlation_id=cid)
-        return errors.CancelledByReset(f"queue {q.qid} on {dev.name} was lost: {why}",
-                                       correlation_id=cid)
-
     def _drop(self, q: QueueRec, state: int, tell_device: bool = True) -> None:
+        """``tell_device`` False: the device process is gone (reaped), so what was bound
+        is let go at once; else after the detach record and a barrier behind it."""
         del self.open_queues[q.qid]
         q.ring.set_state(state)
-        if tell_device:
-            dev = self._device(q.device)
-            if dev.pid:
-                self._control(dev, {"op": "qdetach", "qid": q.qid})
+        dev = self._device(q.device)
+        alive = tell_device and bool(dev.pid)
+        if alive:
+            self._control(dev, {"op": "qdetach", "qid": q.qid})
+        if q.bindings is not None:
+            self.binder.unbind(q.bindings, q.ctx, dev, list(q.bindings.by_handle), alive)
+            q.bindings.table.release()
         q.ring.release()
         q.client.segments.discard(q.sid)
         self.pool.free(q.block)  # the devices drop the segment after the detach record
+        if q.table_block is not None:
+            self.pool.free(q.table_block)
 
     def _control(self, dev: DeviceHandle, record: dict[str, Any]) -> None:
         """A control record in the device's ring, in order with its commands. The ring
@@ -292,7 +380,11 @@ class Queues:
 
     def owed(self, dev: DeviceHandle) -> int:
         """Records the queues on ``dev`` hold and the device has not finished, as far as
-        the rings say (indices that cannot be count as none)."""
+        the rings say (indices that cannot be count as none). None while the queue
+        watchdog times the command it runs: those records are that watchdog's to judge
+        (as the command watchdog's are, ``Recovery.watch_queue``)."""
+        if self.watch.timing_on(dev.name):
+            return 0
         total = 0
         for q in self.open_queues.values():
             if q.device == dev.name:
@@ -301,4 +393,27 @@ class Queues:
         return total
 
     def metrics(self) -> dict[str, int]:
-        return {"open": len(self.open_queues), **self.stats}
+        bound = sum(len(q.bindings.by_handle) for q in self.open_queues.values()
+                    if q.bindings is not None)
+        return {"open": len(self.open_queues), **self.stats, "bindings": bound,
+                **{f"bindings_{k}": v for k, v in self.binder.stats.items()}}
+
+
+def _running_cid(reg: Registry, dev: DeviceHandle) -> int:
+    """The cid of the queue command the device was running when it stopped, or -1."""
+    slot = reg.slots[dev.index]
+    if slot.u64[S.CURRENT_SEQ] == 0 and slot.u32[S.STATE] in (DeviceState.BUSY,
+                                                             DeviceState.WAITING):
+        return int(slot.u64[S.CURRENT_CID])
+    return -1
+
+
+def _owed_error(q: QueueRec, dev: DeviceHandle | None, why: str, cid: int,
+                running: bool) -> errors.HetprocError:
+    if dev is None:
+        return errors.Cancelled(f"queue {q.qid}: {why}", correlation_id=cid)
+    if running:
+        return errors.DeviceCrashed(f"{dev.name} stopped while running queue {q.qid}'s "
+                                    f"command: {why}", correlation_id=cid)
+    return errors.CancelledByReset(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                   correlation_id=cid)

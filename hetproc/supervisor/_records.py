@@ -86,8 +86,9 @@ class BufferRec:
     strides: tuple[int, ...] | None
     nbytes: int
     client: ClientRec
-    # Only ``_lifetimes`` changes this (take_refs +1, ``_unref_buffer`` -1): the committed
-    # commands not yet retired that name it among their inputs or outputs. Never below 0.
+    # Only ``_lifetimes`` changes this (take_refs and hold_buffer +1, ``_unref_buffer`` -1):
+    # the committed commands not yet retired that name it among their inputs or outputs,
+    # and the queue bindings not yet let go (``_queue_bindings``). Never below 0.
     refs: int = 0
     # Only ``_lifetimes`` sets this, once (its client freed it or left); it is reclaimed
     # when ``refs`` is 0 and no importer holds it: until then it is quarantined.
@@ -104,6 +105,10 @@ class BufferRec:
     # Non-coherent devices that may hold this buffer dirty in their cache (written, not
     # cleaned): its block is reused only after each of them forgot those lines.
     dirty_on: set[str] = field(default_factory=set)
+    # Only ``_hazards`` changes these: the last command that writes it and has not retired
+    # (None: none), and the unretired ones that read it since (None: none).
+    hz_writer: Any = None
+    hz_readers: dict | None = None
 
     @property
     def offset(self) -> int:
@@ -140,6 +145,9 @@ class FenceRec:
     error: dict | None = None
     importers: frozenset[int] = _NOBODY  # client ids that imported it
     signallers: frozenset[int] = _NOBODY  # importers granted the signal right
+    # Only ``_lifetimes.take_refs`` sets this, with ``bound``: the command that signals it
+    # (the hazard check walks up through it). None: a client or a queue signals it.
+    producer: Any = None
 
 
 def nbytes_of(shape: tuple[int, ...], dtype: str, strides: tuple[int, ...] | None) -> int:

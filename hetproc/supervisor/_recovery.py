@@ -64,8 +64,9 @@ from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import errors
 
-from ._devicecpu import DeviceCpu
+from ._device_cpu import DeviceCpu
 from ._devices import CommandState
+from ._preempt_timeout import preempt_timeout
 from ._restarts import death_error, innocent_error, lose_contexts
 
 if TYPE_CHECKING:
@@ -221,6 +222,11 @@ class Recovery:
             cmd.watch_progress = slot.u64[S.PROGRESS]
             cmd.watch_cpu = self.device_cpu.read(dev)[1]
             return
+        blocked = None if cmd.preemptible else preempt_timeout(self.reg, dev, cmd, now)
+        if blocked is not None:
+            self.verdicts["preempt_timeout"] += 1
+            self.start_timeout(dev, cmd, (now - slot.u64[S.HEARTBEAT]) / 1e6, blocked)
+            return
         if now < cmd.watch_deadline or self._host_lag(dev, cmd):
             return
         progress = slot.u64[S.PROGRESS]
@@ -311,11 +317,16 @@ class Recovery:
         dev.paused = True
         return inc
 
-    def start_timeout(self, dev: DeviceHandle, cmd: Command, heartbeat_age_ms: float) -> None:
+    def start_timeout(self, dev: DeviceHandle, cmd: Command, heartbeat_age_ms: float,
+                      exc: errors.DeviceTimeout | None = None) -> None:
+        """The watchdog fired on ``cmd`` (``exc``: the error it fails with, when it is not
+        the job watchdog's own, e.g. a preempt timeout): mark it guilty, cancel it."""
         inc = self.new_incident("timeout", dev, cmd)
-        exc = errors.DeviceTimeout(
-            f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms watchdog",
-            correlation_id=cmd.cid, detail={"incident": inc.id})
+        if exc is None:
+            exc = errors.DeviceTimeout(
+                f"{dev.name}: {cmd.kernel} ran past its {cmd.timeout_ns / 1e6:.1f} ms "
+                "watchdog", correlation_id=cmd.cid)
+        exc.detail = {**(exc.detail or {}), "incident": inc.id}
         inc.error = exc.to_dict()
         cmd.failure = exc
         inc.step("mark", cid=cmd.cid, seq=cmd.seq, rearms=cmd.rearms,

@@ -51,6 +51,7 @@ HANDLERS: dict[str, tuple[str, str]] = {
     "submit": ("commands", "submit"), "cancel": ("commands", "cancel"),
     "prepare": ("commands", "prepare"), "power_vote": ("commands", "power_vote"),
     "queue_open": ("commands", "queue_open"), "queue_close": ("commands", "queue_close"),
+    "queue_bind": ("commands", "queue_bind"), "queue_unbind": ("commands", "queue_unbind"),
     "metrics": ("reports", "get_metrics"), "incidents": ("reports", "incidents"),
     "dumps": ("reports", "dumps"), "inject": ("reports", "inject"),
     "faults_clear": ("reports", "faults_clear"), "trace_info": ("reports", "trace_info"),

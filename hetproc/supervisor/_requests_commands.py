@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ._evidence import Evidence
     from ._faultplan import FaultPlan
     from ._handoff import Handoff
+    from ._hazards import Hazards
     from ._iommu import Iommu
     from ._memory import Memory
     from ._queues import Queues
@@ -34,14 +35,16 @@ MAX_BATCH = 4096  # commands per submit
 
 class CommandRequests:
     """``fallback_device``: where a compile that overran its deadline goes (recovery's
-    policy; None: nowhere)."""
+    policy; None: nowhere). ``hazards``: the synchronisation check of every submit."""
 
     def __init__(self, reg: Registry, pool: Memory, commands: Commands, iommu: Iommu,
                  handoff: Handoff, faults: FaultPlan, evidence: Evidence,
-                 queues: Queues, ddr: DdrQuota, *, fallback_device: str | None) -> None:
+                 queues: Queues, ddr: DdrQuota, hazards: Hazards, *,
+                 fallback_device: str | None) -> None:
         self.reg, self.pool, self.commands, self.iommu = reg, pool, commands, iommu
         self.handoff, self.faults, self.evidence = handoff, faults, evidence
         self.queues, self.ddr, self.fallback_device = queues, ddr, fallback_device
+        self.hazards = hazards
 
     # -- contexts -------------------------------------------------------------------------
 
@@ -104,6 +107,8 @@ class CommandRequests:
             for cmd in cmds:
                 cmd.t_arrive = self.ddr.admit(client, cmd.t_arrive,
                                               sum(b.nbytes for b in cmd.ins + cmd.outs))
+        hazards = self.hazards  # (on the final arrivals: they order a context's commands)
+        ops = hazards.check(cmds) if hazards.on else None  # SyncHazard: nothing queued
         chains = self.handoff.expand_all(cmds)  # + the copies broken preconditions need
         dev = self.reg.devices[ctx.device]
         commit, enqueue = self.commands.commit, dev.sched.add  # (what dev.enqueue does)
@@ -111,6 +116,8 @@ class CommandRequests:
             for part in chain:
                 commit(part)
                 enqueue(part)
+        if ops is not None:
+            hazards.record(chains, ops)
         # A notification (id 0, ``submit_nowait``) gets no reply to fill.
         out = ([[cmd.seq, cmd.cid, chain[-1].signal[0]] for cmd, chain in zip(cmds, chains)]
                if msg["id"] else [])
@@ -165,3 +172,9 @@ class CommandRequests:
 
     def queue_close(self, client: ClientRec, msg: dict) -> dict:
         return self.queues.close(client, msg["queue"])
+
+    def queue_bind(self, client: ClientRec, msg: dict) -> dict:
+        return self.queues.bind(client, msg["queue"], msg["buf"])
+
+    def queue_unbind(self, client: ClientRec, msg: dict) -> dict:
+        return self.queues.unbind(client, msg["queue"], msg["buf"])

@@ -76,6 +76,7 @@ class MemoryRequests:
         return buf.block.segment if buf.exportable else None
 
     def free(self, client: ClientRec, msg: dict) -> dict:
+        self._unbind_from_queues(client, msg["buf"])
         own = self._own_segment_of(msg["buf"])
         dropped = self.lifetimes.drop_import(client, msg["buf"])  # an importer lets go
         if dropped is not None:
@@ -85,6 +86,17 @@ class MemoryRequests:
         reclaimed = self.lifetimes.release_buffer(buf)
         client.segments.discard(own)
         return {"reclaimed": reclaimed}
+
+    def _unbind_from_queues(self, client: ClientRec, handle: Any) -> None:
+        """A buffer the client lets go leaves its queues' bindings first: it is reclaimed
+        only once their devices let go of it too (``_queue_bindings``)."""
+        if not self.queues.open_queues:
+            return
+        try:
+            buf = self.reg.buffers.get(handle)
+        except errors.HetprocError:
+            return  # the free itself says why
+        self.queues.buffer_released(client, buf)
 
     def free_many(self, client: ClientRec, msg: dict) -> dict:
         """Frees the client deferred until its last numpy view of each buffer was gone

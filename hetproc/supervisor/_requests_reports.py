@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 
 
 class ReportRequests:
-    """``metrics()``: the platform's figures (``_metrics.Metrics``)."""
+    """``metrics()``: the platform's figures (``_metrics.Metrics``); ``faults_changed()``:
+    a rule was armed or cleared (the queues forward the rules to their devices)."""
 
     def __init__(self, reg: Registry, commands: Commands, recovery: Recovery,
                  faults: FaultPlan, evidence: Evidence,
-                 metrics: Callable[[], dict[str, Any]]) -> None:
+                 metrics: Callable[[], dict[str, Any]],
+                 faults_changed: Callable[[], None] = lambda: None) -> None:
         self.reg, self.commands, self.recovery = reg, commands, recovery
         self.faults, self.evidence, self.metrics = faults, evidence, metrics
+        self.faults_changed = faults_changed
 
     def get_metrics(self, client: ClientRec, msg: dict) -> dict:
         self.commands.collect_news()  # counts as of now, not as of our last wake-up
@@ -56,10 +59,12 @@ class ReportRequests:
         """A privileged client arms a fault anywhere; any other client's fault fires only
         on its own work (its allocations, maps, compiles and commands)."""
         rule = self.faults.add(msg["fault"], client=None if client.privileged else client.id)
+        self.faults_changed()
         return {"rule": rule.describe()}
 
     def faults_clear(self, client: ClientRec, msg: dict) -> dict:
         self.faults.clear(None if client.privileged else client.id)
+        self.faults_changed()
         return {}
 
     def trace_info(self, client: ClientRec, msg: dict) -> dict:

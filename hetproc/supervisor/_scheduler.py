@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import collections
 import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .._config import SchedSpec
@@ -134,6 +134,18 @@ class Scheduler:
         """Whether ``new`` is urgent enough to preempt ``running`` at a chunk boundary."""
         return False
 
+    def in_order(self, first: Any, later: Any) -> bool:
+        """Whether ``later``, submitted after ``first`` on the same context, can never run
+        before it: never picked first, never preempting it (the hazard check counts on
+        it, ``_hazards``). Commands reach the policy in (arrival, submission) order, so a
+        later one dated earlier may come first; then each policy answers for its own
+        rules (``_keeps_order``)."""
+        return (getattr(later, "t_arrive", 0) >= getattr(first, "t_arrive", 0)
+                and self._keeps_order(first, later))
+
+    def _keeps_order(self, first: Any, later: Any) -> bool:
+        return False  # no promise
+
     def urgency(self, cmd: Any) -> int:
         """``preempts`` as one number per command, for the device to compare (lower
         preempts higher: ``preempts(a, b)`` exactly when ``urgency(a) < urgency(b)``)."""
@@ -203,6 +215,9 @@ class Fifo(Scheduler):
 
     def _pick(self, now_ns: int) -> Any:
         return self.queue.popleft()
+
+    def _keeps_order(self, first: Any, later: Any) -> bool:
+        return True
 
 
 class FairQueue:
@@ -281,6 +296,9 @@ class Fair(Scheduler):
 
     def account(self, cmd: Any, ran_ns: int) -> None:
         self.fq.charge(cmd, ran_ns)
+
+    def _keeps_order(self, first: Any, later: Any) -> bool:
+        return True  # one client's commands leave its queue in order
 
 
 class Priority(Scheduler):
@@ -362,6 +380,9 @@ class Priority(Scheduler):
     def preempts(self, new: Any, running: Any) -> bool:
         return new.priority > running.priority
 
+    def _keeps_order(self, first: Any, later: Any) -> bool:
+        return later.priority <= first.priority  # one level: its client's queue, in order
+
     def urgency(self, cmd: Any) -> int:
         return _PRIORITY_CEILING - cmd.priority
 
@@ -387,6 +408,9 @@ class Edf(Scheduler):
 
     def preempts(self, new: Any, running: Any) -> bool:
         return (new.deadline_ns or NO_DEADLINE) < (running.deadline_ns or NO_DEADLINE)
+
+    def _keeps_order(self, first: Any, later: Any) -> bool:
+        return (later.deadline_ns or NO_DEADLINE) >= (first.deadline_ns or NO_DEADLINE)
 
     def urgency(self, cmd: Any) -> int:
         return cmd.deadline_ns or NO_DEADLINE
@@ -460,6 +484,14 @@ class Mixed(Scheduler):
             return kn > kr
         return kn == REALTIME and self.rt.preempts(new, running)
 
+    def _keeps_order(self, first: Any, later: Any) -> bool:
+        kf, kl = self.klass(first), self.klass(later)
+        if kl == kf:
+            return kl != REALTIME or self.rt._keeps_order(first, later)
+        # A lower class waits for a higher one, except always-on work below its share,
+        # which may go before real-time work (``_choose``).
+        return kl < kf and not (kl == ALWAYS_ON and kf == REALTIME)
+
     def urgency(self, cmd: Any) -> int:
         """The class in the top bits (real-time lowest), then, for real-time work only,
         the deadline: two commands of one other class never preempt each other."""
@@ -470,6 +502,31 @@ class Mixed(Scheduler):
 
 POLICY_CLASSES: dict[str, type[Scheduler]] = {
     cls.name: cls for cls in (Fifo, Priority, Edf, Fair, Mixed)}
+
+
+# -- a context's order, as the device keeps it (``DeviceHandle``) ----------------------------
+
+
+def first_of_context(sched: Scheduler, cmd: Any) -> Any:
+    """The oldest command still queued in ``sched`` that must run before ``cmd`` in its
+    context's order (``Scheduler.in_order``), else ``cmd``: a producer pulled forward
+    (``DeviceHandle._producer_first``) never overtakes its own context."""
+    in_order = sched.in_order
+    for c in sched.waiting.values():  # (in arrival order)
+        if c is cmd:
+            return cmd
+        if c.ctx is cmd.ctx and c.seq < cmd.seq and in_order(c, cmd):
+            return c
+    return cmd
+
+
+def context_ahead(sched: Scheduler, pushed: Iterable[Any], head: Any) -> bool:
+    """Whether an unfinished command of ``head``'s context must run before it: in the
+    device's ring (``pushed``) or still queued in ``sched`` (a command dated ahead may be
+    marked to preempt before the policy sees it, ``DeviceHandle._mark_ahead``)."""
+    in_order, ctx, seq = sched.in_order, head.ctx, head.seq
+    return any(c.ctx is ctx and c.seq < seq and in_order(c, head)
+               for group in (pushed, sched.waiting.values()) for c in group)
 
 
 def make_scheduler(spec: SchedSpec) -> Scheduler:

@@ -38,7 +38,9 @@ built in one place (``_compose``)::
     Failures    (_failures)    the one ordered failure path: note, record, tell, signal
     Commands    (_commands)    commit, completion, failure and retirement of commands
     Recovery    (_recovery)    the watchdog and the nine steps of seed §14
-    Queues      (_queues)      user-mode queues: open, close, lost with their device
+    Queues      (_queues)      user-mode queues: open, close, lost with their device; the
+                               buffers bound to them (_queue_bindings) and the watchdog
+                               of their commands (_queue_watch)
     FenceFds    (_fencefds)    fence descriptors and merged fences: watched, swept
     FaultPlan   (_faultplan)   injected faults
     Metrics     (_metrics)     the platform's figures, and what a tenant may see of them
@@ -54,6 +56,9 @@ Edges that point up (a part calls one built after it, or the loop), each made on
     Lifetimes -> Commands.purge       a reclaimed buffer a non-coherent device may hold
                                       dirty is purged by a device command (purge_with)
     Commands  -> Recovery             completions of guilty commands and probes (watch)
+    QueueWatch -> Recovery            a queue command past its watchdog is an incident
+                                      (watch_with); a binding let go after a barrier,
+                                      a device command (the Binder's ``barrier``)
     Memory    -> devices, clients     a dropped segment is forgotten by both (on_drop)
     Failures, Queues -> Outbox.tell   a notice into a client's socket (the I/O seam)
     Recovery  -> Supervisor.spawn     a reset device is forked again by the loop
@@ -219,8 +224,9 @@ class Supervisor:
         self.commands.collect_news()
         now = time.monotonic_ns()
         for dev in self.reg.devices.values():
-            if dev.due(now):
+            if 0 < dev.wake_ns <= now:  # a decision dated ahead is due
                 dev.pump()
+        self.queues.tick(now)  # a queue command's watchdog first: it names the command
         self.recovery.tick(now)
 
     def ask_for_news(self) -> None:

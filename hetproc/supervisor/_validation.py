@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 import numpy as np
 
-from device_workers import validate_kernel
+from device_workers import check_depth, modeled_ns, validate_kernel, watchdog_budget
 from ipc import PENDING, Int, List, Map, Num, OneOf, Plain, Str, errors
 
 from .. import _protocol
@@ -34,11 +34,6 @@ MAX_SHAPE_ELEMENTS = 1 << 31
 MAX_BACKDATE_NS = 250_000_000  # how far before its arrival a client may date its submit
 MAX_DEADLINE_MS = 3_600_000.0  # one hour: deadlines and periods beyond are typos
 MAX_WEIGHT = 1000.0
-# The default watchdog scales with a command's own work (see watchdog_budget_ns): 4x the
-# duration the platform models for it, plus 10 ns per byte its kernel touches (100 MB/s:
-# 64 MiB -> 0.67 s).
-WATCHDOG_MODEL_FACTOR = 4
-WATCHDOG_NS_PER_BYTE = 10
 
 
 def check_request(msg: dict, limits: LimitsSpec) -> None:
@@ -303,31 +298,6 @@ def _inline_test(spec: Any, v: str) -> str | None:
 def _ints_ok(value: list, cap: int, lo: int, hi: int) -> bool:
     return len(value) <= cap and all(type(v) is int and lo <= v <= hi for v in value)
 
-def check_depth(value: Any, where: str, depth: int, max_bytes: int) -> None:
-    """A client's free-form map (params, a fault's parameters): bounded nesting and size,
-    string keys, finite numbers -- what a device may be handed."""
-    def walk(v: Any, level: int) -> None:
-        if level > depth:
-            raise errors.InvalidRequest(f"{where} nested deeper than {depth}")
-        if type(v) is dict:
-            for k, x in v.items():
-                if type(k) is not str:
-                    raise errors.InvalidRequest(f"{where}: keys must be strings")
-                walk(x, level + 1)
-        elif type(v) is list:
-            for x in v:
-                walk(x, level + 1)
-        elif type(v) is float and not math.isfinite(v):
-            raise errors.InvalidRequest(f"{where}: {v} is not a finite number")
-    walk(value, 0)
-    try:
-        size = len(msgpack.packb(value))
-    except (OverflowError, ValueError, TypeError) as exc:
-        raise errors.InvalidRequest(f"{where} cannot be encoded: {exc}") from None
-    if size > max_bytes:
-        raise errors.BadPacket(f"{where} too large: {size} bytes packed, at most {max_bytes}")
-
-
 def max_priority(client: ClientRec, limits: LimitsSpec) -> int:
     """The one place a client's priority ceiling is decided: by its role, never by its
     packets (the owner and clients holding a granted role get the privileged ceiling)."""
@@ -376,11 +346,10 @@ def check_layout(shape: list, dtype: str, strides: list | None, budget_bytes: in
 
 
 def release_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
-    """A submit's modeled release: the client's own date for it (so the host's submit path
-    is absorbed, not modeled), at most ``MAX_BACKDATE_NS`` before now (an untrusted stamp
-    can shift its own work a little, nobody else's) and at most the platform's
-    ``limits.arrival_horizon_ms`` after it (a command dated ahead waits in the scheduler
-    for its modeled arrival). Deadlines count from it."""
+    """A submit's modeled release, which deadlines count from: the client's own date (the
+    host's submit path is absorbed, not modeled), at most ``MAX_BACKDATE_NS`` before now
+    (an untrusted stamp shifts its own work a little, nobody else's) and at most
+    ``limits.arrival_horizon_ms`` after it (it then waits in the scheduler)."""
     if not isinstance(t_client, int) or isinstance(t_client, bool):
         return now_ns
     horizon = int(reg.spec.limits.arrival_horizon_ms * 1e6)
@@ -494,13 +463,15 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
             scaled_ns(c["timeout_ms"]) if "timeout_ms" in c else m[1],  # timeout_ns
             c.get("checked", False),
             in_perms=in_perms, out_perms=out_perms, plan=plan))
+        if c.get("preemptible") is False:
+            out[-1].preemptible = False
     return out
 
 
 def _modeled(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int,
              modeled: dict[tuple[str, int], tuple[int, int]]) -> tuple[int, int]:
     """A command's modeled hold and default watchdog (ns), kept per (kernel, bytes)."""
-    m = modeled[kernel, nbytes] = (reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes)),
+    m = modeled[kernel, nbytes] = (command_modeled_ns(reg, dev, kernel, nbytes),
                                    watchdog_budget_ns(reg, dev, kernel, nbytes))
     return m
 
@@ -585,16 +556,24 @@ def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
 
 def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int) -> int:
     """The default watchdog of one command: the platform's ``watchdog_ms``, or more for a
-    command whose work is long by the platform's own model -- ``WATCHDOG_MODEL_FACTOR``
-    times the duration its device's timing table gives it, plus the memory traffic of its
-    kernel at a floor bandwidth a busy machine still reaches. A 64 MiB ``fill`` is slow
-    because it is big, not because its device hung; a hang of a small command is still
-    caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it (every client is
-    untrusted: a long ``ms`` needs a ``timeout_ms`` too, within ``limits.max_duration_ms``),
-    and it never exceeds that limit unless ``watchdog_ms`` does. The recovery's watchdog
-    counts the device's CPU time against this budget (a starved device is not hung).
-    ``nbytes``: what the command's operands hold, together."""
+    command whose work is long by the platform's own model -- 4x the duration its
+    device's timing table gives it, plus the memory traffic of its kernel at a floor
+    bandwidth a busy machine still reaches (10 ns per byte: 64 MiB -> 0.67 s). A 64 MiB
+    ``fill`` is slow because it is big, not because its device hung; a hang of a small
+    command is still caught at ``watchdog_ms``. A client's own ``ms`` does not stretch it
+    (every client is untrusted: a long ``ms`` needs a ``timeout_ms`` too, within
+    ``limits.max_duration_ms``), and it never exceeds that limit unless ``watchdog_ms``
+    does. The recovery's watchdog counts the device's CPU time against this budget (a
+    starved device is not hung).
+    ``nbytes``: what the command's operands hold, together (``device_workers.watchdog_budget``
+    is the formula: a device applies it to a queue record)."""
     floor = reg.scaled_ns(reg.spec.watchdog_ms)
-    modeled = reg.scaled_ns(dev.spec.timing.duration_ms(kernel, nbytes))
-    work = max(floor, WATCHDOG_MODEL_FACTOR * modeled) + nbytes * WATCHDOG_NS_PER_BYTE
-    return min(work, max(floor, reg.scaled_ns(reg.spec.limits.max_duration_ms)))
+    return watchdog_budget(floor, command_modeled_ns(reg, dev, kernel, nbytes), nbytes,
+                           reg.scaled_ns(reg.spec.limits.max_duration_ms))
+
+
+def command_modeled_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int) -> int:
+    """A kernel's modeled duration on ``dev`` (``device_workers.modeled_ns``: what a
+    device computes for a queue record without a duration, the same way)."""
+    t = dev.spec.timing
+    return modeled_ns(t.ops, t.default_ms, t.per_mib_ms, kernel, nbytes, reg.spec.time_scale)

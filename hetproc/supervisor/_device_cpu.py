@@ -1,5 +1,9 @@
-"""How much CPU a device process has had, and whether it is runnable now: what lets the
-watchdog (``_recovery``) tell a device that waits for the host from one that hangs."""
+"""How much CPU a device process has had, and whether it is runnable now.
+
+What lets the watchdog (``_recovery``) tell a device that waits for the host's CPU (a
+loaded machine: lag, excused and counted) from one that hangs (it sleeps, or spins
+through its whole budget).
+"""
 
 from __future__ import annotations
 
