@@ -41,10 +41,11 @@ built in one place (``_compose``)::
     Queues      (_queues)      user-mode queues: open, close, lost with their device; the
                                buffers bound to them (_queue_bindings) and the watchdog
                                of their commands (_queue_watch)
+    FenceFds    (_fencefds)    fence descriptors and merged fences: watched, swept
     FaultPlan   (_faultplan)   injected faults
     Metrics     (_metrics)     the platform's figures, and what a tenant may see of them
-    handlers    (_requests*)   one per request of ``hetproc._protocol``, in four groups:
-                               connection, memory, commands, reports
+    handlers    (_requests*)   one per request of ``hetproc._protocol``, in five groups:
+                               connection, memory, commands, reports, fence descriptors
     Outbox      (_outbox)      replies and notices to clients; slow readers buffered
     (functions) _validation    every field of a request checked before any handler runs
     (functions) _quotas        per-tenant limits (a tenant = a client process)
@@ -96,6 +97,7 @@ from ._compose import NamedObjects, compose, raise_descriptor_limit
 from ._devices import DeviceHandle
 from ._evidence import Evidence
 from ._failures import CLIENT, Failures
+from ._fencefds import FenceFds
 from ._lifetimes import Lifetimes
 from ._memory import Memory
 from ._outbox import Outbox, close_all
@@ -138,6 +140,7 @@ class Supervisor:
         self.commands: Commands = parts.commands
         self.recovery: Recovery = parts.recovery
         self.queues: Queues = parts.queues
+        self.fencefds: FenceFds = parts.fencefds
         self.handlers = parts.requests
         for dev in self.reg.devices.values():
             self.sel.register(dev.completion_fd, selectors.EVENT_READ, ("completion", dev))
@@ -192,10 +195,12 @@ class Supervisor:
         while self.running:
             for client in list(self.backlog):
                 self.serve_pending(client)
+            news = False
             for key, mask in self.sel.select(0 if self.backlog else TICK_S):
                 kind, obj = key.data
                 if kind == "completion":
                     self.commands.on_completions(obj)
+                    news = True
                 elif kind == "accept":
                     for _ in range(ACCEPTS_PER_TURN):
                         if not self.on_accept():
@@ -207,6 +212,8 @@ class Supervisor:
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
             self.tick()
+            if self.fencefds.watching:
+                self.fencefds.sweep(news)
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
@@ -410,11 +417,20 @@ class Supervisor:
             err = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
             self.refuse(client, req_id, err, frame)
         else:
-            if req_id:  # id 0 is a notification: the sender does not wait for an answer
-                self.outbox.reply(client, req_id, result=result, fds=self._fds_of(result))
+            give = result.pop("_give", None) if result else None
+            try:
+                if req_id:  # id 0 is a notification: the sender does not wait for an answer
+                    fds = self._fds_of(result)
+                    if give is not None:
+                        fds.append(give.fileno())
+                    self.outbox.reply(client, req_id, result=result, fds=fds)
+            finally:
+                if give is not None:
+                    give.close()  # the outbox sends its own duplicate
 
     def _fds_of(self, result: dict | None) -> list[int]:
-        """The descriptors of the segments a reply hands over (``segs``), in its order."""
+        """The descriptors of the segments a reply hands over (``segs``), in its order;
+        a fence descriptor (``fds``) follows them."""
         segs = result.get("segs") if result else None
         return [self.pool.segments[sid].fd for sid, _ in segs] if segs else []
 
@@ -460,6 +476,7 @@ class Supervisor:
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
+        self.fencefds.client_gone(client)
         client.segments.clear()
         if not self.reg.tenant(client):  # its process's last connection
             self.parts.ddr.forget(client.pid)
@@ -488,6 +505,8 @@ class Supervisor:
         for dev in self.reg.devices.values():
             for cmd in dev.take_all():
                 self.commands.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+        self.fencefds.sweep(news=True)  # descriptors of what completed get their record
+        self.fencefds.close()
         for client in list(self.reg.clients.values()):
             client.conn.close()
         self.listener.close()
