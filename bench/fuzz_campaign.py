@@ -144,6 +144,8 @@ def _templates(h: dict[str, int], rng: random.Random, dev: str,
         "queue_open": {"ctx": h["ctx"], "slots": rng.choice((16, 64, 3, 1 << 16))},
         "queue_close": {"queue": rng.choice(EDGE_INTS[:12])},
         "fence_error": {"fence": h["fence"]}, "fence_signal": {"fence": h["fence"], "error": 0},
+        "fence_fd": {"fence": h["fence"]},
+        "fence_merge": {"fences": [h["fence"], h["fence2"], h["fence"]]},
         "submit": {"ctx": h["ctx"], "cmds": [dict(cmd), dict(cmd)]},
         "cancel": {"ctx": h["ctx2"]},
         "map": {"ctx": h["ctx"], "buf": h["buf"], "perm": "rw"},
@@ -262,7 +264,7 @@ def _valid(h: dict[str, int], rng: random.Random) -> dict[str, Any]:
     """Valid traffic keeps the fuzzer's state churning (queues, fences, memory)."""
     t = templates(h, rng)
     op = rng.choice(("submit", "submit", "alloc", "fence_create", "map", "metrics",
-                     "export", "mem_events"))
+                     "export", "mem_events", "fence_fd", "fence_merge"))
     return {"op": op, **t[op]}
 
 

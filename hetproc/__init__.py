@@ -6,7 +6,10 @@ Public API::
     connect(address)  join a running platform from another process
     Client            a connection: contexts, buffers, fences, metrics
     Context           the unit of submission, isolation and failure on one device
-    Buffer, Fence     a shared tensor, a completion event (export / import to share them)
+    Buffer, Fence     a shared tensor, a completion event (export / import to share them;
+                      Fence.fd() is a pollable descriptor, sync_file's model)
+    merge_fences      one fence for many: signals when all do, fails with the first error
+    wait_fence_fd, fence_fd_done  a fence descriptor waited on in any process
     FOREVER           Fence.wait(FOREVER): the one unbounded wait, asked for explicitly
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
@@ -54,7 +57,9 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
                                      frees) and supervisor/_recovery (when; a queue's
                                      bound buffers: supervisor/_queue_bindings)
     2 no forever waits               ipc/_fences (every wait has a deadline) and
-                                     supervisor/_failures (errors set before the wake)
+                                     supervisor/_failures (errors set before the wake);
+                                     a fence descriptor ends even without its fence
+                                     (ipc/_fencefd, supervisor/_fencefds)
     3 generations                    ipc/_fences, ipc/_slotmap (handles carry them)
     4 isolation                      supervisor/_iommu (checked again on the device:
                                      device_workers/_cache)
@@ -100,6 +105,9 @@ from .client import (
     Queue,
     command,
     connect,
+    fence_fd_done,
+    merge_fences,
+    wait_fence_fd,
 )
 from .errors import *  # noqa: F403  (the one error hierarchy)
 
@@ -119,6 +127,6 @@ __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
-    "simulate_schedule",
+    "simulate_schedule", "merge_fences", "wait_fence_fd", "fence_fd_done",
 ]
 __all__ += errors.__all__

@@ -105,6 +105,9 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "queue_unbind": {"id": ID, "queue": HANDLE, "buf": HANDLE},
     "fence_release": {"id": ID, "fences": handles(4096)},
     "fence_error": {"id": ID, "fence": HANDLE},
+    # fences as descriptors (sync_file) and merged fences (``supervisor._fencefds``)
+    "fence_fd": {"id": ID, "fence": HANDLE},
+    "fence_merge": {"id": ID, "fences": handles(64)},
     "submit": {"id": ID, "ctx": HANDLE, "cmds": List(Map(fields=COMMAND), 4096), "t_ns?": HANDLE},
     "cancel": {"id": ID, "ctx": HANDLE},
     "metrics": {"id": ID},
@@ -188,6 +191,9 @@ RESULTS: dict[str, dict[str, Any]] = {
     "queue_unbind": {},
     "fence_release": {},
     "fence_error": {"error": OneOf((None, ERROR))},
+    # the descriptor comes with the reply (SCM_RIGHTS); the client puts it in ``fds``
+    "fence_fd": {"fds": List(Int(0, I64), max_len=1)},
+    "fence_merge": {"fence": HANDLE},
     # [seq, cid, fence] per command: items not walked (this runs per command in the client;
     # a fence handle is checked by the fence table where it is used)
     "submit": {"cmds": List(list, 4096)},

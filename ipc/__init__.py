@@ -9,6 +9,12 @@ from . import errors
 from ._buddy import BuddyAllocator
 from ._channel import Channel, FrameReader, pack_frame
 from ._fdpass import SegmentReceiver, SegmentSender, segment_socketpair
+from ._fencefd import RECORD as FENCE_FD_RECORD
+from ._fencefd import Status as FenceFdStatus
+from ._fencefd import complete as fence_fd_complete
+from ._fencefd import new_pair as fence_fd_pair
+from ._fencefd import status as fence_fd_status
+from ._fencefd import wait as fence_fd_wait
 from ._fences import (
     CID_BY_CLIENT,
     CID_BY_HANDOFF,
@@ -21,6 +27,7 @@ from ._fences import (
     split_cid,
     split_handle,
 )
+from ._fences import watch as watch_fence
 from ._names import (
     SHM_DIR,
     Manifest,
@@ -83,6 +90,8 @@ __all__ = [
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",
+    "watch_fence", "FenceFdStatus", "FENCE_FD_RECORD", "fence_fd_pair", "fence_fd_complete",
+    "fence_fd_status", "fence_fd_wait",
     "Manifest", "SHM_DIR", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",
     "VERSION", "MAX_PACKET", "encode", "decode", "unpack", "check_fields",

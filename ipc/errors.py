@@ -70,6 +70,7 @@ __all__ = [
     "DeviceCrashed",
     "WrongOutput",
     "ContextLost",
+    "DeviceRestarted",
     "ResourceError",
     "OutOfMemory",
     "QuotaExceeded",
@@ -462,6 +463,22 @@ class CancelledByReset(Cancelled, DeviceFault):
     scope = "device"
     retryable = True
     buffers_trusted = False
+
+
+class DeviceRestarted(DeviceFault):
+    """The device's subsystem restarted: its process died and a new instance serves now
+    (a platform whose ``[recovery] subsystem_restart`` names the device). Every handle
+    bound to the old instance is gone -- its contexts (a submit on one raises this), the
+    commands it held, its queues, the assets prepared or resident on it -- while the
+    device itself serves again. Scope device: every context on it was lost, other
+    tenants' included. Retryable: make new contexts, load the assets again, submit
+    again (``hetproc.delegate``'s models do it once by themselves). Not raised for a
+    reset that keeps contexts (``DeviceCrashed``, ``CancelledByReset``). A restart
+    during that recovery is raised with ``retryable`` False."""
+
+    code = 39
+    scope = "device"
+    retryable = True
 
 
 # -- memory and assets -------------------------------------------------------------------

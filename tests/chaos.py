@@ -34,12 +34,19 @@ granted role (a client's priority ceiling is its role's); and a user-mode queue 
 the seeds, drawn from a generator of its own so that the other draws of a seed stay as
 they were): a client submits work straight to a device through it, every fence resolves,
 the successes keep queue order, a queue lost to a device reset refuses further submits
-and a new one is opened; a read-only importer (half the seeds, its own generator too)
-that writes the raw memory of the constant input it imported: the kernel kills it
-(SIGSEGV) and the bytes hold. The hostile tenant also hoards what tenants share
-(``bench.fuzz_campaign.hoard``: segments, a device's queues, a read-only import), and
-every refusal it gets names its limit. Faults stay off the pipeline's
-and the model's commands (they are not re-checked by the device), except crashes.
+and a new one is opened. And fence descriptors and merges (their own generator too): in
+some rounds a's in-flight fences are merged and watched through descriptors; every
+descriptor turns readable before its deadline, says what its fence says, the merge fails
+exactly when one of its inputs did, and no descriptor is left pending at the end. In half
+the seeds (a generator of its own as well) npu0 restarts as a subsystem: each kill of it
+loses every context and queue on it (DeviceRestarted), which every client rebuilds as a
+runtime would, and the delegated model recovers by itself. A read-only importer (half
+the seeds, its own generator too) writes the raw memory of the constant input it
+imported: the kernel kills it (SIGSEGV) and the bytes hold. The hostile tenant also
+hoards what tenants share (``bench.fuzz_campaign.hoard``: segments, a device's queues, a
+read-only import), and every refusal it gets names its limit. Faults
+stay off the pipeline's and the model's commands (they are not re-checked by the device),
+except crashes.
 
 A run walks through named phases (``PHASES``); a failure is a ``ChaosFailure`` naming its
 seed and phase. The seed fixes every choice of the run (faults, kernels, the round the
@@ -56,6 +63,7 @@ import dataclasses
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -237,14 +245,33 @@ def queue_rng(seed: int) -> random.Random:
     return random.Random(f"queue-{seed}")
 
 
+def fd_rng(seed: int) -> random.Random:
+    """The generator of a seed's fence descriptor choices (its own, as ``queue_rng``)."""
+    return random.Random(f"fencefd-{seed}")
+
+
+def restart_rng(seed: int) -> random.Random:
+    """The generator of whether npu0 restarts as a subsystem (its own, as ``queue_rng``)."""
+    return random.Random(f"restart-{seed}")
+
+
+def draw_restart(rng: random.Random) -> bool:
+    """npu0's death is a subsystem restart (every handle on it lost): half the seeds."""
+    return rng.random() < 0.5
+
+
 def draw_queue(rng: random.Random) -> str:
     """The device the seed's queue runs on ('' for none): the first draws of ``queue_rng``."""
     return rng.choice(["npu0", "gpu0", "dsp0"]) if rng.random() < 0.5 else ""
 
 
-def platform_spec(mix: Mix) -> hetproc.PlatformSpec:
-    """The default platform, every device scheduled by the mix's policy."""
+def platform_spec(mix: Mix, restart: bool = False) -> hetproc.PlatformSpec:
+    """The default platform, every device scheduled by the mix's policy; ``restart``:
+    npu0 restarts as a subsystem when its process dies."""
     base = hetproc.load_platform(None)
+    if restart:
+        base = dataclasses.replace(base, recovery={**base.recovery,
+                                                   "subsystem_restart": ["npu0"]})
     chunks = dict(zip(DEVICES, mix.chunk_ms or (2.0,) * len(DEVICES)))
     devices = tuple(dataclasses.replace(d, scheduler=dataclasses.replace(
         d.scheduler, policy=mix.policy, chunk_ms=chunks.get(d.name, d.scheduler.chunk_ms)))
@@ -426,10 +453,11 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
     ph = Phases(seed, log)
     rng = random.Random(seed)
     mix = draw_mix(rng)
+    restart = draw_restart(restart_rng(seed))
     if log:
-        log(f"mix {mix}")
+        log(f"mix {mix}, npu0 restarts as a subsystem: {restart}")
     with ph.phase("setup"):
-        plat = hetproc.Platform(spec=platform_spec(mix), time_scale=1.0).start()
+        plat = hetproc.Platform(spec=platform_spec(mix, restart), time_scale=1.0).start()
     try:
         if on_prefix:
             on_prefix(plat.prefix)
@@ -479,6 +507,8 @@ class _Run:
         self.q_dst: hetproc.Buffer | None = None
         self.q_copied: hetproc.Buffer | None = None  # the destination this round copied into
         self.tally["queue"] = collections.Counter()
+        self.fdrng = fd_rng(seed)
+        self.tally["fence_fds"] = collections.Counter()
 
     def go(self) -> dict[str, Any]:
         self.others: list[hetproc.Client] = []
@@ -663,6 +693,7 @@ class _Run:
         if rng.random() < 0.15:
             self.role_check()
         queued = self.queue_round() if self.queue_device else []
+        watched = self.fd_round(pending)
 
         for f, out, kernel, want, label in pending:
             try:
@@ -682,6 +713,7 @@ class _Run:
                 tally["wrong"].append((rnd, label))
         self.ph.check(not tally["wrong"], f"successful commands were wrong: {tally}")
         self.queue_verdict(rnd, queued)
+        self.fd_verdict(rnd, watched)
         for fence in self.user_fences:
             fence.release()
         self.user_fences.clear()
@@ -791,7 +823,7 @@ class _Run:
             try:
                 q.submit_nowait(0.0)
                 self.ph.fail("a lost queue accepted a submit")
-            except hetproc.CancelledByReset:
+            except (hetproc.CancelledByReset, hetproc.DeviceRestarted):
                 t["lost"] += 1
             q.close()
             q = self.queue = None
@@ -806,7 +838,7 @@ class _Run:
             except hetproc.ResourceError:  # the device is resetting: next round
                 t["busy"] += 1
                 return []
-            except hetproc.ContextLost:
+            except (hetproc.ContextLost, hetproc.DeviceRestarted):  # a restart took it
                 self.queue_ctx.close()
                 self.queue_ctx = None
                 t["context_lost"] += 1
@@ -821,7 +853,7 @@ class _Run:
                 cmds.append(self.qrng.choice([0.0, 0.05, 0.2]))
         try:
             return q.submit_many(cmds)
-        except hetproc.CancelledByReset:  # lost between the check and the write
+        except (hetproc.CancelledByReset, hetproc.DeviceRestarted):  # lost meanwhile
             t["lost_at_submit"] += 1
             return []
 
@@ -850,7 +882,8 @@ class _Run:
             except hetproc.FenceTimeout:
                 self.ph.fail(f"round {rnd}: a queue command hung: {dict(t)}")
             except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled,
-                    hetproc.DeviceTimeout, hetproc.WrongOutput, hetproc.StaleHandle) as exc:
+                    hetproc.DeviceTimeout, hetproc.WrongOutput, hetproc.StaleHandle,
+                    hetproc.DeviceRestarted) as exc:
                 t[type(exc).__name__] += 1
                 copies_ok = False
             else:
@@ -862,6 +895,43 @@ class _Run:
         if copies_ok and copied is not None and copied is self.q_dst and self.q_src is not None:
             self.ph.check(np.array_equal(copied.array(), self.q_src.array()),
                           f"round {rnd}: a queue copy was wrong")
+
+    def fd_round(self, pending: list) -> tuple | None:
+        """Now and then: a's fences of the round merged, the merge and one of them watched
+        through descriptors, while they run (and a device may be reset under them)."""
+        a, rng = self.plat.client, self.fdrng
+        mine = [p[0] for p in pending if p[0].client is a]
+        if not mine or rng.random() < 0.5:
+            return None
+        chosen = rng.sample(mine, rng.randint(1, min(4, len(mine))))
+        try:
+            merged = hetproc.merge_fences(chosen)
+            return merged, chosen, merged.fd(), chosen[0].fd()
+        except hetproc.HetprocError as exc:  # a fence already released: never in flight here
+            self.ph.fail(f"a merge of in-flight fences was refused: {exc!r}")
+        return None
+
+    def fd_verdict(self, rnd: int, watched: tuple | None) -> None:
+        """Each descriptor completes with what its fence says; the merge fails exactly
+        when an input did."""
+        if watched is None:
+            return
+        merged, inputs, merged_fd, one_fd = watched
+        t = self.tally["fence_fds"]
+        for fd in (merged_fd, one_fd):
+            if not select.select([fd], [], [], WAIT_S)[0]:
+                self.ph.fail(f"round {rnd}: a fence descriptor never turned readable")
+        failed_inputs = [f for f in inputs if f.error() is not None]
+        status = _fd_error(one_fd)
+        self.ph.check((status is None) == (inputs[0].error() is None),
+                      f"round {rnd}: a descriptor disagrees with its fence: {status!r}")
+        merged_err = _fd_error(merged_fd)
+        self.ph.check((merged_err is None) == (not failed_inputs),
+                      f"round {rnd}: merge says {merged_err!r}, failed inputs "
+                      f"{[f.error() for f in failed_inputs]}")
+        t["failed" if failed_inputs else "signalled"] += 1
+        merged.release()
+        inputs[0].close_fd()
 
     def role_check(self) -> None:
         """b's priority ceiling is its role's: one above it is refused, cleanly."""
@@ -1120,6 +1190,8 @@ class _Run:
                          f"active incidents: {a.incidents()['active']}")
         self.ph.check(all(d["pid"] for d in a.metrics()["devices"].values()),
                       "a device is not running")
+        self.ph.check(wait_for(lambda: a.metrics()["fence_fds"]["fence_fds_pending"] == 0),
+                      f"fence descriptors left pending: {a.metrics()['fence_fds']}")
         self.ph.check(a.supervisor_alive(), "the supervisor died")
         # The mix is a correct program: no hazard on its clients' commands (the hostile
         # tenant's are its own business), in any round, under any fault.
@@ -1131,6 +1203,14 @@ class _Run:
 
 
 # -- one seed as a process (what bench.chaos_campaign runs) -----------------------------------
+
+def _fd_error(fd: int) -> hetproc.HetprocError | None:
+    try:
+        hetproc.wait_fence_fd(fd, 0)
+        return None
+    except hetproc.HetprocError as exc:
+        return exc
+
 
 def _leftovers(prefix: str, children_before: set[int]) -> dict[str, Any]:
     """What the run left: named objects under its prefix, live child processes (the one

@@ -22,10 +22,12 @@ from tests.chaos import (
     ChaosFailure,
     draw_mix,
     draw_queue,
+    draw_restart,
     faults_on,
     judge_child_dependent,
     queue_rng,
     read_only_writer_drawn,
+    restart_rng,
     run,
 )
 from tests.helpers import wait_for
@@ -53,6 +55,8 @@ def test_the_default_seeds_cover_the_whole_mix():
     for feature in ("sched_cmds", "hostile", "pipeline", "model", "signal_rights", "role"):
         assert {bool(getattr(m, feature)) for m in mixes} == {True, False}, feature
     assert any(c > 0 for m in mixes for c in m.chunk_ms)  # preemption somewhere
+    restarts = {draw_restart(restart_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
+    assert restarts == {True, False}  # npu0 restarts as a subsystem in some seeds
     queues = {draw_queue(queue_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
     assert "" in queues and len(queues) > 1  # a queue in some seeds, not in others
     writers = {read_only_writer_drawn(int(s)) for s in DEFAULT_SEEDS.split(",")}

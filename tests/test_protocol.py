@@ -1,6 +1,7 @@
 """The control protocol and the supervisor's request table describe the same requests."""
 
 from hetproc import _protocol
+from hetproc.supervisor._fencefds import FenceFdRequests
 from hetproc.supervisor._requests import HANDLERS
 from hetproc.supervisor._requests_commands import CommandRequests
 from hetproc.supervisor._requests_conn import ConnectionRequests
@@ -8,7 +9,7 @@ from hetproc.supervisor._requests_memory import MemoryRequests
 from hetproc.supervisor._requests_reports import ReportRequests
 
 GROUPS = {"connection": ConnectionRequests, "memory": MemoryRequests,
-          "commands": CommandRequests, "reports": ReportRequests}
+          "commands": CommandRequests, "reports": ReportRequests, "fencefds": FenceFdRequests}
 
 
 def test_every_request_of_the_protocol_has_exactly_one_handler():

@@ -12,7 +12,7 @@ from ._bufpool import BufferPool, PoolStatistics
 from ._client import FOREVER, Client
 from ._connection import Connection
 from ._context import Context, command
-from ._fence import Fence
+from ._fence import Fence, fence_fd_done, merge_fences, wait_fence_fd
 from ._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._platform import Platform, connect, same_code_env
 from ._queue import Queue
@@ -20,4 +20,5 @@ from ._roles import read_trace_role
 
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
            "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
-           "Queue", "same_code_env", "Connection", "read_trace_role"]
+           "Queue", "same_code_env", "Connection", "merge_fences", "wait_fence_fd",
+           "fence_fd_done", "read_trace_role"]

@@ -174,6 +174,17 @@ class Client:
         (handle,) = self.connection.request("fence_create")["fences"]
         return Fence(self, handle, owned=True, may_signal=True)
 
+    def merge_fences(self, fences: Iterable[Fence]) -> Fence:
+        """A fence that signals once every one of ``fences`` did (at the latest of their
+        modeled signal times) and fails with the first failure among them, as soon as it
+        happens (sync_file's merge). Each must be a fence this client may wait on (its
+        own, or imported): ``InvalidHandle`` / ``StaleHandle`` / ``ForeignHandle``
+        otherwise. At most 64; merging a fence with itself is allowed. The merged fence
+        is this client's, signalled by the platform only; release it when done."""
+        handles = [f.handle for f in fences]
+        reply = self.connection.request("fence_merge", fences=handles)
+        return Fence(self, reply["fence"], owned=True)
+
     def metrics(self) -> dict[str, Any]:
         """The platform's figures; a client without a privileged role sees counters and
         device states, not other tenants' names, CPU or errors. ``quota``: its own usage."""

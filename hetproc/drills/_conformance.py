@@ -7,12 +7,12 @@ lets them find what hetproc guarantees under those names. A case is listed only 
 what hetproc checks really is what the original checks (its README table says how each
 maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name, and so
 do the synchronisation hazards Vulkan's validation layer names (``_conformance_hazards``).
-Mechanisms hetproc does not have yet (bans, wedged devices, reset status queries,
-subsystem restart, fence file descriptors) have no case here, not even a skipped one: a
-case that cannot fail proves nothing.
+Mechanisms hetproc does not have yet (bans, wedged devices, reset status queries) have
+no case here, not even a skipped one: a case that cannot fail proves nothing.
 
-The cases that run on a shared platform live in ``_conformance_cases``; this module
-adds the drill cases and runs them. How they run:
+The cases that run on a shared platform live in ``_conformance_cases`` and, for fences
+as descriptors and merges, ``_conformance_fences``; this module adds the drill cases and
+runs them. How they run:
 
 - a *drill case* runs one of the crash/reset drills (``_drills``) on its own fresh
   platform and passes when every check of the drill held;
@@ -36,15 +36,20 @@ from typing import Any
 from ipc import errors
 
 from .._config import PlatformSpec, load_platform
-from . import _conformance_sched  # noqa: F401  (registers its cases)
+from . import (
+    _conformance_fences,  # noqa: F401  (registers its cases)
+    _conformance_sched,  # noqa: F401  (registers its cases)
+)
 from ._conformance_cases import CASES, Case, CaseRun, add_case
 from ._conformance_hazards import SUITE as SYNC_SUITE  # (registers its cases too)
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
 
 # The policy of each shared platform: i915 runs an innocent context's request again after a
-# reset, which hetproc does only when asked (``replay_innocent``).
-GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True}}
+# reset, which hetproc does only when asked (``replay_innocent``); an NPU whose death is a
+# subsystem restart (``subsystem_restart``) loses every context on it.
+GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True},
+                                     "restart": {"subsystem_restart": ["npu0"]}}
 
 
 # -- drill cases --------------------------------------------------------------------------

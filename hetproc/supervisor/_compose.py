@@ -27,6 +27,7 @@ from ._devices import Command, DeviceHandle
 from ._evidence import Evidence
 from ._failures import Failures
 from ._faultplan import FaultPlan
+from ._fencefds import FenceFdRequests, FenceFds
 from ._handoff import Handoff
 from ._hazards import Hazards
 from ._iommu import Iommu
@@ -96,6 +97,7 @@ class Parts:
     recovery: Recovery
     ddr: DdrQuota
     metrics: Metrics
+    fencefds: FenceFds
     requests: dict[str, Handler]
 
 
@@ -118,14 +120,16 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     binder = Binder(reg, iommu, handoff, lifetimes, faults,
                     barrier=lambda dev, then: commands.submit_system(dev, then=then),
                     unsafe=policy.unsafe_reclaim)
-    queues = Queues(reg, pool, failures, tell, binder, handoff, faults)
+    queues = Queues(reg, pool, failures, tell, binder, handoff, faults,
+                    restart_devices=policy.subsystem_restart)
     recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     queues.watch.watch_with(recovery)  # cycle 3: a queue command's timeout is an incident
     ddr = DdrQuota(spec)
+    fencefds = FenceFds(reg, lifetimes, failures)
     hazards = Hazards(reg, evidence, spec.hazards)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
-                      hazards=hazards)
+                      hazards=hazards, fencefds=fencefds)
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
@@ -139,9 +143,10 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
                                     ddr, hazards, fallback_device=policy.fallback_device),
         "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics,
                                   faults_changed=queues.faults_changed),
+        "fencefds": FenceFdRequests(fencefds),
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,
-                 handoff, commands, queues, recovery, ddr, metrics, requests)
+                 handoff, commands, queues, recovery, ddr, metrics, fencefds, requests)
 
 
 def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, Segment]:

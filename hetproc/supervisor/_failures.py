@@ -65,6 +65,8 @@ KINDS: dict[type[errors.HetprocError], Kind] = {
     errors.Cancelled: Kind(quiet_scopes=frozenset({"request"})),
     # A consequence: the failure that lost the context froze its window already.
     errors.ContextLost: Kind(freeze=False),
+    # A consequence too: the death that restarted the device froze its window already.
+    errors.DeviceRestarted: Kind(freeze=False),
     errors.PlatformError: Kind(freeze=False),
     # A refusal at the door (the platform's descriptors are in use): nothing ran.
     errors.DescriptorsExhausted: Kind(freeze=False),

@@ -18,6 +18,7 @@ from ._records import Registry
 if TYPE_CHECKING:
     from ._bandwidth import DdrQuota
     from ._evidence import Evidence
+    from ._fencefds import FenceFds
     from ._handoff import Handoff
     from ._hazards import Hazards
     from ._memory import Memory
@@ -30,10 +31,11 @@ class Metrics:
 
     def __init__(self, reg: Registry, pool: Memory, recovery: Recovery, handoff: Handoff,
                  evidence: Evidence, queues: Queues, ddr: DdrQuota, prefix: str, *,
-                 hazards: Hazards | None = None) -> None:
+                 hazards: Hazards | None = None, fencefds: FenceFds | None = None) -> None:
         self.reg, self.pool, self.recovery, self.handoff = reg, pool, recovery, handoff
         self.evidence, self.queues, self.ddr, self.prefix = evidence, queues, ddr, prefix
         self.hazards = hazards
+        self.fencefds = fencefds
 
     def __call__(self) -> dict[str, Any]:
         m = platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
@@ -42,6 +44,8 @@ class Metrics:
         m["queues"] = self.queues.metrics()
         if self.hazards is not None:
             m["hazards"] = self.hazards.metrics()
+        if self.fencefds is not None:
+            m["fence_fds"] = self.fencefds.counts()
         return m
 
 
@@ -94,7 +98,7 @@ _TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "complet
                    "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
                    "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
                    "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
-                   "fence_semaphores", "descriptors", "hazards")
+                   "fence_semaphores", "descriptors", "hazards", "fence_fds")
 
 
 def tenant_view(m: dict, client: Any) -> dict:

@@ -125,7 +125,10 @@ class Queues:
 
     def __init__(self, reg: Registry, pool: Memory, failures: Failures,
                  tell: Callable[[ClientRec, dict], None], binder: Binder, handoff: Handoff,
-                 faults: FaultPlan) -> None:
+                 faults: FaultPlan, restart_devices: tuple[str, ...] = ()) -> None:
+        """``restart_devices``: those whose death is a subsystem restart (``_restarts``):
+        their queues are lost with ``DeviceRestarted``."""
+        self.restart_devices = frozenset(restart_devices)
         self.reg = reg
         self.pool = pool
         self.failures = failures
@@ -318,7 +321,9 @@ class Queues:
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
             self._end(q, QUEUE_LOST, dev, why)
             self.stats["lost"] += 1
-            self.tell(q.client, _protocol.notice(errors.CancelledByReset(
+            lost = (errors.DeviceRestarted if dev.name in self.restart_devices
+                    else errors.CancelledByReset)
+            self.tell(q.client, _protocol.notice(lost(
                 f"queue {q.qid} on {dev.name} was lost: {why}").to_dict(), queue=q.qid))
         self.watch.device_gone(dev)
 
@@ -346,6 +351,9 @@ class Queues:
             if fences.pending_owner(rec.signal) != tag:
                 continue
             exc = _owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
+            if dev is not None and dev.name in self.restart_devices:
+                exc = errors.DeviceRestarted(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                             correlation_id=rec.cid, detail={"device": dev.name})
             if dev is not None and i == tail:
                 exc = self.watch.take_verdict(dev, rec.cid) or exc
             self.failures.fail(exc, [rec.signal], noted=0)  # its record reaches the owner first

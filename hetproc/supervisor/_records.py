@@ -142,8 +142,9 @@ class FenceRec:
 
     handle: int
     client: ClientRec | None
-    # Only ``_lifetimes`` changes this (take_refs and import_fence +1, ``_unref_fence``
-    # -1): the unretired commands that wait on it or signal it, and its importers. The
+    # Only ``_lifetimes`` changes this (take_refs, import_fence and hold_fence +1,
+    # ``_unref_fence`` -1): the unretired commands that wait on it or signal it, its
+    # importers, and the descriptors and merges that watch it (``_fencefds``). The
     # slot is recycled only once it is 0 and ``released``.
     refs: int = 0
     released: bool = False  # only ``_lifetimes`` sets it, once: its owner let go

@@ -27,6 +27,8 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
 
 A device that dies on its own (crash, SIGKILL from outside) enters at step 4: its reaping
 is the confirmed stop.
+A device the policy's ``subsystem_restart`` names restarts as a subsystem instead
+(``_restarts``): every handle bound to the old instance is lost with ``DeviceRestarted``.
 
 The watchdog also watches the queue, not only the running command: a device that holds
 commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
@@ -65,6 +67,7 @@ from ipc import errors
 from ._device_cpu import DeviceCpu
 from ._devices import CommandState
 from ._preempt_timeout import preempt_timeout
+from ._restarts import death_error, innocent_error, lose_contexts
 
 if TYPE_CHECKING:
     from ._commands import Commands
@@ -81,12 +84,14 @@ class Policy:
     replay_innocent: bool = False
     fallback_device: str | None = None
     unsafe_reclaim: bool = False  # debug only: reclaim before the device confirmed its stop
+    # devices whose process death is a subsystem restart (every handle on them is lost)
+    subsystem_restart: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Policy:
         known = {k: d[k] for k in ("max_rearm", "replay_innocent", "fallback_device",
                                    "unsafe_reclaim") if k in d}
-        return cls(**known)
+        return cls(**known, subsystem_restart=tuple(d.get("subsystem_restart") or ()))
 
 
 @dataclass
@@ -391,9 +396,10 @@ class Recovery:
         if inc is None:
             running = self.running_command(dev)
             inc = self.new_incident("death", dev, running)
-            exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
-                                       correlation_id=running.cid if running else 0,
-                                       detail={"incident": inc.id})
+            died = death_error(self.policy.subsystem_restart, dev.name)
+            exc = died(f"{dev.name} process died (exit status {status})",
+                       correlation_id=running.cid if running else 0,
+                       detail={"incident": inc.id, "device": dev.name})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -468,13 +474,15 @@ class Recovery:
                     self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
-            if self.policy.replay_innocent and cmd.ctx.lost is None:
+            cls = innocent_error(self.policy.subsystem_restart, inc.device)
+            replays = self.policy.replay_innocent and cls is errors.CancelledByReset
+            if replays and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
                 why = f": {inc.reason}" if inc.reason else ""
-                self.commands.fail_command(cmd, errors.CancelledByReset(
-                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}),
-                    retire=False)
+                self.commands.fail_command(cmd, cls(
+                    f"cancelled by the reset of {inc.device}{why}",
+                    detail={"incident": inc.id, "device": inc.device}), retire=False)
                 cancelled.append(cmd)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
@@ -535,6 +543,7 @@ class Recovery:
         if reset:
             self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
+            lose_contexts(self.policy.subsystem_restart, self.reg, self.commands, dev, inc)
         else:
             inc.step("resume", epoch=dev.epoch, note="cancel acknowledged: no reset needed")
         for cmd in inc.replay:

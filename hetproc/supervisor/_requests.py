@@ -1,7 +1,7 @@
 """The request handler table: ``{op: bound handler(client, msg) -> reply fields}``.
 
 Every op of ``hetproc._protocol.REQUESTS`` has exactly one handler (a test checks the two
-lists against each other), a method of one of four groups, each built by ``_compose``
+lists against each other), a method of one of five groups, each built by ``_compose``
 with only the parts its requests use::
 
     connection  ConnectionRequests (_requests_conn)      hello, roles, ping, shutdown
@@ -10,6 +10,7 @@ with only the parts its requests use::
                                                          power votes, user-mode queues
     reports     ReportRequests     (_requests_reports)   metrics, incidents, dumps, faults,
                                                          the trace
+    fencefds    FenceFdRequests    (_fencefds)           fence descriptors, merged fences
 
 A handler runs after the packet decoded against its schema and the whole request was
 checked (``_validation.check_request``); it validates the rest, then acts through its
@@ -42,6 +43,7 @@ HANDLERS: dict[str, tuple[str, str]] = {
     "free_many": ("memory", "free_many"),
     "fence_create": ("memory", "fence_create"), "fence_release": ("memory", "fence_release"),
     "fence_error": ("memory", "fence_error"), "fence_signal": ("memory", "fence_signal"),
+    "fence_fd": ("fencefds", "fence_fd"), "fence_merge": ("fencefds", "fence_merge"),
     "map": ("memory", "map"), "unmap": ("memory", "unmap"),
     "export": ("memory", "export_"), "import": ("memory", "import_"),
     "mem_events": ("memory", "mem_events"),

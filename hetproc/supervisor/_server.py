@@ -41,10 +41,11 @@ built in one place (``_compose``)::
     Queues      (_queues)      user-mode queues: open, close, lost with their device; the
                                buffers bound to them (_queue_bindings) and the watchdog
                                of their commands (_queue_watch)
+    FenceFds    (_fencefds)    fence descriptors and merged fences: watched, swept
     FaultPlan   (_faultplan)   injected faults
     Metrics     (_metrics)     the platform's figures, and what a tenant may see of them
-    handlers    (_requests*)   one per request of ``hetproc._protocol``, in four groups:
-                               connection, memory, commands, reports
+    handlers    (_requests*)   one per request of ``hetproc._protocol``, in five groups:
+                               connection, memory, commands, reports, fence descriptors
     Outbox      (_outbox)      replies and notices to clients; slow readers buffered
     (functions) _validation    every field of a request checked before any handler runs
     (functions) _quotas        per-tenant limits (a tenant = a client process)
@@ -96,6 +97,7 @@ from ._compose import NamedObjects, compose
 from ._devices import DeviceHandle
 from ._evidence import Evidence
 from ._failures import CLIENT, Failures
+from ._fencefds import FenceFds
 from ._lifetimes import Lifetimes
 from ._memory import Memory
 from ._outbox import Outbox, close_all
@@ -138,6 +140,7 @@ class Supervisor:
         self.commands: Commands = parts.commands
         self.recovery: Recovery = parts.recovery
         self.queues: Queues = parts.queues
+        self.fencefds: FenceFds = parts.fencefds
         self.handlers = parts.requests
         for dev in self.reg.devices.values():
             self.sel.register(dev.completion_fd, selectors.EVENT_READ, ("completion", dev))
@@ -192,10 +195,12 @@ class Supervisor:
         while self.running:
             for client in list(self.backlog):
                 self.serve_pending(client)
+            news = False
             for key, mask in self.sel.select(0 if self.backlog else TICK_S):
                 kind, obj = key.data
                 if kind == "completion":
                     self.commands.on_completions(obj)
+                    news = True
                 elif kind == "accept":
                     for _ in range(ACCEPTS_PER_TURN):
                         if not self.on_accept():
@@ -207,6 +212,8 @@ class Supervisor:
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
             self.tick()
+            if self.fencefds.watching:
+                self.fencefds.sweep(news)
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
@@ -419,9 +426,13 @@ class Supervisor:
             err = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
             self.refuse(client, req_id, err, frame)
         else:
-            # The descriptors of the segments the reply hands over (``segs``, in order),
-            # taken by the handler: the outbox owns them now, and closes them once sent.
+            # The descriptors the reply hands over: the segments' (``segs``, in order),
+            # taken by the handler, then a fence's (``_give``, the reader's end). The
+            # outbox owns them now, and closes them once sent.
+            give = result.pop("_give", None) if result else None
             fds, client.handing = client.handing, []
+            if give is not None:
+                fds.append(give.detach())
             if req_id:  # id 0 is a notification: the sender does not wait for an answer
                 self.outbox.reply(client, req_id, result=result, fds=fds)
             else:
@@ -474,6 +485,7 @@ class Supervisor:
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
+        self.fencefds.client_gone(client)
         client.segments.clear()
         client.read_only_segments.clear()
         if not self.reg.tenant(client):  # its process's last connection
@@ -503,6 +515,8 @@ class Supervisor:
         for dev in self.reg.devices.values():
             for cmd in dev.take_all():
                 self.commands.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+        self.fencefds.sweep(news=True)  # descriptors of what completed get their record
+        self.fencefds.close()
         for client in list(self.reg.clients.values()):
             client.conn.close()
         self.listener.close()

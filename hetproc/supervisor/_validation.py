@@ -309,9 +309,10 @@ def context_of(reg: Registry, client: ClientRec, handle: Any,
     ctx = reg.contexts.get(handle)
     if ctx.client is not client:
         raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
-    if ctx.lost is not None and not allow_lost:
-        raise errors.ContextLost(f"context {handle:#x} was lost: {ctx.lost}",
-                                 detail={"cause": ctx.lost.to_dict()})
+    if ctx.lost is not None and not allow_lost:  # a restart says so: retry on a new one
+        cls = type(ctx.lost) if type(ctx.lost) is errors.DeviceRestarted else errors.ContextLost
+        raise cls(f"context {handle:#x} was lost: {ctx.lost}",
+                  detail={"cause": ctx.lost.to_dict(), "device": ctx.device})
     return ctx
 
 
