@@ -66,7 +66,8 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
     5 nothing leaks                  ipc/_names (manifest, cleanup); drills check it
     6 bad input is survivable        supervisor/_validation, ipc/_packets, and
                                      device_workers/_queues for queue records, which
-                                     no supervisor sees
+                                     no supervisor sees; supervisor/_descriptors for
+                                     what every tenant holds together
     7 tenants cannot see each other  supervisor/_iommu (rights, exports, imports) and
                                      supervisor/_memory (segments per tenant, one per
                                      exportable buffer, handed over as descriptors only:

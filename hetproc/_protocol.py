@@ -84,7 +84,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     # ``pid`` is ignored (the kernel says who the peer is); ``role`` a token the owner granted
     "hello": {"id": ID, "name": NAME, "pid?": Int(-I64 - 1, I64), "owner?": bool,
               "role?": HANDLE},
-    "grant_role": {"id": ID},
+    "grant_role": {"id": ID, "scope?": Str(8, choices=frozenset({"all", "trace"}))},
     "fence_signal": {"id": ID, "fence": HANDLE, "error?": Int(0, 0xFFFF)},
     "ping": {"id": ID},
     "context_create": {"id": ID, "device": text(64), "priority?": PRIORITY, "name?": NAME,

@@ -23,7 +23,8 @@ for each field and each class for when it is raised and when it is not.
     ├── DeviceFault           execution failed on a device
     │   ├── DependencyFailed, DeviceCrashed, WrongOutput, ContextLost, DeviceRestarted
     │   └── CancelledByReset (also a Cancelled): caught in someone's reset
-    ├── ResourceError         OutOfMemory, AllocationFailed, MapFailed, CompileTimeout
+    ├── ResourceError         OutOfMemory (QuotaExceeded), DescriptorsExhausted,
+    │                         AllocationFailed, MapFailed, CompileTimeout
     └── PlatformError         PlatformClosed, SupervisorLost, InternalError (our bug)
 """
 

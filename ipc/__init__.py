@@ -29,6 +29,7 @@ from ._fences import (
 )
 from ._fences import watch as watch_fence
 from ._names import (
+    SHM_DIR,
     Manifest,
     cleanup_dead,
     cleanup_prefix,
@@ -71,7 +72,15 @@ from ._queues import Binding, BindingTable, QueueRecord, QueueRing, queue_bytes,
 from ._queues import decode_record as decode_queue_record
 from ._queues import encode_record as encode_queue_record
 from ._ring import Ring
-from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
+from ._segments import (
+    Block,
+    BlockPool,
+    Segment,
+    SegmentCache,
+    block_size,
+    read_only_descriptor,
+    span_bytes,
+)
 from ._slotmap import SlotMap
 from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing, merge, stage_name
 from ._tracebank import COUNTERS, TraceBank
@@ -83,7 +92,7 @@ __all__ = [
     "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",
     "watch_fence", "FenceFdStatus", "FENCE_FD_RECORD", "fence_fd_pair", "fence_fd_complete",
     "fence_fd_status", "fence_fd_wait",
-    "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
+    "Manifest", "SHM_DIR", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",
     "VERSION", "MAX_PACKET", "encode", "decode", "unpack", "check_fields",
     "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",
@@ -95,6 +104,7 @@ __all__ = [
     "QUEUE_OPEN", "QUEUE_LOST", "QUEUE_CLOSED",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
+    "read_only_descriptor",
     "SegmentSender", "SegmentReceiver", "segment_socketpair",
     "SlotMap",
     "Stage", "TraceRing", "TraceBank", "RECORD_DTYPE", "BEGIN", "END", "INSTANT", "COUNTER",

@@ -74,6 +74,7 @@ __all__ = [
     "ResourceError",
     "OutOfMemory",
     "QuotaExceeded",
+    "DescriptorsExhausted",
     "AllocationFailed",
     "MapFailed",
     "CompileTimeout",
@@ -501,6 +502,16 @@ class QuotaExceeded(OutOfMemory):
     ``detail["limit"]`` names it."""
 
     code = 45
+
+
+class DescriptorsExhausted(ResourceError):
+    """The platform's descriptor budget (derived from the supervisor's own limit) has no
+    room for another segment or descriptor: other tenants hold them, within their
+    quotas. Nothing changed; retry once buffers or connections are let go.
+    ``detail["limit"]`` is ``"descriptors"``. Never raised for one client's own quota
+    (that is ``QuotaExceeded``)."""
+
+    code = 46
 
 
 class AllocationFailed(ResourceError):

@@ -40,7 +40,11 @@ descriptor turns readable before its deadline, says what its fence says, the mer
 exactly when one of its inputs did, and no descriptor is left pending at the end. In half
 the seeds (a generator of its own as well) npu0 restarts as a subsystem: each kill of it
 loses every context and queue on it (DeviceRestarted), which every client rebuilds as a
-runtime would, and the delegated model recovers by itself. Faults
+runtime would, and the delegated model recovers by itself. A read-only importer (half
+the seeds, its own generator too) writes the raw memory of the constant input it
+imported: the kernel kills it (SIGSEGV) and the bytes hold. The hostile tenant also
+hoards what tenants share (``bench.fuzz_campaign.hoard``: segments, a device's queues, a
+read-only import), and every refusal it gets names its limit. Faults
 stay off the pipeline's and the model's commands (they are not re-checked by the device),
 except crashes.
 
@@ -160,7 +164,7 @@ CHILD = textwrap.dedent("""
 
 HOSTILE = textwrap.dedent("""
     import json, random, sys
-    from bench.fuzz_campaign import flood, fuzz, scribble
+    from bench.fuzz_campaign import flood, fuzz, hoard, scribble
     from ipc import socket_address
     address = socket_address(sys.argv[1])            # the platform's (abstract) socket
     seed, packets, parts = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -175,6 +179,11 @@ HOSTILE = textwrap.dedent("""
         for k, v in scribble(sys.argv[1], random.Random(f"{seed}:queue:{part}"), 150,
                              ("npu0", "gpu0", "dsp0")).items():
             scribbled[k] = scribbled.get(k, 0) + v
+        for k, v in hoard(sys.argv[1], random.Random(f"{seed}:hoard:{part}"),
+                          ("npu0", "gpu0", "dsp0")).items():   # segments, queues, a
+            scribbled["hoard " + k] = scribbled.get("hoard " + k, 0) + v  # read-only import
+            if k.startswith("finding"):
+                findings.append(k)
     print("HOSTILE " + json.dumps({"packets": sent, "outcomes": outcomes,
                                    "findings": findings, "flooded": flooded,
                                    "scribbled": scribbled}), flush=True)
@@ -212,6 +221,22 @@ def draw_mix(rng: random.Random) -> Mix:
                model=rng.random() < 0.35,
                signal_rights=rng.random() < 0.5,
                role=rng.random() < 0.5)
+
+
+RO_WRITER = textwrap.dedent("""
+    import ctypes, sys, hetproc
+    c = hetproc.connect(sys.argv[1], "ro-writer")
+    a = c.import_buffer(int(sys.argv[2])).array()
+    print("mapped", flush=True)
+    ctypes.memset(a.ctypes.data, 0x7F, a.nbytes)   # through the raw memory: must fault
+    print("WROTE", flush=True)
+""")
+
+
+def read_only_writer_drawn(seed: int) -> bool:
+    """Whether the seed runs the read-only writer: a generator of its own, so that adding
+    it left every other draw of every seed as it was."""
+    return random.Random(f"read-only-{seed}").random() < 0.5
 
 
 def queue_rng(seed: int) -> random.Random:
@@ -463,9 +488,11 @@ class _Run:
                                       "wrong": [], "rounds": 0, "policy": mix.policy,
                                       "pipeline": collections.Counter(),
                                       "model": collections.Counter(),
-                                      "signals": collections.Counter(), "roles": 0}
+                                      "signals": collections.Counter(), "roles": 0,
+                                      "read_only_faults": 0}
         self.child: subprocess.Popen | None = None
         self.hostile: subprocess.Popen | None = None
+        self.ro_writer: subprocess.Popen | None = None
         self.pipe: hetproc.Client | None = None
         self.model_client: hetproc.Client | None = None
         self.dm: Any = None
@@ -502,6 +529,7 @@ class _Run:
                 self.child_verdict()
             with self.ph.phase("hostile-verdict"):
                 self.hostile_verdict()
+                self.read_only_verdict()
             with self.ph.phase("drain"):
                 self.close_model()
                 self.drain()
@@ -511,6 +539,7 @@ class _Run:
         finally:
             _end_process(self.child)
             _end_process(self.hostile)
+            _end_process(self.ro_writer)
             with contextlib.suppress(hetproc.HetprocError):
                 self.close_model()
             for c in self.others:
@@ -584,6 +613,11 @@ class _Run:
                  str(self.mix.hostile_packets), "2"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True, cwd=REPO)
+        if read_only_writer_drawn(self.seed):
+            self.ro_writer = subprocess.Popen(
+                [sys.executable, "-c", RO_WRITER, self.plat.prefix,
+                 str(const.export(read_only=True))], stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
         self.kill_child_at = rng.randint(2, 10)
         self.user_fences: list[hetproc.Fence] = []
         self.child_dependent: tuple[hetproc.Fence, hetproc.Buffer] | None = None
@@ -920,6 +954,20 @@ class _Run:
                 self.ph.fail("a client without a role read the platform's incidents")
             except hetproc.NotPermitted:
                 pass
+            try:
+                hetproc.trace.trace_info(b)
+                self.ph.fail("a client without a role read the platform's trace")
+            except hetproc.NotPermitted:
+                pass
+        # A trace role (what a run shares with its user) reads the trace, and only that.
+        token = self.plat.client.grant_role(scope="trace")
+        with self.plat.connect("trace-reader", role=token) as reader:
+            self.ph.check(hetproc.trace.trace_info(reader)["segment"], "no trace for its role")
+            try:
+                reader.incidents()
+                self.ph.fail("a trace role read the platform's incidents")
+            except hetproc.NotPermitted:
+                pass
         self.tally["roles"] += 1
 
     def pipeline_round(self, rnd: int) -> None:
@@ -1041,6 +1089,23 @@ class _Run:
         self.tally["hostile"] = {"packets": r["packets"], "flooded": r["flooded"],
                                  "refused": sum(v for k, v in r["outcomes"].items() if k != "ok"),
                                  "scribbled": r["scribbled"]}
+
+    def read_only_verdict(self) -> None:
+        """The read-only importer's write through the raw memory faulted in the importer;
+        the constant input it wrote over holds."""
+        if self.ro_writer is None:
+            return
+        try:
+            said, _ = self.ro_writer.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.ph.fail("the read-only writer did not finish within 60 s")
+        status = self.ro_writer.returncode
+        self.ph.check(said.split() == ["mapped"] and status in (-signal.SIGSEGV, -signal.SIGBUS),
+                      f"a read-only importer wrote the raw memory: said {said!r}, "
+                      f"exit status {status}")
+        want = np.arange(N, dtype=np.float32) - 100
+        self.ph.check(np.array_equal(self.const.array(), want), "the read-only import changed")
+        self.tally["read_only_faults"] += 1
 
     # -- after the storm ------------------------------------------------------------------
 

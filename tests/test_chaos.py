@@ -26,6 +26,7 @@ from tests.chaos import (
     faults_on,
     judge_child_dependent,
     queue_rng,
+    read_only_writer_drawn,
     restart_rng,
     run,
 )
@@ -58,6 +59,8 @@ def test_the_default_seeds_cover_the_whole_mix():
     assert restarts == {True, False}  # npu0 restarts as a subsystem in some seeds
     queues = {draw_queue(queue_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
     assert "" in queues and len(queues) > 1  # a queue in some seeds, not in others
+    writers = {read_only_writer_drawn(int(s)) for s in DEFAULT_SEEDS.split(",")}
+    assert writers == {True, False}  # a read-only importer writing, in some seeds
     assert all(m == draw_mix(random.Random(int(s)))
                for m, s in zip(mixes, DEFAULT_SEEDS.split(",")))  # a seed fixes its mix
 

@@ -190,11 +190,12 @@ class Client:
         device states, not other tenants' names, CPU or errors. ``quota``: its own usage."""
         return self.connection.request("metrics")["metrics"]
 
-    def grant_role(self) -> int:
+    def grant_role(self, scope: str = "all") -> int:
         """(Owner only.) A token: a client that passes it as ``role=`` when it connects
         is privileged (sees every tenant's metrics, trace and memory events; injects
-        faults anywhere)."""
-        return self.connection.request("grant_role")["token"]
+        faults anywhere); with ``scope="trace"``, it reads the platform's trace and
+        frozen windows and nothing more."""
+        return self.connection.request("grant_role", scope=scope)["token"]
 
     def inject(self, kind: str, *, device: str | None = None, at: int | None = None,
                every: int | None = None, probability: float = 0.0, count: int = 1,

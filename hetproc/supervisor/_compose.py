@@ -10,7 +10,6 @@ a setter that asserts it runs once; they and the edges up to the loop are listed
 from __future__ import annotations
 
 import os
-import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from ipc import PENDING, FenceTable, Manifest, Segment, errors
 from .._config import PlatformSpec
 from ._bandwidth import DdrQuota
 from ._commands import Commands
+from ._descriptors import DescriptorBudget, raise_descriptor_limit
 from ._devices import Command, DeviceHandle
 from ._evidence import Evidence
 from ._failures import Failures
@@ -172,9 +172,15 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
     # Buffer segments have no name (nothing to record or clean up): they reach clients
     # and devices as descriptors only (``_memory``, ``ipc._fdpass``). A tenant's pool
     # spans the whole budget (its segments are sparse: pages come on first touch); its
-    # quota (``_quotas``) and the budget bound what it holds.
-    pool = Memory(named.prefix, budget=spec.memory_mib << 20,
-                  max_segments=max(64, (raise_descriptor_limit() - 1024) // 2),
+    # quota (``_quotas``) and the budget bound what it holds; the platform's descriptors
+    # bound what every tenant holds together (``_descriptors``).
+    def descriptors_held() -> int:
+        waiting = sum(len(fds) for c in clients.values() for _, fds in c.outfds)
+        waiting += sum(d.segs.waiting_fds for d in devices.values() if d.segs is not None)
+        return len(clients) + pool.descriptors + waiting
+
+    descriptors = DescriptorBudget(raise_descriptor_limit(), descriptors_held)
+    pool = Memory(named.prefix, budget=spec.memory_mib << 20, room=descriptors.check,
                   on_drop=segment_dropped)
 
     def inputs_ready(cmd: Command) -> bool:
@@ -195,19 +201,5 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
             lead_ns=round(dspec.scheduler.commit_lead_ms * 1e6),  # host time: not scaled
             time_scale=spec.time_scale, state=slots[index], inputs_ready=inputs_ready,
             segment_of=pool.segments.get)
-    return Registry(spec, fences, devices, slots, state, clients=clients), pool, state_segment
-
-
-def raise_descriptor_limit() -> int:
-    """Soft RLIMIT_NOFILE up to the hard limit: every connection costs a descriptor, and
-    ``limits.max_clients`` stays far below what we may hold. Returns the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 16
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
+    reg = Registry(spec, fences, devices, slots, state, clients=clients, descriptors=descriptors)
+    return reg, pool, state_segment

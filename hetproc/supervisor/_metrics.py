@@ -69,7 +69,7 @@ def platform_metrics(reg: Registry, pool: Memory, recovery: Recovery, handoff: H
         "incidents": {"active": len(recovery.active) + len(recovery.probing),
                       "recovered": len(recovery.history),
                       "watchdog_verdicts": dict(recovery.verdicts)},
-        "pool": pool.metrics(),
+        "pool": pool.metrics(), "descriptors": reg.descriptors.metrics(),
     }
     m.update(handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
     return evidence.add_metrics(m)
@@ -98,7 +98,7 @@ _TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "complet
                    "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
                    "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
                    "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
-                   "fence_semaphores", "hazards", "fence_fds")
+                   "fence_semaphores", "descriptors", "hazards", "fence_fds")
 
 
 def tenant_view(m: dict, client: Any) -> dict:

@@ -68,6 +68,7 @@ from ipc import (
 )
 
 from .. import _protocol
+from . import _quotas as quota
 from ._devices import RING_SLOTS
 from ._memory import sid_of
 from ._queue_bindings import Binder, BindingSet, make_table
@@ -256,6 +257,8 @@ class Queues:
         dev = self._device(ctx.device)
         if sum(q.device == dev.name for q in self.open_queues.values()) >= MAX_PER_DEVICE:
             raise errors.QuotaExceeded(f"{MAX_PER_DEVICE} queues open on {dev.name}")
+        quota.check_queue_share(client, dev.name, MAX_PER_DEVICE, [
+            q.client.pid for q in self.open_queues.values() if q.device == dev.name])
         if not dev.pid or dev.paused or dev.segs is None:
             raise errors.ResourceError(f"{dev.name} is resetting: open the queue again "
                                        f"once it serves", retryable=True)
@@ -278,11 +281,16 @@ class Queues:
             if sender is None:
                 raise errors.ResourceError(f"{dev.name} is starting: open the queue again",
                                            retryable=True)
+            self.pool.mapping(sid)  # the supervisor reads the ring: it maps it
             segs = hand(client, sid)
         except errors.HetprocError:
             self.pool.free(block)
             raise
-        sender.add(seg)
+        if not sender.add(seg):
+            client.segments.discard(sid)
+            self.pool.free(block)
+            raise errors.DescriptorsExhausted(f"no descriptor to hand {dev.name} the queue's "
+                                              "ring: open it again later") from None
         if not sender.flush():
             sender.drop(sid)
             client.segments.discard(sid)

@@ -23,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ipc import errors
+from ipc import errors, read_only_descriptor
 
 from . import _quotas as quota
+from ._descriptors import take_descriptor
 from ._records import ClientRec
 
 if TYPE_CHECKING:
@@ -75,11 +76,32 @@ def need_privilege(client: ClientRec, what: str) -> None:
                                   "it granted): a client sees its own work only")
 
 
-def hand_segment(reg: Registry, pool: Memory, client: ClientRec, sid: int) -> list:
+def need_trace_role(client: ClientRec) -> None:
+    if not client.trace_reader:
+        raise errors.NotPermitted(
+            "the platform's trace needs a role: the owner, or a role it granted "
+            "(grant_role(), or grant_role(scope='trace') to read the trace only): a "
+            "client sees its own work only")
+
+
+def hand_segment(reg: Registry, pool: Memory, client: ClientRec, sid: int, *,
+                 writable: bool = True) -> list:
     """``[[sid, bytes]]`` if the segment's descriptor must go with the reply (this
-    connection does not hold it yet; the loop attaches the descriptor), else []."""
-    if sid in client.segments:
+    connection does not hold it yet, or holds it read-only and may now write it; the
+    loop attaches the descriptor), else []. Not ``writable``: the descriptor handed is
+    opened read-only, so the connection's mapping of it is read-only too (a read-only
+    import: the kernel refuses its writes, whatever numpy's flags say)."""
+    held = sid in client.segments
+    if held and (not writable or sid not in client.read_only_segments):
         return []
-    quota.check_segments(reg, client, 1)
+    if not held:
+        quota.check_segments(reg, client, 1)
+    reg.descriptors.check(1, "hand a segment over")
+    client.handing.append(take_descriptor(pool.segments[sid].fd, writable=writable,
+                                          duplicate=read_only_descriptor))
     client.segments.add(sid)
+    if writable:
+        client.read_only_segments.discard(sid)
+    else:
+        client.read_only_segments.add(sid)
     return [[sid, pool.segments[sid].size]]
