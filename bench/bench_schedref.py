@@ -2,11 +2,12 @@
 
 ``sched_reference``: the task sets of the scheduler's rework, each run on a real platform
 (npu0 alone, chunk 1 ms, no switch cost, time scale 1) by ``hetproc.drills``'s
-``compare``, which submits every job at its arrival and reads back its modeled start and
-end. Per case: the deadlines the product misses beside the simulator's, the largest start
-and end errors against the simulator, the jobs whose start or end differ, the
-preemptions asked for and the host lags. The target is the simulator's schedule exactly
-(0 differing jobs): these rows say how far the product is from it.
+``compare``, which submits every job ahead, dated with its arrival, and reads back its
+modeled start and end. Per case: the deadlines the product misses beside the
+simulator's, the largest start and end errors against the simulator, the jobs whose
+start or end differ, the preemptions asked for and the host lags. The target is the
+simulator's schedule exactly (0 differing jobs): these rows say how far the product is
+from it.
 
 * ``nested priority``: low 20 ms at 0, mid 10 ms at 2 ms, high 2 ms at 4 ms (``priority``):
   the reference ends high at 6 ms, mid at 14, low at 32.

@@ -132,7 +132,7 @@ def _templates(h: dict[str, int], rng: random.Random, dev: str,
                cmd: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         "ping": {}, "metrics": {}, "incidents": {}, "dumps": {}, "trace_info": {},
-        "faults_clear": {}, "grant_role": {}, "shutdown": {},
+        "faults_clear": {}, "grant_role": {"scope": "trace"}, "shutdown": {},
         "hello": {"name": "again", "owner": True, "pid": 1},
         "context_create": {"device": dev, "priority": 0, "name": "fz",
                            "cache_maintenance": "auto", "period_ms": 10.0, "weight": 1.0,
@@ -145,6 +145,8 @@ def _templates(h: dict[str, int], rng: random.Random, dev: str,
         "queue_open": {"ctx": h["ctx"], "slots": rng.choice((16, 64, 3, 1 << 16))},
         "queue_close": {"queue": rng.choice(EDGE_INTS[:12])},
         "fence_error": {"fence": h["fence"]}, "fence_signal": {"fence": h["fence"], "error": 0},
+        "fence_fd": {"fence": h["fence"]},
+        "fence_merge": {"fences": [h["fence"], h["fence2"], h["fence"]]},
         "submit": {"ctx": h["ctx"], "cmds": [dict(cmd), dict(cmd)]},
         "cancel": {"ctx": h["ctx2"]},
         "map": {"ctx": h["ctx"], "buf": h["buf"], "perm": "rw"},
@@ -266,7 +268,7 @@ def _valid(h: dict[str, int], rng: random.Random) -> dict[str, Any]:
     """Valid traffic keeps the fuzzer's state churning (queues, fences, memory)."""
     t = templates(h, rng)
     op = rng.choice(("submit", "submit", "alloc", "fence_create", "map", "metrics",
-                     "export", "mem_events"))
+                     "export", "mem_events", "fence_fd", "fence_merge"))
     return {"op": op, **t[op]}
 
 
@@ -595,7 +597,12 @@ def _listening(address: str) -> bool:
 
 def _fuzz_child(address: str, packets: int, seed: int, start: int, out: Any) -> None:
     try:
-        out.send(fuzz(address, packets, seed, start, progress=packets >= 20_000))
+        report = fuzz(address, packets, seed, start, progress=packets >= 20_000)
+        # then what tenants share: segments, a device's queues, a read-only import
+        report["hoarded"] = hoard(address, random.Random(f"{seed}:hoard:{start}"), DEVICES)
+        report["findings"] += [{"what": k, "seed": seed} for k in report["hoarded"]
+                               if k.startswith("finding")]
+        out.send(report)
     except BaseException as exc:  # the report must come back whatever happened
         out.send({"error": f"{type(exc).__name__}: {exc}"})
     finally:
@@ -677,6 +684,52 @@ class Bystander(threading.Thread):
 
 # -- the campaign -------------------------------------------------------------------------
 
+def hoard(prefix: str, rng: random.Random, devices: tuple[str, ...]) -> dict:
+    """A tenant that takes what tenants share: a burst of exportable buffers (a segment,
+    so a supervisor descriptor, each), queues on one device up to its share, and a
+    read-only import of its own buffer from a second connection. Every refusal must be a
+    quota or descriptor refusal (named: ``refused: <class>``); a read-only import mapped
+    writable is a finding. It lets go of everything at the end. Returns what it did."""
+    client = hetproc.connect(prefix, "hoarder")
+    second = None
+    done: collections.Counter = collections.Counter()
+    try:
+        bufs = []
+        for _ in range(rng.randint(16, 300)):
+            try:
+                bufs.append(client.alloc(4096, "uint8", exportable=True))
+            except (hetproc.QuotaExceeded, hetproc.DescriptorsExhausted) as exc:
+                done[f"refused: {type(exc).__name__}"] += 1
+                break
+        done["segments"] += len(bufs)
+        ctx = client.context(rng.choice(devices))
+        queues = []
+        for _ in range(9):  # one past any share
+            try:
+                queues.append(ctx.queue(slots=16))
+            except (hetproc.QuotaExceeded, hetproc.DescriptorsExhausted) as exc:
+                done[f"refused: {type(exc).__name__}"] += 1
+                break
+        done["queues"] += len(queues)
+        for q in queues:
+            q.close()
+        second = hetproc.connect(prefix, "hoarder-reader")
+        mine = second.import_buffer(bufs[0].export(read_only=True))
+        if second.connection.segments.get(mine.segment).writable:
+            done["finding: a read-only import mapped writable"] += 1
+        done["read_only_imports"] += 1
+        mine.free()
+        for b in bufs:
+            b.free()
+    except hetproc.HetprocError as exc:  # a device reset under it: it just stops
+        done[f"stopped: {type(exc).__name__}"] += 1
+    finally:
+        if second is not None:
+            second.close()
+        client.close()
+    return dict(done)
+
+
 def run_campaign(packets: int, seed: int = 1, start: int = 0) -> dict[str, Any]:
     """Start a platform, fuzz it from another process beside the bystander, check every
     process, stop, check for leaks. The result's ``ok`` is the verdict."""
@@ -729,6 +782,7 @@ def run_campaign(packets: int, seed: int = 1, start: int = 0) -> dict[str, Any]:
         "replies_by_outcome": report.get("outcomes", {}),
         "connections": report.get("connections", 0),
         "flood_connections": report.get("flood_connections", 0),
+        "hoarded": report.get("hoarded", {}),
         "device_restarts": {d: v["restarts"] - before[d]["restarts"] for d, v in devices.items()},
         "incidents_by_kind": dict(kinds), "watchdog_verdicts": incidents.get("verdicts", {}),
         "bystander": {"rounds": bystander.rounds, "correct_outputs": bystander.correct,

@@ -11,7 +11,9 @@
 Successes are batched while more commands wait (one ring slot and at most one eventfd
 write per batch, not per command); errors go out at once. A record whose fences are
 signalled after the hand-off delay waits in ``delayed`` until its signal is due: the
-supervisor learns a command finished only once its consumers could.
+supervisor learns a command finished only once its consumers could. A signal of a
+watched fence (a descriptor or a merge waits on it: ``ipc._fencefd``) wakes the
+supervisor at once, whatever the batch: only it completes what watches the fence.
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ class Outbox:
         signal, signaller = self.fences.signal, self.signaller
         for handle in handles:
             signal(handle, word, signaller, t_model)
+        if self.fences.poked:
+            self.poke()
+
+    def poke(self) -> None:
+        """A watched fence was signalled: wake the supervisor, which completes what
+        watches it (the records need not be in the ring: it reads the fence table)."""
+        self.fences.poked = False
+        try:
+            os.eventfd_write(self.completion_fd, 1)
+        except OSError:
+            pass
 
     def post(self, record: dict[str, Any]) -> None:
         """Queue a completion record; an error or a lost signal goes out at once."""
@@ -74,6 +87,8 @@ class Outbox:
         signal, signaller = self.fences.signal, self.signaller
         for handle in cmd["signal"]:
             signal(handle, 0, signaller, m1)
+        if self.fences.poked:
+            self.poke()
         if thermal is None:
             data = encode_ran(cmd["seq"], self.epoch, t_start, t_end, t_take,
                               time.monotonic_ns(), cmd["cid"], m0, m1, lag, speed)

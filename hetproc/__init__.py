@@ -6,13 +6,16 @@ Public API::
     connect(address)  join a running platform from another process
     Client            a connection: contexts, buffers, fences, metrics
     Context           the unit of submission, isolation and failure on one device
-    Buffer, Fence     a shared tensor, a completion event (export / import to share them)
+    Buffer, Fence     a shared tensor, a completion event (export / import to share them;
+                      Fence.fd() is a pollable descriptor, sync_file's model)
+    merge_fences      one fence for many: signals when all do, fails with the first error
+    wait_fence_fd, fence_fd_done  a fence descriptor waited on in any process
     FOREVER           Fence.wait(FOREVER): the one unbounded wait, asked for explicitly
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
     Queue             Context.queue(): records straight to the device, no supervisor hop
                       (a user-mode queue; commands as submit means them, on bound buffers)
-    ResetStatus, ResetStats  Context.reset_status() / reset_stats(), Client.reset_stats():
+    ResetStatus, ResetStats  Context.reset_status() / reset_stats(), ResetStats.of_process(client):
                       who a reset touched (GL robustness, gem_reset_stats)
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
                       (PipelineStage, PipelineReport; seed §10)
@@ -56,14 +59,17 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
                                      frees) and supervisor/_recovery (when; a queue's
                                      bound buffers: supervisor/_queue_bindings)
     2 no forever waits               ipc/_fences (every wait has a deadline) and
-                                     supervisor/_failures (errors set before the wake)
+                                     supervisor/_failures (errors set before the wake);
+                                     a fence descriptor ends even without its fence
+                                     (ipc/_fencefd, supervisor/_fencefds)
     3 generations                    ipc/_fences, ipc/_slotmap (handles carry them)
     4 isolation                      supervisor/_iommu (checked again on the device:
                                      device_workers/_cache)
     5 nothing leaks                  ipc/_names (manifest, cleanup); drills check it
     6 bad input is survivable        supervisor/_validation, ipc/_packets, and
                                      device_workers/_queues for queue records, which
-                                     no supervisor sees
+                                     no supervisor sees; supervisor/_descriptors for
+                                     what every tenant holds together
     7 tenants cannot see each other  supervisor/_iommu (rights, exports, imports) and
                                      supervisor/_memory (segments per tenant, one per
                                      exportable buffer, handed over as descriptors only:
@@ -103,6 +109,9 @@ from .client import (
     ResetStatus,
     command,
     connect,
+    fence_fd_done,
+    merge_fences,
+    wait_fence_fd,
 )
 from .errors import *  # noqa: F403  (the one error hierarchy)
 
@@ -122,6 +131,7 @@ __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
-    "simulate_schedule", "ResetStatus", "ResetStats",
+    "simulate_schedule", "merge_fences", "wait_fence_fd", "fence_fd_done",
+    "ResetStatus", "ResetStats",
 ]
 __all__ += errors.__all__

@@ -195,6 +195,8 @@ class LimitsSpec:
     client_contexts: int = 64
     client_inflight: int = 16384       # commands queued or running
     client_segments: int = 256         # buffer segments (descriptors) handed to one process
+    client_fence_fds: int = 64         # fence descriptors pending at once (the supervisor
+                                       # holds one socket end per pending descriptor)
 
 
 @dataclass(frozen=True)

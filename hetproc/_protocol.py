@@ -84,7 +84,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     # ``pid`` is ignored (the kernel says who the peer is); ``role`` a token the owner granted
     "hello": {"id": ID, "name": NAME, "pid?": Int(-I64 - 1, I64), "owner?": bool,
               "role?": HANDLE},
-    "grant_role": {"id": ID},
+    "grant_role": {"id": ID, "scope?": Str(8, choices=frozenset({"all", "trace"}))},
     "fence_signal": {"id": ID, "fence": HANDLE, "error?": Int(0, 0xFFFF)},
     "ping": {"id": ID},
     "context_create": {"id": ID, "device": text(64), "priority?": PRIORITY, "name?": NAME,
@@ -105,6 +105,9 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "queue_unbind": {"id": ID, "queue": HANDLE, "buf": HANDLE},
     "fence_release": {"id": ID, "fences": handles(4096)},
     "fence_error": {"id": ID, "fence": HANDLE},
+    # fences as descriptors (sync_file) and merged fences (``supervisor._fencefds``)
+    "fence_fd": {"id": ID, "fence": HANDLE},
+    "fence_merge": {"id": ID, "fences": handles(64)},
     "submit": {"id": ID, "ctx": HANDLE, "cmds": List(Map(fields=COMMAND), 4096), "t_ns?": HANDLE},
     "cancel": {"id": ID, "ctx": HANDLE},
     "metrics": {"id": ID},
@@ -193,6 +196,9 @@ RESULTS: dict[str, dict[str, Any]] = {
     "queue_unbind": {},
     "fence_release": {},
     "fence_error": {"error": OneOf((None, ERROR))},
+    # the descriptor comes with the reply (SCM_RIGHTS); the client puts it in ``fds``
+    "fence_fd": {"fds": List(Int(0, I64), max_len=1)},
+    "fence_merge": {"fence": HANDLE},
     # [seq, cid, fence] per command: items not walked (this runs per command in the client;
     # a fence handle is checked by the fence table where it is used)
     "submit": {"cmds": List(list, 4096)},

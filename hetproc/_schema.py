@@ -100,6 +100,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               doc="failed resets in a row that wedge the device"),
         "wedge_on_hang": Key("bool", False, doc="a hang wedges its device: no reset"),
         "unsafe_unwedge": Key("bool", False, doc="debug only: unwedge without a reset"),
+        "subsystem_restart": Key("list", [], doc="devices whose death restarts them as a "
+                                 "subsystem: every context on them is lost"),
     },
     "iommu": {
         "strict": Key("bool", False),
@@ -170,6 +172,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "client_contexts": Key("int", 64, 0, 1 << 30),
         "client_inflight": Key("int", 16384, 0, 1 << 30),
         "client_segments": Key("int", 256, 1, 1 << 20),
+        "client_fence_fds": Key("int", 64, 0, 1 << 16),
     },
     "timing": {
         "default_ms": Key("float", 0.0, 0, 3_600_000),
@@ -391,6 +394,10 @@ def check_platform(raw: Any, source: str) -> dict[str, Any]:
         except errors.InvalidRequest as exc:
             where.keep(exc)
     top["ddr_quota_mbps"] = checked_quotas
+    for dev_name in (top["recovery"] or {}).get("subsystem_restart") or []:
+        if dev_name not in named:
+            where.keep(_Where(source, "recovery").fail(
+                "subsystem_restart", f"no device {dev_name!r}" + closest(str(dev_name), names)))
     fb = (top["recovery"] or {}).get("fallback_device")
     if fb is not None and fb not in named:
         where.keep(_Where(source, "recovery").fail("fallback_device", f"no device {fb!r}"

@@ -21,10 +21,11 @@ for each field and each class for when it is raised and when it is not.
     │   └── CompileTimeout (also a ResourceError)
     ├── Cancelled             the client's own cancel: not a failure
     ├── DeviceFault           execution failed on a device
-    │   ├── DependencyFailed, DeviceCrashed, WrongOutput, DeviceWedged
+    │   ├── DependencyFailed, DeviceCrashed, WrongOutput, DeviceRestarted, DeviceWedged
     │   ├── ContextLost ── ContextBanned
     │   └── CancelledByReset (also a Cancelled): caught in someone's reset
-    ├── ResourceError         OutOfMemory, AllocationFailed, MapFailed, CompileTimeout
+    ├── ResourceError         OutOfMemory (QuotaExceeded), DescriptorsExhausted,
+    │                         AllocationFailed, MapFailed, CompileTimeout
     └── PlatformError         PlatformClosed, SupervisorLost, InternalError (our bug)
 """
 

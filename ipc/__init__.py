@@ -9,6 +9,12 @@ from . import errors
 from ._buddy import BuddyAllocator
 from ._channel import Channel, FrameReader, pack_frame
 from ._fdpass import SegmentReceiver, SegmentSender, segment_socketpair
+from ._fencefd import RECORD as FENCE_FD_RECORD
+from ._fencefd import Status as FenceFdStatus
+from ._fencefd import complete as fence_fd_complete
+from ._fencefd import new_pair as fence_fd_pair
+from ._fencefd import status as fence_fd_status
+from ._fencefd import wait as fence_fd_wait
 from ._fences import (
     CID_BY_CLIENT,
     CID_BY_HANDOFF,
@@ -21,7 +27,9 @@ from ._fences import (
     split_cid,
     split_handle,
 )
+from ._fences import watch as watch_fence
 from ._names import (
+    SHM_DIR,
     Manifest,
     cleanup_dead,
     cleanup_prefix,
@@ -64,7 +72,15 @@ from ._queues import Binding, BindingTable, QueueRecord, QueueRing, queue_bytes,
 from ._queues import decode_record as decode_queue_record
 from ._queues import encode_record as encode_queue_record
 from ._ring import Ring
-from ._segments import Block, BlockPool, Segment, SegmentCache, block_size, span_bytes
+from ._segments import (
+    Block,
+    BlockPool,
+    Segment,
+    SegmentCache,
+    block_size,
+    read_only_descriptor,
+    span_bytes,
+)
 from ._slotmap import SlotMap
 from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing, merge, stage_name
 from ._tracebank import COUNTERS, TraceBank
@@ -74,7 +90,9 @@ __all__ = [
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",
-    "Manifest", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
+    "watch_fence", "FenceFdStatus", "FENCE_FD_RECORD", "fence_fd_pair", "fence_fd_complete",
+    "fence_fd_status", "fence_fd_wait",
+    "Manifest", "SHM_DIR", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",
     "VERSION", "MAX_PACKET", "encode", "decode", "unpack", "check_fields",
     "Spec", "Int", "Num", "Str", "List", "Tuple", "Map", "OneOf", "Plain", "U64", "I64",
@@ -86,6 +104,7 @@ __all__ = [
     "QUEUE_OPEN", "QUEUE_LOST", "QUEUE_CLOSED",
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
+    "read_only_descriptor",
     "SegmentSender", "SegmentReceiver", "segment_socketpair",
     "SlotMap",
     "Stage", "TraceRing", "TraceBank", "RECORD_DTYPE", "BEGIN", "END", "INSTANT", "COUNTER",

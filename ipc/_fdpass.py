@@ -47,17 +47,24 @@ class SegmentSender:
         self._out: deque[tuple[bytes, list[int]]] = deque()
         self.messages = 0
 
-    def add(self, seg: Segment) -> None:
+    def add(self, seg: Segment) -> bool:
         """Queue ``seg`` for the receiver unless it has it already. Only an anonymous
         segment whose creator kept its descriptor travels (ValueError otherwise: a named
-        one is opened by name, and its id would not fit the message)."""
+        one is opened by name, and its id would not fit the message). False, with
+        nothing queued, when no descriptor is left for the duplicate that waits in the
+        queue (so that the segment may be dropped meanwhile): try again later."""
         sid = seg.key
         if not isinstance(sid, int) or seg.fd < 0:
             raise ValueError(f"segment {sid!r} has no descriptor to pass")
         if sid in self.sent:
-            return
-        self._out.append((_MSG.pack(_MAGIC, ADD, sid, seg.size), [os.dup(seg.fd)]))
+            return True
+        try:
+            fd = os.dup(seg.fd)
+        except OSError:
+            return False
+        self._out.append((_MSG.pack(_MAGIC, ADD, sid, seg.size), [fd]))
         self.sent.add(sid)
+        return True
 
     def drop(self, sid: int) -> None:
         if sid in self.sent:
@@ -88,6 +95,11 @@ class SegmentSender:
     @property
     def waiting(self) -> int:
         return len(self._out)
+
+    @property
+    def waiting_fds(self) -> int:
+        """Descriptors held for messages not sent yet (each ADD holds one)."""
+        return sum(len(fds) for _, fds in self._out)
 
     def close(self) -> None:
         for _, fds in self._out:

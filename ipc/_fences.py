@@ -22,6 +22,11 @@ pending and sleeps again. The supervisor drains the semaphore when it recycles a
 Only the table's creator (the supervisor) allocates and releases slots and creates
 semaphores (lazily, in chunks, so steady-state fence creation costs no ``sem_open``).
 Anyone may signal, wait and read.
+
+A fence someone watches through a file descriptor (``_fencefd``) or a merge carries the
+*watched* bit (the owner word's top bit, set by the creator): whoever signals it sets
+``poked`` on its own table, and a device or client that sees it tells the supervisor,
+which completes the descriptors; the owner tag that readers compare never includes it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,8 @@ assert SLOT_DTYPE.itemsize == SLOT_BYTES
 # A slot from its state word to t_host (offset 4): state, error, signaller, t_ns, cid, t_host.
 _CLEAR = struct.Struct("<3I4Q")  # state, error, signaller, t_ns, cid, t_host, owner
 assert _CLEAR.size == SLOT_BYTES - 4
+WATCHED = 1 << 63         # in the owner word: someone watches this fence (see above)
+_OWNER_MASK = WATCHED - 1
 
 
 def make_handle(slot: int, gen: int) -> int:
@@ -79,6 +86,14 @@ def split_cid(cid: int) -> tuple[int, int, int]:
     return cid >> CID_CLIENT_SHIFT, cid & (CID_BY_CLIENT | CID_BY_HANDOFF), cid & _CID_SEQ
 
 
+def watch(table: FenceTable, handle: int) -> None:
+    """Mark a live fence of ``table`` watched (its creator does, once a descriptor or a
+    merge depends on it): its signallers then set ``poked``. Reuse clears the mark."""
+    slot, gen = split_handle(handle)
+    if table._owns(slot, gen):
+        table._u64[slot * _W64 + 5] |= WATCHED
+
+
 class FenceTable:
     """A table of fences over one shared segment; see the module docstring."""
 
@@ -99,6 +114,9 @@ class FenceTable:
         self._on_new_sems = on_new_semaphores
         self._free: list[int] = []
         self._sem_slots = 0  # slots [0, _sem_slots) have a semaphore
+        # Set by ``signal`` when it completed a watched fence; whoever acts on it (wakes
+        # the supervisor, sweeps the watches) clears it.
+        self.poked = False
         if create:
             self.slots[:] = 0
 
@@ -240,6 +258,8 @@ class FenceTable:
         u64[j + 4] = now
         u32[i + 1] = FAILED if error else SIGNALLED  # the outcome is written before the wake-up
         sem.release()
+        if u64[j + 5] & WATCHED:
+            self.poked = True
         return True
 
     def poll(self, handle: int) -> tuple[int, int]:
@@ -312,14 +332,24 @@ class FenceTable:
         if not (0 <= slot < self.capacity and gen and self._u32[slot * _W32] == gen
                 and self._u32[slot * _W32 + 1] == PENDING):
             return -1
-        return self._u64[slot * _W64 + 5]
+        return self._u64[slot * _W64 + 5] & _OWNER_MASK
 
     def owner(self, handle: int) -> int:
         """The owner tag of a live fence, pending or not; -1 for a stale handle."""
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
         if not self._owns(slot, gen):
             return -1
-        return self._u64[slot * _W64 + 5]
+        return self._u64[slot * _W64 + 5] & _OWNER_MASK
+
+    def outcome(self, handle: int) -> tuple[int, int, int, int, bool]:
+        """``(state, error word, cid, modeled signal ns, watched)`` of a live fence (no
+        numpy); state -1 for a stale handle."""
+        slot, gen = handle & 0xFFFFFFFF, handle >> 32
+        if not self._owns(slot, gen):
+            return -1, 0, 0, 0, False
+        i, j = slot * _W32, slot * _W64
+        return (self._u32[i + 1], self._u32[i + 2], self._u64[j + 3], self._u64[j + 2],
+                bool(self._u64[j + 5] & WATCHED))
 
     def pending(self, handle: int) -> bool:
         slot, gen = handle & 0xFFFFFFFF, handle >> 32

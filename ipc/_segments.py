@@ -9,6 +9,7 @@ blocks, merged. Every block is 4 KiB aligned (more than the 64 bytes a device ma
 from __future__ import annotations
 
 import errno
+import fcntl
 import math
 import mmap
 import os
@@ -51,19 +52,25 @@ class Segment:
                 shm.close_fd()
         self.name = name
         self.key: str | int = name
+        self.writable = True
         self.created = create
         self.anonymous = False
         if prefault:
             self.prefault()
 
+    map: mmap.mmap  # set at once, or on first use for an anonymous one (``mapped``)
+
     @classmethod
-    def anonymous_segment(cls, label: str, size: int, key: int) -> Segment:
+    def anonymous_segment(cls, label: str, size: int, key: int, *,
+                          mapped: bool = True) -> Segment:
         """A nameless segment (memfd) of ``size`` bytes, sparse until touched; its
-        descriptor is kept (``fd``) to be passed to the processes that may map it."""
+        descriptor is kept (``fd``) to be passed to the processes that may map it. Not
+        ``mapped``: this process maps it only when it first reads ``map`` (a mapping
+        holds a descriptor of its own: a segment only passed on costs one, not two)."""
         fd = os.memfd_create(label, os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
-            return cls._over_fd(fd, label, key, created=True)
+            return cls._over_fd(fd, label, key, created=True, mapped=mapped)
         except BaseException:
             os.close(fd)
             raise
@@ -73,7 +80,9 @@ class Segment:
                 keep_fd: bool = False) -> Segment:
         """Map a segment handed over as a descriptor. ``size``: what the sender said it
         is (ValueError if the object is not exactly that). The descriptor is closed
-        unless ``keep_fd`` (the mapping holds the memory, not the descriptor)."""
+        unless ``keep_fd`` (the mapping holds the memory, not the descriptor). A
+        descriptor opened read-only (``read_only_descriptor``) is mapped read-only: the
+        kernel refuses every write through the mapping (``writable`` is False)."""
         try:
             st = os.fstat(fd)
             if size is not None and st.st_size != size:
@@ -90,11 +99,14 @@ class Segment:
         return seg
 
     @classmethod
-    def _over_fd(cls, fd: int, label: str, key: int, *, created: bool) -> Segment:
+    def _over_fd(cls, fd: int, label: str, key: int, *, created: bool,
+                 mapped: bool = True) -> Segment:
         seg = cls.__new__(cls)
         st = os.fstat(fd)
         seg.size = st.st_size
-        seg.map = mmap.mmap(fd, seg.size)
+        seg.writable = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY
+        if mapped:
+            seg.map = seg._map_fd(fd)
         seg.inode = st.st_ino
         seg.fd = fd
         seg.name = label
@@ -102,6 +114,23 @@ class Segment:
         seg.created = created
         seg.anonymous = True
         return seg
+
+    def _map_fd(self, fd: int) -> mmap.mmap:
+        return mmap.mmap(fd, self.size, access=(
+            mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ))
+
+    def __getattr__(self, name: str) -> mmap.mmap:
+        # Only a segment made without its mapping gets here (any other attribute is
+        # found before): it maps itself on first use, through the descriptor it kept.
+        if name != "map" or self.__dict__.get("fd", -1) < 0:
+            raise AttributeError(name)
+        self.map = self._map_fd(self.fd)
+        return self.map
+
+    @property
+    def mapped(self) -> bool:
+        """This process maps the segment (a mapping holds one more descriptor)."""
+        return "map" in self.__dict__
 
     @classmethod
     def create(cls, name: str, size: int, prefault: bool = False,
@@ -133,6 +162,8 @@ class Segment:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+        if not self.mapped:
+            return
         try:
             self.map.close()
         except BufferError:
@@ -146,6 +177,24 @@ class Segment:
             posix_ipc.unlink_shared_memory(self.name)
         except posix_ipc.ExistentialError:
             pass
+
+
+def read_only_descriptor(fd: int) -> int:
+    """A new descriptor of ``fd``'s object that can only read it (the caller closes it).
+
+    It is a fresh open of the object (its own open file description), so nothing done
+    with it reaches the original's write access: a mapping of it is read-only, and the
+    kernel refuses ``mprotect`` to writable, a writable ``mmap`` and ``write``. The
+    object's mode becomes owner-read-only, so reopening it for writing through
+    ``/proc/<pid>/fd`` is refused too; descriptors opened before keep their access.
+    """
+    ro = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fchmod(ro, 0o400)
+    except BaseException:
+        os.close(ro)
+        raise
+    return ro
 
 
 def span_bytes(shape: Sequence[int], itemsize: int, strides: Sequence[int] | None) -> int:
@@ -293,9 +342,7 @@ class BlockPool:
         address = self.buddy.chunks[index][0] + block.offset
         if self.buddy.live_size(address) != block.capacity:
             raise ValueError(f"{block} is not a live block of this pool (double free?)")
-        if release:
-            seg.map.madvise(mmap.MADV_REMOVE, block.offset, block.capacity)
-        else:
+        if not (release and release_pages(seg, block.offset, block.capacity)):
             self.zeroed_bytes += zero_bytes(seg, block.offset, block.capacity, seg.fd)
         self.buddy.free(address)
 
@@ -317,6 +364,26 @@ class BlockPool:
                 seg.unlink()
         self.segments.clear()
         self._by_chunk = [None] * len(self.buddy.chunks)
+
+
+def release_pages(seg: Segment, offset: int, nbytes: int) -> bool:
+    """Give ``[offset, +nbytes)``'s pages back to the kernel (they read as zeros after).
+    A segment this process does not map is mapped for the call only, at that range.
+    False when that fails (no descriptor left for the mapping): scrub it instead."""
+    if seg.mapped:
+        seg.map.madvise(mmap.MADV_REMOVE, offset, nbytes)
+        return True
+    if seg.fd < 0:
+        return False
+    try:
+        window = mmap.mmap(seg.fd, nbytes, offset=offset)
+    except (OSError, ValueError):
+        return False
+    try:
+        window.madvise(mmap.MADV_REMOVE)
+    finally:
+        window.close()
+    return True
 
 
 def zero_bytes(seg: Segment, offset: int, nbytes: int, fd: int = -1) -> int:

@@ -72,9 +72,11 @@ __all__ = [
     "ContextLost",
     "ContextBanned",
     "DeviceWedged",
+    "DeviceRestarted",
     "ResourceError",
     "OutOfMemory",
     "QuotaExceeded",
+    "DescriptorsExhausted",
     "AllocationFailed",
     "MapFailed",
     "CompileTimeout",
@@ -491,6 +493,20 @@ class DeviceWedged(DeviceFault):
     code = 37
     scope = "device"
     retryable = False
+class DeviceRestarted(DeviceFault):
+    """The device's subsystem restarted: its process died and a new instance serves now
+    (a platform whose ``[recovery] subsystem_restart`` names the device). Every handle
+    bound to the old instance is gone -- its contexts (a submit on one raises this), the
+    commands it held, its queues, the assets prepared or resident on it -- while the
+    device itself serves again. Scope device: every context on it was lost, other
+    tenants' included. Retryable: make new contexts, load the assets again, submit
+    again (``hetproc.delegate``'s models do it once by themselves). Not raised for a
+    reset that keeps contexts (``DeviceCrashed``, ``CancelledByReset``). A restart
+    during that recovery is raised with ``retryable`` False."""
+
+    code = 39
+    scope = "device"
+    retryable = True
 
 
 # -- memory and assets -------------------------------------------------------------------
@@ -514,6 +530,16 @@ class QuotaExceeded(OutOfMemory):
     ``detail["limit"]`` names it."""
 
     code = 45
+
+
+class DescriptorsExhausted(ResourceError):
+    """The platform's descriptor budget (derived from the supervisor's own limit) has no
+    room for another segment or descriptor: other tenants hold them, within their
+    quotas. Nothing changed; retry once buffers or connections are let go.
+    ``detail["limit"]`` is ``"descriptors"``. Never raised for one client's own quota
+    (that is ``QuotaExceeded``)."""
+
+    code = 46
 
 
 class AllocationFailed(ResourceError):

@@ -34,11 +34,23 @@ granted role (a client's priority ceiling is its role's); and a user-mode queue 
 the seeds, drawn from a generator of its own so that the other draws of a seed stay as
 they were): a client submits work straight to a device through it, every fence resolves,
 the successes keep queue order, a queue lost to a device reset refuses further submits
-and a new one is opened; failed resets (a drawn device's every 2nd or 3rd attempt to come
-back fails, and its retry succeeds) and, in some seeds, a device wedged for one round (two
-failed attempts in a row: every command it held or had queued must end, and it is
-unwedged at the round's end), drawn from a generator of their own too. Faults stay off
-the pipeline's and the model's commands (they are not re-checked by the device), except crashes.
+and a new one is opened. And fence descriptors and merges (their own generator too): in
+some rounds a's in-flight fences are merged and watched through descriptors; every
+descriptor turns readable before its deadline, says what its fence says, the merge fails
+exactly when one of its inputs did, and no descriptor is left pending at the end. In half
+the seeds (a generator of its own as well) npu0 restarts as a subsystem: each kill of it
+loses every context and queue on it (DeviceRestarted), which every client rebuilds as a
+runtime would, and the delegated model recovers by itself. A read-only importer (half
+the seeds, its own generator too) writes the raw memory of the constant input it
+imported: the kernel kills it (SIGSEGV) and the bytes hold. The hostile tenant also
+hoards what tenants share (``bench.fuzz_campaign.hoard``: segments, a device's queues, a
+read-only import), and every refusal it gets names its limit. Failed resets (a drawn
+device's every 2nd or 3rd attempt to come back fails, and its retry succeeds) and, in
+some seeds, a device wedged for one round (two failed attempts in a row: every command
+it held or had queued must end, and it is unwedged at the round's end), from a
+generator of their own too. Faults
+stay off the pipeline's and the model's commands (they are not re-checked by the device),
+except crashes.
 
 A run walks through named phases (``PHASES``); a failure is a ``ChaosFailure`` naming its
 seed and phase. The seed fixes every choice of the run (faults, kernels, the round the
@@ -55,6 +67,7 @@ import dataclasses
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -155,7 +168,7 @@ CHILD = textwrap.dedent("""
 
 HOSTILE = textwrap.dedent("""
     import json, random, sys
-    from bench.fuzz_campaign import flood, fuzz, scribble
+    from bench.fuzz_campaign import flood, fuzz, hoard, scribble
     from ipc import socket_address
     address = socket_address(sys.argv[1])            # the platform's (abstract) socket
     seed, packets, parts = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
@@ -170,6 +183,11 @@ HOSTILE = textwrap.dedent("""
         for k, v in scribble(sys.argv[1], random.Random(f"{seed}:queue:{part}"), 150,
                              ("npu0", "gpu0", "dsp0")).items():
             scribbled[k] = scribbled.get(k, 0) + v
+        for k, v in hoard(sys.argv[1], random.Random(f"{seed}:hoard:{part}"),
+                          ("npu0", "gpu0", "dsp0")).items():   # segments, queues, a
+            scribbled["hoard " + k] = scribbled.get("hoard " + k, 0) + v  # read-only import
+            if k.startswith("finding"):
+                findings.append(k)
     print("HOSTILE " + json.dumps({"packets": sent, "outcomes": outcomes,
                                    "findings": findings, "flooded": flooded,
                                    "scribbled": scribbled}), flush=True)
@@ -209,10 +227,41 @@ def draw_mix(rng: random.Random) -> Mix:
                role=rng.random() < 0.5)
 
 
+RO_WRITER = textwrap.dedent("""
+    import ctypes, sys, hetproc
+    c = hetproc.connect(sys.argv[1], "ro-writer")
+    a = c.import_buffer(int(sys.argv[2])).array()
+    print("mapped", flush=True)
+    ctypes.memset(a.ctypes.data, 0x7F, a.nbytes)   # through the raw memory: must fault
+    print("WROTE", flush=True)
+""")
+
+
+def read_only_writer_drawn(seed: int) -> bool:
+    """Whether the seed runs the read-only writer: a generator of its own, so that adding
+    it left every other draw of every seed as it was."""
+    return random.Random(f"read-only-{seed}").random() < 0.5
+
+
 def queue_rng(seed: int) -> random.Random:
     """The generator of a seed's queue choices: its own, so that adding queues to the mix
     left every other draw of every seed as it was."""
     return random.Random(f"queue-{seed}")
+
+
+def fd_rng(seed: int) -> random.Random:
+    """The generator of a seed's fence descriptor choices (its own, as ``queue_rng``)."""
+    return random.Random(f"fencefd-{seed}")
+
+
+def restart_rng(seed: int) -> random.Random:
+    """The generator of whether npu0 restarts as a subsystem (its own, as ``queue_rng``)."""
+    return random.Random(f"restart-{seed}")
+
+
+def draw_restart(rng: random.Random) -> bool:
+    """npu0's death is a subsystem restart (every handle on it lost): half the seeds."""
+    return rng.random() < 0.5
 
 
 def draw_queue(rng: random.Random) -> str:
@@ -232,14 +281,18 @@ def draw_resets(rng: random.Random, queue_device: str) -> tuple[str, int, str, i
     queue's device: a queue cannot be opened on a wedged device, by design."""
     flaky = rng.choice(DEVICES)
     every = rng.randint(2, 3)
-    wedge = rng.choice([d for d in DEVICES if d not in (flaky, queue_device)])
+    wedge = rng.choice([d for d in DEVICES if d not in (flaky, queue_device, "npu0")])
     wedge_at = rng.randint(2, 11)
     return flaky, every, wedge if rng.random() < 0.5 else "", wedge_at
 
 
-def platform_spec(mix: Mix) -> hetproc.PlatformSpec:
-    """The default platform, every device scheduled by the mix's policy."""
+def platform_spec(mix: Mix, restart: bool = False) -> hetproc.PlatformSpec:
+    """The default platform, every device scheduled by the mix's policy; ``restart``:
+    npu0 restarts as a subsystem when its process dies."""
     base = hetproc.load_platform(None)
+    if restart:
+        base = dataclasses.replace(base, recovery={**base.recovery,
+                                                   "subsystem_restart": ["npu0"]})
     chunks = dict(zip(DEVICES, mix.chunk_ms or (2.0,) * len(DEVICES)))
     devices = tuple(dataclasses.replace(d, scheduler=dataclasses.replace(
         d.scheduler, policy=mix.policy, chunk_ms=chunks.get(d.name, d.scheduler.chunk_ms)))
@@ -421,10 +474,11 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
     ph = Phases(seed, log)
     rng = random.Random(seed)
     mix = draw_mix(rng)
+    restart = draw_restart(restart_rng(seed))
     if log:
-        log(f"mix {mix}")
+        log(f"mix {mix}, npu0 restarts as a subsystem: {restart}")
     with ph.phase("setup"):
-        plat = hetproc.Platform(spec=platform_spec(mix), time_scale=1.0).start()
+        plat = hetproc.Platform(spec=platform_spec(mix, restart), time_scale=1.0).start()
     try:
         if on_prefix:
             on_prefix(plat.prefix)
@@ -455,9 +509,11 @@ class _Run:
                                       "wrong": [], "rounds": 0, "policy": mix.policy,
                                       "pipeline": collections.Counter(),
                                       "model": collections.Counter(),
-                                      "signals": collections.Counter(), "roles": 0}
+                                      "signals": collections.Counter(), "roles": 0,
+                                      "read_only_faults": 0}
         self.child: subprocess.Popen | None = None
         self.hostile: subprocess.Popen | None = None
+        self.ro_writer: subprocess.Popen | None = None
         self.pipe: hetproc.Client | None = None
         self.model_client: hetproc.Client | None = None
         self.dm: Any = None
@@ -474,6 +530,8 @@ class _Run:
         self.tally["queue"] = collections.Counter()
         self.flaky, self.flaky_every, self.wedge_device, self.wedge_at = draw_resets(
             resets_rng(seed), self.queue_device)
+        self.fdrng = fd_rng(seed)
+        self.tally["fence_fds"] = collections.Counter()
 
     def go(self) -> dict[str, Any]:
         self.others: list[hetproc.Client] = []
@@ -494,6 +552,7 @@ class _Run:
                 self.child_verdict()
             with self.ph.phase("hostile-verdict"):
                 self.hostile_verdict()
+                self.read_only_verdict()
             with self.ph.phase("drain"):
                 self.close_model()
                 self.drain()
@@ -503,6 +562,7 @@ class _Run:
         finally:
             _end_process(self.child)
             _end_process(self.hostile)
+            _end_process(self.ro_writer)
             with contextlib.suppress(hetproc.HetprocError):
                 self.close_model()
             for c in self.others:
@@ -578,6 +638,11 @@ class _Run:
                  str(self.mix.hostile_packets), "2"],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 text=True, cwd=REPO)
+        if read_only_writer_drawn(self.seed):
+            self.ro_writer = subprocess.Popen(
+                [sys.executable, "-c", RO_WRITER, self.plat.prefix,
+                 str(const.export(read_only=True))], stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO)
         self.kill_child_at = rng.randint(2, 10)
         self.user_fences: list[hetproc.Fence] = []
         self.child_dependent: tuple[hetproc.Fence, hetproc.Buffer] | None = None
@@ -656,6 +721,7 @@ class _Run:
         if rng.random() < 0.15:
             self.role_check()
         queued = self.queue_round() if self.queue_device else []
+        watched = self.fd_round(pending)
 
         for f, out, kernel, want, label in pending:
             try:
@@ -677,6 +743,7 @@ class _Run:
         if rnd == self.wedge_at and self.wedge_device:
             self.unwedge()
         self.queue_verdict(rnd, queued)
+        self.fd_verdict(rnd, watched)
         for fence in self.user_fences:
             fence.release()
         self.user_fences.clear()
@@ -805,7 +872,7 @@ class _Run:
             try:
                 q.submit_nowait(0.0)
                 self.ph.fail("a lost queue accepted a submit")
-            except hetproc.CancelledByReset:
+            except (hetproc.CancelledByReset, hetproc.DeviceRestarted):
                 t["lost"] += 1
             q.close()
             q = self.queue = None
@@ -820,7 +887,7 @@ class _Run:
             except hetproc.ResourceError:  # the device is resetting: next round
                 t["busy"] += 1
                 return []
-            except hetproc.ContextLost:
+            except (hetproc.ContextLost, hetproc.DeviceRestarted):  # a restart took it
                 self.queue_ctx.close()
                 self.queue_ctx = None
                 t["context_lost"] += 1
@@ -835,7 +902,7 @@ class _Run:
                 cmds.append(self.qrng.choice([0.0, 0.05, 0.2]))
         try:
             return q.submit_many(cmds)
-        except hetproc.CancelledByReset:  # lost between the check and the write
+        except (hetproc.CancelledByReset, hetproc.DeviceRestarted):  # lost meanwhile
             t["lost_at_submit"] += 1
             return []
 
@@ -864,7 +931,8 @@ class _Run:
             except hetproc.FenceTimeout:
                 self.ph.fail(f"round {rnd}: a queue command hung: {dict(t)}")
             except (hetproc.CancelledByReset, hetproc.DeviceCrashed, hetproc.Cancelled,
-                    hetproc.DeviceTimeout, hetproc.WrongOutput, hetproc.StaleHandle) as exc:
+                    hetproc.DeviceTimeout, hetproc.WrongOutput, hetproc.StaleHandle,
+                    hetproc.DeviceRestarted) as exc:
                 t[type(exc).__name__] += 1
                 copies_ok = False
             else:
@@ -876,6 +944,43 @@ class _Run:
         if copies_ok and copied is not None and copied is self.q_dst and self.q_src is not None:
             self.ph.check(np.array_equal(copied.array(), self.q_src.array()),
                           f"round {rnd}: a queue copy was wrong")
+
+    def fd_round(self, pending: list) -> tuple | None:
+        """Now and then: a's fences of the round merged, the merge and one of them watched
+        through descriptors, while they run (and a device may be reset under them)."""
+        a, rng = self.plat.client, self.fdrng
+        mine = [p[0] for p in pending if p[0].client is a]
+        if not mine or rng.random() < 0.5:
+            return None
+        chosen = rng.sample(mine, rng.randint(1, min(4, len(mine))))
+        try:
+            merged = hetproc.merge_fences(chosen)
+            return merged, chosen, merged.fd(), chosen[0].fd()
+        except hetproc.HetprocError as exc:  # a fence already released: never in flight here
+            self.ph.fail(f"a merge of in-flight fences was refused: {exc!r}")
+        return None
+
+    def fd_verdict(self, rnd: int, watched: tuple | None) -> None:
+        """Each descriptor completes with what its fence says; the merge fails exactly
+        when an input did."""
+        if watched is None:
+            return
+        merged, inputs, merged_fd, one_fd = watched
+        t = self.tally["fence_fds"]
+        for fd in (merged_fd, one_fd):
+            if not select.select([fd], [], [], WAIT_S)[0]:
+                self.ph.fail(f"round {rnd}: a fence descriptor never turned readable")
+        failed_inputs = [f for f in inputs if f.error() is not None]
+        status = _fd_error(one_fd)
+        self.ph.check((status is None) == (inputs[0].error() is None),
+                      f"round {rnd}: a descriptor disagrees with its fence: {status!r}")
+        merged_err = _fd_error(merged_fd)
+        self.ph.check((merged_err is None) == (not failed_inputs),
+                      f"round {rnd}: merge says {merged_err!r}, failed inputs "
+                      f"{[f.error() for f in failed_inputs]}")
+        t["failed" if failed_inputs else "signalled"] += 1
+        merged.release()
+        inputs[0].close_fd()
 
     def role_check(self) -> None:
         """b's priority ceiling is its role's: one above it is refused, cleanly."""
@@ -896,6 +1001,20 @@ class _Run:
             try:
                 b.incidents()
                 self.ph.fail("a client without a role read the platform's incidents")
+            except hetproc.NotPermitted:
+                pass
+            try:
+                hetproc.trace.trace_info(b)
+                self.ph.fail("a client without a role read the platform's trace")
+            except hetproc.NotPermitted:
+                pass
+        # A trace role (what a run shares with its user) reads the trace, and only that.
+        token = self.plat.client.grant_role(scope="trace")
+        with self.plat.connect("trace-reader", role=token) as reader:
+            self.ph.check(hetproc.trace.trace_info(reader)["segment"], "no trace for its role")
+            try:
+                reader.incidents()
+                self.ph.fail("a trace role read the platform's incidents")
             except hetproc.NotPermitted:
                 pass
         self.tally["roles"] += 1
@@ -1020,6 +1139,23 @@ class _Run:
                                  "refused": sum(v for k, v in r["outcomes"].items() if k != "ok"),
                                  "scribbled": r["scribbled"]}
 
+    def read_only_verdict(self) -> None:
+        """The read-only importer's write through the raw memory faulted in the importer;
+        the constant input it wrote over holds."""
+        if self.ro_writer is None:
+            return
+        try:
+            said, _ = self.ro_writer.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.ph.fail("the read-only writer did not finish within 60 s")
+        status = self.ro_writer.returncode
+        self.ph.check(said.split() == ["mapped"] and status in (-signal.SIGSEGV, -signal.SIGBUS),
+                      f"a read-only importer wrote the raw memory: said {said!r}, "
+                      f"exit status {status}")
+        want = np.arange(N, dtype=np.float32) - 100
+        self.ph.check(np.array_equal(self.const.array(), want), "the read-only import changed")
+        self.tally["read_only_faults"] += 1
+
     # -- after the storm ------------------------------------------------------------------
 
     def child_verdict(self) -> None:
@@ -1103,6 +1239,8 @@ class _Run:
                          f"active incidents: {a.incidents()['active']}")
         self.ph.check(all(d["pid"] for d in a.metrics()["devices"].values()),
                       "a device is not running")
+        self.ph.check(wait_for(lambda: a.metrics()["fence_fds"]["fence_fds_pending"] == 0),
+                      f"fence descriptors left pending: {a.metrics()['fence_fds']}")
         self.ph.check(a.supervisor_alive(), "the supervisor died")
         # The mix is a correct program: no hazard on its clients' commands (the hostile
         # tenant's are its own business), in any round, under any fault.
@@ -1114,6 +1252,14 @@ class _Run:
 
 
 # -- one seed as a process (what bench.chaos_campaign runs) -----------------------------------
+
+def _fd_error(fd: int) -> hetproc.HetprocError | None:
+    try:
+        hetproc.wait_fence_fd(fd, 0)
+        return None
+    except hetproc.HetprocError as exc:
+        return exc
+
 
 def _leftovers(prefix: str, children_before: set[int]) -> dict[str, Any]:
     """What the run left: named objects under its prefix, live child processes (the one

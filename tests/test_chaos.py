@@ -23,10 +23,13 @@ from tests.chaos import (
     draw_mix,
     draw_queue,
     draw_resets,
+    draw_restart,
     faults_on,
     judge_child_dependent,
     queue_rng,
+    read_only_writer_drawn,
     resets_rng,
+    restart_rng,
     run,
 )
 from tests.helpers import wait_for
@@ -54,11 +57,15 @@ def test_the_default_seeds_cover_the_whole_mix():
     for feature in ("sched_cmds", "hostile", "pipeline", "model", "signal_rights", "role"):
         assert {bool(getattr(m, feature)) for m in mixes} == {True, False}, feature
     assert any(c > 0 for m in mixes for c in m.chunk_ms)  # preemption somewhere
+    restarts = {draw_restart(restart_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
+    assert restarts == {True, False}  # npu0 restarts as a subsystem in some seeds
     queues = {draw_queue(queue_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
     assert "" in queues and len(queues) > 1  # a queue in some seeds, not in others
     wedges = {draw_resets(resets_rng(int(s)), draw_queue(queue_rng(int(s))))[2]
               for s in DEFAULT_SEEDS.split(",")}
     assert "" in wedges and len(wedges) > 1  # a device wedged in some seeds, not in others
+    writers = {read_only_writer_drawn(int(s)) for s in DEFAULT_SEEDS.split(",")}
+    assert writers == {True, False}  # a read-only importer writing, in some seeds
     assert all(m == draw_mix(random.Random(int(s)))
                for m, s in zip(mixes, DEFAULT_SEEDS.split(",")))  # a seed fixes its mix
 

@@ -69,7 +69,10 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     assert [SUITES.index(c.suite) for c in listed] == sorted(SUITES.index(c.suite) for c in listed)
     assert [c.name for c in conformance_cases("sw_sync/*")] == [
         "sw_sync/sync_busy", "sw_sync/sync_busy_fork", "sw_sync/timeline_closed",
-        "sw_sync/timeline_closed_signaled", "sw_sync/sync_multi_consumer"]
+        "sw_sync/timeline_closed_signaled", "sw_sync/sync_multi_consumer",
+        "sw_sync/sync_merge", "sw_sync/sync_merge_invalid", "sw_sync/sync_merge_same",
+        "sw_sync/sync_expired_merge", "sw_sync/sync_multi_timeline_wait",
+        "sw_sync/sync_busy_fork_unixsocket"]
     assert {c.name for c in conformance_cases("close-pending")} == {
         "gem_reset_stats/close-pending-npu0", "gem_reset_stats/close-pending-ctx-npu0",
         "gem_reset_stats/close-pending-fork-npu0"}

@@ -230,8 +230,13 @@ def test_a_sigkilled_clients_segments_leave_every_process(platform, client):
         labels = set().union(*(_label(platform.prefix, s) for s in sids))
         devices = _device_pids(client)
         holders = [platform.pid, devices["npu0"], devices["gpu0"]]
-        assert all(labels & set(_memfd_maps(p, platform.prefix)) for p in holders), \
-            "the supervisor and both devices map the victim's segments"
+        assert all(labels & set(_memfd_maps(p, platform.prefix)) for p in holders[1:]), \
+            "both devices map the victim's segments"
+        assert labels & {t[len("/memfd:"):].split(" ")[0]
+                         for t in _memfd_fds(platform.pid, platform.prefix)}, \
+            "the supervisor holds them by their descriptor"
+        assert not labels & set(_memfd_maps(platform.pid, platform.prefix)), \
+            "... and only by it: one descriptor per segment, no mapping (which holds another)"
         proc.kill()
         proc.wait(10)
 
@@ -522,13 +527,17 @@ def test_a_device_refuses_a_segment_it_was_never_handed():
 
 
 def test_the_supervisor_bounds_its_live_segments():
+    from hetproc.supervisor._descriptors import DescriptorBudget
     from hetproc.supervisor._memory import Memory
-    mem = Memory("hp.test.", budget=64 << 20, max_segments=3)
+    mem: Memory
+    budget = DescriptorBudget(3, lambda: mem.descriptors, reserve=0)
+    mem = Memory("hp.test.", budget=64 << 20, room=budget.check)
     try:
         blocks = [mem.allocate(1, 4096, exportable=True) for _ in range(3)]
-        with pytest.raises(MemoryError, match="limit"):
+        assert mem.descriptors == 3, "one descriptor per segment: none mapped here"
+        with pytest.raises(hetproc.DescriptorsExhausted, match="RLIMIT_NOFILE"):
             mem.allocate(1, 4096, exportable=True)
-        with pytest.raises(MemoryError, match="limit"):
+        with pytest.raises(hetproc.DescriptorsExhausted):
             mem.allocate(2, 4096)  # a new tenant's pool needs a segment too
         mem.free(blocks[0])
         assert mem.allocate(2, 4096).segment not in {b.segment for b in blocks}

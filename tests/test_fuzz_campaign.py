@@ -24,6 +24,9 @@ def test_a_short_campaign_leaves_every_process_alive_and_the_bystander_correct()
     assert outcomes.get("BadPacket", 0) > 0 and outcomes.get("InvalidRequest", 0) > 0, outcomes
     assert "InternalError" not in outcomes, "a handler raised where a check should answer"
     assert r["bystander"]["correct_outputs"] >= 5  # one round on every device at least
+    hoarded = r["hoarded"]  # then the shared resources: taken, refused cleanly, let go
+    assert hoarded["segments"] >= 16 and hoarded["read_only_imports"] == 1, hoarded
+    assert hoarded["queues"] >= 1 and hoarded.get("refused: QuotaExceeded", 0) >= 1, hoarded
 
 
 def test_each_packet_is_a_function_of_seed_and_index():

@@ -1,6 +1,7 @@
 """The control protocol and the supervisor's request table describe the same requests."""
 
 from hetproc import _protocol
+from hetproc.supervisor._fencefds import FenceFdRequests
 from hetproc.supervisor._requests import HANDLERS
 from hetproc.supervisor._requests_commands import CommandRequests
 from hetproc.supervisor._requests_conn import ConnectionRequests
@@ -9,7 +10,8 @@ from hetproc.supervisor._requests_reports import ReportRequests
 from hetproc.supervisor._resets import ResetRequests
 
 GROUPS = {"connection": ConnectionRequests, "memory": MemoryRequests,
-          "commands": CommandRequests, "reports": ReportRequests, "resets": ResetRequests}
+          "commands": CommandRequests, "reports": ReportRequests, "resets": ResetRequests,
+          "fencefds": FenceFdRequests}
 
 
 def test_every_request_of_the_protocol_has_exactly_one_handler():

@@ -46,6 +46,8 @@ def _largest(spec):
     if isinstance(spec, Num):
         return float(_cap(spec)) if math.isfinite(_cap(spec)) else 1.0
     if isinstance(spec, Str):
+        if spec.choices:  # the longest it may be
+            return max(sorted(spec.choices), key=len)
         return "x" * _cap(spec)
     if isinstance(spec, List):
         return [_largest(spec.item)] * spec.max_len
@@ -63,7 +65,8 @@ def _beyond(spec):
     if isinstance(spec, Num):
         return [float("nan")] + ([_cap(spec) * 2 + 1.0] if math.isfinite(_cap(spec)) else [])
     if isinstance(spec, Str):
-        return ["x" * (_cap(spec) + 1)] + (["a\x00"] if spec.printable else [])
+        outside = ["x" * (_cap(spec) + 1)] + (["a\x00"] if spec.printable else [])
+        return outside + (["x"] if spec.choices else [])  # not one of its choices
     if isinstance(spec, List):
         item = spec.item.fields if isinstance(spec.item, Map) else spec.item
         inner = [] if item is _protocol.COMMAND else [[b] for b in _beyond(item)]

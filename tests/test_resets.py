@@ -70,7 +70,8 @@ def test_guilty_innocent_and_unrelated_contexts_read_exact_status_and_counts():
                        "unrelated": ("none", hetproc.ResetStats(1, 0, 0)),
                        "elsewhere": ("none", hetproc.ResetStats(0, 0, 0))}
         # One process holds both connections: its statistics are their sum, once per reset.
-        assert c.reset_stats() == other.reset_stats() == hetproc.ResetStats(1, 1, 1)
+        assert hetproc.ResetStats.of_process(c) == hetproc.ResetStats.of_process(other) \
+            == hetproc.ResetStats(1, 1, 1)
         # npu0 killed from outside with nothing in flight: a reset for every context on
         # it, guilty and innocent for none, and their statuses stay what they were.
         assert innocent.reset_status().in_progress is False

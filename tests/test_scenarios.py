@@ -105,7 +105,7 @@ def test_multi_tenant_mixed_keeps_the_camera_and_fifo_does_not(tmp_path):
 def test_multi_tenant_storm_scopes_recovery_to_the_faulty_tenant(tmp_path):
     report_path = tmp_path / "storm.json"
     out = subprocess.run([sys.executable, "-m", "hetproc", "run", "multi_tenant", "--set",
-                          "storm=1", "--set", "seconds=1", "--report", str(report_path)],
+                          "storm=1", "--set", "seconds=2", "--report", str(report_path)],
                          capture_output=True, text=True, timeout=400, check=False)
     report = json.loads(report_path.read_text())
     _every_check_held(out, report)

@@ -28,13 +28,13 @@ _TEXT = """
 
 
 def add_command(sub: Any, make: Callable[..., argparse.ArgumentParser],
-                role: Callable[[], int | None]) -> None:
+                role: Callable[[str], int | None]) -> None:
     dev = sub.add_parser("device", help="act on a live platform's devices",
                          description="Act on the devices of a live platform.")
     dev.set_defaults(func=None, help_of=dev)
     dsub = dev.add_subparsers(title="commands", metavar="COMMAND")
     p = make(dsub, "unwedge", "reset a wedged device and let it serve again", _TEXT,
-             lambda args: cmd_unwedge(args, role()))
+             lambda args: cmd_unwedge(args, role))
     p.add_argument("name", metavar="NAME", help="the device, e.g. npu0")
     p.add_argument("platform", nargs="?", metavar="PREFIX",
                    help="its prefix (default: the only live platform)")
@@ -50,9 +50,10 @@ def _the_platform(prefix: str | None) -> str:
     return live[0]
 
 
-def cmd_unwedge(args: argparse.Namespace, role: int | None) -> int:
+def cmd_unwedge(args: argparse.Namespace, role: Callable[[str], int | None]) -> int:
     from ..client import connect, unwedge
-    with connect(_the_platform(args.platform), "hetproc-device", role=role) as client:
+    prefix = _the_platform(args.platform)
+    with connect(prefix, "hetproc-device", role=role(prefix)) as client:
         out = unwedge(client, args.name)
     if out["was_wedged"]:
         print(f"{out['device']} unwedged: reset, serving again (epoch {out['epoch']})")

@@ -10,6 +10,7 @@ platform, removes everything and prints one line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import math
@@ -17,7 +18,7 @@ import os
 import signal
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from ipc import cleanup_dead, errors
@@ -170,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
     _trace_parsers(sub)
     _platform_parsers(sub)
-    _device_parsers(sub)
+    _device.add_command(sub, _sub, _role)
     _machine_parsers(sub)
     from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
     add_model_commands(sub, _sub)
@@ -330,10 +331,6 @@ def _platform_parsers(sub: Any) -> None:
         and pass it with --platform FILE.""", cmd_platform_show)
 
 
-def _device_parsers(sub: Any) -> None:
-    _device.add_command(sub, _sub, _role)
-
-
 def _platform_args(p: argparse.ArgumentParser) -> None:
     lo, hi = TIME_SCALE_RANGE
     p.add_argument("--platform", metavar="FILE", help="platform TOML (default: the built-in one)")
@@ -373,7 +370,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         report = drills.run_scenario(
             name, platform_file=args.platform, time_scale=args.time_scale,
             options=_options(args), trace_path=args.trace, plot_path=args.plot,
-            trace=False if args.no_trace else None, progress=progress)
+            trace=False if args.no_trace else None, progress=progress,
+            share_trace=True)  # its user reads it live: hetproc trace export PREFIX
     return _conclude(report, args, functools.partial(_show.print_report,
                                                      verbose=args.verbose))
 
@@ -551,18 +549,35 @@ def cmd_trace_plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _role() -> int | None:
-    """Reading another process's platform trace needs a privileged role: the token its
-    owner granted (``client.grant_role()``), passed in ``HETPROC_ROLE``."""
-    token = os.environ.get("HETPROC_ROLE", "")
-    return int(token) if token.isdigit() else None
+def _role(platform: str) -> int | None:
+    """Reading another process's platform trace needs a role: the token its owner granted
+    (``client.grant_role()``) passed in ``HETPROC_ROLE``, or else the trace role a
+    platform started by this user with its trace shared (``hetproc run``) left for it."""
+    from ..client import read_trace_role
+    if (token := os.environ.get("HETPROC_ROLE", "")).isdigit():
+        return int(token)
+    return None if platform.startswith("\0") else read_trace_role(platform)
+
+
+@contextlib.contextmanager
+def _trace_reader(platform: str) -> Iterator[Any]:
+    """A client of ``platform`` that may read its trace; a refusal says how to get one."""
+    from ..client import connect
+    with connect(platform, "hetproc-trace", role=_role(platform)) as client:
+        try:
+            yield client
+        except errors.NotPermitted:
+            raise errors.NotPermitted(
+                f"cannot read the trace of {platform}: no role to read it. Run this as the "
+                "user who started it with 'hetproc run' (from the API: Platform("
+                "share_trace=True)), or pass a token from its owner's "
+                "grant_role(scope='trace') in HETPROC_ROLE") from None
 
 
 def cmd_trace_export(args: argparse.Namespace) -> int:
     from .. import trace as _trace
-    from ..client import connect
     drills.check_output_path(args.file, "FILE")
-    with connect(args.platform, "hetproc-trace", role=_role()) as client:
+    with _trace_reader(args.platform) as client:
         out = _trace.export_trace(client, args.file)
     print(f"trace written to {out['path']}: {out['records']} records, {out['slices']} slices, "
           f"{out['flows']} request flows")
@@ -571,8 +586,7 @@ def cmd_trace_export(args: argparse.Namespace) -> int:
 
 def cmd_trace_frozen(args: argparse.Namespace) -> int:
     from .. import trace as _trace
-    from ..client import connect
-    with connect(args.platform, "hetproc-trace", role=_role()) as client:
+    with _trace_reader(args.platform) as client:
         if args.dir:
             windows = _trace.write_frozen(client, args.dir)
         else:

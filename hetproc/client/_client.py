@@ -36,7 +36,7 @@ from ipc import FenceTable, errors
 
 from ._buffer import Buffer
 from ._connection import REQUEST_TIMEOUT, Connection
-from ._context import Context, ResetStats, command
+from ._context import Context, command
 from ._fence import Fence
 from ._trace_ring import ClientTrace
 
@@ -180,21 +180,28 @@ class Client:
         (handle,) = self.connection.request("fence_create")["fences"]
         return Fence(self, handle, owned=True, may_signal=True)
 
+    def merge_fences(self, fences: Iterable[Fence]) -> Fence:
+        """A fence that signals once every one of ``fences`` did (at the latest of their
+        modeled signal times) and fails with the first failure among them, as soon as it
+        happens (sync_file's merge). Each must be a fence this client may wait on (its
+        own, or imported): ``InvalidHandle`` / ``StaleHandle`` / ``ForeignHandle``
+        otherwise. At most 64; merging a fence with itself is allowed. The merged fence
+        is this client's, signalled by the platform only; release it when done."""
+        handles = [f.handle for f in fences]
+        reply = self.connection.request("fence_merge", fences=handles)
+        return Fence(self, reply["fence"], owned=True)
+
     def metrics(self) -> dict[str, Any]:
         """The platform's figures; a client without a privileged role sees counters and
         device states, not other tenants' names, CPU or errors. ``quota``: its own usage."""
         return self.connection.request("metrics")["metrics"]
 
-    def reset_stats(self) -> ResetStats:
-        """Reset statistics of this process (every connection it holds, every context it
-        had, destroyed ones included): ``hetproc.ResetStats``."""
-        return ResetStats.from_reply(self.connection.request("reset_stats"))
-
-    def grant_role(self) -> int:
+    def grant_role(self, scope: str = "all") -> int:
         """(Owner only.) A token: a client that passes it as ``role=`` when it connects
         is privileged (sees every tenant's metrics, trace and memory events; injects
-        faults anywhere)."""
-        return self.connection.request("grant_role")["token"]
+        faults anywhere); with ``scope="trace"``, it reads the platform's trace and
+        frozen windows and nothing more."""
+        return self.connection.request("grant_role", scope=scope)["token"]
 
     def inject(self, kind: str, *, device: str | None = None, at: int | None = None,
                every: int | None = None, probability: float = 0.0, count: int = 1,

@@ -12,6 +12,8 @@ of the connection is theirs to touch. It owns::
     the fence pool            output fences a no-wait submit picks without a round trip
     fences to release, frees  batched into the next request: a finalizer only appends
     the failure inbox         records the supervisor sends ahead of a fence's wake
+    fence descriptors         the ``Fence.fd()`` descriptors open in this process: closed
+                              by their Fence, the rest when the connection closes
     the trace writer          this process's trace ring (``ClientTrace``)
 
 Inside, there is one reader of the socket (``_read``: it maps the descriptors a frame
@@ -83,6 +85,8 @@ class Connection:
         # Failure records the supervisor sent ahead of their fences' wakes, by fence
         # (bounded: the oldest go first; a waiter missing one asks instead).
         self._inbox: collections.OrderedDict[int, dict] = collections.OrderedDict()
+        #: the descriptors of ``Fence.fd()`` open in this process
+        self.fence_fds = FenceFds()
         #: the last notice that named no fence (a refusal at the door, a warning)
         self.last_notice: dict | None = None
         self.closed = False
@@ -139,6 +143,7 @@ class Connection:
             self.closed = True
             self.channel.close()
         self._frees.waiting.clear()
+        self.fence_fds.close_all()
         self.trace.close()
         fences = getattr(self, "fences", None)  # None: hello failed before mapping it
         if fences is not None:
@@ -247,7 +252,7 @@ class Connection:
             if fence not in self._inbox and not self.closed:
                 try:
                     while select.select([self.channel.sock], [], [], 0)[0]:
-                        self._read(self.timeout)  # a late reply is discarded
+                        _discard(self._read(self.timeout))  # a late reply
                 except (OSError, errors.HetprocError):
                     pass  # a broken channel is reported by the next request
             return self._inbox.get(fence)
@@ -306,11 +311,13 @@ class Connection:
             if reply is None:
                 continue  # a notice, filed
             if reply["id"] != req_id:
+                _discard(reply)
                 if 0 < reply["id"] <= self._last_id:
                     continue  # the late answer to a request that timed out: discarded
                 raise errors.BadPacket(f"reply id {reply['id']} answers no request sent "
                                        f"(last sent {self._last_id})")
             if not reply["ok"]:
+                _discard(reply)
                 raise errors.HetprocError.from_dict(reply.get("error") or {})
             return reply
 
@@ -319,7 +326,7 @@ class Connection:
         frame, a discarded one too, so that descriptors stay in step with frames), and a
         notice (id 0) is filed; returns the reply, None for a notice."""
         reply = decode(self.channel.recv(timeout), _protocol.REPLIES)
-        self._take_segments(reply)
+        self._take_descriptors(reply)
         if reply["id"] != 0:
             if reply["id"] != self._refill_id:
                 return reply
@@ -339,18 +346,19 @@ class Connection:
             self._inbox.popitem(last=False)
         return None
 
-    def _take_segments(self, reply: dict[str, Any]) -> None:
-        """Map the buffer segments a reply hands over: their descriptors came with the
-        stream (SCM_RIGHTS), in order."""
-        segs = reply.get("segs")
-        if not segs:
-            return
-        if not isinstance(segs, list) or not all(
+    def _take_descriptors(self, reply: dict[str, Any]) -> None:
+        """Take the descriptors a reply hands over (they came with the stream,
+        SCM_RIGHTS, in order): the buffer segments it names (``segs``) are mapped; a
+        fence descriptor follows them (``fds``: how many), and replaces its count."""
+        segs, n = reply.get("segs"), reply.get("fds")
+        if n is not None and (type(n) is not int or not 0 < n <= 1):
+            raise errors.BadPacket(f"malformed descriptor count {n!r}")
+        if segs and (not isinstance(segs, list) or not all(
                 isinstance(s, list) and len(s) == 2 and all(type(v) is int for v in s)
-                for s in segs):
+                for s in segs)):
             raise errors.BadPacket(f"malformed segment list {segs!r}")
-        fds = self.channel.take_fds(len(segs))
-        for i, ((sid, size), fd) in enumerate(zip(segs, fds)):
+        fds = self.channel.take_fds(len(segs)) if segs else []
+        for i, ((sid, size), fd) in enumerate(zip(segs or [], fds)):
             try:
                 self.segments.add(Segment.from_fd(fd, sid, size=size))
             except (OSError, ValueError) as exc:
@@ -358,6 +366,8 @@ class Connection:
                     os.close(rest)
                 raise errors.BadPacket(
                     f"segment {sid} handed over is not mappable: {exc}") from None
+        if n:
+            reply["fds"] = self.channel.take_fds(n)
 
     def _failure(self, exc: OSError, msg: dict[str, Any], *, sent: bool) -> errors.HetprocError:
         """The error a caller sees for a socket that failed while ``msg`` went out
@@ -400,6 +410,28 @@ class Connection:
         return self.last_notice
 
 
+class FenceFds:
+    """The fence descriptors open in this process (``Fence.fd()``): each closed once, by
+    its Fence or, for the rest, when the connection closes; a number that is not ours
+    (any more) is left alone, since it may name another file by now."""
+
+    def __init__(self) -> None:
+        self._open: set[int] = set()
+
+    def add(self, fd: int) -> int:
+        self._open.add(fd)
+        return fd
+
+    def close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self._open):
+            self.close(fd)
+
+
 class _Frees:
     """The connection's bookkeeping of buffer frees: frees that wait for the buffer's
     last numpy view to go (so a block is never handed to another tenant under a live
@@ -431,6 +463,17 @@ class _Frees:
         sid = self._own_segments.pop(handle, None)
         if sid is not None:
             self._segments.forget(sid)
+
+
+def _discard(reply: dict[str, Any] | None) -> None:
+    """Close the descriptors of a reply nobody takes (a late one, a refusal)."""
+    fds = reply.get("fds") if reply else None
+    if isinstance(fds, list):
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _alive(views: list[weakref.ref]) -> bool:

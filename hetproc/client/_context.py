@@ -56,6 +56,12 @@ class ResetStats:
         """The statistics of a ``reset_stats`` reply."""
         return cls(reply["resets"], reply["guilty"], reply["innocent"])
 
+    @classmethod
+    def of_process(cls, client: Client) -> ResetStats:
+        """Reset statistics of ``client``'s process (every connection it holds, every
+        context it had, destroyed ones included)."""
+        return cls.from_reply(client.connection.request("reset_stats"))
+
 
 class Context:
     """A context on one device: the unit of submission, isolation and failure.

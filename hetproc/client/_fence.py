@@ -5,14 +5,19 @@ wakes it, and no request goes to the supervisor on that path. The fence's error 
 at once what failed (scope, retryability, whether buffers are still trusted); the
 supervisor's full record, when the waiter wants the message and evidence, comes ahead of
 the wake for the failures the supervisor sets, and is asked for otherwise.
+
+A fence is also a file descriptor (``Fence.fd()``, sync_file's model, ``ipc._fencefd``):
+readable once it completed, for select, poll, epoll and asyncio (``wait_async``), and
+for any process it is handed to (``wait_fence_fd``). The supervisor writes it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ipc import PENDING, errors
+from ipc import PENDING, errors, fence_fd_status, fence_fd_wait
 
 if TYPE_CHECKING:
     from ._client import Client
@@ -46,6 +51,7 @@ class Fence:
         # Fence built around a known handle (e.g. one shared by another process) never does.
         self._released = not owned
         self._queue: Queue | None = None  # set by the queue whose command signals it
+        self._fd = -1  # ``fd()``'s descriptor, once asked for; closed with the Fence
 
     def done(self) -> bool:
         """True once the fence is signalled or failed (no wait, no request)."""
@@ -163,25 +169,86 @@ class Fence:
         shared memory at once (a fence wake, no round trip). Any other Fence (one built
         around a handle) asks the supervisor, which checks the right: ``NotPermitted`` or
         ``ForeignHandle`` if the client has none. False if it was signalled already."""
-        if self._may_signal:
+        if self._may_signal and not self._conn.fences.outcome(self.handle)[4]:
+            # (A watched fence goes by request: the supervisor completes its descriptors
+            # and merges at once instead of on its next tick.)
             return self._conn.fences.signal(self.handle, error().wire if error else 0,
                                             signaller=0xFFFF)
         fields = {"error": error.code} if error else {}
         return self._conn.request("fence_signal", fence=self.handle, **fields)["signalled"]
 
     def release(self) -> None:
-        """Let the platform recycle this fence (batched into the next request). Dropping
-        the last reference to a Fence does the same; a Fence built around a handle
-        releases nothing."""
+        """Let the platform recycle this fence (batched into the next request) and close
+        its descriptor. Dropping the last reference to a Fence does the same; a Fence
+        built around a handle releases nothing but its descriptor."""
+        self.close_fd()
         if not self._released:
             self._released = True
             self._conn.release_fence(self.handle)
 
     def __del__(self) -> None:
-        # Only a list append: safe in a finalizer; the message goes with the next request.
+        # A list append and a close: safe in a finalizer; the message goes with the next
+        # request.
+        if getattr(self, "_fd", -1) >= 0:
+            self.close_fd()
         if not getattr(self, "_released", True):  # an owned fence nobody released
             self._released = True
             self._conn.release_fence(self.handle)
+
+    # -- as a file descriptor (sync_file) ------------------------------------
+
+    def fd(self) -> int:
+        """A descriptor that turns readable once this fence is signalled or failed, and
+        stays so: for ``select``, ``poll``, ``epoll``, an event loop. It belongs to this
+        Fence (the same one on every call) and closes with it (``release``, ``close_fd``,
+        the Fence dropped, the client closed); ``os.dup`` it to keep it longer, or hand it
+        to another process (``socket.send_fds``), which waits on it with
+        ``hetproc.wait_fence_fd``. Never ``read`` it: every holder peeks at the one
+        record it holds. Readable without its fence done only when the platform is gone
+        (``wait_fence_fd`` then says ``SupervisorLost`` or ``PlatformClosed``).
+        ``QuotaExceeded`` past ``limits.client_fence_fds`` pending descriptors."""
+        if self._fd < 0:
+            (fd,) = self._conn.request("fence_fd", fence=self.handle)["fds"]
+            self._fd = self._conn.fence_fds.add(fd)
+        return self._fd
+
+    def close_fd(self) -> None:
+        """Close the descriptor ``fd()`` made, if any (the supervisor lets go of its end
+        once the fence completes)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            self._conn.fence_fds.close(fd)
+
+    async def wait_async(self, timeout: float | None = None) -> None:
+        """``wait()`` for asyncio: the running loop watches ``fd()`` (no thread, no
+        polling), then the outcome is read as ``wait`` reads it: the command's error
+        raised, ``FenceTimeout`` after ``timeout`` seconds (default: the client's
+        default timeout), ``SupervisorLost`` / ``PlatformClosed`` if the platform went."""
+        import asyncio  # only callers of this pay for the import
+
+        timeout = self.client.default_timeout if timeout is None else timeout
+        if not timeout >= 0:
+            raise errors.InvalidRequest(f"wait timeout must be >= 0 seconds, got {timeout!r}")
+        fd = self.fd()
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        def on_readable() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        loop.add_reader(fd, on_readable)
+        try:
+            await asyncio.wait_for(ready, None if timeout == FOREVER_S else timeout)
+        except TimeoutError:
+            raise errors.FenceTimeout(f"fence {self.handle:#x} still pending after "
+                                      f"{timeout:.3f} s", correlation_id=self.cid) from None
+        finally:
+            loop.remove_reader(fd)
+        status = fence_fd_status(fd)
+        if status is not None and (status.handle != self.handle or self._conn.closed):
+            # the platform went, or this client did: the descriptor's word is all there is
+            raise status.error() or errors.PlatformClosed("the fence descriptor ended")
+        self.wait(0)
 
     # -- sharing -------------------------------------------------------------
 
@@ -198,4 +265,39 @@ class Fence:
         return f"Fence({self.handle:#x}, cid={self.cid:#x})"
 
 
-__all__ = ["Fence"]
+FOREVER_S = float("inf")
+
+
+def merge_fences(*fences: Fence | Iterable[Fence]) -> Fence:
+    """``Client.merge_fences`` of the fences' client: a fence that signals when all of
+    them do and fails with the first error (sync_file's merge). Fences or iterables of
+    them; all of one client (``InvalidRequest`` otherwise)."""
+    flat: list[Fence] = []
+    for f in fences:
+        flat.extend([f] if isinstance(f, Fence) else f)
+    if not flat:
+        raise errors.InvalidRequest("merge_fences needs at least one fence")
+    client = flat[0].client
+    if any(f.client is not client for f in flat):
+        raise errors.InvalidRequest("merge_fences: the fences belong to different clients "
+                                    "(import them into one first)")
+    return client.merge_fences(flat)
+
+
+def wait_fence_fd(fd: int, timeout: float) -> None:
+    """Wait, in any process, on a fence descriptor (``Fence.fd()``, perhaps handed over a
+    Unix socket): returns once the fence signalled, raises its error (class, scope and
+    retryability from the fence's error word), ``FenceTimeout`` after ``timeout``
+    seconds, ``SupervisorLost`` if the platform's supervisor died."""
+    status = fence_fd_wait(fd, timeout)
+    err = status.error()
+    if err is not None:
+        raise err
+
+
+def fence_fd_done(fd: int) -> bool:
+    """True once a fence descriptor completed (no wait)."""
+    return fence_fd_status(fd) is not None
+
+
+__all__ = ["Fence", "merge_fences", "wait_fence_fd", "fence_fd_done"]

@@ -23,6 +23,7 @@ from ipc import cleanup_prefix, errors, socket_address
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform, to_raw
 from ._client import Client
+from ._roles import forget_trace_role, publish_trace_role
 
 START_TIMEOUT = 20.0
 # Where this hetproc was imported from: the supervisor runs the same code as its owner,
@@ -50,10 +51,12 @@ class Platform:
     def __init__(self, platform_file: str | Path | None = None, *,
                  time_scale: float | None = None, spec: PlatformSpec | None = None,
                  name: str = "owner", trace: bool | None = None,
-                 limits: dict[str, Any] | None = None) -> None:
+                 limits: dict[str, Any] | None = None, share_trace: bool = False) -> None:
         """``trace``: force the ring trace on or off; None keeps the platform file's
         setting, unless ``HETPROC_TRACE=0`` (or ``1``) is set in the environment.
-        ``limits``: override keys of the platform file's ``[limits]`` table."""
+        ``limits``: override keys of the platform file's ``[limits]`` table.
+        ``share_trace``: grant this user a trace role, so that ``hetproc trace export
+        PREFIX`` from another terminal reads the live trace (``_roles``)."""
         self.spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
         self.spec = self.spec.with_limits(**(limits or {}))
         if trace is None and os.environ.get("HETPROC_TRACE", "") in ("0", "1"):
@@ -65,6 +68,7 @@ class Platform:
         self.proc: subprocess.Popen | None = None
         self.client: Client | None = None
         self._name = name
+        self._share_trace = share_trace
 
     @property
     def address(self) -> str:
@@ -113,6 +117,8 @@ class Platform:
         Platform.started_prefixes.append(self.prefix)
         try:
             self.client = Client(self.address, self._name, owner=True)
+            if self._share_trace:
+                publish_trace_role(self.prefix, self.client.grant_role(scope="trace"))
         except BaseException:
             self.stop()  # a half-started platform must not outlive the failed start
             raise
@@ -157,6 +163,7 @@ class Platform:
         """Stop devices and supervisor; remove every named object. Safe to call twice."""
         if self.proc is None:
             return
+        forget_trace_role(self.prefix)  # first: a grant never outlives its platform
         try:
             if self.client is not None:
                 try:

@@ -260,6 +260,11 @@ class Queue:
         if self._closed:
             raise errors.InvalidHandle(f"queue {self.qid} is closed")
         if self._ring.state != QUEUE_OPEN:
+            recovery = self.ctx.client.info["spec"].get("recovery") or {}
+            if self.ctx.device in (recovery.get("subsystem_restart") or ()):
+                raise errors.DeviceRestarted(f"queue {self.qid} on {self.ctx.device} was "
+                                             f"lost: the device restarted; open a new one on "
+                                             f"a new context")
             raise errors.CancelledByReset(f"queue {self.qid} on {self.ctx.device} was lost "
                                           f"in a device reset: open a new one")
 

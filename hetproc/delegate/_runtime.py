@@ -12,6 +12,10 @@ platform's dependency timeout is submitted once they are done, so no device wait
 that timeout on a fence. A command holds its device for the partition's modeled device
 time (roofline time of its ops plus cache maintenance and reformats at its boundaries);
 dispatch and fence hops are not added to it, since the emulator really performs them.
+
+A device that restarts as a subsystem (``DeviceRestarted``) takes the model's context on
+it with it: ``run`` reloads what was bound to that device and runs once more; a second
+restart during that recovery is not retried (``_restart``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from ._model import Graph, fold_constants, load_model
 from ._partition import Options, Placement, place
 from ._reference import check_inputs
 from ._residency import residency_of
+from ._restart import run_recovering
 from ._targets import Device, devices_of
 
 RUN_TIMEOUT_S = 60.0
@@ -167,10 +172,11 @@ class DelegatedModel:
         self.load_info.update(compile_ms=compile_ms,
                               asset_bytes=sum(cp.nbytes for cp in c.partitions))
 
-    def _map_operands(self) -> None:
+    def _map_operands(self, devices: set[str] | None = None) -> None:
         """Map every operand into the contexts that use it once, at load: runs then pay
         no transient IOMMU map per command (seed §4: mapping is a counted step). A buffer
-        one partition writes and another on the same device reads gets "rw"."""
+        one partition writes and another on the same device reads gets "rw".
+        ``devices``: only into the contexts of these (new ones, after a restart)."""
         need: dict[tuple[str, int], tuple[Any, set[str]]] = {}
 
         def want(device: str, buf: Any, perm: str) -> None:
@@ -184,7 +190,8 @@ class DelegatedModel:
                 buf = self._input_buf if src == "input" else self._out_bufs[int(src[1:])]
                 want(p.device, buf, "r")
         for (device, _), (buf, perms) in need.items():
-            self._contexts[device].map(buf, "rw" if "w" in perms else "r")
+            if devices is None or device in devices:
+                self._contexts[device].map(buf, "rw" if "w" in perms else "r")
 
     def _import(self, token: int, cp: Any) -> Any:
         """Another client's asset, read-only, if it is byte for byte what we compiled."""
@@ -244,7 +251,7 @@ class DelegatedModel:
         """Every model output by name. Bad inputs are refused before anything is submitted."""
         if self._closing:
             raise errors.InvalidRequest("this model is closing")
-        return self._run(inputs, timeout)
+        return run_recovering(self, inputs, timeout)
 
     def _run(self, inputs: Mapping[str, Any],
              timeout: float = RUN_TIMEOUT_S) -> dict[str, np.ndarray]:
@@ -271,7 +278,10 @@ class DelegatedModel:
                 try:
                     _wait(f, timeout)
                 except errors.HetprocError as exc:
-                    failure = failure or exc
+                    # A restart explains its dependants' failures: it is the one to report.
+                    if failure is None or (isinstance(exc, errors.DeviceRestarted)
+                                           and not isinstance(failure, errors.DeviceRestarted)):
+                        failure = exc
             if failure is not None:
                 raise failure
             self.last_run.update(wall_s=time.perf_counter() - t0, commands=len(fences),
@@ -396,7 +406,7 @@ class DelegatedModel:
         out: dict[str, np.ndarray] | None = None
         error: BaseException | None = None
         try:
-            out = self._run(inputs)
+            out = run_recovering(self, inputs, RUN_TIMEOUT_S)
         except errors.HetprocError as exc:
             error = exc
         if callback is not None:

@@ -104,7 +104,7 @@ try:
     outcome = "ok"
 except hetproc.HetprocError as exc:
     outcome = exc.name
-s = c.reset_stats()
+s = hetproc.ResetStats.of_process(c)
 print(json.dumps([outcome, s.resets, s.guilty, s.innocent]), flush=True)
 sys.stdin.readline()
 c.close()

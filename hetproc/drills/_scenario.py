@@ -264,14 +264,16 @@ def run_scenario(name: str, *, platform_file: str | None = None,
                  time_scale: float | None = None, options: dict[str, Any] | None = None,
                  spec: PlatformSpec | None = None, trace_path: str | None = None,
                  plot_path: str | None = None, trace: bool | None = None,
-                 progress: Progress | None = None) -> dict[str, Any]:
+                 progress: Progress | None = None, share_trace: bool = False) -> dict[str, Any]:
     """Run one scenario script on a fresh platform; returns its report.
 
     ``options`` must be keys the script declares (``OPTIONS``), checked before anything
     starts, as are the output paths. ``trace_path``: also write the run's trace (Chrome
     Trace Event JSON) and, next to it, every window frozen around an error -- on failure
     too; ``plot_path``: draw the timeline as PNG; ``trace``: force the ring trace on or off
-    (None: the platform's setting); ``progress``: called with what the run is doing now.
+    (None: the platform's setting); ``progress``: called with what the run is doing now;
+    ``share_trace``: its user may read the live trace from another process
+    (``Platform(share_trace=True)``).
     """
     path = find_scenario(name)
     module = load_module(path)
@@ -284,15 +286,15 @@ def run_scenario(name: str, *, platform_file: str | None = None,
     return run_on_platform(module.run, path.stem, doc.splitlines()[0] if doc else "", spec,
                            options, trace_path=trace_path, plot_path=plot_path,
                            trace=trace, strict_leaks=True, progress=progress,
-                           declared=declared)
+                           declared=declared, share_trace=share_trace)
 
 
 def run_on_platform(func: Callable[[Scenario], None], name: str, description: str,
                     spec: PlatformSpec, options: dict[str, Any], *,
                     trace_path: str | None = None, plot_path: str | None = None,
                     trace: bool | None = None, strict_leaks: bool = False,
-                    progress: Progress | None = None,
-                    declared: dict[str, Option] | None = None) -> dict[str, Any]:
+                    progress: Progress | None = None, declared: dict[str, Option] | None = None,
+                    share_trace: bool = False) -> dict[str, Any]:
     """Start a platform, run ``func`` on it, write the evidence, stop it, look for
     leftovers, report.
 
@@ -309,8 +311,8 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
         spec = spec.with_trace(capacity=_EXPORT_CAPACITY)
     t0 = time.monotonic()
     say("starting the platform")
-    plat = Platform(spec=spec, trace=True if (trace_path or plot_path) and trace is None else trace)
-    plat.start()
+    plat = Platform(spec=spec, trace=True if (trace_path or plot_path) and trace is None else trace,
+                    share_trace=share_trace).start()
     s = Scenario(plat, dict(options), declared=dict(declared or {}), on_progress=say)
     out = _Outcome()
     try:

@@ -10,7 +10,6 @@ a setter that asserts it runs once; they and the edges up to the loop are listed
 from __future__ import annotations
 
 import os
-import resource
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +22,12 @@ from ipc import PENDING, FenceTable, Manifest, Segment, errors
 from .._config import PlatformSpec
 from ._bandwidth import DdrQuota
 from ._commands import Commands
+from ._descriptors import DescriptorBudget, raise_descriptor_limit
 from ._devices import Command, DeviceHandle
 from ._evidence import Evidence
 from ._failures import Failures
 from ._faultplan import FaultPlan
+from ._fencefds import FenceFdRequests, FenceFds
 from ._handoff import Handoff
 from ._hazards import Hazards
 from ._iommu import Iommu
@@ -98,6 +99,7 @@ class Parts:
     recovery: Recovery
     ddr: DdrQuota
     metrics: Metrics
+    fencefds: FenceFds
     requests: dict[str, Handler]
 
 
@@ -120,16 +122,18 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     binder = Binder(reg, iommu, handoff, lifetimes, faults,
                     barrier=lambda dev, then: commands.submit_system(dev, then=then),
                     unsafe=policy.unsafe_reclaim)
-    queues = Queues(reg, pool, failures, tell, binder, handoff, faults)
+    queues = Queues(reg, pool, failures, tell, binder, handoff, faults,
+                    restart_devices=policy.subsystem_restart)
     resets = Resets(policy, reg, commands, faults, spawn)
     recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed,
                         resets=resets)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     queues.watch.watch_with(recovery)  # cycle 3: a queue command's timeout is an incident
     ddr = DdrQuota(spec)
+    fencefds = FenceFds(reg, lifetimes, failures)
     hazards = Hazards(reg, evidence, spec.hazards)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
-                      hazards=hazards)
+                      hazards=hazards, fencefds=fencefds)
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
@@ -144,9 +148,10 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
         "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics,
                                   faults_changed=queues.faults_changed),
         "resets": ResetRequests(reg, resets),
+        "fencefds": FenceFdRequests(fencefds),
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,
-                 handoff, commands, queues, recovery, ddr, metrics, requests)
+                 handoff, commands, queues, recovery, ddr, metrics, fencefds, requests)
 
 
 def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, Segment]:
@@ -172,9 +177,15 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
     # Buffer segments have no name (nothing to record or clean up): they reach clients
     # and devices as descriptors only (``_memory``, ``ipc._fdpass``). A tenant's pool
     # spans the whole budget (its segments are sparse: pages come on first touch); its
-    # quota (``_quotas``) and the budget bound what it holds.
-    pool = Memory(named.prefix, budget=spec.memory_mib << 20,
-                  max_segments=max(64, (raise_descriptor_limit() - 1024) // 2),
+    # quota (``_quotas``) and the budget bound what it holds; the platform's descriptors
+    # bound what every tenant holds together (``_descriptors``).
+    def descriptors_held() -> int:
+        waiting = sum(len(fds) for c in clients.values() for _, fds in c.outfds)
+        waiting += sum(d.segs.waiting_fds for d in devices.values() if d.segs is not None)
+        return len(clients) + pool.descriptors + waiting
+
+    descriptors = DescriptorBudget(raise_descriptor_limit(), descriptors_held)
+    pool = Memory(named.prefix, budget=spec.memory_mib << 20, room=descriptors.check,
                   on_drop=segment_dropped)
 
     def inputs_ready(cmd: Command) -> bool:
@@ -195,19 +206,5 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
             lead_ns=round(dspec.scheduler.commit_lead_ms * 1e6),  # host time: not scaled
             time_scale=spec.time_scale, state=slots[index], inputs_ready=inputs_ready,
             segment_of=pool.segments.get)
-    return Registry(spec, fences, devices, slots, state, clients=clients), pool, state_segment
-
-
-def raise_descriptor_limit() -> int:
-    """Soft RLIMIT_NOFILE up to the hard limit: every connection costs a descriptor, and
-    ``limits.max_clients`` stays far below what we may hold. Returns the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 16
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
+    reg = Registry(spec, fences, devices, slots, state, clients=clients, descriptors=descriptors)
+    return reg, pool, state_segment

@@ -413,8 +413,8 @@ class DeviceHandle:
             sid = b.block.segment
             if sid not in segs.sent:
                 seg = self.segment_of(sid)
-                if seg is not None:
-                    segs.add(seg)
+                if seg is not None and not segs.add(seg):
+                    return False  # no descriptor for its duplicate: next turn
         return segs.flush()
 
     def forget_segment(self, sid: int) -> None:

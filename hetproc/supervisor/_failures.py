@@ -69,7 +69,11 @@ KINDS: dict[type[errors.HetprocError], Kind] = {
     # commands fail as the consequence of the failed reset its incident recorded.
     errors.ContextBanned: Kind(freeze=False),
     errors.DeviceWedged: Kind(freeze=False),
+    # A consequence too: the death that restarted the device froze its window already.
+    errors.DeviceRestarted: Kind(freeze=False),
     errors.PlatformError: Kind(freeze=False),
+    # A refusal at the door (the platform's descriptors are in use): nothing ran.
+    errors.DescriptorsExhausted: Kind(freeze=False),
 }
 _kind_cache: dict[type, Kind] = {}
 

@@ -114,6 +114,14 @@ class Lifetimes:
         del self.reg.fence_recs[rec.handle]
         self.reg.fences.release(rec.handle)
 
+    def hold_fence(self, rec: FenceRec) -> None:
+        """A watch (a fence descriptor, a merge: ``_fencefds``) keeps ``rec``'s slot from
+        recycling until it lets go (``let_go_fence``)."""
+        rec.refs += 1
+
+    def let_go_fence(self, rec: FenceRec) -> None:
+        self._unref_fence(rec)
+
     def _unref_fence(self, rec: FenceRec) -> None:
         """A command or an importer lets go of ``rec``; dropped once nobody holds it."""
         assert rec.refs > 0, f"fence {rec.handle:#x} let go more often than held"

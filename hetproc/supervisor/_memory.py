@@ -15,13 +15,15 @@ segment holds only memory every holder may reach::
     internal pool    (key 0)               the runtime's copies; handed to devices only
 
 Records and packets name a segment by its id (``sid``, a small int never reused), not by
-a name. A segment's memory goes when its last holder closes or dies: the supervisor drops
-its own descriptor and mapping when the segment is empty (an own segment when its buffer
-is reclaimed; a pool when its tenant left and its last block came back) and tells the
-devices to drop theirs (``on_drop``); a client unmaps an own segment when it frees the
-buffer, and a pool when it closes. The platform budget (``memory_mib``) counts every
-tenant's blocks together; the pages kept for reuse in tenants' pools stay within it too
-(``free``).
+a name. The supervisor holds a segment by its descriptor alone -- one descriptor, of the
+platform's budget (``room``, ``_descriptors``) -- and maps it only to read it itself (a
+queue's ring, ``mapping``). A segment's memory goes when its last holder closes or dies:
+the supervisor drops its own descriptor (and mapping) when the segment is empty (an own
+segment when its buffer is reclaimed; a pool when its tenant left and its last block came
+back) and tells the devices to drop theirs (``on_drop``); a client unmaps an own segment
+when it frees the buffer, and a pool when it closes. The platform budget (``memory_mib``)
+counts every tenant's blocks together; the pages kept for reuse in tenants' pools stay
+within it too (``free``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ipc import Block, BlockPool, Segment, block_size
+from ipc import Block, BlockPool, Segment, block_size, errors
 
 INTERNAL = 0  # the tenant key of the runtime's own buffers
 
@@ -49,19 +51,22 @@ def sid_of(block: Block) -> int:
 class Memory:
     """The supervisor's buffer memory; see the module docstring."""
 
-    def __init__(self, prefix: str, *, budget: int, max_segments: int = 4096,
+    def __init__(self, prefix: str, *, budget: int,
+                 room: Callable[[int, str], None] = lambda n, what: None,
                  on_drop: Callable[[int], None] = lambda sid: None) -> None:
-        """``max_segments``: live segments at once; each costs the supervisor two
-        descriptors (its own and its mapping's), so the loop's descriptor limit bounds it."""
+        """``room(n, what)``: raises unless the platform's descriptors have room for ``n``
+        more (``_descriptors``). A segment costs the supervisor one descriptor (its
+        memfd: it is mapped here only if the supervisor reads it, a queue's ring)."""
         self.prefix = prefix
         self.budget = budget
-        self.max_segments = max_segments
+        self.room = room
         self.on_drop = on_drop
         self.segments: dict[int, Segment] = {}     # sid -> every live buffer segment
         self.pools: dict[Any, BlockPool] = {}       # tenant key -> its pool
         self._pool_of: dict[int, BlockPool] = {}    # sid -> the pool it belongs to
         self._orphans: list[BlockPool] = []         # tenants gone, blocks still held
         self.own: dict[int, int] = {}               # sid -> bytes of an own segment
+        self._mapped = 0  # live segments mapped here too (``mapping`` +1, ``_drop`` -1)
         self._sids = itertools.count(1)
         self.created = 0
         self.dropped = 0
@@ -79,6 +84,12 @@ class Memory:
     @property
     def live_blocks(self) -> int:
         return sum(p.live_blocks for p in self._all_pools()) + len(self.own)
+
+    @property
+    def descriptors(self) -> int:
+        """What the live segments cost the supervisor: one each, two if mapped here
+        (only through ``mapping``: a queue's ring)."""
+        return len(self.segments) + self._mapped
 
     @property
     def resident_bytes(self) -> int:
@@ -103,7 +114,8 @@ class Memory:
                 "resident_bytes": self.resident_bytes,
                 "zeroed_bytes": self.zeroed_bytes, "tenant_pools": len(self.pools),
                 "orphan_pools": len(self._orphans), "own_segments": len(self.own),
-                "segments_created": self.created, "segments_dropped": self.dropped}
+                "segments_created": self.created, "segments_dropped": self.dropped,
+                "segment_descriptors": self.descriptors}
 
     # -- allocate / free -----------------------------------------------------------------
 
@@ -160,18 +172,31 @@ class Memory:
         else:
             self._orphans.append(pool)
 
+    def mapping(self, sid: int) -> mmap.mmap:
+        """The supervisor's own mapping of segment ``sid`` (made on first use: one more
+        descriptor, within the platform's budget)."""
+        seg = self.segments[sid]
+        if not seg.mapped:
+            self.room(1, "map a segment")
+            try:
+                seg.map = mmap.mmap(seg.fd, seg.size)
+            except OSError as exc:
+                raise errors.DescriptorsExhausted(f"cannot map segment {sid}: {exc}",
+                                                  detail={"limit": "descriptors"}) from None
+            self._mapped += 1
+        return seg.map
+
     def pool_of(self, sid: int) -> BlockPool | None:
         return self._pool_of.get(sid)
 
     # -- segments -------------------------------------------------------------------------
 
     def _new_segment(self, kind: str, size: int) -> Segment:
-        if len(self.segments) >= self.max_segments:
-            raise MemoryError(f"{len(self.segments)} buffer segments live: the platform's "
-                              f"limit (descriptors) is {self.max_segments}")
+        self.room(1, f"make a buffer segment of {size} bytes")
         sid = next(self._sids)
         try:
-            seg = Segment.anonymous_segment(f"{self.prefix}{kind}{sid}", size, sid)
+            seg = Segment.anonymous_segment(f"{self.prefix}{kind}{sid}", size, sid,
+                                            mapped=False)
         except OSError as exc:  # out of descriptors or memory: this request fails alone
             raise MemoryError(f"cannot make a buffer segment: {exc}") from None
         self.segments[sid] = seg
@@ -192,6 +217,7 @@ class Memory:
         seg = self.segments.pop(sid, None)
         if seg is None:
             return
+        self._mapped -= seg.mapped
         seg.close()
         self.dropped += 1
         self.on_drop(sid)
@@ -203,3 +229,4 @@ class Memory:
         self._orphans.clear()
         self._pool_of.clear()
         self.own.clear()
+        self._mapped = 0

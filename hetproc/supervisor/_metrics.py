@@ -19,6 +19,7 @@ from ._resets import reset_metrics
 if TYPE_CHECKING:
     from ._bandwidth import DdrQuota
     from ._evidence import Evidence
+    from ._fencefds import FenceFds
     from ._handoff import Handoff
     from ._hazards import Hazards
     from ._memory import Memory
@@ -31,10 +32,11 @@ class Metrics:
 
     def __init__(self, reg: Registry, pool: Memory, recovery: Recovery, handoff: Handoff,
                  evidence: Evidence, queues: Queues, ddr: DdrQuota, prefix: str, *,
-                 hazards: Hazards | None = None) -> None:
+                 hazards: Hazards | None = None, fencefds: FenceFds | None = None) -> None:
         self.reg, self.pool, self.recovery, self.handoff = reg, pool, recovery, handoff
         self.evidence, self.queues, self.ddr, self.prefix = evidence, queues, ddr, prefix
         self.hazards = hazards
+        self.fencefds = fencefds
 
     def __call__(self) -> dict[str, Any]:
         m = platform_metrics(self.reg, self.pool, self.recovery, self.handoff,
@@ -43,6 +45,8 @@ class Metrics:
         m["queues"] = self.queues.metrics()
         if self.hazards is not None:
             m["hazards"] = self.hazards.metrics()
+        if self.fencefds is not None:
+            m["fence_fds"] = self.fencefds.counts()
         return m
 
 
@@ -66,7 +70,7 @@ def platform_metrics(reg: Registry, pool: Memory, recovery: Recovery, handoff: H
         "incidents": {"active": len(recovery.active) + len(recovery.probing),
                       "recovered": len(recovery.history),
                       "watchdog_verdicts": dict(recovery.verdicts)},
-        "pool": pool.metrics(),
+        "pool": pool.metrics(), "descriptors": reg.descriptors.metrics(),
         "resets": reset_metrics(reg),
     }
     m.update(handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
@@ -97,7 +101,7 @@ _TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "complet
                    "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
                    "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
                    "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
-                   "fence_semaphores", "hazards", "resets")
+                   "fence_semaphores", "descriptors", "hazards", "fence_fds", "resets")
 
 
 def tenant_view(m: dict, client: Any) -> dict:

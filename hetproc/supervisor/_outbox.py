@@ -68,11 +68,11 @@ class Outbox:
 
     def send(self, client: ClientRec, frame: bytes, fds: Sequence[int] = ()) -> None:
         """Send now what the socket takes, buffer the rest. Descriptors go with the
-        frame's first byte (SCM_RIGHTS); until sent they are our own duplicates, so a
-        segment dropped meanwhile cannot turn them into someone else's descriptors."""
+        frame's first byte (SCM_RIGHTS). They are the outbox's from here on (taken for
+        this reply, ``_requests.hand_segment``): closed once sent or when the client is
+        gone, so a segment dropped meanwhile cannot turn them into someone else's."""
         out = client.outbuf
-        if fds:
-            fds = [os.dup(fd) for fd in fds]
+        fds = list(fds)
         if not out:
             try:
                 sent = _send(client.conn, frame, fds)

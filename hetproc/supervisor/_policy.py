@@ -23,6 +23,11 @@ class Policy:
     wedge_on_hang: bool = False   # xe's wedged_mode 2: a hang wedges the device, no reset
     unsafe_unwedge: bool = False  # debug only: unwedge without resetting the device
 
+    # devices whose process death is a subsystem restart (every handle on them is lost)
+    subsystem_restart: tuple[str, ...] = ()
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Policy:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        known = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+        known["subsystem_restart"] = tuple(d.get("subsystem_restart") or ())
+        return cls(**known)

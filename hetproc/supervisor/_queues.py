@@ -68,6 +68,7 @@ from ipc import (
 )
 
 from .. import _protocol
+from . import _quotas as quota
 from ._devices import RING_SLOTS
 from ._memory import sid_of
 from ._queue_bindings import Binder, BindingSet, make_table
@@ -124,7 +125,10 @@ class Queues:
 
     def __init__(self, reg: Registry, pool: Memory, failures: Failures,
                  tell: Callable[[ClientRec, dict], None], binder: Binder, handoff: Handoff,
-                 faults: FaultPlan) -> None:
+                 faults: FaultPlan, restart_devices: tuple[str, ...] = ()) -> None:
+        """``restart_devices``: those whose death is a subsystem restart (``_restarts``):
+        their queues are lost with ``DeviceRestarted``."""
+        self.restart_devices = frozenset(restart_devices)
         self.reg = reg
         self.pool = pool
         self.failures = failures
@@ -253,6 +257,8 @@ class Queues:
         dev = self._device(ctx.device)
         if sum(q.device == dev.name for q in self.open_queues.values()) >= MAX_PER_DEVICE:
             raise errors.QuotaExceeded(f"{MAX_PER_DEVICE} queues open on {dev.name}")
+        quota.check_queue_share(client, dev.name, MAX_PER_DEVICE, [
+            q.client.pid for q in self.open_queues.values() if q.device == dev.name])
         if not dev.pid or dev.paused or dev.segs is None:
             raise errors.ResourceError(f"{dev.name} is resetting: open the queue again "
                                        f"once it serves", retryable=True)
@@ -275,11 +281,16 @@ class Queues:
             if sender is None:
                 raise errors.ResourceError(f"{dev.name} is starting: open the queue again",
                                            retryable=True)
+            self.pool.mapping(sid)  # the supervisor reads the ring: it maps it
             segs = hand(client, sid)
         except errors.HetprocError:
             self.pool.free(block)
             raise
-        sender.add(seg)
+        if not sender.add(seg):
+            client.segments.discard(sid)
+            self.pool.free(block)
+            raise errors.DescriptorsExhausted(f"no descriptor to hand {dev.name} the queue's "
+                                              "ring: open it again later") from None
         if not sender.flush():
             sender.drop(sid)
             client.segments.discard(sid)
@@ -310,7 +321,9 @@ class Queues:
         for q in [q for q in self.open_queues.values() if q.device == dev.name]:
             self._end(q, QUEUE_LOST, dev, why)
             self.stats["lost"] += 1
-            self.tell(q.client, _protocol.notice(errors.CancelledByReset(
+            lost = (errors.DeviceRestarted if dev.name in self.restart_devices
+                    else errors.CancelledByReset)
+            self.tell(q.client, _protocol.notice(lost(
                 f"queue {q.qid} on {dev.name} was lost: {why}").to_dict(), queue=q.qid))
         self.watch.device_gone(dev)
 
@@ -338,6 +351,9 @@ class Queues:
             if fences.pending_owner(rec.signal) != tag:
                 continue
             exc = _owed_error(q, dev, why, rec.cid, i == tail and rec.cid == running)
+            if dev is not None and dev.name in self.restart_devices:
+                exc = errors.DeviceRestarted(f"queue {q.qid} on {dev.name} was lost: {why}",
+                                             correlation_id=rec.cid, detail={"device": dev.name})
             if dev is not None and i == tail:
                 exc = self.watch.take_verdict(dev, rec.cid) or exc
             self.failures.fail(exc, [rec.signal], noted=0)  # its record reaches the owner first

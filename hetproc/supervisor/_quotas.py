@@ -62,6 +62,29 @@ def _inflight(reg: Registry, handle: int) -> int:
         return 0
 
 
+QUEUE_NEWCOMER_SLOTS = 4  # of a device's queues, kept for tenants holding none there
+
+
+def check_queue_share(client: ClientRec, device: str, pool: int, holders: list[int]) -> None:
+    """A device's ``pool`` of queues is shared per tenant (``holders``: the pid of each
+    queue's tenant there): a tenant holding some may add one while it holds less than
+    its share -- the pool over the tenants there plus one still to come -- and while
+    more than ``QUEUE_NEWCOMER_SLOTS`` are free. A tenant holding none may take any free
+    one, so a few tenants filling their quotas never lock every other out of a device."""
+    mine = holders.count(client.pid)
+    if not mine:
+        return
+    tenants = len(set(holders))
+    share = max(1, pool // (tenants + 1))
+    free = pool - len(holders)
+    if mine >= share or free <= QUEUE_NEWCOMER_SLOTS:
+        raise errors.QuotaExceeded(
+            f"{device}'s queues are shared per tenant: this process holds {mine}, its share "
+            f"is {share} of {pool} with {tenants} tenant(s) there, and the last "
+            f"{QUEUE_NEWCOMER_SLOTS} free are kept for tenants holding none ({free} free)",
+            detail={"limit": "queue_share"})
+
+
 def usage(reg: Registry, client: ClientRec) -> dict[str, int]:
     """What the client's process holds, beside its limits: the figures a tenant may see."""
     tenant, lim = reg.tenant(client), reg.spec.limits

@@ -21,6 +21,8 @@ import numpy as np
 
 from ipc import PENDING, Block, FenceTable, FrameReader, SlotMap, errors, span_bytes
 
+from ._descriptors import DescriptorBudget
+
 if TYPE_CHECKING:
     from .._config import PlatformSpec
     from ._devices import Command, DeviceHandle
@@ -44,6 +46,7 @@ class ClientRec:
     # Identity from the kernel (SO_PEERCRED at accept), never from a packet.
     uid: int = -1
     privileged: bool = False  # the owner, or a holder of a role the owner granted
+    trace_reader: bool = False  # privileged, or a holder of a trace role the owner granted
     hello_deadline: float = 0.0  # monotonic s; a connection silent past it is closed
     # Only ``_lifetimes`` changes this (register, release_buffer); it counts the bytes of
     # the buffers in ``buffers``, as ``_quotas`` checks them.
@@ -62,6 +65,12 @@ class ClientRec:
     resets: ResetCounts = field(default_factory=lambda: ResetCounts())
     bans: list[int] = field(default_factory=list)
     banned: str = ""
+    # Those of ``segments`` handed read-only (a read-only import): their descriptor was
+    # opened read-only, so the client's mapping cannot write (``_requests.hand_segment``).
+    read_only_segments: set[int] = field(default_factory=set)
+    # Descriptors taken for the reply being built (``hand_segment``), in ``segs`` order:
+    # the loop gives them to the outbox with the reply, or closes them with a refusal.
+    handing: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -157,8 +166,9 @@ class FenceRec:
 
     handle: int
     client: ClientRec | None
-    # Only ``_lifetimes`` changes this (take_refs and import_fence +1, ``_unref_fence``
-    # -1): the unretired commands that wait on it or signal it, and its importers. The
+    # Only ``_lifetimes`` changes this (take_refs, import_fence and hold_fence +1,
+    # ``_unref_fence`` -1): the unretired commands that wait on it or signal it, its
+    # importers, and the descriptors and merges that watch it (``_fencefds``). The
     # slot is recycled only once it is 0 and ``released``.
     refs: int = 0
     released: bool = False  # only ``_lifetimes`` sets it, once: its owner let go
@@ -198,10 +208,15 @@ class Registry:
         "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0})
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
-    role_tokens: set[int] = field(default_factory=set)  # granted by the owner (privileged)
     # Only ``_resets`` changes this: the wedged devices (name -> why), which run nothing
     # until unwedged; ``_validation.context_of`` refuses work for them.
     wedged: dict[str, dict] = field(default_factory=dict)
+    # Tokens the owner granted -> their scope: "all" (privileged) or "trace" (reads the
+    # platform's trace, every tenant's: what its user reads from another terminal).
+    role_tokens: dict[int, str] = field(default_factory=dict)
+    # The platform's descriptors, shared by every tenant (``_descriptors``).
+    descriptors: DescriptorBudget = field(
+        default_factory=lambda: DescriptorBudget(1 << 20, lambda: 0))
 
     def tenant(self, client: ClientRec) -> list[ClientRec]:
         """Every connection of ``client``'s process (the kernel's pid): quotas count here,

@@ -27,6 +27,8 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
 
 A device that dies on its own (crash, SIGKILL from outside) enters at step 4: its reaping
 is the confirmed stop.
+A device the policy's ``subsystem_restart`` names restarts as a subsystem instead
+(``_restarts``): every handle bound to the old instance is lost with ``DeviceRestarted``.
 
 The watchdog also watches the queue, not only the running command: a device that holds
 commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
@@ -68,6 +70,7 @@ from ._faultplan import FaultPlan
 from ._policy import Policy as Policy  # (where the tests and parts have found it)
 from ._preempt_timeout import preempt_timeout
 from ._resets import Resets, wedged_error
+from ._restarts import death_error, innocent_error, lose_contexts
 
 if TYPE_CHECKING:
     from ._commands import Commands
@@ -397,9 +400,10 @@ class Recovery:
         if inc is None:
             running = _running_command(self.reg, dev)
             inc = self.new_incident("death", dev, running)
-            exc = errors.DeviceCrashed(f"{dev.name} process died (exit status {status})",
-                                       correlation_id=running.cid if running else 0,
-                                       detail={"incident": inc.id})
+            died = death_error(self.policy.subsystem_restart, dev.name)
+            exc = died(f"{dev.name} process died (exit status {status})",
+                       correlation_id=running.cid if running else 0,
+                       detail={"incident": inc.id, "device": dev.name})
             inc.error = exc.to_dict()
             if running is not None:
                 running.failure = exc
@@ -475,14 +479,16 @@ class Recovery:
                 continue
             cmd.outs_untrusted()
             self.resets.on_innocent(cmd, inc)
-            if self.policy.replay_innocent and cmd.ctx.lost is None and not inc.wedged:
+            cls = wedged_error if inc.wedged else innocent_error(self.policy.subsystem_restart,
+                                                                 inc.device)
+            replays = self.policy.replay_innocent and cls is errors.CancelledByReset
+            if replays and cmd.ctx.lost is None:
                 replayed.append(cmd)
             else:
                 why = f": {inc.reason}" if inc.reason else ""
-                self.commands.fail_command(cmd, wedged_error(inc.device, inc.id) if inc.wedged
-                                           else errors.CancelledByReset(
-                    f"cancelled by the reset of {inc.device}{why}", detail={"incident": inc.id}),
-                    retire=False)
+                self.commands.fail_command(cmd, cls(
+                    f"cancelled by the reset of {inc.device}{why}",
+                    detail={"incident": inc.id, "device": inc.device}), retire=False)
                 cancelled.append(cmd)
                 if inc.guilty is None or cmd.ctx.client is not inc.guilty.ctx.client:
                     inc.affected_clients.add(cmd.ctx.client.name)
@@ -546,6 +552,7 @@ class Recovery:
         if reset:
             self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
+            lose_contexts(self.policy.subsystem_restart, self.reg, self.commands, dev, inc)
         else:
             inc.step("resume", epoch=dev.epoch, note="cancel acknowledged: no reset needed")
         for cmd in inc.replay:

@@ -11,6 +11,7 @@ with only the parts its requests use::
     reports     ReportRequests     (_requests_reports)   metrics, incidents, dumps, faults,
                                                          the trace
     resets      ResetRequests      (_resets)             reset statistics, unwedging
+    fencefds    FenceFdRequests    (_fencefds)           fence descriptors, merged fences
 
 A handler runs after the packet decoded against its schema and the whole request was
 checked (``_validation.check_request``); it validates the rest, then acts through its
@@ -23,9 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ipc import errors
+from ipc import errors, read_only_descriptor
 
 from . import _quotas as quota
+from ._descriptors import take_descriptor
 from ._records import ClientRec
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ HANDLERS: dict[str, tuple[str, str]] = {
     "free_many": ("memory", "free_many"),
     "fence_create": ("memory", "fence_create"), "fence_release": ("memory", "fence_release"),
     "fence_error": ("memory", "fence_error"), "fence_signal": ("memory", "fence_signal"),
+    "fence_fd": ("fencefds", "fence_fd"), "fence_merge": ("fencefds", "fence_merge"),
     "map": ("memory", "map"), "unmap": ("memory", "unmap"),
     "export": ("memory", "export_"), "import": ("memory", "import_"),
     "mem_events": ("memory", "mem_events"),
@@ -75,11 +78,32 @@ def need_privilege(client: ClientRec, what: str) -> None:
                                   "it granted): a client sees its own work only")
 
 
-def hand_segment(reg: Registry, pool: Memory, client: ClientRec, sid: int) -> list:
+def need_trace_role(client: ClientRec) -> None:
+    if not client.trace_reader:
+        raise errors.NotPermitted(
+            "the platform's trace needs a role: the owner, or a role it granted "
+            "(grant_role(), or grant_role(scope='trace') to read the trace only): a "
+            "client sees its own work only")
+
+
+def hand_segment(reg: Registry, pool: Memory, client: ClientRec, sid: int, *,
+                 writable: bool = True) -> list:
     """``[[sid, bytes]]`` if the segment's descriptor must go with the reply (this
-    connection does not hold it yet; the loop attaches the descriptor), else []."""
-    if sid in client.segments:
+    connection does not hold it yet, or holds it read-only and may now write it; the
+    loop attaches the descriptor), else []. Not ``writable``: the descriptor handed is
+    opened read-only, so the connection's mapping of it is read-only too (a read-only
+    import: the kernel refuses its writes, whatever numpy's flags say)."""
+    held = sid in client.segments
+    if held and (not writable or sid not in client.read_only_segments):
         return []
-    quota.check_segments(reg, client, 1)
+    if not held:
+        quota.check_segments(reg, client, 1)
+    reg.descriptors.check(1, "hand a segment over")
+    client.handing.append(take_descriptor(pool.segments[sid].fd, writable=writable,
+                                          duplicate=read_only_descriptor))
     client.segments.add(sid)
+    if writable:
+        client.read_only_segments.discard(sid)
+    else:
+        client.read_only_segments.add(sid)
     return [[sid, pool.segments[sid].size]]

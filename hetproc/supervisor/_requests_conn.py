@@ -47,19 +47,23 @@ class ConnectionRequests:
         client.name = msg["name"]
         client.owner = (bool(msg.get("owner")) and client.pid == self.owner_pid
                         and not any(c.owner for c in self.reg.clients.values()))
-        client.privileged = client.owner or msg.get("role") in self.reg.role_tokens
+        scope = self.reg.role_tokens.get(msg.get("role", 0))
+        client.privileged = client.owner or scope == "all"
+        client.trace_reader = client.privileged or scope == "trace"
         return {"client_id": client.id, **self.platform, **self.evidence.hello(client),
                 "privileged": client.privileged,
                 "max_priority": check.max_priority(client, self.reg.spec.limits)}
 
     def grant_role(self, client: ClientRec, msg: dict) -> dict:
-        """A token that makes the client presenting it at hello privileged (observe every
-        tenant, inject faults anywhere): the owner's to give."""
+        """A token that gives the client presenting it at hello a role: the owner's to
+        give. Scope ``"all"`` (the default) makes it privileged (observe every tenant,
+        inject faults anywhere); ``"trace"`` lets it read the platform's trace and
+        frozen windows, nothing more."""
         need_owner(client, "grant a role")
         if len(self.reg.role_tokens) >= MAX_ROLE_TOKENS:
             raise errors.QuotaExceeded(f"{MAX_ROLE_TOKENS} role tokens granted already")
         token = secrets.randbits(62) + 1
-        self.reg.role_tokens.add(token)
+        self.reg.role_tokens[token] = msg.get("scope", "all")
         return {"token": token}
 
     def ping(self, client: ClientRec, msg: dict) -> dict:

@@ -81,6 +81,7 @@ class MemoryRequests:
         dropped = self.lifetimes.drop_import(client, msg["buf"])  # an importer lets go
         if dropped is not None:
             client.segments.discard(own)
+            client.read_only_segments.discard(own)
             return dropped
         buf = check.buffer_of(self.reg, client, msg["buf"])
         reclaimed = self.lifetimes.release_buffer(buf)
@@ -197,12 +198,17 @@ class MemoryRequests:
             return {"fence": exp.handle, "cid": self.reg.fences.info(exp.handle)["cid"],
                     "signal": rec.client is client or client.id in rec.signallers}
         buf = self.reg.buffers.get(exp.handle)
-        segs = hand_segment(self.reg, self.pool, client, buf.block.segment)  # quota first
+        sid = buf.block.segment
+        held = sid in client.segments
+        segs = hand_segment(self.reg, self.pool, client, sid,  # quota first
+                            writable="w" in exp.perm)
         try:
             perm = self.iommu.add_buffer_import(client, buf, exp.perm)
         except BaseException:
-            if segs:
-                client.segments.discard(buf.block.segment)
+            if segs and not held:
+                client.segments.discard(sid)
+            elif segs:  # it asked for a writable one: it holds the read-only one still
+                client.read_only_segments.add(sid)
             raise
         return {**self.handoff.describe(buf), "perm": perm, "segs": segs}
 

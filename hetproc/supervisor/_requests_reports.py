@@ -3,7 +3,7 @@ fault plan (arm, clear).
 
 A normal client sees its own work only: its metrics view hides other tenants
 (``_metrics.tenant_view``), its faults fire on its own work; incidents, dumps and the
-trace need a privileged role.
+trace need a privileged role (the trace alone: a trace role, ``grant_role(scope="trace")``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from . import _quotas as quota
 from ._metrics import tenant_view
 from ._records import ClientRec, Registry
-from ._requests import need_privilege
+from ._requests import need_privilege, need_trace_role
 
 if TYPE_CHECKING:
     from ._commands import Commands
@@ -68,10 +68,10 @@ class ReportRequests:
         return {}
 
     def trace_info(self, client: ClientRec, msg: dict) -> dict:
-        need_privilege(client, "the platform's trace")
+        need_trace_role(client)
         return self.evidence.info()
 
     def trace_frozen(self, client: ClientRec, msg: dict) -> dict:
-        need_privilege(client, "the platform's trace")
+        need_trace_role(client)
         return self.evidence.frozen_page(msg.get("window"), msg.get("offset", 0),
                                          flush=msg.get("flush", False))

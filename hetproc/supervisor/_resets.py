@@ -61,9 +61,10 @@ def unusable(reg: Registry, ctx: ContextRec) -> errors.HetprocError:
     name = f"context {ctx.handle:#x}"
     if isinstance(ctx.lost, errors.ContextBanned):
         return errors.ContextBanned(f"{name} is banned: {ctx.lost}")
-    if ctx.lost is not None:
-        return errors.ContextLost(f"{name} was lost: {ctx.lost}",
-                                  detail={"cause": ctx.lost.to_dict()})
+    if ctx.lost is not None:  # a restart says so: retry on a new one
+        cls = type(ctx.lost) if type(ctx.lost) is errors.DeviceRestarted else errors.ContextLost
+        return cls(f"{name} was lost: {ctx.lost}",
+                   detail={"cause": ctx.lost.to_dict(), "device": ctx.device})
     why = reg.wedged[ctx.device]
     return errors.DeviceWedged(f"{ctx.device} is wedged ({why['reason']}): unwedge it first",
                                buffers_trusted=True, detail={"incident": why["incident"]})
@@ -169,7 +170,8 @@ class Resets:
         self.reg.wedged[dev.name] = {"incident": inc.id, "since": time.time(), "reason": why}
         queued = dev.sched.clear()
         for cmd in queued:
-            self.commands.fail_command(cmd, wedged_error(dev.name, inc.id))
+            self.commands.fail_command(cmd, wedged_error(f"queued for {dev.name}",
+                                                         detail={"incident": inc.id}))
         inc.step("wedged", queued_failed=len(queued))
         self.reg.note_event("wedged", device=dev.name, incident=inc.id)
 
@@ -220,9 +222,9 @@ class ResetRequests:
         return {"device": dev.name, "was_wedged": True, "epoch": dev.epoch}
 
 
-def wedged_error(device: str, incident: int) -> errors.DeviceWedged:
-    return errors.DeviceWedged(f"{device} is wedged: its reset failed",
-                               detail={"incident": incident})
+def wedged_error(message: str = "", **kw: Any) -> errors.DeviceWedged:
+    """A command that waited for a device whose reset failed."""
+    return errors.DeviceWedged(f"{message}: the device is wedged, its reset failed", **kw)
 
 
 def _count(ctx: ContextRec, status: str) -> None:

@@ -42,10 +42,11 @@ built in one place (``_compose``)::
     Queues      (_queues)      user-mode queues: open, close, lost with their device; the
                                buffers bound to them (_queue_bindings) and the watchdog
                                of their commands (_queue_watch)
+    FenceFds    (_fencefds)    fence descriptors and merged fences: watched, swept
     FaultPlan   (_faultplan)   injected faults
     Metrics     (_metrics)     the platform's figures, and what a tenant may see of them
-    handlers    (_requests*)   one per request of ``hetproc._protocol``, in four groups:
-                               connection, memory, commands, reports
+    handlers    (_requests*)   one per request of ``hetproc._protocol``, in five groups:
+                               connection, memory, commands, reports, fence descriptors
     Outbox      (_outbox)      replies and notices to clients; slow readers buffered
     (functions) _validation    every field of a request checked before any handler runs
     (functions) _quotas        per-tenant limits (a tenant = a client process)
@@ -93,10 +94,11 @@ from .. import _protocol
 from .._config import PlatformSpec
 from . import _validation as check
 from ._commands import Commands
-from ._compose import NamedObjects, compose, raise_descriptor_limit
+from ._compose import NamedObjects, compose
 from ._devices import DeviceHandle
 from ._evidence import Evidence
 from ._failures import CLIENT, Failures
+from ._fencefds import FenceFds
 from ._lifetimes import Lifetimes
 from ._memory import Memory
 from ._outbox import Outbox, close_all
@@ -139,6 +141,7 @@ class Supervisor:
         self.commands: Commands = parts.commands
         self.recovery: Recovery = parts.recovery
         self.queues: Queues = parts.queues
+        self.fencefds: FenceFds = parts.fencefds
         self.handlers = parts.requests
         for dev in self.reg.devices.values():
             self.sel.register(dev.completion_fd, selectors.EVENT_READ, ("completion", dev))
@@ -157,7 +160,6 @@ class Supervisor:
         self.sel.register(self.owner_pidfd, selectors.EVENT_READ, ("owner_death", None))
 
     def _setup_socket(self) -> None:
-        raise_descriptor_limit()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(socket_address(self.prefix))
         self.listener.listen(256)
@@ -190,13 +192,16 @@ class Supervisor:
     # -- the loop ---------------------------------------------------------------------
 
     def serve(self) -> None:
+        self.reg.descriptors.start()  # what the platform holds of its own, before tenants
         while self.running:
             for client in list(self.backlog):
                 self.serve_pending(client)
+            news = False
             for key, mask in self.sel.select(0 if self.backlog else TICK_S):
                 kind, obj = key.data
                 if kind == "completion":
                     self.commands.on_completions(obj)
+                    news = True
                 elif kind == "accept":
                     for _ in range(ACCEPTS_PER_TURN):
                         if not self.on_accept():
@@ -208,6 +213,8 @@ class Supervisor:
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
             self.tick()
+            if self.fencefds.watching:
+                self.fencefds.sweep(news)
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
@@ -253,9 +260,10 @@ class Supervisor:
 
     def on_accept(self) -> bool:
         """Take one connection. Its peer's pid and uid come from the kernel (SO_PEERCRED),
-        never from a packet. Past ``limits.max_clients`` connections, or from another user,
-        the peer is told why and closed at once; an accept that fails (descriptors
-        exhausted) costs that peer its connection, never the loop."""
+        never from a packet. Past ``limits.max_clients`` connections, from another user, or
+        when the platform's descriptors leave only what answering needs (``_descriptors``),
+        the peer is told why and closed at once; an accept that fails anyway costs that
+        peer its connection, never the loop."""
         try:
             conn, _ = self.listener.accept()
         except (BlockingIOError, InterruptedError):
@@ -291,6 +299,12 @@ class Supervisor:
         limits = self.spec.limits
         if uid != os.getuid() and uid != 0:
             return errors.NotPermitted(f"this platform belongs to uid {os.getuid()}, not {uid}")
+        if not self.reg.descriptors.may_accept():
+            d = self.reg.descriptors
+            return errors.DescriptorsExhausted(
+                f"no connection taken: the platform's descriptors are all in use "
+                f"({d.in_use()} of the supervisor's RLIMIT_NOFILE {d.limit}); retry once "
+                "other tenants let buffers or connections go", detail={"limit": "descriptors"})
         if len(self.reg.clients) >= limits.max_clients:
             self._let_go_hung_up([c.conn for c in self.reg.clients.values()])
         if len(self.reg.clients) >= limits.max_clients:
@@ -402,22 +416,33 @@ class Supervisor:
                 raise errors.InvalidRequest("say hello first")
             result = self.handlers[msg["op"]](client, msg)
         except errors.HetprocError as exc:
+            self._drop_handing(client)
             if isinstance(exc, errors.BadPacket):
                 self.reg.stats["bad_packets"] += 1
                 if req_id == -1:
                     req_id = _id_of(frame)  # answer the request its sender waits for
             self.refuse(client, req_id, exc, frame)
         except Exception as exc:  # a supervisor bug must fail one request, not the platform
+            self._drop_handing(client)
             err = errors.InternalError(f"internal error: {type(exc).__name__}: {exc}")
             self.refuse(client, req_id, err, frame)
         else:
+            # The descriptors the reply hands over: the segments' (``segs``, in order),
+            # taken by the handler, then a fence's (``_give``, the reader's end). The
+            # outbox owns them now, and closes them once sent.
+            give = result.pop("_give", None) if result else None
+            fds, client.handing = client.handing, []
+            if give is not None:
+                fds.append(give.detach())
             if req_id:  # id 0 is a notification: the sender does not wait for an answer
-                self.outbox.reply(client, req_id, result=result, fds=self._fds_of(result))
+                self.outbox.reply(client, req_id, result=result, fds=fds)
+            else:
+                close_all(fds)
 
-    def _fds_of(self, result: dict | None) -> list[int]:
-        """The descriptors of the segments a reply hands over (``segs``), in its order."""
-        segs = result.get("segs") if result else None
-        return [self.pool.segments[sid].fd for sid, _ in segs] if segs else []
+    @staticmethod
+    def _drop_handing(client: ClientRec) -> None:
+        close_all(client.handing)
+        client.handing = []
 
     def refuse(self, client: ClientRec, req_id: int, exc: errors.HetprocError,
                frame: bytes) -> None:
@@ -461,7 +486,9 @@ class Supervisor:
         for ctx_handle in list(client.contexts):
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
+        self.fencefds.client_gone(client)
         client.segments.clear()
+        client.read_only_segments.clear()
         if not self.reg.tenant(client):  # its process's last connection
             self.parts.ddr.forget(client.pid)
             self.pool.tenant_gone(client.pid)  # its pool goes once its blocks are back
@@ -489,6 +516,8 @@ class Supervisor:
         for dev in self.reg.devices.values():
             for cmd in dev.take_all():
                 self.commands.fail_command(cmd, errors.PlatformClosed("platform stopped"))
+        self.fencefds.sweep(news=True)  # descriptors of what completed get their record
+        self.fencefds.close()
         for client in list(self.reg.clients.values()):
             client.conn.close()
         self.listener.close()
