@@ -15,6 +15,8 @@ Public API::
     command(...)      one entry of Context.submit_many
     Queue             Context.queue(): records straight to the device, no supervisor hop
                       (a user-mode queue; commands as submit means them, on bound buffers)
+    ResetStatus, ResetStats  Context.reset_status() / reset_stats(), ResetStats.of_process(client):
+                      who a reset touched (GL robustness, gem_reset_stats)
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
                       (PipelineStage, PipelineReport; seed §10)
     SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
@@ -103,6 +105,8 @@ from .client import (
     Platform,
     PoolStatistics,
     Queue,
+    ResetStats,
+    ResetStatus,
     command,
     connect,
     fence_fd_done,
@@ -128,5 +132,6 @@ __all__ = [
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     "simulate_schedule", "merge_fences", "wait_fence_fd", "fence_fd_done",
+    "ResetStatus", "ResetStats",
 ]
 __all__ += errors.__all__

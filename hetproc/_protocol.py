@@ -89,7 +89,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "ping": {"id": ID},
     "context_create": {"id": ID, "device": text(64), "priority?": PRIORITY, "name?": NAME,
                        "cache_maintenance?": OneOf((bool, text(16))), "period_ms?": DURATION,
-                       "weight?": NUMBER},
+                       "weight?": NUMBER, "recoverable?": bool},
     "context_destroy": {"id": ID, "ctx": HANDLE},
     "alloc": {"id": ID, "shape": handles(8), "dtype": text(16), "strides?": handles(8),
               "align?": Int(1, 1 << 30), "layout?": text(16), "usage?": List(text(64), 8),
@@ -126,6 +126,9 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "trace_info": {"id": ID},
     "trace_frozen": {"id": ID, "window?": HANDLE, "offset?": HANDLE, "flush?": bool},
     "power_vote": {"id": ID, "ctx": HANDLE, "level": NUMBER},
+    # resets: a context's (``ctx``) or the process's statistics; unwedging a device
+    "reset_stats": {"id": ID, "ctx?": HANDLE},
+    "device_unwedge": {"id": ID, "device": text(64)},
 }
 
 
@@ -156,6 +159,8 @@ def fields_of(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 # -- supervisor -> client -------------------------------------------------------------------
 
+# A context's part in the last reset that touched it (GL robustness' reset status).
+RESET_STATUSES = frozenset(("none", "guilty", "innocent", "unknown"))
 # The wire form of an error (``HetprocError.to_dict``); ``detail`` is free-form.
 ERROR = Map(max_len=16)
 # A report the client passes on without reading it field by field (metrics, the platform's
@@ -219,6 +224,10 @@ RESULTS: dict[str, dict[str, Any]] = {
                      "window?": REPORT, "records?": bytes, "offset?": Int(0, I64),
                      "total?": Int(0, I64)},
     "power_vote": {"level": NUMBER, "device_level": NUMBER},
+    "reset_stats": {"status": Str(16, choices=RESET_STATUSES), "in_progress": bool, "wedged": bool,
+                    "banned": bool, "resets": Int(0, I64), "guilty": Int(0, I64),
+                    "innocent": Int(0, I64)},
+    "device_unwedge": {"device": text(64), "was_wedged": bool, "epoch": Int(0, I64)},
 }
 # A notice: an answer nobody asked for (id 0) -- a fence's failure record, sent to the
 # fence's owner and importers ahead of its wake; a queue lost with its device; a

@@ -31,7 +31,7 @@ LAYOUTS = ("NHWC", "NCHW")
 # Fault kinds of the supervisor's fault plan (hetproc.supervisor._faultplan.FAULTS).
 FAULT_KINDS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
                "heartbeat_stall", "kernel_bug", "alloc_fail", "map_fail", "compile_timeout",
-               "oom")
+               "oom", "reset_fail")
 # Scheduling policies of a device (hetproc._config.POLICIES; a test keeps them equal).
 POLICIES = ("fifo", "priority", "edf", "fair", "mixed")
 _MAINTENANCE = ("both", "clean", "invalidate", "none")
@@ -91,6 +91,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "replay_innocent": Key("bool", False),
         "fallback_device": Key("optional-str", None),
         "unsafe_reclaim": Key("bool", False),
+        "ban_hangs": Key("int", 3, 1, 1_000_000,
+                         doc="hangs of a recoverable context within the window: banned"),
+        "ban_window_ms": Key("float", 120_000.0, 0.1, 3.6e9, doc="the bans' window"),
+        "ban_contexts": Key("int", 3, 1, 1_000_000,
+                            doc="contexts of a process banned within the window: it is too"),
+        "reset_attempts": Key("int", 2, 1, 100,
+                              doc="failed resets in a row that wedge the device"),
+        "wedge_on_hang": Key("bool", False, doc="a hang wedges its device: no reset"),
+        "unsafe_unwedge": Key("bool", False, doc="debug only: unwedge without a reset"),
         "subsystem_restart": Key("list", [], doc="devices whose death restarts them as a "
                                  "subsystem: every context on them is lost"),
     },

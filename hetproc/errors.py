@@ -21,7 +21,8 @@ for each field and each class for when it is raised and when it is not.
     │   └── CompileTimeout (also a ResourceError)
     ├── Cancelled             the client's own cancel: not a failure
     ├── DeviceFault           execution failed on a device
-    │   ├── DependencyFailed, DeviceCrashed, WrongOutput, ContextLost, DeviceRestarted
+    │   ├── DependencyFailed, DeviceCrashed, WrongOutput, DeviceRestarted, DeviceWedged
+    │   ├── ContextLost ── ContextBanned
     │   └── CancelledByReset (also a Cancelled): caught in someone's reset
     ├── ResourceError         OutOfMemory (QuotaExceeded), DescriptorsExhausted,
     │                         AllocationFailed, MapFailed, CompileTimeout

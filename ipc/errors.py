@@ -70,6 +70,8 @@ __all__ = [
     "DeviceCrashed",
     "WrongOutput",
     "ContextLost",
+    "ContextBanned",
+    "DeviceWedged",
     "DeviceRestarted",
     "ResourceError",
     "OutOfMemory",
@@ -465,6 +467,32 @@ class CancelledByReset(Cancelled, DeviceFault):
     buffers_trusted = False
 
 
+class ContextBanned(ContextLost):
+    """The context hung its device too often (``[recovery]`` ``ban_hangs`` within
+    ``ban_window_ms``) and is banned: every later submit on it is refused at once, nothing
+    runs, and retrying it there cannot help. A new context may work; the process's other
+    contexts and every other tenant keep working. With scope ``process``, the process
+    itself is banned (``ban_contexts`` of its contexts were): it may create no more
+    contexts until its last connection closes. Never raised for a context lost by a
+    single hang of its own (that is ``ContextLost``), nor for an innocent one."""
+
+    code = 38
+    scope = "context"
+    buffers_trusted = True
+    fallback_possible = False
+
+
+class DeviceWedged(DeviceFault):
+    """The device is wedged: resetting it failed (``[recovery]`` ``reset_attempts`` in a
+    row), so it runs nothing until an explicit unwedge (``Platform.unwedge``, ``hetproc
+    device unwedge``). Work that needs it fails fast with this error, and every command it
+    held or that waited for it, in flight or queued behind a fence, ends with it (never
+    hangs); buffers stay readable, other devices keep serving. Not retryable until the
+    device is unwedged; another device may run the request."""
+
+    code = 37
+    scope = "device"
+    retryable = False
 class DeviceRestarted(DeviceFault):
     """The device's subsystem restarted: its process died and a new instance serves now
     (a platform whose ``[recovery] subsystem_restart`` names the device). Every handle

@@ -44,7 +44,11 @@ runtime would, and the delegated model recovers by itself. A read-only importer 
 the seeds, its own generator too) writes the raw memory of the constant input it
 imported: the kernel kills it (SIGSEGV) and the bytes hold. The hostile tenant also
 hoards what tenants share (``bench.fuzz_campaign.hoard``: segments, a device's queues, a
-read-only import), and every refusal it gets names its limit. Faults
+read-only import), and every refusal it gets names its limit. Failed resets (a drawn
+device's every 2nd or 3rd attempt to come back fails, and its retry succeeds) and, in
+some seeds, a device wedged for one round (two failed attempts in a row: every command
+it held or had queued must end, and it is unwedged at the round's end), from a
+generator of their own too. Faults
 stay off the pipeline's and the model's commands (they are not re-checked by the device),
 except crashes.
 
@@ -263,6 +267,23 @@ def draw_restart(rng: random.Random) -> bool:
 def draw_queue(rng: random.Random) -> str:
     """The device the seed's queue runs on ('' for none): the first draws of ``queue_rng``."""
     return rng.choice(["npu0", "gpu0", "dsp0"]) if rng.random() < 0.5 else ""
+
+
+def resets_rng(seed: int) -> random.Random:
+    """The generator of a seed's failed resets: its own, as ``queue_rng`` is."""
+    return random.Random(f"resets-{seed}")
+
+
+def draw_resets(rng: random.Random, queue_device: str) -> tuple[str, int, str, int]:
+    """The first draws of ``resets_rng``: a device whose every N-th reset attempt fails
+    (N >= 2, so the retry brings it back), and a device wedged in one round (two failed
+    attempts in a row) and unwedged at that round's end ("" in half the seeds). Never the
+    queue's device: a queue cannot be opened on a wedged device, by design."""
+    flaky = rng.choice(DEVICES)
+    every = rng.randint(2, 3)
+    wedge = rng.choice([d for d in DEVICES if d not in (flaky, queue_device, "npu0")])
+    wedge_at = rng.randint(2, 11)
+    return flaky, every, wedge if rng.random() < 0.5 else "", wedge_at
 
 
 def platform_spec(mix: Mix, restart: bool = False) -> hetproc.PlatformSpec:
@@ -507,6 +528,8 @@ class _Run:
         self.q_dst: hetproc.Buffer | None = None
         self.q_copied: hetproc.Buffer | None = None  # the destination this round copied into
         self.tally["queue"] = collections.Counter()
+        self.flaky, self.flaky_every, self.wedge_device, self.wedge_at = draw_resets(
+            resets_rng(seed), self.queue_device)
         self.fdrng = fd_rng(seed)
         self.tally["fence_fds"] = collections.Counter()
 
@@ -580,6 +603,8 @@ class _Run:
         for _ in range(rng.randint(3, 6)):
             a.inject(rng.choice(CHAOS_FAULTS), device=rng.choice(DEVICES),
                      every=rng.randint(6, 15), count=0, **scope())
+        # a reset that fails now and then (another generator's draw: see ``draw_resets``)
+        a.inject("reset_fail", device=self.flaky, every=self.flaky_every, count=0)
         for kind in ("hang", "late_writer"):
             if rng.random() < 0.6:
                 a.inject(kind, device=rng.choice(DEVICES), at=rng.randint(5, 30), count=1,
@@ -685,6 +710,9 @@ class _Run:
                 except ProcessLookupError:
                     pass
 
+        if rnd == self.wedge_at and self.wedge_device:
+            self.wedge()
+
         # while the round's commands run (and a device may be resetting)
         if self.pipe is not None and rng.random() < 0.4:
             self.pipeline_round(rnd)
@@ -712,6 +740,8 @@ class _Run:
             elif out is not None and not _right(kernel, out.array(), want):
                 tally["wrong"].append((rnd, label))
         self.ph.check(not tally["wrong"], f"successful commands were wrong: {tally}")
+        if rnd == self.wedge_at and self.wedge_device:
+            self.unwedge()
         self.queue_verdict(rnd, queued)
         self.fd_verdict(rnd, watched)
         for fence in self.user_fences:
@@ -726,6 +756,25 @@ class _Run:
             outs[k].free()
             outs[k] = a.alloc(N)
             self.new_canary()
+
+    def wedge(self) -> None:
+        """Kill the wedge device with both attempts to reset it failing: every command it
+        holds or has queued must end (DeviceWedged, or DependencyFailed downstream)."""
+        a, dev = self.plat.client, self.wedge_device
+        a.inject("reset_fail", device=dev, every=1, count=2)
+        pid = a.metrics()["devices"][dev]["pid"]
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def unwedge(self) -> None:
+        """The round's commands all ended; the wedged device is unwedged and serves."""
+        a, dev = self.plat.client, self.wedge_device
+        self.ph.check(wait_for(lambda: a.metrics()["devices"][dev]["wedged"], timeout=10),
+                      f"{dev} was not wedged by two failed resets: {a.incidents()['active']}")
+        out = a.connection.request("device_unwedge", device=dev)
+        self.ph.check(out["was_wedged"], f"unwedge of {dev}: {out}")
+        self.tally["wedged"] = dev
 
     def compute_into(self, out: hetproc.Buffer, views: list[np.ndarray]) -> list[tuple]:
         """One random kernel into ``out``: a's own, or b's into a's buffer from b's imports."""

@@ -22,11 +22,13 @@ from tests.chaos import (
     ChaosFailure,
     draw_mix,
     draw_queue,
+    draw_resets,
     draw_restart,
     faults_on,
     judge_child_dependent,
     queue_rng,
     read_only_writer_drawn,
+    resets_rng,
     restart_rng,
     run,
 )
@@ -59,6 +61,9 @@ def test_the_default_seeds_cover_the_whole_mix():
     assert restarts == {True, False}  # npu0 restarts as a subsystem in some seeds
     queues = {draw_queue(queue_rng(int(s))) for s in DEFAULT_SEEDS.split(",")}
     assert "" in queues and len(queues) > 1  # a queue in some seeds, not in others
+    wedges = {draw_resets(resets_rng(int(s)), draw_queue(queue_rng(int(s))))[2]
+              for s in DEFAULT_SEEDS.split(",")}
+    assert "" in wedges and len(wedges) > 1  # a device wedged in some seeds, not in others
     writers = {read_only_writer_drawn(int(s)) for s in DEFAULT_SEEDS.split(",")}
     assert writers == {True, False}  # a read-only importer writing, in some seeds
     assert all(m == draw_mix(random.Random(int(s)))

@@ -59,6 +59,7 @@ def test_each_case_passes_and_says_which_check_broke_if_not(whole_suite, name):
 
 def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     prefix = {"IGT gem_reset_stats": "gem_reset_stats/", "IGT sw_sync": "sw_sync/",
+              "IGT gem_eio": "gem_eio/", "IGT xe_wedged": "xe_wedged/",
               "IGT syncobj_wait": "syncobj_wait/", "DRM scheduler KUnit": "drm_sched/",
               "IGT sysfs_preempt_timeout": "sysfs_preempt_timeout/",
               "dEQP robustness": "dEQP-EGL.functional.robustness.", "hetproc": "hetproc/",
@@ -90,6 +91,15 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
     # An innocent request caught in a reset is failed instead of run again, as i915 would.
     ("unrelated-ctx", {"replay_innocent": False}, "gem_reset_stats/unrelated-ctx-npu0",
      "the unrelated request completed"),
+    # Bans off (a limit no context reaches): the hanging context is accepted again and again.
+    ("ban-ctx", {"ban_hangs": 1000}, "gem_reset_stats/ban-ctx-npu0",
+     "two hangs it survived, then the one that banned it"),
+    # A reset that never fails: the device is never wedged, nothing reads it as wedged.
+    ("basic-wedged", {"reset_attempts": 3}, "xe_wedged/basic-wedged",
+     "metrics say dsp0 is wedged"),
+    # Unwedged without a reset: the device has no process, and the next request hangs.
+    ("basic-wedged", {"unsafe_unwedge": True}, "xe_wedged/basic-wedged",
+     "the first request after the unwedge completes (no hang)"),
 ])
 def test_a_broken_mechanism_fails_the_case_that_guards_it(only, recovery, case, check):
     result = run_conformance(only=only, recovery=recovery)
@@ -123,7 +133,7 @@ def test_cli_lists_cases_and_refuses_an_unknown_pattern():
     assert out.returncode == 0
     assert all(name in out.stdout for name in CASES)
     assert "IGT sw_sync: " in out.stdout
-    out = _cli("--only", "gem_eio/*")  # wedged devices do not exist yet: no such case
+    out = _cli("--only", "no_such_suite/*")
     assert out.returncode == 2
     assert out.stderr.strip().startswith("hetproc: InvalidRequest: no conformance case matches")
 

@@ -7,9 +7,11 @@ from hetproc.supervisor._requests_commands import CommandRequests
 from hetproc.supervisor._requests_conn import ConnectionRequests
 from hetproc.supervisor._requests_memory import MemoryRequests
 from hetproc.supervisor._requests_reports import ReportRequests
+from hetproc.supervisor._resets import ResetRequests
 
 GROUPS = {"connection": ConnectionRequests, "memory": MemoryRequests,
-          "commands": CommandRequests, "reports": ReportRequests, "fencefds": FenceFdRequests}
+          "commands": CommandRequests, "reports": ReportRequests, "resets": ResetRequests,
+          "fencefds": FenceFdRequests}
 
 
 def test_every_request_of_the_protocol_has_exactly_one_handler():

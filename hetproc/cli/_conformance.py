@@ -17,7 +17,8 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 _TEXT = """
     The recovery and synchronisation cases of the Linux GPU test suites (IGT gem_reset_stats,
-    sw_sync, syncobj_wait; the DRM scheduler's KUnit tests; dEQP robustness) acted out on
+    gem_eio, xe_wedged, sw_sync, syncobj_wait; the DRM scheduler's KUnit tests; dEQP
+    robustness) acted out on
     live platforms, each under the name of the case it mirrors, plus every crash/reset
     drill. One line per case: PASS or FAIL, and the recovery time the supervisor measured
     where the case caused a reset. Cases share a platform where that is safe; a drill case

@@ -26,7 +26,7 @@ from ipc import cleanup_dead, errors
 from .. import drills
 from .._argtypes import int_in, positive_int, time_scale
 from .._config import TIME_SCALE_RANGE
-from . import _conformance, _show, _signals
+from . import _conformance, _device, _show, _signals
 from ._status import dead_platforms, live_platforms, print_status
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -171,6 +171,7 @@ def _parser() -> argparse.ArgumentParser:
     _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
     _trace_parsers(sub)
     _platform_parsers(sub)
+    _device.add_command(sub, _sub, _role)
     _machine_parsers(sub)
     from ..delegate import add_model_commands  # hetproc model inspect|run|diff (ONNX)
     add_model_commands(sub, _sub)

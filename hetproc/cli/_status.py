@@ -53,8 +53,9 @@ def live_platforms(query: bool = True) -> list[dict[str, Any]]:
             entry["metrics"] = _query(prefix)
             for name, dev in (entry["metrics"] or {}).get("devices", {}).items():
                 entry["devices"].setdefault(name, {}).update(
-                    pid=dev["pid"], state=dev["state"], queue_depth=dev["queue_depth"],
-                    completed=dev["completed"], failed=dev["failed"], epoch=dev["epoch"])
+                    pid=dev["pid"], state="wedged" if dev.get("wedged") else dev["state"],
+                    queue_depth=dev["queue_depth"], completed=dev["completed"],
+                    failed=dev["failed"], epoch=dev["epoch"], wedged=dev.get("wedged", False))
         out.append(entry)
     return out
 

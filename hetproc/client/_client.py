@@ -123,13 +123,19 @@ class Client:
 
     def context(self, device: str, *, priority: int = 0, name: str = "",
                 cache_maintenance: bool | str | None = None, period_ms: float | None = None,
-                weight: float | None = None) -> Context:
+                weight: float | None = None, recoverable: bool = False) -> Context:
         """A context on ``device``: the unit of isolation and of failure (seed §7, §20).
         ``cache_maintenance`` (default: the platform's) set to False, or to "clean" /
         "invalidate" alone, drops what a non-coherent device needs -- to show stale reads.
         ``period_ms``: its commands' default deadline (``edf``, ``mixed``); ``weight``: its
-        client's share under the ``fair`` scheduler (seed §11)."""
+        client's share under the ``fair`` scheduler (seed §11). ``recoverable``: a hang
+        of its own fails that command only (scope request) and the context goes on,
+        until it hangs too often and is banned (``ContextBanned``); by default a context
+        is lost at its first hang (``ContextLost``). ``ContextBanned`` (scope process)
+        once this process is banned."""
         extra: dict[str, Any] = {}
+        if recoverable:
+            extra["recoverable"] = True
         if cache_maintenance is not None:
             extra["cache_maintenance"] = cache_maintenance
         if period_ms is not None:

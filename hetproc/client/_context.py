@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._command import command
@@ -22,6 +23,44 @@ if TYPE_CHECKING:
     from ._buffer import Buffer
     from ._client import Client
     from ._connection import Connection
+
+
+@dataclass(frozen=True)
+class ResetStatus:
+    """A context's part in the last reset of its device that touched it (GL robustness'
+    reset status): ``"guilty"`` (its command hung or crashed the device), ``"innocent"``
+    (a command of its was cancelled or replayed by another's reset), ``"unknown"`` (one
+    was, by a reset no command caused: a stall, a device killed from outside) or
+    ``"none"``. ``in_progress``: its device is being reset now; ``wedged``: its device's
+    reset failed and it runs nothing until unwedged; ``banned``: it hung too often."""
+
+    status: str
+    in_progress: bool
+    wedged: bool
+    banned: bool
+
+
+@dataclass(frozen=True)
+class ResetStats:
+    """Reset statistics (IGT ``gem_reset_stats``), of a context or of a process:
+    ``resets``, the resets of the devices it had contexts on (from the context's
+    creation); ``guilty``, its commands that caused one; ``innocent``, its commands a reset
+    caused by someone else (or by no command) cancelled or replayed."""
+
+    resets: int
+    guilty: int
+    innocent: int
+
+    @classmethod
+    def from_reply(cls, reply: dict[str, Any]) -> ResetStats:
+        """The statistics of a ``reset_stats`` reply."""
+        return cls(reply["resets"], reply["guilty"], reply["innocent"])
+
+    @classmethod
+    def of_process(cls, client: Client) -> ResetStats:
+        """Reset statistics of ``client``'s process (every connection it holds, every
+        context it had, destroyed ones included)."""
+        return cls.from_reply(client.connection.request("reset_stats"))
 
 
 class Context:
@@ -117,6 +156,18 @@ class Context:
         ``ResourceError`` when the device has no ring left."""
         return Queue(self, slots)
 
+    # -- resets (GL robustness, gem_reset_stats) -------------------------------
+
+    def reset_status(self) -> ResetStatus:
+        """Its part in the last reset that touched it, and whether one is running now."""
+        r = self._conn.request("reset_stats", ctx=self.handle)
+        return ResetStatus(r["status"], r["in_progress"], r["wedged"], r["banned"])
+
+    def reset_stats(self) -> ResetStats:
+        """How many resets touched it, and how many of its commands were guilty and
+        innocent (counts since the context was created; a lost context answers too)."""
+        return ResetStats.from_reply(self._conn.request("reset_stats", ctx=self.handle))
+
     # -- control -------------------------------------------------------------
 
     def vote(self, level: float) -> float:
@@ -166,4 +217,4 @@ def _arrival(at_ns: int | None) -> int:
     return time.monotonic_ns() if at_ns is None else int(at_ns)
 
 
-__all__ = ["Context", "command"]
+__all__ = ["Context", "command", "ResetStatus", "ResetStats"]

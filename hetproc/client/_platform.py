@@ -134,6 +134,13 @@ class Platform:
         assert self.client is not None
         return self.client.metrics()
 
+    def unwedge(self, device: str) -> dict[str, Any]:
+        """Reset a wedged device (its reset failed, ``DeviceWedged``) and let it serve
+        again (a fresh device process, a new epoch): ``{"device", "was_wedged",
+        "epoch"}``. ``DeviceWedged`` if the reset fails again (it stays wedged)."""
+        assert self.client is not None
+        return unwedge(self.client, device)
+
     # -- evidence (seed §22) ---------------------------------------------------------------
 
     def export_trace(self, path: str | Path) -> dict[str, Any]:
@@ -226,6 +233,14 @@ def connect(platform: str, name: str = "", *, role: int | None = None) -> Client
     """
     address = platform if platform.startswith("\0") else socket_address(platform)
     return Client(address, name, role=role)
+
+
+def unwedge(client: Client, device: str) -> dict[str, Any]:
+    """Unwedge ``device`` through ``client``, which must be privileged (the owner, or a
+    role it granted): ``{"device", "was_wedged", "epoch"}``; ``DeviceWedged`` if its reset
+    fails again, ``NotPermitted`` without the role."""
+    reply = client.connection.request("device_unwedge", device=device)
+    return {k: reply[k] for k in ("device", "was_wedged", "epoch")}
 
 
 def _spec_file(raw: dict[str, Any]) -> int:

@@ -7,12 +7,14 @@ lets them find what hetproc guarantees under those names. A case is listed only 
 what hetproc checks really is what the original checks (its README table says how each
 maps); a drill with no counterpart in those suites keeps a ``hetproc/`` name, and so
 do the synchronisation hazards Vulkan's validation layer names (``_conformance_hazards``).
-Mechanisms hetproc does not have yet (bans, wedged devices, reset status queries) have
-no case here, not even a skipped one: a case that cannot fail proves nothing.
+Mechanisms hetproc does not have yet have no case here, not even a skipped one: a case
+that cannot fail proves nothing.
 
-The cases that run on a shared platform live in ``_conformance_cases`` and, for fences
-as descriptors and merges, ``_conformance_fences``; this module adds the drill cases and
-runs them. How they run:
+The cases that run on a shared platform live in ``_conformance_cases``, in
+``_conformance_sched`` (preempt timeouts), ``_conformance_fences`` (fences as descriptors
+and merges) and, for reset statistics, bans and wedged devices (IGT ``gem_reset_stats``,
+``gem_eio``, ``xe_wedged``), in ``_conformance_recovery``; this module adds the drill
+cases and runs them. How they run:
 
 - a *drill case* runs one of the crash/reset drills (``_drills``) on its own fresh
   platform and passes when every check of the drill held;
@@ -38,6 +40,7 @@ from ipc import errors
 from .._config import PlatformSpec, load_platform
 from . import (
     _conformance_fences,  # noqa: F401  (registers its cases)
+    _conformance_recovery,  # noqa: F401  (registers the cases on resets)
     _conformance_sched,  # noqa: F401  (registers its cases)
 )
 from ._conformance_cases import CASES, Case, CaseRun, add_case
@@ -49,7 +52,8 @@ from ._scenario import Scenario, run_on_platform
 # reset, which hetproc does only when asked (``replay_innocent``); an NPU whose death is a
 # subsystem restart (``subsystem_restart``) loses every context on it.
 GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True},
-                                     "restart": {"subsystem_restart": ["npu0"]}}
+                                     "restart": {"subsystem_restart": ["npu0"]},
+                                     "wedge_on_hang": {"wedge_on_hang": True}}
 
 
 # -- drill cases --------------------------------------------------------------------------
@@ -104,9 +108,9 @@ for _name, _suite, _drill, _checks in _DRILL_CASES:
 # -- running ------------------------------------------------------------------------------
 
 
-SUITES = ("IGT gem_reset_stats", "IGT sw_sync", "IGT syncobj_wait",
-          "IGT sysfs_preempt_timeout", "DRM scheduler KUnit", "dEQP robustness", SYNC_SUITE,
-          "hetproc", "hetproc drill")
+SUITES = ("IGT gem_reset_stats", "IGT gem_eio", "IGT xe_wedged", "IGT sw_sync",
+          "IGT syncobj_wait", "IGT sysfs_preempt_timeout", "DRM scheduler KUnit",
+          "dEQP robustness", SYNC_SUITE, "hetproc", "hetproc drill")
 
 
 def _listed(case: Case) -> tuple[int, int]:

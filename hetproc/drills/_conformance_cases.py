@@ -345,10 +345,9 @@ def _close_pending_fork(c: CaseRun) -> None:
 
 @case("gem_reset_stats/unrelated-ctx-npu0", "IGT gem_reset_stats", group="replay", checks=(
       "another process's context on the same device submits while a guilty context "
-      "hangs: the guilty request fails (DeviceTimeout, scope context) and its context is "
-      "lost; the unrelated request runs after the reset (policy replay_innocent, as i915 "
-      "does) and its context keeps working. Reset status queries do not exist yet: this "
-      "checks what a runtime sees"))
+      "hangs: the guilty request fails (DeviceTimeout, scope context), its context is lost "
+      "and reads guilty; the unrelated request runs after the reset (replay_innocent, as "
+      "i915 does), its context reads innocent and keeps working"))
 def _unrelated_ctx(c: CaseRun) -> None:
     other = c.connect("unrelated")
     guilty = c.client.context("npu0", name="guilty")
@@ -357,10 +356,11 @@ def _unrelated_ctx(c: CaseRun) -> None:
     hung = guilty.submit("work", ms=5)
     time.sleep(0.02)  # the hang is on the device
     noop = unrelated.submit("work", ms=1)
-    err = c.expect_failure("the guilty request failed with DeviceTimeout", hung,
-                           errors.DeviceTimeout)
+    err = c.expect_failure("the guilty request failed (DeviceTimeout)", hung, errors.DeviceTimeout)
     c.s.check("its scope is the guilty context", err is not None and err.scope == "context")
     c.check_completes("the unrelated request completed", noop, 5)
+    c.s.check("their reset statuses read guilty and innocent", [x.reset_status().status for x
+              in (guilty, unrelated)] == ["guilty", "innocent"])
     c.check_completes("the unrelated context keeps working", unrelated.submit("work", ms=1), 5)
     try:
         guilty.submit("work", ms=1)

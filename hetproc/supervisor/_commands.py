@@ -168,7 +168,8 @@ class Commands:
         return failed
 
     def fail_context_queue(self, ctx: ContextRec) -> int:
-        lost = errors.ContextLost(f"context {ctx.name or hex(ctx.handle)} was lost")
+        lost = (ctx.lost if isinstance(ctx.lost, errors.ContextBanned)
+                else errors.ContextLost(f"context {ctx.name or hex(ctx.handle)} was lost"))
         return self.cancel_queued(ctx, lost)
 
     # -- completions --------------------------------------------------------------------
@@ -316,6 +317,9 @@ class Commands:
             cmd.mem = mem
         for h in cmd.signal:
             self.lifetimes.release_fence(h)  # nobody waits on a system command's fence
+        if dev.name in reg.wedged:  # it runs nothing (a purge: its cache died with it)
+            self.fail_command(cmd, errors.DeviceWedged(f"{dev.name} is wedged"))
+            return
         dev.enqueue(cmd)
         dev.pump()
 

@@ -35,15 +35,17 @@ from ._lifetimes import Lifetimes
 from ._memlog import MemLog
 from ._memory import Memory
 from ._metrics import Metrics
+from ._policy import Policy
 from ._queue_bindings import Binder
 from ._queues import Queues
 from ._records import ClientRec, Registry
-from ._recovery import Policy, Recovery
+from ._recovery import Recovery
 from ._requests import Handler, handler_table
 from ._requests_commands import CommandRequests
 from ._requests_conn import ConnectionRequests
 from ._requests_memory import MemoryRequests
 from ._requests_reports import ReportRequests
+from ._resets import ResetRequests, Resets
 
 FENCE_CAPACITY = 8192
 
@@ -122,7 +124,9 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
                     unsafe=policy.unsafe_reclaim)
     queues = Queues(reg, pool, failures, tell, binder, handoff, faults,
                     restart_devices=policy.subsystem_restart)
-    recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed)
+    resets = Resets(policy, reg, commands, faults, spawn)
+    recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed,
+                        resets=resets)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     queues.watch.watch_with(recovery)  # cycle 3: a queue command's timeout is an incident
     ddr = DdrQuota(spec)
@@ -143,6 +147,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
                                     ddr, hazards, fallback_device=policy.fallback_device),
         "reports": ReportRequests(reg, commands, recovery, faults, evidence, metrics,
                                   faults_changed=queues.faults_changed),
+        "resets": ResetRequests(reg, resets),
         "fencefds": FenceFdRequests(fencefds),
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,

@@ -65,6 +65,10 @@ KINDS: dict[type[errors.HetprocError], Kind] = {
     errors.Cancelled: Kind(quiet_scopes=frozenset({"request"})),
     # A consequence: the failure that lost the context froze its window already.
     errors.ContextLost: Kind(freeze=False),
+    # A ban is the consequence of hangs that froze their windows; a wedged device's
+    # commands fail as the consequence of the failed reset its incident recorded.
+    errors.ContextBanned: Kind(freeze=False),
+    errors.DeviceWedged: Kind(freeze=False),
     # A consequence too: the death that restarted the device froze its window already.
     errors.DeviceRestarted: Kind(freeze=False),
     errors.PlatformError: Kind(freeze=False),

@@ -6,8 +6,10 @@ the plan's seeded generator. Same seed, same submissions -> same faults, so a fa
 drill or stress run can be replayed exactly.
 
 Device faults ride in the command packet and are acted out by the device
-(``device_workers._faults``); platform faults (allocation, mapping, compilation) are
-raised by the supervisor itself.
+(``device_workers._faults``); platform faults (allocation, mapping, compilation, a
+device's reset) are raised by the supervisor itself. ``reset_fail`` fails one attempt to
+bring a reset device back (``_resets``): it names no client's work, so only a rule armed
+by a privileged client can fire on it (a tenant cannot wedge a device for the others).
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ from ipc import errors
 
 DEVICE_FAULTS = ("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
                  "heartbeat_stall", "kernel_bug")
-PLATFORM_FAULTS = ("alloc_fail", "map_fail", "compile_timeout", "oom")
+PLATFORM_FAULTS = ("alloc_fail", "map_fail", "compile_timeout", "oom", "reset_fail")
 FAULTS = DEVICE_FAULTS + PLATFORM_FAULTS
 _EVENT_OF = {"alloc_fail": "alloc", "oom": "alloc", "map_fail": "map",
-             "compile_timeout": "compile"}
+             "compile_timeout": "compile", "reset_fail": "reset"}
 
 
 @dataclass

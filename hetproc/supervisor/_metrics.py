@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._devices import device_state_name
 from ._records import Registry
+from ._resets import reset_metrics
 
 if TYPE_CHECKING:
     from ._bandwidth import DdrQuota
@@ -70,6 +71,7 @@ def platform_metrics(reg: Registry, pool: Memory, recovery: Recovery, handoff: H
                       "recovered": len(recovery.history),
                       "watchdog_verdicts": dict(recovery.verdicts)},
         "pool": pool.metrics(), "descriptors": reg.descriptors.metrics(),
+        "resets": reset_metrics(reg),
     }
     m.update(handoff.metrics())  # buffer_maps, iommu, cache, ddr, handoff
     return evidence.add_metrics(m)
@@ -89,6 +91,7 @@ def _devices(reg: Registry) -> dict[str, dict[str, Any]]:
             "scheduler": dev.sched.name, "preemptions": int(st["preemptions"]),
             "switch_ms": int(st["switch_ns"]) / 1e6, "modeled_time": dev.timing.summary(),
             "heartbeat_age_ms": (now - beat) / 1e6 if beat else None,
+            "wedged": dev.name in reg.wedged,
         }
     return out
 
@@ -98,7 +101,7 @@ _TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "complet
                    "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
                    "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
                    "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
-                   "fence_semaphores", "descriptors", "hazards", "fence_fds")
+                   "fence_semaphores", "descriptors", "hazards", "fence_fds", "resets")
 
 
 def tenant_view(m: dict, client: Any) -> dict:

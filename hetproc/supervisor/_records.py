@@ -59,6 +59,12 @@ class ClientRec:
     # of replies not sent yet: (position in ``outbuf`` of the byte they go with, fds).
     segments: set[int] = field(default_factory=set)
     outfds: list = field(default_factory=list)
+    # Only ``_resets`` changes these: resets that touched this client's contexts, its
+    # guilty and innocent commands, when its contexts were banned, and why the client
+    # itself is banned ("" while it is not).
+    resets: ResetCounts = field(default_factory=lambda: ResetCounts())
+    bans: list[int] = field(default_factory=list)
+    banned: str = ""
     # Those of ``segments`` handed read-only (a read-only import): their descriptor was
     # opened read-only, so the client's mapping cannot write (``_requests.hand_segment``).
     read_only_segments: set[int] = field(default_factory=set)
@@ -84,6 +90,24 @@ class ContextRec:
     cache_maintenance: str = "both"
     period_ns: int = 0    # default relative deadline of its commands (0: none)
     weight: float = 1.0   # its client's share under the fair scheduler
+    # A recoverable context survives a hang of its own (only that command fails) until it
+    # is banned; one that is not is lost at its first (``_resets``).
+    recoverable: bool = False
+    # Only ``_resets`` changes these: its reset statistics and status, and when it hung.
+    resets: ResetCounts = field(default_factory=lambda: ResetCounts())
+    hangs: list[int] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class ResetCounts:
+    """What resets did to a context, or to a client's contexts (``gem_reset_stats``):
+    how many resets touched it, how many of its commands were guilty of one, how many
+    were innocent victims, and its part in the last reset that touched it."""
+
+    resets: int = 0
+    guilty: int = 0
+    innocent: int = 0
+    status: str = "none"  # "guilty", "innocent", "unknown" (the cause was not a command)
 
 
 @dataclass(eq=False)
@@ -184,6 +208,9 @@ class Registry:
         "first_submit_us": None, "submit_us_total": 0.0, "submit_count": 0})
     events: collections.deque = field(default_factory=lambda: collections.deque(maxlen=256))
     dumps: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16))
+    # Only ``_resets`` changes this: the wedged devices (name -> why), which run nothing
+    # until unwedged; ``_validation.context_of`` refuses work for them.
+    wedged: dict[str, dict] = field(default_factory=dict)
     # Tokens the owner granted -> their scope: "all" (privileged) or "trace" (reads the
     # platform's trace, every tenant's: what its user reads from another terminal).
     role_tokens: dict[int, str] = field(default_factory=dict)

@@ -66,7 +66,10 @@ from ipc import errors
 
 from ._device_cpu import DeviceCpu
 from ._devices import CommandState
+from ._faultplan import FaultPlan
+from ._policy import Policy as Policy  # (where the tests and parts have found it)
 from ._preempt_timeout import preempt_timeout
+from ._resets import Resets, wedged_error
 from ._restarts import death_error, innocent_error, lose_contexts
 
 if TYPE_CHECKING:
@@ -74,24 +77,6 @@ if TYPE_CHECKING:
     from ._devices import Command, DeviceHandle
     from ._evidence import Evidence
     from ._records import Registry
-
-
-@dataclass
-class Policy:
-    """How the supervisor recovers; set in the platform file's ``[recovery]`` table."""
-
-    max_rearm: int = 2
-    replay_innocent: bool = False
-    fallback_device: str | None = None
-    unsafe_reclaim: bool = False  # debug only: reclaim before the device confirmed its stop
-    # devices whose process death is a subsystem restart (every handle on them is lost)
-    subsystem_restart: tuple[str, ...] = ()
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Policy:
-        known = {k: d[k] for k in ("max_rearm", "replay_innocent", "fallback_device",
-                                   "unsafe_reclaim") if k in d}
-        return cls(**known, subsystem_restart=tuple(d.get("subsystem_restart") or ()))
 
 
 @dataclass
@@ -115,6 +100,7 @@ class Incident:
     exit_status: int | None = None
     replay: list[Command] = field(default_factory=list)  # innocents to run again
     reason: str = ""  # why the device was reset, told to the innocent commands it cost
+    wedged: bool = False  # its reset failed (``_resets``): the device stays down
 
     def step(self, name: str, **detail: Any) -> None:
         self.steps.append({"step": name, "t_ms": round((time.monotonic_ns() - self.t0) / 1e6, 3),
@@ -129,7 +115,7 @@ class Incident:
             "confirmed_stop": self.how or "pending",
             "killed": self.killed, "exit_status": self.exit_status,
             "innocent": [c.seq for c in self.innocent], "error": self.error,
-            "fallback": self.fallback,
+            "fallback": self.fallback, "wedged": self.wedged,
             "other_clients_affected": sorted(self.affected_clients),
             "recovery_ms": round((self.done_ns - self.t0) / 1e6, 3) if self.done_ns else None,
             "steps": self.steps,
@@ -153,6 +139,15 @@ class _Quiet:
     excused: bool = False
 
 
+def _running_command(reg: Registry, dev: DeviceHandle) -> Command | None:
+    """The command the device's slot says it runs, unless it finished already."""
+    slot = reg.slots[dev.index]
+    if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
+        return None
+    cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+    return None if cmd is None or reg.signalled(cmd) else cmd
+
+
 def _timed(dev: DeviceHandle, slot: Any) -> bool:
     """The device runs a command of ours: the command watchdog's case."""
     if slot.u32[S.STATE] != DeviceState.BUSY:
@@ -170,10 +165,14 @@ class Recovery:
 
     def __init__(self, policy: Policy, reg: Registry, commands: Commands,
                  evidence: Evidence, spawn: Callable[[DeviceHandle], None],
-                 queue_owed: Callable[[DeviceHandle], int] = lambda dev: 0) -> None:
+                 queue_owed: Callable[[DeviceHandle], int] = lambda dev: 0, *,
+                 resets: Resets | None = None) -> None:
         """``queue_owed(dev)``: records its user-mode queues hold for it (``_queues``):
-        work it owes that no pushed command shows."""
+        work it owes that no pushed command shows. ``resets``: who each reset touched,
+        bans, and whether a reset fails (the device is then wedged); None: one over an
+        empty fault plan (no reset ever fails)."""
         self.policy = policy
+        self.resets = resets or Resets(policy, reg, commands, FaultPlan(), spawn)
         self.queue_owed = queue_owed
         self.reg = reg
         self.commands = commands
@@ -315,6 +314,7 @@ class Recovery:
         inc = Incident(self._ids, kind, dev.name, guilty, time.monotonic_ns())
         self.active[dev.name] = inc
         dev.paused = True
+        self.resets.on_reset(dev)
         return inc
 
     def start_timeout(self, dev: DeviceHandle, cmd: Command, heartbeat_age_ms: float,
@@ -334,6 +334,9 @@ class Recovery:
         if not self.policy.fallback_device:
             n = self.commands.fail_dependants(cmd, exc)
             inc.steps[-1]["dependants_failed"] = n
+        if self.policy.wedge_on_hang:  # no cancel, no reset: stop it, it stays down
+            self.isolate(dev, inc)
+            return
         self.reg.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
         inc.step("cancel", pidx=cmd.pidx)
         inc.grace_deadline = time.monotonic_ns() + self.reg.scaled_ns(self.reg.spec.grace_ms)
@@ -361,6 +364,7 @@ class Recovery:
     def isolate(self, dev: DeviceHandle, inc: Incident) -> None:
         """No acknowledgement within the grace period: kill; the reaping confirms."""
         inc.step("isolate", pid=dev.pid, reason="stalled" if inc.kind == "stall"
+                 else "wedge_on_hang" if self.policy.wedge_on_hang
                  else "no cancel acknowledgement within grace")
         inc.grace_deadline = 0
         if dev.pid:
@@ -394,7 +398,7 @@ class Recovery:
         """The process is reaped. In an incident: the confirmation. Otherwise: a crash."""
         inc = self.active.get(dev.name)
         if inc is None:
-            running = self.running_command(dev)
+            running = _running_command(self.reg, dev)
             inc = self.new_incident("death", dev, running)
             died = death_error(self.policy.subsystem_restart, dev.name)
             exc = died(f"{dev.name} process died (exit status {status})",
@@ -410,16 +414,10 @@ class Recovery:
         inc.innocent = [c for c in dev.take_pushed() if c is not inc.guilty]
         self.after_confirmed(dev, inc, reset=True)
 
-    def running_command(self, dev: DeviceHandle) -> Command | None:
-        slot = self.reg.slots[dev.index]
-        if slot.u32[S.STATE] not in (DeviceState.BUSY, DeviceState.WAITING):
-            return None
-        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-        return None if cmd is None or self.reg.signalled(cmd) else cmd
-
     # -- steps 4-9 ----------------------------------------------------------------------
 
     def after_confirmed(self, dev: DeviceHandle, inc: Incident, reset: bool = False) -> None:
+        inc.wedged = reset and self.resets.stays_down(dev, inc)  # known before step 4
         if not self.policy.unsafe_reclaim or inc.kind != "timeout":
             self.fail_and_reclaim(dev, inc, inc.innocent)
         else:  # steps 4-6 of the guilty ran before the stop was confirmed
@@ -441,6 +439,9 @@ class Recovery:
         g = inc.guilty
         if g is None or g.state is CommandState.DONE:
             return []
+        survives, ban = self.resets.on_guilty(g, inc)
+        if survives and g.failure is not None and g.failure.scope == "context":
+            g.failure.scope = "request"  # a recoverable context goes on: only this failed
         target = self.fallback_target(g, inc)
         lost = None
         if target is None:
@@ -450,7 +451,10 @@ class Recovery:
                 inc.error = record
                 lost = errors.HetprocError.from_dict(record)
             inc.step("fences", guilty=g.cid, error=type(g.failure).__name__ if g.failure else None)
-        self.invalidate(g, inc, lost)  # the context's queued commands fail with it...
+        if survives:
+            g.outs_untrusted()
+        else:
+            self.invalidate(g, inc, ban or lost)  # the context's queued commands fail too...
         if target is None:
             return [g]
         self.commands.reroute(g, target)  # ...but the guilty request itself re-runs elsewhere
@@ -474,7 +478,9 @@ class Recovery:
                     self.on_probe_done(cmd.probe_of, cmd.device.name, ok=ok)
                 continue
             cmd.outs_untrusted()
-            cls = innocent_error(self.policy.subsystem_restart, inc.device)
+            self.resets.on_innocent(cmd, inc)
+            cls = wedged_error if inc.wedged else innocent_error(self.policy.subsystem_restart,
+                                                                 inc.device)
             replays = self.policy.replay_innocent and cls is errors.CancelledByReset
             if replays and cmd.ctx.lost is None:
                 replayed.append(cmd)
@@ -540,6 +546,9 @@ class Recovery:
         inc.step("dump", trace_window=record["trace_window"], in_flight=len(record["in_flight"]))
 
     def restart(self, dev: DeviceHandle, inc: Incident, reset: bool) -> None:
+        if inc.wedged:  # it stays down (paused) until unwedged
+            self.resets.wedge(dev, inc)
+            return
         if reset:
             self.spawn(dev)
             inc.step("restart", epoch=dev.epoch, pid=dev.pid)
@@ -552,8 +561,8 @@ class Recovery:
 
     def probe(self, dev: DeviceHandle, inc: Incident) -> None:
         guilty_client = inc.guilty.ctx.client if inc.guilty else None
-        targets = {dev.name} | {c.device for _, c in self.reg.contexts.items()
-                                if c.client is not guilty_client}
+        targets = ({dev.name} | {c.device for _, c in self.reg.contexts.items()
+                                 if c.client is not guilty_client}) - set(self.reg.wedged)
         inc.probes = len(targets)
         # The device is serving again: release it to the watchdog (a probe stuck behind
         # another hang must not keep this incident, and so the device, unwatched).
@@ -563,6 +572,8 @@ class Recovery:
             self.commands.submit_probe(self.reg.devices[name], inc)
         inc.step("probe", devices=sorted(targets))
         self.commands.pump_all()
+        if not targets:  # every device it would probe is wedged: nothing to wait for
+            self._done(inc)
 
     def on_probe_done(self, inc: Incident, device: str, ok: bool) -> None:
         inc.step("probe_done", device=device, ok=ok)
@@ -570,10 +581,13 @@ class Recovery:
             inc.affected_clients.add(f"probe:{device}")
         inc.probes -= 1
         if inc.probes == 0:
-            inc.done_ns = time.monotonic_ns()
-            inc.step("done")
-            self.probing.pop(inc.id, None)
-            self.history.append(inc.summary())
+            self._done(inc)
+
+    def _done(self, inc: Incident) -> None:
+        inc.done_ns = time.monotonic_ns()
+        inc.step("done")
+        self.probing.pop(inc.id, None)
+        self.history.append(inc.summary())
 
     def note_failure(self, cmd: Command) -> None:
         """A command of another client failed during an incident: it was affected."""

@@ -10,6 +10,7 @@ with only the parts its requests use::
                                                          power votes, user-mode queues
     reports     ReportRequests     (_requests_reports)   metrics, incidents, dumps, faults,
                                                          the trace
+    resets      ResetRequests      (_resets)             reset statistics, unwedging
     fencefds    FenceFdRequests    (_fencefds)           fence descriptors, merged fences
 
 A handler runs after the packet decoded against its schema and the whole request was
@@ -57,6 +58,7 @@ HANDLERS: dict[str, tuple[str, str]] = {
     "dumps": ("reports", "dumps"), "inject": ("reports", "inject"),
     "faults_clear": ("reports", "faults_clear"), "trace_info": ("reports", "trace_info"),
     "trace_frozen": ("reports", "trace_frozen"),
+    "reset_stats": ("resets", "reset_stats"), "device_unwedge": ("resets", "device_unwedge"),
 }
 
 

@@ -18,6 +18,7 @@ from . import _validation as check
 from ._failures import record_of
 from ._records import ClientRec, ContextRec, Registry
 from ._requests import hand_segment
+from ._resets import refuse_banned
 
 if TYPE_CHECKING:
     from ._bandwidth import DdrQuota
@@ -56,8 +57,10 @@ class CommandRequests:
             raise errors.NotPermitted(f"priority {priority} is outside -{ceiling}..{ceiling}, "
                                       "the range of this client's role (limits.max_priority)")
         quota.check_context(self.reg, client)
+        refuse_banned(self.reg, client)
         ctx = ContextRec(0, client, device, priority, msg.get("name", ""),
-                         cache_maintenance=self.handoff.maintenance(msg.get("cache_maintenance")))
+                         cache_maintenance=self.handoff.maintenance(msg.get("cache_maintenance")),
+                         recoverable=msg.get("recoverable", False))
         if "period_ms" in msg:
             ctx.period_ns = self.reg.scaled_ns(check.bounded_ms(msg["period_ms"], "period_ms"))
         if "weight" in msg:

@@ -38,6 +38,7 @@ built in one place (``_compose``)::
     Failures    (_failures)    the one ordered failure path: note, record, tell, signal
     Commands    (_commands)    commit, completion, failure and retirement of commands
     Recovery    (_recovery)    the watchdog and the nine steps of seed §14
+    Resets      (_resets)      who each reset touched, bans, wedged devices
     Queues      (_queues)      user-mode queues: open, close, lost with their device; the
                                buffers bound to them (_queue_bindings) and the watchdog
                                of their commands (_queue_watch)

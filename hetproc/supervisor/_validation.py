@@ -23,6 +23,7 @@ from ipc import PENDING, Int, List, Map, Num, OneOf, Plain, Str, errors
 from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
 from ._records import BufferRec, ClientRec, ContextRec, FenceRec, Registry
+from ._resets import unusable
 
 if TYPE_CHECKING:
     from .._config import LimitsSpec
@@ -309,10 +310,8 @@ def context_of(reg: Registry, client: ClientRec, handle: Any,
     ctx = reg.contexts.get(handle)
     if ctx.client is not client:
         raise errors.ForeignHandle(f"context {handle:#x} belongs to another client")
-    if ctx.lost is not None and not allow_lost:  # a restart says so: retry on a new one
-        cls = type(ctx.lost) if type(ctx.lost) is errors.DeviceRestarted else errors.ContextLost
-        raise cls(f"context {handle:#x} was lost: {ctx.lost}",
-                  detail={"cause": ctx.lost.to_dict(), "device": ctx.device})
+    if not allow_lost and (ctx.lost is not None or ctx.device in reg.wedged):
+        raise unusable(reg, ctx)  # lost, banned, or its device wedged
     return ctx
 
 
