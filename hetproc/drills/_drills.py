@@ -231,18 +231,23 @@ def _late_writer(d: Drill) -> None:
     # block came back while the device could still write, the canary gets overwritten.
     nxt = d.client.alloc(nbytes, "uint8")
     nxt.array()[:] = 0x5A
-    reused = (nxt.segment, nxt.offset) == where
+    _check_canary(d, nxt, (nxt.segment, nxt.offset) == where, "the device stopped")
+    nxt.free()
+    ctx.close()
+    d.next_request_succeeds("npu0")
+    d.finish(base)
+
+
+def _check_canary(d: Drill, nxt: Any, reused: bool, before: str) -> None:
+    """After the grace period: the next owner's canary (0x5A) is intact, or the late
+    writer reached it (the block was handed out before ``before``)."""
     time.sleep(d.plat.spec.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
     corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
     d.s.metric("next_owner_got_same_block", reused)
     d.s.metric("canary_bytes_corrupted", corrupted)
     d.s.check("no corruption of the buffer's next owner (canary intact)", corrupted == 0,
-              f"{corrupted} of {nbytes} canary bytes overwritten by the late writer"
-              + (" (the block was handed out before the device stopped)" if corrupted else ""))
-    nxt.free()
-    ctx.close()
-    d.next_request_succeeds("npu0")
-    d.finish(base)
+              f"{corrupted} of {nxt.nbytes} canary bytes overwritten by the late writer"
+              + (f" (the block was handed out before {before})" if corrupted else ""))
 
 
 @drill("queue-late-writer", "a queue command keeps writing its bound output after its "
@@ -271,13 +276,7 @@ def _late_writer_queue(d: Drill) -> None:
         d.s.check("the queue command's own watchdog stopped it (reaped)",
                   inc is not None and inc["confirmed_stop"] == "reaped",
                   str(inc and inc["confirmed_stop"]))
-    time.sleep(d.plat.spec.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
-    corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
-    d.s.metric("next_owner_got_same_block", reused)
-    d.s.metric("canary_bytes_corrupted", corrupted)
-    d.s.check("no corruption of the buffer's next owner (canary intact)", corrupted == 0,
-              f"{corrupted} of {nbytes} canary bytes overwritten by the late writer"
-              + (" (the block was handed out before the device let go)" if corrupted else ""))
+    _check_canary(d, nxt, reused, "the device let go")
     nxt.free()
     victim.close()
     d.next_request_succeeds("npu0")
