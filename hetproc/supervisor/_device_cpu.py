@@ -44,6 +44,15 @@ class DeviceCpu:
         except (OSError, ValueError, IndexError):
             return False, -1
 
+    def unused_budget(self, dev: DeviceHandle, budget_ns: int, cpu_at_start: int) -> int:
+        """The CPU ``dev`` has not had of ``budget_ns`` since ``cpu_at_start`` while it is
+        runnable: > 0 means it waits for the host, not for itself (0: no excuse; a hung
+        device sleeps, or spins and so uses its budget)."""
+        runnable, cpu = self.read(dev)
+        if not runnable or cpu < 0 or cpu_at_start < 0:
+            return 0
+        return max(0, budget_ns - (cpu - cpu_at_start))
+
     def _forget(self, name: str) -> None:
         entry = self._fds.pop(name, None)
         if entry is not None:

@@ -119,11 +119,8 @@ class QueueWatch:
         """As ``Recovery._host_lag``: a runnable device that has had less CPU than its
         budget since the command started waits for the host; its deadline moves."""
         assert self.recovery is not None
-        runnable, cpu = self.recovery.device_cpu.read(dev)
-        if not runnable or cpu < 0 or t.cpu < 0:
-            return False
-        unused = t.timeout_ns - (cpu - t.cpu)
-        if unused <= 0:
+        unused = self.recovery.device_cpu.unused_budget(dev, t.timeout_ns, t.cpu)
+        if not unused:
             return False
         if not t.lagged:
             self.reg.note_event("watchdog", device=dev.name, cid=t.cid, verdict="host_lag",

@@ -293,15 +293,12 @@ class Recovery:
         budget it has not had, and the lag is counted and noted, never hidden. A hung
         device sleeps (not runnable), or spins and so uses its budget of CPU: neither
         is excused."""
-        runnable, cpu = self.device_cpu.read(dev)
-        if not runnable or cpu < 0 or cmd.watch_cpu < 0:
-            return False
-        unused = cmd.timeout_ns - (cpu - cmd.watch_cpu)
-        if unused <= 0:
+        unused = self.device_cpu.unused_budget(dev, cmd.timeout_ns, cmd.watch_cpu)
+        if not unused:
             return False
         if not cmd.lagged:
             self.reg.note_event("watchdog", device=dev.name, cid=cmd.cid, verdict="host_lag",
-                                cpu_ms=round((cpu - cmd.watch_cpu) / 1e6, 3))
+                                cpu_ms=round((cmd.timeout_ns - unused) / 1e6, 3))
         cmd.lagged = True
         self.verdicts["host_lag"] += 1
         cmd.watch_deadline = time.monotonic_ns() + max(unused, _MIN_EXTENSION_NS)
