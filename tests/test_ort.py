@@ -4,6 +4,7 @@ only hetproc can drill (strict fallback, provider priority, device resets as ORT
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -358,16 +359,23 @@ def test_run_async_calls_back_with_results_or_the_error():
 # -- ORT's error codes: what an application sees of hetproc's drills ------------------------
 
 
-@pytest.fixture
-def own_platform():
-    """A platform of the test's own: a drill restarts devices (new processes of it)."""
-    with hetproc.Platform(time_scale=1.0) as plat:
+@contextlib.contextmanager
+def _ort_on(plat: hetproc.Platform):
+    """``plat`` as the platform ORT sessions run on, for the ``with`` block."""
+    with plat:
         before = hort.use_platform(plat)
         try:
             yield plat
         finally:
             hort.shutdown()
             hort.use_platform(before)
+
+
+@pytest.fixture
+def own_platform():
+    """A platform of the test's own: a drill restarts devices (new processes of it)."""
+    with _ort_on(hetproc.Platform(time_scale=1.0)) as plat:
+        yield plat
 
 
 def test_a_device_crash_mid_run_is_device_reset_and_a_new_session_recovers(own_platform):
@@ -455,14 +463,9 @@ def eager_platform():
     devices = tuple(dataclasses.replace(d, scheduler=dataclasses.replace(
         d.scheduler, commit_lead_ms=10_000.0)) if d.name == "npu0" else d
         for d in spec.devices)
-    with hetproc.Platform(spec=dataclasses.replace(spec, devices=devices),
-                          time_scale=1.0) as plat:
-        before = hort.use_platform(plat)
-        try:
-            yield plat
-        finally:
-            hort.shutdown()
-            hort.use_platform(before)
+    with _ort_on(hetproc.Platform(spec=dataclasses.replace(spec, devices=devices),
+                                  time_scale=1.0)) as plat:
+        yield plat
 
 
 def test_work_cancelled_by_another_clients_reset_is_engine_error(eager_platform):
