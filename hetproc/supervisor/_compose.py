@@ -126,7 +126,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
                     restart_devices=policy.subsystem_restart)
     resets = Resets(policy, reg, commands, faults, spawn)
     recovery = Recovery(policy, reg, commands, evidence, spawn, queue_owed=queues.owed,
-                        resets=resets)
+                        queue_timing=queues.watch.timing_on, resets=resets)
     commands.watch(recovery)  # cycle 2: recovery hears of completions from the engine
     queues.watch.watch_with(recovery)  # cycle 3: a queue command's timeout is an incident
     ddr = DdrQuota(spec)

@@ -166,14 +166,18 @@ class Recovery:
     def __init__(self, policy: Policy, reg: Registry, commands: Commands,
                  evidence: Evidence, spawn: Callable[[DeviceHandle], None],
                  queue_owed: Callable[[DeviceHandle], int] = lambda dev: 0, *,
+                 queue_timing: Callable[[str], bool] = lambda device: False,
                  resets: Resets | None = None) -> None:
         """``queue_owed(dev)``: records its user-mode queues hold for it (``_queues``):
-        work it owes that no pushed command shows. ``resets``: who each reset touched,
+        work it owes that no pushed command shows. ``queue_timing(device)``: the queue
+        watch times the queue command it runs (that command's watchdog decides, as the
+        command watchdog does for a pushed one). ``resets``: who each reset touched,
         bans, and whether a reset fails (the device is then wedged); None: one over an
         empty fault plan (no reset ever fails)."""
         self.policy = policy
         self.resets = resets or Resets(policy, reg, commands, FaultPlan(), spawn)
         self.queue_owed = queue_owed
+        self.queue_timing = queue_timing
         self.reg = reg
         self.commands = commands
         self.evidence = evidence
@@ -244,9 +248,11 @@ class Recovery:
     def watch_queue(self, dev: DeviceHandle, now: int) -> bool:
         """A device that owes work and shows no sign of moving for the quiet bound is
         stalled: True once its incident has started. A running command the command
-        watchdog times is left to it."""
+        watchdog (or the queue watch) times is left to it: a late writer sleeping between
+        its stores shows no sign of moving, yet its own watchdog decides."""
         slot = self.reg.slots[dev.index]
-        if not dev.pid or dev.paused or not self._owes_work(dev, slot) or _timed(dev, slot):
+        if (not dev.pid or dev.paused or not self._owes_work(dev, slot) or _timed(dev, slot)
+                or self.queue_timing(dev.name)):
             self._quiet.pop(dev.name, None)
             return False
         signature: tuple[int, ...] = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE],
