@@ -21,6 +21,18 @@ Between commands, pending commands that have arrived run first, most urgent firs
 
 The suspended commands form a stack, innermost last: each is resumed when nothing pending
 is more urgent than it, which is the order the reference simulator resumes them in.
+
+Timeslicing (``timeslice_ms``, i915's ``timeslice_duration_ms``): a command that has run
+a timeslice since it began or resumed, while a pending command of equal urgency has
+arrived (the supervisor marks such peers, of other contexts, only), is switched out at its
+next chunk boundary and the peer runs: round robin. A stack cannot take its turn back
+from a command above it, so a timesliced command is *parked* instead of suspended: it
+must only hold modeled time (``Frame.parkable``: no buffers, kernel or fences in flight),
+its execution unwinds (``Parked``) with its frame saved, and it waits in ``pending``
+behind every fresh command of its urgency, but before every unmarked one (its context's
+later commands are unmarked), until it is picked and taken up where it was
+(``unpark``). The switch costs what a preemption's does. A command with buffers runs its
+timeslice to completion (the reference simulator knows no such command).
 """
 
 from __future__ import annotations
@@ -38,6 +50,19 @@ from ._state import DeviceState
 from ._state import StateSlot as S
 
 _FAR = 1 << 62  # "no host time yet": ``point`` unclamped
+
+
+class Parked(Exception):
+    """The running command was parked by its timeslice (``Preemption.park``): its
+    execution ends here, unfinished; ``DeviceWorker.execute`` lets it go."""
+
+
+def _order(c: dict[str, Any]) -> tuple[int, int, int]:
+    """Which pending command goes first: the most urgent; at one urgency, fresh ones in
+    ring order, then parked ones in the order they were parked (round robin)."""
+    urg = c.get("urg", LEAST_URGENT)
+    rr = c.get("rr")
+    return (urg, 0, c["pidx"]) if rr is None else (urg, 1, rr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +104,14 @@ class Host(Protocol):
 class Preemption:
     """The marked commands of one device: when they run and what they set aside."""
 
-    def __init__(self, host: Host, *, enabled: bool, switch_ns: int, chunk_ns: int) -> None:
+    def __init__(self, host: Host, *, enabled: bool, switch_ns: int, chunk_ns: int,
+                 slice_ns: int = 0) -> None:
         self.host = host
         self.enabled = enabled     # the device model preempts at all
         self.switch_ns = switch_ns  # modeled cost of one context switch (save or restore)
         self.chunk_ns = chunk_ns
+        self.slice_ns = slice_ns if enabled else 0  # the timeslice (0: run to completion)
+        self.parks = 0  # commands parked so far: only ``park`` counts (their turn order)
         # The last marked command run (its ring position): only raised, by ``run_marked``
         # and ``preempt``; the supervisor's ``preempt_pidx`` past it asks for more.
         self.seen = 0
@@ -108,13 +136,18 @@ class Preemption:
             self.pending.extend(self.take_marked())
 
     def choice(self, by: int, than: int, than_pidx: int = 0) -> dict[str, Any] | None:
-        """The most urgent pending command arrived by modeled time ``by`` and before
-        ``(than, than_pidx)`` in (urgency, ring position) order, or None: strictly more
-        urgent with ``than_pidx`` 0; as urgent and earlier in the ring also counts."""
-        best, key = None, (than, than_pidx)
+        """The first pending command (``_order``) arrived by modeled time ``by`` that goes
+        before urgency ``than``, or None: strictly more urgent with ``than_pidx`` 0; with
+        the ring position of an unmarked command, one as urgent that is earlier in the
+        ring, or parked, counts too."""
+        best, key = None, None
         for c in self.pending:
-            k = (c.get("urg", LEAST_URGENT), c["pidx"])
-            if c["arrive_ns"] <= by and k < key:
+            urg = c.get("urg", LEAST_URGENT)
+            if c["arrive_ns"] > by or urg > than or (urg == than and not (
+                    than_pidx and ("rr" in c or c["pidx"] < than_pidx))):
+                continue
+            k = _order(c)
+            if key is None or k < key:
                 best, key = c, k
         return best
 
@@ -162,6 +195,11 @@ class Preemption:
         mine = frame.cmd.get("urg", LEAST_URGENT)
         points = [self.point(frame, c["arrive_ns"], _FAR) for c in self.pending
                   if c.get("urg", LEAST_URGENT) < mine]
+        if self.slice_ns and frame.parkable:  # a peer waits: where its timeslice is over
+            peers = [c["arrive_ns"] for c in self.pending if c.get("urg", LEAST_URGENT) == mine]
+            if peers:
+                points.append(self.point(frame, max(min(peers), frame.since + self.slice_ns),
+                                         _FAR))
         if not points:
             return None
         at = min(points)
@@ -199,6 +237,7 @@ class Preemption:
         mine = host.frame.cmd.get("urg", LEAST_URGENT)
         cmd = self.choice(at, mine)
         if cmd is None:
+            self.maybe_park(at, mine)
             return
         self.stack.append(self.suspend(at, cmd["pidx"]))
         try:
@@ -210,6 +249,40 @@ class Preemption:
         finally:
             saved = self.stack.pop()
         self.resume(saved)
+
+    def maybe_park(self, at: int, mine: int) -> None:
+        """At boundary ``at``: if the running command's timeslice is over and a pending
+        command as urgent has arrived, park it (raises ``Parked``)."""
+        frame = self.host.frame
+        if not (self.slice_ns and frame.parkable and at - frame.since >= self.slice_ns):
+            return
+        peer = next((c for c in sorted(self.pending, key=_order)
+                     if c.get("urg", LEAST_URGENT) == mine and c["arrive_ns"] <= at), None)
+        if peer is not None:
+            self.park(at, peer["pidx"])
+
+    def park(self, at: int, target: int) -> None:
+        """Take the running command off the device at boundary ``at`` for ``target``,
+        as a preemption's save does, and put it in ``pending`` behind the commands of
+        its urgency there; its execution unwinds (``Parked``)."""
+        host = self.host
+        saved = self.suspend(at, target)
+        host.frames[len(self.stack)] = Frame()  # its own stays with it, off the device
+        cmd = saved.frame.cmd
+        cmd["parked"], cmd["rr"] = saved, self.parks
+        self.parks += 1
+        self.pending.append(cmd)
+        raise Parked
+
+    def unpark(self, cmd: dict[str, Any]) -> Frame:
+        """Put a parked command back on the device (a restore, as a resume's), in its own
+        frame at the current depth; the caller checks for a cancel and takes up its hold
+        where it was."""
+        saved = cmd.pop("parked")
+        del cmd["rr"]
+        self.host.frames[len(self.stack)] = saved.frame
+        self.restore(saved)
+        return saved.frame
 
     def point(self, frame: Frame, arrival: int, now: int) -> int:
         """The modeled chunk boundary of the running command at or after ``arrival``:
@@ -234,13 +307,14 @@ class Preemption:
             host.frames.append(Frame())
         return saved
 
-    def resume(self, saved: Suspended) -> None:
+    def restore(self, saved: Suspended) -> None:
         """Put the suspended command back on the device, its time off it added to its
-        frame's shift; a cancel that came meanwhile stops it before any more work."""
+        frame's shift."""
         host, u64 = self.host, self.host.u64
         resumed = host.model_end + self.switch_ns  # restored
         frame = host.frame = saved.frame
         frame.shift += resumed - saved.at
+        frame.since = resumed
         host.speed = saved.speed
         # The urgent work's progress was its own: the watchdog must not take it for the
         # suspended command's (a hung command stays hung however much ran under it).
@@ -251,4 +325,8 @@ class Preemption:
         u64[S.CURRENT_PIDX], u64[S.STARTED] = saved.pidx, saved.started
         host.u32[S.STATE] = DeviceState.BUSY
         host.outbox.flush()
-        host.check_cancel()
+
+    def resume(self, saved: Suspended) -> None:
+        """``restore``, then a cancel that came meanwhile stops it before any more work."""
+        self.restore(saved)
+        self.host.check_cancel()
