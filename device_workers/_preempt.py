@@ -23,16 +23,18 @@ The suspended commands form a stack, innermost last: each is resumed when nothin
 is more urgent than it, which is the order the reference simulator resumes them in.
 
 Timeslicing (``timeslice_ms``, i915's ``timeslice_duration_ms``): a command that has run
-a timeslice since it began or resumed, while a pending command of equal urgency has
-arrived (the supervisor marks such peers, of other contexts, only), is switched out at its
-next chunk boundary and the peer runs: round robin. A stack cannot take its turn back
-from a command above it, so a timesliced command is *parked* instead of suspended: it
-must only hold modeled time (``Frame.parkable``: no buffers, kernel or fences in flight),
-its execution unwinds (``Parked``) with its frame saved, and it waits in ``pending``
-behind every fresh command of its urgency, but before every unmarked one (its context's
-later commands are unmarked), until it is picked and taken up where it was
-(``unpark``). The switch costs what a preemption's does. A command with buffers runs its
-timeslice to completion (the reference simulator knows no such command).
+a timeslice since it began or resumed, while a command of equal urgency and another
+context that has arrived waits (a *peer*: marked, or read from the ring), is switched
+out at its next chunk boundary and the peer runs: round robin between contexts. A stack
+cannot take a turn back from a command above it, so a timesliced command is *parked*
+instead of suspended: it must only hold modeled time (``Frame.parkable``: no buffers,
+kernel or fences in flight), its execution unwinds (``Parked``) with its frame saved,
+and it waits in ``pending`` behind every command of its urgency that is not parked,
+until it is picked and taken up where it was (``unpark``). The switch costs what a
+preemption's does. On such a device every command names its context (``ctx``), and a
+command whose context has a command parked or suspended waits (``blocked``): a context
+runs in order. A command with buffers runs its timeslice to completion (the reference
+simulator knows no such command).
 """
 
 from __future__ import annotations
@@ -139,12 +141,15 @@ class Preemption:
         """The first pending command (``_order``) arrived by modeled time ``by`` that goes
         before urgency ``than``, or None: strictly more urgent with ``than_pidx`` 0; with
         the ring position of an unmarked command, one as urgent that is earlier in the
-        ring, or parked, counts too."""
+        ring counts too (a parked one does not: it waits behind every other). One that
+        waits for its context (``blocked``) never counts."""
         best, key = None, None
         for c in self.pending:
             urg = c.get("urg", LEAST_URGENT)
             if c["arrive_ns"] > by or urg > than or (urg == than and not (
-                    than_pidx and ("rr" in c or c["pidx"] < than_pidx))):
+                    than_pidx and "rr" not in c and c["pidx"] < than_pidx)):
+                continue
+            if self.slice_ns and self.blocked(c):
                 continue
             k = _order(c)
             if key is None or k < key:
@@ -189,14 +194,18 @@ class Preemption:
         at the modeled instant the policy makes it: never before the command's arrival,
         never between two boundaries, whatever the host's wake-ups."""
         self.collect()
-        if not self.pending:
-            return None
         frame = self.host.frame
+        slicing = self.slice_ns and frame.parkable
+        if slicing and time.monotonic_ns() >= frame.since + self.slice_ns:
+            self.pending.extend(self.take_marked())  # its turn may be over: who waits?
+        if not self.pending and not (slicing and self.backlog):
+            return None
         mine = frame.cmd.get("urg", LEAST_URGENT)
         points = [self.point(frame, c["arrive_ns"], _FAR) for c in self.pending
-                  if c.get("urg", LEAST_URGENT) < mine]
-        if self.slice_ns and frame.parkable:  # a peer waits: where its timeslice is over
-            peers = [c["arrive_ns"] for c in self.pending if c.get("urg", LEAST_URGENT) == mine]
+                  if c.get("urg", LEAST_URGENT) < mine
+                  and not (self.slice_ns and self.blocked(c))]
+        if slicing:  # a peer waits: the boundary where the timeslice is over
+            peers = [c["arrive_ns"] for c in self.peers(frame, mine)]
             if peers:
                 points.append(self.point(frame, max(min(peers), frame.since + self.slice_ns),
                                          _FAR))
@@ -211,6 +220,9 @@ class Preemption:
         """Run ``cmd``, the next in ring order, unless a marked command more urgent has
         arrived by the time it would start: that one runs first, and ``cmd`` waits at the
         head of the backlog (the policy's choice at that instant, as the model makes it)."""
+        if self.slice_ns and self.blocked(cmd):
+            self.pending.append(cmd)  # it runs once its context's parked command has ended
+            return
         first = self.before(cmd) if self.pending else None
         if first is not None:
             self.backlog.appendleft(cmd)
@@ -250,16 +262,32 @@ class Preemption:
             saved = self.stack.pop()
         self.resume(saved)
 
+    def blocked(self, c: dict[str, Any]) -> bool:
+        """``c`` waits for its context: an earlier command of it is parked or suspended
+        (a context runs in order; only contexts take turns)."""
+        ctx = c.get("ctx")
+        if ctx is None or "rr" in c:
+            return False
+        return (any("rr" in p and p.get("ctx") == ctx for p in self.pending)
+                or any(s.frame.cmd.get("ctx") == ctx for s in self.stack))
+
+    def peers(self, frame: Frame, mine: int) -> list[dict[str, Any]]:
+        """The commands read from the ring that would take a turn from ``frame``'s: as
+        urgent, of another context, not waiting for their own context."""
+        ctx = frame.cmd.get("ctx")
+        return [c for c in (*self.pending, *self.backlog)
+                if c.get("urg", LEAST_URGENT) == mine and c.get("ctx") != ctx
+                and not self.blocked(c)]
+
     def maybe_park(self, at: int, mine: int) -> None:
-        """At boundary ``at``: if the running command's timeslice is over and a pending
-        command as urgent has arrived, park it (raises ``Parked``)."""
+        """At boundary ``at``: if the running command's timeslice is over and a peer has
+        arrived, park it (raises ``Parked``)."""
         frame = self.host.frame
         if not (self.slice_ns and frame.parkable and at - frame.since >= self.slice_ns):
             return
-        peer = next((c for c in sorted(self.pending, key=_order)
-                     if c.get("urg", LEAST_URGENT) == mine and c["arrive_ns"] <= at), None)
-        if peer is not None:
-            self.park(at, peer["pidx"])
+        waiting = [c for c in self.peers(frame, mine) if c["arrive_ns"] <= at]
+        if waiting:
+            self.park(at, min(waiting, key=_order)["pidx"])
 
     def park(self, at: int, target: int) -> None:
         """Take the running command off the device at boundary ``at`` for ``target``,

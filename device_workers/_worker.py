@@ -536,7 +536,7 @@ class DeviceWorker:
         command can be preempted (the urgent work's own progress is counted as the
         device's, so the watchdog may re-arm for it, up to its limit)."""
         preempt = self.preempt
-        if self.frame.preemptible and (preempt.pending
+        if self.frame.preemptible and (preempt.pending or preempt.slice_ns
                                        or self.u64[S.PREEMPT_PIDX] > preempt.seen):
             at = preempt.due()
             if at is not None:

@@ -15,7 +15,8 @@ class Run:
     """A job's state during the simulation."""
 
     __slots__ = ("job", "index", "order", "ready_ns", "done_ns", "start_ns", "end_ns",
-                 "segments", "preempted", "suspended", "deps_left", "dependents", "awaits")
+                 "segments", "preempted", "suspended", "deps_left", "dependents", "awaits",
+                 "follows")
 
     def __init__(self, job: Job, index: int) -> None:
         self.job = job
@@ -31,6 +32,9 @@ class Run:
         self.deps_left = len(job.after)
         self.dependents: list[Run] = []
         self.awaits: list[Run] = []
+        # On a device that timeslices: the previous job of its context, which it waits
+        # for (a context runs in order; only contexts take turns). No hand-off.
+        self.follows: Run | None = None
 
     @property
     def left_ns(self) -> int:

@@ -101,14 +101,10 @@ class _Device:
             and not self.policy.preempts(r, running) for r in self.policy.runs())
 
     def _behind(self, t: int, running: Run) -> tuple:
-        """A timesliced job's new place: behind every job waiting at ``t`` (round robin),
-        yet before the later jobs of its own context (a context runs in order)."""
+        """A timesliced job's new place: behind every job waiting at ``t`` (round robin;
+        its context's later jobs wait for it, ``_chain_contexts``)."""
         self.rotations += 1
-        order: tuple = (t, (1 << 62) + self.rotations)
-        for r in self.policy.runs():
-            if r.job.context == running.job.context and r.index > running.index:
-                order = min(order, (r.order[0], r.order[1] - 0.5))
-        return order
+        return (t, (1 << 62) + self.rotations)
 
     def _suspend(self, t: int, done: int, order: tuple | None = None) -> None:
         run = self._current()
@@ -179,6 +175,7 @@ def simulate_schedule(jobs: Iterable[Job | Mapping[str, Any]] = (), *,
             r.awaits.append(by_name[dep])
     devs = {name: _Device(name, overrides.get(name, default))
             for name in sorted({j.device for j in all_jobs})}
+    _chain_contexts(runs, devs)
     _run(runs, devs, dispatch_ns)
     outcomes = tuple(JobOutcome(r.job, r.index, r.ready_ns, r.start_ns, r.end_ns,
                                 _pairs(r.segments), _pairs(r.preempted))
@@ -186,6 +183,22 @@ def simulate_schedule(jobs: Iterable[Job | Mapping[str, Any]] = (), *,
     return Schedule(outcomes, {n: d.switches for n, d in devs.items()},
                     {n: d.switches * d.dp.switch_ns for n, d in devs.items()},
                     {n: d.rotations for n, d in devs.items()})
+
+
+def _chain_contexts(runs: list[Run], devs: dict[str, _Device]) -> None:
+    """On a device that timeslices, each job waits for the previous job of its context
+    (submission order): a context runs in order, and only contexts take turns."""
+    last: dict[tuple[str, str], Run] = {}
+    for r in runs:
+        if not devs[r.job.device].dp.timeslice_ns:
+            continue
+        key = (r.job.device, r.job.context)
+        prev = last.get(key)
+        if prev is not None:
+            r.follows = prev
+            prev.dependents.append(r)
+            r.deps_left += 1
+        last[key] = r
 
 
 def _pairs(spans: list[list[int]]) -> tuple[tuple[int, int], ...]:
@@ -231,7 +244,8 @@ def _run(runs: list[Run], devs: dict[str, _Device], dispatch_ns: int) -> None:
             for dep in ended.dependents:
                 dep.deps_left -= 1
                 if not dep.deps_left:
-                    waits = max(a.end_ns + a.job.handoff_ns for a in dep.awaits)
+                    waits = max([a.end_ns + a.job.handoff_ns for a in dep.awaits]
+                                + [dep.follows.end_ns if dep.follows else 0])
                     release(dep, max(dep.job.arrival_ns + dispatch_ns, waits))
         while pending and pending[0][0] <= t:
             run = runs[heapq.heappop(pending)[2]]

@@ -125,7 +125,8 @@ class Command:
             outs=_descriptors(self.outs, self.out_perms, "w") if self.outs else None,
             fault=self.fault, mem=self.mem,
             # what the device compares to preempt (the same for all when it never does)
-            urg=self.device.sched.urgency(self) if self.device.pushed.chunk_ns else LEAST_URGENT)
+            urg=self.device.sched.urgency(self) if self.device.pushed.chunk_ns else LEAST_URGENT,
+            ctx=self.ctx.handle if self.device.timeslice_ns else None)
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
