@@ -59,12 +59,6 @@ class Parked(Exception):
     execution ends here, unfinished; ``DeviceWorker.execute`` lets it go."""
 
 
-def _order(c: dict[str, Any]) -> tuple[int, int, int]:
-    """Which pending command goes first: the most urgent; at one urgency, fresh ones in
-    ring order, then parked ones in the order they were parked (round robin)."""
-    urg = c.get("urg", LEAST_URGENT)
-    rr = c.get("rr")
-    return (urg, 0, c["pidx"]) if rr is None else (urg, 1, rr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,21 +131,32 @@ class Preemption:
             self.seen = target
             self.pending.extend(self.take_marked())
 
-    def choice(self, by: int, than: int, than_pidx: int = 0) -> dict[str, Any] | None:
-        """The first pending command (``_order``) arrived by modeled time ``by`` that goes
-        before urgency ``than``, or None: strictly more urgent with ``than_pidx`` 0; with
-        the ring position of an unmarked command, one as urgent that is earlier in the
-        ring counts too (a parked one does not: it waits behind every other). One that
-        waits for its context (``blocked``) never counts."""
+    def order(self, c: dict[str, Any]) -> tuple[int, int, int, int]:
+        """Which command goes first: the most urgent; at one urgency, in ring order, or,
+        on a device that timeslices, in the order they joined the queue (their arrival;
+        a parked one when it was parked, after one that arrived then): round robin."""
+        urg, rr = c.get("urg", LEAST_URGENT), c.get("rr")
+        if not self.slice_ns:
+            return (urg, 0, c["pidx"], 0)
+        return (urg, c["arrive_ns"], 0, c["pidx"]) if rr is None else (urg, c["at"], 1, rr)
+
+    def choice(self, by: int, than: int, plain: dict[str, Any] | None = None
+               ) -> dict[str, Any] | None:
+        """The first pending command (``order``) arrived by modeled time ``by`` that goes
+        before urgency ``than``, or None: strictly more urgent; with ``plain``, an unmarked
+        command of urgency ``than``, one as urgent that ``order`` puts before it counts
+        too. One that waits for its context (``blocked``) never counts."""
         best, key = None, None
+        limit = self.order(plain) if plain is not None else None
         for c in self.pending:
             urg = c.get("urg", LEAST_URGENT)
-            if c["arrive_ns"] > by or urg > than or (urg == than and not (
-                    than_pidx and "rr" not in c and c["pidx"] < than_pidx)):
+            if c["arrive_ns"] > by or urg > than:
+                continue
+            k = self.order(c)
+            if urg == than and (limit is None or not k < limit):
                 continue
             if self.slice_ns and self.blocked(c):
                 continue
-            k = _order(c)
             if key is None or k < key:
                 best, key = c, k
         return best
@@ -237,7 +242,7 @@ class Preemption:
         if not self.pending:
             return None
         start = max(self.host.model_end, cmd.get("arrive_ns", 0))
-        return self.choice(start, cmd.get("urg", LEAST_URGENT), cmd["pidx"])
+        return self.choice(start, cmd.get("urg", LEAST_URGENT), cmd)
 
     def preempt(self, at: int) -> None:
         """Suspend the running command at boundary ``at``; run the pending commands more
@@ -287,7 +292,7 @@ class Preemption:
             return
         waiting = [c for c in self.peers(frame, mine) if c["arrive_ns"] <= at]
         if waiting:
-            self.park(at, min(waiting, key=_order)["pidx"])
+            self.park(at, min(waiting, key=self.order)["pidx"])
 
     def park(self, at: int, target: int) -> None:
         """Take the running command off the device at boundary ``at`` for ``target``,
@@ -297,7 +302,7 @@ class Preemption:
         saved = self.suspend(at, target)
         host.frames[len(self.stack)] = Frame()  # its own stays with it, off the device
         cmd = saved.frame.cmd
-        cmd["parked"], cmd["rr"] = saved, self.parks
+        cmd["parked"], cmd["rr"], cmd["at"] = saved, self.parks, at
         self.parks += 1
         self.pending.append(cmd)
         raise Parked
@@ -307,7 +312,7 @@ class Preemption:
         frame at the current depth; the caller checks for a cancel and takes up its hold
         where it was."""
         saved = cmd.pop("parked")
-        del cmd["rr"]
+        del cmd["rr"], cmd["at"]
         self.host.frames[len(self.stack)] = saved.frame
         self.restore(saved)
         return saved.frame
