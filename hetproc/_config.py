@@ -312,14 +312,21 @@ class PlatformSpec:
         return PlatformSpec(**{**self.__dict__, "trace": parse_trace(raw, self.source)})
 
 
+# The platform files shipped in ``hetproc/platforms``, loaded by name (``default`` is the
+# built-in one; ``i915`` the same SoC with i915's engine times, see its header).
+BUILT_IN = ("default", "i915")
+
+
 def load_platform(path: str | Path | None = None) -> PlatformSpec:
-    """Read a platform file, or the built-in default when ``path`` is None.
+    """Read a platform file, or the built-in default when ``path`` is None; a name in
+    ``BUILT_IN`` that is no file here loads that shipped file (``"i915"``).
 
     Every mistake in the file is an ``InvalidRequest`` with one line,
     ``file: table.key: problem`` (see ``hetproc platform check FILE``)."""
-    if path is None:
-        text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
-        source = "<built-in>"
+    if path is None or (str(path) in BUILT_IN and not Path(path).exists()):
+        name = "default" if path is None else str(path)
+        text = resources.files("hetproc.platforms").joinpath(f"{name}.toml").read_text()
+        source = "<built-in>" if name == "default" else f"<built-in {name}>"
     else:
         source = str(path)
         try:
@@ -327,7 +334,8 @@ def load_platform(path: str | Path | None = None) -> PlatformSpec:
         except IsADirectoryError:
             raise errors.InvalidRequest(f"{source}: is a directory, not a platform file") from None
         except FileNotFoundError:
-            raise errors.InvalidRequest(f"{source}: no such platform file") from None
+            raise errors.InvalidRequest(f"{source}: no such platform file (built-in ones, "
+                                        f"by name: {', '.join(BUILT_IN)})") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise errors.InvalidRequest(f"{source}: cannot read it: {exc}") from None
     try:
