@@ -32,7 +32,7 @@ kernel or fences in flight), its execution unwinds (``Parked``) with its frame s
 and it waits in ``pending`` behind every command of its urgency that is not parked,
 until it is picked and taken up where it was (``unpark``). The switch costs what a
 preemption's does. On such a device every command names its context (``ctx``), and a
-command whose context has a command parked or suspended waits (``blocked``): a context
+command waits while an earlier one of its context is unfinished (``blocked``): a context
 runs in order. A command with buffers runs its timeslice to completion (the reference
 simulator knows no such command).
 """
@@ -268,13 +268,19 @@ class Preemption:
         self.resume(saved)
 
     def blocked(self, c: dict[str, Any]) -> bool:
-        """``c`` waits for its context: an earlier command of it is parked or suspended
-        (a context runs in order; only contexts take turns)."""
+        """``c`` waits for its context: an earlier command of it (a lower ring position:
+        a context's commands are pushed in order) is running, suspended, parked or read
+        and not run yet (a context runs in order; only contexts take turns)."""
         ctx = c.get("ctx")
-        if ctx is None or "rr" in c:
+        if ctx is None:
             return False
-        return (any("rr" in p and p.get("ctx") == ctx for p in self.pending)
-                or any(s.frame.cmd.get("ctx") == ctx for s in self.stack))
+        pidx = c["pidx"]
+
+        def earlier(o: dict[str, Any]) -> bool:
+            return o.get("ctx") == ctx and o.get("pidx", pidx) < pidx
+
+        return (earlier(self.host.frame.cmd) or any(earlier(s.frame.cmd) for s in self.stack)
+                or any(earlier(o) for o in self.pending) or any(earlier(o) for o in self.backlog))
 
     def peers(self, frame: Frame, mine: int) -> list[dict[str, Any]]:
         """The commands read from the ring that would take a turn from ``frame``'s: as

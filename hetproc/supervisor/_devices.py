@@ -413,15 +413,13 @@ class DeviceHandle:
         return _NO if context_ahead(self.sched, head) else _NOW
 
     def _peer_of_long(self, head: Command) -> bool:
-        """With a timeslice: ``head`` is as urgent as a long command in the ring, of
-        another context, and no command of its own context is in the ring (the device
-        takes turns between marked peers and parked commands: a later command of a
-        context must never be among them while an earlier one is, ``_preempt``)."""
+        """With a timeslice: ``head`` is as urgent as a long command in the ring, so the
+        device may have to give it a turn at one of that command's chunk boundaries: it
+        must be on the device by then (it waits there while an earlier command of its own
+        context is unfinished, ``device_workers._preempt``)."""
         if not self.timeslice_ns:
             return False
-        chunk, preempts, ctx = self.chunk_ns(), self.sched.preempts, head.ctx
-        if any(c.ctx is ctx for c in self.pushed.values()):
-            return False
+        chunk, preempts = self.chunk_ns(), self.sched.preempts
         return any(c.hold_ns > chunk and not preempts(c, head) and not preempts(head, c)
                    for c in self.pushed.values())
 
