@@ -405,23 +405,12 @@ class DeviceHandle:
             return _NO
         chunk, preempts = self.chunk_ns(), self.sched.preempts
         if not any(not c.preemptor and c.hold_ns > chunk and preempts(head, c)
-                   for c in self.pushed.values()) and not self._peer_of_long(head):
+                   for c in self.pushed.values()) and not _takes_turns(self, head):
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
         # Marked, it must not overtake an earlier command of its own context.
         return _NO if context_ahead(self.sched, head) else _NOW
-
-    def _peer_of_long(self, head: Command) -> bool:
-        """With a timeslice: ``head`` is as urgent as a long command in the ring, so the
-        device may have to give it a turn at one of that command's chunk boundaries: it
-        must be on the device by then (it waits there while an earlier command of its own
-        context is unfinished, ``device_workers._preempt``)."""
-        if not self.timeslice_ns:
-            return False
-        chunk, preempts = self.chunk_ns(), self.sched.preempts
-        return any(c.hold_ns > chunk and not preempts(c, head) and not preempts(head, c)
-                   for c in self.pushed.values())
 
     def speed(self) -> float:
         """The frequency level the clients voted for: the highest vote (none: the top)."""
@@ -531,6 +520,18 @@ _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
 
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
+
+
+def _takes_turns(dev: DeviceHandle, head: Command) -> bool:
+    """With a timeslice: ``head`` is as urgent as a long command in ``dev``'s ring, so the
+    device may have to give it a turn at one of that command's chunk boundaries: it must
+    be on the device by then (it waits there while an earlier command of its own context
+    is unfinished, ``device_workers._preempt``)."""
+    if not dev.timeslice_ns:
+        return False
+    chunk, preempts = dev.chunk_ns(), dev.sched.preempts
+    return any(c.hold_ns > chunk and not preempts(c, head) and not preempts(head, c)
+               for c in dev.pushed.values())
 
 
 def device_state_name(code: int) -> str:

@@ -34,9 +34,9 @@ The watchdog also watches the queue, not only the running command: a device that
 commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
 state, done counter, progress, ring read index all unchanged -- for a quiet bound is
 stalled: a tampered ring index or state table (``park``), a lost doorbell, a process
-stopped while idle. The bound is the device's ``heartbeat_interval_ms`` (i915 checks
-each engine every interval; 0: no check), scaled, but never under ``_QUIET_FLOOR_NS``
-(a device that only missed its doorbell has looked again by then). A device that is
+stopped while idle. The bound is the device's ``heartbeat_interval_ms`` (i915 checks each
+engine every interval; 0: no check), scaled, but never under ``_QUIET_FLOOR_NS`` (a device
+that only missed its doorbell has looked again by then). A device that is
 runnable and has had less CPU than the bound since it went quiet waits for the host (a
 loaded machine), not for itself: excused and counted (``idle_host_lag``), as the command
 watchdog does. A stall is a ``stall`` incident with no guilty command: the device is
@@ -123,8 +123,7 @@ class Incident:
 
 
 _MIN_EXTENSION_NS = 2_000_000  # a starved device is looked at again after at least this
-# The least quiet time that is a stall: five idle wake-ups (device_workers wakes every
-# 50 ms), so a lost doorbell, which the next wake-up repairs, is never called one.
+# The least quiet time that is a stall: five idle wake-ups (a device wakes every 50 ms).
 _QUIET_FLOOR_NS = 250_000_000
 
 
@@ -249,9 +248,9 @@ class Recovery:
         stalled: True once its incident has started. A running command the command
         watchdog (or the queue watch) times is left to it: a late writer sleeping between
         its stores shows no sign of moving, yet its own watchdog decides."""
-        slot, beat = self.reg.slots[dev.index], self.reg.engine(dev).heartbeat_interval_ms
-        if (not dev.pid or dev.paused or not beat or not self._owes_work(dev, slot)
-                or _timed(dev, slot) or self.queue_timing(dev.name)):
+        slot = self.reg.slots[dev.index]
+        if (not dev.pid or dev.paused or not self._owes_work(dev, slot) or _timed(dev, slot)
+                or self.queue_timing(dev.name)):
             self._quiet.pop(dev.name, None)
             return False
         signature: tuple[int, ...] = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE],
@@ -267,8 +266,9 @@ class Recovery:
         if quiet is None or quiet.signature != signature:
             self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1])
             return False
+        beat = self.reg.engine(dev).heartbeat_interval_ms  # 0: no hang check on this device
         bound = max(self.reg.scaled_ns(beat), _QUIET_FLOOR_NS)
-        if now - quiet.since < bound:
+        if not beat or now - quiet.since < bound:
             return False
         runnable, cpu = self.device_cpu.read(dev)
         if runnable and cpu >= 0 and quiet.cpu >= 0 and cpu - quiet.cpu < bound:
