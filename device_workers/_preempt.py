@@ -29,12 +29,12 @@ out at its next chunk boundary and the peer runs: round robin between contexts. 
 cannot take a turn back from a command above it, so a timesliced command is *parked*
 instead of suspended: it must only hold modeled time (``Frame.parkable``: no buffers,
 kernel or fences in flight), its execution unwinds (``Parked``) with its frame saved,
-and it waits in ``pending`` behind every command of its urgency that is not parked,
-until it is picked and taken up where it was (``unpark``). The switch costs what a
-preemption's does. On such a device every command names its context (``ctx``), and a
-command waits while an earlier one of its context is unfinished (``blocked``): a context
-runs in order. A command with buffers runs its timeslice to completion (the reference
-simulator knows no such command).
+and it waits in ``pending`` behind every command of its urgency that joined the queue
+before it was parked, until it is picked and taken up where it was (``unpark``). The
+switch costs what a preemption's does. On such a device every command names its context
+(``ctx``), and a command waits while an earlier one of its context is unfinished
+(``blocked``): a context runs in order. A command with buffers runs its turn to its end
+(the reference simulator knows no such command).
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ _FAR = 1 << 62  # "no host time yet": ``point`` unclamped
 class Parked(Exception):
     """The running command was parked by its timeslice (``Preemption.park``): its
     execution ends here, unfinished; ``DeviceWorker.execute`` lets it go."""
-
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +224,7 @@ class Preemption:
         arrived by the time it would start: that one runs first, and ``cmd`` waits at the
         head of the backlog (the policy's choice at that instant, as the model makes it)."""
         if self.slice_ns and self.blocked(cmd):
-            self.pending.append(cmd)  # it runs once its context's parked command has ended
+            self.pending.append(cmd)  # it runs once the earlier one of its context ended
             return
         first = self.before(cmd) if self.pending else None
         if first is not None:
