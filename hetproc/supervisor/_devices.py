@@ -403,8 +403,9 @@ class DeviceHandle:
         urgent one); should, but ``MAX_MARKED`` are out (``_LATER``); or not (``_NO``)."""
         if not self.preemptive or self.state is None or not self.inputs_ready(head):
             return _NO
-        chunk, preempts = self.chunk_ns(), self.sched.preempts
-        if not any(not c.preemptor and c.hold_ns > chunk and preempts(head, c)
+        # (with a timeslice, the long command running may be a marked peer: a victim too)
+        chunk, preempts, marked_too = self.chunk_ns(), self.sched.preempts, self.timeslice_ns
+        if not any((marked_too or not c.preemptor) and c.hold_ns > chunk and preempts(head, c)
                    for c in self.pushed.values()) and not _takes_turns(self, head):
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
