@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 
 import pytest
 
@@ -94,6 +95,28 @@ def test_a_more_urgent_command_still_preempts_the_commands_taking_turns():
     with _platform(timeslice_ms=2.0) as plat:
         ends = _exact(compare(plat, jobs, "priority"))
     assert ends["H"] == 5 * MS and sorted((ends["A"], ends["B"])) == [21 * MS, 22 * MS]
+
+
+def test_a_more_urgent_command_preempts_a_peer_left_running_alone():
+    """B was marked to the device to take turns with A; once A has ended (6 ms), B runs
+    alone, and H, more urgent, submitted only then (at 10 ms, dated 9 ms: no long command
+    the supervisor pushed unmarked is left), still preempts it at its 9 ms boundary
+    rather than waiting for its end at 30 ms."""
+    with _platform(timeslice_ms=2.0) as plat:
+        c = plat.client
+        a, b, h = (c.context("npu0", name=n, priority=p) for n, p in (("A", 0), ("B", 0),
+                                                                       ("H", 9)))
+        for ctx in (a, b, h):
+            ctx.submit("work", ms=0).wait(5)
+        t0 = time.monotonic_ns() + 50 * MS
+        fences = {"A": a.submit_nowait("work", ms=4, at_ns=t0),
+                  "B": b.submit_nowait("work", ms=30, at_ns=t0)}
+        time.sleep(max(0.0, (t0 + 10 * MS - time.monotonic_ns()) / 1e9))
+        fences["H"] = h.submit_nowait("work", ms=2, at_ns=t0 + 9 * MS)
+        for f in fences.values():
+            f.wait(5)
+        ends = {n: f.signal_time() - t0 for n, f in fences.items()}
+    assert ends == {"A": 6 * MS, "H": 11 * MS, "B": 36 * MS}
 
 
 @pytest.mark.parametrize("policy", ["edf", "mixed"])
