@@ -46,6 +46,14 @@ def trace_info(client: Connected) -> dict[str, Any]:
     return info
 
 
+def run_digest(client: Connected) -> dict[str, Any]:
+    """(Privileged.) The trace digest (``trace_digest``) of every command the platform
+    retired so far, from the supervisor's command log: ``{"trace_digest", "commands",
+    "dropped", "origin_ns", "end_ns", "modeled_s"}``; ``modeled_s`` spans from the first
+    command's modeled start (or the platform's modeled epoch) to the last one's end."""
+    return client.connection.request("run_digest")["digest"]
+
+
 def snapshot(client: Connected) -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
     """Every record now in every ring, merged by time, with the pid and track names. The
     records are as the rings hold them (compact: see ``_trace_export.expand``)."""
