@@ -136,3 +136,25 @@ def test_one_ns_more_or_another_priority_changes_the_digest(five_runs):
     assert longer["modeled_s"] == pytest.approx(0.007, abs=2e-9)  # the schedule, 1 ns on
     other = _report(urgent=0)  # high no longer preempts low
     assert other["trace_digest"] not in (same, longer["trace_digest"])
+
+
+def test_the_perfetto_export_lays_a_command_out_at_its_modeled_times():
+    """EXEC is drawn from the device's modeled start to its modeled end, whatever the host
+    did: dated ahead on an idle device (no dispatch latency), a 2 ms command starts at its
+    arrival; the slice's ts, back on the monotonic clock, is that instant to the ns."""
+    with hetproc.Platform(spec=_spec()) as plat:
+        npu = plat.client.context("npu0")
+        at = time.monotonic_ns() + 50 * MS
+        f = npu.submit_nowait("work", ms=2, at_ns=at)
+        f.wait(5)
+        cid, end = f.cid, f.signal_time()
+        doc = hetproc.trace.chrome_trace(plat.client)
+        digest = hetproc.trace.run_digest(plat.client)
+        with plat.connect("tenant") as tenant, pytest.raises(hetproc.NotPermitted):
+            hetproc.trace.run_digest(tenant)  # every tenant's commands: not a tenant's to see
+    origin = doc["otherData"]["origin_monotonic_ns"]
+    (ex,) = [e for e in doc["traceEvents"]
+             if e.get("ph") == "X" and e["name"] == "EXEC" and e["args"].get("cid") == cid]
+    assert round(ex["ts"] * 1000) + origin == at == end - 2 * MS
+    assert round(ex["dur"] * 1000) == 2 * MS
+    assert (digest["origin_ns"], digest["end_ns"], digest["commands"]) == (at, at + 2 * MS, 1)

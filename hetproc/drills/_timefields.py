@@ -78,8 +78,3 @@ def time_fields(spec: PlatformSpec, digest: dict[str, Any] | None,
 def of_report(report: dict[str, Any]) -> dict[str, Any]:
     """The time fields of a report (a row of a matrix or a campaign carries them too)."""
     return {k: report.get(k) for k in FIELDS}
-
-
-def short(digest: str | None) -> str:
-    """A digest as a summary line shows it: its first 12 hex digits."""
-    return digest[:12] if digest else "-"
