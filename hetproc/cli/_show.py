@@ -225,7 +225,7 @@ def matrix_table(rows: list[dict[str, Any]], pending: Sequence[str] = ()) -> Tab
         t.add_column(col)
     for col in ("checks", "leaks", "recovery ms", "time s", "modeled s"):
         t.add_column(col, justify="right")
-    t.add_column("digest")
+    t.add_column("digest", no_wrap=True, min_width=12)
     t.add_column("failed checks")
     for r in rows:
         rec = "-" if r["recovery_ms"] is None else f"{r['recovery_ms']:.1f}"
