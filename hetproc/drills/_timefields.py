@@ -18,6 +18,7 @@ was late.
                         and the watchdog verdicts that excused a late host
     determinism_breaks  times the run's timeline depended on the host in a way the clock
                         could not absorb: 0 with the real clock, which counts lags instead
+                        (a platform whose metrics count them, ``determinism_breaks``, fills it)
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def time_fields(spec: PlatformSpec, digest: dict[str, Any] | None,
             "modeled_s": None if span is None else round(float(span) / spec.time_scale, 9),
             "wall_s": round(wall_s, 3), "trace_digest": d.get("trace_digest"),
             "trace_commands": d.get("commands"), "trace_dropped": d.get("dropped"),
-            "lags": lags_of(metrics), "determinism_breaks": 0}
+            "lags": lags_of(metrics),
+            "determinism_breaks": int((metrics or {}).get("determinism_breaks") or 0)}
 
 
 def of_report(report: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..trace import CommandEntry, modeled_span, trace_digest
+from ..trace import modeled_span, trace_digest
 
 if TYPE_CHECKING:
     from ._devices import Command
@@ -26,7 +26,7 @@ KEEP = 1 << 18
 
 class CommandLog:
     def __init__(self) -> None:
-        self.entries: list[CommandEntry] = []
+        self.entries: list[tuple] = []  # (CommandEntry's fields)
         self.dropped = 0
         # The run's modeled epoch, when the platform has one (a virtual clock sets it);
         # None: the earliest modeled start of the logged commands.
@@ -40,7 +40,8 @@ class CommandLog:
             return
         ctx = cmd.ctx
         m, status = cmd.outcome or (None, "")
-        self.entries.append(CommandEntry(
+        # A plain tuple in CommandEntry's field order: this runs per command.
+        self.entries.append((
             cmd.device.name, ctx.label or f"{ctx.client.name}/{ctx.name}", cmd.kernel,
             m[0] if m is not None else None, m[1] if m is not None else None,
             status or "ok"))
