@@ -17,8 +17,9 @@ moment enters it: no pid, prefix, handle, correlation id or host time.
 
 The order is canonical: by (start, device, context, kernel, end, status), never-run commands
 last, so two runs whose devices posted their completions in another order hash the same.
-Each entry is one line of compact JSON (unambiguous whatever a name holds) after a version
-line, so a change of this format changes every digest instead of colliding with an old one.
+The rows are hashed as one compact JSON array (unambiguous whatever a name holds) after a
+version line, so a change of this format changes every digest instead of colliding with an
+old one.
 
 Why it means something: a seed and a workload fix the schedule. With the real clock that
 holds for work dated ahead (``submit_nowait(..., at_ns=t)``): the device waits for each
@@ -67,28 +68,26 @@ def modeled_span(entries: Iterable[Sequence[Any]],
 def canonical_rows(entries: Iterable[Sequence[Any]], origin_ns: int | None = None) -> list[Row]:
     """The entries as the digest hashes them: times relative to the origin (see
     ``modeled_span``), sorted by (start, device, context, kernel, end, status), the ones
-    that never ran (no start) last."""
+    that never ran (no start) last. Names and status are strings, times ints or None."""
     entries = list(entries)
     origin, _ = modeled_span(entries, origin_ns)
-    rows: list[Row] = []
+    # Sorted on plain tuples (compared in C): a flag that puts the never-run last, then
+    # the order's fields with None as 0, then the row itself (equal keys: equal rows).
+    keyed: list[tuple] = []
+    add = keyed.append
     for device, context, kernel, start, end, status in entries:
-        s = e = None
-        if start is not None and end is not None and origin is not None:
-            s, e = int(start) - origin, int(end) - origin
-        rows.append((str(device), str(context), str(kernel), s, e, str(status)))
-    rows.sort(key=_order)
-    return rows
-
-
-def _order(r: Row) -> tuple:
-    start, end = r[3], r[4]
-    return (start is None, start or 0, r[0], r[1], r[2], end is None, end or 0, r[5])
+        if start is None or end is None or origin is None:
+            add((1, 0, device, context, kernel, 0, status,
+                 (device, context, kernel, None, None, status)))
+        else:
+            s, e = start - origin, end - origin
+            add((0, s, device, context, kernel, e, status, (device, context, kernel, s, e, status)))
+    keyed.sort()
+    return [k[7] for k in keyed]
 
 
 def trace_digest(entries: Iterable[Sequence[Any]], origin_ns: int | None = None) -> str:
-    """sha256 (hex) of the canonical rows, one compact JSON line each after the version."""
-    h = hashlib.sha256(DIGEST_VERSION.encode() + b"\n")
-    for row in canonical_rows(entries, origin_ns):
-        h.update(json.dumps(row, separators=(",", ":")).encode())
-        h.update(b"\n")
-    return h.hexdigest()
+    """sha256 (hex) of the version line, then the canonical rows as one compact JSON
+    array: ``[["npu0","app/low","work",0,2000000,"ok"],...]``."""
+    body = json.dumps(canonical_rows(entries, origin_ns), separators=(",", ":"))
+    return hashlib.sha256(f"{DIGEST_VERSION}\n{body}".encode()).hexdigest()
