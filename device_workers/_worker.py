@@ -284,7 +284,7 @@ class DeviceWorker:
             if "queue" in cmd:
                 tr.queued(cmd["cid"], cmd["t_queued"], t_take, self.boot.index)
         try:
-            if pidx and pidx <= u64[_CANCEL_PIDX]:  # 0: a queue's, not cancellable
+            if pidx and pidx == u64[_CANCEL_PIDX]:  # 0: a queue's, not cancellable
                 raise errors.Cancelled("cancelled while parked" if parked
                                        else "cancelled before it started")
             if parked:  # taken up where its timeslice ended
@@ -546,8 +546,10 @@ class DeviceWorker:
         """Hand-off signals that are due, then the cancel request (no progress counted)."""
         if self.delayed:
             self.outbox.fire_due()
+        # The one command the supervisor names: one suspended or parked below it, earlier
+        # in the ring, is innocent and goes on (``<=`` here failed it with Cancelled).
         pidx = self.frame.pidx
-        if pidx and pidx <= self.u64[S.CANCEL_PIDX]:
+        if pidx and pidx == self.u64[S.CANCEL_PIDX]:
             raise errors.Cancelled("cancelled while running")
 
     def beat(self) -> None:

@@ -119,6 +119,22 @@ def test_a_more_urgent_command_preempts_a_peer_left_running_alone():
     assert ends == {"A": 6 * MS, "H": 11 * MS, "B": 36 * MS}
 
 
+def test_a_peer_that_times_out_is_cancelled_alone_the_one_parked_under_it_completes():
+    with _platform(timeslice_ms=2.0) as plat:
+        c, bad = plat.client, plat.connect("bad")
+        a, b = c.context("npu0", name="A"), bad.context("npu0", name="B")
+        for ctx in (a, b):
+            ctx.submit("work", ms=0).wait(5)
+        bad.inject("timeout", device="npu0", client="bad")  # B hangs, honouring a cancel
+        t0 = time.monotonic_ns() + 50 * MS
+        fa = a.submit_nowait("work", ms=30, at_ns=t0, timeout_ms=5000)
+        fb = b.submit_nowait("work", ms=30, at_ns=t0, timeout_ms=60)
+        with pytest.raises(hetproc.DeviceTimeout):
+            fb.wait(5)
+        fa.wait(5)  # parked (earlier in the ring) when B was cancelled: not Cancelled
+        assert c.incidents()["history"][-1]["guilty"]["context"] == "B"
+
+
 @pytest.mark.parametrize("policy", ["edf", "mixed"])
 def test_equal_deadlines_and_one_class_take_turns_too(policy):
     jobs = [dict(name=n, context=n, duration_ms=6, deadline_ms=50) for n in "XY"]
