@@ -18,6 +18,10 @@ from it.
   (response-time analysis: 4, 9, 45 ms, all within their periods): no miss.
 * ``fifo``: the same set under ``fifo`` for 1 s (quick: 0.5 s): arrival order, no
   preemption; the reference misses some, and the product must miss the same ones.
+* ``timeslice 2 ms``: three 10 ms commands of one priority from three contexts at 0,
+  beside the periodic set with every task at that priority, for 0.5 s (quick: 0.25 s),
+  under ``priority`` with a 2 ms timeslice: every context takes turns, round robin, and a
+  task's next job waits for its previous one (one context); the reference misses some.
 """
 
 from __future__ import annotations
@@ -43,16 +47,21 @@ def _tasks(priorities: bool) -> list[dict]:
             for i, (p, c) in enumerate(PERIODS)]
 
 
-def _platform(policy: str) -> hetproc.Platform:
+THREE = [dict(name=n, context=n, priority=0, arrival_ms=0, duration_ms=10) for n in "ABC"]
+
+
+def _platform(policy: str, timeslice_ms: float = 0.0) -> hetproc.Platform:
     spec = hetproc.load_platform()
-    sched = hetproc.SchedSpec(policy=policy, chunk_ms=1.0, switch_us=0.0)
+    sched = hetproc.SchedSpec(policy=policy, chunk_ms=1.0, switch_us=0.0,
+                              timeslice_ms=timeslice_ms)
     devices = tuple(dataclasses.replace(d, scheduler=sched) if d.name == "npu0" else d
                     for d in spec.devices)
     return hetproc.Platform(spec=dataclasses.replace(spec, devices=devices), time_scale=1.0)
 
 
-def _case(policy: str, jobs=(), tasks=(), horizon_ms: int = 0) -> dict:
-    with _platform(policy) as plat:
+def _case(policy: str, jobs=(), tasks=(), horizon_ms: int = 0,
+          timeslice_ms: float = 0.0) -> dict:
+    with _platform(policy, timeslice_ms) as plat:
         result = compare(plat, jobs, policy, tasks=tasks, horizon_ns=horizon_ms * MS)
     return {"summary": result.summary, "differing": result.differing()[:12]}
 
@@ -84,6 +93,8 @@ def sched_reference(quick: bool) -> dict:
         "edf U=0.9": _case("edf", tasks=_tasks(False), horizon_ms=periodic_ms),
         "rm fixed priorities": _case("priority", tasks=_tasks(True), horizon_ms=periodic_ms),
         "fifo": _case("fifo", tasks=_tasks(False), horizon_ms=500 if quick else 1000),
+        "timeslice 2 ms": _case("priority", jobs=THREE, tasks=_tasks(False),
+                                horizon_ms=250 if quick else 500, timeslice_ms=2.0),
     }
     rows = [row for label, c in cases.items() for row in _rows(label, c["summary"])]
     return {"rows": rows, "cases": cases}

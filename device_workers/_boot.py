@@ -28,6 +28,7 @@ class DeviceBoot:
     chunk_ns: int = 2_000_000   # hold slices: cancel and preemption are seen between them
     switch_ns: int = 0          # modeled cost of one context switch (save or restore)
     preemptive: bool = False
+    timeslice_ns: int = 0       # round robin between equal urgency (``_preempt``; 0: none)
     thermal: dict | None = None  # device_workers._power.Thermal's parameters, when modeled
     first_pidx: int = 0  # the ring position of the first command pushed to us (0: unknown)
     segment_fd: int = -1  # our end of the segment socket: buffer segments come on it

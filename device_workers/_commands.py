@@ -147,7 +147,7 @@ COMMAND_SCHEMAS: dict[str, dict[str, Any]] = {
              "fault?": FAULT, "mem?": MEM_REQUEST,
              # modeled time (invariant 8), preemption and the voted speed (seed §7, §11)
              "arrive_ns?": Int(0, I64), "pre?": bool, "nopre?": bool, "spd?": Num(0.0, 1.0),
-             "urg?": Int(0, I64)},
+             "urg?": Int(0, I64), "ctx?": Int(0, U64)},
     "stop": {},
     # user-mode queues (``_queues``): the supervisor attaches and detaches them in order
     # with the commands it pushes
@@ -181,7 +181,8 @@ LEAST_URGENT = I64  # ``urg`` of a command nothing is compared with (no preempti
 MAX_KERNEL = 64
 _TAIL: dict[str, Any] = {"params?": COMMAND_SCHEMAS["exec"]["params"],
          "ins?": COMMAND_SCHEMAS["exec"]["ins"], "outs?": COMMAND_SCHEMAS["exec"]["outs"],
-         "fault?": FAULT, "mem?": MEM_REQUEST}
+         "fault?": FAULT, "mem?": MEM_REQUEST,
+         "ctx?": Int(0, U64)}  # its context, on a device that timeslices (``_preempt``)
 _U64S = [struct.Struct(f"<{n}Q") for n in range(4)]
 _EMPTY = b""
 
@@ -193,9 +194,10 @@ def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
                    spd: float | None = None, params: dict | None = None,
                    ins: list | None = None, outs: list | None = None,
                    fault: dict | None = None, mem: dict | None = None,
-                   urg: int = LEAST_URGENT) -> bytes:
+                   urg: int = LEAST_URGENT, ctx: int | None = None) -> bytes:
     """The record of one ``exec`` command (see ``decode_command``); ``urg``: its urgency
-    on a preemptive device (lower preempts higher: ``_preempt``)."""
+    on a preemptive device (lower preempts higher: ``_preempt``); ``ctx``: its context,
+    on a device that timeslices (a context's commands never take turns)."""
     k = kernel.encode()
     tail: dict[str, Any] = {}
     if params:
@@ -208,6 +210,8 @@ def encode_command(seq: int, pidx: int, cid: int, kernel: str, wait: list[int],
         tail["fault"] = fault
     if mem:
         tail["mem"] = mem
+    if ctx is not None:
+        tail["ctx"] = ctx
     tail_bytes = msgpack.packb(tail, use_bin_type=True) if tail else _EMPTY
     nw, ns = len(wait), len(signal)
     flags = (_F_CHECKED if checked else 0) | (_F_PRE if pre else 0) | (

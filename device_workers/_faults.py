@@ -27,13 +27,15 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from ipc import errors
+
+from ._kernels import run_kernel
 
 # The table above, as the command decoder checks a packet's fault against it.
 KINDS = frozenset(("timeout", "hang", "late_writer", "crash", "wrong_output", "lost_fence",
@@ -186,3 +188,15 @@ def _write_late(outs: Sequence[np.ndarray], seconds: float) -> None:
 def _hold_then_crash(fault: dict[str, Any]) -> None:
     time.sleep(float(fault.get("after_s", 0.005)))
     os._exit(CRASH_EXIT_STATUS)
+
+
+def verify(cmd: dict[str, Any], ins: list, outs: list, fault: dict,
+            between: Callable[[], None]) -> None:
+    """Checked execution: run the kernel a second time into scratch memory and compare
+    (dual modular redundancy), so a corrupted output is reported, not delivered."""
+    scratch = [np.empty_like(o) for o in outs]
+    run_kernel(cmd["kernel"], ins, scratch, cmd["params"], between)
+    corrupt(fault, outs)
+    for i, (a, b) in enumerate(zip(outs, scratch)):
+        if not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
+            raise errors.WrongOutput(f"output {i} differs from its checked re-execution")

@@ -18,7 +18,7 @@ class Frame:
     """One command from the moment it is taken to the moment it is finished."""
 
     __slots__ = ("cmd", "pidx", "t_start", "shift", "m_origin", "preemptible", "modeled",
-                 "signal", "t_end", "loop_flushes", "holds_to")
+                 "signal", "t_end", "loop_flushes", "holds_to", "since", "parkable")
     # The outcome, which the body sets as its last steps once the command ran to its end
     # (until then unset or the previous command's: ``finish`` reads them only after the
     # body returned):
@@ -45,6 +45,12 @@ class Frame:
         # The modeled end of the stretch it holds now, before its shift (``hold_model``): a
         # chunk boundary is where work is left, so none at or past its end.
         self.holds_to = 0
+        # The modeled instant it last began to run (its start, or a resume): its timeslice
+        # counts from here (``_preempt``).
+        self.since = 0
+        # True: it only holds modeled time (``execute_hold``), so a timeslice may park it
+        # off the device, its frame kept, and take it up again later (``_preempt``).
+        self.parkable = False
 
 
 # The frame of no command: nothing to cancel, nothing to preempt, no time shifted.

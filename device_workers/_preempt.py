@@ -21,6 +21,20 @@ Between commands, pending commands that have arrived run first, most urgent firs
 
 The suspended commands form a stack, innermost last: each is resumed when nothing pending
 is more urgent than it, which is the order the reference simulator resumes them in.
+
+Timeslicing (``timeslice_ms``, i915's ``timeslice_duration_ms``): a command that has run
+a timeslice since it began or resumed, while a command of equal urgency and another
+context that has arrived waits (a *peer*: marked, or read from the ring), is switched
+out at its next chunk boundary and the peer runs: round robin between contexts. A stack
+cannot take a turn back from a command above it, so a timesliced command is *parked*
+instead of suspended: it must only hold modeled time (``Frame.parkable``: no buffers,
+kernel or fences in flight), its execution unwinds (``Parked``) with its frame saved,
+and it waits in ``pending`` behind every command of its urgency that joined the queue
+before it was parked, until it is picked and taken up where it was (``unpark``). The
+switch costs what a preemption's does. On such a device every command names its context
+(``ctx``), and a command waits while an earlier one of its context is unfinished
+(``blocked``): a context runs in order. A command with buffers runs its turn to its end
+(the reference simulator knows no such command).
 """
 
 from __future__ import annotations
@@ -38,6 +52,11 @@ from ._state import DeviceState
 from ._state import StateSlot as S
 
 _FAR = 1 << 62  # "no host time yet": ``point`` unclamped
+
+
+class Parked(Exception):
+    """The running command was parked by its timeslice (``Preemption.park``): its
+    execution ends here, unfinished; ``DeviceWorker.execute`` lets it go."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +98,14 @@ class Host(Protocol):
 class Preemption:
     """The marked commands of one device: when they run and what they set aside."""
 
-    def __init__(self, host: Host, *, enabled: bool, switch_ns: int, chunk_ns: int) -> None:
+    def __init__(self, host: Host, *, enabled: bool, switch_ns: int, chunk_ns: int,
+                 slice_ns: int = 0) -> None:
         self.host = host
         self.enabled = enabled     # the device model preempts at all
         self.switch_ns = switch_ns  # modeled cost of one context switch (save or restore)
         self.chunk_ns = chunk_ns
+        self.slice_ns = slice_ns if enabled else 0  # the timeslice (0: run to completion)
+        self.parks = 0  # commands parked so far: only ``park`` counts (their turn order)
         # The last marked command run (its ring position): only raised, by ``run_marked``
         # and ``preempt``; the supervisor's ``preempt_pidx`` past it asks for more.
         self.seen = 0
@@ -107,14 +129,33 @@ class Preemption:
             self.seen = target
             self.pending.extend(self.take_marked())
 
-    def choice(self, by: int, than: int, than_pidx: int = 0) -> dict[str, Any] | None:
-        """The most urgent pending command arrived by modeled time ``by`` and before
-        ``(than, than_pidx)`` in (urgency, ring position) order, or None: strictly more
-        urgent with ``than_pidx`` 0; as urgent and earlier in the ring also counts."""
-        best, key = None, (than, than_pidx)
+    def order(self, c: dict[str, Any]) -> tuple[int, int, int, int]:
+        """Which command goes first: the most urgent; at one urgency, in ring order, or,
+        on a device that timeslices, in the order they joined the queue (their arrival;
+        a parked one when it was parked, after one that arrived then): round robin."""
+        urg, rr = c.get("urg", LEAST_URGENT), c.get("rr")
+        if not self.slice_ns:
+            return (urg, 0, c["pidx"], 0)
+        return (urg, c["arrive_ns"], 0, c["pidx"]) if rr is None else (urg, c["at"], 1, rr)
+
+    def choice(self, by: int, than: int, plain: dict[str, Any] | None = None
+               ) -> dict[str, Any] | None:
+        """The first pending command (``order``) arrived by modeled time ``by`` that goes
+        before urgency ``than``, or None: strictly more urgent; with ``plain``, an unmarked
+        command of urgency ``than``, one as urgent that ``order`` puts before it counts
+        too. One that waits for its context (``blocked``) never counts."""
+        best, key = None, None
+        limit = self.order(plain) if plain is not None else None
         for c in self.pending:
-            k = (c.get("urg", LEAST_URGENT), c["pidx"])
-            if c["arrive_ns"] <= by and k < key:
+            urg = c.get("urg", LEAST_URGENT)
+            if c["arrive_ns"] > by or urg > than:
+                continue
+            k = self.order(c)
+            if urg == than and (limit is None or not k < limit):
+                continue
+            if self.slice_ns and self.blocked(c):
+                continue
+            if key is None or k < key:
                 best, key = c, k
         return best
 
@@ -156,12 +197,21 @@ class Preemption:
         at the modeled instant the policy makes it: never before the command's arrival,
         never between two boundaries, whatever the host's wake-ups."""
         self.collect()
-        if not self.pending:
-            return None
         frame = self.host.frame
+        slicing = self.slice_ns and frame.parkable
+        if slicing and time.monotonic_ns() >= frame.since + self.slice_ns:
+            self.pending.extend(self.take_marked())  # its turn may be over: who waits?
+        if not self.pending and not (slicing and self.backlog):
+            return None
         mine = frame.cmd.get("urg", LEAST_URGENT)
         points = [self.point(frame, c["arrive_ns"], _FAR) for c in self.pending
-                  if c.get("urg", LEAST_URGENT) < mine]
+                  if c.get("urg", LEAST_URGENT) < mine
+                  and not (self.slice_ns and self.blocked(c))]
+        if slicing:  # a peer waits: the boundary where the timeslice is over
+            peers = [c["arrive_ns"] for c in self.peers(frame, mine)]
+            if peers:
+                points.append(self.point(frame, max(min(peers), frame.since + self.slice_ns),
+                                         _FAR))
         if not points:
             return None
         at = min(points)
@@ -173,6 +223,9 @@ class Preemption:
         """Run ``cmd``, the next in ring order, unless a marked command more urgent has
         arrived by the time it would start: that one runs first, and ``cmd`` waits at the
         head of the backlog (the policy's choice at that instant, as the model makes it)."""
+        if self.slice_ns and self.blocked(cmd):
+            self.pending.append(cmd)  # it runs once the earlier one of its context ended
+            return
         first = self.before(cmd) if self.pending else None
         if first is not None:
             self.backlog.appendleft(cmd)
@@ -187,7 +240,7 @@ class Preemption:
         if not self.pending:
             return None
         start = max(self.host.model_end, cmd.get("arrive_ns", 0))
-        return self.choice(start, cmd.get("urg", LEAST_URGENT), cmd["pidx"])
+        return self.choice(start, cmd.get("urg", LEAST_URGENT), cmd)
 
     def preempt(self, at: int) -> None:
         """Suspend the running command at boundary ``at``; run the pending commands more
@@ -199,6 +252,7 @@ class Preemption:
         mine = host.frame.cmd.get("urg", LEAST_URGENT)
         cmd = self.choice(at, mine)
         if cmd is None:
+            self.maybe_park(at, mine)
             return
         self.stack.append(self.suspend(at, cmd["pidx"]))
         try:
@@ -210,6 +264,62 @@ class Preemption:
         finally:
             saved = self.stack.pop()
         self.resume(saved)
+
+    def blocked(self, c: dict[str, Any]) -> bool:
+        """``c`` waits for its context: an earlier command of it (a lower ring position:
+        a context's commands are pushed in order) is running, suspended, parked or read
+        and not run yet (a context runs in order; only contexts take turns)."""
+        ctx = c.get("ctx")
+        if ctx is None:
+            return False
+        pidx = c["pidx"]
+
+        def earlier(o: dict[str, Any]) -> bool:
+            return o.get("ctx") == ctx and o.get("pidx", pidx) < pidx
+
+        return (earlier(self.host.frame.cmd) or any(earlier(s.frame.cmd) for s in self.stack)
+                or any(earlier(o) for o in self.pending) or any(earlier(o) for o in self.backlog))
+
+    def peers(self, frame: Frame, mine: int) -> list[dict[str, Any]]:
+        """The commands read from the ring that would take a turn from ``frame``'s: as
+        urgent, of another context, not waiting for their own context."""
+        ctx = frame.cmd.get("ctx")
+        return [c for c in (*self.pending, *self.backlog)
+                if c.get("urg", LEAST_URGENT) == mine and c.get("ctx") != ctx
+                and not self.blocked(c)]
+
+    def maybe_park(self, at: int, mine: int) -> None:
+        """At boundary ``at``: if the running command's timeslice is over and a peer has
+        arrived, park it (raises ``Parked``)."""
+        frame = self.host.frame
+        if not (self.slice_ns and frame.parkable and at - frame.since >= self.slice_ns):
+            return
+        waiting = [c for c in self.peers(frame, mine) if c["arrive_ns"] <= at]
+        if waiting:
+            self.park(at, min(waiting, key=self.order)["pidx"])
+
+    def park(self, at: int, target: int) -> None:
+        """Take the running command off the device at boundary ``at`` for ``target``,
+        as a preemption's save does, and put it in ``pending`` behind the commands of
+        its urgency there; its execution unwinds (``Parked``)."""
+        host = self.host
+        saved = self.suspend(at, target)
+        host.frames[len(self.stack)] = Frame()  # its own stays with it, off the device
+        cmd = saved.frame.cmd
+        cmd["parked"], cmd["rr"], cmd["at"] = saved, self.parks, at
+        self.parks += 1
+        self.pending.append(cmd)
+        raise Parked
+
+    def unpark(self, cmd: dict[str, Any]) -> Frame:
+        """Put a parked command back on the device (a restore, as a resume's), in its own
+        frame at the current depth; the caller checks for a cancel and takes up its hold
+        where it was."""
+        saved = cmd.pop("parked")
+        del cmd["rr"], cmd["at"]
+        self.host.frames[len(self.stack)] = saved.frame
+        self.restore(saved)
+        return saved.frame
 
     def point(self, frame: Frame, arrival: int, now: int) -> int:
         """The modeled chunk boundary of the running command at or after ``arrival``:
@@ -234,13 +344,14 @@ class Preemption:
             host.frames.append(Frame())
         return saved
 
-    def resume(self, saved: Suspended) -> None:
+    def restore(self, saved: Suspended) -> None:
         """Put the suspended command back on the device, its time off it added to its
-        frame's shift; a cancel that came meanwhile stops it before any more work."""
+        frame's shift."""
         host, u64 = self.host, self.host.u64
         resumed = host.model_end + self.switch_ns  # restored
         frame = host.frame = saved.frame
         frame.shift += resumed - saved.at
+        frame.since = resumed
         host.speed = saved.speed
         # The urgent work's progress was its own: the watchdog must not take it for the
         # suspended command's (a hung command stays hung however much ran under it).
@@ -251,4 +362,8 @@ class Preemption:
         u64[S.CURRENT_PIDX], u64[S.STARTED] = saved.pidx, saved.started
         host.u32[S.STATE] = DeviceState.BUSY
         host.outbox.flush()
-        host.check_cancel()
+
+    def resume(self, saved: Suspended) -> None:
+        """``restore``, then a cancel that came meanwhile stops it before any more work."""
+        self.restore(saved)
+        self.host.check_cancel()

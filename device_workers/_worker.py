@@ -37,7 +37,6 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import posix_ipc
 
 from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors, profiled
@@ -51,7 +50,7 @@ from ._intake import Intake
 from ._kernels import run_kernel
 from ._outbox import Outbox
 from ._power import Thermal
-from ._preempt import Preemption
+from ._preempt import Parked, Preemption
 from ._queues import DeviceQueues
 from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
@@ -102,7 +101,7 @@ class DeviceWorker:
                                    cache_bytes=boot.cache_bytes)
         self.tr = DeviceTrace.attach(boot, self.cache, self.fences)  # evidence chain (§22)
         self.preempt = Preemption(self, enabled=boot.preemptive, switch_ns=boot.switch_ns,
-                                  chunk_ns=boot.chunk_ns)
+                                  chunk_ns=boot.chunk_ns, slice_ns=boot.timeslice_ns)
         self.outbox = Outbox(boot, completions, self.commands, self.preempt.backlog,
                              self.u32, self.fences, self.tr)
         self.outbox.pending = self.preempt.pending
@@ -273,21 +272,30 @@ class DeviceWorker:
         this device has acknowledged the stop."""
         pidx = cmd["pidx"]
         u32, u64, tr = self.u32, self.u64, self.tr
-        u64[_CURRENT_SEQ], u64[_CURRENT_CID], u64[_CURRENT_PIDX] = cmd["seq"], cmd["cid"], pidx
-        frame = self.frame = self.frames[len(self.preempt.stack)]
-        frame.cmd, frame.pidx, frame.shift, frame.preemptible = cmd, pidx, 0, False
-        frame.t_start = t_take = time.monotonic_ns()
-        tr.take(t_take)
-        if "queue" in cmd:
-            tr.queued(cmd["cid"], cmd["t_queued"], t_take, self.boot.index)
+        parked = "parked" in cmd  # a timesliced command: its own frame, its state restored
+        if parked:
+            frame = self.frame = self.preempt.unpark(cmd)
+        else:
+            u64[_CURRENT_SEQ], u64[_CURRENT_CID], u64[_CURRENT_PIDX] = cmd["seq"], cmd["cid"], pidx
+            frame = self.frame = self.frames[len(self.preempt.stack)]
+            frame.cmd, frame.pidx, frame.shift, frame.preemptible = cmd, pidx, 0, False
+            frame.t_start = t_take = time.monotonic_ns()
+            tr.take(t_take)
+            if "queue" in cmd:
+                tr.queued(cmd["cid"], cmd["t_queued"], t_take, self.boot.index)
         try:
-            if pidx and pidx <= u64[_CANCEL_PIDX]:  # 0: a queue's, not cancellable
-                raise errors.Cancelled("cancelled before it started")
-            if (cmd["kernel"] == "work" and not cmd["ins"] and not cmd["outs"]
+            if pidx and pidx == u64[_CANCEL_PIDX]:  # 0: a queue's, not cancellable
+                raise errors.Cancelled("cancelled while parked" if parked
+                                       else "cancelled before it started")
+            if parked:  # taken up where its timeslice ended
+                self.hold_rest(frame, frame.holds_to, frame.holds_to - frame.m_origin)
+            elif (cmd["kernel"] == "work" and not cmd["ins"] and not cmd["outs"]
                     and not cmd["wait"] and "fault" not in cmd and "mem" not in cmd):
                 self.execute_hold(frame)
             else:
                 self.execute_general(frame)
+        except Parked:
+            pass  # off the device, unfinished: it waits in ``pending`` for its next turn
         except errors.Cancelled as exc:
             u64[_ACK_PIDX] = max(u64[_ACK_PIDX], pidx)  # the confirmed stop
             self.finish(frame, exc)
@@ -324,7 +332,8 @@ class DeviceWorker:
         u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
         u32[S.STATE] = DeviceState.BUSY
         tr.exec_begin(cid, t_start)
-        frame.m_origin = m_start
+        frame.m_origin = frame.since = m_start
+        frame.parkable = False
         # (never a queue's: a ring command that ran proves none is on the device, ``_queues``)
         frame.preemptible = self.preempt.allowed() and "nopre" not in cmd and "queue" not in cmd
         # "work" only holds time: its operands are checked and maintained, not viewed.
@@ -339,7 +348,7 @@ class DeviceWorker:
         if cmd["kernel"] != "work":
             run_kernel(cmd["kernel"], ins, outs, cmd["params"], between)
             if cmd.get("checked"):
-                _verify(cmd, ins, outs, fault, between)
+                _faults.verify(cmd, ins, outs, fault, between)
         self.hold_model(m_kernel_end, between)
         if self.thermal is not None:
             self.thermal.ran(m_kernel_end + frame.shift, busy, speed)
@@ -372,27 +381,32 @@ class DeviceWorker:
         self.u64[_STARTED] = t_start  # before BUSY: the watchdog times from this stamp
         self.u32[_STATE] = _BUSY_STATE
         self.tr.exec_begin(cmd["cid"], t_start)
-        frame.m_origin = m_start
-        preempt = self.preempt
-        frame.preemptible = preempt.enabled and "nopre" not in cmd  # ``allowed``, inlined
+        frame.m_origin = frame.since = m_start
+        frame.preemptible = self.preempt.enabled and "nopre" not in cmd  # ``allowed``, inlined
+        frame.parkable = True
         self.memory.no_buffers(m_start)
-        thermal = self.thermal
         speed = (self.run_speed(cmd, m_start)
-                 if thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
+                 if self.thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
         busy = round(hold_ns / speed) if speed != 1.0 else hold_ns
-        m_kernel_end = m_start + busy
+        self.hold_rest(frame, m_start + busy, busy)
+
+    def hold_rest(self, frame: Frame, m_kernel_end: int, busy: int) -> None:
+        """The rest of a hold-only command from where it stands: hold to its modeled end
+        (``busy`` of work, at the speed it runs at), then its outcome in the frame. A
+        parked command is taken up here (``_preempt``)."""
+        now = time.monotonic_ns
         t_end = now()
-        if m_kernel_end + frame.shift > t_end or preempt.pending:
+        if m_kernel_end + frame.shift > t_end or self.preempt.pending:
             self.hold_model(m_kernel_end, self.between_chunks)
             t_end = now()
         m_end = m_kernel_end + frame.shift
-        if thermal is not None:
-            thermal.ran(m_end, busy, speed)
+        if self.thermal is not None:
+            self.thermal.ran(m_end, busy, self.speed)
         self.memory.cursor = m_kernel_end  # what ``release`` leaves for a command without buffers
-        frame.preemptible = False
+        frame.preemptible = frame.parkable = False
         frame.t_end = t_end
         late = t_end - m_end  # ``_lag``, inlined
-        frame.modeled = (m_start, m_end, late if late > LAG_TOLERANCE_NS else 0)
+        frame.modeled = (frame.m_origin, m_end, late if late > LAG_TOLERANCE_NS else 0)
         frame.signal = frame.loop_flushes = True
 
     def finish(self, frame: Frame, exc: errors.HetprocError | None = None) -> None:
@@ -522,7 +536,7 @@ class DeviceWorker:
         command can be preempted (the urgent work's own progress is counted as the
         device's, so the watchdog may re-arm for it, up to its limit)."""
         preempt = self.preempt
-        if self.frame.preemptible and (preempt.pending
+        if self.frame.preemptible and (preempt.pending or preempt.slice_ns
                                        or self.u64[S.PREEMPT_PIDX] > preempt.seen):
             at = preempt.due()
             if at is not None:
@@ -532,8 +546,10 @@ class DeviceWorker:
         """Hand-off signals that are due, then the cancel request (no progress counted)."""
         if self.delayed:
             self.outbox.fire_due()
+        # The one command the supervisor names: one suspended or parked below it, earlier
+        # in the ring, is innocent and goes on (``<=`` here failed it with Cancelled).
         pidx = self.frame.pidx
-        if pidx and pidx <= self.u64[S.CANCEL_PIDX]:
+        if pidx and pidx == self.u64[S.CANCEL_PIDX]:
             raise errors.Cancelled("cancelled while running")
 
     def beat(self) -> None:
@@ -555,18 +571,6 @@ def _lag(t_end: int, m_end: int) -> int:
     """How far past the modeled end the host finished (0 when within the tolerance)."""
     late = t_end - m_end
     return late if late > LAG_TOLERANCE_NS else 0
-
-
-def _verify(cmd: dict[str, Any], ins: list, outs: list, fault: dict,
-            between: Callable[[], None]) -> None:
-    """Checked execution: run the kernel a second time into scratch memory and compare
-    (dual modular redundancy), so a corrupted output is reported, not delivered."""
-    scratch = [np.empty_like(o) for o in outs]
-    run_kernel(cmd["kernel"], ins, scratch, cmd["params"], between)
-    _faults.corrupt(fault, outs)
-    for i, (a, b) in enumerate(zip(outs, scratch)):
-        if not np.array_equal(a, b, equal_nan=a.dtype.kind == "f"):
-            raise errors.WrongOutput(f"output {i} differs from its checked re-execution")
 
 
 def device_main(boot: DeviceBoot) -> int:

@@ -20,7 +20,10 @@ Public API::
     Pipeline          N stages across devices, K buffers, a bounded queue and a drop policy
                       (PipelineStage, PipelineReport; seed §10)
     SchedSpec, PowerSpec  a device's scheduler and power model in a PlatformSpec (seed §7, §11)
-    load_platform     read a platform file (None: the built-in default)
+    EngineTimes       PlatformSpec.engine(name): a device's preempt, stop and timeslice times
+                      and hang check, resolved (i915's per-engine sysfs files)
+    load_platform     read a platform file (None: the built-in default; "i915": the same
+                      SoC with i915's engine times)
     simulate_schedule the reference scheduling simulator: a task set, a policy, chunk and
                       switch cost in; every job's modeled start, end, preemptions out
     errors            the one error hierarchy (every class is also exported here)
@@ -91,7 +94,15 @@ from . import (
     errors,
 )
 from . import trace as trace  # public namespace (hetproc.drills and hetproc.testing: import them)
-from ._config import DeviceSpec, PlatformSpec, PowerSpec, SchedSpec, Timing, load_platform
+from ._config import (
+    DeviceSpec,
+    EngineTimes,
+    PlatformSpec,
+    PowerSpec,
+    SchedSpec,
+    Timing,
+    load_platform,
+)
 from ._refsched import simulate_schedule
 from .client import (
     FOREVER,
@@ -132,6 +143,7 @@ __all__ = [
     "Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
+    "EngineTimes",
     "simulate_schedule", "merge_fences", "wait_fence_fd", "fence_fd_done",
     "ResetStatus", "ResetStats",
 ]

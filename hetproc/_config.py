@@ -84,15 +84,17 @@ class SchedSpec:
     ``chunk_ms`` is the preemption granularity: a running command can be preempted at a
     chunk boundary by a more urgent one (0: never preempted); every switch costs
     ``switch_us`` of modeled save/restore. ``window_ms``: modeled work let into the
-    device's in-order ring ahead of the running command. ``preempt_timeout_ms``: how long
-    a command that cannot be preempted (``preemptible=False``) may hold the device while
-    a more urgent one waits to preempt it, before it is reset (i915's default, 640; 0:
-    never). ``commit_lead_ms``: how long before its modeled instant a scheduling decision
-    is made and handed to the device (host time; more than the supervisor's 5 ms tick):
-    work dated earlier but submitted later than that finds the decision made; a longer
-    lead fills the ring sooner. ``mixed``: priority >=
-    ``realtime_priority`` is real-time (earliest deadline first, strictly first), priority
-    >= 1 is always-on with at least ``min_share`` of the device, 0 is third-party.
+    device's in-order ring ahead of the running command. ``commit_lead_ms``: how long
+    before its modeled instant a scheduling decision is made and handed to the device
+    (host time; more than the supervisor's 5 ms tick): work dated earlier but submitted
+    later than that finds the decision made; a longer lead fills the ring sooner.
+    ``mixed``: priority >= ``realtime_priority`` is real-time (earliest deadline first,
+    strictly first), priority >= 1 is always-on with at least ``min_share`` of the
+    device, 0 is third-party.
+
+    The four engine times of i915's per-engine sysfs, each None to take the platform's
+    (``PlatformSpec.engine`` resolves them): ``preempt_timeout_ms``, ``stop_timeout_ms``,
+    ``heartbeat_interval_ms`` and ``timeslice_ms`` (see ``EngineTimes``).
     """
 
     policy: str = "priority"
@@ -101,8 +103,36 @@ class SchedSpec:
     window_ms: float = 2.0
     realtime_priority: int = 10
     min_share: float = 0.2
-    preempt_timeout_ms: float = 640.0
     commit_lead_ms: float = 12.0
+    preempt_timeout_ms: float | None = None
+    stop_timeout_ms: float | None = None
+    heartbeat_interval_ms: float | None = None
+    timeslice_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class EngineTimes:
+    """One device's engine times, resolved (i915's per-engine sysfs files of the same
+    names; ms before the time scale). Each is the device's ``scheduler`` key, else the
+    platform's top-level one.
+
+    ``preempt_timeout_ms``: how long a command that cannot be preempted
+    (``preemptible=False``) may hold the device while a more urgent one waits to preempt
+    it, before it is reset (0: never). ``stop_timeout_ms``: how long the supervisor waits
+    for the device to acknowledge a cancel before it kills it (the recovery's grace
+    period; platform-wide ``grace_ms``). ``heartbeat_interval_ms``: the period of the
+    device's hang check: i915 sends a heartbeat every interval and resets an engine that
+    missed its beats, here a device that owes work and shows no sign of moving for one
+    interval (never under the stall watch's floor of five idle wake-ups) is stalled and
+    reset (0: no hang check; platform default: ``watchdog_ms``). ``timeslice_ms``: a
+    command that has run this long while a command of equal urgency waits is switched
+    out at its next chunk boundary, round robin (0: run to completion).
+    """
+
+    preempt_timeout_ms: float
+    stop_timeout_ms: float
+    heartbeat_interval_ms: float
+    timeslice_ms: float
 
 
 @dataclass(frozen=True)
@@ -208,6 +238,11 @@ class PlatformSpec:
     watchdog_ms: float = 200.0
     grace_ms: float = 50.0
     dependency_timeout_ms: float = 2000.0
+    # Platform-wide engine times, each overridden per device in its ``scheduler`` table
+    # (``engine``; ``grace_ms`` is the platform's stop timeout). None: ``watchdog_ms``.
+    heartbeat_interval_ms: float | None = None
+    preempt_timeout_ms: float = 640.0
+    timeslice_ms: float = 0.0
     dispatch_us: float = 0.0  # modeled latency from a submit to its earliest device start
     # DDR bandwidth quota per client name, MB/s ("*": everyone else; absent: unlimited)
     ddr_quota_mbps: dict[str, float] = field(default_factory=dict)
@@ -233,6 +268,21 @@ class PlatformSpec:
         raise errors.InvalidRequest(
             f"no device {name!r} on platform {self.name!r} "
             f"(devices: {', '.join(d.name for d in self.devices)})")
+
+    def engine(self, name: str) -> EngineTimes:
+        """Device ``name``'s engine times: its own where its ``scheduler`` gives them,
+        else the platform's (``InvalidRequest`` for an unknown device)."""
+        sched = self.device(name).scheduler
+
+        def pick(own: float | None, platform: float) -> float:
+            return platform if own is None else own
+
+        beat = self.watchdog_ms if self.heartbeat_interval_ms is None \
+            else self.heartbeat_interval_ms
+        return EngineTimes(pick(sched.preempt_timeout_ms, self.preempt_timeout_ms),
+                           pick(sched.stop_timeout_ms, self.grace_ms),
+                           pick(sched.heartbeat_interval_ms, beat),
+                           pick(sched.timeslice_ms, self.timeslice_ms))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (nested dicts and lists), for reports and JSON."""
@@ -262,14 +312,21 @@ class PlatformSpec:
         return PlatformSpec(**{**self.__dict__, "trace": parse_trace(raw, self.source)})
 
 
+# The platform files shipped in ``hetproc/platforms``, loaded by name (``default`` is the
+# built-in one; ``i915`` the same SoC with i915's engine times, see its header).
+BUILT_IN = ("default", "i915")
+
+
 def load_platform(path: str | Path | None = None) -> PlatformSpec:
-    """Read a platform file, or the built-in default when ``path`` is None.
+    """Read a platform file, or the built-in default when ``path`` is None; a name in
+    ``BUILT_IN`` that is no file here loads that shipped file (``"i915"``).
 
     Every mistake in the file is an ``InvalidRequest`` with one line,
     ``file: table.key: problem`` (see ``hetproc platform check FILE``)."""
-    if path is None:
-        text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
-        source = "<built-in>"
+    if path is None or (str(path) in BUILT_IN and not Path(path).exists()):
+        name = "default" if path is None else str(path)
+        text = resources.files("hetproc.platforms").joinpath(f"{name}.toml").read_text()
+        source = "<built-in>" if name == "default" else f"<built-in {name}>"
     else:
         source = str(path)
         try:
@@ -277,7 +334,8 @@ def load_platform(path: str | Path | None = None) -> PlatformSpec:
         except IsADirectoryError:
             raise errors.InvalidRequest(f"{source}: is a directory, not a platform file") from None
         except FileNotFoundError:
-            raise errors.InvalidRequest(f"{source}: no such platform file") from None
+            raise errors.InvalidRequest(f"{source}: no such platform file (built-in ones, "
+                                        f"by name: {', '.join(BUILT_IN)})") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise errors.InvalidRequest(f"{source}: cannot read it: {exc}") from None
     try:
@@ -323,8 +381,11 @@ def to_raw(spec: PlatformSpec) -> dict[str, Any]:
     """The inverse of ``parse_platform``: the tables a platform file would hold, so a spec
     crosses a process boundary as data (the supervisor re-parses and re-checks it)."""
     d = _plain(spec.to_dict())
-    raw = {k: v for k, v in d.items() if k not in ("source", "faults", "recovery", "devices")}
+    raw = {k: v for k, v in d.items()
+           if k not in ("source", "faults", "recovery", "devices") and v is not None}
     raw["recovery"] = {k: v for k, v in spec.recovery.items() if v is not None}
+    for dev in d["devices"]:  # an engine time not given is the platform's: absent
+        dev["scheduler"] = {k: v for k, v in dev["scheduler"].items() if v is not None}
     raw["device"] = d["devices"]
     raw["fault"] = [dict(f) for f in spec.faults]
     return raw

@@ -64,6 +64,9 @@ def _levels(v: list[Any]) -> str | None:
     return None
 
 
+_PREEMPT_TIMEOUT = "reset a non-preemptible command blocking a more urgent one after this long"
+_TIMESLICE = "switch between commands of equal urgency after this long (0: run to completion)"
+
 SCHEMA: dict[str, dict[str, Key]] = {
     "": {
         "name": Key("str", "custom", doc="the platform's name, shown in reports"),
@@ -73,6 +76,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "grace_ms": Key("float", 50.0, 0.1, 600_000, doc="time a device has to confirm a cancel"),
         "dependency_timeout_ms": Key("float", 2000.0, 0.1, 3_600_000),
         "dispatch_us": Key("float", 0.0, 0, 1e6, doc="modeled latency from a submit to a start"),
+        # The engine times' platform-wide defaults (each device may override them in its
+        # ``scheduler`` table; the stop timeout's is ``grace_ms``): ``_config.EngineTimes``.
+        "heartbeat_interval_ms": Key("optional-float", None, 0, 3_600_000,
+                                     doc="hang check period (0: none; absent: watchdog_ms)"),
+        "preempt_timeout_ms": Key("float", 640.0, 0, 1e9, doc=_PREEMPT_TIMEOUT),
+        "timeslice_ms": Key("float", 0.0, 0, 1e6, doc=_TIMESLICE),
         "ddr_quota_mbps": Key("table", {}, doc="MB/s per client name (\"*\": everyone else)"),
         "ddr_burst_kib": Key("int", 256, 0, 1_000_000),
         "fault_seed": Key("int", 0, 0, 2**63 - 1),
@@ -144,9 +153,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "min_share": Key("float", 0.2, 0, 1),
         "commit_lead_ms": Key("float", 12.0, 6, 1e7,
                               doc="host ms before its modeled instant a decision is made"),
-        "preempt_timeout_ms": Key("float", 640.0, 0, 1e9,
-                                  doc="reset a non-preemptible command blocking a more "
-                                      "urgent one after this long (0: never)"),
+        "preempt_timeout_ms": Key("optional-float", None, 0, 1e9, doc=_PREEMPT_TIMEOUT),
+        "stop_timeout_ms": Key("optional-float", None, 0.1, 600_000,
+                               doc="time this device has to confirm a cancel (grace_ms)"),
+        "heartbeat_interval_ms": Key("optional-float", None, 0, 3_600_000,
+                                     doc="this device's hang check period (0: none)"),
+        "timeslice_ms": Key("optional-float", None, 0, 1e6, doc=_TIMESLICE),
     },
     "power": {
         "levels": Key("list", [1.0], 1, None, check=_levels),
@@ -442,6 +454,11 @@ def _check_device(d: Any, i: int, source: str, problems: list[str]) -> dict[str,
             timed[op] = _value(Key("float", lo=0, hi=3_600_000), op, ms, at)
         except errors.InvalidRequest as exc:
             where.keep(exc)
+    sched = dev["scheduler"]
+    if sched["timeslice_ms"] and not sched["chunk_ms"]:
+        where.keep(where.sub("scheduler").fail(
+            "timeslice_ms", f"{sched['timeslice_ms']:g} needs chunk_ms > 0: a command is "
+            "switched out at a chunk boundary, and chunk_ms = 0 has none"))
     dev["power"]["levels"] = sorted(float(x) for x in dev["power"]["levels"] or [1.0]
                                     if isinstance(x, (int, float)))
     return dev

@@ -286,17 +286,45 @@ def draw_resets(rng: random.Random, queue_device: str) -> tuple[str, int, str, i
     return flaky, every, wedge if rng.random() < 0.5 else "", wedge_at
 
 
-def platform_spec(mix: Mix, restart: bool = False) -> hetproc.PlatformSpec:
+def engines_rng(seed: int) -> random.Random:
+    """The generator of a seed's engine times (its own, as ``queue_rng``)."""
+    return random.Random(f"engines-{seed}")
+
+
+def draw_engines(rng: random.Random) -> dict[str, dict[str, float]]:
+    """Per device, the engine times (i915's per-engine sysfs) the seed sets in its
+    scheduler table, each left to the platform on some devices: a timeslice (round robin
+    between equal urgency, where the device preempts at all), its own grace before a kill,
+    a longer hang check, a shorter preempt timeout."""
+    drawn = {}
+    for d in DEVICES:
+        times = {"timeslice_ms": rng.choice([None, 0.0, 1.0, 2.0]),
+                 "stop_timeout_ms": rng.choice([None, 20.0, 100.0]),
+                 "heartbeat_interval_ms": rng.choice([None, 400.0]),
+                 "preempt_timeout_ms": rng.choice([None, 100.0])}
+        drawn[d] = {k: v for k, v in times.items() if v is not None}
+    return drawn
+
+
+def platform_spec(mix: Mix, restart: bool = False,
+                  engines: dict[str, dict[str, float]] | None = None) -> hetproc.PlatformSpec:
     """The default platform, every device scheduled by the mix's policy; ``restart``:
-    npu0 restarts as a subsystem when its process dies."""
+    npu0 restarts as a subsystem when its process dies; ``engines``: engine times per
+    device (a timeslice only where the device has chunk boundaries)."""
     base = hetproc.load_platform(None)
     if restart:
         base = dataclasses.replace(base, recovery={**base.recovery,
                                                    "subsystem_restart": ["npu0"]})
     chunks = dict(zip(DEVICES, mix.chunk_ms or (2.0,) * len(DEVICES)))
-    devices = tuple(dataclasses.replace(d, scheduler=dataclasses.replace(
-        d.scheduler, policy=mix.policy, chunk_ms=chunks.get(d.name, d.scheduler.chunk_ms)))
-        for d in base.devices)
+
+    def sched(d: hetproc.DeviceSpec) -> hetproc.SchedSpec:
+        chunk = chunks.get(d.name, d.scheduler.chunk_ms)
+        times = dict((engines or {}).get(d.name, {}))
+        if not chunk:
+            times.pop("timeslice_ms", None)
+        return dataclasses.replace(d.scheduler, policy=mix.policy, chunk_ms=chunk, **times)
+
+    devices = tuple(dataclasses.replace(d, scheduler=sched(d)) for d in base.devices)
     return dataclasses.replace(base, devices=devices)
 
 
@@ -475,10 +503,12 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
     rng = random.Random(seed)
     mix = draw_mix(rng)
     restart = draw_restart(restart_rng(seed))
+    engines = draw_engines(engines_rng(seed))
     if log:
-        log(f"mix {mix}, npu0 restarts as a subsystem: {restart}")
+        log(f"mix {mix}, npu0 restarts as a subsystem: {restart}, engine times {engines}")
     with ph.phase("setup"):
-        plat = hetproc.Platform(spec=platform_spec(mix, restart), time_scale=1.0).start()
+        plat = hetproc.Platform(spec=platform_spec(mix, restart, engines),
+                                time_scale=1.0).start()
     try:
         if on_prefix:
             on_prefix(plat.prefix)

@@ -18,12 +18,15 @@ import pytest
 
 import hetproc
 from tests.chaos import (
+    DEVICES,
     POLICIES,
     ChaosFailure,
+    draw_engines,
     draw_mix,
     draw_queue,
     draw_resets,
     draw_restart,
+    engines_rng,
     faults_on,
     judge_child_dependent,
     queue_rng,
@@ -64,6 +67,11 @@ def test_the_default_seeds_cover_the_whole_mix():
     wedges = {draw_resets(resets_rng(int(s)), draw_queue(queue_rng(int(s))))[2]
               for s in DEFAULT_SEEDS.split(",")}
     assert "" in wedges and len(wedges) > 1  # a device wedged in some seeds, not in others
+    sliced = {any(m.policy in ("priority", "edf", "mixed") and chunk > 0
+                  and draw_engines(engines_rng(int(s)))[d].get("timeslice_ms")
+                  for d, chunk in zip(DEVICES, m.chunk_ms))
+              for m, s in zip(mixes, DEFAULT_SEEDS.split(","))}
+    assert sliced == {True, False}  # devices taking turns in some seeds, not in others
     writers = {read_only_writer_drawn(int(s)) for s in DEFAULT_SEEDS.split(",")}
     assert writers == {True, False}  # a read-only importer writing, in some seeds
     assert all(m == draw_mix(random.Random(int(s)))

@@ -5,6 +5,7 @@ one schema; scenarios are discovered and import only public names."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 import hetproc
 from hetproc import drills
-from hetproc._config import load_platform, parse_platform, to_raw
+from hetproc._config import EngineTimes, load_platform, parse_platform, to_raw
 from hetproc._schema import DTYPES, FAULT_KINDS, OPS, check_platform
 
 
@@ -102,6 +103,17 @@ GOOD_DEVICE = '[[device]]\nname = "npu7"\nkind = "npu"\nops = ["relu", "work"]\n
     (GOOD_DEVICE + '[[fault]]\nkind = "hang"\ndevice = "gpu0"\n', "fault.1.device",
      "no device 'gpu0'"),
     (GOOD_DEVICE + '[iommu]\nstrict = "yes"\n', "iommu.strict", "not true or false"),
+    # engine times: per device in its scheduler table, platform-wide at the top
+    (GOOD_DEVICE + 'scheduler = { timeslice_ms = -1 }\n',
+     "device.npu7.scheduler.timeslice_ms", "below the minimum"),
+    (GOOD_DEVICE + 'scheduler = { stop_timeout_ms = "soon" }\n',
+     "device.npu7.scheduler.stop_timeout_ms", "not a finite number"),
+    (GOOD_DEVICE + 'scheduler = { chunk_ms = 0, timeslice_ms = 1 }\n',
+     "device.npu7.scheduler.timeslice_ms", "needs chunk_ms > 0"),
+    (GOOD_DEVICE + 'scheduler = { heartbeat_interval_mss = 1 }\n',
+     "device.npu7.scheduler.heartbeat_interval_mss", "did you mean 'heartbeat_interval_ms'"),
+    ('preempt_timeout_ms = true\n' + GOOD_DEVICE, "preempt_timeout_ms", "not a finite number"),
+    ('heartbeat_interval_ms = 4e6\n' + GOOD_DEVICE, "heartbeat_interval_ms", "above the maximum"),
     ('this is = not toml', "", "not valid TOML"),
 ])
 def test_every_platform_file_mistake_is_one_line_naming_table_and_key(tmp_path, text, where,
@@ -140,6 +152,31 @@ def test_to_raw_is_the_inverse_of_the_parser():
     again = parse_platform(to_raw(spec), spec.source)
     assert again == spec
     assert check_platform(to_raw(spec), "x")["device"][1]["name"] == "npu0"
+    i915 = load_platform("i915")
+    assert parse_platform(to_raw(i915), i915.source) == i915
+
+
+def test_engine_times_come_from_the_device_else_the_platform(tmp_path):
+    path = tmp_path / "soc.toml"
+    path.write_text('grace_ms = 70\ntimeslice_ms = 2\nheartbeat_interval_ms = 900\n'
+                    + GOOD_DEVICE + 'scheduler = { stop_timeout_ms = 15, timeslice_ms = 0 }\n'
+                    + '[[device]]\nname = "gpu7"\nkind = "gpu"\nops = ["work"]\n')
+    spec = load_platform(path)
+    assert spec.engine("npu7") == EngineTimes(640.0, 15.0, 900.0, 0.0)
+    assert spec.engine("gpu7") == EngineTimes(640.0, 70.0, 900.0, 2.0)
+    assert load_platform().engine("npu0") == EngineTimes(640.0, 50.0, 200.0, 0.0)  # as before
+    assert parse_platform(to_raw(spec), spec.source).engine("npu7") == spec.engine("npu7")
+
+
+def test_the_i915_platform_is_the_built_in_one_with_i915s_engine_times():
+    """Loaded by name; only its name and the engine times differ from the built-in file
+    (so the two cannot drift apart)."""
+    default, i915 = load_platform(), load_platform("i915")
+    for dev in default.devices:
+        assert i915.engine(dev.name) == EngineTimes(640.0, 100.0, 2500.0, 1.0)
+    changed = {"name": "default-soc-i915", "source": i915.source, "grace_ms": 100.0,
+               "heartbeat_interval_ms": 2500.0, "timeslice_ms": 1.0}
+    assert dataclasses.replace(default, **changed) == i915
 
 
 def test_the_schema_knows_what_the_devices_and_the_fault_plan_know():

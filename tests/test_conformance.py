@@ -67,6 +67,7 @@ def test_cases_are_named_after_their_suite_and_listed_suite_by_suite():
               "IGT gem_eio": "gem_eio/", "IGT xe_wedged": "xe_wedged/",
               "IGT syncobj_wait": "syncobj_wait/", "DRM scheduler KUnit": "drm_sched/",
               "IGT sysfs_preempt_timeout": "sysfs_preempt_timeout/",
+              "IGT gem_exec_schedule": "gem_exec_schedule/",
               "dEQP robustness": "dEQP-EGL.functional.robustness.", "hetproc": "hetproc/",
               "Vulkan synchronization validation": "hetproc/hazard-", "hetproc drill": "hetproc/"}
     listed = conformance_cases()
@@ -176,3 +177,18 @@ def test_the_preempt_timeout_case_fails_when_the_timeout_is_off(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "sysfs_preempt_timeout/timeout"]
     assert "the blocker is reset (PreemptTimeout)" in out.stdout
+
+
+def test_the_timeslice_case_fails_when_the_timeslice_is_off(tmp_path):
+    """npu0 with ``timeslice_ms = 0``: the three contexts run one after another, and the
+    case says they did not take turns (it runs with i915's 1 ms where nothing is set)."""
+    from importlib import resources
+    text = resources.files("hetproc.platforms").joinpath("default.toml").read_text()
+    assert "preempt_timeout_ms = 640 }" in text
+    soc = tmp_path / "no-timeslice.toml"
+    soc.write_text(text.replace("preempt_timeout_ms = 640 }",
+                                "preempt_timeout_ms = 640, timeslice_ms = 0 }", 1))
+    out = _cli("--only", "gem_exec_schedule/thriceslice", "--platform", str(soc))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0].split()[:2] == ["FAIL", "gem_exec_schedule/thriceslice"]
+    assert "they took turns: the first end comes after every command ran" in out.stdout

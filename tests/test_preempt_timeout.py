@@ -75,3 +75,22 @@ def test_a_preemptible_command_yields_at_its_chunk_and_is_never_reset():
         blocker.wait(5)
         assert urgent.signal_time() - t0 == 6 * MS        # preempted at the 5 ms boundary
         assert blocker.signal_time() - t0 == 401 * MS     # resumed, pushed back by 1 ms
+
+
+def test_a_command_suspended_under_a_preemptor_that_times_out_is_innocent_and_completes():
+    """The watchdog cancels the urgent command (it honours the cancel); the command it
+    had preempted, earlier in the ring, resumes and completes instead of failing with
+    Cancelled (the device cancels the command named, not every one before it)."""
+    with _platform(preempt_timeout_ms=640.0) as plat:
+        c, bad = plat.client, plat.connect("bad")
+        low, high = c.context("npu0", priority=1), bad.context("npu0", priority=9)
+        for ctx in (low, high):
+            ctx.submit("work", ms=0).wait(5)
+        bad.inject("timeout", device="npu0", client="bad")
+        t0 = time.monotonic_ns() + 50 * MS
+        victim = low.submit_nowait("work", ms=30, at_ns=t0, timeout_ms=5000)
+        hung = high.submit_nowait("work", ms=30, at_ns=t0 + 5 * MS, timeout_ms=60)
+        with pytest.raises(hetproc.DeviceTimeout):
+            hung.wait(5)
+        victim.wait(5)  # not Cancelled
+        assert victim.signal_time() - t0 > 30 * MS  # pushed back by its time off the device

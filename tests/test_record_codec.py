@@ -34,7 +34,7 @@ def _valid_record(**over) -> bytes:
                 signal=[0x40001], hold_ns=5_000_000, delay_ns=0, dep_timeout_ns=2 * 10**9,
                 arrive_ns=123, checked=True, spd=0.5, params=VALID_EXEC["params"],
                 ins=VALID_EXEC["ins"], outs=VALID_EXEC["outs"], fault=VALID_EXEC["fault"],
-                mem=VALID_EXEC["mem"])
+                mem=VALID_EXEC["mem"], ctx=VALID_EXEC["ctx"])
     args.update(over)
     return encode_command(**args)
 

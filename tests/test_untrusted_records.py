@@ -31,6 +31,7 @@ VALID_EXEC = {
                                                 "after_s": 0.01},
     "mem": {"map_ns": 1000, "unmap_ns": 500, "map_bytes": 32768, "inv": [[0, 100]],
             "clean": [[0, 200]], "forget": [[3, 8192]]},
+    "ctx": 0x5001,  # its context, on a device that timeslices
 }
 VALID_COMPLETION = {
     "seq": 7, "epoch": 1, "code": 0, "msg": "", "t_start": 10, "t_end": 20, "t_take": 5,
@@ -85,6 +86,7 @@ def _assert_exec_in_contract(cmd: dict) -> None:
     """What the device relies on once a command passed."""
     for f in ("seq", "pidx", "cid"):
         assert type(cmd[f]) is int and 0 <= cmd[f] < 1 << 63
+    assert "ctx" not in cmd or (type(cmd["ctx"]) is int and 0 <= cmd["ctx"] <= U64)
     for f in ("hold_ns", "delay_ns", "dep_timeout_ns"):
         assert type(cmd[f]) is int and 0 <= cmd[f] <= MAX_DURATION_NS
     for f in ("wait", "signal"):

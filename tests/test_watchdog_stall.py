@@ -150,6 +150,10 @@ class _Reg:
     def scaled_ns(self, ms: float) -> int:
         return int(ms * 1e6)
 
+    def engine(self, dev):  # the hang check at the watchdog, as the built-in platform's
+        return dataclasses.make_dataclass("Engine", [("heartbeat_interval_ms", float)])(
+            self.spec.watchdog_ms)
+
     def note_event(self, kind: str, **detail) -> None:
         self.events.append(detail)
 

@@ -45,6 +45,17 @@ Preemption is to any depth: a job that preempted another can itself be preempted
 own chunk boundaries, and every suspended job resumes when the policy picks it.
 ``fifo`` and ``fair`` never preempt; a job with ``preemptible=False`` is never suspended.
 
+Timeslicing (``timeslice_ns`` > 0, a device's ``timeslice_ms``; preemptive policies only).
+A running job at one of its chunk boundaries that has run at least a timeslice since it
+started or last resumed, while a job of another context that neither preempts it nor is
+preempted by it (equal urgency) waits, is suspended as above (the same switch costs) and
+goes back to its policy's queue *behind* every job waiting then: its arrival-then-
+submission key becomes (that instant, after every submission), so the jobs of one
+urgency take turns, round robin, in the order they joined the queue. On such a device a
+context runs in order: each job is ready only once the previous job of its context
+(submission order, same device) has ended (no hand-off added), so a context's jobs never
+take turns with each other.
+
 Chunk boundaries. Counted on the job's own executed work: the instants at which the work
 it has done is a positive multiple of ``chunk_ns`` and less than its duration, reached
 while it runs. Not the instant it starts or resumes: a job that starts or resumes runs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ipc import errors
@@ -78,13 +78,19 @@ class DevicePolicy:
     switch_ns: int = 0
     realtime_priority: int = 10
     min_share: float = 0.2
+    timeslice_ns: int = 0  # round robin between equal urgency (0: run to completion)
 
     @classmethod
-    def from_spec(cls, spec: SchedSpec, time_scale: float = 1.0) -> DevicePolicy:
-        """A platform file's ``[device.scheduler]``, its ms and us rounded to ns."""
+    def from_spec(cls, spec: SchedSpec, time_scale: float = 1.0,
+                  timeslice_ms: float | None = None) -> DevicePolicy:
+        """A platform file's ``[device.scheduler]``, its ms and us rounded to ns;
+        ``timeslice_ms``: the device's resolved one (``PlatformSpec.engine``), when its
+        own table leaves it to the platform."""
+        if timeslice_ms is None:
+            timeslice_ms = spec.timeslice_ms or 0.0
         return cls(spec.policy, ms_to_ns(spec.chunk_ms * time_scale),
                    int(round(spec.switch_us * time_scale * 1000)), spec.realtime_priority,
-                   spec.min_share)
+                   spec.min_share, ms_to_ns(timeslice_ms * time_scale))
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ class Schedule:
     jobs: tuple[JobOutcome, ...]
     switches: dict[str, int]
     switch_ns: dict[str, int]
+    timeslices: dict[str, int] = field(default_factory=dict)  # switches a timeslice made
 
     def job(self, name: str) -> JobOutcome:
         for o in self.jobs:

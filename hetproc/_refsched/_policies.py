@@ -15,12 +15,13 @@ class Run:
     """A job's state during the simulation."""
 
     __slots__ = ("job", "index", "order", "ready_ns", "done_ns", "start_ns", "end_ns",
-                 "segments", "preempted", "suspended", "deps_left", "dependents", "awaits")
+                 "segments", "preempted", "suspended", "deps_left", "dependents", "awaits",
+                 "follows")
 
     def __init__(self, job: Job, index: int) -> None:
         self.job = job
         self.index = index
-        self.order = (job.arrival_ns, index)  # every tie: arrival, then submission
+        self.order: tuple = (job.arrival_ns, index)  # every tie: arrival, then submission
         self.ready_ns = -1
         self.done_ns = 0           # work done so far
         self.start_ns = -1
@@ -31,6 +32,9 @@ class Run:
         self.deps_left = len(job.after)
         self.dependents: list[Run] = []
         self.awaits: list[Run] = []
+        # On a device that timeslices: the previous job of its context, which it waits
+        # for (a context runs in order; only contexts take turns). No hand-off.
+        self.follows: Run | None = None
 
     @property
     def left_ns(self) -> int:
@@ -80,6 +84,9 @@ class _FairQueue:
     def peek(self) -> Run:
         return self.queues[self._best()][0][1]
 
+    def runs(self) -> list[Run]:
+        return [r for q in self.queues.values() for _, r in q]
+
     def pop(self) -> Run:
         key = self._best()
         q = self.queues[key]
@@ -120,6 +127,10 @@ class _Policy:
     def preempts(self, new: Run, running: Run) -> bool:
         return False
 
+    def runs(self) -> list[Run]:
+        """Every job waiting here (any order)."""
+        raise NotImplementedError
+
 
 class _Fifo(_Policy):
     def __init__(self, dp: DevicePolicy) -> None:
@@ -137,6 +148,9 @@ class _Fifo(_Policy):
 
     def pick(self, now: int) -> Run:
         return heapq.heappop(self.heap)[1]
+
+    def runs(self) -> list[Run]:
+        return [r for _, r in self.heap]
 
 
 class _Edf(_Fifo):
@@ -172,6 +186,9 @@ class _Fair(_Policy):
     def charge(self, run: Run) -> None:
         self.fq.book.charge(run)
 
+    def runs(self) -> list[Run]:
+        return self.fq.runs()
+
 
 class _Priority(_Policy):
     preemptive = True
@@ -206,6 +223,9 @@ class _Priority(_Policy):
 
     def charge(self, run: Run) -> None:
         self.book.charge(run)
+
+    def runs(self) -> list[Run]:
+        return [r for fq in self.levels.values() for r in fq.runs()]
 
     def preempts(self, new: Run, running: Run) -> bool:
         return new.job.priority > running.job.priority
@@ -256,6 +276,9 @@ class _Mixed(_Policy):
         self.served = [s * _DECAY for s in self.served]
         self.served[k] += run.job.duration_ns
         self.parts[k].charge(run)
+
+    def runs(self) -> list[Run]:
+        return [r for part in self.parts for r in part.runs()]
 
     def preempts(self, new: Run, running: Run) -> bool:
         kn, kr = self.klass(new), self.klass(running)

@@ -28,6 +28,7 @@ class _Device:
         self.since = 0                 # running: when its current segment began
         self.until = 0                 # switching: when the switch ends
         self.switches = 0
+        self.rotations = 0             # timeslice switches (``_behind`` counts them)
 
     def _current(self) -> Run:
         """The job this device runs, saves or restores: asked only while there is one."""
@@ -80,6 +81,8 @@ class _Device:
                 head = self.policy.peek(t)
                 if self.policy.preempts(head, running):
                     self._suspend(t, done)
+                elif self._sliced(t, running):
+                    self._suspend(t, done, self._behind(t, running))
         if self.state == _IDLE and len(self.policy):
             run = self.policy.pick(t)
             self.run = run
@@ -90,12 +93,27 @@ class _Device:
                 self.policy.charge(run)
                 self._start(t)
 
-    def _suspend(self, t: int, done: int) -> None:
+    def _sliced(self, t: int, running: Run) -> bool:
+        """Its timeslice is over and a job of another context, as urgent, waits."""
+        slice_ns = self.dp.timeslice_ns
+        return bool(slice_ns) and t - self.since >= slice_ns and any(
+            r.job.context != running.job.context and not self.policy.preempts(running, r)
+            and not self.policy.preempts(r, running) for r in self.policy.runs())
+
+    def _behind(self, t: int, running: Run) -> tuple:
+        """A timesliced job's new place: behind every job waiting at ``t`` (round robin;
+        its context's later jobs wait for it, ``_chain_contexts``)."""
+        self.rotations += 1
+        return (t, (1 << 62) + self.rotations)
+
+    def _suspend(self, t: int, done: int, order: tuple | None = None) -> None:
         run = self._current()
         run.done_ns = done
         run.segments[-1][1] = t
         run.suspended = True
         run.preempted.append([t, -1])
+        if order is not None:
+            run.order = order
         self.policy.add(run)
         self.run = None
         self._switch(_SAVE, t)
@@ -128,20 +146,22 @@ def simulate_schedule(jobs: Iterable[Job | Mapping[str, Any]] = (), *,
                       horizon_ns: int | None = None, policy: str = "priority",
                       chunk_ns: int = 0, switch_ns: int = 0, dispatch_ns: int = 0,
                       realtime_priority: int = 10, min_share: float = 0.2,
-                      devices: Mapping[str, DevicePolicy | SchedSpec] | None = None
-                      ) -> Schedule:
+                      devices: Mapping[str, DevicePolicy | SchedSpec] | None = None,
+                      timeslice_ns: int = 0) -> Schedule:
     """Simulate a task set; the model is the module's docstring.
 
     ``jobs``: ``Job`` records or mappings with the same keys (any ``*_ns`` time may be
     given as ``*_ms`` instead, rounded to the ns; ``after`` names awaited jobs). ``tasks``:
     periodic ``Task`` records or mappings, expanded up to ``horizon_ns`` (or their
     ``count``). ``policy``, ``chunk_ns``, ``switch_ns``, ``realtime_priority`` and
-    ``min_share`` apply to every device; ``devices`` overrides them per device name (a
+    ``min_share`` apply to every device, and so does ``timeslice_ns`` (round robin
+    between jobs of equal urgency; 0: none); ``devices`` overrides them per device name (a
     ``DevicePolicy``, or a platform file's ``SchedSpec``). ``dispatch_ns``: the platform's
     modeled dispatch latency, between a job's arrival and its earliest start.
     """
     all_jobs = expand(jobs, tasks, horizon_ns)
-    default = DevicePolicy(policy, chunk_ns, switch_ns, realtime_priority, min_share)
+    default = DevicePolicy(policy, chunk_ns, switch_ns, realtime_priority, min_share,
+                           timeslice_ns)
     _check(all_jobs, default, dispatch_ns)
     overrides = {k: (DevicePolicy.from_spec(v) if isinstance(v, SchedSpec) else v)
                  for k, v in (devices or {}).items()}
@@ -155,12 +175,30 @@ def simulate_schedule(jobs: Iterable[Job | Mapping[str, Any]] = (), *,
             r.awaits.append(by_name[dep])
     devs = {name: _Device(name, overrides.get(name, default))
             for name in sorted({j.device for j in all_jobs})}
+    _chain_contexts(runs, devs)
     _run(runs, devs, dispatch_ns)
     outcomes = tuple(JobOutcome(r.job, r.index, r.ready_ns, r.start_ns, r.end_ns,
                                 _pairs(r.segments), _pairs(r.preempted))
                      for r in runs)
     return Schedule(outcomes, {n: d.switches for n, d in devs.items()},
-                    {n: d.switches * d.dp.switch_ns for n, d in devs.items()})
+                    {n: d.switches * d.dp.switch_ns for n, d in devs.items()},
+                    {n: d.rotations for n, d in devs.items()})
+
+
+def _chain_contexts(runs: list[Run], devs: dict[str, _Device]) -> None:
+    """On a device that timeslices, each job waits for the previous job of its context
+    (submission order): a context runs in order, and only contexts take turns."""
+    last: dict[tuple[str, str], Run] = {}
+    for r in runs:
+        if not devs[r.job.device].dp.timeslice_ns:
+            continue
+        key = (r.job.device, r.job.context)
+        prev = last.get(key)
+        if prev is not None:
+            r.follows = prev
+            prev.dependents.append(r)
+            r.deps_left += 1
+        last[key] = r
 
 
 def _pairs(spans: list[list[int]]) -> tuple[tuple[int, int], ...]:
@@ -206,7 +244,8 @@ def _run(runs: list[Run], devs: dict[str, _Device], dispatch_ns: int) -> None:
             for dep in ended.dependents:
                 dep.deps_left -= 1
                 if not dep.deps_left:
-                    waits = max(a.end_ns + a.job.handoff_ns for a in dep.awaits)
+                    waits = max([a.end_ns + a.job.handoff_ns for a in dep.awaits]
+                                + [dep.follows.end_ns if dep.follows else 0])
                     release(dep, max(dep.job.arrival_ns + dispatch_ns, waits))
         while pending and pending[0][0] <= t:
             run = runs[heapq.heappop(pending)[2]]
@@ -279,6 +318,7 @@ def _check_policy(dp: DevicePolicy) -> None:
         raise errors.InvalidRequest(f"policy {dp.policy!r}: one of {', '.join(POLICIES)}")
     _nonnegative(dp.chunk_ns, "chunk_ns")
     _nonnegative(dp.switch_ns, "switch_ns")
+    _nonnegative(dp.timeslice_ns, "timeslice_ns")
 
 
 def _check(jobs: list[Job], dp: DevicePolicy, dispatch_ns: int) -> None:

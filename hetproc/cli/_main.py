@@ -333,7 +333,7 @@ def _platform_parsers(sub: Any) -> None:
 
 def _platform_args(p: argparse.ArgumentParser) -> None:
     lo, hi = TIME_SCALE_RANGE
-    p.add_argument("--platform", metavar="FILE", help="platform TOML (default: the built-in one)")
+    p.add_argument("--platform", metavar="FILE", help="platform TOML or 'i915' (default: built-in)")
     p.add_argument("--time-scale", type=time_scale, metavar="X",
                    help=f"multiply every modeled duration ({lo} .. {hi}; 0.2 runs five "
                         "times faster than real time)")

@@ -11,9 +11,10 @@ Mechanisms hetproc does not have yet have no case here, not even a skipped one: 
 that cannot fail proves nothing.
 
 The cases that run on a shared platform live in ``_conformance_cases``, in
-``_conformance_sched`` (preempt timeouts), ``_conformance_fences`` (fences as descriptors
-and merges) and, for reset statistics, bans and wedged devices (IGT ``gem_reset_stats``,
-``gem_eio``, ``xe_wedged``), in ``_conformance_recovery``; this module adds the drill
+``_conformance_sched`` (preempt timeouts), ``_conformance_timeslice`` (timeslicing),
+``_conformance_fences`` (fences as descriptors and merges) and, for reset statistics,
+bans and wedged devices (IGT ``gem_reset_stats``, ``gem_eio``, ``xe_wedged``), in
+``_conformance_recovery``; this module adds the drill
 cases and runs them. How they run:
 
 - a *drill case* runs one of the crash/reset drills (``_drills``) on its own fresh
@@ -46,6 +47,7 @@ from . import (
 )
 from ._conformance_cases import CASES, Case, CaseRun, add_case
 from ._conformance_hazards import SUITE as SYNC_SUITE  # (registers its cases too)
+from ._conformance_timeslice import timesliced  # (registers its case too)
 from ._drills import DRILLS, Drill, drill_spec
 from ._scenario import Scenario, run_on_platform
 
@@ -54,7 +56,10 @@ from ._scenario import Scenario, run_on_platform
 # subsystem restart (``subsystem_restart``) loses every context on it.
 GROUPS: dict[str, dict[str, Any]] = {"shared": {}, "replay": {"replay_innocent": True},
                                      "restart": {"subsystem_restart": ["npu0"]},
-                                     "wedge_on_hang": {"wedge_on_hang": True}}
+                                     "wedge_on_hang": {"wedge_on_hang": True},
+                                     "timeslice": {}}
+# Groups whose platform differs from the one given in more than its recovery policy.
+GROUP_SPECS: dict[str, Callable[[PlatformSpec], PlatformSpec]] = {"timeslice": timesliced}
 
 
 # -- drill cases --------------------------------------------------------------------------
@@ -110,7 +115,8 @@ for _name, _suite, _drill, _checks in _DRILL_CASES:
 
 
 SUITES = ("IGT gem_reset_stats", "IGT gem_eio", "IGT xe_wedged", "IGT sw_sync",
-          "IGT syncobj_wait", "IGT sysfs_preempt_timeout", "DRM scheduler KUnit",
+          "IGT syncobj_wait", "IGT sysfs_preempt_timeout", "IGT gem_exec_schedule",
+          "DRM scheduler KUnit",
           "dEQP robustness", SYNC_SUITE, "hetproc", "hetproc drill")
 
 
@@ -136,6 +142,7 @@ def conformance_cases(only: str | None = None) -> list[Case]:
 
 
 def _spec(group: str, base: PlatformSpec, recovery: dict[str, Any]) -> PlatformSpec:
+    base = GROUP_SPECS.get(group, lambda spec: spec)(base)
     return dataclasses.replace(base, recovery={**base.recovery, **GROUPS[group], **recovery})
 
 

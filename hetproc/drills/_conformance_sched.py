@@ -26,7 +26,7 @@ def _preempt_timeout(c: CaseRun) -> None:
     high = c.client.context("npu0", name="urgent", priority=9)
     for ctx in (low, high):
         ctx.submit("work", ms=0).wait(5)
-    limit_ms = c.plat.spec.device("npu0").scheduler.preempt_timeout_ms
+    limit_ms = c.plat.spec.engine("npu0").preempt_timeout_ms
     t0 = time.monotonic_ns() + 20 * MS
     blocker = low.submit_many([command("work", ms=5 * limit_ms, preemptible=False,
                                        timeout_ms=20 * limit_ms)], nowait=True, at_ns=t0)[0]

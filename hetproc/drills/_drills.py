@@ -79,7 +79,9 @@ class Drill:
         self.plat = s.platform
         self.client = s.client
         spec = self.plat.spec
-        self.bound_ms = (spec.watchdog_ms * (1 + 2) + spec.grace_ms) * spec.time_scale + 250
+        # the longest a device may take to confirm a cancel (each has its own stop timeout)
+        self.grace_ms = max(spec.engine(d.name).stop_timeout_ms for d in spec.devices)
+        self.bound_ms = (spec.watchdog_ms * (1 + 2) + self.grace_ms) * spec.time_scale + 250
         self.bystander: Bystander | None = None
 
     # -- before / after ---------------------------------------------------------------
@@ -241,7 +243,7 @@ def _late_writer(d: Drill) -> None:
 def _check_canary(d: Drill, nxt: Any, reused: bool, before: str) -> None:
     """After the grace period: the next owner's canary (0x5A) is intact, or the late
     writer reached it (the block was handed out before ``before``)."""
-    time.sleep(d.plat.spec.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
+    time.sleep(d.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
     corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
     d.s.metric("next_owner_got_same_block", reused)
     d.s.metric("canary_bytes_corrupted", corrupted)

@@ -6,7 +6,7 @@ until then, so the host's pace does not enter the schedule), waits for all of th
 reads each job's modeled start (the device's EXEC record, at its modeled times) and end
 (its fence's modeled signal stamp, less its hand-off), and simulates the same set with
 ``hetproc.simulate_schedule`` under the platform's own scheduler settings (policy, chunk,
-switch cost, dispatch latency, time scale 1). The
+switch cost, timeslice, dispatch latency, time scale 1). The
 result has one row per job and a summary: misses on both sides, the largest start and
 end errors, how many jobs differ. Times in the rows are ns after the task set's origin.
 
@@ -72,7 +72,8 @@ def compare(platform: Platform, taskset: Iterable[Any], policy: str | None = Non
 
 def _device_policy(platform: Platform, device: str) -> _refsched.DevicePolicy:
     spec = platform.spec
-    return _refsched.DevicePolicy.from_spec(spec.device(device).scheduler, spec.time_scale)
+    return _refsched.DevicePolicy.from_spec(spec.device(device).scheduler, spec.time_scale,
+                                            spec.engine(device).timeslice_ms)
 
 
 def _submit(platform: Platform, clients: dict[str, Any],

@@ -204,6 +204,7 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
             dspec, index, named.prefix, ring, bell, efd,
             window_ns=round(dspec.scheduler.window_ms * spec.time_scale * 1e6),
             lead_ns=round(dspec.scheduler.commit_lead_ms * 1e6),  # host time: not scaled
+            timeslice_ns=round(spec.engine(dspec.name).timeslice_ms * spec.time_scale * 1e6),
             time_scale=spec.time_scale, state=slots[index], inputs_ready=inputs_ready,
             segment_of=pool.segments.get)
     reg = Registry(spec, fences, devices, slots, state, clients=clients, descriptors=descriptors)

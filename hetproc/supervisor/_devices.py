@@ -31,6 +31,7 @@ from device_workers import (
 from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
 
 from .._config import DeviceSpec
+from ._inring import InRing
 from ._scheduler import Scheduler, context_ahead, first_of_context, make_scheduler
 from ._timing import ModeledTiming
 
@@ -125,7 +126,8 @@ class Command:
             outs=_descriptors(self.outs, self.out_perms, "w") if self.outs else None,
             fault=self.fault, mem=self.mem,
             # what the device compares to preempt (the same for all when it never does)
-            urg=self.device.sched.urgency(self) if self.device.pushed.chunk_ns else LEAST_URGENT)
+            urg=self.device.sched.urgency(self) if self.device.pushed.chunk_ns else LEAST_URGENT,
+            ctx=self.ctx.handle if self.device.timeslice_ns else None)
 
 
 def _descriptors(bufs: list, perms: list[str], default: str) -> list:
@@ -135,66 +137,6 @@ def _descriptors(bufs: list, perms: list[str], default: str) -> list:
     permission its role needs."""
     return [b.descriptor() + [perms[i] if i < len(perms) else default, b.handle]
             for i, b in enumerate(bufs)]
-
-
-class InRing(dict):
-    """The commands pushed to a device and not yet completed (seq -> command, in push
-    order), keeping as they come and go what ``pump`` reads on every call: the modeled
-    work of those that are no preemptor, and how many of them are longer than a chunk.
-    (Summed over a full ring on each call, this was most of a one-command submit.)
-    Slotted: a dict subclass's own attributes cost twice as much through an instance
-    dict, and these change twice per command."""
-
-    __slots__ = ("chunk_ns", "work_ns", "plain", "long")
-
-    def __init__(self, chunk_ns: int = 0) -> None:
-        super().__init__()
-        self.chunk_ns = chunk_ns
-        self.work_ns = 0   # hold_ns of every pushed command that is no preemptor
-        self.plain = 0     # how many there are
-        self.long = 0      # how many of them hold longer than a chunk
-
-    def _count(self, cmd: Command, sign: int) -> None:
-        if not cmd.preemptor:
-            self.work_ns += sign * cmd.hold_ns
-            self.plain += sign
-            if cmd.hold_ns > self.chunk_ns:
-                self.long += sign
-
-    def __setitem__(self, seq: int, cmd: Command) -> None:
-        if seq in self:
-            self._count(dict.__getitem__(self, seq), -1)
-        dict.__setitem__(self, seq, cmd)
-        if not cmd.preemptor:  # _count(cmd, 1), inline: this runs per command
-            self.work_ns += cmd.hold_ns
-            self.plain += 1
-            if cmd.hold_ns > self.chunk_ns:
-                self.long += 1
-
-    def pop(self, seq: int, *default: Any) -> Any:
-        cmd = dict.pop(self, seq, None)
-        if cmd is None:
-            return dict.pop(self, seq, *default)  # (a command is never None)
-        if not cmd.preemptor:  # _count(cmd, -1)
-            self.work_ns -= cmd.hold_ns
-            self.plain -= 1
-            if cmd.hold_ns > self.chunk_ns:
-                self.long -= 1
-        return cmd
-
-    def __delitem__(self, seq: int) -> None:
-        self.pop(seq)
-
-    def clear(self) -> None:
-        dict.clear(self)
-        self.work_ns = self.plain = self.long = 0
-
-    def first_plain_hold(self) -> int:
-        """hold_ns of the oldest pushed command that is no preemptor (0: none)."""
-        for c in self.values():
-            if not c.preemptor:
-                return c.hold_ns
-        return 0
 
 
 @dataclass
@@ -228,6 +170,10 @@ class DeviceHandle:
     # (``scheduler.commit_lead_ms``): a command submitted later than that, dated earlier,
     # finds it made (with the real clock, only work submitted ahead schedules exactly).
     lead_ns: int = 12_000_000
+    # The device's timeslice (``PlatformSpec.engine``, scaled): commands of equal urgency
+    # and other contexts are marked to it so that it can take turns between them (0: none,
+    # and none on a policy that never preempts).
+    timeslice_ns: int = 0
     time_scale: float = 1.0
     state: Any = None  # its StateSlot (what it runs; where a preemption is requested)
     sched: Scheduler = field(init=False)
@@ -244,6 +190,8 @@ class DeviceHandle:
 
     def __post_init__(self) -> None:
         self.sched = make_scheduler(self.spec.scheduler)
+        if not self.sched.preemptive or not self.preemptive:
+            self.timeslice_ns = 0
         self.pushed.chunk_ns = self.chunk_ns() if self.preemptive else 0
         half = Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
         mem = memoryview(self.ring_segment.map)
@@ -308,7 +256,8 @@ class DeviceHandle:
             first = True
             if cmd.wait and not self.inputs_ready(cmd):
                 cmd, first = self._producer_first(cmd)
-            urgent = self._urgency(cmd) if preemptive and pushed.long else _NO
+            urgent = self._urgency(cmd) if preemptive and (pushed.long or self.timeslice_ns) \
+                else _NO
             if urgent is _LATER:
                 break  # it preempts once the preemptor before it ends: nothing goes first
             if urgent is _NOW:
@@ -328,7 +277,7 @@ class DeviceHandle:
             free = self.free_ns
             self.free_ns = (free if free > cmd.t_arrive else cmd.t_arrive) + cmd.hold_ns
             moved += 1
-        if preemptive and sched.arrivals and pushed.long:
+        if preemptive and sched.arrivals and (pushed.long or self.timeslice_ns):
             moved += self._mark_ahead(speed, quiet)
         if moved:
             self.doorbell.release()
@@ -354,7 +303,7 @@ class DeviceHandle:
             if cmd is None:
                 return None  # (never: something arrives at ``at``)
         elif at - self.lead_ns > time.monotonic_ns() and (
-                not self.preemptive or not self.pushed.long
+                not self.preemptive or not (self.pushed.long or self.timeslice_ns)
                 or self._urgency(cmd) is not _NOW):
             self.wake_ns = at - self.lead_ns
             return None
@@ -455,9 +404,10 @@ class DeviceHandle:
         urgent one); should, but ``MAX_MARKED`` are out (``_LATER``); or not (``_NO``)."""
         if not self.preemptive or self.state is None or not self.inputs_ready(head):
             return _NO
-        chunk, preempts = self.chunk_ns(), self.sched.preempts
-        if not any(not c.preemptor and c.hold_ns > chunk and preempts(head, c)
-                   for c in self.pushed.values()):
+        # (with a timeslice, the long command running may be a marked peer: a victim too)
+        chunk, preempts, marked_too = self.chunk_ns(), self.sched.preempts, self.timeslice_ns
+        if not any((marked_too or not c.preemptor) and c.hold_ns > chunk and preempts(head, c)
+                   for c in self.pushed.values()) and not _takes_turns(self, head):
             return _NO
         if sum(c.preemptor for c in self.pushed.values()) >= MAX_MARKED:
             return _LATER
@@ -508,6 +458,7 @@ class DeviceHandle:
                           coherent=self.spec.coherent, cache_bytes=self.spec.cache.kib << 10,
                           chunk_ns=self.chunk_ns() or 2_000_000, switch_ns=self.switch_ns(),
                           preemptive=self.preemptive, thermal=self._thermal(),
+                          timeslice_ns=self.timeslice_ns,
                           first_pidx=self.pushes + 1, **boot_args)
         # A fresh segment socket per epoch: the new process holds no segment yet.
         if self.segs is not None:
@@ -570,6 +521,18 @@ class DeviceHandle:
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
+
+
+def _takes_turns(dev: DeviceHandle, head: Command) -> bool:
+    """With a timeslice: ``head`` is as urgent as a long command in ``dev``'s ring, so the
+    device may have to give it a turn at one of that command's chunk boundaries: it must
+    be on the device by then (it waits there while an earlier command of its own context
+    is unfinished, ``device_workers._preempt``)."""
+    if not dev.timeslice_ns:
+        return False
+    chunk, preempts = dev.chunk_ns(), dev.sched.preempts
+    return any(c.hold_ns > chunk and not preempts(c, head) and not preempts(head, c)
+               for c in dev.pushed.values())
 
 
 def device_state_name(code: int) -> str:

@@ -2,6 +2,7 @@
 
 A command submitted with ``preemptible=False`` is never suspended at a chunk boundary, so
 a more urgent command marked to preempt it waits. The device's ``preempt_timeout_ms``
+(its ``scheduler`` table's, else the platform's: ``PlatformSpec.engine``)
 bounds that wait: past it, the recovery's watchdog pass resets the blocker, alone
 guilty, through the same incident as a job timeout (``Recovery.start_timeout``), and the
 urgent command runs once the device is back. The wait counts from the urgent command's
@@ -25,7 +26,7 @@ def preempt_timeout(reg: Registry, dev: DeviceHandle, blocker: Command,
     """The error to reset ``blocker`` with, if a more urgent command has waited on it for
     the device's ``preempt_timeout_ms`` by ``now``; None otherwise (or when the device has
     no preempt timeout, or never preempts)."""
-    limit = dev.spec.scheduler.preempt_timeout_ms
+    limit = reg.engine(dev).preempt_timeout_ms
     if not limit or not dev.preemptive:
         return None
     preempts = dev.sched.preempts

@@ -24,7 +24,7 @@ from ipc import PENDING, Block, FenceTable, FrameReader, SlotMap, errors, span_b
 from ._descriptors import DescriptorBudget
 
 if TYPE_CHECKING:
-    from .._config import PlatformSpec
+    from .._config import EngineTimes, PlatformSpec
     from ._devices import Command, DeviceHandle
 
 
@@ -223,11 +223,19 @@ class Registry:
     # The platform's descriptors, shared by every tenant (``_descriptors``).
     descriptors: DescriptorBudget = field(
         default_factory=lambda: DescriptorBudget(1 << 20, lambda: 0))
+    engines: dict[str, EngineTimes] = field(default_factory=dict)  # only ``engine`` fills it
 
     def tenant(self, client: ClientRec) -> list[ClientRec]:
         """Every connection of ``client``'s process (the kernel's pid): quotas count here,
         so a second connection gets no fresh quota."""
         return [c for c in self.clients.values() if c.pid == client.pid]
+
+    def engine(self, dev: Any) -> EngineTimes:
+        """Device ``dev``'s engine times (``PlatformSpec.engine``), resolved once."""
+        times = self.engines.get(dev.name)
+        if times is None:
+            times = self.engines[dev.name] = self.spec.engine(dev.name)
+        return times
 
     def scaled_ns(self, ms: float) -> int:
         """A modeled duration in ms, times the platform's time scale, in ns."""

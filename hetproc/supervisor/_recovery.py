@@ -10,8 +10,8 @@ the last look (re-arm, up to ``max_rearm`` times), otherwise the command timed o
 
     1 mark       the request timed out; queued dependants fail, the device queue pauses
     2 cancel     ask the device to stop (it checks between kernel chunks)
-    3 confirm    wait, up to the grace period, for the device's acknowledgement; without
-                 one, isolate it: SIGKILL and reap (a reaped process is a confirmed stop)
+    3 confirm    wait, up to the device's ``stop_timeout_ms``, for its acknowledgement;
+                 without one, isolate it: SIGKILL and reap (reaped: a confirmed stop)
     4 fences     fail the guilty request's fences (DeviceTimeout) and the innocent ones
                  caught in a reset (Cancelled) through the failure path (``_failures``:
                  noted, recorded, told, and only then signalled), or replay the innocent
@@ -34,9 +34,9 @@ The watchdog also watches the queue, not only the running command: a device that
 commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
 state, done counter, progress, ring read index all unchanged -- for a quiet bound is
 stalled: a tampered ring index or state table (``park``), a lost doorbell, a process
-stopped while idle. The bound is the command watchdog's, scaled the same way, but never
-under ``_QUIET_FLOOR_NS`` of host time (several of the device's idle wake-ups, so a
-device that only missed its doorbell has looked at its ring again). A device that is
+stopped while idle. The bound is the device's ``heartbeat_interval_ms`` (i915 checks each
+engine every interval; 0: no check), scaled, but never under ``_QUIET_FLOOR_NS`` (a device
+that only missed its doorbell has looked again by then). A device that is
 runnable and has had less CPU than the bound since it went quiet waits for the host (a
 loaded machine), not for itself: excused and counted (``idle_host_lag``), as the command
 watchdog does. A stall is a ``stall`` incident with no guilty command: the device is
@@ -123,9 +123,7 @@ class Incident:
 
 
 _MIN_EXTENSION_NS = 2_000_000  # a starved device is looked at again after at least this
-# A device owing work is stalled only after this much host time without any sign of
-# moving: five of its idle wake-ups (device_workers wakes every 50 ms), so a lost
-# doorbell alone, which the next wake-up repairs, is never called a stall.
+# The least quiet time that is a stall: five idle wake-ups (a device wakes every 50 ms).
 _QUIET_FLOOR_NS = 250_000_000
 
 
@@ -268,8 +266,9 @@ class Recovery:
         if quiet is None or quiet.signature != signature:
             self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1])
             return False
-        bound = max(self.reg.scaled_ns(self.reg.spec.watchdog_ms), _QUIET_FLOOR_NS)
-        if now - quiet.since < bound:
+        beat = self.reg.engine(dev).heartbeat_interval_ms  # 0: no hang check on this device
+        bound = max(self.reg.scaled_ns(beat), _QUIET_FLOOR_NS)
+        if not beat or now - quiet.since < bound:
             return False
         runnable, cpu = self.device_cpu.read(dev)
         if runnable and cpu >= 0 and quiet.cpu >= 0 and cpu - quiet.cpu < bound:
@@ -342,7 +341,8 @@ class Recovery:
             return
         self.reg.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
         inc.step("cancel", pidx=cmd.pidx)
-        inc.grace_deadline = time.monotonic_ns() + self.reg.scaled_ns(self.reg.spec.grace_ms)
+        grace = self.reg.scaled_ns(self.reg.engine(dev).stop_timeout_ms)  # the device's own
+        inc.grace_deadline = time.monotonic_ns() + grace
         if self.policy.unsafe_reclaim:
             inc.step("UNSAFE_early_reclaim", note="steps 4-6 before the device confirmed")
             self.fail_and_reclaim(dev, inc, [])

@@ -70,6 +70,7 @@ class Scheduler:
     """The interface; each policy below is a small subclass."""
 
     name = "base"
+    preemptive = False  # ``preempts`` can be True: the policy ranks commands by urgency
 
     def __init__(self, spec: SchedSpec) -> None:
         self.spec = spec
@@ -305,6 +306,7 @@ class Priority(Scheduler):
     """Highest priority first; clients of one level share it fairly (``FairQueue``)."""
 
     name = "priority"
+    preemptive = True
 
     def __init__(self, spec: SchedSpec) -> None:
         super().__init__(spec)
@@ -389,6 +391,7 @@ class Priority(Scheduler):
 
 class Edf(Scheduler):
     name = "edf"
+    preemptive = True
 
     def __init__(self, spec: SchedSpec) -> None:
         super().__init__(spec)
@@ -426,6 +429,7 @@ class Mixed(Scheduler):
     preempted by either class (``preempts``)."""
 
     name = "mixed"
+    preemptive = True
 
     def __init__(self, spec: SchedSpec) -> None:
         super().__init__(spec)
