@@ -25,12 +25,11 @@ is more urgent than it, which is the order the reference simulator resumes them 
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ipc import errors
+from ipc import clock, errors
 
 from ._commands import LEAST_URGENT
 from ._frame import Frame
@@ -121,7 +120,7 @@ class Preemption:
     def arrived(self) -> bool:
         """A pending command has arrived: it is ready, so a queue's record waits for it
         (a queue runs when nothing the supervisor scheduled is ready)."""
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         return any(c["arrive_ns"] <= now for c in self.pending)
 
     def alone(self) -> dict[str, Any] | None:
@@ -155,10 +154,18 @@ class Preemption:
         than it takes over, once the host has reached it (None: not now). The switch is
         at the modeled instant the policy makes it: never before the command's arrival,
         never between two boundaries, whatever the host's wake-ups."""
+        at = self.next_point()
+        return at if at is not None and clock.now_ns() >= at else None
+
+    def next_point(self) -> int | None:
+        """The chunk boundary of the running command at which a pending command more
+        urgent than it takes over, reached or not (None: none does, or it ends first)."""
+        frame = self.host.frame
+        if not frame.preemptible:
+            return None
         self.collect()
         if not self.pending:
             return None
-        frame = self.host.frame
         mine = frame.cmd.get("urg", LEAST_URGENT)
         points = [self.point(frame, c["arrive_ns"], _FAR) for c in self.pending
                   if c.get("urg", LEAST_URGENT) < mine]
@@ -167,7 +174,7 @@ class Preemption:
         at = min(points)
         if at >= frame.holds_to + frame.shift:
             return None  # it ends first: the next command is chosen then
-        return at if time.monotonic_ns() >= at else None
+        return at
 
     def run_next(self, cmd: dict[str, Any]) -> None:
         """Run ``cmd``, the next in ring order, unless a marked command more urgent has

@@ -11,6 +11,8 @@ Public API::
     merge_fences      one fence for many: signals when all do, fails with the first error
     wait_fence_fd, fence_fd_done  a fence descriptor waited on in any process
     FOREVER           Fence.wait(FOREVER): the one unbounded wait, asked for explicitly
+    now(), sleep(ms)  the platform's time for scenario code: modeled under the virtual
+                      clock (Platform(clock="virtual")), the host's clock otherwise
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
     Queue             Context.queue(): records straight to the device, no supervisor hop
@@ -111,6 +113,8 @@ from .client import (
     connect,
     fence_fd_done,
     merge_fences,
+    now,
+    sleep,
     wait_fence_fd,
 )
 from .errors import *  # noqa: F403  (the one error hierarchy)
@@ -132,6 +136,6 @@ __all__ = [
     "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport", "Queue",
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     "simulate_schedule", "merge_fences", "wait_fence_fd", "fence_fd_done",
-    "ResetStatus", "ResetStats",
+    "ResetStatus", "ResetStats", "now", "sleep",
 ]
 __all__ += errors.__all__

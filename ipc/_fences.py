@@ -101,6 +101,9 @@ class FenceTable:
                  on_new_semaphores: Callable[[list[str]], None] = lambda names: None) -> None:
         self.prefix = prefix
         self.segment = segment
+        # The modeled now a host signaller stamps (None: the host's monotonic clock; a
+        # platform on the virtual clock sets its clock's ``now_ns``, ``ipc._clock``).
+        self.model_now: Callable[[], int] | None = None
         self.capacity = segment.size // SLOT_BYTES
         self.slots = np.ndarray(self.capacity, SLOT_DTYPE, buffer=segment.map)  # slow path
         # Hot path: typed views (an item store costs ~40 ns; a numpy field store ~1 us).
@@ -254,7 +257,7 @@ class FenceTable:
         u32[i + 3] = signaller
         now = time.monotonic_ns()
         u64, j = self._u64, slot * _W64
-        u64[j + 2] = t_ns or now
+        u64[j + 2] = t_ns or (now if self.model_now is None else self.model_now())
         u64[j + 4] = now
         u32[i + 1] = FAILED if error else SIGNALLED  # the outcome is written before the wake-up
         sem.release()
