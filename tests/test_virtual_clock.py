@@ -84,6 +84,7 @@ def test_sleep_and_a_wait_timeout_count_modeled_time():
         assert plat.now() - t0 == 5100 * MS
         f.wait(1)
         assert f.signal_time() - t0 == 5300 * MS
+        assert plat.client.incidents()["verdicts"].get("no_hang", 0) == 1  # re-armed at 200
 
 
 def test_the_clock_is_a_platform_key_checked_strictly():
@@ -96,3 +97,29 @@ def test_the_clock_is_a_platform_key_checked_strictly():
     with _platform("real") as plat:
         assert plat.metrics()["clock"] == {"clock": "real"}
         assert abs(plat.now() - time.monotonic_ns()) < 10_000 * MS
+
+
+def test_a_hang_times_out_and_recovers_on_the_modeled_timeline():
+    """watchdog 200 ms, grace 50 ms: the hung command is marked at 200 ms of device time,
+    killed at 250 ms, its fence failed then; no host lag can excuse or delay it."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu = c.context("npu0", name="victim")
+        c.inject("hang", device="npu0")
+        epoch = plat.metrics()["devices"]["npu0"]["epoch"]
+        t0 = plat.now()
+        f = npu.submit("work", ms=5)
+        with pytest.raises(errors.DeviceTimeout):
+            f.wait(5)
+        assert f.signal_time() - t0 == 250 * MS
+        deadline = time.monotonic() + 10
+        while c.incidents()["active"] and time.monotonic() < deadline:
+            hetproc.sleep(1)
+        inc = c.incidents()["history"][-1]
+        steps = {s["step"]: s["t_ms"] for s in inc["steps"]}
+        assert inc["confirmed_stop"] == "reaped" and inc["killed"]
+        assert steps["mark"] == 0.0 and steps["isolate"] == 50.0 and steps["done"] >= 50.0
+        assert c.incidents()["verdicts"].get("host_lag", 0) == 0
+        after = c.context("npu0").submit("work", ms=3)
+        after.wait(5)
+        assert plat.metrics()["devices"]["npu0"]["epoch"] == epoch + 1  # restarted

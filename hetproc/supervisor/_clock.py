@@ -39,10 +39,13 @@ from typing import Any
 
 import posix_ipc
 
+from device_workers import StateSlot as S
 from ipc import Segment, clock
 from ipc.errors import HetprocError
 
+from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
+from ._recovery import Recovery
 
 NO_WAKE = clock.NO_WAKE
 
@@ -63,12 +66,14 @@ class ClockOwner:
     """The virtual clock of one platform: its segment, its waiter slots, its jumps."""
 
     def __init__(self, reg: Registry, new_segment: Callable[[str, int], Segment], *,
-                 autojump_ms: float) -> None:
+                 autojump_ms: float, recovery: Recovery) -> None:
         self.reg = reg
+        self.recovery = recovery
         devices, clients = len(reg.devices), reg.spec.limits.max_clients
         self.clock = clock.VirtualClock(
             new_segment("clock", clock.segment_bytes(devices, clients)), create=True)
         clock.install(self.clock)  # this process's now, and every device's it forks
+        reg.fences.model_now = self.clock.now_ns  # what the fences we fail are stamped with
         self.segment_name = self.clock.segment.name
         self._free_slots = list(range(devices + clients - 1, devices - 1, -1))
         self.waiters = [self.clock.waiter(i) for i in range(devices)]
@@ -81,7 +86,10 @@ class ClockOwner:
         self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
         self.breaks = 0
         self.break_clients: dict[str, int] = {}
-        self.timers: list[Callable[[], int | None]] = []  # more next events (watchdogs...)
+        # The requests last seen in each device's state slot (cancel, park, preempt): a
+        # change is news the device must look at before the clock may move.
+        self._requests = [(0, 0, 0)] * devices
+        self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
 
     # -- connections ----------------------------------------------------------------
 
@@ -110,29 +118,71 @@ class ClockOwner:
         """Move the clock if the platform is quiescent (the module docstring's three
         steps); ``busy``: the loop has work of its own this turn. True when it moved."""
         now = self.clock.now_ns()
-        wakes = self._device_wakes(now)
-        if wakes is None:
+        if busy or self._quiet(now) is None:
             return self._not_quiet()
-        clients = self._client_wakes(now)
-        if clients is None:
+        self.settle()  # the timers at this instant (a watchdog's first sight of a command)
+        quiet = self._quiet(now)
+        if quiet is None:
             return self._not_quiet()
-        client_wakes, running = clients
-        if busy or self._traffic():
-            return self._not_quiet()
-        wakes.extend(client_wakes)
+        wakes, running = quiet
         wakes.extend(dev.wake_ns for dev in self.reg.devices.values() if dev.wake_ns > 0)
-        wakes.extend(t for t in (timer() for timer in self.timers) if t)
-        if running and not self._autojump(running):
-            return False
+        wakes.extend(self._timers())
         later = [t for t in wakes if t > now]
-        if not later:
+        if not later:  # nothing to move to (it waits for a client): no jump, no break
+            return self._not_quiet()
+        if running and not self._autojump(running):
             return False
         self._jump(min(later))
         return True
 
+    def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
+        """Steps 1 and 2: the waiters' wakes and the connections of client processes
+        that are not in a hetproc wait; None when something runs or is in flight."""
+        if self._new_requests():
+            return None
+        wakes = self._device_wakes(now)
+        clients = self._client_wakes(now) if wakes is not None else None
+        if wakes is None or clients is None or self._traffic():
+            return None
+        return wakes + clients[0], clients[1]
+
+    def _new_requests(self) -> bool:
+        """A request written into a device's state slot since the last look (a cancel,
+        a park, a preemption): the device is poked to look at it."""
+        news = False
+        for dev in self.reg.devices.values():
+            u64 = self.reg.slots[dev.index].u64
+            words = (u64[S.CANCEL_PIDX], self.reg.slots[dev.index].u32[S.PARK],
+                     u64[S.PREEMPT_PIDX])
+            if words != self._requests[dev.index]:
+                self._requests[dev.index] = words
+                dev.doorbell.release()
+                news = True
+        return news
+
+    def _timers(self) -> list[int]:
+        """The supervisor's own next events: each running command's watchdog deadline
+        and preempt timeout, each incident's grace before the kill. One modeled ns before
+        a watchdog deadline its device is woken to look (``_jump``): a device that holds
+        counts progress then, as it does between chunks on the real clock, and a hung
+        one does not."""
+        out = [inc.grace_deadline for inc in self.recovery.active.values()
+               if inc.grace_deadline and not inc.confirmed]
+        for dev in self.reg.devices.values():
+            for cmd in dev.pushed.values():
+                if cmd.watch_deadline:
+                    out += (cmd.watch_deadline - 1, cmd.watch_deadline)
+                    since = waited_since(self.reg, dev, cmd)
+                    if since is not None:
+                        out.append(since + self.reg.scaled_ns(
+                            dev.spec.scheduler.preempt_timeout_ms))
+        return out
+
     def _device_wakes(self, now: int) -> list[int] | None:
         wakes = []
         for dev in self.reg.devices.values():
+            if not dev.pid and dev.name in self.reg.wedged:
+                continue  # down for good: it waits for nothing
             snap = self.waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
                 return None
@@ -172,13 +222,17 @@ class ClockOwner:
 
     def _traffic(self) -> bool:
         """Anything in flight the slots cannot show: bytes from a client, a reply not
-        sent, a completion not collected, a recovery under way."""
+        sent, a completion not collected, a device killed or dead and not reaped yet
+        (its slot says what it did before it died)."""
         clients = list(self.reg.clients.values())
         if any(c.pending or c.reader.buffered or c.outbuf for c in clients):
             return True
-        if any(dev.completions.depth() for dev in self.reg.devices.values()):
+        devices = self.reg.devices.values()
+        if any(dev.completions.depth() for dev in devices):
             return True
-        return _readable(c.conn for c in clients)
+        if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
+            return True
+        return _readable([c.conn for c in clients] + [d.pidfd for d in devices if d.pidfd >= 0])
 
     def _autojump(self, running: list[ClientRec]) -> bool:
         """Only clients outside hetproc waits hold the clock: after ``autojump_ms`` real
@@ -199,12 +253,14 @@ class ClockOwner:
         return False
 
     def _jump(self, t: int) -> None:
-        """The clock to ``t``; the devices whose wake came are poked, by index."""
+        """The clock to ``t``; the devices whose wake came, or whose command's watchdog
+        looks at the next ns (``_timers``), are poked, by index."""
         self._stuck_since = 0
         self.clock.advance(t)
         for dev in sorted(self.reg.devices.values(), key=lambda d: d.index):
             snap = self.waiters[dev.index].snapshot()
-            if snap is not None and snap[0] <= t:
+            if snap is not None and (snap[0] <= t or any(
+                    c.watch_deadline == t + 1 for c in dev.pushed.values())):
                 dev.doorbell.release()
 
     def close(self) -> None:

@@ -134,8 +134,8 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     ddr = DdrQuota(spec)
     fencefds = FenceFds(reg, lifetimes, failures)
     hazards = Hazards(reg, evidence, spec.hazards)
-    vclock = (ClockOwner(reg, named.new_segment, autojump_ms=spec.autojump_ms)
-              if spec.clock == "virtual" else None)
+    vclock = (ClockOwner(reg, named.new_segment, autojump_ms=spec.autojump_ms,
+                         recovery=recovery) if spec.clock == "virtual" else None)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
                       hazards=hazards, fencefds=fencefds,
                       clock=vclock.metrics if vclock is not None else None)

@@ -145,6 +145,8 @@ class Supervisor:
         self.fencefds: FenceFds = parts.fencefds
         self.handlers = parts.requests
         self.vclock = parts.vclock  # the virtual clock's owner (None: the real clock)
+        if self.vclock is not None:
+            self.vclock.settle = self.tick
         for dev in self.reg.devices.values():
             self.sel.register(dev.completion_fd, selectors.EVENT_READ, ("completion", dev))
         self._setup_socket()
