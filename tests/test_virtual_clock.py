@@ -123,3 +123,22 @@ def test_a_hang_times_out_and_recovers_on_the_modeled_timeline():
         after = c.context("npu0").submit("work", ms=3)
         after.wait(5)
         assert plat.metrics()["devices"]["npu0"]["epoch"] == epoch + 1  # restarted
+
+
+def test_a_client_sleeping_outside_hetproc_is_a_determinism_break_and_named():
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        sleepy = plat.connect("sleepy")
+        npu = sleepy.context("npu0")
+        first = npu.submit_nowait("work", ms=5)
+        time.sleep(0.3)  # not a hetproc wait: the clock waits autojump_ms, then moves
+        second = npu.submit_nowait("work", ms=5)
+        first.wait(5)
+        second.wait(5)
+        clock = plat.metrics()["clock"]
+        assert clock["determinism_breaks"] >= 1
+        assert set(clock["determinism_break_clients"]) == {"owner", "sleepy"}  # one process
+        events = [e for e in plat.client.incidents()["events"]
+                  if e["event"] == "determinism_break"]
+        assert events and events[0]["clients"] == ["owner", "sleepy"]
+        assert "determinism_break_clients" not in sleepy.metrics()["clock"]  # owner's to see
+        sleepy.close()

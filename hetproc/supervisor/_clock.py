@@ -244,8 +244,11 @@ class ClockOwner:
         if t - self._stuck_since < self.autojump_ns:
             return False
         self.breaks += 1
-        for name in sorted({c.name for c in running}):
+        names = sorted({c.name for c in running})
+        for name in names:
             self.break_clients[name] = self.break_clients.get(name, 0) + 1
+        self.reg.note_event("determinism_break", clients=names, now_ns=self.clock.now_ns(),
+                            held_ms=round((t - self._stuck_since) / 1e6, 3))
         return True
 
     def _not_quiet(self) -> bool:
