@@ -115,9 +115,11 @@ class DeviceWaits:
                 slot.clear()
 
     def _block(self, wake: int, doorbell: posix_ipc.Semaphore) -> bool:
-        """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted."""
+        """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted.
+        The supervisor is woken to look (its eventfd): the clock may move now."""
         slot = self.slot
         slot.block(wake)
+        self.device.outbox.poke()
         try:
             doorbell.acquire(DOORBELL_SLICE_S)
             return True
