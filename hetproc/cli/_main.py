@@ -232,7 +232,7 @@ def _acceptance_parser(sub: Any) -> None:
         own fresh platform, with pass/fail, leaks and recovery time. With --jobs N, N
         cells run at once (each in its own process); the table fills in as they end.""",
                cmd_acceptance)
-    _args.platform_args(acc)
+    _args.platform_args(acc, clock=True)
     acc.add_argument("--report", metavar="FILE", help="write the JSON matrix here")
     acc.add_argument("--quick", action="store_true",
                      help="short scenarios (each script's QUICK options)")
@@ -396,7 +396,8 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
             progress.rows = _show.matrix_table(rows, pending)
             progress(f"{len(rows)} of {len(rows) + len(pending)} done")
         matrix = drills.run_matrix(platform_file=args.platform, time_scale=args.time_scale,
-                                   quick=args.quick, jobs=args.jobs, on_row=on_row)
+                                   quick=args.quick, jobs=args.jobs, on_row=on_row,
+                                   clock=args.clock)
     return _conclude(matrix, args, _show.print_matrix)
 
 

@@ -26,12 +26,15 @@ A client process blocked on one connection counts as blocked with all its connec
 run while one waits is not told apart (a limitation). A client that stays outside hetproc
 waits (``time.sleep``, its own socket, a spin) while everything else waits holds the clock
 for ``autojump_ms`` real ms; then the clock jumps anyway and the jump counts as a
-determinism break, naming the client (``metrics``). Simultaneous events need no order
-here: every event due at the new instant is released in the same jump (devices by index).
+determinism break, naming the client (``metrics``). Every event due at the new instant is
+released in the same jump; the devices are woken by index, or in an order the platform's
+``tie_seed`` permutes (only that order: the supervisor's own decisions due then are made
+in its usual order).
 """
 
 from __future__ import annotations
 
+import random
 import select
 import time
 from collections.abc import Callable, Iterable
@@ -66,7 +69,7 @@ class ClockOwner:
     """The virtual clock of one platform: its segment, its waiter slots, its jumps."""
 
     def __init__(self, reg: Registry, new_segment: Callable[[str, int], Segment], *,
-                 autojump_ms: float, recovery: Recovery) -> None:
+                 autojump_ms: float, recovery: Recovery, tie_seed: int = 0) -> None:
         self.reg = reg
         self.recovery = recovery
         devices, clients = len(reg.devices), reg.spec.limits.max_clients
@@ -90,6 +93,11 @@ class ClockOwner:
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
         self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
+        # The order devices whose wakes fall on the same instant are woken in: by index,
+        # or a permutation the tie seed fixes.
+        self._order = sorted(reg.devices.values(), key=lambda d: d.index)
+        if tie_seed:
+            random.Random(tie_seed).shuffle(self._order)
 
     # -- connections ----------------------------------------------------------------
 
@@ -257,10 +265,10 @@ class ClockOwner:
 
     def _jump(self, t: int) -> None:
         """The clock to ``t``; the devices whose wake came, or whose command's watchdog
-        looks at the next ns (``_timers``), are poked, by index."""
+        looks at the next ns (``_timers``), are poked, in the tie seed's order."""
         self._stuck_since = 0
         self.clock.advance(t)
-        for dev in sorted(self.reg.devices.values(), key=lambda d: d.index):
+        for dev in self._order:
             snap = self.waiters[dev.index].snapshot()
             if snap is not None and (snap[0] <= t or any(
                     c.watch_deadline == t + 1 for c in dev.pushed.values())):
