@@ -51,6 +51,14 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
         waiter.clear()
 
 
+def wait_handle(conn: Connection, handle: int, timeout_s: float) -> int:
+    """A wait on a raw fence handle on the connection's clock: ``FenceTable.wait`` on the
+    real clock, ``wait_fence`` (modeled time, registered) on the virtual one."""
+    if conn.waiter is None:
+        return conn.fences.wait(handle, timeout_s)
+    return wait_fence(conn, handle, timeout_s)
+
+
 def sleep(conn: Connection, seconds: float) -> None:
     """Block until the modeled clock has moved ``seconds`` on."""
     waiter = conn.waiter
