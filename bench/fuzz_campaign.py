@@ -131,7 +131,7 @@ def _later_templates(h: dict[str, int], rng: random.Random) -> dict[str, dict[st
 def _templates(h: dict[str, int], rng: random.Random, dev: str,
                cmd: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
-        "ping": {}, "metrics": {}, "incidents": {}, "dumps": {}, "trace_info": {},
+        "ping": {}, "metrics": {}, "incidents": {}, "dumps": {}, "run_digest": {}, "trace_info": {},
         "faults_clear": {}, "grant_role": {"scope": "trace"}, "shutdown": {},
         "hello": {"name": "again", "owner": True, "pid": 1},
         "context_create": {"device": dev, "priority": 0, "name": "fz",

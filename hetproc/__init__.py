@@ -26,7 +26,8 @@ Public API::
     simulate_schedule the reference scheduling simulator: a task set, a policy, chunk and
                       switch cost in; every job's modeled start, end, preemptions out
     errors            the one error hierarchy (every class is also exported here)
-    trace             evidence, live or from a file: export, explain, plot (seed §22)
+    trace             evidence, live or from a file: export, explain, plot (seed §22),
+                      and the trace digest that names a run's modeled schedule
     drills            (import hetproc.drills) scenario runner, drills, the acceptance
                       matrix (seed §21)
     testing           (import hetproc.testing) the pytest plugin

@@ -1239,6 +1239,13 @@ class _Run:
                          f"active incidents: {a.incidents()['active']}")
         self.ph.check(all(d["pid"] for d in a.metrics()["devices"].values()),
                       "a device is not running")
+        # Every command committed retired exactly once, whatever the faults did to it: the
+        # trace digest's log holds each (failed, cancelled, replayed, rerouted) one time.
+        m, log = a.metrics(), hetproc.trace.run_digest(a)
+        self.ph.check(sum(m["queue_depth"].values()) > 0
+                      or log["commands"] + log["dropped"] == m["submitted"],
+                      f"the command log holds {log['commands']} + {log['dropped']} dropped "
+                      f"commands, {m['submitted']} were submitted")
         self.ph.check(wait_for(lambda: a.metrics()["fence_fds"]["fence_fds_pending"] == 0),
                       f"fence descriptors left pending: {a.metrics()['fence_fds']}")
         self.ph.check(a.supervisor_alive(), "the supervisor died")

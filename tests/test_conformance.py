@@ -11,9 +11,10 @@ import pytest
 
 from hetproc.drills import conformance_cases, leftovers, run_conformance, started_prefixes
 from hetproc.drills._conformance import CASES, SUITES
+from hetproc.drills._timefields import FIELDS
 
 ROW_KEYS = {"name", "suite", "checks_what", "ok", "failed_checks", "details", "recovery_ms",
-            "error", "duration_s"}
+            "error", "duration_s", *FIELDS}
 
 
 def _failed(result):
@@ -40,6 +41,10 @@ def test_every_case_passes_with_its_recovery_time(whole_suite):
     assert [r["name"] for r in rows] == [c.name for c in conformance_cases()]
     assert len(rows) == len(CASES) >= 29 and result["passed"] == len(rows)
     assert all(set(r) == ROW_KEYS for r in rows)
+    # each row says how time went on the platform it ran on (a group's cases share one)
+    assert all(r["clock"] == "real" and r["determinism_breaks"] == 0 for r in rows)
+    digests = [r["trace_digest"] for r in rows if r["trace_digest"] is not None]
+    assert len(digests) >= len(rows) - 2 and all(len(d) == 64 for d in digests)
     by_name = {r["name"]: r for r in rows}
     for reset in ("gem_reset_stats/close-pending-npu0", "gem_reset_stats/unrelated-ctx-npu0",
                   "dEQP-EGL.functional.robustness.reset_context.shaders.infinite_loop.sync_status"):

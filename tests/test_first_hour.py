@@ -113,6 +113,26 @@ def test_the_acceptance_report_says_what_a_failed_check_saw(capsys):
     assert row["failed_details"] == {"flat": "zero copy -9694 us"}
     _show.print_matrix({"rows": [row], "ok": False})
     assert "[FAIL] scenario zero_copy_evidence: flat: zero copy -9694 us" in capsys.readouterr().out
+    row = _row("scenario", "zero_copy_evidence",
+               {**report, "modeled_s": 1.25, "trace_digest": "ab12" * 16, "clock": "real"})
+    _show.print_matrix({"rows": [row], "ok": False})
+    out = capsys.readouterr().out
+    assert "1.250" in out and "ab12ab12ab12" in out and "ab12" * 4 not in out  # a prefix
+
+
+def test_a_run_summary_says_how_modeled_time_went_against_the_wall(capsys):
+    from hetproc.cli import _show
+    report = {"scenario": "dated", "platform": {"name": "soc", "time_scale": 1.0},
+              "duration_s": 2.5, "metrics": {}, "checks": [], "notes": [], "ok": True,
+              "clock": "real", "modeled_s": 0.5, "wall_s": 1.0, "trace_digest": "f00d" * 16,
+              "trace_commands": 12, "lags": {"commands": 3, "max_ms": 1.5, "watchdog": 1}}
+    _show.print_report(report)
+    out = capsys.readouterr().out
+    assert ("modeled 0.500 s in 1.000 s wall (x0.50), real clock, digest f00df00df00d of 12 "
+            "commands") in out
+    assert "host lags: 3 commands ended late (max 1.500 ms), 1 watchdog excuses" in out
+    _show.print_report({**report, "lags": {"commands": 0, "max_ms": 0.0, "watchdog": 0}})
+    assert "host lags" not in capsys.readouterr().out  # said only when the host lagged
 
 
 # -- what --help tells ---------------------------------------------------------------------

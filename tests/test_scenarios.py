@@ -27,6 +27,11 @@ def test_video_pipeline_meets_the_seed_figures(tmp_path):
     checks = {c["name"]: c["passed"] for c in report["checks"]}
     assert checks["every frame's output is correct (fences ordered every write)"]
     assert "platform_metrics" in m and m["platform_metrics"]["in_flight"] == 0
+    # how time went: the run's commands span modeled time; the human summary says so too
+    assert report["clock"] == "real" and report["determinism_breaks"] == 0
+    assert report["modeled_s"] > 0 and 0 < report["wall_s"] <= report["duration_s"]
+    assert len(report["trace_digest"]) == 64 and report["trace_commands"] > 60
+    assert f"digest {report['trace_digest'][:12]} of {report['trace_commands']}" in out.stdout
 
 
 def test_a_scenario_that_stops_its_platform_and_fails_is_explained(tmp_path):

@@ -25,7 +25,7 @@ _PLAT: hetproc.Platform | None = None
 _OPS = ["ping", "alloc", "free", "fence_create", "fence_release", "fence_error", "submit",
         "cancel", "map", "unmap", "export", "import", "mem_events", "metrics", "prepare",
         "context_create", "context_destroy", "fence_signal", "free_many", "hello",
-        "trace_info", "incidents", "dumps", "grant_role"]
+        "trace_info", "incidents", "dumps", "grant_role", "run_digest"]
 _FIELDS = ["ctx", "buf", "fence", "fences", "token", "kind", "cmds", "shape", "dtype",
            "count", "device", "priority", "name", "kernel", "perm", "since", "limit", "cids",
            "error", "bufs", "signal", "read_only"]

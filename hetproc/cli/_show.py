@@ -106,6 +106,8 @@ def print_report(report: dict[str, Any], out: TextIO | None = None, *,
     con.print(Text(f"{report['scenario']} on {report['platform']['name']} "
                    f"(time scale {report['platform']['time_scale']}, "
                    f"{report['duration_s']} s)", style="bold"))
+    for line in time_lines(report):
+        con.print(Text(line))
     plain = {k: v for k, v in report["metrics"].items() if not isinstance(v, (dict, list))}
     if plain:
         t = _plain_table("metrics")
@@ -139,6 +141,30 @@ def print_report(report: dict[str, Any], out: TextIO | None = None, *,
     if report.get("failure"):
         print_failure(report, con, verbose=verbose)
     con.print(Text("OK", style="bold green") if report["ok"] else Text("FAILED", style="bold red"))
+
+
+def time_lines(r: dict[str, Any]) -> list[str]:
+    """How time went in one run: modeled against wall seconds, the clock, the trace digest
+    (its first 12 digits; the JSON has it whole); then the host's lags, if it lagged."""
+    modeled, wall = r.get("modeled_s"), r.get("wall_s")
+    ratio = f" (x{modeled / wall:.2f})" if modeled is not None and wall else ""
+    lines = [f"modeled {_secs(modeled)} in {_secs(wall)} wall{ratio}, {r.get('clock')} clock, "
+             f"digest {short_digest(r.get('trace_digest'))} of "
+             f"{r.get('trace_commands') or 0} commands"]
+    lags = r.get("lags") or {}
+    if lags.get("commands") or lags.get("watchdog"):
+        lines.append(f"host lags: {lags['commands']} commands ended late (max "
+                     f"{lags['max_ms']:.3f} ms), {lags['watchdog']} watchdog excuses")
+    return lines
+
+
+def short_digest(digest: str | None) -> str:
+    """A trace digest as a table shows it: its first 12 hex digits ("-": none)."""
+    return digest[:12] if digest else "-"
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f} s"
 
 
 def _plain_table(title: str) -> Table:
@@ -197,16 +223,19 @@ def matrix_table(rows: list[dict[str, Any]], pending: Sequence[str] = ()) -> Tab
     t = Table(title="acceptance matrix (seed §21)", title_justify="left")
     for col in ("kind", "name", "result"):
         t.add_column(col)
-    for col in ("checks", "leaks", "recovery ms", "time s"):
+    for col in ("checks", "leaks", "recovery ms", "time s", "modeled s"):
         t.add_column(col, justify="right")
+    t.add_column("digest", no_wrap=True, min_width=12)
     t.add_column("failed checks")
     for r in rows:
         rec = "-" if r["recovery_ms"] is None else f"{r['recovery_ms']:.1f}"
+        modeled = r.get("modeled_s")
         t.add_row(r["kind"], r["name"], Text("PASS", style="green") if r["ok"]
                   else Text("FAIL", style="bold red"), str(r["checks"]), str(r["leaks"]),
-                  rec, f"{r['duration_s']:.2f}", Text("; ".join(r["failed_checks"])))
+                  rec, f"{r['duration_s']:.2f}", "-" if modeled is None else f"{modeled:.3f}",
+                  short_digest(r.get("trace_digest")), Text("; ".join(r["failed_checks"])))
     for name in pending:
-        t.add_row("", name, Text("...", style="dim"), "", "", "", "", "")
+        t.add_row("", name, Text("...", style="dim"), "", "", "", "", "", "", "")
     return t
 
 
@@ -215,6 +244,10 @@ def print_campaign(summary: dict[str, Any], out: TextIO | None = None) -> None:
     con.print(Text(f"campaign {summary['drill']}: {summary['seeds']} seeds on "
                    f"{summary['backend']}, {summary['passed']} passed, "
                    f"{summary['failed']} failed, {summary['duration_s']:.1f} s", style="bold"))
+    digests = {r.get("trace_digest") for r in summary["runs"] if r.get("trace_digest")}
+    if digests:  # one per seed is expected with the real clock; a seed reruns to its own
+        con.print(Text(f"{len(digests)} distinct trace digests over {len(summary['runs'])} "
+                       "runs (each run's is in the JSON)"))
     if summary["failures"]:
         t = Table(title="failures, with the seeds that reproduce them", title_justify="left")
         t.add_column("failed check")

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import _timefields
 from ._drills import DRILLS, run_drill
 from ._scenario import load_scenario, quick_options, run_scenario, scenario_names
 
@@ -173,4 +174,4 @@ def _row(kind: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
             "error": report.get("error"),
             "leaks": len(left["objects"]) + len(left["processes"]),
             "recovery_ms": report["metrics"].get("recovery_ms"),
-            "duration_s": report["duration_s"]}
+            "duration_s": report["duration_s"], **_timefields.of_report(report)}

@@ -23,6 +23,7 @@ from typing import Any
 from ipc import errors
 
 from ..client import same_code_env
+from . import _timefields
 from ._drills import DRILLS
 
 RUN_TIMEOUT_S = 300.0  # one drill run, platform start and stop included
@@ -65,7 +66,7 @@ def campaign_task(drill: str, seed: int, platform_file: str | None = None,
             "failed_checks": [c["name"] for c in report["checks"] if not c["passed"]],
             "details": {c["name"]: c["detail"] for c in report["checks"] if not c["passed"]},
             "error": report.get("error"), "leaks": len(left["objects"]) + len(left["processes"]),
-            "duration_s": report["duration_s"]}
+            "duration_s": report["duration_s"], **_timefields.of_report(report)}
 
 
 _lock = threading.Lock()

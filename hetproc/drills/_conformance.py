@@ -42,6 +42,7 @@ from . import (
     _conformance_fences,  # noqa: F401  (registers its cases)
     _conformance_recovery,  # noqa: F401  (registers the cases on resets)
     _conformance_sched,  # noqa: F401  (registers its cases)
+    _timefields,
 )
 from ._conformance_cases import CASES, Case, CaseRun, add_case
 from ._conformance_hazards import SUITE as SYNC_SUITE  # (registers its cases too)
@@ -144,7 +145,7 @@ def _row(case: Case, ok: bool, checks: list[dict[str, Any]], metrics: dict[str, 
             "ok": ok, "failed_checks": [c["name"] for c in checks if not c["passed"]],
             "details": {c["name"]: c["detail"] for c in checks if not c["passed"]},
             "recovery_ms": metrics.get("recovery_ms"), "error": error,
-            "duration_s": round(duration_s, 3)}
+            "duration_s": round(duration_s, 3), **dict.fromkeys(_timefields.FIELDS)}
 
 
 def _run_drill_case(case: Case, platform_file: str | None, time_scale: float | None,
@@ -160,8 +161,8 @@ def _run_drill_case(case: Case, platform_file: str | None, time_scale: float | N
                              doc, spec, {})
     left = report["left_behind"]
     ok = report["ok"] and not left["objects"] and not left["processes"]
-    return _row(case, ok, report["checks"], report["metrics"], time.monotonic() - t0,
-                report.get("error"))
+    return {**_row(case, ok, report["checks"], report["metrics"], time.monotonic() - t0,
+                   report.get("error")), **_timefields.of_report(report)}
 
 
 def _run_group(cases: list[Case], spec: PlatformSpec, on_row: Callable[[dict], None]) -> None:
@@ -191,6 +192,7 @@ def _run_group(cases: list[Case], spec: PlatformSpec, on_row: Callable[[dict], N
                              "conformance cases on a shared platform", spec, {})
     left = report["left_behind"]
     for row in rows:
+        row.update(_timefields.of_report(report))  # the shared platform's run, per group
         if left["objects"] or left["processes"]:  # whose it was cannot be told: all fail
             row["ok"] = False
             row["failed_checks"].append("the shared platform left nothing behind")

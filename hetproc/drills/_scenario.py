@@ -35,6 +35,7 @@ from ipc import errors
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
 from ..client import Client, Platform
+from . import _timefields
 from ._leaks import leftovers, platform_pids
 
 Progress = Callable[[str], None]
@@ -303,7 +304,9 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
     checked (checks with pass/fail), what was left behind (objects, processes), the leak
     check (§15 counts before and after; with ``strict_leaks`` a command left in flight or
     a client left connected fails the run), the evidence (frozen windows, trace file,
-    timeline picture) and, when ``func`` raised, the ``failure`` explained.
+    timeline picture), how time went (the clock, modeled against wall seconds, the trace
+    digest of the schedule, the host's lags: ``_timefields``) and, when ``func`` raised,
+    the ``failure`` explained.
     """
     say = progress or (lambda text: None)
     if (trace_path or plot_path) and spec.trace.capacity < _EXPORT_CAPACITY:
@@ -320,7 +323,9 @@ def run_on_platform(func: Callable[[Scenario], None], name: str, description: st
         out.pids = platform_pids(plat)
         before = _counts(plat.metrics())
         say("running")
+        t_run = time.monotonic()
         _call_scenario(func, s, plat, out)
+        out.wall_s = time.monotonic() - t_run
         _look_after(plat, s, before, out, strict_leaks=strict_leaks, say=say,
                     evidence=(trace_path, plot_path, name))
     except Exception as exc:  # the platform itself broke while we looked at it
@@ -354,6 +359,9 @@ class _Outcome:
     pids: list[int] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)
     leaks: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0  # host seconds the scenario ran
+    digest: dict[str, Any] | None = None  # the trace digest, read before the stop
+    final: dict[str, Any] | None = None   # the platform's metrics after the run
 
 
 def _call_scenario(func: Callable[[Scenario], None], s: Scenario, plat: Platform,
@@ -387,7 +395,9 @@ def _look_after(plat: Platform, s: Scenario, before: dict[str, Any], out: _Outco
         return
     say("letting in-flight news reach the supervisor")
     out.leaks = _settled_leak_check(plat, before, final)
-    s.metrics.setdefault("platform_metrics", _plain(out.leaks.pop("final")))
+    out.final = out.leaks.pop("final")
+    s.metrics.setdefault("platform_metrics", _plain(out.final))
+    out.digest = _timefields.digest_of(plat)  # every completion is in (the leak check)
     if strict_leaks:
         s.check("leak check: no command left in flight or queued, no client left "
                 "connected", out.leaks["ok"], json.dumps(out.leaks["grown"]))
@@ -407,6 +417,7 @@ def _report(s: Scenario, name: str, description: str, spec: PlatformSpec,
         "timeline": s.timeline, "left_behind": left, "leak_check": out.leaks,
         "evidence": out.evidence, "error": out.error, "failure": out.failure,
         "duration_s": round(duration_s, 3),
+        **_timefields.time_fields(spec, out.digest, out.final, out.wall_s),
         "ok": all(c.passed for c in s.checks),
     }
 

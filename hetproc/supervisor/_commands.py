@@ -26,6 +26,7 @@ from ipc import clock, errors, make_cid
 from ._devices import Command, CommandState, DeviceHandle
 from ._hazards import forget as forget_hazard
 from ._records import ClientRec, ContextRec, Registry
+from ._runlog import CommandLog
 
 if TYPE_CHECKING:
     from ._evidence import Evidence
@@ -73,6 +74,7 @@ class Commands:
         self.watcher: Watcher | None = None
         self.seq = 0
         self.system = ClientRec(id=0, name="supervisor", pid=os.getpid(), owner=False, conn=None)
+        self.log = CommandLog()  # every retired command, for the trace digest
         self._system_contexts: dict[str, ContextRec] = {}
 
     def watch(self, watcher: Watcher) -> None:
@@ -109,6 +111,7 @@ class Commands:
         if cmd.hazard is not None:
             forget_hazard(cmd)
         self.lifetimes.drop_refs(cmd)
+        self.log.note(cmd)
         if cmd.then is not None:
             cmd.then()
 
@@ -118,6 +121,7 @@ class Commands:
         its fences carry the error (the record returned) before anyone wakes. ``retire``
         False: its references stay until recovery's reclaim step retires it."""
         exc.correlation_id = cmd.cid
+        cmd.outcome = (None, type(exc).__name__)
         self.evidence.failed(cmd, exc)  # its open QUEUED slice ends
         record, _ = self.failures.fail(exc, cmd.signal)
         self.reg.stats["failed"] += 1
@@ -229,6 +233,9 @@ class Commands:
 
     def _on_command_done(self, dev: DeviceHandle, cmd: Command, rec: dict) -> None:
         code = rec["code"]
+        m0, m1 = rec.get("m0"), rec.get("m1")
+        cmd.outcome = ((m0, m1) if type(m0) is int and type(m1) is int else None,
+                       errors.error_class(code).__name__ if code else "")  # (a rerun: its last)
         if cmd.ins or cmd.outs or code or "mem" in rec:  # else no memory step to log
             self.handoff.on_done(dev, cmd, rec)
         watcher = self.watcher
@@ -255,6 +262,7 @@ class Commands:
             code, f"{dev.name}: {rec.get('msg', '')}", correlation_id=cmd.cid,
             detail={"remote_traceback": str(rec["tb"])} if rec.get("tb") else None)
         exc.correlation_id = cmd.cid
+        cmd.outcome = (cmd.outcome[0], type(exc).__name__)
         if code == errors.Cancelled.code or rec.get("unsignalled"):
             self.fail_command(cmd, exc)  # the device did not signal: we fail the fences
             return

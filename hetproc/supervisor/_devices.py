@@ -98,6 +98,7 @@ class Command:
     transients: int = 0   # buffers mapped for this command alone, unmapped at retire
     trace_track: int = -1  # the queue track its open QUEUED slice is on (-1: none open)
     hazard: Any = None  # only ``_hazards`` sets it: (reads, writes) of a chain's last part
+    outcome: Any = None  # only ``_commands``: ((m0, m1) or None, "" or the error it ended with)
 
     def outs_untrusted(self) -> None:
         for b in self.outs:
@@ -567,7 +568,6 @@ class DeviceHandle:
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ
-
 _PUSHED = CommandState.PUSHED  # (a module global: an enum member costs ~100 ns a look-up)
 _NOW, _LATER, _NO = object(), object(), object()
 

@@ -68,6 +68,9 @@ class ClientRec:
     # Those of ``segments`` handed read-only (a read-only import): their descriptor was
     # opened read-only, so the client's mapping cannot write (``_requests.hand_segment``).
     read_only_segments: set[int] = field(default_factory=set)
+    # Only ``context_create`` changes this: the contexts this client made, which numbers
+    # the unnamed ones ("#N") in the run's command log.
+    contexts_made: int = 0
     # Descriptors taken for the reply being built (``hand_segment``), in ``segs`` order:
     # the loop gives them to the outbox with the reply, or closes them with a refusal.
     handing: list[int] = field(default_factory=list)
@@ -98,6 +101,9 @@ class ContextRec:
     # Only ``_resets`` changes these: its reset statistics and status, and when it hung.
     resets: ResetCounts = field(default_factory=lambda: ResetCounts())
     hangs: list[int] = field(default_factory=list)
+    # Its stable name in the run's command log ("client/context", "client/#N"): what a
+    # trace digest hashes instead of a handle (``_runlog``). Set once, at creation.
+    label: str = ""
 
 
 @dataclass(eq=False, slots=True)

@@ -56,6 +56,7 @@ HANDLERS: dict[str, tuple[str, str]] = {
     "queue_bind": ("commands", "queue_bind"), "queue_unbind": ("commands", "queue_unbind"),
     "metrics": ("reports", "get_metrics"), "incidents": ("reports", "incidents"),
     "dumps": ("reports", "dumps"), "inject": ("reports", "inject"),
+    "run_digest": ("reports", "run_digest"),
     "faults_clear": ("reports", "faults_clear"), "trace_info": ("reports", "trace_info"),
     "trace_frozen": ("reports", "trace_frozen"),
     "reset_stats": ("resets", "reset_stats"), "device_unwedge": ("resets", "device_unwedge"),

@@ -65,6 +65,8 @@ class CommandRequests:
             ctx.period_ns = self.reg.scaled_ns(check.bounded_ms(msg["period_ms"], "period_ms"))
         if "weight" in msg:
             ctx.weight = check.bounded_ms(msg["weight"], "weight", hi=check.MAX_WEIGHT)
+        ctx.label = f"{client.name}/{ctx.name or f'#{client.contexts_made}'}"
+        client.contexts_made += 1
         ctx.handle = self.reg.contexts.insert(ctx)
         client.contexts.add(ctx.handle)
         return {"ctx": ctx.handle}

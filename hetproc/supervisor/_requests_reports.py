@@ -1,5 +1,5 @@
-"""Requests for reports and evidence: metrics, incidents, dumps, the trace, and the
-fault plan (arm, clear).
+"""Requests for reports and evidence: metrics, incidents, dumps, the trace, the trace
+digest, and the fault plan (arm, clear).
 
 A normal client sees its own work only: its metrics view hides other tenants
 (``_metrics.tenant_view``), its faults fire on its own work; incidents, dumps and the
@@ -54,6 +54,13 @@ class ReportRequests:
     def dumps(self, client: ClientRec, msg: dict) -> dict:
         need_privilege(client, "the platform's dumps")
         return {"dumps": list(self.reg.dumps)}
+
+    def run_digest(self, client: ClientRec, msg: dict) -> dict:
+        """The trace digest of every command retired so far, and their modeled span
+        (``_runlog``): every tenant's commands, so a privileged role's only."""
+        need_privilege(client, "the platform's trace digest")
+        self.commands.collect_news()  # as of now, not as of our last wake-up
+        return {"digest": self.commands.log.summary()}
 
     def inject(self, client: ClientRec, msg: dict) -> dict:
         """A privileged client arms a fault anywhere; any other client's fault fires only

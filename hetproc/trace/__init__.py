@@ -6,6 +6,8 @@ Live, from a connected client::
     chrome_trace(client)         the same as a Chrome Trace Event dict (Perfetto reads it)
     export_trace(client, path)   written to a file; returns counts
     frozen_windows(client)       the windows the supervisor froze around errors
+    run_digest(client)           the trace digest of the commands retired so far, and
+                                 the modeled time they span
     write_frozen(client, dir)    each window as its own Chrome Trace file
 
 Offline, from a file written by ``--trace`` or ``export_trace``::
@@ -16,15 +18,27 @@ Offline, from a file written by ``--trace`` or ``export_trace``::
     plot_timeline(doc, png)      a picture of the timeline (needs the ``plot`` extra)
     validate(doc)                how Perfetto's importer would misread it (empty: it won't)
     flow_chains(doc)             per request, the slices its arrows connect, in order
+    trace_digest(entries)        one sha256 naming a run's modeled schedule (CommandEntry
+                                 per command; canonical_rows is what it hashes)
     Stage                        the stage numbers records carry (SUBMIT, QUEUED, EXEC...)
 
 Nothing here runs inside the supervisor or a device, except ``_export`` and ``_perfetto``,
-which the supervisor also uses to write the frozen windows it dumps.
+which the supervisor also uses to write the frozen windows it dumps, and ``_digest``,
+with which it hashes its command log.
 """
 
+from ._digest import CommandEntry, canonical_rows, modeled_span, trace_digest
 from ._explain import Request, Trace, explain, load_trace, requests, slowest
 from ._export import frozen_to_chrome, records_to_chrome
-from ._live import chrome_trace, export_trace, frozen_windows, snapshot, trace_info, write_frozen
+from ._live import (
+    chrome_trace,
+    export_trace,
+    frozen_windows,
+    run_digest,
+    snapshot,
+    trace_info,
+    write_frozen,
+)
 from ._perfetto import to_chrome_trace, write_chrome_trace
 from ._plot import plot_timeline, require_matplotlib
 from ._text import as_dict, format_request, parse_cid, summary_lines
@@ -35,5 +49,6 @@ __all__ = [
     "load_trace", "explain", "slowest", "format_request", "Trace", "Request", "requests",
     "as_dict", "summary_lines", "parse_cid", "plot_timeline", "require_matplotlib",
     "frozen_to_chrome", "records_to_chrome", "to_chrome_trace", "write_chrome_trace",
-    "validate", "flow_chains",
+    "validate", "flow_chains", "trace_digest", "canonical_rows", "modeled_span",
+    "CommandEntry", "run_digest",
 ]

@@ -11,6 +11,7 @@ whatever has a ``connection`` with the documented calls used here (``Connected``
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +45,23 @@ def trace_info(client: Connected) -> dict[str, Any]:
     info["names"] = {int(p): n for p, n in info["names"]}
     info["tracks"] = {int(t): n for t, n in info["tracks"]}
     return info
+
+
+def run_digest(client: Connected, settle_s: float = 2.0) -> dict[str, Any]:
+    """(Privileged.) The trace digest (``trace_digest``) of every command the platform
+    retired, from the supervisor's command log: ``{"trace_digest", "commands", "dropped",
+    "origin_ns", "end_ns", "modeled_s"}``; ``modeled_s`` spans from the first command's
+    modeled start (or the platform's modeled epoch) to the last one's end.
+
+    A device signals a fence before its completion record reaches the supervisor, so this
+    first waits, up to ``settle_s``, until no command is in flight: the commands whose
+    fences the caller saw signalled are then in (0: ask at once)."""
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        if not client.connection.request("metrics")["metrics"].get("in_flight"):
+            break
+        time.sleep(0.005)
+    return client.connection.request("run_digest")["digest"]
 
 
 def snapshot(client: Connected) -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
