@@ -138,6 +138,7 @@ def test_a_client_sleeping_outside_hetproc_is_a_determinism_break_and_named():
         second.wait(5)
         clock = plat.metrics()["clock"]
         assert clock["determinism_breaks"] >= 1
+        assert plat.metrics()["determinism_breaks"] == clock["determinism_breaks"]
         assert set(clock["determinism_break_clients"]) == {"owner", "sleepy"}  # one process
         events = [e for e in plat.client.incidents()["events"]
                   if e["event"] == "determinism_break"]

@@ -51,6 +51,8 @@ class Metrics:
         if self.fencefds is not None:
             m["fence_fds"] = self.fencefds.counts()
         m["clock"] = {"clock": "real"} if self.clock is None else self.clock()
+        # where reports read it (``drills._timefields``): 0 on the real clock
+        m["determinism_breaks"] = m["clock"].get("determinism_breaks", 0)
         return m
 
 
@@ -105,7 +107,8 @@ _TENANT_METRICS = ("platform", "prefix", "supervisor_pid", "submitted", "complet
                    "buffer_views", "fence_wait", "power_switches", "handoff", "ddr", "cache",
                    "iommu", "buffer_maps", "quarantined_buffers", "bad_packets",
                    "first_submit_us", "steady_submit_us", "registered_buffers", "contexts",
-                   "fence_semaphores", "descriptors", "hazards", "fence_fds", "resets")
+                   "fence_semaphores", "descriptors", "hazards", "fence_fds", "resets",
+                   "determinism_breaks")
 
 
 def tenant_view(m: dict, client: Any) -> dict:
