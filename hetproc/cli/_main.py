@@ -258,7 +258,7 @@ def _campaign_parser(sub: Any) -> None:
     camp.add_argument("--scheduler", metavar="ADDRESS",
                       help="a Dask scheduler (tcp://host:8786); each task starts its own "
                            "platform in a subprocess on its worker")
-    _args.platform_args(camp)
+    _args.platform_args(camp, clock=True)
     camp.add_argument("--report", metavar="FILE", help="write the JSON summary here")
     _args.json_arg(camp)
 
@@ -408,7 +408,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         summary = run_campaign(args.drill, seeds=args.seeds, seed_base=args.seed_base,
                                jobs=args.jobs, scheduler=args.scheduler,
                                platform_file=args.platform, time_scale=args.time_scale,
-                               progress=progress)
+                               clock=args.clock, progress=progress)
     return _conclude(summary, args, _show.print_campaign)
 
 
