@@ -79,7 +79,8 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
                                      ipc/_fdpass)
     8 modeled time                   device_workers/_worker (the modeled start),
                                      _outbox (the stamp in the fences) and _hold
-                                     (holding to the end)
+                                     (holding to the end); on the virtual clock,
+                                     supervisor/_clock (when modeled time moves)
     9 zero-copy is synchronised      supervisor/_hazards (each buffer's unfinished writer
                                      and readers; a submit that touches one unordered is
                                      refused), with the schedulers' in_order promise

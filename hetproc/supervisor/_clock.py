@@ -10,11 +10,15 @@ whether the whole platform waits (``turn``)::
        process blocked in a hetproc wait on one of its connections (a fence wait,
        ``hetproc.sleep``), its fence still pending and its deadline ahead
     2. then the traffic: no client socket readable, no partial or unserved packet, no
-       reply unsent, no completion record uncollected, no recovery running
-    3. then the jump: the clock moves to the earliest next event -- a device's wake, a
-       scheduler's next decision (``DeviceHandle.wake_ns``), a timer of the supervisor, a
-       client's wait deadline -- and the devices whose wake came are poked and their
-       doorbells posted (clients poll the clock word)
+       reply unsent, no completion record uncollected, no device killed or dead and not
+       reaped yet, no request (cancel, park, preempt) written into a device's slot since
+       it was last poked
+    3. then the loop's timers run at this instant (``settle``), step 1 and 2 again, and
+       the jump: the clock moves to the earliest next event -- a device's wake, a
+       scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
+       this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
+       timeout, an incident's grace, a client's wait deadline -- and the devices whose
+       wake came are poked and their doorbells posted (clients poll the clock word)
 
 Reading the slots before the sockets is what makes it safe: a client marks itself blocked
 only after its last packet was written, so a packet written before the flag is always
