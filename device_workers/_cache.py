@@ -30,7 +30,6 @@ the padding may belong to someone else's write.
 from __future__ import annotations
 
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import numpy as np
 import posix_ipc
 
-from ipc import SegmentCache, errors
+from ipc import SegmentCache, clock, errors
 
 from ._hold import hold_until
 
@@ -123,7 +122,7 @@ class DeviceMemory:
         self._ins = [self._operand(d, "r", "input", i, views) for i, d in enumerate(cmd["ins"])]
         self._outs = [self._operand(d, "w", "output", i, views)
                       for i, d in enumerate(cmd["outs"])]
-        t = t0 or time.monotonic_ns()
+        t = t0 or clock.now_ns()
         t = self._modeled("map", t, int(mem.get("map_ns", 0)), int(mem.get("map_bytes", 0)))
         for seg, off in _forget_keys(mem.get("forget")):
             self._forget(seg, off)  # a block about to be reused: its stale lines must go
@@ -134,28 +133,28 @@ class DeviceMemory:
         hold(t, between)
         self.cursor = t
         if not views:
-            self._kernel = [t if self._anchored else time.monotonic_ns()]
+            self._kernel = [t if self._anchored else clock.now_ns()]
             return [], []
         ins = [self._array(op, write=False) for op in self._ins]
         outs = [self._array(op, write=True) for op in self._outs]
-        self._kernel = [t if self._anchored else time.monotonic_ns()]  # kernel on the model
+        self._kernel = [t if self._anchored else clock.now_ns()]  # kernel on the model
         return ins, outs
 
     def no_buffers(self, t0: int = 0) -> None:
         """``acquire`` for a command with no buffer and no memory work: nothing to check,
         map or report (``report`` gives None); its modeled time starts at ``t0``."""
         self.idle = True
-        self.cursor = t0 or time.monotonic_ns()
+        self.cursor = t0 or clock.now_ns()
 
     def release(self, cmd: dict[str, Any], between: Callable[[], None], *, t0: int = 0,
                 hold: Callable = hold_until) -> None:
         """After the kernel: clean what was asked, hold the unmap (from modeled ``t0``)."""
         if self.idle:
-            self.cursor = t0 or time.monotonic_ns()
+            self.cursor = t0 or clock.now_ns()
             return
         mem = cmd.get("mem") or {}
         self._released = True
-        t = t0 or time.monotonic_ns()
+        t = t0 or clock.now_ns()
         if len(self._kernel) == 1:
             self._kernel.append(t)
         for idx, ns in _pairs(mem.get("clean"), len(self._outs)):
@@ -331,7 +330,7 @@ class DeviceMemory:
         command runs on an anchored modeled timeline)."""
         if ns <= 0 and kind in ("map", "unmap"):
             return t
-        t0 = t if self._anchored else max(t, time.monotonic_ns())
+        t0 = t if self._anchored else max(t, clock.now_ns())
         t1 = t0 + max(0, ns)
         ev = self._events.get(kind)
         if ev is None:

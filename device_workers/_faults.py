@@ -33,8 +33,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ipc import errors
+from ipc import clock, errors
 
+from ._hold import hold_until
 from ._kernels import run_kernel
 
 # The table above, as the command decoder checks a packet's fault against it.
@@ -161,6 +162,13 @@ def corrupt(fault: dict[str, Any], outs: Sequence[np.ndarray]) -> None:
 
 
 def _hang_honouring_cancel(worker: Host) -> None:
+    if clock.virtual is not None:  # hung in modeled time: blocked until the cancel comes
+        def look() -> None:
+            worker.beat()
+            worker.check_cancel()
+            worker.maybe_preempt()
+        _hang_virtual(_FOREVER_S, look)
+        return
     deadline = time.monotonic() + _FOREVER_S
     while time.monotonic() < deadline:
         worker.beat()
@@ -170,6 +178,9 @@ def _hang_honouring_cancel(worker: Host) -> None:
 
 
 def _sleep_ignoring_everything(seconds: float) -> None:
+    if clock.virtual is not None:
+        _hang_virtual(seconds, lambda: None)
+        return
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(0.01)
@@ -179,10 +190,23 @@ def _write_late(outs: Sequence[np.ndarray], seconds: float) -> None:
     """Keep storing into the outputs, as a DMA engine that missed the reset would."""
     deadline = time.monotonic() + seconds
     raw = [o.reshape(-1).view(np.uint8) for o in outs if o.size and o.flags.c_contiguous]
+    if clock.virtual is not None:  # a store whenever the device wakes, in modeled time
+        def store() -> None:
+            for r in raw:
+                r[:] = LATE_WRITE_BYTE
+        _hang_virtual(seconds, store)
+        return
     while time.monotonic() < deadline:
         for r in raw:
             r[:] = LATE_WRITE_BYTE
         time.sleep(0.0005)
+
+
+def _hang_virtual(seconds: float, look: Callable[[], None]) -> None:
+    """A hang on the virtual clock: blocked for ``seconds`` of modeled time, calling
+    ``look`` whenever woken (``_vclock`` holds; no progress is counted, so the watchdog
+    sees a hang, not a hold)."""
+    hold_until(clock.now_ns() + round(seconds * 1e9), look)
 
 
 def _hold_then_crash(fault: dict[str, Any]) -> None:

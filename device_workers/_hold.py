@@ -12,9 +12,18 @@ import sys
 import time
 from collections.abc import Callable
 
-__all__ = ["set_timer_slack_ns", "hold_until"]
+__all__ = ["set_timer_slack_ns", "hold_until", "use_virtual"]
 
 _PR_SET_TIMERSLACK = 29
+# The hold of a device on the virtual clock (``_vclock``), which never sleeps for modeled
+# time: set once, at the device's start; None on the real clock.
+_virtual: Callable[[int, Callable[[], None]], None] | None = None
+
+
+def use_virtual(hold: Callable[[int, Callable[[], None]], None]) -> None:
+    """Make every ``hold_until`` of this (device) process ``hold``: the virtual clock's."""
+    global _virtual
+    _virtual = hold
 
 
 def set_timer_slack_ns(ns: int) -> bool:
@@ -44,6 +53,8 @@ def hold_until(
     exceptions, e.g. Cancelled, propagate), stops sleeping ``spin_ns`` before the deadline and
     busy-waits the rest. Returns at once, without calling ``between_chunks``, if already due.
     """
+    if _virtual is not None:
+        return _virtual(deadline_ns, between_chunks)
     if chunk_ns <= 0:
         raise ValueError(f"chunk_ns must be > 0, got {chunk_ns}")
     spin_ns = max(0, spin_ns)

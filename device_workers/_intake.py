@@ -15,10 +15,9 @@ with the commands around them.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from ipc import errors
+from ipc import clock, errors
 
 from ._commands import best_effort_ids, decode_command
 from ._outbox import Outbox
@@ -90,7 +89,7 @@ class Intake:
             self.last_pidx = pidx
             self.outbox.post({"seq": seq, "epoch": self.epoch, "code": exc.code,
                               "msg": f"command refused by {self.name}: {exc}"[:1000],
-                              "t_start": 0, "t_end": time.monotonic_ns(), "unsignalled": True})
+                              "t_start": 0, "t_end": clock.now_ns(), "unsignalled": True})
             return
         self.outbox.complete(0, 0, exc.code,
                              f"{self.name}: unreadable command record ignored: {exc}"[:1000])

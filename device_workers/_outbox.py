@@ -24,7 +24,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ipc import FenceTable, Ring, errors
+from ipc import FenceTable, Ring, clock, errors
 
 from ._boot import DeviceBoot
 from ._commands import BATCH_HEAD, MAX_BATCH, completion_batch, encode_completion, encode_ran
@@ -91,10 +91,10 @@ class Outbox:
             self.poke()
         if thermal is None:
             data = encode_ran(cmd["seq"], self.epoch, t_start, t_end, t_take,
-                              time.monotonic_ns(), cmd["cid"], m0, m1, lag, speed)
+                              clock.now_ns(), cmd["cid"], m0, m1, lag, speed)
         else:
             data = encode_ran(cmd["seq"], self.epoch, t_start, t_end, t_take,
-                              time.monotonic_ns(), cmd["cid"], m0, m1, lag, speed,
+                              clock.now_ns(), cmd["cid"], m0, m1, lag, speed,
                               round(thermal.temp, 3), thermal.throttled)
         records = self.records
         records.append(data)  # ``put``, one call less on the most common record
@@ -123,7 +123,7 @@ class Outbox:
     def complete(self, seq: int, t_start: int, code: int, msg: str) -> None:
         """A record that is news of its own: an error, a refused or lost command."""
         self.post({"seq": seq, "epoch": self.epoch, "code": code, "msg": msg,
-                   "t_start": t_start, "t_end": time.monotonic_ns()})
+                   "t_start": t_start, "t_end": clock.now_ns()})
 
     def put(self, data: bytes, urgent: bool = False, lazy: bool = False) -> None:
         """Queue an encoded record: flushed when urgent, when the batch is full, or when
@@ -140,13 +140,13 @@ class Outbox:
 
     def fire_due(self) -> None:
         """Signal the held fences that are due, then post their records."""
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         delayed = self.delayed
         while delayed and delayed[0][0] <= now:
             due, _, handles, record = heapq.heappop(delayed)
             self.trace.signalled(record["cid"], 0)
             self.signal(handles, 0, due)  # the modeled end plus the hand-off
-            record["t_signal"] = time.monotonic_ns()
+            record["t_signal"] = clock.now_ns()
             self.post(record)
 
     def _queued(self) -> int:

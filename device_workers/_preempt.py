@@ -39,12 +39,11 @@ switch costs what a preemption's does. On such a device every command names its 
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ipc import errors
+from ipc import clock, errors
 
 from ._commands import LEAST_URGENT
 from ._frame import Frame
@@ -162,7 +161,7 @@ class Preemption:
     def arrived(self) -> bool:
         """A pending command has arrived: it is ready, so a queue's record waits for it
         (a queue runs when nothing the supervisor scheduled is ready)."""
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         return any(c["arrive_ns"] <= now for c in self.pending)
 
     def alone(self) -> dict[str, Any] | None:
@@ -196,11 +195,23 @@ class Preemption:
         than it takes over, once the host has reached it (None: not now). The switch is
         at the modeled instant the policy makes it: never before the command's arrival,
         never between two boundaries, whatever the host's wake-ups."""
-        self.collect()
+        at = self.next_point()
+        return at if at is not None and clock.now_ns() >= at else None
+
+    def next_point(self) -> int | None:
+        """The chunk boundary of the running command at which a pending command more
+        urgent than it takes over, reached or not (None: none does, or it ends first)."""
         frame = self.host.frame
+        if not frame.preemptible:
+            return None
+        self.collect()
         slicing = self.slice_ns and frame.parkable
-        if slicing and time.monotonic_ns() >= frame.since + self.slice_ns:
-            self.pending.extend(self.take_marked())  # its turn may be over: who waits?
+        # Its turn may be over: who waits? On the virtual clock the peers are looked for
+        # at once, so that the wake this returns includes the end of the timeslice (the
+        # clock would jump past it otherwise); the boundary found is the same.
+        if slicing and (clock.virtual is not None
+                        or clock.now_ns() >= frame.since + self.slice_ns):
+            self.pending.extend(self.take_marked())
         if not self.pending and not (slicing and self.backlog):
             return None
         mine = frame.cmd.get("urg", LEAST_URGENT)
@@ -217,7 +228,7 @@ class Preemption:
         at = min(points)
         if at >= frame.holds_to + frame.shift:
             return None  # it ends first: the next command is chosen then
-        return at if time.monotonic_ns() >= at else None
+        return at
 
     def run_next(self, cmd: dict[str, Any]) -> None:
         """Run ``cmd``, the next in ring order, unless a marked command more urgent has

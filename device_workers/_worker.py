@@ -32,14 +32,13 @@ import ctypes
 import os
 import signal
 import socket
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import posix_ipc
 
-from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, errors, profiled
+from ipc import FenceTable, Ring, SegmentCache, SegmentReceiver, clock, errors, profiled
 
 from . import _faults
 from ._boot import DeviceBoot
@@ -54,6 +53,7 @@ from ._preempt import Parked, Preemption
 from ._queues import DeviceQueues
 from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
+from ._vclock import DeviceWaits
 
 S = StateSlot
 # The fast path's state-table words and values as plain ints (an enum member or a class
@@ -123,9 +123,12 @@ class DeviceWorker:
         # The previous command's modeled end: a device (re)started now ran nothing before,
         # so the time it was hung, dead or restarting is device time the model charges.
         # Only ``finish`` and a preemption move it.
-        self.model_end = time.monotonic_ns()
+        self.model_end = clock.now_ns()
         self.thermal = Thermal(**boot.thermal) if boot.thermal else None
         self.speed = 1.0        # what the last command ran at (``run_speed``)
+        self.waits: DeviceWaits | None = None  # the real clock's (``_hold``), or:
+        if clock.virtual is not None:  # never waits for modeled time (``_vclock``)
+            self.waits = DeviceWaits(self, clock.virtual)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -133,6 +136,8 @@ class DeviceWorker:
         u32 = self.u32
         u32[S.PID], u32[S.EPOCH], u32[S.STATE] = os.getpid(), self.boot.epoch, DeviceState.IDLE
         self.beat()
+        if self.waits is not None:
+            self.waits.run()
         while not self.intake.stopped:
             if os.getppid() != self.boot.parent_pid:
                 break  # the supervisor is gone: nobody can reclaim for us, so stop
@@ -174,7 +179,7 @@ class DeviceWorker:
     def _idle_timeout(self) -> float:
         if not self.delayed:
             return IDLE_WAKE_S
-        return max(0.0, min(IDLE_WAKE_S, (self.delayed[0][0] - time.monotonic_ns()) / 1e9))
+        return max(0.0, min(IDLE_WAKE_S, (self.delayed[0][0] - clock.now_ns()) / 1e9))
 
     def fire_due_signals(self) -> None:
         """The hand-off signals that are due, and their records (``Outbox.fire_due``)."""
@@ -231,11 +236,11 @@ class DeviceWorker:
         """Wait for a queue command's input fences while nothing else wants the device;
         False when it was set back for other work (``_queues``). Waits in short slices,
         looking at the supervisor's ring and the other queues between them."""
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         deadline = self.queues.blocked_since(cmd, now) + cmd["dep_timeout_ns"]
         for handle in cmd["wait"]:
             while self.fences.pending(handle) and not self.intake.stopped:
-                now = time.monotonic_ns()
+                now = clock.now_ns()
                 if now >= deadline:
                     break
                 if self.commands.depth() or self.queues.other_ready(cmd["queue"]) \
@@ -251,7 +256,7 @@ class DeviceWorker:
                     break  # stale: execute's own wait says so
         # What is left of its dependency timeout, counted from when it first waited (all
         # inputs there: enough that its own wait does not time out on a rounding).
-        left = deadline - time.monotonic_ns()
+        left = deadline - clock.now_ns()
         if not any(self.fences.pending(h) for h in cmd["wait"]):
             left = max(left, 1_000_000)
         cmd["dep_timeout_ns"] = max(0, left)
@@ -279,7 +284,7 @@ class DeviceWorker:
             u64[_CURRENT_SEQ], u64[_CURRENT_CID], u64[_CURRENT_PIDX] = cmd["seq"], cmd["cid"], pidx
             frame = self.frame = self.frames[len(self.preempt.stack)]
             frame.cmd, frame.pidx, frame.shift, frame.preemptible = cmd, pidx, 0, False
-            frame.t_start = t_take = time.monotonic_ns()
+            frame.t_start = t_take = clock.now_ns()
             tr.take(t_take)
             if "queue" in cmd:
                 tr.queued(cmd["cid"], cmd["t_queued"], t_take, self.boot.index)
@@ -326,9 +331,9 @@ class DeviceWorker:
             self.wait_inputs(cmd)
             tr.wait_end(cid, wait)
         m_start = _modeled_start(cmd, self.fences, self.model_end)
-        if m_start > time.monotonic_ns():  # a dispatch latency still to come: idle
+        if m_start > clock.now_ns():  # a dispatch latency still to come: idle
             hold_until(m_start, between, self.boot.chunk_ns)
-        t_start = frame.t_start = time.monotonic_ns()
+        t_start = frame.t_start = clock.now_ns()
         u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
         u32[S.STATE] = DeviceState.BUSY
         tr.exec_begin(cid, t_start)
@@ -358,7 +363,7 @@ class DeviceWorker:
         mem.release(cmd, between, t0=m_kernel_end, hold=self.hold_model)
         frame.preemptible = False
         m_end = mem.cursor + frame.shift
-        frame.modeled = (m_start, m_end, _lag(time.monotonic_ns(), m_end))
+        frame.modeled = (m_start, m_end, _lag(clock.now_ns(), m_end))
         frame.signal = fault.get("kind") != "lost_fence"
         frame.t_end = 0
         frame.loop_flushes = False
@@ -372,7 +377,7 @@ class DeviceWorker:
         hold_ns = cmd["hold_ns"]
         if hold_ns:
             self.outbox.flush()  # about to block: the supervisor must not wait for our news
-        now = time.monotonic_ns
+        now = clock.now_ns
         m_start = max(cmd["arrive_ns"], self.model_end) or now()  # no inputs to wait for
         t_start = frame.t_start = now()
         if m_start > t_start:  # a dispatch latency still to come: idle
@@ -394,7 +399,7 @@ class DeviceWorker:
         """The rest of a hold-only command from where it stands: hold to its modeled end
         (``busy`` of work, at the speed it runs at), then its outcome in the frame. A
         parked command is taken up here (``_preempt``)."""
-        now = time.monotonic_ns
+        now = clock.now_ns
         t_end = now()
         if m_kernel_end + frame.shift > t_end or self.preempt.pending:
             self.hold_model(m_kernel_end, self.between_chunks)
@@ -418,10 +423,10 @@ class DeviceWorker:
         cmd, t_start = frame.cmd, frame.t_start
         if exc is None:  # it ran to its end: the body left its outcome in the frame
             code, signal, modeled = 0, frame.signal, frame.modeled
-            t_end = frame.t_end or time.monotonic_ns()
+            t_end = frame.t_end or clock.now_ns()
         else:
             code, signal, modeled = exc.code, not isinstance(exc, errors.Cancelled), None
-            t_end = time.monotonic_ns()
+            t_end = clock.now_ns()
         u64, tr = self.u64, self.tr
         # No longer running it, before anyone can learn it finished: whoever the signal
         # wakes must not read the state table and see this command still on the device.
@@ -465,24 +470,25 @@ class DeviceWorker:
             self.outbox.hold((m_end or t_end) + delay, cmd["seq"], cmd["signal"], record)
         else:
             self.outbox.signal(cmd["signal"], word, m_end)
-            record["t_signal"] = time.monotonic_ns()
+            record["t_signal"] = clock.now_ns()
             self.outbox.post(record)
 
     # -- what the steps use -------------------------------------------------------------
 
     def wait_inputs(self, cmd: dict[str, Any]) -> None:
-        deadline = time.monotonic_ns() + cmd["dep_timeout_ns"]
+        deadline = clock.now_ns() + cmd["dep_timeout_ns"]
         for handle in cmd["wait"]:
             while True:
                 self.between_chunks()
-                remaining = (deadline - time.monotonic_ns()) / 1e9
+                remaining = (deadline - clock.now_ns()) / 1e9
                 if remaining <= 0:
                     raise errors.DependencyTimeout(
                         f"input fence {handle:#x} did not signal in time")
                 try:
                     # Never sleep past a pending hand-off signal: the consumer of an earlier
                     # command must not wait for this command's producer.
-                    code = self.fences.wait(handle, min(remaining, self._idle_timeout()))
+                    code = (self.fences.wait(handle, min(remaining, self._idle_timeout()))
+                            if self.waits is None else self.waits.fence(handle, deadline))
                 except errors.FenceTimeout:
                     continue
                 except errors.InvalidHandle as exc:
@@ -527,7 +533,7 @@ class DeviceWorker:
         u64 = self.u64
         u64[S.PROGRESS] += 1
         if not self.heartbeat_stalled:
-            u64[S.HEARTBEAT] = time.monotonic_ns()
+            u64[S.HEARTBEAT] = clock.now_ns()
         self.check_cancel()
         self.maybe_preempt()
 
@@ -554,7 +560,7 @@ class DeviceWorker:
 
     def beat(self) -> None:
         if not self.heartbeat_stalled:
-            self.u64[S.HEARTBEAT] = time.monotonic_ns()
+            self.u64[S.HEARTBEAT] = clock.now_ns()
 
 
 def _modeled_start(cmd: dict[str, Any], fences: FenceTable, model_end: int) -> int:
@@ -564,7 +570,7 @@ def _modeled_start(cmd: dict[str, Any], fences: FenceTable, model_end: int) -> i
         t = fences.producer(h)[2]
         if t > start:
             start = t
-    return start or time.monotonic_ns()
+    return start or clock.now_ns()
 
 
 def _lag(t_end: int, m_end: int) -> int:

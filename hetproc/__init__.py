@@ -11,6 +11,8 @@ Public API::
     merge_fences      one fence for many: signals when all do, fails with the first error
     wait_fence_fd, fence_fd_done  a fence descriptor waited on in any process
     FOREVER           Fence.wait(FOREVER): the one unbounded wait, asked for explicitly
+    now(), sleep(ms)  the platform's time for scenario code: modeled under the virtual
+                      clock (Platform(clock="virtual")), the host's clock otherwise
     BufferPool        buffers recycled only when every release fence completed (seed §17)
     command(...)      one entry of Context.submit_many
     Queue             Context.queue(): records straight to the device, no supervisor hop
@@ -80,7 +82,8 @@ Invariants (ARCHITECTURE §3) and the one module that owns each:
                                      ipc/_fdpass)
     8 modeled time                   device_workers/_worker (the modeled start),
                                      _outbox (the stamp in the fences) and _hold
-                                     (holding to the end)
+                                     (holding to the end); on the virtual clock,
+                                     supervisor/_clock (when modeled time moves)
     9 zero-copy is synchronised      supervisor/_hazards (each buffer's unfinished writer
                                      and readers; a submit that touches one unordered is
                                      refused), with the schedulers' in_order promise
@@ -123,6 +126,8 @@ from .client import (
     connect,
     fence_fd_done,
     merge_fences,
+    now,
+    sleep,
     wait_fence_fd,
 )
 from .errors import *  # noqa: F403  (the one error hierarchy)
@@ -145,6 +150,6 @@ __all__ = [
     "load_platform", "PlatformSpec", "DeviceSpec", "Timing", "SchedSpec", "PowerSpec",
     "EngineTimes",
     "simulate_schedule", "merge_fences", "wait_fence_fd", "fence_fd_done",
-    "ResetStatus", "ResetStats",
+    "ResetStatus", "ResetStats", "now", "sleep",
 ]
 __all__ += errors.__all__

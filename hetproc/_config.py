@@ -8,7 +8,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ipc import clock as _seam
 from ipc import errors
+
+CLOCKS = _seam.CLOCKS  # "real", "virtual"
 
 KINDS = ("cpu", "npu", "gpu", "dsp", "isp")
 # Every modeled duration is multiplied by the time scale. Below 0.01 the fixed cost of real
@@ -259,6 +262,11 @@ class PlatformSpec:
     hazards: str = "error"
     trace: TraceSpec = field(default_factory=TraceSpec)
     limits: LimitsSpec = field(default_factory=LimitsSpec)
+    # "real": the host's monotonic clock; "virtual": modeled time that jumps to the next
+    # event once every process of the platform waits (hetproc.supervisor._clock).
+    clock: str = "real"
+    autojump_ms: float = 100.0  # virtual: real ms a client may spend outside hetproc waits
+    tie_seed: int = 0           # virtual: orders events due at the same modeled instant
 
     def device(self, name: str) -> DeviceSpec:
         """The device called ``name``; ``InvalidRequest`` naming the others if none is."""
@@ -294,6 +302,15 @@ class PlatformSpec:
             return self
         check_time_scale(time_scale, "time scale")
         return PlatformSpec(**{**self.__dict__, "time_scale": float(time_scale)})
+
+    def with_clock(self, clock: str | None) -> PlatformSpec:
+        """A copy on another clock ("real" or "virtual"; None: this one)."""
+        if clock is None:
+            return self
+        if clock not in CLOCKS:
+            raise errors.InvalidRequest(f"clock must be one of {', '.join(CLOCKS)}, "
+                                        f"got {clock!r}")
+        return PlatformSpec(**{**self.__dict__, "clock": clock})
 
     def with_limits(self, **changes: Any) -> PlatformSpec:
         """A copy with ``[limits]`` settings changed (``client_mib=4``...)."""

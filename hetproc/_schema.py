@@ -16,7 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ipc import clock as _seam
 from ipc import errors
+
+CLOCKS = _seam.CLOCKS  # "real", "virtual"
 
 __all__ = ["check_platform", "check_table", "SCHEMA", "OPS", "DTYPES", "LAYOUTS",
            "FAULT_KINDS", "closest"]
@@ -88,6 +91,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "cache_maintenance": Key("maintenance", True),
         "hazards": Key("str", "error", choices=HAZARD_MODES,
                        doc="an unordered buffer access: refused, counted, or not checked"),
+        "clock": Key("str", "real", choices=CLOCKS,
+                     doc="real: the host's clock; virtual: jumps to the next event"),
+        "autojump_ms": Key("float", 100.0, 1.0, 600_000,
+                           doc="virtual clock: real ms a client may block outside hetproc"),
+        "tie_seed": Key("int", 0, 0, 2**63 - 1,
+                        doc="virtual clock: the order of simultaneous events"),
         "recovery": Key("table", {}),
         "iommu": Key("table", {}),
         "trace": Key("table", {}),

@@ -5,6 +5,7 @@ with deadlines, and says clearly what went wrong. ``device_workers`` and ``hetpr
 built on it; nothing here imports them.
 """
 
+from . import _clock as clock
 from . import errors
 from ._buddy import BuddyAllocator
 from ._channel import Channel, FrameReader, pack_frame
@@ -86,7 +87,7 @@ from ._trace import BEGIN, COUNTER, END, INSTANT, RECORD_DTYPE, Stage, TraceRing
 from ._tracebank import COUNTERS, TraceBank
 
 __all__ = [
-    "errors",
+    "errors", "clock",
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",

@@ -33,6 +33,11 @@ class FrameReader:
     def __init__(self) -> None:
         self._buf = bytearray()
 
+    @property
+    def buffered(self) -> int:
+        """Bytes read that are not a whole frame yet."""
+        return len(self._buf)
+
     def feed(self, data: bytes) -> list[bytes]:
         self._buf += data
         frames = []

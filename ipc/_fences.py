@@ -101,6 +101,10 @@ class FenceTable:
                  on_new_semaphores: Callable[[list[str]], None] = lambda names: None) -> None:
         self.prefix = prefix
         self.segment = segment
+        # The now a signaller stamps as its host time, and a host signaller as the modeled
+        # time too (None: the host's monotonic clock; a platform on the virtual clock
+        # sets its clock's ``now_ns``, ``ipc._clock``).
+        self.model_now: Callable[[], int] | None = None
         self.capacity = segment.size // SLOT_BYTES
         self.slots = np.ndarray(self.capacity, SLOT_DTYPE, buffer=segment.map)  # slow path
         # Hot path: typed views (an item store costs ~40 ns; a numpy field store ~1 us).
@@ -252,7 +256,9 @@ class FenceTable:
         sem = self._sems.get(slot) or self._sem(slot)
         u32[i + 2] = error
         u32[i + 3] = signaller
-        now = time.monotonic_ns()
+        # On the virtual clock the host's signal time is the modeled now too: a platform
+        # on it has one clock (nothing there may compare with the host's).
+        now = time.monotonic_ns() if self.model_now is None else self.model_now()
         u64, j = self._u64, slot * _W64
         u64[j + 2] = t_ns or now
         u64[j + 4] = now

@@ -30,8 +30,6 @@ Options: ``frames`` (default 60 per variant), ``variant`` (dense, padded or both
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 import hetproc
@@ -81,7 +79,7 @@ class Variant:
 
     def frame(self, i: int) -> dict:
         buf = self.pool.acquire(timeout=10.0)
-        t_acquired = time.monotonic_ns()
+        t_acquired = hetproc.now()
         prev = self.last.pop(buf.handle, None)
         checked = self.verify(prev) if prev else None
         value = i % 250 + 1

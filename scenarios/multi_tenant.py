@@ -32,7 +32,6 @@ recreates its context after each loss, as an app would. Per row: camera frames l
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import numpy as np
 
@@ -63,9 +62,9 @@ def _spec(base, policy: str):
 
 
 def _sleep_until(t_ns: int) -> None:
-    delay = (t_ns - time.monotonic_ns()) / 1e9
+    delay = (t_ns - hetproc.now()) / 1e9
     if delay > 0:
-        time.sleep(min(delay, 0.005))
+        hetproc.sleep(min(delay, 0.005) * 1000)
 
 
 def run_policy(base, policy: str, seconds: float, scale: float, warmup: float = 0.5,
@@ -90,22 +89,22 @@ def run_policy(base, policy: str, seconds: float, scale: float, warmup: float = 
                 ctx.submit("work", ms=0).wait(5)
             if storm:  # the tenant breaks its own work, every fourth job, without end
                 tenants["llm"].inject(storm, device="npu0", every=4, count=0, client="llm")
-            t_start = time.monotonic_ns() + ms(5)
+            t_start = hetproc.now() + ms(5)
             t0 = t_start + ms(warmup * 1000)  # counted from here
             t_end = t0 + ms(seconds * 1000)
             next_cam, next_voice = t_start, t_start
             cams, voices, jobs, running = [], [], [], []  # (arrival, fence, host lateness)
             llm_losses = 0
             while True:
-                now = time.monotonic_ns()
+                now = hetproc.now()
                 if now >= next_cam and next_cam < t_end:
                     f = cam.submit_nowait("work", ms=CAMERA_MS, at_ns=next_cam)
-                    cams.append((next_cam, f, time.monotonic_ns() - next_cam))
+                    cams.append((next_cam, f, hetproc.now() - next_cam))
                     next_cam += ms(CAMERA_PERIOD_MS)
                     continue
                 if now >= next_voice and next_voice < t_end:
                     f = voice.submit_nowait("work", ms=VOICE_MS, at_ns=next_voice)
-                    voices.append((next_voice, f, time.monotonic_ns() - next_voice))
+                    voices.append((next_voice, f, hetproc.now() - next_voice))
                     next_voice += ms(VOICE_PERIOD_MS)
                     continue
                 if storm and any(f.done() and f.error() is not None for f in running):

@@ -30,7 +30,6 @@ and the report counts the frames dropped (drop oldest) or delayed (backpressure)
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -76,7 +75,7 @@ class Pipeline:
         b = self.sets[i % BUFFERS]
         frame = self.rng.standard_normal(SHAPE, dtype=np.float32)
         b["frame"].array()[...] = frame
-        t0 = min(t_frame, time.monotonic_ns()) if t_frame else time.monotonic_ns()
+        t0 = min(t_frame, hetproc.now()) if t_frame else hetproc.now()
         f1 = self.cpu.submit_nowait("scale", [b["frame"]], [b["pre"]], params={"factor": 2.0},
                                     ms=CPU_MS, handoff_ms=HANDOFF_MS, at_ns=t0)
         f2 = self.npu.submit_nowait("relu", [b["pre"]], [b["feat"]], wait=[f1],
@@ -105,7 +104,7 @@ class Pipeline:
         pending: dict[int, tuple] = {}
         starts, ends, ok = [], [], []
         dropped = tick = 0
-        t_first = time.monotonic_ns()
+        t_first = hetproc.now()
         for i in range(frames):
             if i - window in pending:
                 t0, t_done, good = self.finish(i - window, *pending.pop(i - window))
@@ -113,7 +112,7 @@ class Pipeline:
             t_frame = 0
             if interval_ns:
                 t_frame = t_first + tick * interval_ns
-                late = time.monotonic_ns() - t_frame
+                late = hetproc.now() - t_frame
                 if late > interval_ns:  # frames the camera made meanwhile went untaken
                     missed = late // interval_ns
                     tick += missed
@@ -183,9 +182,9 @@ def spike(s: Scenario, frames: int) -> None:
 
 
 def _sleep_until(t_ns: int) -> None:
-    delay = (t_ns - time.monotonic_ns()) / 1e9
+    delay = (t_ns - hetproc.now()) / 1e9
     if delay > 0:
-        time.sleep(delay)
+        hetproc.sleep(delay * 1000)
 
 
 def _ms(ns: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ def add_command(sub: Any, make: Callable[..., argparse.ArgumentParser],
                    help="only the cases whose name matches (a glob, or a part of the name)")
     p.add_argument("--list", action="store_true",
                    help="list the cases (name, source suite, what it checks) and exit")
-    platform_args(p)
+    platform_args(p, clock=True)
     p.add_argument("--report", metavar="FILE", help="write the JSON result here")
     json_arg(p)
 
@@ -53,7 +53,8 @@ def cmd_conformance(args: argparse.Namespace, conclude: Callable) -> int:
             progress(f"{len(rows)} of {len(rows) + len(pending)} cases done"
                      + (f", {sum(not r['ok'] for r in rows)} failed" if rows else ""))
         result = drills.run_conformance(only=args.only, platform_file=args.platform,
-                                        time_scale=args.time_scale, on_row=on_row)
+                                        time_scale=args.time_scale, on_row=on_row,
+                                        clock=args.clock)
     return conclude(result, args, print_conformance)
 
 

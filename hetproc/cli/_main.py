@@ -24,9 +24,8 @@ from typing import Any, NoReturn
 from ipc import cleanup_dead, errors
 
 from .. import drills
-from .._argtypes import int_in, positive_int, time_scale
-from .._config import TIME_SCALE_RANGE
-from . import _conformance, _device, _show, _signals
+from .._argtypes import int_in, positive_int
+from . import _args, _conformance, _device, _show, _signals
 from ._status import dead_platforms, live_platforms, print_status
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -168,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     _drill_parser(sub)
     _acceptance_parser(sub)
     _campaign_parser(sub)
-    _conformance.add_command(sub, _sub, _platform_args, _json_arg, _conclude)
+    _conformance.add_command(sub, _sub, _args.platform_args, _args.json_arg, _conclude)
     _trace_parsers(sub)
     _platform_parsers(sub)
     _device.add_command(sub, _sub, _role)
@@ -188,7 +187,7 @@ def _run_parser(sub: Any) -> None:
         evidence are printed.""", cmd_run)
     run.help_tail = _scenario_help  # type: ignore[attr-defined]  # a _Parser, built by _sub
     run.add_argument("scenario", help="a scenario name, or a path to a .py script")
-    _platform_args(run)
+    _args.platform_args(run, clock=True)
     run.add_argument("--report", metavar="FILE",
                      help="write the JSON report here (also on failure)")
     run.add_argument("--set", metavar="K=V", action="append", default=[],
@@ -206,7 +205,7 @@ def _run_parser(sub: Any) -> None:
                      help="run with the ring trace off (as HETPROC_TRACE=0)")
     run.add_argument("-v", "--verbose", action="store_true",
                      help="when the scenario raises, print its traceback too")
-    _json_arg(run)
+    _args.json_arg(run)
 
 
 def _drill_parser(sub: Any) -> None:
@@ -217,14 +216,14 @@ def _drill_parser(sub: Any) -> None:
         leaked. --list names them all.""", cmd_drill)
     dr.add_argument("name", nargs="?", help="a drill name (see --list)")
     dr.add_argument("--list", action="store_true", help="list the drills and what each does")
-    _platform_args(dr)
+    _args.platform_args(dr, clock=True)
     dr.add_argument("--report", metavar="FILE", help="write the JSON report here (also on failure)")
     dr.add_argument("--unsafe-reclaim", action="store_true",
                     help="debug policy: reclaim buffers before the device confirmed its stop "
                          "(the drill then shows the corruption this causes)")
     dr.add_argument("--seed", type=int, metavar="S",
                     help="seed the platform's fault plan (what a campaign varies)")
-    _json_arg(dr)
+    _args.json_arg(dr)
 
 
 def _acceptance_parser(sub: Any) -> None:
@@ -233,13 +232,13 @@ def _acceptance_parser(sub: Any) -> None:
         own fresh platform, with pass/fail, leaks and recovery time. With --jobs N, N
         cells run at once (each in its own process); the table fills in as they end.""",
                cmd_acceptance)
-    _platform_args(acc)
+    _args.platform_args(acc, clock=True)
     acc.add_argument("--report", metavar="FILE", help="write the JSON matrix here")
     acc.add_argument("--quick", action="store_true",
                      help="short scenarios (each script's QUICK options)")
     acc.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                      help="cells run at once (default 1)")
-    _json_arg(acc)
+    _args.json_arg(acc)
 
 
 def _campaign_parser(sub: Any) -> None:
@@ -259,9 +258,9 @@ def _campaign_parser(sub: Any) -> None:
     camp.add_argument("--scheduler", metavar="ADDRESS",
                       help="a Dask scheduler (tcp://host:8786); each task starts its own "
                            "platform in a subprocess on its worker")
-    _platform_args(camp)
+    _args.platform_args(camp, clock=True)
     camp.add_argument("--report", metavar="FILE", help="write the JSON summary here")
-    _json_arg(camp)
+    _args.json_arg(camp)
 
 
 def _machine_parsers(sub: Any) -> None:
@@ -271,12 +270,12 @@ def _machine_parsers(sub: Any) -> None:
         states, queues, CPU time, buffer maps, fence waits, power switches and the last
         error; then the dead platforms that left named objects behind, which
         `hetproc cleanup` removes.""", cmd_status)
-    _json_arg(status)
+    _args.json_arg(status)
 
     cleanup = _sub(sub, "cleanup", "remove what dead platforms left behind", """
         Remove the named objects and the processes of every platform whose supervisor
         is dead. Live platforms are never touched.""", cmd_cleanup)
-    _json_arg(cleanup)
+    _args.json_arg(cleanup)
 
 
 def _trace_parsers(sub: Any) -> None:
@@ -293,7 +292,7 @@ def _trace_parsers(sub: Any) -> None:
     which = ex.add_mutually_exclusive_group()
     which.add_argument("--id", metavar="ID", help="one request's correlation id (0x... or decimal)")
     which.add_argument("--slowest", type=positive_int, metavar="N", help="the N slowest requests")
-    _json_arg(ex)
+    _args.json_arg(ex)
     pl = _sub(tsub, "plot", "draw a trace's timeline as PNG", """
         Draw a lane per client, device queue and device, with fences as arrows. Without
         --window, a long trace is drawn around its slowest request, in a window short
@@ -325,22 +324,10 @@ def _platform_parsers(sub: Any) -> None:
         file: table.key: problem, with the closest valid key for a typo.""",
                cmd_platform_check)
     chk.add_argument("file")
-    _json_arg(chk)
+    _args.json_arg(chk)
     _sub(psub, "show", "print the built-in platform file", """
         Print the built-in platform file, which documents every key: copy it, change it
         and pass it with --platform FILE.""", cmd_platform_show)
-
-
-def _platform_args(p: argparse.ArgumentParser) -> None:
-    lo, hi = TIME_SCALE_RANGE
-    p.add_argument("--platform", metavar="FILE", help="platform TOML or 'i915' (default: built-in)")
-    p.add_argument("--time-scale", type=time_scale, metavar="X",
-                   help=f"multiply every modeled duration ({lo} .. {hi}; 0.2 runs five "
-                        "times faster than real time)")
-
-
-def _json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
 # -- scenario, drill, acceptance, campaign ------------------------------------------------
@@ -371,7 +358,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             name, platform_file=args.platform, time_scale=args.time_scale,
             options=_options(args), trace_path=args.trace, plot_path=args.plot,
             trace=False if args.no_trace else None, progress=progress,
-            share_trace=True)  # its user reads it live: hetproc trace export PREFIX
+            share_trace=True,  # its user reads it live: hetproc trace export PREFIX
+            clock=args.clock)
     return _conclude(report, args, functools.partial(_show.print_report,
                                                      verbose=args.verbose))
 
@@ -397,7 +385,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         report = drills.run_drill(args.name, platform_file=args.platform,
                                   time_scale=args.time_scale,
                                   unsafe_reclaim=args.unsafe_reclaim, progress=progress,
-                                  seed=args.seed)
+                                  seed=args.seed, clock=args.clock)
     return _conclude(report, args, _show.print_report)
 
 
@@ -408,7 +396,8 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
             progress.rows = _show.matrix_table(rows, pending)
             progress(f"{len(rows)} of {len(rows) + len(pending)} done")
         matrix = drills.run_matrix(platform_file=args.platform, time_scale=args.time_scale,
-                                   quick=args.quick, jobs=args.jobs, on_row=on_row)
+                                   quick=args.quick, jobs=args.jobs, on_row=on_row,
+                                   clock=args.clock)
     return _conclude(matrix, args, _show.print_matrix)
 
 
@@ -419,7 +408,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         summary = run_campaign(args.drill, seeds=args.seeds, seed_base=args.seed_base,
                                jobs=args.jobs, scheduler=args.scheduler,
                                platform_file=args.platform, time_scale=args.time_scale,
-                               progress=progress)
+                               clock=args.clock, progress=progress)
     return _conclude(summary, args, _show.print_campaign)
 
 

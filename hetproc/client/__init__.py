@@ -13,6 +13,7 @@ from ._client import FOREVER, Client
 from ._connection import Connection
 from ._context import Context, ResetStats, ResetStatus, command
 from ._fence import Fence, fence_fd_done, merge_fences, wait_fence_fd
+from ._now import now, sleep
 from ._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._platform import Platform, connect, same_code_env, unwedge
 from ._queue import Queue
@@ -21,4 +22,5 @@ from ._roles import read_trace_role
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
            "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
            "Queue", "same_code_env", "Connection", "merge_fences", "wait_fence_fd",
-           "fence_fd_done", "read_trace_role", "ResetStatus", "ResetStats", "unwedge"]
+           "fence_fd_done", "read_trace_role", "ResetStatus", "ResetStats", "unwedge", "now",
+           "sleep"]

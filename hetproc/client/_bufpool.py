@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import PENDING, errors
 
+from . import _vclock
+
 if TYPE_CHECKING:
     from ._buffer import Buffer
     from ._client import Client
@@ -96,7 +98,8 @@ class BufferPool:
             fence = next((f for f in oldest if _pending(f)), None)
             if fence is not None:
                 try:
-                    self.client.fences.wait(fence.handle, min(remaining, _SLICE_S))
+                    _vclock.wait_handle(self.client.connection, fence.handle,
+                                        min(remaining, _SLICE_S))
                 except (errors.FenceTimeout, errors.InvalidHandle):
                     pass  # re-check everything; a recycled fence counts as completed
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from ipc import FenceTable, errors
 
+from . import _now
 from ._buffer import Buffer
 from ._connection import REQUEST_TIMEOUT, Connection
 from ._context import Context, command
@@ -95,6 +96,9 @@ class Client:
         self.time_scale: float = info["time_scale"]
         self.fences: FenceTable = conn.fences
         self.trace: ClientTrace = conn.trace  # this process's ring (seed §22)
+        # "real" or "virtual": the platform's clock (``hetproc.now`` / ``sleep`` read it)
+        self.clock: str = "virtual" if conn.waiter is not None else "real"
+        _now.became_current(self)
 
     @property
     def default_timeout(self) -> float:

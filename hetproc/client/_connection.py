@@ -42,6 +42,7 @@ from ipc import (
     FenceTable,
     Segment,
     SegmentCache,
+    clock,
     decode,
     encode,
     errors,
@@ -98,6 +99,10 @@ class Connection:
         self.segments = SegmentCache()
         self._frees = _Frees(self.segments)
         self.fences: FenceTable  #: the platform's fences, mapped by ``hello``
+        #: the platform's clock (``ipc.clock``): real until ``hello`` says virtual, then
+        #: this connection's waiter slot on it (``_vclock``; None on the real clock)
+        self.clock: clock.RealClock | clock.VirtualClock = clock.RealClock()
+        self.waiter: clock.Waiter | None = None
         self.trace = ClientTrace.disabled()  #: this process's trace ring (after ``hello``)
         try:
             self.channel = Channel.connect(address, timeout)
@@ -127,6 +132,11 @@ class Connection:
         self.fences = FenceTable(self.prefix, self.segments.get(info["fence_segment"]),
                                  create=False)
         self.trace = ClientTrace(self.segments, self.fences, info.get("trace"))
+        vclock = info.get("clock")
+        if vclock is not None:
+            self.clock = clock.VirtualClock(self.segments.get(vclock["segment"]))
+            self.waiter = self.clock.waiter(vclock["slot"])
+            self.fences.model_now = self.clock.now_ns
         try:
             self._sup_pidfd = os.pidfd_open(self.supervisor_pid)
         except OSError:
@@ -148,6 +158,9 @@ class Connection:
         fences = getattr(self, "fences", None)  # None: hello failed before mapping it
         if fences is not None:
             fences.close()
+        if isinstance(self.clock, clock.VirtualClock):
+            self.waiter = None
+            self.clock.close()
         self.segments.close()
         if self._sup_pidfd >= 0:
             os.close(self._sup_pidfd)

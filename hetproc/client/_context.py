@@ -10,7 +10,6 @@ the device (``hetproc.Queue``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -126,7 +125,7 @@ class Context:
         conn = self._conn
         cmds = _with_cids(conn, cmds)
         t_submit = conn.trace.now()
-        reply = conn.request("submit", ctx=self.handle, cmds=cmds, t_ns=_arrival(at_ns))
+        reply = conn.request("submit", ctx=self.handle, cmds=cmds, t_ns=_arrival(conn, at_ns))
         conn.trace.submitted(cmds, t_submit)
         return [Fence(self.client, sig, cid=cid, seq=seq, owned=True)
                 for seq, cid, sig in reply["cmds"]]
@@ -140,7 +139,7 @@ class Context:
         conn = self._conn
         cmds = _with_cids(conn, cmds)
         t_submit = conn.trace.now()
-        t_arrive = _arrival(at_ns)
+        t_arrive = _arrival(self._conn, at_ns)
         handles = conn.take_fences(len(cmds))
         for c, h in zip(cmds, handles):
             c["signal"] = h
@@ -211,10 +210,10 @@ def _with_cids(conn: Connection, cmds: Sequence[dict[str, Any]]) -> list[dict[st
     return [{**c, "cid": c.get("cid") or conn.next_cid()} for c in cmds]
 
 
-def _arrival(at_ns: int | None) -> int:
+def _arrival(conn: Connection, at_ns: int | None) -> int:
     # The modeled arrival: the host's submit path (encode, socket, validation) is
     # absorbed, not added to the model (the supervisor bounds how far back it may be).
-    return time.monotonic_ns() if at_ns is None else int(at_ns)
+    return conn.clock.now_ns() if at_ns is None else int(at_ns)
 
 
 __all__ = ["Context", "command", "ResetStatus", "ResetStats"]

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import PENDING, errors, fence_fd_status, fence_fd_wait
 
+from . import _vclock
+
 if TYPE_CHECKING:
     from ._client import Client
     from ._queue import Queue
@@ -86,6 +88,8 @@ class Fence:
         """Sleep on the semaphore in slices, checking the supervisor between them;
         returns the fence's error code (0: signalled), the wait traced as a WAKE slice."""
         trace, fences, conn = self._conn.trace, self._conn.fences, self._conn
+        if conn.waiter is not None:  # the virtual clock: a wait in modeled time
+            return self._sleep_virtual(timeout)
         t_wait = trace.wait_begin(self.cid)
         deadline = time.monotonic() + timeout
         while True:
@@ -105,6 +109,19 @@ class Fence:
                     raise errors.SupervisorLost(
                         "the supervisor died while this fence was pending",
                         correlation_id=self.cid) from None
+        trace.wait_end(self.cid, t_wait, code)
+        return code
+
+    def _sleep_virtual(self, timeout: float) -> int:
+        """``_sleep`` on the virtual clock (``_vclock``): the timeout counts modeled time."""
+        trace = self._conn.trace
+        t_wait = trace.wait_begin(self.cid)
+        try:
+            code = _vclock.wait_fence(self._conn, self.handle, timeout)
+        except errors.HetprocError as exc:
+            exc.correlation_id = self.cid
+            trace.wait_end(self.cid, t_wait, exc.code)
+            raise
         trace.wait_end(self.cid, t_wait, code)
         return code
 

@@ -37,6 +37,8 @@ import numpy as np
 
 from ipc import errors
 
+from . import _now
+
 if TYPE_CHECKING:
     from ._buffer import Buffer
     from ._client import Client
@@ -120,6 +122,7 @@ class Pipeline:
         if buffers < 1 or max_queue < 0:
             raise errors.InvalidRequest("buffers must be >= 1 and max_queue >= 0")
         self.client = client
+        self.now = client.connection.clock.now_ns  # the platform's clock (maybe virtual)
         self.stages = list(stages)
         self.policy = policy
         self.max_queue = max_queue
@@ -146,7 +149,7 @@ class Pipeline:
             run.check_deadline()
             run.start_queued()
             t_arrive = run.arrival_time()
-            if run.nxt < frames and (not run.interval or time.monotonic_ns() >= t_arrive):
+            if run.nxt < frames and (not run.interval or self.now() >= t_arrive):
                 run.admit(t_arrive)
             else:
                 run.idle(t_arrive)
@@ -160,7 +163,7 @@ class Pipeline:
             self.fill(fr.index, bufs[0].array())
         prev = self._freed_by[slot]
         wait = [prev] if prev is not None else []
-        at = min(fr.arrival, time.monotonic_ns())
+        at = min(fr.arrival, self.now())
         fr.min_ns = int(sum((st.duration(fr.index) or 0.0) + st.handoff_ms
                             for st in self.stages) * self._scale * 1e6)
         for s, st in enumerate(self.stages):
@@ -213,7 +216,7 @@ class _Run:
         self.delayed = self.misses = self.failed = 0
         self.ends: list[int] = []
         self.deadline = time.monotonic() + timeout_s
-        self.t_first = time.monotonic_ns() + 2_000_000
+        self.t_first = pipe.now() + 2_000_000
         self.nxt = 0
 
     def check_deadline(self) -> None:
@@ -239,7 +242,7 @@ class _Run:
         """Frame ``nxt`` arrives: start it, queue it, drop a frame or stall the source."""
         if self.interval:
             self.retire_ended_by(t_arrive)
-        fr = _Frame(self.nxt, t_arrive or time.monotonic_ns())
+        fr = _Frame(self.nxt, t_arrive or self.pipe.now())
         self.nxt += 1
         policy = self.pipe.policy
         if self.free and not self.queue:
@@ -275,19 +278,19 @@ class _Run:
         while not self.free:
             self.finish_oldest(1.0)
         if not fr.arrival:
-            fr.arrival = time.monotonic_ns()
+            fr.arrival = self.pipe.now()
         self.queue.append(fr)
 
     def idle(self, t_arrive: int) -> None:
         """No arrival is due: retire a frame in flight, or sleep until the next arrival."""
         more = bool(self.interval) and self.nxt < self.frames
         if self.flight:
-            wait_s = max(0.0, (t_arrive - time.monotonic_ns()) / 1e9) if more else 0.05
+            wait_s = max(0.0, (t_arrive - self.pipe.now()) / 1e9) if more else 0.05
             done = self.finish_oldest(min(wait_s, 0.05), before=t_arrive if more else None)
             if done is _LATER:
-                _sleep_until(t_arrive)  # it ends after the next arrival: that comes first
+                _sleep_until(self.pipe, t_arrive)  # it ends after the next arrival: it comes first
         elif more:
-            _sleep_until(t_arrive)
+            _sleep_until(self.pipe, t_arrive)
 
     # -- completions ------------------------------------------------------------------
 
@@ -350,7 +353,7 @@ class _Run:
             dropped_frames=self.dropped)
 
 
-def _sleep_until(t_ns: int) -> None:
-    delay = (t_ns - time.monotonic_ns()) / 1e9
-    if delay > 0:
-        time.sleep(min(delay, 0.05))
+def _sleep_until(pipe: Pipeline, t_ns: int) -> None:
+    delay = (t_ns - pipe.now()) / 1e9
+    if delay > 0:  # on the platform's clock: a wait in modeled time on the virtual one
+        _now.sleep(min(delay, 0.05) * 1000, pipe.client)

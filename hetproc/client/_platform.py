@@ -22,6 +22,7 @@ from ipc import cleanup_prefix, errors, socket_address
 
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform, to_raw
+from . import _now
 from ._client import Client
 from ._roles import forget_trace_role, publish_trace_role
 
@@ -51,13 +52,18 @@ class Platform:
     def __init__(self, platform_file: str | Path | None = None, *,
                  time_scale: float | None = None, spec: PlatformSpec | None = None,
                  name: str = "owner", trace: bool | None = None,
-                 limits: dict[str, Any] | None = None, share_trace: bool = False) -> None:
+                 limits: dict[str, Any] | None = None, share_trace: bool = False,
+                 clock: str | None = None) -> None:
         """``trace``: force the ring trace on or off; None keeps the platform file's
         setting, unless ``HETPROC_TRACE=0`` (or ``1``) is set in the environment.
         ``limits``: override keys of the platform file's ``[limits]`` table.
         ``share_trace``: grant this user a trace role, so that ``hetproc trace export
-        PREFIX`` from another terminal reads the live trace (``_roles``)."""
+        PREFIX`` from another terminal reads the live trace (``_roles``).
+        ``clock``: "real" or "virtual" (None keeps the platform file's ``clock``); on the
+        virtual clock modeled time jumps to the next event once every process of the
+        platform waits (``hetproc.supervisor._clock``)."""
         self.spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
+        self.spec = self.spec.with_clock(clock)
         self.spec = self.spec.with_limits(**(limits or {}))
         if trace is None and os.environ.get("HETPROC_TRACE", "") in ("0", "1"):
             trace = os.environ["HETPROC_TRACE"] == "1"
@@ -128,6 +134,16 @@ class Platform:
         """Another client in this process (other processes use ``hetproc.connect(address)``).
         It is a normal tenant unless given a ``role`` token from ``client.grant_role()``."""
         return Client(self.address, name, role=role)
+
+    def now(self) -> int:
+        """The platform's now in ns (``Client.now`` of the owner's client)."""
+        assert self.client is not None
+        return _now.now(self.client)
+
+    def sleep(self, ms: float) -> None:
+        """Let ``ms`` of the platform's time pass (``Client.sleep``)."""
+        assert self.client is not None
+        _now.sleep(ms, self.client)
 
     def metrics(self) -> dict[str, Any]:
         """``Client.metrics()`` of the owner's client (it sees every tenant)."""

@@ -35,21 +35,23 @@ def cells(quick: bool = False) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def run_cell(kind: str, name: str, options: dict[str, Any], platform_file: str | None,
-             time_scale: float | None) -> dict[str, Any]:
+             time_scale: float | None, clock: str | None = None) -> dict[str, Any]:
     """One cell, on its own platform: its row of the matrix."""
     if kind == "scenario":
         report = run_scenario(name, platform_file=platform_file, time_scale=time_scale,
-                              options=options)
+                              options=options, clock=clock)
     else:
-        report = run_drill(name, platform_file=platform_file, time_scale=time_scale)
+        report = run_drill(name, platform_file=platform_file, time_scale=time_scale,
+                           clock=clock)
     return _row(kind, name, report)
 
 
 def run_matrix(*, platform_file: str | None = None, time_scale: float | None = None,
-               quick: bool = False, jobs: int = 1, on_row: OnRow | None = None) -> dict[str, Any]:
+               quick: bool = False, jobs: int = 1, on_row: OnRow | None = None,
+               clock: str | None = None) -> dict[str, Any]:
     """Every cell, each on its own platform (with ``jobs`` > 1, that many at once, each
     in a process of its own); ``{"rows", "ok"}`` in cell order. ``on_row`` hears the rows
-    so far and the cells still to come whenever one ends."""
+    so far and the cells still to come whenever one ends; ``clock``: every platform's."""
     todo = cells(quick)
     order = {(k, n): i for i, (k, n, _) in enumerate(todo)}
     rows: list[dict[str, Any]] = []
@@ -63,14 +65,14 @@ def run_matrix(*, platform_file: str | None = None, time_scale: float | None = N
 
     if jobs <= 1:
         for kind, name, options in todo:
-            done(run_cell(kind, name, options, platform_file, time_scale))
+            done(run_cell(kind, name, options, platform_file, time_scale, clock))
     else:
-        _in_workers(jobs, todo, platform_file, time_scale, done)
+        _in_workers(jobs, todo, platform_file, time_scale, clock, done)
     return {"rows": rows, "ok": all(r["ok"] for r in rows)}
 
 
 def _in_workers(jobs: int, todo: list[tuple[str, str, dict[str, Any]]],
-                platform_file: str | None, time_scale: float | None,
+                platform_file: str | None, time_scale: float | None, clock: str | None,
                 done: Callable[[dict[str, Any]], None]) -> None:
     """The cells in ``jobs`` worker processes. A signal to this process (SIGTERM, or the
     exception its handler raises) stops the rest at once: cells not started are
@@ -86,7 +88,7 @@ def _in_workers(jobs: int, todo: list[tuple[str, str, dict[str, Any]]],
         with _sigint_ignored_by_children():  # the workers start here
             for k, n, o in todo:
                 futures.append(pool.submit(_cell_in_worker, k, n, o, platform_file,
-                                           time_scale))
+                                           time_scale, clock))
         for fut in cf.as_completed(futures):
             done(fut.result())
     except BaseException:

@@ -31,13 +31,15 @@ CONNECT_TIMEOUT_S = 5.0  # a scheduler that does not answer by then is not there
 
 
 def campaign_task(drill: str, seed: int, platform_file: str | None = None,
-                  time_scale: float | None = None) -> dict[str, Any]:
+                  time_scale: float | None = None, clock: str | None = None) -> dict[str, Any]:
     """One seeded run in a subprocess; its compact result. Runs on any backend."""
     cmd = [sys.executable, "-m", "hetproc", "drill", drill, "--seed", str(seed), "--json"]
     if platform_file:
         cmd += ["--platform", platform_file]
     if time_scale is not None:
         cmd += ["--time-scale", repr(time_scale)]
+    if clock is not None:
+        cmd += ["--clock", clock]
     t0 = time.monotonic()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=same_code_env()) as proc:
@@ -83,7 +85,7 @@ def _stop_running() -> None:
 
 def run_campaign(drill: str, *, seeds: int, seed_base: int = 0, jobs: int = 1,
                  scheduler: str | None = None, platform_file: str | None = None,
-                 time_scale: float | None = None,
+                 time_scale: float | None = None, clock: str | None = None,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run ``drill`` once per seed (``seed_base`` on, ``seeds`` of them), each in its own
     process, locally ``jobs`` at once or on a Dask ``scheduler``; the summary
@@ -103,12 +105,12 @@ def run_campaign(drill: str, *, seeds: int, seed_base: int = 0, jobs: int = 1,
 
     if scheduler:
         backend = f"dask {scheduler}"
-        _on_dask(scheduler, drill, todo, platform_file, time_scale, done)
+        _on_dask(scheduler, drill, todo, platform_file, time_scale, clock, done)
     else:
         backend = f"local, {jobs} at once"
         pool = cf.ThreadPoolExecutor(max_workers=jobs)  # threads only wait
         try:
-            futures = [pool.submit(campaign_task, drill, s, platform_file, time_scale)
+            futures = [pool.submit(campaign_task, drill, s, platform_file, time_scale, clock)
                        for s in todo]
             for fut in cf.as_completed(futures):
                 done(fut.result())
@@ -122,7 +124,8 @@ def run_campaign(drill: str, *, seeds: int, seed_base: int = 0, jobs: int = 1,
 
 
 def _on_dask(scheduler: str, drill: str, seeds: list[int], platform_file: str | None,
-             time_scale: float | None, done: Callable[[dict[str, Any]], None]) -> None:
+             time_scale: float | None, clock: str | None,
+             done: Callable[[dict[str, Any]], None]) -> None:
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
@@ -137,7 +140,7 @@ def _on_dask(scheduler: str, drill: str, seeds: list[int], platform_file: str | 
     with client:
         futures = client.map(campaign_task, [drill] * len(seeds), seeds,
                              [platform_file] * len(seeds), [time_scale] * len(seeds),
-                             pure=False)
+                             [clock] * len(seeds), pure=False)
         for fut in as_completed(futures):
             done(fut.result())
 

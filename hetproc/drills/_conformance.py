@@ -156,13 +156,14 @@ def _row(case: Case, ok: bool, checks: list[dict[str, Any]], metrics: dict[str, 
 
 
 def _run_drill_case(case: Case, platform_file: str | None, time_scale: float | None,
-                    recovery: dict[str, Any]) -> dict[str, Any]:
+                    recovery: dict[str, Any], clock: str | None = None) -> dict[str, Any]:
     """A drill on its own fresh platform, as ``hetproc drill`` runs it, with the policy
     overrides on top of the drill's own."""
     t0 = time.monotonic()
     assert case.drill is not None
     fn, doc, _ = DRILLS[case.drill]
-    spec = drill_spec(case.drill, platform_file=platform_file, time_scale=time_scale)
+    spec = drill_spec(case.drill, platform_file=platform_file, time_scale=time_scale,
+                      clock=clock)
     spec = dataclasses.replace(spec, recovery={**spec.recovery, **recovery})
     report = run_on_platform(lambda s: fn(Drill(s, case.drill or "")), f"drill:{case.drill}",
                              doc, spec, {})
@@ -226,11 +227,12 @@ def _check_settled(s: Scenario) -> None:
 
 def run_conformance(*, only: str | None = None, platform_file: str | None = None,
                     time_scale: float | None = None, recovery: dict[str, Any] | None = None,
-                    on_row: Callable[[list[dict[str, Any]], list[str]], None] | None = None
-                    ) -> dict[str, Any]:
+                    on_row: Callable[[list[dict[str, Any]], list[str]], None] | None = None,
+                    clock: str | None = None) -> dict[str, Any]:
     """Run the chosen cases; one row per case, in registered order. ``recovery``
     overrides the platforms' recovery policy (a debug policy such as ``unsafe_reclaim``
-    or ``max_rearm = 0`` shows the cases that guard it failing)."""
+    or ``max_rearm = 0`` shows the cases that guard it failing); ``clock``: every
+    platform's ("real" or "virtual"; None: the file's)."""
     chosen = conformance_cases(only)
     recovery = dict(recovery or {})
     order = {c.name: i for i, c in enumerate(chosen)}
@@ -244,14 +246,14 @@ def run_conformance(*, only: str | None = None, platform_file: str | None = None
             finished = {r["name"] for r in rows}
             on_row(list(rows), [c.name for c in chosen if c.name not in finished])
 
-    base = load_platform(platform_file).with_time_scale(time_scale)
+    base = load_platform(platform_file).with_time_scale(time_scale).with_clock(clock)
     for group in GROUPS:
         members = [c for c in chosen if c.group == group]
         if members:
             _run_group(members, _spec(group, base, recovery), done)
     for c in chosen:
         if c.drill is not None:
-            done(_run_drill_case(c, platform_file, time_scale, recovery))
+            done(_run_drill_case(c, platform_file, time_scale, recovery, clock))
     return {"rows": rows, "ok": all(r["ok"] for r in rows),
             "passed": sum(r["ok"] for r in rows), "failed": sum(not r["ok"] for r in rows),
             "duration_s": round(time.monotonic() - t0, 3)}

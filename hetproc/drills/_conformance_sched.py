@@ -7,8 +7,6 @@ i915's default ``preempt_timeout_ms`` of 640.
 
 from __future__ import annotations
 
-import time
-
 from ipc import errors
 
 from ..client import command
@@ -27,7 +25,7 @@ def _preempt_timeout(c: CaseRun) -> None:
     for ctx in (low, high):
         ctx.submit("work", ms=0).wait(5)
     limit_ms = c.plat.spec.engine("npu0").preempt_timeout_ms
-    t0 = time.monotonic_ns() + 20 * MS
+    t0 = c.plat.now() + 20 * MS  # the platform's clock (modeled, on the virtual one)
     blocker = low.submit_many([command("work", ms=5 * limit_ms, preemptible=False,
                                        timeout_ms=20 * limit_ms)], nowait=True, at_ns=t0)[0]
     urgent = high.submit_nowait("work", ms=1, at_ns=t0 + 5 * MS)

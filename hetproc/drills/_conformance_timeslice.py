@@ -11,7 +11,6 @@ case, as i915 with ``timeslice_duration_ms = 0`` fails the IGT one.
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from .. import _refsched
 from .._config import PlatformSpec
@@ -47,7 +46,7 @@ def _thriceslice(c: CaseRun) -> None:
     for ctx in ctxs:
         ctx.submit("work", ms=0).wait(5)
     before = c.client.metrics()["devices"]["npu0"]["preemptions"]
-    t0 = time.monotonic_ns() + 50 * MS
+    t0 = c.plat.now() + 50 * MS  # the platform's clock (modeled, on the virtual one)
     fences = [ctx.submit_many([command("work", ms=_DURATION_MS, timeout_ms=50 * _DURATION_MS)],
                               nowait=True, at_ns=t0)[0] for ctx in ctxs]
     done = [c.check_completes(f"the {n} context's command completes", f, 10)

@@ -265,7 +265,8 @@ def run_scenario(name: str, *, platform_file: str | None = None,
                  time_scale: float | None = None, options: dict[str, Any] | None = None,
                  spec: PlatformSpec | None = None, trace_path: str | None = None,
                  plot_path: str | None = None, trace: bool | None = None,
-                 progress: Progress | None = None, share_trace: bool = False) -> dict[str, Any]:
+                 progress: Progress | None = None, share_trace: bool = False,
+                 clock: str | None = None) -> dict[str, Any]:
     """Run one scenario script on a fresh platform; returns its report.
 
     ``options`` must be keys the script declares (``OPTIONS``), checked before anything
@@ -274,7 +275,7 @@ def run_scenario(name: str, *, platform_file: str | None = None,
     too; ``plot_path``: draw the timeline as PNG; ``trace``: force the ring trace on or off
     (None: the platform's setting); ``progress``: called with what the run is doing now;
     ``share_trace``: its user may read the live trace from another process
-    (``Platform(share_trace=True)``).
+    (``Platform(share_trace=True)``); ``clock``: "real" or "virtual" (None: the file's).
     """
     path = find_scenario(name)
     module = load_module(path)
@@ -282,7 +283,7 @@ def run_scenario(name: str, *, platform_file: str | None = None,
     options = check_options(path.stem, declared, options or {})
     check_output_path(trace_path, "--trace")
     check_output_path(plot_path, "--plot")
-    spec = (spec or load_platform(platform_file)).with_time_scale(time_scale)
+    spec = (spec or load_platform(platform_file)).with_time_scale(time_scale).with_clock(clock)
     doc = (module.__doc__ or "").strip()
     return run_on_platform(module.run, path.stem, doc.splitlines()[0] if doc else "", spec,
                            options, trace_path=trace_path, plot_path=plot_path,

@@ -92,7 +92,7 @@ def _submit(platform: Platform, clients: dict[str, Any],
             # contexts and fence pools ready, off the clock (``submit_nowait`` fills the pool)
             ctx.submit_nowait("work", ms=0).wait(5)
     timeout_ms = min(600_000.0, 1000.0 + sum(j.duration_ns for j in jobs) / MS)
-    t0 = time.monotonic_ns() + LEAD_NS + LEAD_PER_JOB_NS * len(jobs)
+    t0 = platform.now() + LEAD_NS + LEAD_PER_JOB_NS * len(jobs)
     fences: dict[str, Fence] = {}
     order = sorted(range(len(jobs)), key=lambda i: (jobs[i].arrival_ns, i))
     for i in order:

@@ -17,12 +17,11 @@ probe, and never touches a queue itself.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from device_workers import decode_completions
-from ipc import errors, make_cid
+from ipc import clock, errors, make_cid
 
 from ._devices import Command, CommandState, DeviceHandle
 from ._hazards import forget as forget_hazard
@@ -54,7 +53,7 @@ def _reestimate_free(dev: DeviceHandle) -> None:
     """A command failed, was cancelled or refused, so the time it would have held the
     device is not taken: the device is free, in the model, from now plus what is left in
     its ring (an estimate kept high would hold every later decision back)."""
-    free = time.monotonic_ns()
+    free = clock.now_ns()
     for c in dev.pushed.values():
         if not c.preemptor:
             free = (free if free > c.t_arrive else c.t_arrive) + c.hold_ns
@@ -318,7 +317,7 @@ class Commands:
         cmd = Command(seq=0, cid=0, ctx=ctx, device=dev, kernel="work", params={}, ins=[],
                       outs=[], wait=[], signal=[], hold_ns=0, delay_ns=0,
                       dep_timeout_ns=reg.scaled_ns(reg.spec.dependency_timeout_ms), priority=100,
-                      t_submit=time.monotonic_ns(), timeout_ns=reg.scaled_ns(reg.spec.watchdog_ms),
+                      t_submit=clock.now_ns(), timeout_ns=reg.scaled_ns(reg.spec.watchdog_ms),
                       probe_of=probe_of, then=then)
         self.commit(cmd)
         if mem is not None:

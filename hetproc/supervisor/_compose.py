@@ -21,6 +21,7 @@ from ipc import PENDING, FenceTable, Manifest, Segment, errors
 
 from .._config import PlatformSpec
 from ._bandwidth import DdrQuota
+from ._clock import ClockOwner, PokingDoorbell
 from ._commands import Commands
 from ._descriptors import DescriptorBudget, raise_descriptor_limit
 from ._devices import Command, DeviceHandle
@@ -101,6 +102,7 @@ class Parts:
     metrics: Metrics
     fencefds: FenceFds
     requests: dict[str, Handler]
+    vclock: ClockOwner | None  # the virtual clock's owner (None: the real clock)
 
 
 def compose(spec: PlatformSpec, named: NamedObjects, *,
@@ -132,15 +134,19 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     ddr = DdrQuota(spec)
     fencefds = FenceFds(reg, lifetimes, failures)
     hazards = Hazards(reg, evidence, spec.hazards)
+    vclock = (ClockOwner(reg, named.new_segment, autojump_ms=spec.autojump_ms,
+                         recovery=recovery, tie_seed=spec.tie_seed)
+              if spec.clock == "virtual" else None)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
-                      hazards=hazards, fencefds=fencefds)
+                      hazards=hazards, fencefds=fencefds,
+                      clock=vclock.metrics if vclock is not None else None)
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
                 "spec": spec.to_dict()}
     requests = handler_table({
         "connection": ConnectionRequests(reg, evidence, platform=platform, stop=stop,
-                                         owner_pid=os.getppid()),
+                                         owner_pid=os.getppid(), clock=vclock),
         "memory": MemoryRequests(reg, pool, lifetimes, iommu, handoff, faults, failures, memlog,
                                  queues),
         "commands": CommandRequests(reg, pool, commands, iommu, handoff, faults, evidence, queues,
@@ -151,7 +157,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
         "fencefds": FenceFdRequests(fencefds),
     })
     return Parts(reg, pool, state_segment, faults, iommu, evidence, failures, lifetimes,
-                 handoff, commands, queues, recovery, ddr, metrics, fencefds, requests)
+                 handoff, commands, queues, recovery, ddr, metrics, fencefds, requests, vclock)
 
 
 def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, Segment]:
@@ -198,7 +204,8 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
         ring = named.new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
         bell_name = f"{named.prefix}bell.{dspec.name}"
         named.record("sem", bell_name)
-        bell = posix_ipc.Semaphore(bell_name, posix_ipc.O_CREX, initial_value=0)
+        bell = (PokingDoorbell if spec.clock == "virtual" else posix_ipc.Semaphore)(
+            bell_name, posix_ipc.O_CREX, initial_value=0)
         efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         devices[dspec.name] = DeviceHandle(
             dspec, index, named.prefix, ring, bell, efd,

@@ -13,7 +13,6 @@ import dataclasses
 import enum
 import os
 import select
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +27,7 @@ from device_workers import (
     device_main,
     encode_command,
 )
-from ipc import Ring, Segment, SegmentSender, encode, segment_socketpair
+from ipc import Ring, Segment, SegmentSender, clock, encode, segment_socketpair
 
 from .._config import DeviceSpec
 from ._inring import InRing
@@ -292,17 +291,18 @@ class DeviceHandle:
         marked at once all the same)."""
         sched = self.sched
         # An idle device is free by now whatever the estimate says (a reset emptied it).
-        at = self.free_ns if self.pushed else min(self.free_ns, time.monotonic_ns())
+        now = clock.now_ns()
+        at = self.free_ns if self.pushed else min(self.free_ns, now)
         cmd = sched.peek(at)
         if cmd is None:
             at = sched.next_arrival() or 0
-            if at - self.lead_ns > time.monotonic_ns():
+            if at - self.lead_ns > now:
                 self.wake_ns = at - self.lead_ns
                 return None
             cmd = sched.peek(at)
             if cmd is None:
                 return None  # (never: something arrives at ``at``)
-        elif at - self.lead_ns > time.monotonic_ns() and (
+        elif at - self.lead_ns > now and (
                 not self.preemptive or not (self.pushed.long or self.timeslice_ns)
                 or self._urgency(cmd) is not _NOW):
             self.wake_ns = at - self.lead_ns

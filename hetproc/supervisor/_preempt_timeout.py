@@ -21,21 +21,27 @@ if TYPE_CHECKING:
     from ._records import Registry
 
 
-def preempt_timeout(reg: Registry, dev: DeviceHandle, blocker: Command,
-                    now: int) -> errors.PreemptTimeout | None:
-    """The error to reset ``blocker`` with, if a more urgent command has waited on it for
-    the device's ``preempt_timeout_ms`` by ``now``; None otherwise (or when the device has
-    no preempt timeout, or never preempts)."""
-    limit = reg.engine(dev).preempt_timeout_ms
-    if not limit or not dev.preemptive:
+def waited_since(reg: Registry, dev: DeviceHandle, blocker: Command) -> int | None:
+    """Since when a more urgent command has waited on ``blocker`` (None: none does, or
+    the device has no preempt timeout); it times out ``preempt_timeout_ms`` later."""
+    if not reg.engine(dev).preempt_timeout_ms or not dev.preemptive:
         return None
     preempts = dev.sched.preempts
     waiting = [c.t_arrive for c in dev.pushed.values()
                if c.preemptor and c is not blocker and preempts(c, blocker)]
     if not waiting:
         return None
-    since = max(min(waiting), reg.slots[dev.index].u64[S.STARTED])
-    if now - since < reg.scaled_ns(limit):
+    return max(min(waiting), reg.slots[dev.index].u64[S.STARTED])
+
+
+def preempt_timeout(reg: Registry, dev: DeviceHandle, blocker: Command,
+                    now: int) -> errors.PreemptTimeout | None:
+    """The error to reset ``blocker`` with, if a more urgent command has waited on it for
+    the device's ``preempt_timeout_ms`` by ``now``; None otherwise (or when the device has
+    no preempt timeout, or never preempts)."""
+    limit = reg.engine(dev).preempt_timeout_ms
+    since = waited_since(reg, dev, blocker)
+    if since is None or now - since < reg.scaled_ns(limit):
         return None
     return errors.PreemptTimeout(
         f"{dev.name}: {blocker.kernel} could not be preempted and held the device "

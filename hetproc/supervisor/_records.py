@@ -74,6 +74,8 @@ class ClientRec:
     # Descriptors taken for the reply being built (``hand_segment``), in ``segs`` order:
     # the loop gives them to the outbox with the reply, or closes them with a refusal.
     handing: list[int] = field(default_factory=list)
+    # Its waiter slot on the virtual clock's segment (-1: none; ``_clock`` hands it out).
+    clock_slot: int = -1
 
 
 @dataclass(eq=False)

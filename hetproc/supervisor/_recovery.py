@@ -55,14 +55,13 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from device_workers import DeviceState
 from device_workers import StateSlot as S
-from ipc import errors
+from ipc import clock, errors
 
 from ._device_cpu import DeviceCpu
 from ._devices import CommandState
@@ -103,7 +102,7 @@ class Incident:
     wedged: bool = False  # its reset failed (``_resets``): the device stays down
 
     def step(self, name: str, **detail: Any) -> None:
-        self.steps.append({"step": name, "t_ms": round((time.monotonic_ns() - self.t0) / 1e6, 3),
+        self.steps.append({"step": name, "t_ms": round((clock.now_ns() - self.t0) / 1e6, 3),
                            **detail})
 
     def summary(self) -> dict[str, Any]:
@@ -306,14 +305,14 @@ class Recovery:
                                 cpu_ms=round((cmd.timeout_ns - unused) / 1e6, 3))
         cmd.lagged = True
         self.verdicts["host_lag"] += 1
-        cmd.watch_deadline = time.monotonic_ns() + max(unused, _MIN_EXTENSION_NS)
+        cmd.watch_deadline = clock.now_ns() + max(unused, _MIN_EXTENSION_NS)
         return True
 
     # -- steps 1-3 ----------------------------------------------------------------------
 
     def new_incident(self, kind: str, dev: DeviceHandle, guilty: Command | None) -> Incident:
         self._ids += 1
-        inc = Incident(self._ids, kind, dev.name, guilty, time.monotonic_ns())
+        inc = Incident(self._ids, kind, dev.name, guilty, clock.now_ns())
         self.active[dev.name] = inc
         dev.paused = True
         self.resets.on_reset(dev)
@@ -342,7 +341,7 @@ class Recovery:
         self.reg.slots[dev.index].u64[S.CANCEL_PIDX] = cmd.pidx
         inc.step("cancel", pidx=cmd.pidx)
         grace = self.reg.scaled_ns(self.reg.engine(dev).stop_timeout_ms)  # the device's own
-        inc.grace_deadline = time.monotonic_ns() + grace
+        inc.grace_deadline = clock.now_ns() + grace
         if self.policy.unsafe_reclaim:
             inc.step("UNSAFE_early_reclaim", note="steps 4-6 before the device confirmed")
             self.fail_and_reclaim(dev, inc, [])
@@ -587,7 +586,7 @@ class Recovery:
             self._done(inc)
 
     def _done(self, inc: Incident) -> None:
-        inc.done_ns = time.monotonic_ns()
+        inc.done_ns = clock.now_ns()
         inc.step("done")
         self.probing.pop(inc.id, None)
         self.history.append(inc.summary())

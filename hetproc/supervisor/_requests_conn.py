@@ -19,6 +19,7 @@ from ._records import ClientRec, Registry
 from ._requests import need_owner
 
 if TYPE_CHECKING:
+    from ._clock import ClockOwner
     from ._evidence import Evidence
 
 MAX_ROLE_TOKENS = 64
@@ -29,12 +30,14 @@ class ConnectionRequests:
     loop; ``owner_pid``: the process that started the platform (the kernel's word)."""
 
     def __init__(self, reg: Registry, evidence: Evidence, *, platform: dict[str, Any],
-                 stop: Callable[[], None], owner_pid: int) -> None:
+                 stop: Callable[[], None], owner_pid: int,
+                 clock: ClockOwner | None = None) -> None:
         self.reg = reg
         self.evidence = evidence
         self.platform = platform
         self.stop = stop
         self.owner_pid = owner_pid
+        self.clock = clock
         self._client_ids = itertools.count(1)
 
     def hello(self, client: ClientRec, msg: dict) -> dict:
@@ -50,9 +53,12 @@ class ConnectionRequests:
         scope = self.reg.role_tokens.get(msg.get("role", 0))
         client.privileged = client.owner or scope == "all"
         client.trace_reader = client.privileged or scope == "trace"
-        return {"client_id": client.id, **self.platform, **self.evidence.hello(client),
-                "privileged": client.privileged,
-                "max_priority": check.max_priority(client, self.reg.spec.limits)}
+        result = {"client_id": client.id, **self.platform, **self.evidence.hello(client),
+                  "privileged": client.privileged,
+                  "max_priority": check.max_priority(client, self.reg.spec.limits)}
+        if self.clock is not None:  # where this connection says it waits (``_clock``)
+            result["clock"] = self.clock.admit(client)
+        return result
 
     def grant_role(self, client: ClientRec, msg: dict) -> dict:
         """A token that gives the client presenting it at hello a role: the owner's to

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ipc import errors
+from ipc import clock, errors
 
 from ._records import ClientRec, ContextRec, ResetCounts
 from ._requests import need_privilege
@@ -111,7 +111,7 @@ class Resets:
         _count(ctx, "guilty")
         if not ctx.recoverable:
             return False, None
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         window = self.reg.scaled_ns(self.policy.ban_window_ms)
         ctx.hangs[:] = [t for t in ctx.hangs if now - t < window] + [now]
         if len(ctx.hangs) < self.policy.ban_hangs:

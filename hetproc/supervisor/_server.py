@@ -88,7 +88,7 @@ import struct
 import time
 
 from device_workers import StateSlot
-from ipc import Manifest, cleanup_prefix, decode, encode, errors, pack_frame, socket_address
+from ipc import Manifest, cleanup_prefix, clock, decode, encode, errors, pack_frame, socket_address
 
 from .. import _protocol
 from .._config import PlatformSpec
@@ -107,6 +107,7 @@ from ._records import ClientRec, Registry
 from ._recovery import Recovery
 
 TICK_S = 0.005
+VIRTUAL_TICK_S = 0.0005  # on the virtual clock a jump waits for the loop's next turn
 REQUESTS_PER_TURN = 64
 ACCEPTS_PER_TURN = 32
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -143,6 +144,9 @@ class Supervisor:
         self.queues: Queues = parts.queues
         self.fencefds: FenceFds = parts.fencefds
         self.handlers = parts.requests
+        self.vclock = parts.vclock  # the virtual clock's owner (None: the real clock)
+        if self.vclock is not None:
+            self.vclock.settle = self.tick
         for dev in self.reg.devices.values():
             self.sel.register(dev.completion_fd, selectors.EVENT_READ, ("completion", dev))
         self._setup_socket()
@@ -179,6 +183,8 @@ class Supervisor:
         slot = self.reg.slots[dev.index]  # requests of the epoch that ended end with it
         slot.u64[StateSlot.CANCEL_PIDX] = slot.u64[StateSlot.PREEMPT_PIDX] = 0
         slot.u32[StateSlot.PARK] = 0
+        if self.vclock is not None:
+            self.vclock.device_spawned(dev.index)
         dev.spawn(boot, keep_fds=set)
         self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
         self.evidence.device_spawned(dev)
@@ -193,11 +199,13 @@ class Supervisor:
 
     def serve(self) -> None:
         self.reg.descriptors.start()  # what the platform holds of its own, before tenants
+        vclock = self.vclock
+        tick_s = TICK_S if vclock is None else VIRTUAL_TICK_S
         while self.running:
             for client in list(self.backlog):
                 self.serve_pending(client)
             news = False
-            for key, mask in self.sel.select(0 if self.backlog else TICK_S):
+            for key, mask in self.sel.select(0 if self.backlog else tick_s):
                 kind, obj = key.data
                 if kind == "completion":
                     self.commands.on_completions(obj)
@@ -218,12 +226,14 @@ class Supervisor:
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
+            if vclock is not None and vclock.turn(bool(self.backlog)):
+                self.tick()  # what is due at the instant the clock moved to
 
     def tick(self) -> None:
         """Timers: completions nobody woke us for, commands dated ahead that are due, the
         watchdog, incidents' grace periods."""
         self.commands.collect_news()
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         for dev in self.reg.devices.values():
             if 0 < dev.wake_ns <= now:  # a decision dated ahead is due
                 dev.pump()
@@ -532,6 +542,8 @@ class Supervisor:
             os.close(dev.completion_fd)
         for slot in self.reg.slots:
             slot.release()
+        if self.vclock is not None:
+            self.vclock.close()
         self.named.remove_segments()
         self.manifest.remove()
         cleanup_prefix(self.prefix)  # anything recorded late or never recorded

@@ -1,0 +1,129 @@
+"""How a device waits under the virtual clock: it never sleeps for modeled time.
+
+Where the real clock holds (``_hold.hold_until``), a device on the virtual clock says in
+its waiter slot until which modeled instant it is blocked (``ipc.clock.Waiter``) and sleeps
+on its doorbell in short real slices until the supervisor has moved the clock there and
+posted the doorbell. A wait for an input fence names the fence too, so the supervisor sees
+a device about to wake the moment the fence completes. A real kernel still runs in real
+time: the device is not blocked then, and the clock does not move.
+
+Order (``Waiter``): read the supervisor's pokes (``begin``), then look at the work
+(cancel, preemption, the ring), then say "blocked" (``block``): a command pushed after the
+look is news the supervisor sees the device has not seen, so it never jumps past it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import posix_ipc
+
+from ipc import FenceTable, clock, errors
+
+from . import _hold
+from ._state import StateSlot
+
+NO_WAKE = clock.NO_WAKE
+DOORBELL_SLICE_S = 0.05  # real time between looks when nobody posts (a lost post is harmless)
+FENCE_SLICE_S = 0.005     # a fence wait looks at its pokes (a cancel, a wake) this often
+
+
+class Device(Protocol):
+    """What the waits use of the device worker (``_worker.DeviceWorker``)."""
+
+    boot: Any
+    intake: Any
+    outbox: Any
+    preempt: Any
+    fences: FenceTable
+    doorbell: posix_ipc.Semaphore
+    delayed: list
+    u32: Any
+
+    def fire_due_signals(self) -> None: ...
+    def beat(self) -> None: ...
+    def drain(self) -> None: ...
+    def between_chunks(self) -> None: ...
+    def _swallow_posts(self) -> None: ...
+    def _fetch_segments(self) -> None: ...
+
+
+class DeviceWaits:
+    """One device's waits on the virtual clock (its waiter slot and its doorbell); made
+    once, at the device's start, it takes over every ``hold_until`` of the process."""
+
+    def __init__(self, device: Device, vclock: clock.VirtualClock) -> None:
+        self.device = device
+        self.now = vclock.now_ns
+        self.slot = vclock.waiter(device.boot.index)
+        device.fences.model_now = vclock.now_ns  # what a fence it fails is stamped with
+        _hold.use_virtual(self.hold)
+
+    def run(self) -> None:
+        """The device's loop: its turn (``DeviceWorker.run``), in this module's order,
+        blocked between turns until a post or the next hand-off signal's instant."""
+        dev, slot, u32 = self.device, self.slot, self.device.u32
+        while not dev.intake.stopped and os.getppid() == dev.boot.parent_pid:
+            slot.begin()
+            dev.fire_due_signals()
+            dev.beat()
+            dev.drain()
+            wake = dev.delayed[0][0] if dev.delayed else NO_WAKE
+            if not dev.intake.stopped and wake > self.now():
+                if self._block(wake, dev.doorbell):
+                    dev._swallow_posts()
+                else:
+                    dev._fetch_segments()  # idle: unmap segments that are gone
+            u32[StateSlot.WAKES] = (u32[StateSlot.WAKES] + 1) & 0xFFFFFFFF
+
+    def hold(self, until: int, between: Callable[[], None]) -> None:
+        """Until the clock reaches ``until``, calling ``between`` (cancel, preemption) on
+        every wake, woken sooner at a preemption's chunk boundary. Returns at once,
+        without calling ``between``, if already due."""
+        dev, slot, now = self.device, self.slot, self.now
+        while True:
+            slot.begin()
+            if now() >= until:
+                return
+            between()
+            t = dev.preempt.next_point()
+            wake = until if t is None or t <= now() or t > until else t
+            dev.outbox.flush()  # our records go out first: the supervisor needs them
+            self._block(wake, dev.doorbell)
+
+    def fence(self, handle: int, deadline: int) -> int:
+        """Wait for an input fence until modeled ``deadline``: its error code, or
+        ``FenceTimeout`` once the clock passed the deadline. Woken too when a hand-off
+        signal of ours comes due (``between_chunks`` fires it)."""
+        dev, slot, now = self.device, self.slot, self.now
+        while True:
+            slot.begin()
+            dev.between_chunks()
+            if now() >= deadline:
+                raise errors.FenceTimeout(f"fence {handle:#x} still pending at the deadline")
+            wake = min(deadline, dev.delayed[0][0]) if dev.delayed else deadline
+            if wake <= now():
+                continue
+            slot.block(wake, handle)
+            try:
+                return dev.fences.wait(handle, FENCE_SLICE_S)
+            except errors.FenceTimeout:
+                pass
+            finally:
+                slot.clear()
+
+    def _block(self, wake: int, doorbell: posix_ipc.Semaphore) -> bool:
+        """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted.
+        The supervisor is woken to look (its eventfd): the clock may move now."""
+        slot = self.slot
+        slot.block(wake)
+        self.device.outbox.poke()
+        try:
+            doorbell.acquire(DOORBELL_SLICE_S)
+            return True
+        except posix_ipc.BusyError:
+            return False
+        finally:
+            slot.clear()

@@ -1,0 +1,52 @@
+"""``hetproc.now()`` and ``hetproc.sleep(ms)`` for scenario code: the platform's time.
+
+Both act on a client given, else on this process's current one: the client opened last
+that is still open (a scenario holds one platform). With no client, or one on the real
+clock, they are the host's monotonic clock and ``time.sleep``; on the virtual clock they
+read and wait in modeled time (``_vclock``).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from ipc import errors
+
+from . import _vclock
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+_current: weakref.ref[Client] | None = None
+
+
+def became_current(client: Client) -> None:
+    global _current
+    _current = weakref.ref(client)
+
+
+def current() -> Client | None:
+    """The client opened last in this process, if it is still open."""
+    client = _current() if _current is not None else None
+    if client is None or client.connection.closed:
+        return None
+    return client
+
+
+def now(client: Client | None = None) -> int:
+    """The platform's now in ns (modeled on the virtual clock; CLOCK_MONOTONIC else)."""
+    client = client or current()
+    return client.connection.clock.now_ns() if client is not None else time.monotonic_ns()
+
+
+def sleep(ms: float, client: Client | None = None) -> None:
+    """Let ``ms`` of the platform's time pass (modeled on the virtual clock)."""
+    if not ms >= 0:  # also refuses nan
+        raise errors.InvalidRequest(f"sleep takes ms >= 0, got {ms!r}")
+    client = client or current()
+    if client is not None and client.connection.waiter is not None:
+        _vclock.sleep(client.connection, ms / 1000)
+    else:
+        time.sleep(ms / 1000)

@@ -1,0 +1,83 @@
+"""A client's waits under the virtual clock: blocked in modeled time, never in real time.
+
+A connection to a platform on the virtual clock gets a waiter slot at hello (``ipc._clock``,
+``hetproc.supervisor._clock``). A wait says in it that this process is blocked -- on which
+fence, until which modeled instant -- only after its last packet was written (every
+request is written whole before it returns), then sleeps on the fence's semaphore in
+short real slices, ending when the fence completes or the clock passes its deadline; the
+slot is cleared when the wait ends. ``sleep`` blocks on no fence and polls the clock word.
+
+Every wait keeps a real deadline too (``REAL_BACKSTOP_S`` past the modeled timeout's
+worth of real time, or when the supervisor dies), so nothing blocks forever even if the
+clock never moves.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from ipc import clock, errors
+
+if TYPE_CHECKING:
+    from ._connection import Connection
+
+FENCE_SLICE_S = 0.002   # a fence wait looks at the clock (its deadline) this often
+SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often
+REAL_BACKSTOP_S = 60.0  # real seconds a wait goes on if the clock stops moving
+
+
+def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
+    """The fence's error code once it completes (0: signalled); ``FenceTimeout`` once
+    the modeled clock passed ``timeout_s`` from now, ``SupervisorLost`` if it died."""
+    waiter, fences = conn.waiter, conn.fences
+    assert waiter is not None
+    now = conn.clock.now_ns
+    deadline = _deadline(now(), timeout_s)
+    backstop = time.monotonic() + REAL_BACKSTOP_S + min(timeout_s, REAL_BACKSTOP_S)
+    waiter.block(deadline, handle)
+    try:
+        while True:
+            try:
+                return fences.wait(handle, FENCE_SLICE_S)
+            except errors.FenceTimeout:
+                pass
+            if now() >= deadline or time.monotonic() > backstop:
+                raise errors.FenceTimeout(
+                    f"fence {handle:#x} still pending after {timeout_s:.3f} s (virtual clock)")
+            if not conn.supervisor_alive():
+                raise errors.SupervisorLost("the supervisor died while this fence was pending")
+    finally:
+        waiter.clear()
+
+
+def wait_handle(conn: Connection, handle: int, timeout_s: float) -> int:
+    """A wait on a raw fence handle on the connection's clock: ``FenceTable.wait`` on the
+    real clock, ``wait_fence`` (modeled time, registered) on the virtual one."""
+    if conn.waiter is None:
+        return conn.fences.wait(handle, timeout_s)
+    return wait_fence(conn, handle, timeout_s)
+
+
+def sleep(conn: Connection, seconds: float) -> None:
+    """Block until the modeled clock has moved ``seconds`` on."""
+    waiter = conn.waiter
+    assert waiter is not None
+    now = conn.clock.now_ns
+    until = now() + round(seconds * 1e9)
+    backstop = time.monotonic() + REAL_BACKSTOP_S + seconds
+    waiter.block(until)
+    try:
+        while now() < until:
+            if time.monotonic() > backstop or not conn.supervisor_alive():
+                raise errors.SupervisorLost("the virtual clock stopped moving (is the "
+                                            "supervisor alive?)")
+            time.sleep(SLEEP_SLICE_S)
+    finally:
+        waiter.clear()
+
+
+def _deadline(now: int, timeout_s: float) -> int:
+    if timeout_s == float("inf") or timeout_s * 1e9 >= clock.NO_WAKE - now:
+        return clock.NO_WAKE
+    return now + round(timeout_s * 1e9)

@@ -1,0 +1,301 @@
+"""The virtual clock's owner: modeled time that moves only when the platform is quiescent.
+
+Under ``clock = "virtual"`` the supervisor creates the clock segment (``ipc._clock``) under
+the platform's prefix, installs it as this process's clock (the devices it forks inherit
+it), hands each client connection a waiter slot at hello, and, once per loop turn, looks
+whether the whole platform waits (``turn``)::
+
+    1. the waiters' slots first: every device blocked (in a hold until its wake, idle, or
+       on an input fence still pending) with no poke it has not seen; every client
+       process blocked in a hetproc wait on one of its connections (a fence wait,
+       ``hetproc.sleep``), its fence still pending and its deadline ahead
+    2. then the traffic: no client socket readable, no partial or unserved packet, no
+       reply unsent, no completion record uncollected, no device killed or dead and not
+       reaped yet, no request (cancel, park, preempt) written into a device's slot since
+       it was last poked
+    3. then the loop's timers run at this instant (``settle``), step 1 and 2 again, and
+       the jump: the clock moves to the earliest next event -- a device's wake, a
+       scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
+       this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
+       timeout, an incident's grace, a client's wait deadline -- and the devices whose
+       wake came are poked and their doorbells posted (clients poll the clock word)
+
+Reading the slots before the sockets is what makes it safe: a client marks itself blocked
+only after its last packet was written, so a packet written before the flag is always
+seen in step 2. A device reads its pokes before it looks at its ring (``_vclock``), so a
+command pushed after that look shows as news it has not seen.
+
+A client process blocked on one connection counts as blocked with all its connections
+(single-threaded scenario code holding several connections); a process with threads that
+run while one waits is not told apart (a limitation). A client that stays outside hetproc
+waits (``time.sleep``, its own socket, a spin) while everything else waits holds the clock
+for ``autojump_ms`` real ms; then the clock jumps anyway and the jump counts as a
+determinism break, naming the client (``metrics``). Every event due at the new instant is
+released in the same jump; the devices are woken by index, or in an order the platform's
+``tie_seed`` permutes (only that order: the supervisor's own decisions due then are made
+in its usual order).
+"""
+
+from __future__ import annotations
+
+import random
+import select
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import posix_ipc
+
+from device_workers import StateSlot as S
+from ipc import Segment, clock
+from ipc.errors import HetprocError
+
+from ._preempt_timeout import waited_since
+from ._records import ClientRec, Registry
+from ._recovery import Recovery
+
+NO_WAKE = clock.NO_WAKE
+
+
+class PokingDoorbell(posix_ipc.Semaphore):
+    """A device's doorbell on the virtual clock: every post pokes the device's waiter slot
+    first, so the clock never moves past news the device has not seen."""
+
+    waiter: clock.Waiter | None = None
+
+    def release(self) -> None:
+        if self.waiter is not None:
+            self.waiter.poke()
+        super().release()
+
+
+class ClockOwner:
+    """The virtual clock of one platform: its segment, its waiter slots, its jumps."""
+
+    def __init__(self, reg: Registry, new_segment: Callable[[str, int], Segment], *,
+                 autojump_ms: float, recovery: Recovery, tie_seed: int = 0) -> None:
+        self.reg = reg
+        self.recovery = recovery
+        devices, clients = len(reg.devices), reg.spec.limits.max_clients
+        self.clock = clock.VirtualClock(
+            new_segment("clock", clock.segment_bytes(devices, clients)), create=True)
+        clock.install(self.clock)  # this process's now, and every device's it forks
+        reg.fences.model_now = self.clock.now_ns  # what the fences we fail are stamped with
+        self.segment_name = self.clock.segment.name
+        self._free_slots = list(range(devices + clients - 1, devices - 1, -1))
+        self.waiters = [self.clock.waiter(i) for i in range(devices)]
+        for dev in reg.devices.values():
+            self.waiters[dev.index].reset()
+            if isinstance(dev.doorbell, PokingDoorbell):
+                dev.doorbell.waiter = self.waiters[dev.index]
+            dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
+        self.autojump_ns = round(autojump_ms * 1e6)
+        self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
+        self.breaks = 0
+        self.break_clients: dict[str, int] = {}
+        # The requests last seen in each device's state slot (cancel, park, preempt): a
+        # change is news the device must look at before the clock may move.
+        self._requests = [(0, 0, 0)] * devices
+        self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
+        # The order devices whose wakes fall on the same instant are woken in: by index,
+        # or a permutation the tie seed fixes.
+        self._order = sorted(reg.devices.values(), key=lambda d: d.index)
+        if tie_seed:
+            random.Random(tie_seed).shuffle(self._order)
+
+    # -- connections ----------------------------------------------------------------
+
+    def admit(self, client: ClientRec) -> dict[str, Any]:
+        """A waiter slot for a new connection (hello): where it says it is blocked."""
+        if not self._free_slots:  # (never: one slot per limits.max_clients)
+            raise HetprocError("no waiter slot left on the clock segment")
+        slot = self._free_slots.pop()
+        self.clock.waiter(slot).reset()
+        client.clock_slot = slot
+        return {"segment": self.segment_name, "slot": slot}
+
+    def device_spawned(self, index: int) -> None:
+        """A new device process: not blocked, no news owed (whatever the last one said)."""
+        self.waiters[index].reset()
+
+    def client_gone(self, client: ClientRec) -> None:
+        if client.clock_slot >= 0:
+            self.clock.waiter(client.clock_slot).reset()
+            self._free_slots.append(client.clock_slot)
+            client.clock_slot = -1
+
+    # -- the jump ---------------------------------------------------------------------
+
+    def turn(self, busy: bool) -> bool:
+        """Move the clock if the platform is quiescent (the module docstring's three
+        steps); ``busy``: the loop has work of its own this turn. True when it moved."""
+        now = self.clock.now_ns()
+        if busy or self._quiet(now) is None:
+            return self._not_quiet()
+        self.settle()  # the timers at this instant (a watchdog's first sight of a command)
+        quiet = self._quiet(now)
+        if quiet is None:
+            return self._not_quiet()
+        wakes, running = quiet
+        wakes.extend(dev.wake_ns for dev in self.reg.devices.values() if dev.wake_ns > 0)
+        wakes.extend(self._timers())
+        later = [t for t in wakes if t > now]
+        if not later:  # nothing to move to (it waits for a client): no jump, no break
+            return self._not_quiet()
+        if running and not self._autojump(running):
+            return False
+        self._jump(min(later))
+        return True
+
+    def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
+        """Steps 1 and 2: the waiters' wakes and the connections of client processes
+        that are not in a hetproc wait; None when something runs or is in flight."""
+        if self._new_requests():
+            return None
+        wakes = self._device_wakes(now)
+        clients = self._client_wakes(now) if wakes is not None else None
+        if wakes is None or clients is None or self._traffic():
+            return None
+        return wakes + clients[0], clients[1]
+
+    def _new_requests(self) -> bool:
+        """A request written into a device's state slot since the last look (a cancel,
+        a park, a preemption): the device is poked to look at it."""
+        news = False
+        for dev in self.reg.devices.values():
+            u64 = self.reg.slots[dev.index].u64
+            words = (u64[S.CANCEL_PIDX], self.reg.slots[dev.index].u32[S.PARK],
+                     u64[S.PREEMPT_PIDX])
+            if words != self._requests[dev.index]:
+                self._requests[dev.index] = words
+                dev.doorbell.release()
+                news = True
+        return news
+
+    def _timers(self) -> list[int]:
+        """The supervisor's own next events: each running command's watchdog deadline
+        and preempt timeout, each incident's grace before the kill. One modeled ns before
+        a watchdog deadline its device is woken to look (``_jump``): a device that holds
+        counts progress then, as it does between chunks on the real clock, and a hung
+        one does not."""
+        out = [inc.grace_deadline for inc in self.recovery.active.values()
+               if inc.grace_deadline and not inc.confirmed]
+        for dev in self.reg.devices.values():
+            for cmd in dev.pushed.values():
+                if cmd.watch_deadline:
+                    out += (cmd.watch_deadline - 1, cmd.watch_deadline)
+                    since = waited_since(self.reg, dev, cmd)
+                    if since is not None:
+                        out.append(since + self.reg.scaled_ns(
+                            self.reg.engine(dev).preempt_timeout_ms))
+        return out
+
+    def _device_wakes(self, now: int) -> list[int] | None:
+        wakes = []
+        for dev in self.reg.devices.values():
+            if not dev.pid and dev.name in self.reg.wedged:
+                continue  # down for good: it waits for nothing
+            snap = self.waiters[dev.index].snapshot() if dev.pid else None
+            if snap is None:
+                return None
+            wake, fence = snap
+            if wake <= now or (fence and self._done(fence)):
+                return None  # about to run
+            if wake != NO_WAKE:
+                wakes.append(wake)
+        return wakes
+
+    def _client_wakes(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
+        """The blocked clients' deadlines and the connections of processes that are not
+        blocked at all; None when one is about to run."""
+        wakes: list[int] = []
+        blocked: dict[int, bool] = {}
+        for client in self.reg.clients.values():
+            if not client.id or client.clock_slot < 0:
+                return None  # saying hello
+            snap = self.clock.waiter(client.clock_slot).snapshot()
+            if snap is None:
+                blocked.setdefault(client.pid, False)
+                continue
+            wake, fence = snap
+            if wake <= now or (fence and self._done(fence)):
+                return None
+            blocked[client.pid] = True
+            if wake != NO_WAKE:
+                wakes.append(wake)
+        running = [c for c in self.reg.clients.values() if not blocked[c.pid]]
+        return wakes, running
+
+    def _done(self, fence: int) -> bool:
+        try:
+            return self.reg.fences.poll(fence)[0] != 0
+        except HetprocError:
+            return True  # recycled: its waiter wakes and finds out
+
+    def _traffic(self) -> bool:
+        """Anything in flight the slots cannot show: bytes from a client, a reply not
+        sent, a completion not collected, a device killed or dead and not reaped yet
+        (its slot says what it did before it died)."""
+        clients = list(self.reg.clients.values())
+        if any(c.pending or c.reader.buffered or c.outbuf for c in clients):
+            return True
+        devices = self.reg.devices.values()
+        if any(dev.completions.depth() for dev in devices):
+            return True
+        if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
+            return True
+        return _readable([c.conn for c in clients] + [d.pidfd for d in devices if d.pidfd >= 0])
+
+    def _autojump(self, running: list[ClientRec]) -> bool:
+        """Only clients outside hetproc waits hold the clock: after ``autojump_ms`` real
+        ms, True (the jump is a determinism break, counted and named)."""
+        t = time.monotonic_ns()
+        if not self._stuck_since:
+            self._stuck_since = t
+            return False
+        if t - self._stuck_since < self.autojump_ns:
+            return False
+        self.breaks += 1
+        names = sorted({c.name for c in running})
+        for name in names:
+            self.break_clients[name] = self.break_clients.get(name, 0) + 1
+        self.reg.note_event("determinism_break", clients=names, now_ns=self.clock.now_ns(),
+                            held_ms=round((t - self._stuck_since) / 1e6, 3))
+        return True
+
+    def _not_quiet(self) -> bool:
+        self._stuck_since = 0
+        return False
+
+    def _jump(self, t: int) -> None:
+        """The clock to ``t``; the devices whose wake came, or whose command's watchdog
+        looks at the next ns (``_timers``), are poked, in the tie seed's order."""
+        self._stuck_since = 0
+        self.clock.advance(t)
+        for dev in self._order:
+            snap = self.waiters[dev.index].snapshot()
+            if snap is not None and (snap[0] <= t or any(
+                    c.watch_deadline == t + 1 for c in dev.pushed.values())):
+                dev.doorbell.release()
+
+    def close(self) -> None:
+        """Unmap the clock (before its segment goes, at shutdown)."""
+        for dev in self.reg.devices.values():
+            if isinstance(dev.doorbell, PokingDoorbell):
+                dev.doorbell.waiter = None
+        self.waiters = []
+        self.clock.close()
+
+    def metrics(self) -> dict[str, Any]:
+        return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
+                "determinism_breaks": self.breaks,
+                "determinism_break_clients": dict(self.break_clients)}
+
+
+def _readable(conns: Iterable[Any]) -> bool:
+    poller = select.poll()
+    n = 0
+    for conn in conns:
+        poller.register(conn, select.POLLIN)
+        n += 1
+    return bool(n and poller.poll(0))

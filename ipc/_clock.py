@@ -1,0 +1,162 @@
+"""The clock seam: real time (CLOCK_MONOTONIC) or a virtual clock in shared memory.
+
+A platform runs on one of two clocks. ``RealClock`` is the host's monotonic clock, the one
+every wait used before a seam existed. ``VirtualClock`` reads the modeled "now" from one
+u64 word of a small shared segment that the supervisor creates under the platform's
+prefix; only the supervisor writes that word, and only forward (it jumps to the next event
+once every process of the platform waits, see ``hetproc.supervisor._clock``).
+
+Beside the word, the segment holds one *waiter slot* per device and per client
+connection, where that process says it is blocked and until which modeled instant::
+
+    word 0        now_ns       the modeled now (supervisor; only grows)
+    word 1        jumps        how many times it moved (supervisor)
+    slots         8 words each: wake, fence, seen, gen, poked (device slots: poked is the
+                  supervisor's, the rest the waiter's)
+
+``wake`` is 0 while the waiter runs, ``NO_WAKE`` when it blocks with no instant of its own
+(idle, a hang, a wait without a deadline), else the modeled instant it blocks until.
+``fence`` is the fence handle it sleeps on (0: none): a fence that completed means the
+waiter is about to run, whatever ``wake`` says. ``poked`` counts the supervisor's calls
+for the waiter's attention (a command pushed, a cancel, the clock moved to its wake) and
+``seen`` the count the waiter had read before it last looked at its work: a waiter with
+``seen != poked`` has news it has not seen. ``gen`` grows on every change of the slot, so
+a reader that saw the same ``gen`` before and after reading the slot saw one registration.
+
+Process-wide seam: a device or supervisor process belongs to one platform, so it installs
+its clock once (``install``) and reads ``now_ns()`` through this module; a client process
+may hold connections to several platforms, so each connection carries its own clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ._segments import Segment
+
+REAL, VIRTUAL = "real", "virtual"
+CLOCKS = (REAL, VIRTUAL)
+NO_WAKE = (1 << 64) - 1        # blocked with no modeled instant of its own
+VIRTUAL_EPOCH_NS = 1_000_000_000  # where a virtual clock starts (never 0: 0 means unset)
+_HEADER_WORDS = 8
+SLOT_WORDS = 8
+WAKE, FENCE, SEEN, GEN, POKED = range(5)
+
+
+def segment_bytes(devices: int, clients: int) -> int:
+    return (_HEADER_WORDS + SLOT_WORDS * (devices + clients)) * 8
+
+
+class RealClock:
+    """The host's monotonic clock: what every wait used before the seam."""
+
+    virtual = False
+    now_ns = staticmethod(time.monotonic_ns)
+
+
+class Waiter:
+    """One waiter slot: a process's "I am blocked until" (see the module docstring).
+    The waiter writes it; the supervisor reads it (``snapshot``) and pokes it."""
+
+    __slots__ = ("_q", "_i")
+
+    def __init__(self, words: memoryview, slot: int) -> None:
+        self._q = words
+        self._i = _HEADER_WORDS + slot * SLOT_WORDS
+
+    def block(self, wake: int, fence: int = 0) -> None:
+        """Say this process is blocked until modeled ``wake`` (``NO_WAKE``: none), on
+        ``fence`` if any. Call ``begin`` first, before the last look at the work."""
+        q, i = self._q, self._i
+        q[i + GEN] += 1
+        q[i + FENCE] = fence
+        q[i + WAKE] = wake
+        q[i + GEN] += 1
+
+    def begin(self) -> None:
+        """Read the supervisor's pokes before looking at the work: a poke after this is
+        news the next ``block`` does not cover (``seen != poked``)."""
+        q, i = self._q, self._i
+        q[i + SEEN] = q[i + POKED]
+
+    def clear(self) -> None:
+        """Running again."""
+        q, i = self._q, self._i
+        if q[i + WAKE]:
+            q[i + GEN] += 1
+            q[i + WAKE] = 0
+            q[i + GEN] += 1
+
+    def reset(self) -> None:
+        """A fresh slot (the supervisor, before handing it out): nothing blocked, no news."""
+        q, i = self._q, self._i
+        for k in range(SLOT_WORDS):
+            q[i + k] = 0
+
+    def poke(self) -> None:
+        """The supervisor wants the waiter's attention (then posts its semaphore)."""
+        self._q[self._i + POKED] += 1
+
+    def snapshot(self) -> tuple[int, int] | None:
+        """``(wake, fence)`` of a waiter blocked with no unseen news, read consistently;
+        None while it runs, changes its slot, or has news it has not seen."""
+        q, i = self._q, self._i
+        gen = q[i + GEN]
+        if gen & 1:
+            return None
+        wake, fence = q[i + WAKE], q[i + FENCE]
+        if not wake or q[i + SEEN] != q[i + POKED] or q[i + GEN] != gen:
+            return None
+        return wake, fence
+
+
+class VirtualClock:
+    """Modeled time that moves only when the supervisor says so (a u64 word in shared
+    memory). Every process reads it; only the supervisor's ``advance`` writes it."""
+
+    virtual = True
+
+    def __init__(self, segment: Segment, *, create: bool = False) -> None:
+        self.segment = segment
+        self._q = memoryview(segment.map).cast("Q")
+        if create:
+            self._q[0] = VIRTUAL_EPOCH_NS
+        q = self._q
+        self.now_ns: Callable[[], int] = lambda: q[0]
+
+    @property
+    def jumps(self) -> int:
+        return self._q[1]
+
+    def advance(self, t: int) -> None:
+        """Move the clock to ``t`` (the supervisor only; never back)."""
+        q = self._q
+        assert t >= q[0], (t, q[0])
+        q[0] = t
+        q[1] += 1
+
+    def waiter(self, slot: int) -> Waiter:
+        return Waiter(self._q, slot)
+
+    def close(self) -> None:
+        """Unmap the word (its segment's creator unlinks it)."""
+        self.now_ns = lambda: 0
+        self._q.release()
+
+
+# -- the process-wide seam (devices and the supervisor: one platform per process) -------
+
+now_ns: Callable[[], int] = time.monotonic_ns
+virtual: VirtualClock | None = None
+
+
+def install(clock: VirtualClock) -> None:
+    """Make ``clock`` this process's clock (once, at start): ``now_ns`` reads it."""
+    global now_ns, virtual
+    virtual = clock
+    now_ns = clock.now_ns
+
+
+__all__ = ["RealClock", "VirtualClock", "Waiter", "NO_WAKE", "CLOCKS", "REAL", "VIRTUAL",
+           "segment_bytes", "install"]

@@ -1,0 +1,147 @@
+"""The virtual clock: modeled time that jumps to the next event once the platform waits.
+
+A platform on ``clock="virtual"`` must give the schedule the reference simulator gives
+(and the real clock gives), run by run the same to the ns, without waiting for modeled
+time in real time. Wall times are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+import hetproc
+from hetproc import SchedSpec, errors, load_platform
+from hetproc.drills._schedcheck import compare
+
+MS = 1_000_000
+
+
+def _platform(clock: str, **top) -> hetproc.Platform:
+    spec = load_platform()
+    sched = SchedSpec(policy="priority", chunk_ms=1.0, switch_us=0.0)
+    devices = tuple(dataclasses.replace(d, scheduler=sched) if d.name in ("npu0", "gpu0")
+                    else d for d in spec.devices)
+    spec = dataclasses.replace(spec, devices=devices, **top)
+    return hetproc.Platform(spec=spec, time_scale=1.0, clock=clock)
+
+
+# Two devices: a nested preemption on npu0, whose most urgent job feeds a chain to gpu0
+# (after a preemption there, and before a job that arrives while it runs).
+CHAIN = [dict(name="low", priority=0, arrival_ms=0, duration_ms=20),
+         dict(name="mid", priority=5, arrival_ms=2, duration_ms=10),
+         dict(name="high", priority=9, arrival_ms=4, duration_ms=2),
+         dict(name="bg", device="gpu0", priority=1, arrival_ms=0, duration_ms=3),
+         dict(name="urgent", device="gpu0", priority=9, arrival_ms=1, duration_ms=1),
+         dict(name="post", device="gpu0", priority=5, arrival_ms=4, duration_ms=3,
+              after=("high",), handoff_ms=1),
+         dict(name="tail", device="gpu0", priority=1, arrival_ms=7, duration_ms=2)]
+
+
+def _schedule(plat: hetproc.Platform) -> dict[str, tuple[int, int]]:
+    result = compare(plat, CHAIN, "priority")
+    assert result.summary["failed"] == 0 and result.differing() == [], result.differing()
+    return {r["job"]: (r["start_ns"], r["end_ns"]) for r in result.rows}
+
+
+def test_a_chain_on_two_devices_is_the_reference_schedule_on_both_clocks_every_run():
+    with _platform("real") as plat:
+        real = _schedule(plat)
+    with _platform("virtual") as plat:
+        t = time.monotonic()
+        runs = [_schedule(plat) for _ in range(5)]
+        print(f"\n5 virtual runs: {time.monotonic() - t:.3f} s wall")
+    with _platform("virtual", tie_seed=7) as plat:  # devices woken in another order
+        runs.append(_schedule(plat))
+    assert runs == [real] * 6
+    assert real["high"] == (4 * MS, 6 * MS) and real["mid"][1] == 14 * MS
+    assert real["bg"] == (0, 4 * MS) and real["post"] == (6 * MS, 9 * MS)
+    assert real["tail"] == (9 * MS, 11 * MS)
+
+
+def test_two_modeled_seconds_need_no_two_real_seconds():
+    with _platform("virtual") as plat:
+        npu = plat.client.context("npu0")
+        t0, wall = plat.now(), time.monotonic()
+        fences = [npu.submit_nowait("work", ms=20) for _ in range(100)]
+        for f in fences:
+            f.wait(5)
+        print(f"\n2 modeled s in {time.monotonic() - wall:.3f} s wall")
+        assert fences[-1].signal_time() - t0 == 2000 * MS
+        assert plat.now() == fences[-1].signal_time()
+        m = plat.metrics()["clock"]
+        assert m["clock"] == "virtual" and m["jumps"] >= 100 and m["determinism_breaks"] == 0
+
+
+def test_sleep_and_a_wait_timeout_count_modeled_time():
+    with _platform("virtual") as plat:
+        t0 = hetproc.now()
+        hetproc.sleep(5000)  # five modeled seconds, at once
+        assert hetproc.now() - t0 == 5000 * MS
+        f = plat.client.context("npu0").submit_nowait("work", ms=300)
+        with pytest.raises(errors.FenceTimeout):
+            f.wait(0.1)  # 100 modeled ms: the clock jumps to the deadline
+        assert plat.now() - t0 == 5100 * MS
+        f.wait(1)
+        assert f.signal_time() - t0 == 5300 * MS
+        assert plat.client.incidents()["verdicts"].get("no_hang", 0) == 1  # re-armed at 200
+
+
+def test_the_clock_is_a_platform_key_checked_strictly():
+    spec = load_platform()
+    assert spec.clock == "real" and spec.with_clock("virtual").clock == "virtual"
+    with pytest.raises(errors.InvalidRequest, match="clock"):
+        spec.with_clock("fast")
+    with pytest.raises(errors.InvalidRequest, match="clock"):
+        hetproc._config.parse_platform({**hetproc._config.to_raw(spec), "clock": "wall"})
+    with _platform("real") as plat:
+        assert plat.metrics()["clock"] == {"clock": "real"}
+        assert abs(plat.now() - time.monotonic_ns()) < 10_000 * MS
+
+
+def test_a_hang_times_out_and_recovers_on_the_modeled_timeline():
+    """watchdog 200 ms, grace 50 ms: the hung command is marked at 200 ms of device time,
+    killed at 250 ms, its fence failed then; no host lag can excuse or delay it."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu = c.context("npu0", name="victim")
+        c.inject("hang", device="npu0")
+        epoch = plat.metrics()["devices"]["npu0"]["epoch"]
+        t0 = plat.now()
+        f = npu.submit("work", ms=5)
+        with pytest.raises(errors.DeviceTimeout):
+            f.wait(5)
+        assert f.signal_time() - t0 == 250 * MS
+        deadline = time.monotonic() + 10
+        while c.incidents()["active"] and time.monotonic() < deadline:
+            hetproc.sleep(1)
+        inc = c.incidents()["history"][-1]
+        steps = {s["step"]: s["t_ms"] for s in inc["steps"]}
+        assert inc["confirmed_stop"] == "reaped" and inc["killed"]
+        assert steps["mark"] == 0.0 and steps["isolate"] == 50.0 and steps["done"] >= 50.0
+        assert c.incidents()["verdicts"].get("host_lag", 0) == 0
+        after = c.context("npu0").submit("work", ms=3)
+        after.wait(5)
+        assert plat.metrics()["devices"]["npu0"]["epoch"] == epoch + 1  # restarted
+
+
+def test_a_client_sleeping_outside_hetproc_is_a_determinism_break_and_named():
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        sleepy = plat.connect("sleepy")
+        npu = sleepy.context("npu0")
+        first = npu.submit_nowait("work", ms=5)
+        time.sleep(0.3)  # not a hetproc wait: the clock waits autojump_ms, then moves
+        second = npu.submit_nowait("work", ms=5)
+        first.wait(5)
+        second.wait(5)
+        clock = plat.metrics()["clock"]
+        assert clock["determinism_breaks"] >= 1
+        assert plat.metrics()["determinism_breaks"] == clock["determinism_breaks"]
+        assert set(clock["determinism_break_clients"]) == {"owner", "sleepy"}  # one process
+        events = [e for e in plat.client.incidents()["events"]
+                  if e["event"] == "determinism_break"]
+        assert events and events[0]["clients"] == ["owner", "sleepy"]
+        assert "determinism_break_clients" not in sleepy.metrics()["clock"]  # owner's to see
+        sleepy.close()
