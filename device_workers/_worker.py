@@ -19,11 +19,10 @@ fences it signals. When the host finishes past it, the lag is counted and traced
 Preemption (``_preempt``): a more urgent command marked by the supervisor runs at the
 running command's next chunk boundary, which then resumes, its modeled end pushed back.
 
-It reads its command ring in order and trusts nothing on it (``_intake``).
-
-It publishes heartbeat, progress and state in the shared state table, sees a cancel
-between chunks, and exits on its own when its supervisor dies (``PR_SET_PDEATHSIG``, plus
-a parent check on every idle wake-up).
+It reads its command ring in order and trusts nothing on it (``_intake``). It publishes
+heartbeat, progress and state in the shared state table, sees a cancel between chunks,
+and exits on its own when its supervisor dies (``PR_SET_PDEATHSIG``, plus a parent check
+on every idle wake-up). On the virtual clock its holds are ``_vclock``'s.
 """
 
 from __future__ import annotations
@@ -69,8 +68,7 @@ IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats it
 QUEUE_INPUT_SLICE_S = 0.001  # a queue command waiting for inputs looks for other work this often
 _TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
 # A host that ends this far past the modeled end has lagged: about one cross-core wake-up,
-# below which the spin at the end of a hold cannot tell lateness from its own jitter.
-LAG_TOLERANCE_NS = 50_000
+LAG_TOLERANCE_NS = 50_000  # below which a hold's final spin cannot tell lateness from jitter
 _PR_SET_PDEATHSIG = 1
 
 
