@@ -528,8 +528,9 @@ def _check_context_lost(d: Drill, ctx) -> None:
 
 def drill_spec(name: str, *, platform_file: str | None = None, time_scale: float | None = None,
                unsafe_reclaim: bool = False, seed: int | None = None,
-               clock: str | None = None) -> PlatformSpec:
+               clock: str | None = None, tie_seed: int | None = None) -> PlatformSpec:
     spec = load_platform(platform_file).with_time_scale(time_scale).with_clock(clock)
+    spec = spec.with_tie_seed(tie_seed)
     _, _, recovery = DRILLS[name]
     policy = {**spec.recovery, **recovery}
     if unsafe_reclaim:
@@ -544,19 +545,23 @@ def drill_spec(name: str, *, platform_file: str | None = None, time_scale: float
 
 def run_drill(name: str, *, platform_file: str | None = None, time_scale: float | None = None,
               unsafe_reclaim: bool = False, progress: Callable[[str], None] | None = None,
-              seed: int | None = None, clock: str | None = None) -> dict[str, Any]:
+              seed: int | None = None, clock: str | None = None,
+              tie_seed: int | None = None) -> dict[str, Any]:
     """Run one drill on a fresh platform; its report. ``seed`` seeds the platform's fault
     plan (a campaign runs one drill under many seeds); ``clock``: "real" or "virtual"
-    (None: the platform file's)."""
+    (None: the platform file's); ``tie_seed``: the virtual clock's order of simultaneous
+    events (None: the platform file's)."""
     if name not in DRILLS:
         near = difflib.get_close_matches(name, list(DRILLS), n=1)
         raise errors.InvalidRequest(f"no drill {name!r}" + (f" (did you mean {near[0]!r}?)" if near
                                     else "") + f"; known: {', '.join(DRILLS)}")
     fn, doc, _ = DRILLS[name]
     spec = drill_spec(name, platform_file=platform_file, time_scale=time_scale,
-                      unsafe_reclaim=unsafe_reclaim, seed=seed, clock=clock)
+                      unsafe_reclaim=unsafe_reclaim, seed=seed, clock=clock,
+                      tie_seed=tie_seed)
     report = run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
                              {"unsafe_reclaim": unsafe_reclaim}, progress=progress)
     report["drill"] = name
     report["seed"] = seed
+    report["tie_seed"] = spec.tie_seed if spec.clock == "virtual" else None
     return report
