@@ -26,7 +26,7 @@ import numpy as np
 from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
-from ..client import same_code_env
+from ..client import now, same_code_env, sleep
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
@@ -42,7 +42,16 @@ def drill(name: str, doc: str, **recovery: Any):
 
 
 class Bystander:
-    """Another client that keeps submitting small jobs on its own device meanwhile."""
+    """Another client that keeps submitting small jobs on its own device meanwhile.
+
+    On the real clock a thread submits one job after another until ``stop``. On the
+    virtual clock that thread would make the drill's timeline the host's (how many jobs
+    fit depends on when the thread runs, and a process counts as waiting while any of its
+    threads waits), so the camera's jobs are dated ahead instead: ``VIRTUAL_JOBS`` of
+    them, one every ``VIRTUAL_PERIOD_MS`` of modeled time, collected at ``stop``."""
+
+    VIRTUAL_JOBS = 40
+    VIRTUAL_PERIOD_MS = 10.0
 
     def __init__(self, platform, device: str) -> None:
         self.client = platform.connect("camera")
@@ -50,8 +59,16 @@ class Bystander:
         self.failures: list[str] = []
         self.done = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        self._dated: list[Any] = []
+        self._thread: threading.Thread | None = None
+        if platform.spec.clock == "virtual":
+            t0 = now(self.client)
+            step = round(self.VIRTUAL_PERIOD_MS * platform.spec.time_scale * 1e6)
+            self._dated = [self.ctx.submit_nowait("work", ms=1, at_ns=t0 + k * step)
+                           for k in range(self.VIRTUAL_JOBS)]
+        else:
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -66,7 +83,15 @@ class Bystander:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        if self._thread is not None:
+            self._thread.join(10)
+        for f in self._dated:
+            try:
+                f.wait(5)
+                self.done += 1
+            except errors.HetprocError as exc:
+                self.failures.append(exc.name)
+            f.release()
         self.client.close()
 
 
@@ -97,11 +122,23 @@ class Drill:
                 "device_processes": sum(1 for d in m["devices"].values() if d["pid"]),
                 "shm_objects": len(entries_with_prefix(self.plat.prefix)) - pooled}
 
+    def sleep(self, ms: float) -> None:
+        """Let ``ms`` of the platform's time pass: modeled on the virtual clock (a real
+        sleep there would hold the clock, then move it without us: a determinism break)."""
+        sleep(ms, self.client)
+
+    def now_ms(self) -> float:
+        """The platform's now in ms (modeled on the virtual clock), to measure waits."""
+        return now(self.client) / 1e6
+
     def start(self, bystander_device: str = "isp0") -> dict[str, int]:
         baseline = self.counts()
-        self.bystander = Bystander(self.plat, bystander_device)
-        time.sleep(0.02)
+        self.start_bystander(bystander_device)
         return baseline
+
+    def start_bystander(self, device: str = "isp0") -> None:
+        self.bystander = Bystander(self.plat, device)
+        self.sleep(20)
 
     def finish(self, baseline: dict[str, int]) -> None:
         if self.bystander is not None:
@@ -113,11 +150,11 @@ class Drill:
             self.bystander = None
         deadline = time.monotonic() + 3
         while True:  # reclamation is asynchronous: give it a moment, never forever
-            now = self.counts()
-            if now == baseline or time.monotonic() > deadline:
+            counted = self.counts()
+            if counted == baseline or time.monotonic() > deadline:
                 break
-            time.sleep(0.02)
-        diff = {k: (baseline[k], now[k]) for k in baseline if baseline[k] != now[k]}
+            self.sleep(20)
+        diff = {k: (baseline[k], counted[k]) for k in baseline if baseline[k] != counted[k]}
         self.s.check("resource counts back to baseline", not diff,
                      "unchanged" if not diff else f"(before, after): {diff}")
         inc = self.client.incidents()
@@ -129,13 +166,13 @@ class Drill:
     # -- checks -----------------------------------------------------------------------
 
     def expect_error(self, fence, cls: type[errors.HetprocError], scope: str | None = None):
-        t0 = time.monotonic()
+        t0 = self.now_ms()
         try:
             fence.wait(self.bound_ms / 1000 * 4)
             err = None
         except errors.HetprocError as exc:
             err = exc
-        waited_ms = (time.monotonic() - t0) * 1000
+        waited_ms = self.now_ms() - t0
         fence.release()
         self.s.metric("waited_ms", round(waited_ms, 3))
         got = f"{err.name} (scope {err.scope}, retryable {err.retryable}, buffers trusted " \
@@ -167,7 +204,7 @@ class Drill:
             inc = self.client.incidents()
             if inc["history"] and not inc["active"]:
                 return inc["history"][-1]
-            time.sleep(0.01)
+            self.sleep(10)
         return None
 
 
@@ -243,7 +280,7 @@ def _late_writer(d: Drill) -> None:
 def _check_canary(d: Drill, nxt: Any, reused: bool, before: str) -> None:
     """After the grace period: the next owner's canary (0x5A) is intact, or the late
     writer reached it (the block was handed out before ``before``)."""
-    time.sleep(d.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
+    d.sleep(d.grace_ms * d.plat.spec.time_scale * 3 + 50)
     corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
     d.s.metric("next_owner_got_same_block", reused)
     d.s.metric("canary_bytes_corrupted", corrupted)
@@ -306,11 +343,11 @@ def _lost_fence(d: Drill) -> None:
     base = d.start()
     ctx = d.client.context("gpu0", name="victim")
     d.client.inject("lost_fence", device="gpu0")
-    t0 = time.monotonic()
+    t0 = d.now_ms()
     f = ctx.submit("work", ms=2)
     g = ctx.submit("work", wait=[f], ms=1)  # a dependant that would hang behind a lost fence
     g.wait(d.bound_ms / 1000 * 4)
-    waited = (time.monotonic() - t0) * 1000
+    waited = d.now_ms() - t0
     f.release()
     g.release()
     d.s.check("no waiter waited past watchdog + grace", waited <= d.bound_ms, f"{waited:.1f} ms")
@@ -476,20 +513,22 @@ def _supervisor_crash(d: Drill) -> None:
 
 
 DOOMED = """
-import sys, time, hetproc
+import sys, hetproc
 c = hetproc.connect(sys.argv[1], "doomed-app")
 ctx = c.context("gpu0", name="doomed")
 bufs = [c.alloc(1 << 14, "float32") for _ in range(4)]
 ctx.submit("work", bufs, [], ms=float(sys.argv[2]))
 print("ready", flush=True)
-time.sleep(60)
+hetproc.sleep(60_000)  # a hetproc wait: on the virtual clock it holds nothing
 """
 
 
 @drill("client-crash", "a client dies with work in flight: its contexts go, its buffers are "
        "reclaimed once no device uses them")
 def _client_crash(d: Drill) -> None:
-    base = d.start()
+    # The camera starts once the doomed client is ready: while this process waits for
+    # it outside hetproc (the pipe), its dated jobs would move the virtual clock anyway.
+    base = d.counts()
     hold_ms = 300
     proc = subprocess.Popen([sys.executable, "-c", DOOMED, d.plat.prefix, str(hold_ms)],
                             stdout=subprocess.PIPE, text=True, env=same_code_env())
@@ -498,12 +537,13 @@ def _client_crash(d: Drill) -> None:
         out = proc.stdout  # a pipe (stdout=PIPE above), typed as maybe-None
         ready = out is not None and out.readline().strip() == "ready"
         d.s.check("the doomed client was running", ready)
+        d.start_bystander()
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
     finally:
         proc.kill()
         proc.wait(5)
-    time.sleep(0.05)
+    d.sleep(50)
     m = d.client.metrics()
     d.s.check("its buffers stay quarantined while the device still uses them",
               m["quarantined_buffers"] == 4, f"{m['quarantined_buffers']} quarantined")
