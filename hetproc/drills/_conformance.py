@@ -39,6 +39,7 @@ from typing import Any
 from ipc import errors
 
 from .._config import PlatformSpec, load_platform
+from ..client import sleep
 from . import (
     _conformance_fences,  # noqa: F401  (registers its cases)
     _conformance_recovery,  # noqa: F401  (registers the cases on resets)
@@ -220,7 +221,7 @@ def _check_settled(s: Scenario) -> None:
         if not m["incidents"]["active"] and not m["in_flight"]:
             s.check("the platform settled (no incident running, nothing in flight)", True)
             return
-        time.sleep(0.01)
+        sleep(10, s.client)  # the platform's time: on the virtual clock work moves on
     s.check("the platform settled (no incident running, nothing in flight)", False,
             f"in flight {m['in_flight']}, incidents {m['incidents']}")
 

@@ -109,7 +109,7 @@ class CaseRun(Drill):
             inc = self.client.incidents()
             if len(inc["history"]) > self._incidents and not inc["active"]:
                 return inc["history"][self._incidents]
-            time.sleep(0.01)
+            self.sleep(10)  # the platform's time: on the virtual clock the incident moves
         return None
 
     def recovery_ms(self) -> float | None:
