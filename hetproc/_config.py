@@ -267,7 +267,7 @@ class PlatformSpec:
     # event once every process of the platform waits (hetproc.supervisor._clock).
     clock: str = "real"
     autojump_ms: float = 100.0  # virtual: real ms a client may spend outside hetproc waits
-    tie_seed: int = 0           # virtual: orders events due at the same modeled instant
+    tie_seed: int = 0           # virtual: the order devices due at one instant are woken in
 
     def device(self, name: str) -> DeviceSpec:
         """The device called ``name``; ``InvalidRequest`` naming the others if none is."""
