@@ -25,7 +25,6 @@ from ipc import cleanup_dead, errors
 
 from .. import drills
 from .._argtypes import int_in, positive_int
-from .._config import TIE_SEED_MAX
 from . import _args, _conformance, _device, _show, _signals
 from ._status import dead_platforms, live_platforms, print_status
 
@@ -224,13 +223,9 @@ def _drill_parser(sub: Any) -> None:
                          "(the drill then shows the corruption this causes)")
     dr.add_argument("--seed", type=int, metavar="S",
                     help="seed the platform's fault plan (what a campaign varies)")
-    _tie_seed_arg(dr, "--tie-seed", "the virtual clock's order of simultaneous events "
-                  "(the platform key tie_seed; what campaign --tie-seeds varies)")
+    _args.tie_seed_arg(dr, "--tie-seed", "the virtual clock's order of simultaneous events "
+                       "(the platform key tie_seed; what campaign --tie-seeds varies)")
     _args.json_arg(dr)
-
-
-def _tie_seed_arg(p: argparse.ArgumentParser, flag: str, text: str, **kw: Any) -> None:
-    p.add_argument(flag, type=int_in(0, TIE_SEED_MAX), metavar="S", help=text, **kw)
 
 
 def _acceptance_parser(sub: Any) -> None:
@@ -265,7 +260,7 @@ def _campaign_parser(sub: Any) -> None:
                       help="first seed (default 0)")
     camp.add_argument("--tie-seeds", type=positive_int, metavar="N",
                       help="virtual clock: run each seed under N tie seeds")
-    _tie_seed_arg(camp, "--tie-seed-base", "first tie seed (default 0)", default=0)
+    _args.tie_seed_arg(camp, "--tie-seed-base", "first tie seed (default 0)", default=0)
     camp.add_argument("--jobs", type=positive_int, default=1, metavar="J",
                       help="local runs at once (default 1)")
     camp.add_argument("--scheduler", metavar="ADDRESS",

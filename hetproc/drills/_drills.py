@@ -16,7 +16,6 @@ import difflib
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +26,7 @@ from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
 from ..client import now, same_code_env, sleep
+from ._bystander import Bystander
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
@@ -39,60 +39,6 @@ def drill(name: str, doc: str, **recovery: Any):
         DRILLS[name] = (fn, doc, recovery)
         return fn
     return register
-
-
-class Bystander:
-    """Another client that keeps submitting small jobs on its own device meanwhile.
-
-    On the real clock a thread submits one job after another until ``stop``. On the
-    virtual clock that thread would make the drill's timeline the host's (how many jobs
-    fit depends on when the thread runs, and a process counts as waiting while any of its
-    threads waits), so the camera's jobs are dated ahead instead: ``VIRTUAL_JOBS`` of
-    them, one every ``VIRTUAL_PERIOD_MS`` of modeled time, collected at ``stop``."""
-
-    VIRTUAL_JOBS = 40
-    VIRTUAL_PERIOD_MS = 10.0
-
-    def __init__(self, platform, device: str) -> None:
-        self.client = platform.connect("camera")
-        self.ctx = self.client.context(device, priority=10, name="camera")
-        self.failures: list[str] = []
-        self.done = 0
-        self._stop = threading.Event()
-        self._dated: list[Any] = []
-        self._thread: threading.Thread | None = None
-        if platform.spec.clock == "virtual":
-            t0 = now(self.client)
-            step = round(self.VIRTUAL_PERIOD_MS * platform.spec.time_scale * 1e6)
-            self._dated = [self.ctx.submit_nowait("work", ms=1, at_ns=t0 + k * step)
-                           for k in range(self.VIRTUAL_JOBS)]
-        else:
-            self._thread = threading.Thread(target=self._loop, daemon=True)
-            self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                f = self.ctx.submit("work", ms=1)
-                f.wait(5)
-                f.release()
-                self.done += 1
-            except errors.HetprocError as exc:
-                self.failures.append(exc.name)
-                time.sleep(0.01)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-        for f in self._dated:
-            try:
-                f.wait(5)
-                self.done += 1
-            except errors.HetprocError as exc:
-                self.failures.append(exc.name)
-            f.release()
-        self.client.close()
 
 
 class Drill:
