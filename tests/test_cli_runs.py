@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -184,22 +185,27 @@ def test_a_campaign_reports_the_same_json_locally_and_on_a_dask_cluster():
 def test_a_tie_seed_campaign_names_each_runs_seed_and_its_rerun_gives_the_same_digest(tmp_path):
     """On the virtual clock a campaign explores tie orders: every run carries its tie seed,
     its trace digest and the command line that reruns it; that rerun (the flag, or the
-    platform file's key) gives the very same digest."""
-    summary = run_campaign("lost-fence", tie_seeds=2, tie_seed_base=5, clock="virtual", jobs=2)
+    platform file's key) gives the very same digest. (autojump_ms 1 s: a loaded host that
+    starves the drill for 100 ms would break determinism for its own reasons.)"""
+    default = Path(hetproc.__file__).parent / "platforms" / "default.toml"
+    patient = default.read_text().replace("autojump_ms = 100.0", "autojump_ms = 1000.0")
+    soc = tmp_path / "soc.toml"
+    soc.write_text(patient)
+    summary = run_campaign("lost-fence", tie_seeds=2, tie_seed_base=5, clock="virtual", jobs=2,
+                           platform_file=str(soc))
     assert summary["ok"], summary["failures"]
     runs = summary["runs"]
     assert [(r["seed"], r["tie_seed"]) for r in runs] == [(0, 5), (0, 6)]
     assert all(r["trace_digest"] and r["determinism_breaks"] == 0 for r in runs)
-    assert runs[1]["rerun"] == "hetproc drill lost-fence --seed 0 --clock virtual --tie-seed 6"
+    assert runs[1]["rerun"] == (f"hetproc drill lost-fence --seed 0 --platform {soc} "
+                                "--clock virtual --tie-seed 6")
     again = _hetproc(*runs[1]["rerun"].split()[1:], "--json")
     assert json.loads(again.stdout)["trace_digest"] == runs[1]["trace_digest"]
-    soc = tmp_path / "soc.toml"
-    text = (hetproc.__path__[0] + "/platforms/default.toml")
-    with open(text) as f:
-        soc.write_text(f.read().replace('clock = "real"', 'clock = "virtual"')
-                       .replace("tie_seed = 0 ", "tie_seed = 6 "))
-    by_key = _hetproc("drill", "lost-fence", "--seed", "0", "--platform", str(soc), "--json")
-    report = json.loads(by_key.stdout)
+    by_key = tmp_path / "by_key.toml"
+    by_key.write_text(patient.replace('clock = "real"', 'clock = "virtual"')
+                      .replace("tie_seed = 0 ", "tie_seed = 6 "))
+    out = _hetproc("drill", "lost-fence", "--seed", "0", "--platform", str(by_key), "--json")
+    report = json.loads(out.stdout)
     assert report["tie_seed"] == 6 and report["clock"] == "virtual"
     assert report["trace_digest"] == runs[1]["trace_digest"]
 
