@@ -41,6 +41,7 @@ class Device(Protocol):
     doorbell: posix_ipc.Semaphore
     delayed: list
     u32: Any
+    queues: Any
 
     def fire_due_signals(self) -> None: ...
     def beat(self) -> None: ...
@@ -71,6 +72,8 @@ class DeviceWaits:
             dev.beat()
             dev.drain()
             wake = dev.delayed[0][0] if dev.delayed else NO_WAKE
+            if dev.queues.refused_enough:
+                continue  # records left past the turn's refusals: the next turn, at once
             if not dev.intake.stopped and wake > self.now():
                 if self._block(wake, dev.doorbell):
                     dev._swallow_posts()
@@ -113,6 +116,20 @@ class DeviceWaits:
                 pass
             finally:
                 slot.clear()
+
+    def input_slice(self, handle: int, deadline: int) -> int:
+        """One slice of a queue record's wait for an input (``_queue_inputs``; the caller
+        read its pokes and looked at the other work first): blocked on the fence until
+        modeled ``deadline`` or a hand-off signal of ours is due. The fence's code, or
+        ``FenceTimeout`` when the slice ends first."""
+        dev, slot = self.device, self.slot
+        wake = min(deadline, dev.delayed[0][0]) if dev.delayed else deadline
+        slot.block(wake, handle)
+        dev.outbox.poke()  # the supervisor looks again: the clock may move now
+        try:
+            return dev.fences.wait(handle, FENCE_SLICE_S)
+        finally:
+            slot.clear()
 
     def _block(self, wake: int, doorbell: posix_ipc.Semaphore) -> bool:
         """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted.

@@ -42,7 +42,7 @@ import random
 import select
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 
@@ -53,6 +53,9 @@ from ipc.errors import HetprocError
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
+
+if TYPE_CHECKING:
+    from ._queues import Queues
 
 NO_WAKE = clock.NO_WAKE
 
@@ -73,9 +76,11 @@ class ClockOwner:
     """The virtual clock of one platform: its segment, its waiter slots, its jumps."""
 
     def __init__(self, reg: Registry, new_segment: Callable[[str, int], Segment], *,
-                 autojump_ms: float, recovery: Recovery, tie_seed: int = 0) -> None:
+                 autojump_ms: float, recovery: Recovery, queues: Queues | None = None,
+                 tie_seed: int = 0) -> None:
         self.reg = reg
         self.recovery = recovery
+        self.queues = queues  # user-mode queues: their rings' heads and their watch
         devices, clients = len(reg.devices), reg.spec.limits.max_clients
         self.clock = clock.VirtualClock(
             new_segment("clock", clock.segment_bytes(devices, clients)), create=True)
@@ -96,6 +101,9 @@ class ClockOwner:
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
+        # The queue heads last seen per device: records written since are news the
+        # device must look at (a client's record reaches it with no supervisor hop).
+        self._heads: list[tuple[int, ...]] = [()] * devices
         self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
@@ -154,7 +162,9 @@ class ClockOwner:
             return None
         wakes = self._device_wakes(now)
         clients = self._client_wakes(now) if wakes is not None else None
-        if wakes is None or clients is None or self._traffic():
+        # The heads after the clients' slots: a record is written before its writer
+        # blocks, so a blocked writer's records are seen here.
+        if wakes is None or clients is None or self._queue_news() or self._traffic():
             return None
         return wakes + clients[0], clients[1]
 
@@ -172,6 +182,32 @@ class ClockOwner:
                 news = True
         return news
 
+    def _queue_news(self) -> bool:
+        """Records written into a device's queues since the last look: the device is
+        poked to look at them (until it has, its slot shows news it has not seen)."""
+        if self.queues is None:
+            return False
+        news = False
+        for dev in self.reg.devices.values():
+            heads = self.queues.heads(dev)
+            if heads != self._heads[dev.index]:
+                self._heads[dev.index] = heads
+                if heads:
+                    dev.doorbell.release()
+                    news = True
+        return news
+
+    def _looks(self) -> list[tuple[str, int]]:
+        """(device, deadline) of the watches that judge a device by its signs of life
+        when the deadline comes: each running command's watchdog, the queue watch's, the
+        stall watch's. One modeled ns before each the device is woken to look."""
+        out = [(dev.name, cmd.watch_deadline) for dev in self.reg.devices.values()
+               for cmd in dev.pushed.values() if cmd.watch_deadline]
+        out += self.recovery.stall.deadlines()
+        if self.queues is not None:
+            out += self.queues.watch.deadlines()
+        return out
+
     def _timers(self) -> list[int]:
         """The supervisor's own next events: each running command's watchdog deadline
         and preempt timeout, each incident's grace before the kill. One modeled ns before
@@ -180,10 +216,11 @@ class ClockOwner:
         one does not."""
         out = [inc.grace_deadline for inc in self.recovery.active.values()
                if inc.grace_deadline and not inc.confirmed]
+        for _, deadline in self._looks():
+            out += (deadline - 1, deadline)
         for dev in self.reg.devices.values():
             for cmd in dev.pushed.values():
                 if cmd.watch_deadline:
-                    out += (cmd.watch_deadline - 1, cmd.watch_deadline)
                     since = waited_since(self.reg, dev, cmd)
                     if since is not None:
                         out.append(since + self.reg.scaled_ns(
@@ -272,10 +309,10 @@ class ClockOwner:
         looks at the next ns (``_timers``), are poked, in the tie seed's order."""
         self._stuck_since = 0
         self.clock.advance(t)
+        looking = {name for name, deadline in self._looks() if deadline == t + 1}
         for dev in self._order:
             snap = self.waiters[dev.index].snapshot()
-            if snap is not None and (snap[0] <= t or any(
-                    c.watch_deadline == t + 1 for c in dev.pushed.values())):
+            if snap is not None and (snap[0] <= t or dev.name in looking):
                 dev.doorbell.release()
 
     def close(self) -> None:
