@@ -51,6 +51,7 @@ from ipc import (
 )
 
 from .. import _protocol
+from . import _vclock
 from ._trace_ring import ClientTrace
 
 REQUEST_TIMEOUT = 10.0
@@ -274,6 +275,8 @@ class Connection:
 
     @contextlib.contextmanager
     def _usable(self) -> Iterator[None]:
+        if self.waiter is not None:  # a thread that uses hetproc holds the virtual clock
+            _vclock.THREADS.known(self)
         with self._lock:
             if self.closed:
                 raise errors.PlatformClosed("this client is closed")

@@ -18,7 +18,7 @@ from typing import Any
 
 from ipc import errors
 
-from ..client import Fence, same_code_env
+from ..client import Fence, same_code_env, sleep
 from ._drills import Drill
 from ._scenario import Scenario
 
@@ -34,6 +34,7 @@ class Case:
     drill: str | None = None                 # a drill case: the drill it runs
     fn: Callable[[CaseRun], None] | None = None
     group: str = "shared"                    # the shared platform it runs on
+    real_clock: str | None = None  # why it cannot run on the virtual clock (``_realclock``)
 
 
 CASES: dict[str, Case] = {}
@@ -44,10 +45,10 @@ def add_case(case: Case) -> None:
     CASES[case.name] = case
 
 
-def case(name: str, suite: str, checks: str, group: str = "shared"):
+def case(name: str, suite: str, checks: str, group: str = "shared", real_clock: str | None = None):
     """Register a case that runs on its group's shared platform."""
     def register(fn: Callable[[CaseRun], None]):
-        add_case(Case(name, suite, checks, fn=fn, group=group))
+        add_case(Case(name, suite, checks, fn=fn, group=group, real_clock=real_clock))
         return fn
     return register
 
@@ -109,7 +110,7 @@ class CaseRun(Drill):
             inc = self.client.incidents()
             if len(inc["history"]) > self._incidents and not inc["active"]:
                 return inc["history"][self._incidents]
-            time.sleep(0.01)
+            sleep(10, self.client)  # the platform's time: the recovery goes on meanwhile
         return None
 
     def recovery_ms(self) -> float | None:
@@ -125,9 +126,8 @@ class CaseRun(Drill):
             if proc.poll() is None:
                 proc.kill()
             proc.wait(5)
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    pipe.close()
+            for pipe in (p for p in (proc.stdin, proc.stdout) if p is not None):
+                pipe.close()
         for other in self._clients:
             other.close()
         self.client.clear_faults()
@@ -526,9 +526,9 @@ def _wait_all_delayed(c: CaseRun) -> None:
     ctx = c.client.context("gpu0", name="waits-all")
     out = ctx.submit("work", wait=inputs, ms=1)
 
-    def signal_slowly() -> None:
+    def signal_slowly() -> None:  # on the platform's clock (modeled on the virtual one)
         for f in inputs:
-            time.sleep(0.02)
+            sleep(20, c.client)
             f.signal()
 
     t = threading.Thread(target=signal_slowly)

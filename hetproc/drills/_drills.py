@@ -27,16 +27,21 @@ from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
 from ..client import same_code_env
+from ..client import sleep as platform_sleep  # modeled on the virtual clock
+from . import _realclock
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
 DRILLS: dict[str, tuple[Callable[[Drill], None], str, dict[str, Any]]] = {}
 
 
-def drill(name: str, doc: str, **recovery: Any):
-    """Register a drill; ``recovery`` sets the platform's recovery policy for it."""
+def drill(name: str, doc: str, real_clock: str | None = None, **recovery: Any):
+    """Register a drill; ``recovery`` sets the platform's recovery policy for it;
+    ``real_clock``: why it cannot run on the virtual clock (``_realclock``), if so."""
     def register(fn: Callable[[Drill], None]):
         DRILLS[name] = (fn, doc, recovery)
+        if real_clock:
+            _realclock.DRILLS[name] = real_clock
         return fn
     return register
 
@@ -116,7 +121,7 @@ class Drill:
             now = self.counts()
             if now == baseline or time.monotonic() > deadline:
                 break
-            time.sleep(0.02)
+            platform_sleep(20, self.client)
         diff = {k: (baseline[k], now[k]) for k in baseline if baseline[k] != now[k]}
         self.s.check("resource counts back to baseline", not diff,
                      "unchanged" if not diff else f"(before, after): {diff}")
@@ -167,7 +172,7 @@ class Drill:
             inc = self.client.incidents()
             if inc["history"] and not inc["active"]:
                 return inc["history"][-1]
-            time.sleep(0.01)
+            platform_sleep(10, self.client)  # the recovery goes on meanwhile
         return None
 
 
@@ -555,8 +560,10 @@ def run_drill(name: str, *, platform_file: str | None = None, time_scale: float 
     fn, doc, _ = DRILLS[name]
     spec = drill_spec(name, platform_file=platform_file, time_scale=time_scale,
                       unsafe_reclaim=unsafe_reclaim, seed=seed, clock=clock)
-    report = run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
-                             {"unsafe_reclaim": unsafe_reclaim}, progress=progress)
+    skip = _realclock.skipped(spec, _realclock.DRILLS.get(name))
+    report = (_realclock.skipped_report(f"drill:{name}", doc, spec, skip) if skip else
+              run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
+                              {"unsafe_reclaim": unsafe_reclaim}, progress=progress))
     report["drill"] = name
     report["seed"] = seed
     return report

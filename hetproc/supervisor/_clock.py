@@ -183,13 +183,15 @@ class ClockOwner:
         return news
 
     def _queue_news(self) -> bool:
-        """Records written into a device's queues since the last look: the device is
-        poked to look at them (until it has, its slot shows news it has not seen)."""
+        """Records written into a device's queues since the last look (the rings'
+        heads moved; no supervisor hop tells of a record): the device is poked to look
+        at them (until it has, its slot shows news it has not seen)."""
         if self.queues is None:
             return False
         news = False
         for dev in self.reg.devices.values():
-            heads = self.queues.heads(dev)
+            heads = tuple(q.ring.head for q in self.queues.open_queues.values()
+                          if q.device == dev.name)
             if heads != self._heads[dev.index]:
                 self._heads[dev.index] = heads
                 if heads:
@@ -235,8 +237,8 @@ class ClockOwner:
             snap = self.waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
                 return None
-            wake, fence = snap
-            if wake <= now or (fence and self._done(fence)):
+            wake, fences = snap
+            if wake <= now or any(self._done(f) for f in fences):
                 return None  # about to run
             if wake != NO_WAKE:
                 wakes.append(wake)
@@ -254,8 +256,8 @@ class ClockOwner:
             if snap is None:
                 blocked.setdefault(client.pid, False)
                 continue
-            wake, fence = snap
-            if wake <= now or (fence and self._done(fence)):
+            wake, fences = snap
+            if wake <= now or any(self._done(f) for f in fences):
                 return None
             blocked[client.pid] = True
             if wake != NO_WAKE:

@@ -400,12 +400,6 @@ class Queues:
                 total += n if 0 < n <= q.slots else 0
         return total
 
-    def heads(self, dev: DeviceHandle) -> tuple[int, ...]:
-        """What the clients wrote into the queues on ``dev`` so far (the rings' heads): on
-        the virtual clock a change is news the device must look at before the clock
-        may move (``_clock``), since no supervisor hop tells of a record."""
-        return tuple(q.ring.head for q in self.open_queues.values() if q.device == dev.name)
-
     def metrics(self) -> dict[str, int]:
         bound = sum(len(q.bindings.by_handle) for q in self.open_queues.values()
                     if q.bindings is not None)
