@@ -495,10 +495,10 @@ def _submit(ctxs: _Ctxs, device: str, kernel: str, ins, outs, *, wait=(), params
 
 
 def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
-        log: Callable[[str], None] | None = None) -> dict[str, Any]:
+        log: Callable[[str], None] | None = None, clock: str = "real") -> dict[str, Any]:
     """One chaos run; returns its tally, raises ChaosFailure. ``on_prefix`` learns the
     platform's name prefix as soon as it exists (a supervisor of a run killed for hanging
-    leaves its objects under it)."""
+    leaves its objects under it); ``clock``: the platform's."""
     ph = Phases(seed, log)
     rng = random.Random(seed)
     mix = draw_mix(rng)
@@ -508,7 +508,7 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
         log(f"mix {mix}, npu0 restarts as a subsystem: {restart}, engine times {engines}")
     with ph.phase("setup"):
         plat = hetproc.Platform(spec=platform_spec(mix, restart, engines),
-                                time_scale=1.0).start()
+                                time_scale=1.0, clock=clock).start()
     try:
         if on_prefix:
             on_prefix(plat.prefix)
@@ -1312,6 +1312,7 @@ def main(argv: list[str] | None = None) -> int:
     line at the end (status pass/fail, phase, message, tally, leftovers). Exit 0 on pass."""
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--clock", choices=("real", "virtual"), default="real")
     args = ap.parse_args(argv)
     from hetproc.drills import new_children
 
@@ -1326,7 +1327,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     result: dict[str, Any] = {"seed": args.seed, "status": "pass", "phase": "", "message": ""}
     try:
-        result["tally"] = run(args.seed, on_prefix=got_prefix,
+        result["tally"] = run(args.seed, on_prefix=got_prefix, clock=args.clock,
                               log=lambda m: print(m, flush=True))
     except ChaosFailure as exc:
         result.update(status="fail", phase=exc.phase, message=exc.message)

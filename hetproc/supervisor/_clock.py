@@ -12,12 +12,14 @@ whether the whole platform waits (``turn``)::
     2. then the traffic: no client socket readable, no partial or unserved packet, no
        reply unsent, no completion record uncollected, no device killed or dead and not
        reaped yet, no request (cancel, park, preempt) written into a device's slot since
-       it was last poked
+       it was last poked, no queue record written since its device was last poked (the
+       rings' heads, read after the clients' slots)
     3. then the loop's timers run at this instant (``settle``), step 1 and 2 again, and
        the jump: the clock moves to the earliest next event -- a device's wake, a
        scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
        this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
-       timeout, an incident's grace, a client's wait deadline -- and the devices whose
+       timeout, a queue command's watchdog deadline, the stall watch's bound, an
+       incident's grace, a client's wait deadline -- and the devices whose
        wake came are poked and their doorbells posted (clients poll the clock word)
 
 Reading the slots before the sockets is what makes it safe: a client marks itself blocked
@@ -26,9 +28,10 @@ seen in step 2. A device reads its pokes before it looks at its ring (``_vclock`
 command pushed after that look shows as news it has not seen.
 
 A client process blocked on one connection counts as blocked with all its connections
-(single-threaded scenario code holding several connections); a process with threads that
-run while one waits is not told apart (a limitation). A client that stays outside hetproc
-waits (``time.sleep``, its own socket, a spin) while everything else waits holds the clock
+(scenario code holding several connections); the client library says blocked only while
+every thread of the process that used hetproc waits (``hetproc.client._vclock``). A
+client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
+everything else waits holds the clock
 for ``autojump_ms`` real ms; then the clock jumps anyway and the jump counts as a
 determinism break, naming the client (``metrics``). Every event due at the new instant is
 released in the same jump; the devices are woken by index, or in an order the platform's
