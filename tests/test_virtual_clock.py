@@ -230,3 +230,19 @@ def test_what_needs_the_real_clock_is_skipped_on_the_virtual_one_with_its_reason
     row, = result["rows"]
     assert result["ok"] and result["skipped"] == 1 and result["passed"] == 0
     assert row["skipped"] == "needs the real clock: host stamps"
+
+
+def test_a_device_waiting_for_an_input_past_the_stall_bound_is_not_stalled():
+    """The stall watch's bound is an event: the device waiting on a user fence is woken
+    one ns before it and shows it is alive (on the real clock it does so between slices);
+    a modeled second later the command runs, at the signal, exactly."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        gate = c.fence()
+        f = c.context("gpu0").submit("work", wait=[gate], ms=3)
+        hetproc.sleep(1000)
+        gate.signal()
+        f.wait(5)
+        assert f.signal_time() - gate.signal_time() == 3 * MS
+        assert not c.incidents()["history"] and not c.incidents()["active"]
+        assert c.incidents()["verdicts"].get("stalled", 0) == 0

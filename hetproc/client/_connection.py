@@ -160,8 +160,9 @@ class Connection:
         if fences is not None:
             fences.close()
         if isinstance(self.clock, clock.VirtualClock):
-            self.waiter = None
-            self.clock.close()
+            with _vclock.THREADS.lock:  # no thread of ours writes the slot after this
+                self.waiter = None
+                self.clock.close()
         self.segments.close()
         if self._sup_pidfd >= 0:
             os.close(self._sup_pidfd)
