@@ -31,12 +31,11 @@ A client process blocked on one connection counts as blocked with all its connec
 (scenario code holding several connections); the client library says blocked only while
 every thread of the process that used hetproc waits (``hetproc.client._vclock``). A
 client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
-everything else waits holds the clock
-for ``autojump_ms`` real ms; then the clock jumps anyway and the jump counts as a
-determinism break, naming the client (``metrics``). Every event due at the new instant is
-released in the same jump; the devices are woken by index, or in an order the platform's
-``tie_seed`` permutes (only that order: the supervisor's own decisions due then are made
-in its usual order).
+everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
+anyway and the jump counts as a determinism break, naming the client (``metrics``).
+Every event due at the new instant is released in the same jump; the devices are woken by
+index, or in an order the platform's ``tie_seed`` permutes (only that order: the
+supervisor's own decisions due then are made in its usual order).
 """
 
 from __future__ import annotations
