@@ -230,7 +230,7 @@ def _entity_cleanup(c: CaseRun) -> None:
     fences: list[Any] = []
     for i in range(40):
         fences.append(ctxs[i % 4].submit("work", wait=fences[-1:], ms=5))
-    time.sleep(0.02)  # a few ran, the rest are queued or pushed to the device
+    sleep(20, c.client)  # a few ran, the rest are queued or pushed to the device
     for ctx in ctxs:
         ctx.close()
     outcome = {"ok": 0, "failed": 0, "hung": 0}
@@ -354,7 +354,7 @@ def _unrelated_ctx(c: CaseRun) -> None:
     unrelated = other.context("npu0", name="unrelated")
     c.client.inject("hang", device="npu0")
     hung = guilty.submit("work", ms=5)
-    time.sleep(0.02)  # the hang is on the device
+    sleep(20, c.client)  # the hang is on the device
     noop = unrelated.submit("work", ms=1)
     err = c.expect_failure("the guilty request failed (DeviceTimeout)", hung, errors.DeviceTimeout)
     c.s.check("its scope is the guilty context", err is not None and err.scope == "context")
@@ -411,7 +411,7 @@ def _sync_busy_fork(c: CaseRun) -> None:
     f = c.client.fence()
     proc = c.spawn(IMPORT_AND_WAIT, str(f.export()), "5")
     c.s.check("the other process waits on the fence", c.hear(proc) == "waiting")
-    time.sleep(0.05)
+    sleep(50, c.client)
     c.s.check("it is still waiting before the signal", proc.poll() is None)
     f.signal()
     c.s.check("it woke with success after the signal", c.hear(proc) == "signalled")

@@ -67,7 +67,7 @@ class Bystander:
                 self.done += 1
             except errors.HetprocError as exc:
                 self.failures.append(exc.name)
-                time.sleep(0.01)
+                platform_sleep(10, self.client)
 
     def stop(self) -> None:
         self._stop.set()
@@ -108,7 +108,7 @@ class Drill:
     def start(self, bystander_device: str = "isp0") -> dict[str, int]:
         baseline = self.counts()
         self.bystander = Bystander(self.plat, bystander_device)
-        time.sleep(0.02)
+        platform_sleep(20, self.client)
         return baseline
 
     def finish(self, baseline: dict[str, int]) -> None:
@@ -251,7 +251,7 @@ def _late_writer(d: Drill) -> None:
 def _check_canary(d: Drill, nxt: Any, reused: bool, before: str) -> None:
     """After the grace period: the next owner's canary (0x5A) is intact, or the late
     writer reached it (the block was handed out before ``before``)."""
-    time.sleep(d.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
+    platform_sleep(d.grace_ms * d.plat.spec.time_scale * 3 + 50, d.client)
     corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
     d.s.metric("next_owner_got_same_block", reused)
     d.s.metric("canary_bytes_corrupted", corrupted)
