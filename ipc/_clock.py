@@ -98,6 +98,15 @@ class Waiter:
         """The supervisor wants the waiter's attention (then posts its semaphore)."""
         self._q[self._i + POKED] += 1
 
+    def has_news(self) -> bool:
+        """A poke came since the last ``begin`` (the waiter's own view)."""
+        q, i = self._q, self._i
+        return q[i + SEEN] != q[i + POKED]
+
+    def fence(self) -> int:
+        """The fence the waiter sleeps on (0: none, or it runs)."""
+        return self._q[self._i + FENCE] if self._q[self._i + WAKE] else 0
+
     def snapshot(self) -> tuple[int, int] | None:
         """``(wake, fence)`` of a waiter blocked with no unseen news, read consistently;
         None while it runs, changes its slot, or has news it has not seen."""

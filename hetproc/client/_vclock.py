@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ._connection import Connection
 
 FENCE_SLICE_S = 0.002   # a fence wait looks at the clock (its deadline) this often
-SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often
+SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often (no bell: an old supervisor)
+BELL_SLICE_S = 0.02     # ``sleep`` on its bell looks this often if no nudge comes
 REAL_BACKSTOP_S = 60.0  # real seconds a wait goes on if the clock stops moving
 
 
@@ -38,10 +39,9 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
     waiter.block(deadline, handle)
     try:
         while True:
-            try:
-                return fences.wait(handle, FENCE_SLICE_S)
-            except errors.FenceTimeout:
-                pass
+            code = fences.wait_once(handle, FENCE_SLICE_S)
+            if code is not None:
+                return code
             if now() >= deadline or time.monotonic() > backstop:
                 raise errors.FenceTimeout(
                     f"fence {handle:#x} still pending after {timeout_s:.3f} s (virtual clock)")
@@ -72,7 +72,10 @@ def sleep(conn: Connection, seconds: float) -> None:
             if time.monotonic() > backstop or not conn.supervisor_alive():
                 raise errors.SupervisorLost("the virtual clock stopped moving (is the "
                                             "supervisor alive?)")
-            time.sleep(SLEEP_SLICE_S)
+            if conn.clock_bell:  # nudged by the jump that reaches ``until``
+                conn.fences.wait_once(conn.clock_bell, BELL_SLICE_S)
+            else:
+                time.sleep(SLEEP_SLICE_S)
     finally:
         waiter.clear()
 

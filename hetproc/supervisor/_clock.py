@@ -47,7 +47,7 @@ from typing import Any
 import posix_ipc
 
 from device_workers import StateSlot as S
-from ipc import Segment, clock
+from ipc import FenceTable, Segment, clock
 from ipc.errors import HetprocError
 
 from ._preempt_timeout import waited_since
@@ -59,13 +59,19 @@ NO_WAKE = clock.NO_WAKE
 
 class PokingDoorbell(posix_ipc.Semaphore):
     """A device's doorbell on the virtual clock: every post pokes the device's waiter slot
-    first, so the clock never moves past news the device has not seen."""
+    first, so the clock never moves past news the device has not seen; a device asleep on
+    an input fence is woken by a nudge of that fence (it does not sleep on its doorbell)."""
 
     waiter: clock.Waiter | None = None
+    fences: FenceTable | None = None
 
     def release(self) -> None:
-        if self.waiter is not None:
-            self.waiter.poke()
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.poke()
+            fence = waiter.fence()
+            if fence and self.fences is not None:
+                self.fences.nudge(fence)
         super().release()
 
 
@@ -88,6 +94,7 @@ class ClockOwner:
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):
                 dev.doorbell.waiter = self.waiters[dev.index]
+                dev.doorbell.fences = reg.fences
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
         self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
@@ -112,13 +119,17 @@ class ClockOwner:
         slot = self._free_slots.pop()
         self.clock.waiter(slot).reset()
         client.clock_slot = slot
-        return {"segment": self.segment_name, "slot": slot}
+        client.clock_bell = self.reg.fences.allocate()
+        return {"segment": self.segment_name, "slot": slot, "bell": client.clock_bell}
 
     def device_spawned(self, index: int) -> None:
         """A new device process: not blocked, no news owed (whatever the last one said)."""
         self.waiters[index].reset()
 
     def client_gone(self, client: ClientRec) -> None:
+        if client.clock_bell:
+            self.reg.fences.release(client.clock_bell)
+            client.clock_bell = 0
         if client.clock_slot >= 0:
             self.clock.waiter(client.clock_slot).reset()
             self._free_slots.append(client.clock_slot)
@@ -199,7 +210,10 @@ class ClockOwner:
             if snap is None:
                 return None
             wake, fence = snap
-            if wake <= now or (fence and self._done(fence)):
+            if wake <= now:  # blocked after the jump that reached its wake looked: wake it
+                dev.doorbell.release()
+                return None
+            if fence and self._done(fence):
                 return None  # about to run
             if wake != NO_WAKE:
                 wakes.append(wake)
@@ -277,6 +291,11 @@ class ClockOwner:
             if snap is not None and (snap[0] <= t or any(
                     c.watch_deadline == t + 1 for c in dev.pushed.values())):
                 dev.doorbell.release()
+        for client in self.reg.clients.values():
+            snap = self.clock.waiter(client.clock_slot).snapshot() \
+                if client.clock_slot >= 0 else None
+            if snap is not None and snap[0] <= t:  # a wait's deadline, a sleep's end came:
+                self.reg.fences.nudge(snap[1] or client.clock_bell)  # it looks at once
 
     def close(self) -> None:
         """Unmap the clock (before its segment goes, at shutdown)."""
