@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import posix_ipc
 
-from ipc import FenceTable, clock, errors
+from ipc import FenceTable, clock, errors, wait_fence_once
 
 from . import _hold
 from ._state import StateSlot
@@ -58,6 +58,8 @@ class DeviceWaits:
         self.device = device
         self.now = vclock.now_ns
         self.slot = vclock.waiter(device.boot.index)
+        self.vclock = vclock
+        self.devices = range(device.boot.device_count)
         device.fences.model_now = vclock.now_ns  # what a fence it fails is stamped with
         _hold.use_virtual(self.hold)
 
@@ -107,23 +109,32 @@ class DeviceWaits:
             if wake <= now():
                 continue
             slot.block(wake, handle)
-            dev.outbox.poke()  # the supervisor looks at once: the clock may move now
+            self._wake_supervisor()
             try:
                 # A poke that came before the fence was named here found no fence to
                 # nudge: look again at once rather than sleep through it.
-                code = None if slot.has_news() else dev.fences.wait_once(handle, FENCE_SLICE_S)
+                code = None if slot.has_news() else wait_fence_once(dev.fences, handle,
+                                                                    FENCE_SLICE_S)
             finally:
                 slot.clear()
             if code is not None:
                 return code
             dev._swallow_posts()  # nudged (the clock came to our wake) or a slice ended
 
+    def _wake_supervisor(self) -> None:
+        """Just blocked: if every other device is blocked too, this may be the last
+        wait the clock waits for, and the supervisor looks at once (its eventfd) rather
+        than at its next tick. A device that blocks while a peer runs leaves it be: the
+        peer's block will ring (a client's wait rings when every device is blocked)."""
+        if self.vclock.all_blocked(self.devices, but=self.device.boot.index):
+            self.device.outbox.poke()
+
     def _block(self, wake: int, doorbell: posix_ipc.Semaphore) -> bool:
         """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted.
-        The supervisor is woken to look (its eventfd): the clock may move now."""
+        The supervisor is woken to look if this may be the last wait (``_wake_supervisor``)."""
         slot = self.slot
         slot.block(wake)
-        self.device.outbox.poke()
+        self._wake_supervisor()
         try:
             doorbell.acquire(DOORBELL_SLICE_S)
             return True

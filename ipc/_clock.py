@@ -148,6 +148,16 @@ class VirtualClock:
     def waiter(self, slot: int) -> Waiter:
         return Waiter(self._q, slot)
 
+    def all_blocked(self, slots: range, but: int = -1) -> bool:
+        """Whether every waiter of ``slots`` (but ``but``) is blocked with no news: the
+        one that blocks now may be the platform's last, and wakes the supervisor."""
+        q = self._q
+        for slot in slots:
+            i = _HEADER_WORDS + slot * SLOT_WORDS
+            if slot != but and (not q[i + WAKE] or q[i + SEEN] != q[i + POKED]):
+                return False
+        return True
+
     def close(self) -> None:
         """Unmap the word (its segment's creator unlinks it)."""
         self.now_ns = lambda: 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ipc import clock, errors
+from ipc import clock, errors, wait_fence_once
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -37,9 +37,10 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
     deadline = _deadline(now(), timeout_s)
     backstop = time.monotonic() + REAL_BACKSTOP_S + min(timeout_s, REAL_BACKSTOP_S)
     waiter.block(deadline, handle)
+    _last_wait(conn)
     try:
         while True:
-            code = fences.wait_once(handle, FENCE_SLICE_S)
+            code = wait_fence_once(fences, handle, FENCE_SLICE_S)
             if code is not None:
                 return code
             if now() >= deadline or time.monotonic() > backstop:
@@ -67,17 +68,28 @@ def sleep(conn: Connection, seconds: float) -> None:
     until = now() + round(seconds * 1e9)
     backstop = time.monotonic() + REAL_BACKSTOP_S + seconds
     waiter.block(until)
+    _last_wait(conn)
     try:
         while now() < until:
             if time.monotonic() > backstop or not conn.supervisor_alive():
                 raise errors.SupervisorLost("the virtual clock stopped moving (is the "
                                             "supervisor alive?)")
             if conn.clock_bell:  # nudged by the jump that reaches ``until``
-                conn.fences.wait_once(conn.clock_bell, BELL_SLICE_S)
+                wait_fence_once(conn.fences, conn.clock_bell, BELL_SLICE_S)
             else:
                 time.sleep(SLEEP_SLICE_S)
     finally:
         waiter.clear()
+
+
+def _last_wait(conn: Connection) -> None:
+    """A wait that begins with every device blocked may be the one the clock waits for:
+    the supervisor is woken (a one-way ping) to look at once, not at its next tick."""
+    if isinstance(conn.clock, clock.VirtualClock) and conn.clock.all_blocked(conn.clock_devices):
+        try:
+            conn.notify("ping")
+        except errors.HetprocError:
+            pass  # the wait finds a lost supervisor out by itself
 
 
 def _deadline(now: int, timeout_s: float) -> int:

@@ -47,7 +47,7 @@ from typing import Any
 import posix_ipc
 
 from device_workers import StateSlot as S
-from ipc import FenceTable, Segment, clock
+from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
 from ._preempt_timeout import waited_since
@@ -71,7 +71,7 @@ class PokingDoorbell(posix_ipc.Semaphore):
             waiter.poke()
             fence = waiter.fence()
             if fence and self.fences is not None:
-                self.fences.nudge(fence)
+                nudge_fence(self.fences, fence)
         super().release()
 
 
@@ -99,6 +99,7 @@ class ClockOwner:
         self.autojump_ns = round(autojump_ms * 1e6)
         self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
         self.breaks = 0
+        self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
@@ -137,9 +138,10 @@ class ClockOwner:
 
     # -- the jump ---------------------------------------------------------------------
 
-    def turn(self, busy: bool) -> bool:
+    def turn(self, busy: bool, on_tick: bool = False) -> bool:
         """Move the clock if the platform is quiescent (the module docstring's three
-        steps); ``busy``: the loop has work of its own this turn. True when it moved."""
+        steps); ``busy``: the loop has work of its own this turn; ``on_tick``: nothing
+        woke the loop (no waiter said it might be the last: counted). True when it moved."""
         now = self.clock.now_ns()
         if busy or self._quiet(now) is None:
             return self._not_quiet()
@@ -156,6 +158,7 @@ class ClockOwner:
         if running and not self._autojump(running):
             return False
         self._jump(min(later))
+        self.tick_jumps += on_tick
         return True
 
     def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
@@ -295,7 +298,7 @@ class ClockOwner:
             snap = self.clock.waiter(client.clock_slot).snapshot() \
                 if client.clock_slot >= 0 else None
             if snap is not None and snap[0] <= t:  # a wait's deadline, a sleep's end came:
-                self.reg.fences.nudge(snap[1] or client.clock_bell)  # it looks at once
+                nudge_fence(self.reg.fences, snap[1] or client.clock_bell)  # it looks at once
 
     def close(self) -> None:
         """Unmap the clock (before its segment goes, at shutdown)."""
@@ -307,6 +310,7 @@ class ClockOwner:
 
     def metrics(self) -> dict[str, Any]:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
+                "jumps_on_tick": self.tick_jumps,
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients)}
 

@@ -107,7 +107,9 @@ from ._records import ClientRec, Registry
 from ._recovery import Recovery
 
 TICK_S = 0.005
-VIRTUAL_TICK_S = 0.0005  # on the virtual clock a jump waits for the loop's next turn
+# On the virtual clock the last waiter to block wakes the loop (``_clock``); the tick is
+# the fallback when two block at once and each saw the other run.
+VIRTUAL_TICK_S = 0.0005
 REQUESTS_PER_TURN = 64
 ACCEPTS_PER_TURN = 32
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -205,7 +207,8 @@ class Supervisor:
             for client in list(self.backlog):
                 self.serve_pending(client)
             news = False
-            for key, mask in self.sel.select(0 if self.backlog else tick_s):
+            ready = self.sel.select(0 if self.backlog else tick_s)
+            for key, mask in ready:
                 kind, obj = key.data
                 if kind == "completion":
                     self.commands.on_completions(obj)
@@ -226,7 +229,7 @@ class Supervisor:
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
-            if vclock is not None and vclock.turn(bool(self.backlog)):
+            if vclock is not None and vclock.turn(bool(self.backlog), on_tick=not ready):
                 self.tick()  # what is due at the instant the clock moved to
 
     def tick(self) -> None:
