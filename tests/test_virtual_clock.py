@@ -187,3 +187,19 @@ def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_co
         b.wait(5)
         assert b.signal_time() - t0 >= 57 * MS
         assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def test_a_closed_connection_gives_its_waiter_slot_and_bell_back():
+    """Connections come and go past ``limits.max_clients`` over a platform's life: each
+    hello gets a waiter slot (and the bell its sleeps sleep on) that a close gives back;
+    the bells are not counted as live fences."""
+    spec = load_platform()
+    spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, max_clients=3))
+    with hetproc.Platform(spec=spec, time_scale=1.0, clock="virtual") as plat:
+        base = plat.metrics()["live_fences"]
+        for _ in range(8):
+            other = plat.connect("passer-by")
+            hetproc.sleep(1, client=other)
+            other.close()
+        assert plat.metrics()["live_fences"] == base
+        hetproc.sleep(1)

@@ -500,6 +500,8 @@ class Supervisor:
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
         self.fencefds.client_gone(client)
+        if self.vclock is not None:  # its waiter slot and bell go back
+            self.vclock.client_gone(client)
         client.segments.clear()
         client.read_only_segments.clear()
         if not self.reg.tenant(client):  # its process's last connection
