@@ -2,10 +2,12 @@
 
 Where the real clock holds (``_hold.hold_until``), a device on the virtual clock says in
 its waiter slot until which modeled instant it is blocked (``ipc.clock.Waiter``) and sleeps
-on its doorbell in short real slices until the supervisor has moved the clock there and
-posted the doorbell. A wait for an input fence names the fence too, so the supervisor sees
-a device about to wake the moment the fence completes. A real kernel still runs in real
-time: the device is not blocked then, and the clock does not move.
+on its doorbell until the supervisor has moved the clock there and posted the doorbell
+(a real slice is the fallback). A wait for an input fence names the fence too, so the
+supervisor sees a device about to wake the moment the fence completes, and nudges that
+fence when it wants the device (the clock came to its wake, a command, a cancel). A real
+kernel still runs in real time: the device is not blocked then, and the clock does not
+move.
 
 Order (``Waiter``): read the supervisor's pokes (``begin``), then look at the work
 (cancel, preemption, the ring), then say "blocked" (``block``): a command pushed after the

@@ -3,9 +3,12 @@
 A connection to a platform on the virtual clock gets a waiter slot at hello (``ipc._clock``,
 ``hetproc.supervisor._clock``). A wait says in it that this process is blocked -- on which
 fence, until which modeled instant -- only after its last packet was written (every
-request is written whole before it returns), then sleeps on the fence's semaphore in
-short real slices, ending when the fence completes or the clock passes its deadline; the
-slot is cleared when the wait ends. ``sleep`` blocks on no fence and polls the clock word.
+request is written whole before it returns), then sleeps on the fence's semaphore,
+ending when the fence completes or the clock passes its deadline (the jump there nudges
+the fence; a real slice is the fallback); the slot is cleared when the wait ends.
+``sleep`` blocks on no fence: it sleeps on its connection's bell, which the jump to its
+end nudges. A wait that begins with every device blocked may be the last one the clock
+waits for: it pings the supervisor, which looks at once.
 
 Every wait keeps a real deadline too (``REAL_BACKSTOP_S`` past the modeled timeout's
 worth of real time, or when the supervisor dies), so nothing blocks forever even if the

@@ -18,7 +18,14 @@ whether the whole platform waits (``turn``)::
        scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
        this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
        timeout, an incident's grace, a client's wait deadline -- and the devices whose
-       wake came are poked and their doorbells posted (clients poll the clock word)
+       wake came are poked and their doorbells posted (the fence a device sleeps on is
+       nudged: it does not sleep on its doorbell then); a client whose wait's deadline
+       or sleep's end came is nudged on its fence, or its connection's bell
+
+Nobody polls for the moment the platform becomes quiescent: the last waiter to block
+wakes the loop (a device's eventfd when every other device is blocked, a client's
+one-way ping when every device is), so a jump waits for no tick (``jumps_on_tick``
+counts the few that did: two waiters blocking at once, each seeing the other run).
 
 Reading the slots before the sockets is what makes it safe: a client marks itself blocked
 only after its last packet was written, so a packet written before the flag is always
