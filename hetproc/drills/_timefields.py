@@ -2,8 +2,8 @@
 against how many host seconds, the trace digest of its schedule, and how often the host
 was late.
 
-    clock               "real" (the host's clock; a platform file's ``clock`` key, once
-                        there is one, names another)
+    clock               "real" (the host's clock) or "virtual" (modeled time that jumps
+                        once the platform waits): the platform's ``clock``
     modeled_s           the modeled time the run's commands span: from the first one's
                         modeled start (or the platform's modeled epoch) to the last end,
                         in the model's seconds (the platform's span over its time scale)
@@ -16,9 +16,9 @@ was late.
     lags                the host's lateness, as the devices and the watchdog counted it:
                         commands that ended past their modeled end, the largest such lag,
                         and the watchdog verdicts that excused a late host
-    determinism_breaks  times the run's timeline depended on the host in a way the clock
-                        could not absorb: 0 with the real clock, which counts lags instead
-                        (a platform whose metrics count them, ``determinism_breaks``, fills it)
+    determinism_breaks  times the virtual clock jumped while a client was busy outside
+                        hetproc (``autojump_ms``): the timeline then depended on the host;
+                        0 with the real clock, which counts lags instead
 """
 
 from __future__ import annotations
