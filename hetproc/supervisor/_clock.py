@@ -168,6 +168,10 @@ class ClockOwner:
         self.tick_jumps += on_tick
         return True
 
+    def devices_blocked(self) -> bool:
+        """Every device blocked with no news (as a device that blocks last sees it)."""
+        return self.clock.all_blocked(range(len(self.waiters)))
+
     def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
         """Steps 1 and 2: the waiters' wakes and the connections of client processes
         that are not in a hetproc wait; None when something runs or is in flight."""

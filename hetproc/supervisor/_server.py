@@ -203,11 +203,13 @@ class Supervisor:
         self.reg.descriptors.start()  # what the platform holds of its own, before tenants
         vclock = self.vclock
         tick_s = TICK_S if vclock is None else VIRTUAL_TICK_S
+        look_again = False
         while self.running:
             for client in list(self.backlog):
                 self.serve_pending(client)
             news = False
-            ready = self.sel.select(0 if self.backlog else tick_s)
+            looking, look_again = look_again, False
+            ready = self.sel.select(0 if self.backlog or looking else tick_s)
             for key, mask in ready:
                 kind, obj = key.data
                 if kind == "completion":
@@ -229,8 +231,12 @@ class Supervisor:
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
-            if vclock is not None and vclock.turn(bool(self.backlog), on_tick=not ready):
+            if vclock is not None and vclock.turn(bool(self.backlog),
+                                                  on_tick=not ready and not looking):
                 self.tick()  # what is due at the instant the clock moved to
+                # The devices woken may be blocked again already, their wake-up taken in
+                # with their completions by this tick: look at once, not at the next tick.
+                look_again = vclock.devices_blocked()
 
     def tick(self) -> None:
         """Timers: completions nobody woke us for, commands dated ahead that are due, the
