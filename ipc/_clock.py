@@ -115,6 +115,15 @@ class Waiter:
         """The supervisor wants the waiter's attention (then posts its semaphore)."""
         self._q[self._i + POKED] += 1
 
+    def has_news(self) -> bool:
+        """A poke came since the last ``begin`` (the waiter's own view)."""
+        q, i = self._q, self._i
+        return q[i + SEEN] != q[i + POKED]
+
+    def fence(self) -> int:
+        """The (first) fence the waiter sleeps on (0: none, or it runs)."""
+        return self._q[self._i + FENCE] if self._q[self._i + WAKE] else 0
+
     def snapshot(self) -> tuple[int, tuple[int, ...]] | None:
         """``(wake, fences)`` of a waiter blocked with no unseen news, read consistently;
         None while it runs, changes its slot, or has news it has not seen."""
@@ -162,6 +171,16 @@ class VirtualClock:
 
     def waiter(self, slot: int) -> Waiter:
         return Waiter(self._q, slot)
+
+    def all_blocked(self, slots: range, but: int = -1) -> bool:
+        """Whether every waiter of ``slots`` (but ``but``) is blocked with no news: the
+        one that blocks now may be the platform's last, and wakes the supervisor."""
+        q = self._q
+        for slot in slots:
+            i = _HEADER_WORDS + slot * SLOT_WORDS
+            if slot != but and (not q[i + WAKE] or q[i + SEEN] != q[i + POKED]):
+                return False
+        return True
 
     def close(self) -> None:
         """Unmap the word (its segment's creator unlinks it)."""

@@ -246,3 +246,61 @@ def test_a_device_waiting_for_an_input_past_the_stall_bound_is_not_stalled():
         assert f.signal_time() - gate.signal_time() == 3 * MS
         assert not c.incidents()["history"] and not c.incidents()["active"]
         assert c.incidents()["verdicts"].get("stalled", 0) == 0
+
+
+def test_the_last_waiter_to_block_wakes_the_supervisor_not_its_tick():
+    """A client's sleep that begins with every device idle, and a chain across two devices
+    whose consumer waits for its input fence: the wait that completes the quiescence wakes
+    the loop, so the jumps are not found by the loop's tick (on main before this, every
+    sleep's jump was: nothing woke the loop when a client blocked last)."""
+    with _platform("virtual") as plat:
+        t0 = plat.now()
+        for _ in range(40):
+            hetproc.sleep(1)
+        npu, gpu = plat.client.context("npu0"), plat.client.context("gpu0")
+        last = None
+        for _ in range(20):
+            f = npu.submit_nowait("work", ms=2, handoff_ms=1)
+            last = gpu.submit_nowait("work", ms=1, wait=[f])
+        assert last is not None
+        last.wait(5)
+        m = plat.metrics()["clock"]
+        assert plat.now() - t0 >= 40 * MS + 20 * 2 * MS
+        assert m["jumps"] >= 60 and m["determinism_breaks"] == 0
+        assert m["jumps_on_tick"] * 4 < m["jumps"], m
+
+
+def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_comes():
+    """npu0 runs ``a`` (hand-off 5 ms), then ``b`` waits for a fence the client signals
+    only after 50 modeled ms: a's signal falls due while npu0 sleeps on b's input fence,
+    and is stamped at its modeled instant (the jump nudges the fence npu0 sleeps on)."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu = c.context("npu0")
+        gate = c.fence()
+        t0 = plat.now()
+        a = npu.submit_nowait("work", ms=2, handoff_ms=5)
+        b = npu.submit_nowait("work", ms=1, wait=[gate])
+        a.wait(5)
+        assert a.signal_time() - t0 == 7 * MS
+        hetproc.sleep(50)
+        gate.signal()
+        b.wait(5)
+        assert b.signal_time() - t0 >= 57 * MS
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def test_a_closed_connection_gives_its_waiter_slot_and_bell_back():
+    """Connections come and go past ``limits.max_clients`` over a platform's life: each
+    hello gets a waiter slot (and the bell its sleeps sleep on) that a close gives back;
+    the bells are not counted as live fences."""
+    spec = load_platform()
+    spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, max_clients=3))
+    with hetproc.Platform(spec=spec, time_scale=1.0, clock="virtual") as plat:
+        base = plat.metrics()["live_fences"]
+        for _ in range(8):
+            other = plat.connect("passer-by")
+            hetproc.sleep(1, client=other)
+            other.close()
+        assert plat.metrics()["live_fences"] == base
+        hetproc.sleep(1)

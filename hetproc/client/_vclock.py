@@ -3,9 +3,12 @@
 A connection to a platform on the virtual clock gets a waiter slot at hello (``ipc._clock``,
 ``hetproc.supervisor._clock``). A wait says in it that this process is blocked -- on which
 fence, until which modeled instant -- only after its last packet was written (every
-request is written whole before it returns), then sleeps on the fence's semaphore in
-short real slices, ending when the fence completes or the clock passes its deadline; the
-slot is cleared when the wait ends. ``sleep`` blocks on no fence and polls the clock word.
+request is written whole before it returns), then sleeps on the fence's semaphore,
+ending when the fence completes or the clock passes its deadline (the jump there nudges
+the fence; a real slice is the fallback); the slot is cleared when the wait ends.
+``sleep`` blocks on no fence: it sleeps on its connection's bell, which the jump to its
+end nudges. A wait that begins with every device blocked may be the last one the clock
+waits for: it pings the supervisor, which looks at once.
 
 Every wait keeps a real deadline too (``REAL_BACKSTOP_S`` past the modeled timeout's
 worth of real time, or when the supervisor dies), so nothing blocks forever even if the
@@ -30,13 +33,14 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from ipc import clock, errors
+from ipc import clock, errors, wait_fence_once
 
 if TYPE_CHECKING:
     from ._connection import Connection
 
 FENCE_SLICE_S = 0.002   # a fence wait looks at the clock (its deadline) this often
-SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often
+SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often (no bell: an old supervisor)
+BELL_SLICE_S = 0.02     # ``sleep`` on its bell looks this often if no nudge comes
 REAL_BACKSTOP_S = 60.0  # real seconds a wait goes on if the clock stops moving
 
 
@@ -108,12 +112,12 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
     deadline = _deadline(now(), timeout_s)
     backstop = time.monotonic() + REAL_BACKSTOP_S + min(timeout_s, REAL_BACKSTOP_S)
     THREADS.wait(conn, deadline, handle)
+    _last_wait(conn)
     try:
         while True:
-            try:
-                return fences.wait(handle, FENCE_SLICE_S)
-            except errors.FenceTimeout:
-                pass
+            code = wait_fence_once(fences, handle, FENCE_SLICE_S)
+            if code is not None:
+                return code
             if now() >= deadline or time.monotonic() > backstop:
                 raise errors.FenceTimeout(
                     f"fence {handle:#x} still pending after {timeout_s:.3f} s (virtual clock)")
@@ -139,15 +143,29 @@ def sleep(conn: Connection, seconds: float) -> None:
     until = now() + round(seconds * 1e9)
     backstop = time.monotonic() + REAL_BACKSTOP_S + seconds
     THREADS.wait(conn, until)
+    _last_wait(conn)
     try:
         while now() < until:
             if time.monotonic() > backstop or not conn.supervisor_alive():
                 raise errors.SupervisorLost("the virtual clock stopped moving (is the "
                                             "supervisor alive?)")
-            time.sleep(SLEEP_SLICE_S)
+            if conn.clock_bell:  # nudged by the jump that reaches ``until``
+                wait_fence_once(conn.fences, conn.clock_bell, BELL_SLICE_S)
+            else:
+                time.sleep(SLEEP_SLICE_S)
             THREADS.look()
     finally:
         THREADS.run()
+
+
+def _last_wait(conn: Connection) -> None:
+    """A wait that begins with every device blocked may be the one the clock waits for:
+    the supervisor is woken (a one-way ping) to look at once, not at its next tick."""
+    if isinstance(conn.clock, clock.VirtualClock) and conn.clock.all_blocked(conn.clock_devices):
+        try:
+            conn.notify("ping")
+        except errors.HetprocError:
+            pass  # the wait finds a lost supervisor out by itself
 
 
 def _deadline(now: int, timeout_s: float) -> int:

@@ -19,8 +19,15 @@ whether the whole platform waits (``turn``)::
        scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
        this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
        timeout, a queue command's watchdog deadline, the stall watch's bound, an
-       incident's grace, a client's wait deadline -- and the devices whose
-       wake came are poked and their doorbells posted (clients poll the clock word)
+       incident's grace, a client's wait deadline -- and the devices whose wake came are
+       poked and their doorbells posted (the fence a device sleeps on is nudged: it does
+       not sleep on its doorbell then); a client whose wait's deadline or sleep's end
+       came is nudged on its fences, or its connection's bell
+
+Nobody polls for the moment the platform becomes quiescent: the last waiter to block
+wakes the loop (a device's eventfd when every other device is blocked, a client's
+one-way ping when every device is), so a jump waits for no tick (``jumps_on_tick``
+counts the few that did: two waiters blocking at once, each seeing the other run).
 
 Reading the slots before the sockets is what makes it safe: a client marks itself blocked
 only after its last packet was written, so a packet written before the flag is always
@@ -49,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import posix_ipc
 
 from device_workers import StateSlot as S
-from ipc import Segment, clock
+from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
 from ._preempt_timeout import waited_since
@@ -64,13 +71,19 @@ NO_WAKE = clock.NO_WAKE
 
 class PokingDoorbell(posix_ipc.Semaphore):
     """A device's doorbell on the virtual clock: every post pokes the device's waiter slot
-    first, so the clock never moves past news the device has not seen."""
+    first, so the clock never moves past news the device has not seen; a device asleep on
+    an input fence is woken by a nudge of that fence (it does not sleep on its doorbell)."""
 
     waiter: clock.Waiter | None = None
+    fences: FenceTable | None = None
 
     def release(self) -> None:
-        if self.waiter is not None:
-            self.waiter.poke()
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.poke()
+            fence = waiter.fence()
+            if fence and self.fences is not None:
+                nudge_fence(self.fences, fence)
         super().release()
 
 
@@ -95,10 +108,12 @@ class ClockOwner:
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):
                 dev.doorbell.waiter = self.waiters[dev.index]
+                dev.doorbell.fences = reg.fences
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
         self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
         self.breaks = 0
+        self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
@@ -122,13 +137,17 @@ class ClockOwner:
         slot = self._free_slots.pop()
         self.clock.waiter(slot).reset()
         client.clock_slot = slot
-        return {"segment": self.segment_name, "slot": slot}
+        client.clock_bell = self.reg.fences.allocate()
+        return {"segment": self.segment_name, "slot": slot, "bell": client.clock_bell}
 
     def device_spawned(self, index: int) -> None:
         """A new device process: not blocked, no news owed (whatever the last one said)."""
         self.waiters[index].reset()
 
     def client_gone(self, client: ClientRec) -> None:
+        if client.clock_bell:
+            self.reg.fences.release(client.clock_bell)
+            client.clock_bell = 0
         if client.clock_slot >= 0:
             self.clock.waiter(client.clock_slot).reset()
             self._free_slots.append(client.clock_slot)
@@ -136,9 +155,10 @@ class ClockOwner:
 
     # -- the jump ---------------------------------------------------------------------
 
-    def turn(self, busy: bool) -> bool:
+    def turn(self, busy: bool, on_tick: bool = False) -> bool:
         """Move the clock if the platform is quiescent (the module docstring's three
-        steps); ``busy``: the loop has work of its own this turn. True when it moved."""
+        steps); ``busy``: the loop has work of its own this turn; ``on_tick``: nothing
+        woke the loop (no waiter said it might be the last: counted). True when it moved."""
         now = self.clock.now_ns()
         if busy or self._quiet(now) is None:
             return self._not_quiet()
@@ -155,7 +175,12 @@ class ClockOwner:
         if running and not self._autojump(running):
             return False
         self._jump(min(later))
+        self.tick_jumps += on_tick
         return True
+
+    def devices_blocked(self) -> bool:
+        """Every device blocked with no news (as a device that blocks last sees it)."""
+        return self.clock.all_blocked(range(len(self.waiters)))
 
     def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
         """Steps 1 and 2: the waiters' wakes and the connections of client processes
@@ -240,7 +265,10 @@ class ClockOwner:
             if snap is None:
                 return None
             wake, fences = snap
-            if wake <= now or any(self._done(f) for f in fences):
+            if wake <= now:  # blocked after the jump that reached its wake looked: wake it
+                dev.doorbell.release()
+                return None
+            if any(self._done(f) for f in fences):
                 return None  # about to run
             if wake != NO_WAKE:
                 wakes.append(wake)
@@ -318,6 +346,13 @@ class ClockOwner:
             snap = self.waiters[dev.index].snapshot()
             if snap is not None and (snap[0] <= t or dev.name in looking):
                 dev.doorbell.release()
+        for client in self.reg.clients.values():
+            snap = self.clock.waiter(client.clock_slot).snapshot() \
+                if client.clock_slot >= 0 else None
+            if snap is not None and snap[0] <= t:  # a wait's deadline, a sleep's end came:
+                for handle in (*snap[1], client.clock_bell):  # it looks at once (a
+                    if handle:  # thread on a fence, or sleeping on the bell)
+                        nudge_fence(self.reg.fences, handle)
 
     def close(self) -> None:
         """Unmap the clock (before its segment goes, at shutdown)."""
@@ -329,6 +364,7 @@ class ClockOwner:
 
     def metrics(self) -> dict[str, Any]:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
+                "jumps_on_tick": self.tick_jumps,
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients)}
 
