@@ -43,6 +43,7 @@ class Device(Protocol):
     doorbell: posix_ipc.Semaphore
     delayed: list
     u32: Any
+    queues: Any
 
     def fire_due_signals(self) -> None: ...
     def beat(self) -> None: ...
@@ -75,6 +76,8 @@ class DeviceWaits:
             dev.beat()
             dev.drain()
             wake = dev.delayed[0][0] if dev.delayed else NO_WAKE
+            if dev.queues.refused_enough:
+                continue  # records left past the turn's refusals: the next turn, at once
             if not dev.intake.stopped and wake > self.now():
                 if self._block(wake, dev.doorbell):
                     dev._swallow_posts()
@@ -130,6 +133,25 @@ class DeviceWaits:
         peer's block will ring (a client's wait rings when every device is blocked)."""
         if self.vclock.all_blocked(self.devices, but=self.device.boot.index):
             self.device.outbox.poke()
+
+    def input_slice(self, handle: int, deadline: int) -> int:
+        """One slice of a queue record's wait for an input (``_queue_inputs``; the caller
+        read its pokes and looked at the other work first): blocked on the fence until
+        modeled ``deadline`` or a hand-off signal of ours is due. The fence's code, or
+        ``FenceTimeout`` when the slice ends first."""
+        dev, slot = self.device, self.slot
+        wake = min(deadline, dev.delayed[0][0]) if dev.delayed else deadline
+        slot.block(wake, handle)
+        self._wake_supervisor()
+        try:  # (as ``fence``: a poke before the fence was named is looked at at once)
+            code = None if slot.has_news() else wait_fence_once(dev.fences, handle,
+                                                                FENCE_SLICE_S)
+        finally:
+            slot.clear()
+        if code is None:
+            dev._swallow_posts()  # nudged (the clock came to our wake, or news) or a slice
+            raise errors.FenceTimeout(f"fence {handle:#x}: the slice ended")
+        return code
 
     def _block(self, wake: int, doorbell: posix_ipc.Semaphore) -> bool:
         """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted.

@@ -51,6 +51,7 @@ from ipc import (
 )
 
 from .. import _protocol
+from . import _vclock
 from ._trace_ring import ClientTrace
 
 REQUEST_TIMEOUT = 10.0
@@ -165,8 +166,9 @@ class Connection:
         if fences is not None:
             fences.close()
         if isinstance(self.clock, clock.VirtualClock):
-            self.waiter = None
-            self.clock.close()
+            with _vclock.THREADS.lock:  # no thread of ours writes the slot after this
+                self.waiter = None
+                self.clock.close()
         self.segments.close()
         if self._sup_pidfd >= 0:
             os.close(self._sup_pidfd)
@@ -280,6 +282,8 @@ class Connection:
 
     @contextlib.contextmanager
     def _usable(self) -> Iterator[None]:
+        if self.waiter is not None:  # a thread that uses hetproc holds the virtual clock
+            _vclock.THREADS.known(self)
         with self._lock:
             if self.closed:
                 raise errors.PlatformClosed("this client is closed")

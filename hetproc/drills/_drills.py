@@ -27,16 +27,21 @@ from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
 from ..client import same_code_env
+from ..client import sleep as platform_sleep  # modeled on the virtual clock
+from . import _realclock
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
 DRILLS: dict[str, tuple[Callable[[Drill], None], str, dict[str, Any]]] = {}
 
 
-def drill(name: str, doc: str, **recovery: Any):
-    """Register a drill; ``recovery`` sets the platform's recovery policy for it."""
+def drill(name: str, doc: str, real_clock: str | None = None, **recovery: Any):
+    """Register a drill; ``recovery`` sets the platform's recovery policy for it;
+    ``real_clock``: why it cannot run on the virtual clock (``_realclock``), if so."""
     def register(fn: Callable[[Drill], None]):
         DRILLS[name] = (fn, doc, recovery)
+        if real_clock:
+            _realclock.DRILLS[name] = real_clock
         return fn
     return register
 
@@ -62,11 +67,14 @@ class Bystander:
                 self.done += 1
             except errors.HetprocError as exc:
                 self.failures.append(exc.name)
-                time.sleep(0.01)
+                platform_sleep(10, self.client)
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(10)
+        deadline = time.monotonic() + 10
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            platform_sleep(1, self.client)  # a wait in hetproc: its last job may end
+        self._thread.join(1)
         self.client.close()
 
 
@@ -100,7 +108,7 @@ class Drill:
     def start(self, bystander_device: str = "isp0") -> dict[str, int]:
         baseline = self.counts()
         self.bystander = Bystander(self.plat, bystander_device)
-        time.sleep(0.02)
+        platform_sleep(20, self.client)
         return baseline
 
     def finish(self, baseline: dict[str, int]) -> None:
@@ -116,7 +124,7 @@ class Drill:
             now = self.counts()
             if now == baseline or time.monotonic() > deadline:
                 break
-            time.sleep(0.02)
+            platform_sleep(20, self.client)
         diff = {k: (baseline[k], now[k]) for k in baseline if baseline[k] != now[k]}
         self.s.check("resource counts back to baseline", not diff,
                      "unchanged" if not diff else f"(before, after): {diff}")
@@ -129,13 +137,13 @@ class Drill:
     # -- checks -----------------------------------------------------------------------
 
     def expect_error(self, fence, cls: type[errors.HetprocError], scope: str | None = None):
-        t0 = time.monotonic()
+        t0 = self.plat.now()  # the bound is modeled: waited on the platform's clock
         try:
             fence.wait(self.bound_ms / 1000 * 4)
             err = None
         except errors.HetprocError as exc:
             err = exc
-        waited_ms = (time.monotonic() - t0) * 1000
+        waited_ms = (self.plat.now() - t0) / 1e6
         fence.release()
         self.s.metric("waited_ms", round(waited_ms, 3))
         got = f"{err.name} (scope {err.scope}, retryable {err.retryable}, buffers trusted " \
@@ -167,7 +175,7 @@ class Drill:
             inc = self.client.incidents()
             if inc["history"] and not inc["active"]:
                 return inc["history"][-1]
-            time.sleep(0.01)
+            platform_sleep(10, self.client)  # the recovery goes on meanwhile
         return None
 
 
@@ -243,7 +251,7 @@ def _late_writer(d: Drill) -> None:
 def _check_canary(d: Drill, nxt: Any, reused: bool, before: str) -> None:
     """After the grace period: the next owner's canary (0x5A) is intact, or the late
     writer reached it (the block was handed out before ``before``)."""
-    time.sleep(d.grace_ms * d.plat.spec.time_scale / 1000 * 3 + 0.05)
+    platform_sleep(d.grace_ms * d.plat.spec.time_scale * 3 + 50, d.client)
     corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
     d.s.metric("next_owner_got_same_block", reused)
     d.s.metric("canary_bytes_corrupted", corrupted)
@@ -306,11 +314,11 @@ def _lost_fence(d: Drill) -> None:
     base = d.start()
     ctx = d.client.context("gpu0", name="victim")
     d.client.inject("lost_fence", device="gpu0")
-    t0 = time.monotonic()
+    t0 = d.plat.now()  # on the platform's clock, as the bound
     f = ctx.submit("work", ms=2)
     g = ctx.submit("work", wait=[f], ms=1)  # a dependant that would hang behind a lost fence
     g.wait(d.bound_ms / 1000 * 4)
-    waited = (time.monotonic() - t0) * 1000
+    waited = (d.plat.now() - t0) / 1e6
     f.release()
     g.release()
     d.s.check("no waiter waited past watchdog + grace", waited <= d.bound_ms, f"{waited:.1f} ms")
@@ -555,8 +563,10 @@ def run_drill(name: str, *, platform_file: str | None = None, time_scale: float 
     fn, doc, _ = DRILLS[name]
     spec = drill_spec(name, platform_file=platform_file, time_scale=time_scale,
                       unsafe_reclaim=unsafe_reclaim, seed=seed, clock=clock)
-    report = run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
-                             {"unsafe_reclaim": unsafe_reclaim}, progress=progress)
+    skip = _realclock.skipped(spec, _realclock.DRILLS.get(name))
+    report = (_realclock.skipped_report(f"drill:{name}", doc, spec, skip) if skip else
+              run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
+                              {"unsafe_reclaim": unsafe_reclaim}, progress=progress))
     report["drill"] = name
     report["seed"] = seed
     return report

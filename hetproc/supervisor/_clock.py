@@ -12,15 +12,17 @@ whether the whole platform waits (``turn``)::
     2. then the traffic: no client socket readable, no partial or unserved packet, no
        reply unsent, no completion record uncollected, no device killed or dead and not
        reaped yet, no request (cancel, park, preempt) written into a device's slot since
-       it was last poked
+       it was last poked, no queue record written since its device was last poked (the
+       rings' heads, read after the clients' slots)
     3. then the loop's timers run at this instant (``settle``), step 1 and 2 again, and
        the jump: the clock moves to the earliest next event -- a device's wake, a
        scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
        this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
-       timeout, an incident's grace, a client's wait deadline -- and the devices whose
-       wake came are poked and their doorbells posted (the fence a device sleeps on is
-       nudged: it does not sleep on its doorbell then); a client whose wait's deadline
-       or sleep's end came is nudged on its fence, or its connection's bell
+       timeout, a queue command's watchdog deadline, the stall watch's bound, an
+       incident's grace, a client's wait deadline -- and the devices whose wake came are
+       poked and their doorbells posted (the fence a device sleeps on is nudged: it does
+       not sleep on its doorbell then); a client whose wait's deadline or sleep's end
+       came is nudged on its fences, or its connection's bell
 
 Nobody polls for the moment the platform becomes quiescent: the last waiter to block
 wakes the loop (a device's eventfd when every other device is blocked, a client's
@@ -33,14 +35,14 @@ seen in step 2. A device reads its pokes before it looks at its ring (``_vclock`
 command pushed after that look shows as news it has not seen.
 
 A client process blocked on one connection counts as blocked with all its connections
-(single-threaded scenario code holding several connections); a process with threads that
-run while one waits is not told apart (a limitation). A client that stays outside hetproc
-waits (``time.sleep``, its own socket, a spin) while everything else waits holds the clock
-for ``autojump_ms`` real ms; then the clock jumps anyway and the jump counts as a
-determinism break, naming the client (``metrics``). Every event due at the new instant is
-released in the same jump; the devices are woken by index, or in an order the platform's
-``tie_seed`` permutes (only that order: the supervisor's own decisions due then are made
-in its usual order).
+(scenario code holding several connections); the client library says blocked only while
+every thread of the process that used hetproc waits (``hetproc.client._vclock``). A
+client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
+everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
+anyway and the jump counts as a determinism break, naming the client (``metrics``).
+Every event due at the new instant is released in the same jump; the devices are woken by
+index, or in an order the platform's ``tie_seed`` permutes (only that order: the
+supervisor's own decisions due then are made in its usual order).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import random
 import select
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 
@@ -60,6 +62,9 @@ from ipc.errors import HetprocError
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
+
+if TYPE_CHECKING:
+    from ._queues import Queues
 
 NO_WAKE = clock.NO_WAKE
 
@@ -86,9 +91,11 @@ class ClockOwner:
     """The virtual clock of one platform: its segment, its waiter slots, its jumps."""
 
     def __init__(self, reg: Registry, new_segment: Callable[[str, int], Segment], *,
-                 autojump_ms: float, recovery: Recovery, tie_seed: int = 0) -> None:
+                 autojump_ms: float, recovery: Recovery, queues: Queues | None = None,
+                 tie_seed: int = 0) -> None:
         self.reg = reg
         self.recovery = recovery
+        self.queues = queues  # user-mode queues: their rings' heads and their watch
         devices, clients = len(reg.devices), reg.spec.limits.max_clients
         self.clock = clock.VirtualClock(
             new_segment("clock", clock.segment_bytes(devices, clients)), create=True)
@@ -111,6 +118,9 @@ class ClockOwner:
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
+        # The queue heads last seen per device: records written since are news the
+        # device must look at (a client's record reaches it with no supervisor hop).
+        self._heads: list[tuple[int, ...]] = [()] * devices
         self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
@@ -179,7 +189,9 @@ class ClockOwner:
             return None
         wakes = self._device_wakes(now)
         clients = self._client_wakes(now) if wakes is not None else None
-        if wakes is None or clients is None or self._traffic():
+        # The heads after the clients' slots: a record is written before its writer
+        # blocks, so a blocked writer's records are seen here.
+        if wakes is None or clients is None or self._queue_news() or self._traffic():
             return None
         return wakes + clients[0], clients[1]
 
@@ -197,6 +209,34 @@ class ClockOwner:
                 news = True
         return news
 
+    def _queue_news(self) -> bool:
+        """Records written into a device's queues since the last look (the rings'
+        heads moved; no supervisor hop tells of a record): the device is poked to look
+        at them (until it has, its slot shows news it has not seen)."""
+        if self.queues is None:
+            return False
+        news = False
+        for dev in self.reg.devices.values():
+            heads = tuple(q.ring.head for q in self.queues.open_queues.values()
+                          if q.device == dev.name)
+            if heads != self._heads[dev.index]:
+                self._heads[dev.index] = heads
+                if heads:
+                    dev.doorbell.release()
+                    news = True
+        return news
+
+    def _looks(self) -> list[tuple[str, int]]:
+        """(device, deadline) of the watches that judge a device by its signs of life
+        when the deadline comes: each running command's watchdog, the queue watch's, the
+        stall watch's. One modeled ns before each the device is woken to look."""
+        out = [(dev.name, cmd.watch_deadline) for dev in self.reg.devices.values()
+               for cmd in dev.pushed.values() if cmd.watch_deadline]
+        out += self.recovery.stall.deadlines()
+        if self.queues is not None:
+            out += self.queues.watch.deadlines()
+        return out
+
     def _timers(self) -> list[int]:
         """The supervisor's own next events: each running command's watchdog deadline
         and preempt timeout, each incident's grace before the kill. One modeled ns before
@@ -205,10 +245,11 @@ class ClockOwner:
         one does not."""
         out = [inc.grace_deadline for inc in self.recovery.active.values()
                if inc.grace_deadline and not inc.confirmed]
+        for _, deadline in self._looks():
+            out += (deadline - 1, deadline)
         for dev in self.reg.devices.values():
             for cmd in dev.pushed.values():
                 if cmd.watch_deadline:
-                    out += (cmd.watch_deadline - 1, cmd.watch_deadline)
                     since = waited_since(self.reg, dev, cmd)
                     if since is not None:
                         out.append(since + self.reg.scaled_ns(
@@ -223,11 +264,11 @@ class ClockOwner:
             snap = self.waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
                 return None
-            wake, fence = snap
+            wake, fences = snap
             if wake <= now:  # blocked after the jump that reached its wake looked: wake it
                 dev.doorbell.release()
                 return None
-            if fence and self._done(fence):
+            if any(self._done(f) for f in fences):
                 return None  # about to run
             if wake != NO_WAKE:
                 wakes.append(wake)
@@ -245,8 +286,8 @@ class ClockOwner:
             if snap is None:
                 blocked.setdefault(client.pid, False)
                 continue
-            wake, fence = snap
-            if wake <= now or (fence and self._done(fence)):
+            wake, fences = snap
+            if wake <= now or any(self._done(f) for f in fences):
                 return None
             blocked[client.pid] = True
             if wake != NO_WAKE:
@@ -300,16 +341,18 @@ class ClockOwner:
         looks at the next ns (``_timers``), are poked, in the tie seed's order."""
         self._stuck_since = 0
         self.clock.advance(t)
+        looking = {name for name, deadline in self._looks() if deadline == t + 1}
         for dev in self._order:
             snap = self.waiters[dev.index].snapshot()
-            if snap is not None and (snap[0] <= t or any(
-                    c.watch_deadline == t + 1 for c in dev.pushed.values())):
+            if snap is not None and (snap[0] <= t or dev.name in looking):
                 dev.doorbell.release()
         for client in self.reg.clients.values():
             snap = self.clock.waiter(client.clock_slot).snapshot() \
                 if client.clock_slot >= 0 else None
             if snap is not None and snap[0] <= t:  # a wait's deadline, a sleep's end came:
-                nudge_fence(self.reg.fences, snap[1] or client.clock_bell)  # it looks at once
+                for handle in (*snap[1], client.clock_bell):  # it looks at once (a
+                    if handle:  # thread on a fence, or sleeping on the bell)
+                        nudge_fence(self.reg.fences, handle)
 
     def close(self) -> None:
         """Unmap the clock (before its segment goes, at shutdown)."""
