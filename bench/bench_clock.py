@@ -20,6 +20,9 @@ The ``--json`` output keeps each run's report fields (clock, modeled_s, wall_s,
 trace_digest, lags). No target for these: they are the figures a virtual clock is to
 improve. One row has one: the dated workload run again (3 runs, 10 in a full run) gives
 one trace digest, whatever the host's load.
+
+Then the same runs on both clocks (``_clockpair``): modeled / wall on each, the virtual
+run's wall against the real one's, and the host cost of one jump of the virtual clock.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import hetproc
 from hetproc.drills import Scenario, run_drill, run_on_platform, run_scenario
 
 from ._baselines import raw_result
+from ._clockpair import pair_rows
 from ._registry import benchmark, make_row
 from ._stats import summarize
 
@@ -115,6 +119,8 @@ def clock(quick: bool) -> dict:
     digests = sorted({r["trace_digest"] for r in again}, key=str)
     rows.append(make_row(f"dated ahead: distinct trace digests over {len(again)} runs", None,
                          value=len(digests), unit="digests", target="1", ok=len(digests) == 1))
-    return {"rows": rows, "runs": {k: _fields(r) for k, r in runs.items()},
+    pairs, pair_runs = pair_rows(quick, rtt_us)
+    return {"rows": rows + pairs, "runs": {k: _fields(r) for k, r in runs.items()},
+            "pairs": pair_runs,
             "dated_digests": [r["trace_digest"] for r in again],
             "dated_lags": [r["lags"] for r in again]}

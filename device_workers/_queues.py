@@ -44,7 +44,6 @@ slot comes next, so a scribbled tail or head cannot make it read out of order or
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +62,7 @@ from ipc import (
     QueueRing,
     SegmentCache,
     check_fields,
+    clock,
     errors,
     queue_bytes,
     table_bytes,
@@ -183,6 +183,9 @@ class DeviceQueues:
         # queues does not buy a process more of the device.
         self._tenants: dict[int, _Tenant] = {}
         self._next = 0
+        # The last queue looked at stopped at ``REFUSALS_PER_TURN`` with records left: the
+        # loop turns again at once (on the virtual clock nothing else would wake it).
+        self.refused_enough = False
 
     def __bool__(self) -> bool:
         return bool(self._order)
@@ -271,6 +274,7 @@ class DeviceQueues:
         """The next command from the queues, round robin over the tenants, then over
         the tenant's queues; None when none is owed."""
         groups = list(self._tenants.values())
+        self.refused_enough = False
         for _ in range(len(groups)):
             if self._next >= len(groups):
                 self._next = 0
@@ -317,6 +321,8 @@ class DeviceQueues:
                 continue
             q.busy = True
             return cmd
+        if 0 < ring.head - q.pos <= ring.slots:  # the rest: next turn
+            self.refused_enough = True
         return None
 
     def _command(self, q: DeviceQueue, rec: QueueRecord) -> dict[str, Any]:
@@ -335,7 +341,7 @@ class DeviceQueues:
                                    f"{q.max_hold_ns} ns this queue may run")
         # As the supervisor does: an untrusted stamp shifts its own work a little, never
         # to a far start that would hold the device idle for others.
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         arrive = min(now, max(now - ARRIVAL_PAST_NS, rec.arrive_ns))
         cmd = {"op": "exec", "seq": 0, "pidx": 0, "cid": rec.cid, "kernel": "work",
                "wait": list(rec.wait), "signal": [rec.signal], "hold_ns": rec.hold_ns,

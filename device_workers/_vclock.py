@@ -2,10 +2,12 @@
 
 Where the real clock holds (``_hold.hold_until``), a device on the virtual clock says in
 its waiter slot until which modeled instant it is blocked (``ipc.clock.Waiter``) and sleeps
-on its doorbell in short real slices until the supervisor has moved the clock there and
-posted the doorbell. A wait for an input fence names the fence too, so the supervisor sees
-a device about to wake the moment the fence completes. A real kernel still runs in real
-time: the device is not blocked then, and the clock does not move.
+on its doorbell until the supervisor has moved the clock there and posted the doorbell
+(a real slice is the fallback). A wait for an input fence names the fence too, so the
+supervisor sees a device about to wake the moment the fence completes, and nudges that
+fence when it wants the device (the clock came to its wake, a command, a cancel). A real
+kernel still runs in real time: the device is not blocked then, and the clock does not
+move.
 
 Order (``Waiter``): read the supervisor's pokes (``begin``), then look at the work
 (cancel, preemption, the ring), then say "blocked" (``block``): a command pushed after the
@@ -20,14 +22,14 @@ from typing import Any, Protocol
 
 import posix_ipc
 
-from ipc import FenceTable, clock, errors
+from ipc import FenceTable, clock, errors, wait_fence_once
 
 from . import _hold
 from ._state import StateSlot
 
 NO_WAKE = clock.NO_WAKE
 DOORBELL_SLICE_S = 0.05  # real time between looks when nobody posts (a lost post is harmless)
-FENCE_SLICE_S = 0.005     # a fence wait looks at its pokes (a cancel, a wake) this often
+FENCE_SLICE_S = 0.05      # between looks when nobody nudges the fence (a lost nudge is harmless)
 
 
 class Device(Protocol):
@@ -41,6 +43,7 @@ class Device(Protocol):
     doorbell: posix_ipc.Semaphore
     delayed: list
     u32: Any
+    queues: Any
 
     def fire_due_signals(self) -> None: ...
     def beat(self) -> None: ...
@@ -58,6 +61,8 @@ class DeviceWaits:
         self.device = device
         self.now = vclock.now_ns
         self.slot = vclock.waiter(device.boot.index)
+        self.vclock = vclock
+        self.devices = range(device.boot.device_count)
         device.fences.model_now = vclock.now_ns  # what a fence it fails is stamped with
         _hold.use_virtual(self.hold)
 
@@ -71,6 +76,8 @@ class DeviceWaits:
             dev.beat()
             dev.drain()
             wake = dev.delayed[0][0] if dev.delayed else NO_WAKE
+            if dev.queues.refused_enough:
+                continue  # records left past the turn's refusals: the next turn, at once
             if not dev.intake.stopped and wake > self.now():
                 if self._block(wake, dev.doorbell):
                     dev._swallow_posts()
@@ -107,19 +114,51 @@ class DeviceWaits:
             if wake <= now():
                 continue
             slot.block(wake, handle)
+            self._wake_supervisor()
             try:
-                return dev.fences.wait(handle, FENCE_SLICE_S)
-            except errors.FenceTimeout:
-                pass
+                # A poke that came before the fence was named here found no fence to
+                # nudge: look again at once rather than sleep through it.
+                code = None if slot.has_news() else wait_fence_once(dev.fences, handle,
+                                                                    FENCE_SLICE_S)
             finally:
                 slot.clear()
+            if code is not None:
+                return code
+            dev._swallow_posts()  # nudged (the clock came to our wake) or a slice ended
+
+    def _wake_supervisor(self) -> None:
+        """Just blocked: if every other device is blocked too, this may be the last
+        wait the clock waits for, and the supervisor looks at once (its eventfd) rather
+        than at its next tick. A device that blocks while a peer runs leaves it be: the
+        peer's block will ring (a client's wait rings when every device is blocked)."""
+        if self.vclock.all_blocked(self.devices, but=self.device.boot.index):
+            self.device.outbox.poke()
+
+    def input_slice(self, handle: int, deadline: int) -> int:
+        """One slice of a queue record's wait for an input (``_queue_inputs``; the caller
+        read its pokes and looked at the other work first): blocked on the fence until
+        modeled ``deadline`` or a hand-off signal of ours is due. The fence's code, or
+        ``FenceTimeout`` when the slice ends first."""
+        dev, slot = self.device, self.slot
+        wake = min(deadline, dev.delayed[0][0]) if dev.delayed else deadline
+        slot.block(wake, handle)
+        self._wake_supervisor()
+        try:  # (as ``fence``: a poke before the fence was named is looked at at once)
+            code = None if slot.has_news() else wait_fence_once(dev.fences, handle,
+                                                                FENCE_SLICE_S)
+        finally:
+            slot.clear()
+        if code is None:
+            dev._swallow_posts()  # nudged (the clock came to our wake, or news) or a slice
+            raise errors.FenceTimeout(f"fence {handle:#x}: the slice ended")
+        return code
 
     def _block(self, wake: int, doorbell: posix_ipc.Semaphore) -> bool:
         """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted.
-        The supervisor is woken to look (its eventfd): the clock may move now."""
+        The supervisor is woken to look if this may be the last wait (``_wake_supervisor``)."""
         slot = self.slot
         slot.block(wake)
-        self.device.outbox.poke()
+        self._wake_supervisor()
         try:
             doorbell.acquire(DOORBELL_SLICE_S)
             return True

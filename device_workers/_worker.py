@@ -49,6 +49,7 @@ from ._kernels import run_kernel
 from ._outbox import Outbox
 from ._power import Thermal
 from ._preempt import Parked, Preemption
+from ._queue_inputs import await_queue_inputs
 from ._queues import DeviceQueues
 from ._state import DeviceState, StateSlot
 from ._tracing import DeviceTrace
@@ -65,7 +66,6 @@ _BUSY_STATE, _IDLE_STATE = int(DeviceState.BUSY), int(DeviceState.IDLE)
 _NO_FAULT: dict = {}
 DOORBELL_SWALLOW_MAX = 1 << 16  # posts taken per turn (bounds one turn's work)
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
-QUEUE_INPUT_SLICE_S = 0.001  # a queue command waiting for inputs looks for other work this often
 _TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
 # A host that ends this far past the modeled end has lagged: about one cross-core wake-up,
 LAG_TOLERANCE_NS = 50_000  # below which a hold's final spin cannot tell lateness from jitter
@@ -205,7 +205,7 @@ class DeviceWorker:
                 cmd = self.queues.take() if self.queues and not preempt.arrived() else None
                 if cmd is not None:
                     outbox.flush()
-                    if not cmd["wait"] or self.await_queue_inputs(cmd):
+                    if not cmd["wait"] or await_queue_inputs(self, cmd):
                         self.execute(cmd)
                     continue
                 alone = preempt.alone() if preempt.pending else None
@@ -229,36 +229,6 @@ class DeviceWorker:
                                 f"device loop error: {type(exc).__name__}: {exc}"[:1000])
         # Stopped or parked with the ring empty: the records the hold-only path left.
         outbox.flush_if_dry()
-
-    def await_queue_inputs(self, cmd: dict[str, Any]) -> bool:
-        """Wait for a queue command's input fences while nothing else wants the device;
-        False when it was set back for other work (``_queues``). Waits in short slices,
-        looking at the supervisor's ring and the other queues between them."""
-        now = clock.now_ns()
-        deadline = self.queues.blocked_since(cmd, now) + cmd["dep_timeout_ns"]
-        for handle in cmd["wait"]:
-            while self.fences.pending(handle) and not self.intake.stopped:
-                now = clock.now_ns()
-                if now >= deadline:
-                    break
-                if self.commands.depth() or self.queues.other_ready(cmd["queue"]) \
-                        or self.u32[S.PARK] or self.preempt.arrived():
-                    self.queues.set_back(cmd)
-                    return False
-                self.beat()
-                try:
-                    self.fences.wait(handle, min(QUEUE_INPUT_SLICE_S, (deadline - now) / 1e9))
-                except errors.FenceTimeout:
-                    continue
-                except errors.HetprocError:
-                    break  # stale: execute's own wait says so
-        # What is left of its dependency timeout, counted from when it first waited (all
-        # inputs there: enough that its own wait does not time out on a rounding).
-        left = deadline - clock.now_ns()
-        if not any(self.fences.pending(h) for h in cmd["wait"]):
-            left = max(left, 1_000_000)
-        cmd["dep_timeout_ns"] = max(0, left)
-        return True
 
     # -- one command ------------------------------------------------------------------
 

@@ -28,6 +28,8 @@ from ._fences import (
     split_cid,
     split_handle,
 )
+from ._fences import nudge as nudge_fence
+from ._fences import wait_once as wait_fence_once
 from ._fences import watch as watch_fence
 from ._names import (
     SHM_DIR,
@@ -91,7 +93,8 @@ __all__ = [
     "Channel", "FrameReader", "pack_frame",
     "FenceTable", "PENDING", "SIGNALLED", "FAILED", "make_handle", "split_handle",
     "make_cid", "split_cid", "CID_BY_CLIENT", "CID_BY_HANDOFF",
-    "watch_fence", "FenceFdStatus", "FENCE_FD_RECORD", "fence_fd_pair", "fence_fd_complete",
+    "watch_fence", "nudge_fence", "wait_fence_once",
+    "FenceFdStatus", "FENCE_FD_RECORD", "fence_fd_pair", "fence_fd_complete",
     "fence_fd_status", "fence_fd_wait",
     "Manifest", "SHM_DIR", "cleanup_dead", "cleanup_prefix", "entries_with_prefix", "new_prefix",
     "platform_is_alive", "platform_process", "platform_prefixes", "socket_address",

@@ -11,13 +11,15 @@ connection, where that process says it is blocked and until which modeled instan
 
     word 0        now_ns       the modeled now (supervisor; only grows)
     word 1        jumps        how many times it moved (supervisor)
-    slots         8 words each: wake, fence, seen, gen, poked (device slots: poked is the
-                  supervisor's, the rest the waiter's)
+    slots         16 words each: wake, fence, seen, gen, poked, then more fences (device
+                  slots: poked is the supervisor's, the rest the waiter's)
 
 ``wake`` is 0 while the waiter runs, ``NO_WAKE`` when it blocks with no instant of its own
 (idle, a hang, a wait without a deadline), else the modeled instant it blocks until.
 ``fence`` is the fence handle it sleeps on (0: none): a fence that completed means the
-waiter is about to run, whatever ``wake`` says. ``poked`` counts the supervisor's calls
+waiter is about to run, whatever ``wake`` says. A client process whose threads wait on
+several fences names up to ``MAX_FENCES`` of them (``fence`` and the words after ``poked``,
+the first 0 ending the list). ``poked`` counts the supervisor's calls
 for the waiter's attention (a command pushed, a cancel, the clock moved to its wake) and
 ``seen`` the count the waiter had read before it last looked at its work: a waiter with
 ``seen != poked`` has news it has not seen. ``gen`` grows on every change of the slot, so
@@ -40,8 +42,9 @@ CLOCKS = (REAL, VIRTUAL)
 NO_WAKE = (1 << 64) - 1        # blocked with no modeled instant of its own
 VIRTUAL_EPOCH_NS = 1_000_000_000  # where a virtual clock starts (never 0: 0 means unset)
 _HEADER_WORDS = 8
-SLOT_WORDS = 8
-WAKE, FENCE, SEEN, GEN, POKED = range(5)
+SLOT_WORDS = 16
+WAKE, FENCE, SEEN, GEN, POKED, MORE = range(6)
+MAX_FENCES = 1 + SLOT_WORDS - MORE  # fences one slot can name
 
 
 def segment_bytes(devices: int, clients: int) -> int:
@@ -74,6 +77,20 @@ class Waiter:
         q[i + WAKE] = wake
         q[i + GEN] += 1
 
+    def block_on(self, wake: int, fences: tuple[int, ...]) -> None:
+        """``block`` on any of ``fences`` (at most ``MAX_FENCES``; a client whose threads
+        wait on several)."""
+        assert len(fences) <= MAX_FENCES, len(fences)
+        q, i = self._q, self._i
+        q[i + GEN] += 1
+        for k, fence in enumerate(fences[1:]):
+            q[i + MORE + k] = fence
+        if 0 < len(fences) < MAX_FENCES:  # the list ends there
+            q[i + MORE + len(fences) - 1] = 0
+        q[i + FENCE] = fences[0] if fences else 0
+        q[i + WAKE] = wake
+        q[i + GEN] += 1
+
     def begin(self) -> None:
         """Read the supervisor's pokes before looking at the work: a poke after this is
         news the next ``block`` does not cover (``seen != poked``)."""
@@ -98,17 +115,33 @@ class Waiter:
         """The supervisor wants the waiter's attention (then posts its semaphore)."""
         self._q[self._i + POKED] += 1
 
-    def snapshot(self) -> tuple[int, int] | None:
-        """``(wake, fence)`` of a waiter blocked with no unseen news, read consistently;
+    def has_news(self) -> bool:
+        """A poke came since the last ``begin`` (the waiter's own view)."""
+        q, i = self._q, self._i
+        return q[i + SEEN] != q[i + POKED]
+
+    def fence(self) -> int:
+        """The (first) fence the waiter sleeps on (0: none, or it runs)."""
+        return self._q[self._i + FENCE] if self._q[self._i + WAKE] else 0
+
+    def snapshot(self) -> tuple[int, tuple[int, ...]] | None:
+        """``(wake, fences)`` of a waiter blocked with no unseen news, read consistently;
         None while it runs, changes its slot, or has news it has not seen."""
         q, i = self._q, self._i
         gen = q[i + GEN]
         if gen & 1:
             return None
         wake, fence = q[i + WAKE], q[i + FENCE]
+        fences: tuple[int, ...] = ()
+        if fence:
+            fences = (fence,)
+            for k in range(i + MORE, i + SLOT_WORDS):
+                if not q[k]:
+                    break
+                fences += (q[k],)
         if not wake or q[i + SEEN] != q[i + POKED] or q[i + GEN] != gen:
             return None
-        return wake, fence
+        return wake, fences
 
 
 class VirtualClock:
@@ -139,6 +172,16 @@ class VirtualClock:
     def waiter(self, slot: int) -> Waiter:
         return Waiter(self._q, slot)
 
+    def all_blocked(self, slots: range, but: int = -1) -> bool:
+        """Whether every waiter of ``slots`` (but ``but``) is blocked with no news: the
+        one that blocks now may be the platform's last, and wakes the supervisor."""
+        q = self._q
+        for slot in slots:
+            i = _HEADER_WORDS + slot * SLOT_WORDS
+            if slot != but and (not q[i + WAKE] or q[i + SEEN] != q[i + POKED]):
+                return False
+        return True
+
     def close(self) -> None:
         """Unmap the word (its segment's creator unlinks it)."""
         self.now_ns = lambda: 0
@@ -159,4 +202,5 @@ def install(clock: VirtualClock) -> None:
 
 
 __all__ = ["RealClock", "VirtualClock", "Waiter", "NO_WAKE", "CLOCKS", "REAL", "VIRTUAL",
+           "MAX_FENCES",
            "segment_bytes", "install"]

@@ -391,3 +391,34 @@ class FenceTable:
                     pass
             sem.close()
         self._sems.clear()
+
+
+def wait_once(table: FenceTable, handle: int, timeout: float) -> int | None:
+    """One sleep on the fence: its error code once it completed, None when the sleep
+    ended (a ``nudge``, a token of an older generation, ``timeout``) with the fence
+    still pending. For waits that look at something else too between sleeps (the
+    virtual clock's): a nudge wakes them at once, where ``FenceTable.wait`` sleeps again."""
+    slot, gen = split_handle(handle)
+    table.check(handle)
+    u32, i = table._u32, slot * _W32
+    if u32[i + 1] == PENDING:
+        try:
+            table._sem(slot).acquire(timeout)
+        except posix_ipc.BusyError:
+            return None
+        if u32[i] != gen:
+            table._sem(slot).release()
+            raise errors.StaleHandle(f"fence {handle:#x} was recycled while waited on")
+        if u32[i + 1] == PENDING:
+            return None
+        table._sem(slot).release()  # pass the token on to the next waiter
+    return u32[i + 2]
+
+
+def nudge(table: FenceTable, handle: int) -> None:
+    """Wake a waiter of a pending fence without completing it (a token its ``FenceTable.wait``
+    swallows, its ``wait_once`` returns None on). A stale or completed fence: nothing."""
+    slot, gen = split_handle(handle)
+    u32, i = table._u32, slot * _W32
+    if slot < table.capacity and gen and u32[i] == gen and u32[i + 1] == PENDING:
+        table._sem(slot).release()

@@ -46,6 +46,10 @@ OPTIONS = {
     "seed": Option(22, "where the stalls fall and of which kind", min=0),
 }
 QUICK = {"frames": 60, "stalls": 4}
+# What it proves is where the host's time went: a stall the evidence chain attributes by
+# the trace's host stamps. On the virtual clock a stall takes no host time to find.
+NEEDS_REAL_CLOCK = ("its stalls are real host time that the evidence chain attributes "
+                    "by host stamps (seed §22); modeled time has no host stall to find")
 
 ISP_MS, NPU_MS, STALL_MS = 2.0, 6.0, 60.0
 MIN_STALL_MS = 25.0

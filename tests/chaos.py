@@ -48,7 +48,9 @@ read-only import), and every refusal it gets names its limit. Failed resets (a d
 device's every 2nd or 3rd attempt to come back fails, and its retry succeeds) and, in
 some seeds, a device wedged for one round (two failed attempts in a row: every command
 it held or had queued must end, and it is unwedged at the round's end), from a
-generator of their own too. Faults
+generator of their own too. About a third of the seeds run on the virtual clock (its
+own generator too): modeled time jumps once everything waits, the same invariants hold.
+Faults
 stay off the pipeline's and the model's commands (they are not re-checked by the device),
 except crashes.
 
@@ -286,6 +288,12 @@ def draw_resets(rng: random.Random, queue_device: str) -> tuple[str, int, str, i
     return flaky, every, wedge if rng.random() < 0.5 else "", wedge_at
 
 
+def draw_clock(seed: int) -> str:
+    """The seed's platform clock: the virtual one in about a third of the seeds (a
+    generator of its own, as ``queue_rng``), the real one in the rest."""
+    return "virtual" if random.Random(f"clock-{seed}").random() < 1 / 3 else "real"
+
+
 def engines_rng(seed: int) -> random.Random:
     """The generator of a seed's engine times (its own, as ``queue_rng``)."""
     return random.Random(f"engines-{seed}")
@@ -495,20 +503,22 @@ def _submit(ctxs: _Ctxs, device: str, kernel: str, ins, outs, *, wait=(), params
 
 
 def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
-        log: Callable[[str], None] | None = None) -> dict[str, Any]:
+        log: Callable[[str], None] | None = None, clock: str | None = None) -> dict[str, Any]:
     """One chaos run; returns its tally, raises ChaosFailure. ``on_prefix`` learns the
     platform's name prefix as soon as it exists (a supervisor of a run killed for hanging
-    leaves its objects under it)."""
+    leaves its objects under it); ``clock``: the platform's (None: the seed's draw)."""
     ph = Phases(seed, log)
+    clock = clock or draw_clock(seed)
     rng = random.Random(seed)
     mix = draw_mix(rng)
     restart = draw_restart(restart_rng(seed))
     engines = draw_engines(engines_rng(seed))
     if log:
-        log(f"mix {mix}, npu0 restarts as a subsystem: {restart}, engine times {engines}")
+        log(f"mix {mix}, npu0 restarts as a subsystem: {restart}, engine times {engines}, "
+            f"clock {clock}")
     with ph.phase("setup"):
         plat = hetproc.Platform(spec=platform_spec(mix, restart, engines),
-                                time_scale=1.0).start()
+                                time_scale=1.0, clock=clock).start()
     try:
         if on_prefix:
             on_prefix(plat.prefix)
@@ -1312,6 +1322,8 @@ def main(argv: list[str] | None = None) -> int:
     line at the end (status pass/fail, phase, message, tally, leftovers). Exit 0 on pass."""
     ap = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--clock", choices=("real", "virtual"), default=None,
+                    help="the platform's clock (default: the seed's draw)")
     args = ap.parse_args(argv)
     from hetproc.drills import new_children
 
@@ -1326,7 +1338,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     result: dict[str, Any] = {"seed": args.seed, "status": "pass", "phase": "", "message": ""}
     try:
-        result["tally"] = run(args.seed, on_prefix=got_prefix,
+        result["tally"] = run(args.seed, on_prefix=got_prefix, clock=args.clock,
                               log=lambda m: print(m, flush=True))
     except ChaosFailure as exc:
         result.update(status="fail", phase=exc.phase, message=exc.message)

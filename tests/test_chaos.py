@@ -21,6 +21,7 @@ from tests.chaos import (
     DEVICES,
     POLICIES,
     ChaosFailure,
+    draw_clock,
     draw_engines,
     draw_mix,
     draw_queue,
@@ -72,6 +73,8 @@ def test_the_default_seeds_cover_the_whole_mix():
                   for d, chunk in zip(DEVICES, m.chunk_ms))
               for m, s in zip(mixes, DEFAULT_SEEDS.split(","))}
     assert sliced == {True, False}  # devices taking turns in some seeds, not in others
+    clocks = {draw_clock(int(s)) for s in DEFAULT_SEEDS.split(",")}
+    assert clocks == {"real", "virtual"}  # some seeds on the virtual clock
     writers = {read_only_writer_drawn(int(s)) for s in DEFAULT_SEEDS.split(",")}
     assert writers == {True, False}  # a read-only importer writing, in some seeds
     assert all(m == draw_mix(random.Random(int(s)))

@@ -14,7 +14,7 @@ from hetproc.drills._conformance import CASES, SUITES
 from hetproc.drills._timefields import FIELDS
 
 ROW_KEYS = {"name", "suite", "checks_what", "ok", "failed_checks", "details", "recovery_ms",
-            "error", "duration_s", *FIELDS}
+            "error", "duration_s", "skipped", *FIELDS}
 
 
 def _failed(result):

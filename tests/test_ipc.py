@@ -309,3 +309,25 @@ def test_a_fence_wait_in_a_thread_outlasts_signals_and_keeps_its_deadline(platfo
         signal.signal(signal.SIGALRM, old)
     assert kicks > 10 and not thread.is_alive()
     assert outcome == [None] or outcome == [0], outcome
+
+
+def test_a_nudge_ends_one_sleep_of_a_pending_fence_and_never_completes_it(table):
+    """The virtual clock's wake-up of a waiter asleep on a fence (``nudge``): its one
+    sleep (``wait_once``) ends with the fence still pending; a completed or stale fence
+    is left alone, and a token of a completed fence is passed on to the next waiter."""
+    from ipc import nudge_fence, wait_fence_once
+    h = table.allocate()
+    slot = h & 0xFFFFFFFF
+    nudge_fence(table, h)
+    assert table._sem(slot).value == 1
+    assert wait_fence_once(table, h, 30.0) is None  # the token, not the 30 s
+    assert table._sem(slot).value == 0 and table.poll(h) == (PENDING, 0)
+    assert wait_fence_once(table, h, 0.0) is None  # no token left: the slice ends
+    table.signal(h, errors.Cancelled.code)
+    nudge_fence(table, h)  # completed: no token
+    assert wait_fence_once(table, h, 0.0) == errors.Cancelled.code
+    assert table._sem(slot).value == 1, "the signal's token passed on"
+    table.release(h)
+    nudge_fence(table, h)  # stale: nothing
+    with pytest.raises(errors.StaleHandle):
+        wait_fence_once(table, h, 0.0)

@@ -8,6 +8,7 @@ time in real time. Wall times are printed, never asserted.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import pytest
@@ -145,3 +146,161 @@ def test_a_client_sleeping_outside_hetproc_is_a_determinism_break_and_named():
         assert events and events[0]["clients"] == ["owner", "sleepy"]
         assert "determinism_break_clients" not in sleepy.metrics()["clock"]  # owner's to see
         sleepy.close()
+
+
+def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():
+    """Records straight to the device: each after the one before it, a record waiting on
+    a fence signalled a modeled second later (past the stall watch's bound: the device
+    waits, it is not stalled) starts at that signal, all exact, in modeled time."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        t0 = hetproc.now()
+        with c.context("npu0").queue() as q:
+            chain = [q.submit_nowait(ms=ms) for ms in (5, 3, 7)]
+            gate = c.fence()
+            gated = q.submit("work", wait=[gate], ms=2)
+            after = q.submit_nowait(ms=1)
+            chain[-1].wait(5)
+            assert [f.signal_time() - t0 for f in chain] == [5 * MS, 8 * MS, 15 * MS]
+            hetproc.sleep(1000)
+            assert not gated.done()
+            gate.signal()
+            after.wait(5)
+            assert gate.signal_time() - t0 == 1015 * MS
+            assert gated.signal_time() - t0 == 1017 * MS
+            assert after.signal_time() - t0 == 1018 * MS
+        incidents = c.incidents()
+        assert not incidents["history"] and not incidents["active"], "no stall was seen"
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def test_the_queue_watchdog_fires_at_its_exact_modeled_deadline():
+    """A hung queue command: its own watchdog (200 ms from its start on the device) kills
+    the device at that modeled instant, its fence failed then; the clock jumped there
+    (one ns before it the device was woken to show a sign of life: a hang shows none)."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        c.inject("hang", device="npu0")
+        t0 = hetproc.now()
+        with c.context("npu0").queue() as q:
+            f = q.submit("work", ms=5)
+            with pytest.raises(errors.DeviceTimeout, match="queue 1's command"):
+                f.wait(5)
+        assert f.signal_time() - t0 == 200 * MS
+        inc = (c.incidents()["active"] or c.incidents()["history"])[0]
+        assert inc["steps"][0]["step"] == "mark" and inc["confirmed_stop"] == "reaped"
+        assert c.incidents()["verdicts"]["timed_out"] == 1
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def test_a_process_waits_only_when_every_thread_that_used_hetproc_waits():
+    """A thread sleeps in hetproc while the main thread, which used hetproc, runs outside
+    it: the clock stands still (the process is not waiting) until the main thread waits
+    in hetproc too; then it jumps to the thread's wake, exactly."""
+    with _platform("virtual", autojump_ms=60_000.0) as plat:
+        t0 = plat.now()
+        woke: list[int] = []
+
+        def sleeper() -> None:
+            hetproc.sleep(50, plat.client)
+            woke.append(hetproc.now(plat.client) - t0)
+
+        t = threading.Thread(target=sleeper)
+        t.start()
+        time.sleep(0.2)  # outside hetproc: this thread runs, so the process does not wait
+        assert woke == [] and plat.now() == t0
+        hetproc.sleep(80)
+        t.join(5)
+        assert woke == [50 * MS] and plat.now() - t0 == 80 * MS
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def test_what_needs_the_real_clock_is_skipped_on_the_virtual_one_with_its_reason():
+    from hetproc.drills import _conformance, _conformance_cases, run_scenario
+
+    report = run_scenario("intermittent_stall", clock="virtual", options={"frames": 16})
+    assert report["ok"] and "host" in report["skipped"] and report["checks"] == []
+    name = "hetproc/needs-real-time"
+    _conformance_cases.add_case(_conformance_cases.Case(
+        name, "hetproc", "checks host time", fn=lambda c: None, real_clock="host stamps"))
+    try:
+        result = _conformance.run_conformance(only=name, clock="virtual")
+    finally:
+        del _conformance_cases.CASES[name]
+    row, = result["rows"]
+    assert result["ok"] and result["skipped"] == 1 and result["passed"] == 0
+    assert row["skipped"] == "needs the real clock: host stamps"
+
+
+def test_a_device_waiting_for_an_input_past_the_stall_bound_is_not_stalled():
+    """The stall watch's bound is an event: the device waiting on a user fence is woken
+    one ns before it and shows it is alive (on the real clock it does so between slices);
+    a modeled second later the command runs, at the signal, exactly."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        gate = c.fence()
+        f = c.context("gpu0").submit("work", wait=[gate], ms=3)
+        hetproc.sleep(1000)
+        gate.signal()
+        f.wait(5)
+        assert f.signal_time() - gate.signal_time() == 3 * MS
+        assert not c.incidents()["history"] and not c.incidents()["active"]
+        assert c.incidents()["verdicts"].get("stalled", 0) == 0
+
+
+def test_the_last_waiter_to_block_wakes_the_supervisor_not_its_tick():
+    """A client's sleep that begins with every device idle, and a chain across two devices
+    whose consumer waits for its input fence: the wait that completes the quiescence wakes
+    the loop, so the jumps are not found by the loop's tick (on main before this, every
+    sleep's jump was: nothing woke the loop when a client blocked last)."""
+    with _platform("virtual") as plat:
+        t0 = plat.now()
+        for _ in range(40):
+            hetproc.sleep(1)
+        npu, gpu = plat.client.context("npu0"), plat.client.context("gpu0")
+        last = None
+        for _ in range(20):
+            f = npu.submit_nowait("work", ms=2, handoff_ms=1)
+            last = gpu.submit_nowait("work", ms=1, wait=[f])
+        assert last is not None
+        last.wait(5)
+        m = plat.metrics()["clock"]
+        assert plat.now() - t0 >= 40 * MS + 20 * 2 * MS
+        assert m["jumps"] >= 60 and m["determinism_breaks"] == 0
+        assert m["jumps_on_tick"] * 4 < m["jumps"], m
+
+
+def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_comes():
+    """npu0 runs ``a`` (hand-off 5 ms), then ``b`` waits for a fence the client signals
+    only after 50 modeled ms: a's signal falls due while npu0 sleeps on b's input fence,
+    and is stamped at its modeled instant (the jump nudges the fence npu0 sleeps on)."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu = c.context("npu0")
+        gate = c.fence()
+        t0 = plat.now()
+        a = npu.submit_nowait("work", ms=2, handoff_ms=5)
+        b = npu.submit_nowait("work", ms=1, wait=[gate])
+        a.wait(5)
+        assert a.signal_time() - t0 == 7 * MS
+        hetproc.sleep(50)
+        gate.signal()
+        b.wait(5)
+        assert b.signal_time() - t0 >= 57 * MS
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def test_a_closed_connection_gives_its_waiter_slot_and_bell_back():
+    """Connections come and go past ``limits.max_clients`` over a platform's life: each
+    hello gets a waiter slot (and the bell its sleeps sleep on) that a close gives back;
+    the bells are not counted as live fences."""
+    spec = load_platform()
+    spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits, max_clients=3))
+    with hetproc.Platform(spec=spec, time_scale=1.0, clock="virtual") as plat:
+        base = plat.metrics()["live_fences"]
+        for _ in range(8):
+            other = plat.connect("passer-by")
+            hetproc.sleep(1, client=other)
+            other.close()
+        assert plat.metrics()["live_fences"] == base
+        hetproc.sleep(1)

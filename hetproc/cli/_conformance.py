@@ -63,7 +63,8 @@ def print_conformance(result: dict[str, Any]) -> None:
     width = max((len(r["name"]) for r in result["rows"]), default=0)
     for r in result["rows"]:
         rec = f"recovery {r['recovery_ms']:.1f} ms" if r["recovery_ms"] is not None else "-"
-        print(f"{'PASS' if r['ok'] else 'FAIL'}  {r['name']:<{width}}  {rec}")
+        mark = "SKIP" if r.get("skipped") else "PASS" if r["ok"] else "FAIL"
+        print(f"{mark}  {r['name']:<{width}}  {r.get('skipped') or rec}")
     for r in result["rows"]:
         if not r["ok"]:
             print(f"\n{r['name']} failed:")
@@ -72,5 +73,6 @@ def print_conformance(result: dict[str, Any]) -> None:
                 print(f"  - {check}" + (f": {detail}" if detail else ""))
             if r.get("error"):
                 print(f"  error: {r['error']}")
-    print(f"\n{result['passed']} passed, {result['failed']} failed "
+    skipped = f", {result['skipped']} skipped" if result.get("skipped") else ""
+    print(f"\n{result['passed']} passed, {result['failed']} failed{skipped} "
           f"in {result['duration_s']:.1f} s")

@@ -230,10 +230,12 @@ def matrix_table(rows: list[dict[str, Any]], pending: Sequence[str] = ()) -> Tab
     for r in rows:
         rec = "-" if r["recovery_ms"] is None else f"{r['recovery_ms']:.1f}"
         modeled = r.get("modeled_s")
-        t.add_row(r["kind"], r["name"], Text("PASS", style="green") if r["ok"]
-                  else Text("FAIL", style="bold red"), str(r["checks"]), str(r["leaks"]),
+        result = (Text("SKIP", style="yellow") if r.get("skipped") else
+                  Text("PASS", style="green") if r["ok"] else Text("FAIL", style="bold red"))
+        t.add_row(r["kind"], r["name"], result, str(r["checks"]), str(r["leaks"]),
                   rec, f"{r['duration_s']:.2f}", "-" if modeled is None else f"{modeled:.3f}",
-                  short_digest(r.get("trace_digest")), Text("; ".join(r["failed_checks"])))
+                  short_digest(r.get("trace_digest")),
+                  Text(r.get("skipped") or "; ".join(r["failed_checks"])))
     for name in pending:
         t.add_row("", name, Text("...", style="dim"), "", "", "", "", "", "", "")
     return t

@@ -51,6 +51,7 @@ from ipc import (
 )
 
 from .. import _protocol
+from . import _vclock
 from ._trace_ring import ClientTrace
 
 REQUEST_TIMEOUT = 10.0
@@ -103,6 +104,10 @@ class Connection:
         #: this connection's waiter slot on it (``_vclock``; None on the real clock)
         self.clock: clock.RealClock | clock.VirtualClock = clock.RealClock()
         self.waiter: clock.Waiter | None = None
+        #: a fence of this connection's that never completes: ``hetproc.sleep`` sleeps on
+        #: it, the supervisor nudges it when the clock reached the sleep's end (0: none)
+        self.clock_bell = 0
+        self.clock_devices = range(0)  # the device slots of the clock segment
         self.trace = ClientTrace.disabled()  #: this process's trace ring (after ``hello``)
         try:
             self.channel = Channel.connect(address, timeout)
@@ -136,6 +141,8 @@ class Connection:
         if vclock is not None:
             self.clock = clock.VirtualClock(self.segments.get(vclock["segment"]))
             self.waiter = self.clock.waiter(vclock["slot"])
+            self.clock_bell = int(vclock.get("bell") or 0)
+            self.clock_devices = range(len(info["devices"]))
             self.fences.model_now = self.clock.now_ns
         try:
             self._sup_pidfd = os.pidfd_open(self.supervisor_pid)
@@ -159,8 +166,9 @@ class Connection:
         if fences is not None:
             fences.close()
         if isinstance(self.clock, clock.VirtualClock):
-            self.waiter = None
-            self.clock.close()
+            with _vclock.THREADS.lock:  # no thread of ours writes the slot after this
+                self.waiter = None
+                self.clock.close()
         self.segments.close()
         if self._sup_pidfd >= 0:
             os.close(self._sup_pidfd)
@@ -274,6 +282,8 @@ class Connection:
 
     @contextlib.contextmanager
     def _usable(self) -> Iterator[None]:
+        if self.waiter is not None:  # a thread that uses hetproc holds the virtual clock
+            _vclock.THREADS.known(self)
         with self._lock:
             if self.closed:
                 raise errors.PlatformClosed("this client is closed")

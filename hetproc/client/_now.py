@@ -1,7 +1,8 @@
 """``hetproc.now()`` and ``hetproc.sleep(ms)`` for scenario code: the platform's time.
 
 Both act on a client given, else on this process's current one: the client opened last
-that is still open (a scenario holds one platform). With no client, or one on the real
+that is still open (a scenario holds one platform; a client closed meanwhile hands back to
+the one opened before it). With no client, or one on the real
 clock, they are the host's monotonic clock and ``time.sleep``; on the virtual clock they
 read and wait in modeled time (``_vclock``).
 """
@@ -19,20 +20,22 @@ from . import _vclock
 if TYPE_CHECKING:
     from ._client import Client
 
-_current: weakref.ref[Client] | None = None
+_opened: list[weakref.ref[Client]] = []  # in the order they opened
 
 
 def became_current(client: Client) -> None:
-    global _current
-    _current = weakref.ref(client)
+    _opened[:] = [r for r in _opened if (c := r()) is not None and not c.connection.closed]
+    _opened.append(weakref.ref(client))
 
 
 def current() -> Client | None:
-    """The client opened last in this process, if it is still open."""
-    client = _current() if _current is not None else None
-    if client is None or client.connection.closed:
-        return None
-    return client
+    """The client opened last in this process that is still open, if any."""
+    while _opened:
+        client = _opened[-1]()
+        if client is not None and not client.connection.closed:
+            return client
+        _opened.pop()  # closed or gone: the one before it, if open
+    return None
 
 
 def now(client: Client | None = None) -> int:

@@ -41,6 +41,7 @@ from ipc import (
 
 from ._command import command
 from ._fence import Fence
+from ._vclock import wait_handle
 
 if TYPE_CHECKING:
     from ._buffer import Buffer
@@ -125,10 +126,11 @@ class Queue:
         traced = [{"cid": c, "signal": h} for c, h in zip(cids, handles)]
         t_submit = conn.trace.now()
         conn.trace.bind(traced)
-        arrive = time.monotonic_ns() if at_ns is None else int(at_ns)
+        now = conn.clock.now_ns  # the platform's (modeled on the virtual clock)
+        arrive = now() if at_ns is None else int(at_ns)
         ring = self._ring
         put, first = ring.put, ring.head
-        written = time.monotonic_ns()
+        written = now()
         for i in range(n):
             kernel, hold, waits, kw = parts[i]
             record = encode_queue_record(self._qseq + 1, cids[i], handles[i], arrive, hold,
@@ -250,10 +252,17 @@ class Queue:
         the others, ``_fail_unseen``) or it stayed full."""
         self._doorbell.release()
         deadline = time.monotonic() + FULL_WAIT_S
-        while not self._ring.put(record):
-            if self._ring.state != QUEUE_OPEN or time.monotonic() > deadline:
+        ring, conn = self._ring, self._conn
+        while not ring.put(record):
+            if ring.state != QUEUE_OPEN or time.monotonic() > deadline:
                 return False
-            time.sleep(0.0002)
+            if conn.waiter is None:
+                time.sleep(0.0002)
+                continue
+            try:  # a wait in modeled time, for the oldest record's fence: then a slot frees
+                wait_handle(conn, ring.slot_signal(ring.tail), FULL_WAIT_S)
+            except errors.HetprocError:
+                pass  # not ours, or failed: the ring's state and the put say what next
         return True
 
     def _check_open(self) -> None:

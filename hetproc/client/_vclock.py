@@ -3,52 +3,129 @@
 A connection to a platform on the virtual clock gets a waiter slot at hello (``ipc._clock``,
 ``hetproc.supervisor._clock``). A wait says in it that this process is blocked -- on which
 fence, until which modeled instant -- only after its last packet was written (every
-request is written whole before it returns), then sleeps on the fence's semaphore in
-short real slices, ending when the fence completes or the clock passes its deadline; the
-slot is cleared when the wait ends. ``sleep`` blocks on no fence and polls the clock word.
+request is written whole before it returns), then sleeps on the fence's semaphore,
+ending when the fence completes or the clock passes its deadline (the jump there nudges
+the fence; a real slice is the fallback); the slot is cleared when the wait ends.
+``sleep`` blocks on no fence: it sleeps on its connection's bell, which the jump to its
+end nudges. A wait that begins with every device blocked may be the last one the clock
+waits for: it pings the supervisor, which looks at once.
 
 Every wait keeps a real deadline too (``REAL_BACKSTOP_S`` past the modeled timeout's
 worth of real time, or when the supervisor dies), so nothing blocks forever even if the
 clock never moves.
+
+Threads. A process is blocked only while every thread of it that has used hetproc on
+the virtual clock (a request, a submit, a wait: a *known* thread, until it ends) is in a
+hetproc wait; the slots of its connections then name the earliest deadline and the
+fences its threads wait on (``_Threads``). A thread that never called hetproc is
+invisible: what it does (signal a user fence, wake a known thread by other means) may
+come after the clock moved. A known thread that blocks elsewhere (``time.sleep``, a
+lock, ``Thread.join``, its own socket) holds the clock, as a single-threaded client
+outside hetproc does: after ``autojump_ms`` the clock moves anyway, a determinism break.
+More than ``ipc.clock.MAX_FENCES`` fences waited on one connection at once count as
+running, as such a client does.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
-from ipc import clock, errors
+from ipc import clock, errors, wait_fence_once
 
 if TYPE_CHECKING:
     from ._connection import Connection
 
 FENCE_SLICE_S = 0.002   # a fence wait looks at the clock (its deadline) this often
-SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often
+SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often (no bell: an old supervisor)
+BELL_SLICE_S = 0.02     # ``sleep`` on its bell looks this often if no nudge comes
 REAL_BACKSTOP_S = 60.0  # real seconds a wait goes on if the clock stops moving
+
+
+class _Threads:
+    """This process's threads that used hetproc on the virtual clock, and the wait each
+    is in (None: running); see the module docstring. Every change publishes the whole
+    process's state into the slots of its connections, under one lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waits: dict[threading.Thread, tuple[Connection, int, int] | None] = {}
+        self.conns: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+    def known(self, conn: Connection) -> None:
+        """The calling thread uses hetproc on ``conn`` (a request, a submit)."""
+        me = threading.current_thread()
+        if me not in self.waits or conn not in self.conns:
+            with self.lock:
+                self.waits.setdefault(me, None)
+                self.conns.add(conn)
+                self._publish()
+
+    def wait(self, conn: Connection, wake: int, fence: int = 0) -> None:
+        """The calling thread waits on ``conn`` until modeled ``wake``, on ``fence``
+        (None: it runs again)."""
+        with self.lock:
+            self.waits[threading.current_thread()] = (conn, wake, fence)
+            self.conns.add(conn)
+            self._publish()
+
+    def run(self) -> None:
+        with self.lock:
+            self.waits[threading.current_thread()] = None
+            self._publish()
+
+    def look(self) -> None:
+        """Publish again (a waiting thread, now and then): a known thread that ended
+        since holds the clock no more."""
+        with self.lock:
+            if None in self.waits.values():  # (all waiting: no ended thread can matter)
+                self._publish()
+
+    def _publish(self) -> None:
+        for t in [t for t in self.waits if not t.is_alive()]:
+            del self.waits[t]
+        waits = list(self.waits.values())
+        blocked = all(w is not None for w in waits)
+        for conn in list(self.conns):
+            waiter = conn.waiter
+            if waiter is None:
+                continue
+            mine = [w for w in waits if w is not None and w[0] is conn]
+            fences = tuple(dict.fromkeys(w[2] for w in mine if w[2]))
+            if blocked and mine and len(fences) <= clock.MAX_FENCES:
+                waiter.block_on(min(w[1] for w in mine), fences)
+            else:
+                waiter.clear()
+
+
+THREADS = _Threads()
 
 
 def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
     """The fence's error code once it completes (0: signalled); ``FenceTimeout`` once
     the modeled clock passed ``timeout_s`` from now, ``SupervisorLost`` if it died."""
-    waiter, fences = conn.waiter, conn.fences
-    assert waiter is not None
+    fences = conn.fences
+    assert conn.waiter is not None
     now = conn.clock.now_ns
     deadline = _deadline(now(), timeout_s)
     backstop = time.monotonic() + REAL_BACKSTOP_S + min(timeout_s, REAL_BACKSTOP_S)
-    waiter.block(deadline, handle)
+    THREADS.wait(conn, deadline, handle)
+    _last_wait(conn)
     try:
         while True:
-            try:
-                return fences.wait(handle, FENCE_SLICE_S)
-            except errors.FenceTimeout:
-                pass
+            code = wait_fence_once(fences, handle, FENCE_SLICE_S)
+            if code is not None:
+                return code
             if now() >= deadline or time.monotonic() > backstop:
                 raise errors.FenceTimeout(
                     f"fence {handle:#x} still pending after {timeout_s:.3f} s (virtual clock)")
             if not conn.supervisor_alive():
                 raise errors.SupervisorLost("the supervisor died while this fence was pending")
+            THREADS.look()
     finally:
-        waiter.clear()
+        THREADS.run()
 
 
 def wait_handle(conn: Connection, handle: int, timeout_s: float) -> int:
@@ -61,20 +138,34 @@ def wait_handle(conn: Connection, handle: int, timeout_s: float) -> int:
 
 def sleep(conn: Connection, seconds: float) -> None:
     """Block until the modeled clock has moved ``seconds`` on."""
-    waiter = conn.waiter
-    assert waiter is not None
+    assert conn.waiter is not None
     now = conn.clock.now_ns
     until = now() + round(seconds * 1e9)
     backstop = time.monotonic() + REAL_BACKSTOP_S + seconds
-    waiter.block(until)
+    THREADS.wait(conn, until)
+    _last_wait(conn)
     try:
         while now() < until:
             if time.monotonic() > backstop or not conn.supervisor_alive():
                 raise errors.SupervisorLost("the virtual clock stopped moving (is the "
                                             "supervisor alive?)")
-            time.sleep(SLEEP_SLICE_S)
+            if conn.clock_bell:  # nudged by the jump that reaches ``until``
+                wait_fence_once(conn.fences, conn.clock_bell, BELL_SLICE_S)
+            else:
+                time.sleep(SLEEP_SLICE_S)
+            THREADS.look()
     finally:
-        waiter.clear()
+        THREADS.run()
+
+
+def _last_wait(conn: Connection) -> None:
+    """A wait that begins with every device blocked may be the one the clock waits for:
+    the supervisor is woken (a one-way ping) to look at once, not at its next tick."""
+    if isinstance(conn.clock, clock.VirtualClock) and conn.clock.all_blocked(conn.clock_devices):
+        try:
+            conn.notify("ping")
+        except errors.HetprocError:
+            pass  # the wait finds a lost supervisor out by itself
 
 
 def _deadline(now: int, timeout_s: float) -> int:

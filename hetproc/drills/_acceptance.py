@@ -174,4 +174,5 @@ def _row(kind: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
             "error": report.get("error"),
             "leaks": len(left["objects"]) + len(left["processes"]),
             "recovery_ms": report["metrics"].get("recovery_ms"),
-            "duration_s": report["duration_s"], **_timefields.of_report(report)}
+            "duration_s": report["duration_s"], "skipped": report.get("skipped"),
+            **_timefields.of_report(report)}

@@ -11,6 +11,7 @@ from typing import Any
 from ipc import errors
 
 from ..client import now
+from ..client import sleep as platform_sleep  # modeled on the virtual clock
 
 
 class Bystander:
@@ -51,12 +52,15 @@ class Bystander:
                 self.done += 1
             except errors.HetprocError as exc:
                 self.failures.append(exc.name)
-                time.sleep(0.01)
+                platform_sleep(10, self.client)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(10)
+            deadline = time.monotonic() + 10
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                platform_sleep(1, self.client)  # a wait in hetproc: its last job may end
+            self._thread.join(1)
         for f in self._dated:
             try:
                 f.wait(5)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ipc import errors
 
-from ..client import Fence, same_code_env
+from ..client import Fence, same_code_env, sleep
 from ._drills import Drill
 from ._scenario import Scenario
 
@@ -34,6 +34,7 @@ class Case:
     drill: str | None = None                 # a drill case: the drill it runs
     fn: Callable[[CaseRun], None] | None = None
     group: str = "shared"                    # the shared platform it runs on
+    real_clock: str | None = None  # why it cannot run on the virtual clock (``_realclock``)
 
 
 CASES: dict[str, Case] = {}
@@ -44,10 +45,10 @@ def add_case(case: Case) -> None:
     CASES[case.name] = case
 
 
-def case(name: str, suite: str, checks: str, group: str = "shared"):
+def case(name: str, suite: str, checks: str, group: str = "shared", real_clock: str | None = None):
     """Register a case that runs on its group's shared platform."""
     def register(fn: Callable[[CaseRun], None]):
-        add_case(Case(name, suite, checks, fn=fn, group=group))
+        add_case(Case(name, suite, checks, fn=fn, group=group, real_clock=real_clock))
         return fn
     return register
 
@@ -109,7 +110,7 @@ class CaseRun(Drill):
             inc = self.client.incidents()
             if len(inc["history"]) > self._incidents and not inc["active"]:
                 return inc["history"][self._incidents]
-            self.sleep(10)  # the platform's time: on the virtual clock the incident moves
+            sleep(10, self.client)  # the platform's time: the recovery goes on meanwhile
         return None
 
     def recovery_ms(self) -> float | None:
@@ -125,9 +126,8 @@ class CaseRun(Drill):
             if proc.poll() is None:
                 proc.kill()
             proc.wait(5)
-            for pipe in (proc.stdin, proc.stdout):
-                if pipe is not None:
-                    pipe.close()
+            for pipe in (p for p in (proc.stdin, proc.stdout) if p is not None):
+                pipe.close()
         for other in self._clients:
             other.close()
         self.client.clear_faults()
@@ -230,7 +230,7 @@ def _entity_cleanup(c: CaseRun) -> None:
     fences: list[Any] = []
     for i in range(40):
         fences.append(ctxs[i % 4].submit("work", wait=fences[-1:], ms=5))
-    time.sleep(0.02)  # a few ran, the rest are queued or pushed to the device
+    sleep(20, c.client)  # a few ran, the rest are queued or pushed to the device
     for ctx in ctxs:
         ctx.close()
     outcome = {"ok": 0, "failed": 0, "hung": 0}
@@ -354,7 +354,7 @@ def _unrelated_ctx(c: CaseRun) -> None:
     unrelated = other.context("npu0", name="unrelated")
     c.client.inject("hang", device="npu0")
     hung = guilty.submit("work", ms=5)
-    time.sleep(0.02)  # the hang is on the device
+    sleep(20, c.client)  # the hang is on the device
     noop = unrelated.submit("work", ms=1)
     err = c.expect_failure("the guilty request failed (DeviceTimeout)", hung, errors.DeviceTimeout)
     c.s.check("its scope is the guilty context", err is not None and err.scope == "context")
@@ -411,7 +411,7 @@ def _sync_busy_fork(c: CaseRun) -> None:
     f = c.client.fence()
     proc = c.spawn(IMPORT_AND_WAIT, str(f.export()), "5")
     c.s.check("the other process waits on the fence", c.hear(proc) == "waiting")
-    time.sleep(0.05)
+    sleep(50, c.client)
     c.s.check("it is still waiting before the signal", proc.poll() is None)
     f.signal()
     c.s.check("it woke with success after the signal", c.hear(proc) == "signalled")
@@ -526,9 +526,9 @@ def _wait_all_delayed(c: CaseRun) -> None:
     ctx = c.client.context("gpu0", name="waits-all")
     out = ctx.submit("work", wait=inputs, ms=1)
 
-    def signal_slowly() -> None:
+    def signal_slowly() -> None:  # on the platform's clock (modeled on the virtual one)
         for f in inputs:
-            time.sleep(0.02)
+            sleep(20, c.client)
             f.signal()
 
     t = threading.Thread(target=signal_slowly)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ipc import errors
 
-from ..client import Fence, merge_fences, wait_fence_fd
+from ..client import Fence, merge_fences, sleep, wait_fence_fd
 from ._conformance_cases import ILLEGAL_HANDLE, CaseRun, case
 
 
@@ -50,7 +50,7 @@ def _sync_merge(c: CaseRun) -> None:
     busy = [_busy(merged)]
     for f in points[:2]:
         f.signal()
-        time.sleep(0.01)  # a supervisor tick or two: it would have signalled by now
+        sleep(10, c.client)  # a supervisor tick or two: it would have signalled by now
         busy.append(_busy(merged))
     c.s.check("the merged fence is busy until the last point signals", all(busy), str(busy))
     points[2].signal()
@@ -170,7 +170,7 @@ def _sync_busy_fork_unixsocket(c: CaseRun) -> None:
         socket.send_fds(conn, [b"f"], [f.fd()])
         conn.close()
         c.s.check("the other process sees the fence busy", c.hear(proc) == "busy")
-        time.sleep(0.02)
+        sleep(20, c.client)
         c.s.check("it still waits before the signal", proc.poll() is None)
         f.signal()
         c.s.check("it woke with success after the signal", c.hear(proc) == "signalled")

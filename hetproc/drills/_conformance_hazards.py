@@ -17,6 +17,7 @@ import numpy as np
 
 from ipc import errors
 
+from ..client import sleep
 from ._conformance_cases import CaseRun, case
 
 SUITE = "Vulkan synchronization validation"
@@ -105,7 +106,7 @@ def _nothing_left(c: CaseRun, base: dict[str, int]) -> None:
         grown = {k: (base[k], now[k]) for k in base if now[k] > base[k]}
         if not grown or time.monotonic() > deadline:
             break
-        c.sleep(20)
+        sleep(20, c.client)
         c.client.ping()
     c.s.check("nothing of it is left (no count above its baseline)", not grown,
               "none" if not grown else f"(before, after): {grown}")
@@ -120,7 +121,7 @@ def _retired(c: CaseRun) -> None:
         m = c.client.metrics()
         if not m["in_flight"] and not sum(m["queue_depth"].values()):
             return
-        c.sleep(10)
+        sleep(10, c.client)
 
 
 @case("hetproc/hazard-read-after-write", SUITE,

@@ -16,7 +16,7 @@ from typing import Any
 
 from ipc import errors
 
-from ..client import unwedge
+from ..client import sleep, unwedge
 from ._conformance_cases import CaseRun, case
 
 ILLEGAL_HANDLE = 0x7FFF_FFF0  # never issued: its slot and generation name no context
@@ -67,7 +67,7 @@ def _reset_stats_ctx(c: CaseRun) -> None:
     elsewhere = third.context("gpu0", name="elsewhere")
     c.client.inject("hang", device="npu0")
     hung = guilty.submit("work", ms=5)
-    time.sleep(0.02)  # the hang runs; the innocent command goes into the ring behind it
+    sleep(20, c.client)  # the hang runs; the innocent command goes into the ring behind it
     caught = innocent.submit("work", ms=1)
     c.expect_failure("the guilty command failed (DeviceTimeout)", hung, errors.DeviceTimeout)
     c.expect_failure("the innocent command was cancelled by the reset", caught,
@@ -119,7 +119,7 @@ def _reset_stats_process(c: CaseRun) -> None:
     apps = {role: c.spawn(RESET_APP, role) for role in ("guilty", "innocent", "unrelated")}
     c.s.check("three client processes ready", all(c.hear(p) == "ready" for p in apps.values()))
     c.tell(apps["guilty"])
-    time.sleep(0.05)  # the hang runs
+    sleep(50, c.client)  # the hang runs
     c.tell(apps["innocent"])
     got = {role: json.loads(c.hear(apps[role]) or "null") for role in ("guilty", "innocent")}
     c.new_incident()
@@ -204,6 +204,9 @@ c.close()
 
 def _banned_app(c: CaseRun, mode: str) -> dict[str, Any]:
     proc = c.spawn(BAN_APP, mode)
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        sleep(10, c.client)  # waits in hetproc: the platform's time goes on for the app
     line = c.hear(proc)
     c.s.check("the process exited cleanly", proc.wait(30) == 0)
     return json.loads(line) if line else {}
@@ -359,7 +362,7 @@ def _in_flight_external(c: CaseRun) -> None:
     external = c.client.fence()
     ctxs = [c.client.context("dsp0", name=f"victim{i}") for i in range(3)]
     crash = _wedge(c, "dsp0")
-    time.sleep(0.02)  # the crasher runs; they go in behind it
+    sleep(20, c.client)  # the crasher runs; they go in behind it
     victims = [ctx.submit("work", ms=1, wait=[external]) for ctx in ctxs]
     downstream = c.client.context("gpu0", name="downstream")
     after = downstream.submit("work", ms=1, wait=victims)

@@ -25,7 +25,9 @@ import numpy as np
 from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
-from ..client import now, same_code_env, sleep
+from ..client import now, same_code_env
+from ..client import sleep as platform_sleep  # modeled on the virtual clock
+from . import _realclock
 from ._bystander import Bystander
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
@@ -33,10 +35,13 @@ from ._scenario import Scenario, run_on_platform
 DRILLS: dict[str, tuple[Callable[[Drill], None], str, dict[str, Any]]] = {}
 
 
-def drill(name: str, doc: str, **recovery: Any):
-    """Register a drill; ``recovery`` sets the platform's recovery policy for it."""
+def drill(name: str, doc: str, real_clock: str | None = None, **recovery: Any):
+    """Register a drill; ``recovery`` sets the platform's recovery policy for it;
+    ``real_clock``: why it cannot run on the virtual clock (``_realclock``), if so."""
     def register(fn: Callable[[Drill], None]):
         DRILLS[name] = (fn, doc, recovery)
+        if real_clock:
+            _realclock.DRILLS[name] = real_clock
         return fn
     return register
 
@@ -71,7 +76,7 @@ class Drill:
     def sleep(self, ms: float) -> None:
         """Let ``ms`` of the platform's time pass: modeled on the virtual clock (a real
         sleep there would hold the clock, then move it without us: a determinism break)."""
-        sleep(ms, self.client)
+        platform_sleep(ms, self.client)
 
     def now_ms(self) -> float:
         """The platform's now in ms (modeled on the virtual clock), to measure waits."""
@@ -545,8 +550,10 @@ def run_drill(name: str, *, platform_file: str | None = None, time_scale: float 
     spec = drill_spec(name, platform_file=platform_file, time_scale=time_scale,
                       unsafe_reclaim=unsafe_reclaim, seed=seed, clock=clock,
                       tie_seed=tie_seed)
-    report = run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
-                             {"unsafe_reclaim": unsafe_reclaim}, progress=progress)
+    skip = _realclock.skipped(spec, _realclock.DRILLS.get(name))
+    report = (_realclock.skipped_report(f"drill:{name}", doc, spec, skip) if skip else
+              run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
+                              {"unsafe_reclaim": unsafe_reclaim}, progress=progress))
     report["drill"] = name
     report["seed"] = seed
     report["tie_seed"] = spec.tie_seed if spec.clock == "virtual" else None

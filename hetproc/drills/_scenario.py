@@ -34,8 +34,8 @@ from ipc import errors
 
 from .. import trace as _trace
 from .._config import PlatformSpec, load_platform
-from ..client import Client, Platform
-from . import _timefields
+from ..client import Client, Platform, sleep
+from . import _realclock, _timefields
 from ._leaks import leftovers, platform_pids
 
 Progress = Callable[[str], None]
@@ -285,6 +285,9 @@ def run_scenario(name: str, *, platform_file: str | None = None,
     check_output_path(plot_path, "--plot")
     spec = (spec or load_platform(platform_file)).with_time_scale(time_scale).with_clock(clock)
     doc = (module.__doc__ or "").strip()
+    skip = _realclock.skipped(spec, getattr(module, "NEEDS_REAL_CLOCK", None))
+    if skip:
+        return _realclock.skipped_report(path.stem, doc.splitlines()[0] if doc else "", spec, skip)
     return run_on_platform(module.run, path.stem, doc.splitlines()[0] if doc else "", spec,
                            options, trace_path=trace_path, plot_path=plot_path,
                            trace=trace, strict_leaks=True, progress=progress,
@@ -458,7 +461,7 @@ def _settled_leak_check(plat: Platform, before: dict[str, int],
     leaks = _leak_check(before, _counts(final))
     deadline = time.monotonic() + _SETTLE_S
     while not leaks["ok"] and time.monotonic() < deadline:
-        time.sleep(0.01)
+        sleep(10, plat.client)  # the platform's time (modeled on the virtual clock)
         final = plat.metrics()
         leaks = _leak_check(before, _counts(final))
     return {**leaks, "final": final}

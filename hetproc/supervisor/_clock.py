@@ -12,13 +12,22 @@ whether the whole platform waits (``turn``)::
     2. then the traffic: no client socket readable, no partial or unserved packet, no
        reply unsent, no completion record uncollected, no device killed or dead and not
        reaped yet, no request (cancel, park, preempt) written into a device's slot since
-       it was last poked
+       it was last poked, no queue record written since its device was last poked (the
+       rings' heads, read after the clients' slots)
     3. then the loop's timers run at this instant (``settle``), step 1 and 2 again, and
        the jump: the clock moves to the earliest next event -- a device's wake, a
        scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
        this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
-       timeout, an incident's grace, a client's wait deadline -- and the devices whose
-       wake came are poked and their doorbells posted (clients poll the clock word)
+       timeout, a queue command's watchdog deadline, the stall watch's bound, an
+       incident's grace, a client's wait deadline -- and the devices whose wake came are
+       poked and their doorbells posted (the fence a device sleeps on is nudged: it does
+       not sleep on its doorbell then); a client whose wait's deadline or sleep's end
+       came is nudged on its fences, or its connection's bell
+
+Nobody polls for the moment the platform becomes quiescent: the last waiter to block
+wakes the loop (a device's eventfd when every other device is blocked, a client's
+one-way ping when every device is), so a jump waits for no tick (``jumps_on_tick``
+counts the few that did: two waiters blocking at once, each seeing the other run).
 
 Reading the slots before the sockets is what makes it safe: a client marks itself blocked
 only after its last packet was written, so a packet written before the flag is always
@@ -26,14 +35,14 @@ seen in step 2. A device reads its pokes before it looks at its ring (``_vclock`
 command pushed after that look shows as news it has not seen.
 
 A client process blocked on one connection counts as blocked with all its connections
-(single-threaded scenario code holding several connections); a process with threads that
-run while one waits is not told apart (a limitation). A client that stays outside hetproc
-waits (``time.sleep``, its own socket, a spin) while everything else waits holds the clock
-for ``autojump_ms`` real ms; then the clock jumps anyway and the jump counts as a
-determinism break, naming the client (``metrics``). Every event due at the new instant is
-released in the same jump; the devices are woken by index, or in an order the platform's
-``tie_seed`` permutes (only that order: the supervisor's own decisions due then are made
-in its usual order).
+(scenario code holding several connections); the client library says blocked only while
+every thread of the process that used hetproc waits (``hetproc.client._vclock``). A
+client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
+everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
+anyway and the jump counts as a determinism break, naming the client (``metrics``).
+Every event due at the new instant is released in the same jump; the devices are woken by
+index, or in an order the platform's ``tie_seed`` permutes (only that order: the
+supervisor's own decisions due then are made in its usual order).
 """
 
 from __future__ import annotations
@@ -42,30 +51,39 @@ import random
 import select
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 
 from device_workers import StateSlot as S
-from ipc import Segment, clock
+from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
 
+if TYPE_CHECKING:
+    from ._queues import Queues
+
 NO_WAKE = clock.NO_WAKE
 
 
 class PokingDoorbell(posix_ipc.Semaphore):
     """A device's doorbell on the virtual clock: every post pokes the device's waiter slot
-    first, so the clock never moves past news the device has not seen."""
+    first, so the clock never moves past news the device has not seen; a device asleep on
+    an input fence is woken by a nudge of that fence (it does not sleep on its doorbell)."""
 
     waiter: clock.Waiter | None = None
+    fences: FenceTable | None = None
 
     def release(self) -> None:
-        if self.waiter is not None:
-            self.waiter.poke()
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.poke()
+            fence = waiter.fence()
+            if fence and self.fences is not None:
+                nudge_fence(self.fences, fence)
         super().release()
 
 
@@ -73,9 +91,11 @@ class ClockOwner:
     """The virtual clock of one platform: its segment, its waiter slots, its jumps."""
 
     def __init__(self, reg: Registry, new_segment: Callable[[str, int], Segment], *,
-                 autojump_ms: float, recovery: Recovery, tie_seed: int = 0) -> None:
+                 autojump_ms: float, recovery: Recovery, queues: Queues | None = None,
+                 tie_seed: int = 0) -> None:
         self.reg = reg
         self.recovery = recovery
+        self.queues = queues  # user-mode queues: their rings' heads and their watch
         devices, clients = len(reg.devices), reg.spec.limits.max_clients
         self.clock = clock.VirtualClock(
             new_segment("clock", clock.segment_bytes(devices, clients)), create=True)
@@ -88,14 +108,19 @@ class ClockOwner:
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):
                 dev.doorbell.waiter = self.waiters[dev.index]
+                dev.doorbell.fences = reg.fences
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
         self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
         self.breaks = 0
+        self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
+        # The queue heads last seen per device: records written since are news the
+        # device must look at (a client's record reaches it with no supervisor hop).
+        self._heads: list[tuple[int, ...]] = [()] * devices
         self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
@@ -112,13 +137,17 @@ class ClockOwner:
         slot = self._free_slots.pop()
         self.clock.waiter(slot).reset()
         client.clock_slot = slot
-        return {"segment": self.segment_name, "slot": slot}
+        client.clock_bell = self.reg.fences.allocate()
+        return {"segment": self.segment_name, "slot": slot, "bell": client.clock_bell}
 
     def device_spawned(self, index: int) -> None:
         """A new device process: not blocked, no news owed (whatever the last one said)."""
         self.waiters[index].reset()
 
     def client_gone(self, client: ClientRec) -> None:
+        if client.clock_bell:
+            self.reg.fences.release(client.clock_bell)
+            client.clock_bell = 0
         if client.clock_slot >= 0:
             self.clock.waiter(client.clock_slot).reset()
             self._free_slots.append(client.clock_slot)
@@ -126,9 +155,10 @@ class ClockOwner:
 
     # -- the jump ---------------------------------------------------------------------
 
-    def turn(self, busy: bool) -> bool:
+    def turn(self, busy: bool, on_tick: bool = False) -> bool:
         """Move the clock if the platform is quiescent (the module docstring's three
-        steps); ``busy``: the loop has work of its own this turn. True when it moved."""
+        steps); ``busy``: the loop has work of its own this turn; ``on_tick``: nothing
+        woke the loop (no waiter said it might be the last: counted). True when it moved."""
         now = self.clock.now_ns()
         if busy or self._quiet(now) is None:
             return self._not_quiet()
@@ -145,7 +175,12 @@ class ClockOwner:
         if running and not self._autojump(running):
             return False
         self._jump(min(later))
+        self.tick_jumps += on_tick
         return True
+
+    def devices_blocked(self) -> bool:
+        """Every device blocked with no news (as a device that blocks last sees it)."""
+        return self.clock.all_blocked(range(len(self.waiters)))
 
     def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
         """Steps 1 and 2: the waiters' wakes and the connections of client processes
@@ -154,7 +189,9 @@ class ClockOwner:
             return None
         wakes = self._device_wakes(now)
         clients = self._client_wakes(now) if wakes is not None else None
-        if wakes is None or clients is None or self._traffic():
+        # The heads after the clients' slots: a record is written before its writer
+        # blocks, so a blocked writer's records are seen here.
+        if wakes is None or clients is None or self._queue_news() or self._traffic():
             return None
         return wakes + clients[0], clients[1]
 
@@ -172,6 +209,34 @@ class ClockOwner:
                 news = True
         return news
 
+    def _queue_news(self) -> bool:
+        """Records written into a device's queues since the last look (the rings'
+        heads moved; no supervisor hop tells of a record): the device is poked to look
+        at them (until it has, its slot shows news it has not seen)."""
+        if self.queues is None:
+            return False
+        news = False
+        for dev in self.reg.devices.values():
+            heads = tuple(q.ring.head for q in self.queues.open_queues.values()
+                          if q.device == dev.name)
+            if heads != self._heads[dev.index]:
+                self._heads[dev.index] = heads
+                if heads:
+                    dev.doorbell.release()
+                    news = True
+        return news
+
+    def _looks(self) -> list[tuple[str, int]]:
+        """(device, deadline) of the watches that judge a device by its signs of life
+        when the deadline comes: each running command's watchdog, the queue watch's, the
+        stall watch's. One modeled ns before each the device is woken to look."""
+        out = [(dev.name, cmd.watch_deadline) for dev in self.reg.devices.values()
+               for cmd in dev.pushed.values() if cmd.watch_deadline]
+        out += self.recovery.stall.deadlines()
+        if self.queues is not None:
+            out += self.queues.watch.deadlines()
+        return out
+
     def _timers(self) -> list[int]:
         """The supervisor's own next events: each running command's watchdog deadline
         and preempt timeout, each incident's grace before the kill. One modeled ns before
@@ -180,10 +245,11 @@ class ClockOwner:
         one does not."""
         out = [inc.grace_deadline for inc in self.recovery.active.values()
                if inc.grace_deadline and not inc.confirmed]
+        for _, deadline in self._looks():
+            out += (deadline - 1, deadline)
         for dev in self.reg.devices.values():
             for cmd in dev.pushed.values():
                 if cmd.watch_deadline:
-                    out += (cmd.watch_deadline - 1, cmd.watch_deadline)
                     since = waited_since(self.reg, dev, cmd)
                     if since is not None:
                         out.append(since + self.reg.scaled_ns(
@@ -198,8 +264,11 @@ class ClockOwner:
             snap = self.waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
                 return None
-            wake, fence = snap
-            if wake <= now or (fence and self._done(fence)):
+            wake, fences = snap
+            if wake <= now:  # blocked after the jump that reached its wake looked: wake it
+                dev.doorbell.release()
+                return None
+            if any(self._done(f) for f in fences):
                 return None  # about to run
             if wake != NO_WAKE:
                 wakes.append(wake)
@@ -217,8 +286,8 @@ class ClockOwner:
             if snap is None:
                 blocked.setdefault(client.pid, False)
                 continue
-            wake, fence = snap
-            if wake <= now or (fence and self._done(fence)):
+            wake, fences = snap
+            if wake <= now or any(self._done(f) for f in fences):
                 return None
             blocked[client.pid] = True
             if wake != NO_WAKE:
@@ -272,11 +341,18 @@ class ClockOwner:
         looks at the next ns (``_timers``), are poked, in the tie seed's order."""
         self._stuck_since = 0
         self.clock.advance(t)
+        looking = {name for name, deadline in self._looks() if deadline == t + 1}
         for dev in self._order:
             snap = self.waiters[dev.index].snapshot()
-            if snap is not None and (snap[0] <= t or any(
-                    c.watch_deadline == t + 1 for c in dev.pushed.values())):
+            if snap is not None and (snap[0] <= t or dev.name in looking):
                 dev.doorbell.release()
+        for client in self.reg.clients.values():
+            snap = self.clock.waiter(client.clock_slot).snapshot() \
+                if client.clock_slot >= 0 else None
+            if snap is not None and snap[0] <= t:  # a wait's deadline, a sleep's end came:
+                for handle in (*snap[1], client.clock_bell):  # it looks at once (a
+                    if handle:  # thread on a fence, or sleeping on the bell)
+                        nudge_fence(self.reg.fences, handle)
 
     def close(self) -> None:
         """Unmap the clock (before its segment goes, at shutdown)."""
@@ -288,6 +364,7 @@ class ClockOwner:
 
     def metrics(self) -> dict[str, Any]:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
+                "jumps_on_tick": self.tick_jumps,
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients)}
 

@@ -14,14 +14,13 @@ buffers let go (``_queue_bindings``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from device_workers import DeviceState
 from device_workers import StateSlot as S
-from ipc import BindingTable, errors
+from ipc import BindingTable, clock, errors
 
 if TYPE_CHECKING:
     from ._devices import DeviceHandle
@@ -65,8 +64,8 @@ class QueueWatch:
 
     def tick(self, now: int) -> None:
         rec = self.recovery
-        if rec is None or now - self._looked < LOOK_EVERY_NS:
-            return
+        if rec is None or (now - self._looked < LOOK_EVERY_NS and clock.virtual is None):
+            return  # (on the virtual clock now stands still between jumps: look each time)
         self._looked = now
         for dev in self.reg.devices.values():
             if not dev.pid or dev.paused or dev.name in rec.active:
@@ -127,7 +126,7 @@ class QueueWatch:
                                 queue=t.qid)
             t.lagged = True
         self.recovery.verdicts["host_lag"] += 1
-        t.deadline = time.monotonic_ns() + max(unused, _MIN_EXTENSION_NS)
+        t.deadline = clock.now_ns() + max(unused, _MIN_EXTENSION_NS)
         return True
 
     def _time_out(self, dev: DeviceHandle, t: _Timed) -> None:
@@ -144,6 +143,11 @@ class QueueWatch:
         inc.step("mark", cid=t.cid, queue=t.qid, rearms=t.rearms)
         self.verdicts[dev.name] = (t.cid, exc)
         rec.isolate(dev, inc)
+
+    def deadlines(self) -> list[tuple[str, int]]:
+        """(device, instant) of each timed queue command's watchdog deadline: events
+        the virtual clock jumps to (``_clock``)."""
+        return [(name, t.deadline) for name, t in self.timing.items()]
 
     def timing_on(self, device: str) -> bool:
         """A queue command on ``device`` is being timed now."""

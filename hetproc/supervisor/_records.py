@@ -76,6 +76,7 @@ class ClientRec:
     handing: list[int] = field(default_factory=list)
     # Its waiter slot on the virtual clock's segment (-1: none; ``_clock`` hands it out).
     clock_slot: int = -1
+    clock_bell: int = 0  # a fence never completed: what its ``hetproc.sleep`` sleeps on
 
 
 @dataclass(eq=False)

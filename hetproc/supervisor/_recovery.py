@@ -34,9 +34,9 @@ The watchdog also watches the queue, not only the running command: a device that
 commands it owes (pushed to its ring, not yet finished) yet shows no sign of moving --
 state, done counter, progress, ring read index all unchanged -- for a quiet bound is
 stalled: a tampered ring index or state table (``park``), a lost doorbell, a process
-stopped while idle. The bound is the device's ``heartbeat_interval_ms`` (i915 checks each
-engine every interval; 0: no check), scaled, but never under ``_QUIET_FLOOR_NS`` (a device
-that only missed its doorbell has looked again by then). A device that is
+stopped while idle (``_stall_watch``). The bound is the device's ``heartbeat_interval_ms``
+(i915 checks each engine every interval; 0: no check), scaled, but never under 250 ms (a
+device that only missed its doorbell has looked again by then). A device that is
 runnable and has had less CPU than the bound since it went quiet waits for the host (a
 loaded machine), not for itself: excused and counted (``idle_host_lag``), as the command
 watchdog does. A stall is a ``stall`` incident with no guilty command: the device is
@@ -70,6 +70,7 @@ from ._policy import Policy as Policy  # (where the tests and parts have found i
 from ._preempt_timeout import preempt_timeout
 from ._resets import Resets, wedged_error
 from ._restarts import death_error, innocent_error, lose_contexts
+from ._stall_watch import StallWatch
 
 if TYPE_CHECKING:
     from ._commands import Commands
@@ -122,18 +123,6 @@ class Incident:
 
 
 _MIN_EXTENSION_NS = 2_000_000  # a starved device is looked at again after at least this
-# The least quiet time that is a stall: five idle wake-ups (a device wakes every 50 ms).
-_QUIET_FLOOR_NS = 250_000_000
-
-
-@dataclass
-class _Quiet:
-    """A device owing work whose signs of life have not changed since ``since``."""
-
-    signature: tuple
-    since: int
-    cpu: int
-    excused: bool = False
 
 
 def _running_command(reg: Registry, dev: DeviceHandle) -> Command | None:
@@ -143,14 +132,6 @@ def _running_command(reg: Registry, dev: DeviceHandle) -> Command | None:
         return None
     cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
     return None if cmd is None or reg.signalled(cmd) else cmd
-
-
-def _timed(dev: DeviceHandle, slot: Any) -> bool:
-    """The device runs a command of ours: the command watchdog's case."""
-    if slot.u32[S.STATE] != DeviceState.BUSY:
-        return False
-    cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-    return cmd is not None and cmd.pidx == slot.u64[S.CURRENT_PIDX]
 
 
 class Recovery:
@@ -184,7 +165,7 @@ class Recovery:
         self.history: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
         self.verdicts: collections.Counter[str] = collections.Counter()
         self.device_cpu = DeviceCpu()
-        self._quiet: dict[str, _Quiet] = {}  # by device: owing work, no sign of moving
+        self.stall = StallWatch(reg, self.device_cpu, self.verdicts, queue_owed, queue_timing)
         self._ids = 0
 
     # -- watchdog ---------------------------------------------------------------------
@@ -197,13 +178,15 @@ class Recovery:
                     self.isolate(dev, inc)
                 continue
             if not dev.pushed and not self.queue_owed(dev):  # nothing to time, nothing owed
-                self._quiet.pop(dev.name, None)
+                self.stall.forget(dev.name)
                 continue
             self.watch(dev, now)
 
     def watch(self, dev: DeviceHandle, now: int) -> None:
         slot = self.reg.slots[dev.index]
-        if self.watch_queue(dev, now):
+        quiet_ms = self.stall.look(dev, now)
+        if quiet_ms is not None:
+            self.start_stall(dev, quiet_ms)
             return
         # The device runs on while we read: the position it runs is read first and again
         # after the start stamp, so BUSY and the stamp are known to be that command's
@@ -241,54 +224,6 @@ class Recovery:
             return
         self.verdicts["timed_out"] += 1
         self.start_timeout(dev, cmd, heartbeat_age_ms)
-
-    def watch_queue(self, dev: DeviceHandle, now: int) -> bool:
-        """A device that owes work and shows no sign of moving for the quiet bound is
-        stalled: True once its incident has started. A running command the command
-        watchdog (or the queue watch) times is left to it: a late writer sleeping between
-        its stores shows no sign of moving, yet its own watchdog decides."""
-        slot = self.reg.slots[dev.index]
-        if (not dev.pid or dev.paused or not self._owes_work(dev, slot) or _timed(dev, slot)
-                or self.queue_timing(dev.name)):
-            self._quiet.pop(dev.name, None)
-            return False
-        signature: tuple[int, ...] = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE],
-                                      slot.u64[S.PROGRESS], slot.u64[S.CURRENT_PIDX],
-                                      dev.commands.tail)
-        if not dev.pushed:
-            # Only queue records are owed. They are a client's writing (a scribbled head
-            # owes nothing the device can see), and a record waiting for its inputs does
-            # not move the counters: the device's heartbeat, which its loop keeps while it
-            # waits, must have stopped too. A process stopped or hung beats no more.
-            signature += (slot.u64[S.HEARTBEAT],)
-        quiet = self._quiet.get(dev.name)
-        if quiet is None or quiet.signature != signature:
-            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1])
-            return False
-        beat = self.reg.engine(dev).heartbeat_interval_ms  # 0: no hang check on this device
-        bound = max(self.reg.scaled_ns(beat), _QUIET_FLOOR_NS)
-        if not beat or now - quiet.since < bound:
-            return False
-        runnable, cpu = self.device_cpu.read(dev)
-        if runnable and cpu >= 0 and quiet.cpu >= 0 and cpu - quiet.cpu < bound:
-            if not quiet.excused:  # waiting for the host's CPU, not stalled: note it once
-                quiet.excused = True
-                self.reg.note_event("watchdog", device=dev.name, verdict="idle_host_lag",
-                                    cpu_ms=round((cpu - quiet.cpu) / 1e6, 3))
-            self.verdicts["idle_host_lag"] += 1
-            return False
-        del self._quiet[dev.name]
-        self.verdicts["stalled"] += 1
-        self.start_stall(dev, (now - quiet.since) / 1e6)
-        return True
-
-    def _owes_work(self, dev: DeviceHandle, slot: Any) -> bool:
-        """A pushed command the device has not finished, or a queue record it has not.
-        A command that ran and only waits to signal after its hand-off delay
-        (``delay_ns``) is not owed: nothing moves then."""
-        taken = slot.u64[S.CURRENT_PIDX]
-        return (any(c.delay_ns == 0 or c.pidx > taken for c in dev.pushed.values())
-                or bool(self.queue_owed(dev)))
 
     def _host_lag(self, dev: DeviceHandle, cmd: Command) -> bool:
         """The watchdog counts device time, not host time. A device process that is

@@ -170,11 +170,6 @@ class CommandRequests:
 
     def queue_open(self, client: ClientRec, msg: dict) -> dict:
         ctx = check.context_of(self.reg, client, msg["ctx"])
-        if self.reg.spec.clock == "virtual":
-            # A queue's records reach the device with no supervisor hop: the clock could
-            # not tell a record in flight from a quiescent platform.
-            raise errors.UnsupportedOp("user-mode queues are not available on the virtual "
-                                       "clock yet: submit through the context instead")
         return self.queues.open(client, ctx, msg.get("slots", 256), hand=self._hand)
 
     def _hand(self, client: ClientRec, sid: int) -> list:

@@ -107,7 +107,9 @@ from ._records import ClientRec, Registry
 from ._recovery import Recovery
 
 TICK_S = 0.005
-VIRTUAL_TICK_S = 0.0005  # on the virtual clock a jump waits for the loop's next turn
+# On the virtual clock the last waiter to block wakes the loop (``_clock``); the tick is
+# the fallback when two block at once and each saw the other run.
+VIRTUAL_TICK_S = 0.0005
 REQUESTS_PER_TURN = 64
 ACCEPTS_PER_TURN = 32
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -201,11 +203,14 @@ class Supervisor:
         self.reg.descriptors.start()  # what the platform holds of its own, before tenants
         vclock = self.vclock
         tick_s = TICK_S if vclock is None else VIRTUAL_TICK_S
+        look_again = False
         while self.running:
             for client in list(self.backlog):
                 self.serve_pending(client)
             news = False
-            for key, mask in self.sel.select(0 if self.backlog else tick_s):
+            looking, look_again = look_again, False
+            ready = self.sel.select(0 if self.backlog or looking else tick_s)
+            for key, mask in ready:
                 kind, obj = key.data
                 if kind == "completion":
                     self.commands.on_completions(obj)
@@ -226,8 +231,12 @@ class Supervisor:
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
-            if vclock is not None and vclock.turn(bool(self.backlog)):
+            if vclock is not None and vclock.turn(bool(self.backlog),
+                                                  on_tick=not ready and not looking):
                 self.tick()  # what is due at the instant the clock moved to
+                # The devices woken may be blocked again already, their wake-up taken in
+                # with their completions by this tick: look at once, not at the next tick.
+                look_again = vclock.devices_blocked()
 
     def tick(self) -> None:
         """Timers: completions nobody woke us for, commands dated ahead that are due, the
@@ -497,6 +506,8 @@ class Supervisor:
             self.commands.destroy_context(self.reg.contexts.get(ctx_handle), reason="client gone")
         self.lifetimes.release_client(client)
         self.fencefds.client_gone(client)
+        if self.vclock is not None:  # its waiter slot and bell go back
+            self.vclock.client_gone(client)
         client.segments.clear()
         client.read_only_segments.clear()
         if not self.reg.tenant(client):  # its process's last connection
