@@ -18,6 +18,7 @@ KINDS = ("cpu", "npu", "gpu", "dsp", "isp")
 # processes (a wake-up, a context switch) dwarfs the modeled times; above 10 a 200 ms
 # watchdog becomes half a minute per drill.
 TIME_SCALE_RANGE = (0.01, 10.0)
+TIE_SEED_MAX = 2**63 - 1  # a platform file's tie_seed: 0 .. this
 
 
 def check_time_scale(value: Any, what: str) -> float:
@@ -266,7 +267,7 @@ class PlatformSpec:
     # event once every process of the platform waits (hetproc.supervisor._clock).
     clock: str = "real"
     autojump_ms: float = 100.0  # virtual: real ms a client may spend outside hetproc waits
-    tie_seed: int = 0           # virtual: orders events due at the same modeled instant
+    tie_seed: int = 0           # virtual: the order devices due at one instant are woken in
 
     def device(self, name: str) -> DeviceSpec:
         """The device called ``name``; ``InvalidRequest`` naming the others if none is."""
@@ -311,6 +312,19 @@ class PlatformSpec:
             raise errors.InvalidRequest(f"clock must be one of {', '.join(CLOCKS)}, "
                                         f"got {clock!r}")
         return PlatformSpec(**{**self.__dict__, "clock": clock})
+
+    def with_tie_seed(self, tie_seed: int | None) -> PlatformSpec:
+        """A copy with another ``tie_seed`` (None: this one); only the virtual clock has
+        ties to order, so on the real clock a tie seed is refused rather than ignored."""
+        if tie_seed is None:
+            return self
+        if self.clock != "virtual":
+            raise errors.InvalidRequest("a tie seed orders simultaneous events on the "
+                                        "virtual clock: add --clock virtual (or clock = "
+                                        "\"virtual\" in the platform file)")
+        if not 0 <= tie_seed <= TIE_SEED_MAX:
+            raise errors.InvalidRequest(f"tie seed must be 0 .. {TIE_SEED_MAX}, got {tie_seed}")
+        return PlatformSpec(**{**self.__dict__, "tie_seed": int(tie_seed)})
 
     def with_limits(self, **changes: Any) -> PlatformSpec:
         """A copy with ``[limits]`` settings changed (``client_mib=4``...)."""

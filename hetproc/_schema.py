@@ -96,7 +96,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "autojump_ms": Key("float", 100.0, 1.0, 600_000,
                            doc="virtual clock: real ms a client may block outside hetproc"),
         "tie_seed": Key("int", 0, 0, 2**63 - 1,
-                        doc="virtual clock: the order of simultaneous events"),
+                        doc="virtual clock: the order devices due at one instant wake in"),
         "recovery": Key("table", {}),
         "iommu": Key("table", {}),
         "trace": Key("table", {}),

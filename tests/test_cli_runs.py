@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,45 @@ def test_a_campaign_reports_the_same_json_locally_and_on_a_dask_cluster():
     assert ([(r["seed"], r["ok"]) for r in remote["runs"]]
             == [(r["seed"], r["ok"]) for r in local["runs"]])
 
+
+
+def test_a_tie_seed_campaign_names_each_runs_seed_and_its_rerun_gives_the_same_digest(tmp_path):
+    """On the virtual clock a campaign explores tie orders: every run carries its tie seed,
+    its trace digest and the command line that reruns it; that rerun (the flag, or the
+    platform file's key) gives the very same digest. (autojump_ms 1 s: a loaded host that
+    starves the drill for 100 ms would break determinism for its own reasons.)"""
+    default = Path(hetproc.__file__).parent / "platforms" / "default.toml"
+    patient = default.read_text().replace("autojump_ms = 100.0", "autojump_ms = 1000.0")
+    soc = tmp_path / "soc.toml"
+    soc.write_text(patient)
+    summary = run_campaign("lost-fence", tie_seeds=2, tie_seed_base=5, clock="virtual", jobs=2,
+                           platform_file=str(soc))
+    assert summary["ok"], summary["failures"]
+    runs = summary["runs"]
+    assert [(r["seed"], r["tie_seed"]) for r in runs] == [(0, 5), (0, 6)]
+    assert all(r["trace_digest"] and r["determinism_breaks"] == 0 for r in runs)
+    assert runs[1]["rerun"] == (f"hetproc drill lost-fence --seed 0 --platform {soc} "
+                                "--clock virtual --tie-seed 6")
+    again = _hetproc(*runs[1]["rerun"].split()[1:], "--json")
+    assert json.loads(again.stdout)["trace_digest"] == runs[1]["trace_digest"]
+    by_key = tmp_path / "by_key.toml"
+    by_key.write_text(patient.replace('clock = "real"', 'clock = "virtual"')
+                      .replace("tie_seed = 0 ", "tie_seed = 6 "))
+    out = _hetproc("drill", "lost-fence", "--seed", "0", "--platform", str(by_key), "--json")
+    report = json.loads(out.stdout)
+    assert report["tie_seed"] == 6 and report["clock"] == "virtual"
+    assert report["trace_digest"] == runs[1]["trace_digest"]
+
+
+def test_a_failure_in_a_tie_seed_campaign_names_the_tie_seeds_and_the_rerun():
+    from hetproc.drills._campaign import summarise
+
+    def run(tie, ok, digest):
+        return {"seed": 3, "tie_seed": tie, "ok": ok, "failed_checks": [] if ok else ["x"],
+                "trace_digest": digest, "rerun": f"hetproc drill hang --seed 3 --tie-seed {tie}"}
+    summary = summarise("hang", [run(2, True, "a"), run(1, False, "b"), run(0, True, "a")],
+                        "local", 1.0, tie_seeds=3)
+    assert [r["tie_seed"] for r in summary["runs"]] == [0, 1, 2]
+    assert summary["failures"] == [{"check": "x", "runs": 1, "seeds": [3], "tie_seeds": [1],
+                                    "rerun": "hetproc drill hang --seed 3 --tie-seed 1"}]
+    assert summary["trace_digests"] == 2 and not summary["ok"]

@@ -114,6 +114,15 @@ GOOD_DEVICE = '[[device]]\nname = "npu7"\nkind = "npu"\nops = ["relu", "work"]\n
      "device.npu7.scheduler.heartbeat_interval_mss", "did you mean 'heartbeat_interval_ms'"),
     ('preempt_timeout_ms = true\n' + GOOD_DEVICE, "preempt_timeout_ms", "not a finite number"),
     ('heartbeat_interval_ms = 4e6\n' + GOOD_DEVICE, "heartbeat_interval_ms", "above the maximum"),
+    # the virtual clock's keys
+    ('clock = "wall"\n' + GOOD_DEVICE, "clock", "did you mean 'real'"),
+    ('clock = 1\n' + GOOD_DEVICE, "clock", "not a string"),
+    ('autojump_ms = 0\n' + GOOD_DEVICE, "autojump_ms", "below the minimum"),
+    ('autojump_ms = inf\n' + GOOD_DEVICE, "autojump_ms", "not a finite number"),
+    ('tie_seed = -1\n' + GOOD_DEVICE, "tie_seed", "below the minimum"),
+    ('tie_seed = "7"\n' + GOOD_DEVICE, "tie_seed", "not a whole number"),
+    ('tie_seed = 1.5\n' + GOOD_DEVICE, "tie_seed", "not a whole number"),
+    ('tie_sead = 1\n' + GOOD_DEVICE, "tie_sead", "did you mean 'tie_seed'"),
     ('this is = not toml', "", "not valid TOML"),
 ])
 def test_every_platform_file_mistake_is_one_line_naming_table_and_key(tmp_path, text, where,

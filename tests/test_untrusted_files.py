@@ -62,6 +62,58 @@ def test_deeply_nested_toml_is_one_line(tmp_path, text):
     _usage_error(_hetproc("platform", "check", str(path)), "nested too deep")
 
 
+# Values a platform file may hold for a top-level key, valid or not, as TOML text.
+_TOML_VALUES = ['"real"', '"virtual"', '"Virtual"', '""', "0", "1", "-1", "0.5", "1e308",
+                "inf", "nan", "9223372036854775807", "true", "[]", "{}", '"7"', "[1, 2]",
+                '{ a = 1 }', "2026-12-02"]
+
+
+def test_the_virtual_clock_keys_take_any_value_and_answer_in_one_line(tmp_path):
+    """Fuzzed: ``clock``, ``autojump_ms`` and ``tie_seed`` with random values, alone and
+    together; each file loads with exactly those values or is refused in one line that
+    names a key it set."""
+    import random
+    rng = random.Random(19)
+    path = tmp_path / "fuzz.toml"
+    device = '[[device]]\nname = "npu7"\nkind = "npu"\nops = ["work"]\n'
+    loaded = refused = 0
+    for _ in range(300):
+        keys = rng.sample(["clock", "autojump_ms", "tie_seed"], rng.randint(1, 3))
+        values = {k: rng.choice(_TOML_VALUES) for k in keys}
+        path.write_text("".join(f"{k} = {v}\n" for k, v in values.items()) + device)
+        try:
+            spec = load_platform(path)
+        except hetproc.InvalidRequest as exc:
+            message = str(exc).split(" (and ")[0]
+            assert "\n" not in str(exc) and any(f": {k}:" in message for k in keys), message
+            refused += 1
+            continue
+        loaded += 1
+        assert spec.clock in ("real", "virtual")
+        assert 1.0 <= spec.autojump_ms <= 600_000 and 0 <= spec.tie_seed < 2**63
+        if "tie_seed" in values:
+            assert spec.tie_seed == int(values["tie_seed"])
+        if "clock" in values:
+            assert spec.clock == values["clock"].strip('"')
+    assert loaded >= 10 and refused >= 100, (loaded, refused)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["drill", "hang", "--tie-seed", "-1"], ["--tie-seed", "outside"]),
+    (["drill", "hang", "--tie-seed", "x"], ["--tie-seed", "whole number"]),
+    (["drill", "hang", "--clock", "real", "--tie-seed", "3"], ["tie seed", "--clock virtual"]),
+    (["campaign", "hang", "--tie-seeds", "2"], ["tie seed", "--clock virtual"]),
+    (["campaign", "hang", "--tie-seeds", "0", "--clock", "virtual"], ["--tie-seeds"]),
+    (["campaign", "hang"], ["--seeds N, --tie-seeds N"]),
+])
+def test_a_bad_tie_seed_is_one_line_and_starts_nothing(args, words):
+    out = _hetproc(*args)
+    for w in words:
+        assert w in out.stderr, (w, out.stderr)
+    _usage_error(out)
+    assert out.stdout == ""
+
+
 def _many_faults(path: Path, n: int) -> Path:
     """A platform file that checks clean and is larger than a command line may be:
     the default platform plus ``n`` faults that never fire (a client nobody is)."""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
-from .._argtypes import time_scale
-from .._config import CLOCKS, TIME_SCALE_RANGE
+from .._argtypes import int_in, time_scale
+from .._config import CLOCKS, TIE_SEED_MAX, TIME_SCALE_RANGE
 
 
 def platform_args(p: argparse.ArgumentParser, *, clock: bool = False) -> None:
@@ -23,3 +24,8 @@ def platform_args(p: argparse.ArgumentParser, *, clock: bool = False) -> None:
 
 def json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def tie_seed_arg(p: argparse.ArgumentParser, flag: str, text: str, **kw: Any) -> None:
+    """A tie seed flag (the platform key ``tie_seed``'s range)."""
+    p.add_argument(flag, type=int_in(0, TIE_SEED_MAX), metavar="S", help=text, **kw)

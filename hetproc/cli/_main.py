@@ -223,6 +223,8 @@ def _drill_parser(sub: Any) -> None:
                          "(the drill then shows the corruption this causes)")
     dr.add_argument("--seed", type=int, metavar="S",
                     help="seed the platform's fault plan (what a campaign varies)")
+    _args.tie_seed_arg(dr, "--tie-seed", "the virtual clock's order of simultaneous events "
+                       "(the platform key tie_seed; what campaign --tie-seeds varies)")
     _args.json_arg(dr)
 
 
@@ -245,14 +247,20 @@ def _campaign_parser(sub: Any) -> None:
     camp = _sub(sub, "campaign", "run one drill under many seeds", """
         Run a drill N times, each with its own seed (the seed drives the platform's
         fault plan and the drill's own choices), and summarise the failures with the
-        seeds that reproduce them: rerun one with --seed-base S --seeds 1. The runs go
-        to local processes (--jobs) or to a Dask cluster (--scheduler ADDRESS, needs the
+        seeds that reproduce them: rerun one with --seed-base S --seeds 1. On the
+        virtual clock --tie-seeds N runs it under N orders of simultaneous events, each
+        with its trace digest; a failure names the tie seed that reproduces it (hetproc
+        drill DRILL --clock virtual --tie-seed T, the same trace digest). The runs go to
+        local processes (--jobs) or to a Dask cluster (--scheduler ADDRESS, needs the
         'dask' extra); the JSON result is the same whichever ran them.""", cmd_campaign)
     camp.add_argument("drill", help="a drill name (see hetproc drill --list)")
-    camp.add_argument("--seeds", type=positive_int, required=True, metavar="N",
-                      help="how many seeded runs")
+    camp.add_argument("--seeds", type=positive_int, metavar="N",
+                      help="how many seeded runs (default 1 with --tie-seeds)")
     camp.add_argument("--seed-base", type=int, default=0, metavar="S",
                       help="first seed (default 0)")
+    camp.add_argument("--tie-seeds", type=positive_int, metavar="N",
+                      help="virtual clock: run each seed under N tie seeds")
+    _args.tie_seed_arg(camp, "--tie-seed-base", "first tie seed (default 0)", default=0)
     camp.add_argument("--jobs", type=positive_int, default=1, metavar="J",
                       help="local runs at once (default 1)")
     camp.add_argument("--scheduler", metavar="ADDRESS",
@@ -385,7 +393,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         report = drills.run_drill(args.name, platform_file=args.platform,
                                   time_scale=args.time_scale,
                                   unsafe_reclaim=args.unsafe_reclaim, progress=progress,
-                                  seed=args.seed, clock=args.clock)
+                                  seed=args.seed, clock=args.clock, tie_seed=args.tie_seed)
     return _conclude(report, args, _show.print_report)
 
 
@@ -404,8 +412,11 @@ def cmd_acceptance(args: argparse.Namespace) -> int:
 def cmd_campaign(args: argparse.Namespace) -> int:
     from ..drills import run_campaign
     drills.check_output_path(args.report, "--report")
+    if args.seeds is None and args.tie_seeds is None:
+        raise errors.InvalidRequest("campaign needs --seeds N, --tie-seeds N or both")
     with _show.Progress(f"hetproc campaign {args.drill}", enabled=not args.json) as progress:
-        summary = run_campaign(args.drill, seeds=args.seeds, seed_base=args.seed_base,
+        summary = run_campaign(args.drill, seeds=args.seeds or 1, seed_base=args.seed_base,
+                               tie_seeds=args.tie_seeds, tie_seed_base=args.tie_seed_base,
                                jobs=args.jobs, scheduler=args.scheduler,
                                platform_file=args.platform, time_scale=args.time_scale,
                                clock=args.clock, progress=progress)

@@ -243,23 +243,44 @@ def matrix_table(rows: list[dict[str, Any]], pending: Sequence[str] = ()) -> Tab
 
 def print_campaign(summary: dict[str, Any], out: TextIO | None = None) -> None:
     con = console(out)
-    con.print(Text(f"campaign {summary['drill']}: {summary['seeds']} seeds on "
+    ties = summary.get("tie_seeds")
+    what = f"{summary['seeds']} runs ({ties} tie seeds per seed)" if ties else \
+        f"{summary['seeds']} seeds"
+    con.print(Text(f"campaign {summary['drill']}: {what} on "
                    f"{summary['backend']}, {summary['passed']} passed, "
                    f"{summary['failed']} failed, {summary['duration_s']:.1f} s", style="bold"))
     digests = {r.get("trace_digest") for r in summary["runs"] if r.get("trace_digest")}
     if digests:  # one per seed is expected with the real clock; a seed reruns to its own
         con.print(Text(f"{len(digests)} distinct trace digests over {len(summary['runs'])} "
                        "runs (each run's is in the JSON)"))
+    if ties:
+        _tie_table(con, summary["runs"])
     if summary["failures"]:
         t = Table(title="failures, with the seeds that reproduce them", title_justify="left")
         t.add_column("failed check")
         t.add_column("runs", justify="right")
-        t.add_column("seeds")
+        t.add_column("tie seeds" if ties else "seeds")
+        t.add_column("rerun")
         for f in summary["failures"]:
-            seeds = ", ".join(map(str, f["seeds"][:10])) + (" ..." if len(f["seeds"]) > 10 else "")
-            t.add_row(Text(f["check"]), str(len(f["seeds"])), seeds)
+            seeds = f["tie_seeds"] if ties else f["seeds"]
+            listed = ", ".join(map(str, seeds[:10])) + (" ..." if len(seeds) > 10 else "")
+            t.add_row(Text(f["check"]), str(f.get("runs", len(seeds))), listed,
+                      Text(f.get("rerun") or ""))
         con.print(t)
     con.print(Text("OK", style="bold green") if summary["ok"] else Text("FAILED", style="bold red"))
+
+
+def _tie_table(con: Any, runs: list[dict[str, Any]]) -> None:
+    """One row per run of a tie-order campaign: its seeds, verdict and trace digest."""
+    t = Table(title="tie orders", title_justify="left")
+    for col in ("seed", "tie seed", "result", "trace digest"):
+        t.add_column(col)
+    for r in runs[:50]:
+        t.add_row(str(r["seed"]), str(r.get("tie_seed")), "pass" if r["ok"] else "FAIL",
+                  (r.get("trace_digest") or "-")[:16])
+    con.print(t)
+    if len(runs) > 50:
+        con.print(Text(f"... {len(runs) - 50} more runs in the JSON"))
 
 
 def _yes(v: Any) -> str:

@@ -16,7 +16,6 @@ import difflib
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,9 +25,10 @@ import numpy as np
 from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
-from ..client import same_code_env
+from ..client import now, same_code_env
 from ..client import sleep as platform_sleep  # modeled on the virtual clock
 from . import _realclock
+from ._bystander import Bystander
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
 
@@ -44,38 +44,6 @@ def drill(name: str, doc: str, real_clock: str | None = None, **recovery: Any):
             _realclock.DRILLS[name] = real_clock
         return fn
     return register
-
-
-class Bystander:
-    """Another client that keeps submitting small jobs on its own device meanwhile."""
-
-    def __init__(self, platform, device: str) -> None:
-        self.client = platform.connect("camera")
-        self.ctx = self.client.context(device, priority=10, name="camera")
-        self.failures: list[str] = []
-        self.done = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                f = self.ctx.submit("work", ms=1)
-                f.wait(5)
-                f.release()
-                self.done += 1
-            except errors.HetprocError as exc:
-                self.failures.append(exc.name)
-                platform_sleep(10, self.client)
-
-    def stop(self) -> None:
-        self._stop.set()
-        deadline = time.monotonic() + 10
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            platform_sleep(1, self.client)  # a wait in hetproc: its last job may end
-        self._thread.join(1)
-        self.client.close()
 
 
 class Drill:
@@ -105,11 +73,23 @@ class Drill:
                 "device_processes": sum(1 for d in m["devices"].values() if d["pid"]),
                 "shm_objects": len(entries_with_prefix(self.plat.prefix)) - pooled}
 
+    def sleep(self, ms: float) -> None:
+        """Let ``ms`` of the platform's time pass: modeled on the virtual clock (a real
+        sleep there would hold the clock, then move it without us: a determinism break)."""
+        platform_sleep(ms, self.client)
+
+    def now_ms(self) -> float:
+        """The platform's now in ms (modeled on the virtual clock), to measure waits."""
+        return now(self.client) / 1e6
+
     def start(self, bystander_device: str = "isp0") -> dict[str, int]:
         baseline = self.counts()
-        self.bystander = Bystander(self.plat, bystander_device)
-        platform_sleep(20, self.client)
+        self.start_bystander(bystander_device)
         return baseline
+
+    def start_bystander(self, device: str = "isp0") -> None:
+        self.bystander = Bystander(self.plat, device)
+        self.sleep(20)
 
     def finish(self, baseline: dict[str, int]) -> None:
         if self.bystander is not None:
@@ -121,11 +101,11 @@ class Drill:
             self.bystander = None
         deadline = time.monotonic() + 3
         while True:  # reclamation is asynchronous: give it a moment, never forever
-            now = self.counts()
-            if now == baseline or time.monotonic() > deadline:
+            counted = self.counts()
+            if counted == baseline or time.monotonic() > deadline:
                 break
-            platform_sleep(20, self.client)
-        diff = {k: (baseline[k], now[k]) for k in baseline if baseline[k] != now[k]}
+            self.sleep(20)
+        diff = {k: (baseline[k], counted[k]) for k in baseline if baseline[k] != counted[k]}
         self.s.check("resource counts back to baseline", not diff,
                      "unchanged" if not diff else f"(before, after): {diff}")
         inc = self.client.incidents()
@@ -137,13 +117,13 @@ class Drill:
     # -- checks -----------------------------------------------------------------------
 
     def expect_error(self, fence, cls: type[errors.HetprocError], scope: str | None = None):
-        t0 = self.plat.now()  # the bound is modeled: waited on the platform's clock
+        t0 = self.now_ms()
         try:
             fence.wait(self.bound_ms / 1000 * 4)
             err = None
         except errors.HetprocError as exc:
             err = exc
-        waited_ms = (self.plat.now() - t0) / 1e6
+        waited_ms = self.now_ms() - t0
         fence.release()
         self.s.metric("waited_ms", round(waited_ms, 3))
         got = f"{err.name} (scope {err.scope}, retryable {err.retryable}, buffers trusted " \
@@ -175,7 +155,7 @@ class Drill:
             inc = self.client.incidents()
             if inc["history"] and not inc["active"]:
                 return inc["history"][-1]
-            platform_sleep(10, self.client)  # the recovery goes on meanwhile
+            self.sleep(10)
         return None
 
 
@@ -251,7 +231,7 @@ def _late_writer(d: Drill) -> None:
 def _check_canary(d: Drill, nxt: Any, reused: bool, before: str) -> None:
     """After the grace period: the next owner's canary (0x5A) is intact, or the late
     writer reached it (the block was handed out before ``before``)."""
-    platform_sleep(d.grace_ms * d.plat.spec.time_scale * 3 + 50, d.client)
+    d.sleep(d.grace_ms * d.plat.spec.time_scale * 3 + 50)
     corrupted = int(np.count_nonzero(nxt.array() != 0x5A))
     d.s.metric("next_owner_got_same_block", reused)
     d.s.metric("canary_bytes_corrupted", corrupted)
@@ -314,11 +294,11 @@ def _lost_fence(d: Drill) -> None:
     base = d.start()
     ctx = d.client.context("gpu0", name="victim")
     d.client.inject("lost_fence", device="gpu0")
-    t0 = d.plat.now()  # on the platform's clock, as the bound
+    t0 = d.now_ms()
     f = ctx.submit("work", ms=2)
     g = ctx.submit("work", wait=[f], ms=1)  # a dependant that would hang behind a lost fence
     g.wait(d.bound_ms / 1000 * 4)
-    waited = (d.plat.now() - t0) / 1e6
+    waited = d.now_ms() - t0
     f.release()
     g.release()
     d.s.check("no waiter waited past watchdog + grace", waited <= d.bound_ms, f"{waited:.1f} ms")
@@ -484,20 +464,22 @@ def _supervisor_crash(d: Drill) -> None:
 
 
 DOOMED = """
-import sys, time, hetproc
+import sys, hetproc
 c = hetproc.connect(sys.argv[1], "doomed-app")
 ctx = c.context("gpu0", name="doomed")
 bufs = [c.alloc(1 << 14, "float32") for _ in range(4)]
 ctx.submit("work", bufs, [], ms=float(sys.argv[2]))
 print("ready", flush=True)
-time.sleep(60)
+hetproc.sleep(60_000)  # a hetproc wait: on the virtual clock it holds nothing
 """
 
 
 @drill("client-crash", "a client dies with work in flight: its contexts go, its buffers are "
        "reclaimed once no device uses them")
 def _client_crash(d: Drill) -> None:
-    base = d.start()
+    # The camera starts once the doomed client is ready: while this process waits for
+    # it outside hetproc (the pipe), its dated jobs would move the virtual clock anyway.
+    base = d.counts()
     hold_ms = 300
     proc = subprocess.Popen([sys.executable, "-c", DOOMED, d.plat.prefix, str(hold_ms)],
                             stdout=subprocess.PIPE, text=True, env=same_code_env())
@@ -506,12 +488,13 @@ def _client_crash(d: Drill) -> None:
         out = proc.stdout  # a pipe (stdout=PIPE above), typed as maybe-None
         ready = out is not None and out.readline().strip() == "ready"
         d.s.check("the doomed client was running", ready)
+        d.start_bystander()
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
     finally:
         proc.kill()
         proc.wait(5)
-    time.sleep(0.05)
+    d.sleep(50)
     m = d.client.metrics()
     d.s.check("its buffers stay quarantined while the device still uses them",
               m["quarantined_buffers"] == 4, f"{m['quarantined_buffers']} quarantined")
@@ -536,8 +519,9 @@ def _check_context_lost(d: Drill, ctx) -> None:
 
 def drill_spec(name: str, *, platform_file: str | None = None, time_scale: float | None = None,
                unsafe_reclaim: bool = False, seed: int | None = None,
-               clock: str | None = None) -> PlatformSpec:
+               clock: str | None = None, tie_seed: int | None = None) -> PlatformSpec:
     spec = load_platform(platform_file).with_time_scale(time_scale).with_clock(clock)
+    spec = spec.with_tie_seed(tie_seed)
     _, _, recovery = DRILLS[name]
     policy = {**spec.recovery, **recovery}
     if unsafe_reclaim:
@@ -552,21 +536,25 @@ def drill_spec(name: str, *, platform_file: str | None = None, time_scale: float
 
 def run_drill(name: str, *, platform_file: str | None = None, time_scale: float | None = None,
               unsafe_reclaim: bool = False, progress: Callable[[str], None] | None = None,
-              seed: int | None = None, clock: str | None = None) -> dict[str, Any]:
+              seed: int | None = None, clock: str | None = None,
+              tie_seed: int | None = None) -> dict[str, Any]:
     """Run one drill on a fresh platform; its report. ``seed`` seeds the platform's fault
     plan (a campaign runs one drill under many seeds); ``clock``: "real" or "virtual"
-    (None: the platform file's)."""
+    (None: the platform file's); ``tie_seed``: the virtual clock's order of simultaneous
+    events (None: the platform file's)."""
     if name not in DRILLS:
         near = difflib.get_close_matches(name, list(DRILLS), n=1)
         raise errors.InvalidRequest(f"no drill {name!r}" + (f" (did you mean {near[0]!r}?)" if near
                                     else "") + f"; known: {', '.join(DRILLS)}")
     fn, doc, _ = DRILLS[name]
     spec = drill_spec(name, platform_file=platform_file, time_scale=time_scale,
-                      unsafe_reclaim=unsafe_reclaim, seed=seed, clock=clock)
+                      unsafe_reclaim=unsafe_reclaim, seed=seed, clock=clock,
+                      tie_seed=tie_seed)
     skip = _realclock.skipped(spec, _realclock.DRILLS.get(name))
     report = (_realclock.skipped_report(f"drill:{name}", doc, spec, skip) if skip else
               run_on_platform(lambda s: fn(Drill(s, name)), f"drill:{name}", doc, spec,
                               {"unsafe_reclaim": unsafe_reclaim}, progress=progress))
     report["drill"] = name
     report["seed"] = seed
+    report["tie_seed"] = spec.tie_seed if spec.clock == "virtual" else None
     return report
