@@ -155,7 +155,6 @@ class Recovery:
         self.policy = policy
         self.resets = resets or Resets(policy, reg, commands, FaultPlan(), spawn)
         self.queue_owed = queue_owed
-        self.queue_timing = queue_timing
         self.reg = reg
         self.commands = commands
         self.evidence = evidence
