@@ -156,7 +156,11 @@ class Hazards:
             return False  # in n's own batch, with no fence its client chose: none to wait on
         if self.reg.fences.poll(sig[0])[0] != PENDING:
             return True
-        return self._upstream(t, n)
+        if self._upstream(t, n):
+            return True
+        # The walk stops at a fence that completed since t's was polled above; if t is
+        # upstream of it, t's fence completed first: a second look tells.
+        return self.reg.fences.poll(sig[0])[0] != PENDING
 
     def _upstream(self, t: Command, n: Command) -> bool:
         """Whether ``t`` runs before something ``n`` runs after: walking up from ``n``
