@@ -290,6 +290,49 @@ def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_co
         assert plat.metrics()["clock"]["determinism_breaks"] == 0
 
 
+def test_a_device_holding_its_next_command_fires_a_hand_off_when_it_falls_due():
+    """npu0 runs ``a`` (2 ms, hand-off 5 ms), then at once ``b`` (20 ms): a's signal falls
+    due while npu0 holds b, and gpu0's ``c`` waits for it. The hold wakes for the
+    hand-off, so c starts at 7 ms and the client sees c done at c's modeled end, with no
+    lag (a hold that slept through it fired a's signal at 22 ms: c ran "in the past")."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu, gpu = c.context("npu0"), c.context("gpu0")
+        t0 = plat.now()
+        a = npu.submit_nowait("work", ms=2, handoff_ms=5, at_ns=t0)
+        npu.submit_nowait("work", ms=20, at_ns=t0)
+        done = gpu.submit_nowait("work", ms=3, wait=[a], at_ns=t0)
+        done.wait(5)
+        assert plat.now() - t0 == 10 * MS  # the clock is where c ended, not past it
+        assert (a.signal_time() - t0, done.signal_time() - t0) == (7 * MS, 10 * MS)
+        assert all(d["modeled_time"]["lags"] == 0 for d in plat.metrics()["devices"].values())
+
+
+def test_a_command_dated_in_the_past_runs_there_and_is_no_lag_on_the_virtual_clock():
+    """A client may date a command before now (``at_ns`` in the past: a frame that
+    arrived while its pipeline was full). It runs in the model's past, as on the real
+    clock, but no host was late: no lag is counted (a lag on the virtual clock means
+    the clock passed an end a device still held for)."""
+    with _platform("virtual") as plat:
+        npu = plat.client.context("npu0")
+        hetproc.sleep(100)
+        t0 = plat.now()
+        f = npu.submit_nowait("work", ms=2, at_ns=t0 - 50 * MS)
+        f.wait(5)
+        assert f.signal_time() - t0 == -48 * MS
+        npu0 = plat.metrics()["devices"]["npu0"]
+        assert npu0["modeled_time"]["lags"] == 0 and npu0["model_lags"] == 0
+
+
+def test_a_heartbeat_age_is_measured_on_the_platform_clock():
+    """The devices stamp their heartbeats with the platform's clock: on the virtual one
+    an age is modeled too (not the host's uptime minus a modeled instant)."""
+    with _platform("virtual") as plat:
+        hetproc.sleep(5)
+        ages = [d["heartbeat_age_ms"] for d in plat.metrics()["devices"].values()]
+        assert all(a is not None and 0 <= a <= 1000 for a in ages), ages
+
+
 def test_a_closed_connection_gives_its_waiter_slot_and_bell_back():
     """Connections come and go past ``limits.max_clients`` over a platform's life: each
     hello gets a waiter slot (and the bell its sleeps sleep on) that a close gives back;
