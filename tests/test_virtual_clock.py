@@ -8,6 +8,9 @@ time in real time. Wall times are printed, never asserted.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,6 +18,7 @@ import pytest
 
 import hetproc
 from hetproc import SchedSpec, errors, load_platform
+from hetproc.client import same_code_env
 from hetproc.drills._schedcheck import compare
 
 MS = 1_000_000
@@ -146,6 +150,55 @@ def test_a_client_sleeping_outside_hetproc_is_a_determinism_break_and_named():
         assert events and events[0]["clients"] == ["owner", "sleepy"]
         assert "determinism_break_clients" not in sleepy.metrics()["clock"]  # owner's to see
         sleepy.close()
+
+
+# A client process that, once connected, shares one CPU with a spinner at the lowest
+# priority: runnable but starved for about a second, then a few ms of its own work.
+_STARVED = """
+import os, sys, time
+import hetproc
+c = hetproc.connect(sys.argv[1], "starved")
+npu = c.context("npu0")
+os.sched_setaffinity(0, {int(sys.argv[2])})
+os.nice(19)
+first = npu.submit_nowait("work", ms=5)
+t = time.process_time() + 0.02
+while time.process_time() < t:  # computing, not waiting: it holds the clock
+    pass
+second = npu.submit_nowait("work", ms=5)
+first.wait(30), second.wait(30)
+print((second.signal_time() - first.signal_time()) // 1_000_000)
+c.close()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_client_the_host_starves_of_cpu_holds_the_clock_without_a_break():
+    """What a client waited for a CPU is the host's load, not the client's own time
+    outside hetproc: it holds the clock for as long as it needs, no determinism break
+    (autojump_ms of real time passed, so a clock that counted it moved without it)."""
+    cpu = max(os.sched_getaffinity(0))
+    spin = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nt = time.time() + 1.0\n"
+            "while time.time() < t:\n    pass\n")
+    with _platform("virtual", autojump_ms=100.0) as plat:
+        client = subprocess.Popen([sys.executable, "-c", _STARVED, plat.prefix, str(cpu)],
+                                  env=same_code_env(), stdout=subprocess.PIPE, text=True)
+        spinner = None
+        try:
+            while not plat.metrics()["clients"] > 1 and client.poll() is None:
+                plat.sleep(1)  # (the clock may move while it starts)
+            spinner = subprocess.Popen([sys.executable, "-c", spin])
+            while client.poll() is None:
+                plat.sleep(1)  # a hetproc wait: only the starved client holds the clock
+            out = client.stdout.read() if client.stdout else ""
+        finally:
+            for p in (client, spinner):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                if p is not None:
+                    p.wait(10)
+        assert client.returncode == 0 and out.strip() == "5", out
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
 
 
 def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():
@@ -331,6 +384,27 @@ def test_a_heartbeat_age_is_measured_on_the_platform_clock():
         hetproc.sleep(5)
         ages = [d["heartbeat_age_ms"] for d in plat.metrics()["devices"].values()]
         assert all(a is not None and 0 <= a <= 1000 for a in ages), ages
+
+
+def test_at_one_instant_the_devices_act_before_a_clients_deadline():
+    """A command ends at the very instant a client's sleep (or wait timeout) ends: the
+    client sees it done, every time. With the clients woken in the same jump as the
+    devices, the host's order decided (multi_tenant's LLM refill went before or after
+    a voice request, so two runs gave two schedules)."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu, gpu = c.context("npu0"), c.context("gpu0")
+        gate = c.fence()
+        seen = []
+        for i in range(40):
+            f = npu.submit_nowait("work", ms=1 + i % 3)
+            g = gpu.submit_nowait("work", ms=1 + i % 3)
+            hetproc.sleep(1 + i % 3)
+            seen.append(f.done() and g.done())
+            with pytest.raises(errors.FenceTimeout):
+                gate.wait(0.002)  # a wait's deadline at an instant without a device event
+        assert all(seen), seen.count(False)
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
 
 
 def test_a_closed_connection_gives_its_waiter_slot_and_bell_back():

@@ -21,8 +21,16 @@ whether the whole platform waits (``turn``)::
        timeout, a queue command's watchdog deadline, the stall watch's bound, an
        incident's grace, a client's wait deadline -- and the devices whose wake came are
        poked and their doorbells posted (the fence a device sleeps on is nudged: it does
-       not sleep on its doorbell then); a client whose wait's deadline or sleep's end
-       came is nudged on its fences, or its connection's bell
+       not sleep on its doorbell then)
+    4. once those devices are blocked again (steps 1 and 2), the clients' deadlines come
+       to the new instant (``released_ns``): a client whose wait's deadline or sleep's
+       end came is nudged on its fences, or its connection's bell
+
+Step 4 is the order of one instant: what the devices do at it (a command's end, a
+signal, a hand-off) comes before any client's deadline at it, so a client that sleeps to
+the instant a command ends sees it done, every run (with one step, which of the two the
+host ran first decided). The supervisor's own verdicts at an instant (watchdog, grace)
+wait for the same quiescence (``settle``, the server's judging tick).
 
 Nobody polls for the moment the platform becomes quiescent: the last waiter to block
 wakes the loop (a device's eventfd when every other device is blocked, a client's
@@ -39,7 +47,9 @@ A client process blocked on one connection counts as blocked with all its connec
 every thread of the process that used hetproc waits (``hetproc.client._vclock``). A
 client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
 everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
-anyway and the jump counts as a determinism break, naming the client (``metrics``).
+anyway and the jump counts as a determinism break, naming the client (``metrics``). The
+time its threads waited for a CPU does not count (``runqueue_wait_ns``): a loaded host
+starves a client of CPU, which is not the client leaving hetproc.
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
 supervisor's own decisions due then are made in its usual order).
@@ -59,6 +69,7 @@ from device_workers import StateSlot as S
 from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
+from ._device_cpu import runqueue_wait_ns
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
@@ -112,6 +123,7 @@ class ClockOwner:
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
         self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
+        self._stuck_waits: dict[int, int] = {}  # their CPU waits then (``_autojump``)
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
@@ -167,13 +179,21 @@ class ClockOwner:
         if quiet is None:
             return self._not_quiet()
         wakes, running = quiet
+        # The devices are done with this instant: the clients' deadlines come to it
+        # before the clock moves on (every device's event at an instant comes before
+        # any client's deadline then: ``_jump``).
+        release = self.clock.released_ns() < now
         wakes.extend(dev.wake_ns for dev in self.reg.devices.values() if dev.wake_ns > 0)
         wakes.extend(self._timers())
         later = [t for t in wakes if t > now]
-        if not later:  # nothing to move to (it waits for a client): no jump, no break
-            return self._not_quiet()
+        if not later and not release:  # nothing to move to (it waits for a client):
+            return self._not_quiet()    # no jump, no break
         if running and not self._autojump(running):
             return False
+        if release:
+            self._stuck_since = 0
+            self._release_clients(now)
+            return True
         self._jump(min(later))
         self.tick_jumps += on_tick
         return True
@@ -279,6 +299,7 @@ class ClockOwner:
         blocked at all; None when one is about to run."""
         wakes: list[int] = []
         blocked: dict[int, bool] = {}
+        released = self.clock.released_ns()
         for client in self.reg.clients.values():
             if not client.id or client.clock_slot < 0:
                 return None  # saying hello
@@ -287,7 +308,8 @@ class ClockOwner:
                 blocked.setdefault(client.pid, False)
                 continue
             wake, fences = snap
-            if wake <= now or any(self._done(f) for f in fences):
+            # (a wake in (released, now]: it waits for the devices to be done with now)
+            if wake <= released or any(self._done(f) for f in fences):
                 return None
             blocked[client.pid] = True
             if wake != NO_WAKE:
@@ -317,12 +339,21 @@ class ClockOwner:
 
     def _autojump(self, running: list[ClientRec]) -> bool:
         """Only clients outside hetproc waits hold the clock: after ``autojump_ms`` real
-        ms, True (the jump is a determinism break, counted and named)."""
+        ms of their own, True (the jump is a determinism break, counted and named). The
+        time a client waited for a CPU is the host's, not its own: a client that computes
+        on a loaded machine holds the clock as long as it needs (one that sleeps outside
+        hetproc, or spins, still moves it after ``autojump_ms``)."""
         t = time.monotonic_ns()
         if not self._stuck_since:
             self._stuck_since = t
+            self._stuck_waits = _cpu_waits(running)
             return False
         if t - self._stuck_since < self.autojump_ns:
+            return False
+        waits = _cpu_waits(running)
+        excused = max((waits[pid] - self._stuck_waits[pid] for pid in waits
+                       if pid in self._stuck_waits), default=0)
+        if t - self._stuck_since - excused < self.autojump_ns:
             return False
         self.breaks += 1
         names = sorted({c.name for c in running})
@@ -338,14 +369,24 @@ class ClockOwner:
 
     def _jump(self, t: int) -> None:
         """The clock to ``t``; the devices whose wake came, or whose command's watchdog
-        looks at the next ns (``_timers``), are poked, in the tie seed's order."""
+        looks at the next ns (``_timers``), are poked, in the tie seed's order. The
+        clients' deadlines come to ``t`` once those devices are blocked again (a later
+        ``turn``), or at once when none was woken."""
         self._stuck_since = 0
         self.clock.advance(t)
         looking = {name for name, deadline in self._looks() if deadline == t + 1}
+        woken = False
         for dev in self._order:
             snap = self.waiters[dev.index].snapshot()
             if snap is not None and (snap[0] <= t or dev.name in looking):
                 dev.doorbell.release()
+                woken = True
+        if not woken:
+            self._release_clients(t)
+
+    def _release_clients(self, t: int) -> None:
+        """The clients' deadlines come to ``t`` (the devices did what was due then)."""
+        self.clock.release()
         for client in self.reg.clients.values():
             snap = self.clock.waiter(client.clock_slot).snapshot() \
                 if client.clock_slot >= 0 else None
@@ -367,6 +408,13 @@ class ClockOwner:
                 "jumps_on_tick": self.tick_jumps,
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients)}
+
+
+def _cpu_waits(clients: list[ClientRec]) -> dict[int, int]:
+    """Per client process, how long its threads have waited for a CPU (``-1``: unknown,
+    left out)."""
+    waits = {c.pid: runqueue_wait_ns(c.pid) for c in clients}
+    return {pid: w for pid, w in waits.items() if w >= 0}
 
 
 def _readable(conns: Iterable[Any]) -> bool:

@@ -63,3 +63,21 @@ class DeviceCpu:
         if entry is not None:
             os.close(entry[1])
             os.close(entry[2])
+
+
+def runqueue_wait_ns(pid: int) -> int:
+    """How long the threads of process ``pid`` have waited, runnable, for a CPU (ns, the
+    second field of each thread's ``schedstat``): the host's load, which is not what the
+    process chose to do. -1 when it cannot be read."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return -1
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total

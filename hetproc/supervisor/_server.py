@@ -225,7 +225,7 @@ class Supervisor:
                     self.on_device_death(obj)
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
-            self.tick()
+            self.tick(judge=vclock is None)
             if self.fencefds.watching:
                 self.fencefds.sweep(news)
             self.ask_for_news()
@@ -233,21 +233,26 @@ class Supervisor:
             self.drop_silent_connections()
             if vclock is not None and vclock.turn(bool(self.backlog),
                                                   on_tick=not ready and not looking):
-                self.tick()  # what is due at the instant the clock moved to
+                self.tick(judge=False)  # what is due at the instant the clock moved to
                 # The devices woken may be blocked again already, their wake-up taken in
                 # with their completions by this tick: look at once, not at the next tick.
                 look_again = vclock.devices_blocked()
 
-    def tick(self) -> None:
-        """Timers: completions nobody woke us for, commands dated ahead that are due, the
-        watchdog, incidents' grace periods."""
+    def tick(self, judge: bool = True) -> None:
+        """Timers: completions nobody woke us for, commands dated ahead that are due, and
+        (``judge``) the watchdog, incidents' grace periods. On the virtual clock the
+        judging waits for the platform to be quiescent (``ClockOwner.settle``): what a
+        device does at an instant comes before a verdict at that instant, and its state
+        words are read when they stand still (a first sight of a command read between
+        its start stamp and its first progress saw "progress" at its deadline)."""
         self.commands.collect_news()
         now = clock.now_ns()
         for dev in self.reg.devices.values():
             if 0 < dev.wake_ns <= now:  # a decision dated ahead is due
                 dev.pump()
-        self.queues.tick(now)  # a queue command's watchdog first: it names the command
-        self.recovery.tick(now)
+        if judge:
+            self.queues.tick(now)  # a queue command's watchdog first: it names the command
+            self.recovery.tick(now)
 
     def ask_for_news(self) -> None:
         """Tell each device whether we need its completions at once: when commands wait
