@@ -197,8 +197,34 @@ def test_a_client_the_host_starves_of_cpu_holds_the_clock_without_a_break():
                     p.kill()
                 if p is not None:
                     p.wait(10)
-        assert client.returncode == 0 and out.strip() == "5", out
-        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+        events = [e for e in plat.client.incidents()["events"]
+                  if e["event"] == "determinism_break"]
+        assert client.returncode == 0 and out.strip() == "5", (out, events)
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0, [
+            {k: e.get(k) for k in ("held_ms", "silent_ms", "cpu_wait_ms")} for e in events]
+
+
+def test_a_client_talking_to_the_supervisor_holds_the_clock_a_spinning_one_not_forever():
+    """A client that frees buffers one request after another (no hetproc wait between)
+    holds the clock as long as it talks: no break however long the loop takes (the oom
+    drill's frees took ~90 ms, once past the 100 ms default under load: a break). One
+    that loops on requests while it waits for modeled time moves it in the end."""
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        c = plat.client
+        npu = c.context("npu0")
+        bufs = [c.alloc(4096, "uint8") for _ in range(200)]
+        busy = npu.submit_nowait("work", ms=5)  # something the clock could move to
+        t = time.monotonic()
+        for b in bufs:
+            b.free()
+        print(f"\n200 frees: {1000 * (time.monotonic() - t):.1f} ms wall")
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0 and not busy.done()
+        busy.wait(5)
+        spun = npu.submit_nowait("work", ms=5)
+        deadline = time.monotonic() + 10
+        while not spun.done() and time.monotonic() < deadline:
+            c.ping()  # a request, never a hetproc wait
+        assert spun.done() and plat.metrics()["clock"]["determinism_breaks"] >= 1
 
 
 def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():

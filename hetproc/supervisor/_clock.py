@@ -48,8 +48,10 @@ every thread of the process that used hetproc waits (``hetproc.client._vclock``)
 client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
 everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
 anyway and the jump counts as a determinism break, naming the client (``metrics``). The
-time its threads waited for a CPU does not count (``runqueue_wait_ns``): a loaded host
-starves a client of CPU, which is not the client leaving hetproc.
+time its threads waited for a CPU does not count (``own_ns``): a loaded host
+starves a client of CPU, which is not the client leaving hetproc; a request restarts
+that count (a client freeing hundreds of buffers talks to us all along), up to
+``SPIN_FACTOR`` times ``autojump_ms`` without a hetproc wait.
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
 supervisor's own decisions due then are made in its usual order).
@@ -69,7 +71,7 @@ from device_workers import StateSlot as S
 from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
-from ._device_cpu import runqueue_wait_ns
+from ._device_cpu import Threads, own_ns, thread_times
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
@@ -78,6 +80,9 @@ if TYPE_CHECKING:
     from ._queues import Queues
 
 NO_WAKE = clock.NO_WAKE
+# A client that keeps talking to the supervisor without a hetproc wait (requests in a loop
+# that waits for modeled time) holds the clock this many times ``autojump_ms``.
+SPIN_FACTOR = 10
 
 
 class PokingDoorbell(posix_ipc.Semaphore):
@@ -123,7 +128,8 @@ class ClockOwner:
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
         self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
-        self._stuck_waits: dict[int, int] = {}  # their CPU waits then (``_autojump``)
+        self._stuck_threads: dict[int, Threads] = {}  # their CPU times then (``_autojump``)
+        self._silent_since = 0     # real ns since none of them sent a request
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
@@ -167,18 +173,24 @@ class ClockOwner:
 
     # -- the jump ---------------------------------------------------------------------
 
-    def turn(self, busy: bool, on_tick: bool = False) -> bool:
-        """Move the clock if the platform is quiescent (the module docstring's three
-        steps); ``busy``: the loop has work of its own this turn; ``on_tick``: nothing
-        woke the loop (no waiter said it might be the last: counted). True when it moved."""
+    def turn(self, busy: bool, on_tick: bool = False, heard: bool = False) -> bool:
+        """Move the clock if the platform is quiescent (the module docstring's steps);
+        ``busy``: the loop has work of its own this turn; ``on_tick``: nothing woke the
+        loop (no waiter said it might be the last: counted); ``heard``: a client's bytes
+        were read this turn (it talks to us: not silent outside hetproc, ``_autojump``).
+        True when it moved."""
+        if heard:
+            self._silent_since = 0
         now = self.clock.now_ns()
         if busy or self._quiet(now) is None:
-            return self._not_quiet()
+            return self._not_quiet(heard)
         self.settle()  # the timers at this instant (a watchdog's first sight of a command)
         quiet = self._quiet(now)
         if quiet is None:
-            return self._not_quiet()
+            return self._not_quiet(heard)
         wakes, running = quiet
+        if not running:
+            self._stuck_since = 0  # every client in a hetproc wait: nobody holds the clock
         # The devices are done with this instant: the clients' deadlines come to it
         # before the clock moves on (every device's event at an instant comes before
         # any client's deadline then: ``_jump``).
@@ -338,33 +350,47 @@ class ClockOwner:
         return _readable([c.conn for c in clients] + [d.pidfd for d in devices if d.pidfd >= 0])
 
     def _autojump(self, running: list[ClientRec]) -> bool:
-        """Only clients outside hetproc waits hold the clock: after ``autojump_ms`` real
-        ms of their own, True (the jump is a determinism break, counted and named). The
-        time a client waited for a CPU is the host's, not its own: a client that computes
-        on a loaded machine holds the clock as long as it needs (one that sleeps outside
-        hetproc, or spins, still moves it after ``autojump_ms``)."""
+        """Only clients outside hetproc waits hold the clock: True (the jump is a
+        determinism break, counted and named) once they were silent -- no request --
+        for ``autojump_ms`` real ms of their own, or talked without a hetproc wait for
+        ``SPIN_FACTOR`` times that (a loop of requests that waits for modeled time).
+        The time a client waited for a CPU is the host's, not its own: a client that
+        computes on a loaded machine holds the clock as long as it needs (one that sleeps
+        outside hetproc, or spins, still moves it)."""
         t = time.monotonic_ns()
         if not self._stuck_since:
-            self._stuck_since = t
-            self._stuck_waits = _cpu_waits(running)
+            self._stuck_since = self._silent_since = t
+            self._stuck_threads = _threads(running)
             return False
-        if t - self._stuck_since < self.autojump_ns:
+        if not self._silent_since:  # it talked since: its silence begins again
+            self._silent_since = t
+        silent, held = t - self._silent_since, t - self._stuck_since
+        if silent < self.autojump_ns and held < SPIN_FACTOR * self.autojump_ns:
             return False
-        waits = _cpu_waits(running)
-        excused = max((waits[pid] - self._stuck_waits[pid] for pid in waits
-                       if pid in self._stuck_waits), default=0)
-        if t - self._stuck_since - excused < self.autojump_ns:
+        # Of the time held, what the clients did themselves (the least of them: any one
+        # still at work may yet submit something), not the host's load.
+        now_threads = _threads(running)
+        own = min((own_ns(self._stuck_threads[pid], ts, held)
+                   for pid, ts in now_threads.items() if pid in self._stuck_threads),
+                  default=held)
+        excused = held - own
+        if silent - excused < self.autojump_ns and own < SPIN_FACTOR * self.autojump_ns:
             return False
         self.breaks += 1
         names = sorted({c.name for c in running})
         for name in names:
             self.break_clients[name] = self.break_clients.get(name, 0) + 1
         self.reg.note_event("determinism_break", clients=names, now_ns=self.clock.now_ns(),
-                            held_ms=round((t - self._stuck_since) / 1e6, 3))
+                            held_ms=round(held / 1e6, 3), silent_ms=round(silent / 1e6, 3),
+                            cpu_wait_ms=round(excused / 1e6, 3))
         return True
 
-    def _not_quiet(self) -> bool:
-        self._stuck_since = 0
+    def _not_quiet(self, heard: bool = False) -> bool:
+        """Something runs or is in flight: the clock is not held by a client outside
+        hetproc, unless what is in flight is that client's own request (``_autojump``
+        counts a loop of requests too)."""
+        if not heard:
+            self._stuck_since = 0
         return False
 
     def _jump(self, t: int) -> None:
@@ -410,11 +436,15 @@ class ClockOwner:
                 "determinism_break_clients": dict(self.break_clients)}
 
 
-def _cpu_waits(clients: list[ClientRec]) -> dict[int, int]:
-    """Per client process, how long its threads have waited for a CPU (``-1``: unknown,
-    left out)."""
-    waits = {c.pid: runqueue_wait_ns(c.pid) for c in clients}
-    return {pid: w for pid, w in waits.items() if w >= 0}
+def _threads(clients: list[ClientRec]) -> dict[int, Threads]:
+    """Per client process, its threads' CPU times (``thread_times``; unreadable: left
+    out)."""
+    out = {}
+    for pid in {c.pid for c in clients}:
+        ts = thread_times(pid)
+        if ts is not None:
+            out[pid] = ts
+    return out
 
 
 def _readable(conns: Iterable[Any]) -> bool:

@@ -65,19 +65,42 @@ class DeviceCpu:
             os.close(entry[2])
 
 
-def runqueue_wait_ns(pid: int) -> int:
-    """How long the threads of process ``pid`` have waited, runnable, for a CPU (ns, the
-    second field of each thread's ``schedstat``): the host's load, which is not what the
-    process chose to do. -1 when it cannot be read."""
-    total = 0
+
+Threads = dict[int, tuple[int, int, bool]]  # tid -> (cpu ns, runqueue wait ns, runnable)
+
+
+def thread_times(pid: int) -> Threads | None:
+    """Per thread of process ``pid``: the CPU it has had and how long it waited,
+    runnable, for one (``schedstat``), and whether it is runnable now (``stat``); None
+    when the process cannot be read."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return -1
+        return None
+    out: Threads = {}
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
+                cpu, wait = f.read().split()[:2]
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+            out[int(tid)] = (int(cpu), int(wait), state == b"R")
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended meanwhile
-    return total
+    return out
+
+
+def own_ns(before: Threads, after: Threads, wall_ns: int) -> int:
+    """How much of ``wall_ns`` a process spent by its own doing (running, or asleep by
+    its own choice) rather than waiting for a CPU the host gave others: the least over
+    its threads seen both times (one thread that waits for a CPU is work in progress).
+    A thread runnable now is taken to have waited for the time not accounted yet (the
+    kernel adds a wait to ``schedstat`` only when it ends); one asleep, to have slept."""
+    own = wall_ns
+    for tid, (cpu, wait, runnable) in after.items():
+        if tid not in before:
+            continue
+        ran, waited = cpu - before[tid][0], wait - before[tid][1]
+        mine = ran if runnable else max(0, wall_ns - waited)
+        own = min(own, mine)
+    return own
