@@ -7,8 +7,9 @@ the same modeled starts, ends and statuses in every run, whatever the host's loa
     python -m bench.bench_determinism --runs 20 --jobs 2 [--only hang,video_pipeline]
 
 The standalone form prints one line per name -- ``name: D distinct digests of N runs``
--- with what the runs differed in when D > 1 (how many commands the digest covered, the
-determinism breaks counted, pass/fail), which is where a cause shows first. ``--rows
+-- with what the runs differed in when D > 1 or a run broke determinism or failed (how
+many commands the digest covered, the determinism breaks counted, pass/fail), which is
+where a cause shows first. ``--rows
 DIR`` keeps every run's canonical rows there (``HETPROC_DIGEST_ROWS``) and prints, for a
 name with D > 1, where the two most frequent digests' rows part (``diff_rows``).
 """
@@ -94,11 +95,11 @@ def parting(s: dict[str, Any]) -> list[str]:
 
 def line(name: str, s: dict[str, Any]) -> str:
     text = f"{name}: {s['distinct']} distinct digests of {s['runs']} runs"
-    if s["distinct"] > 1 or s["passed"] < s["runs"]:
-        text += (f"  (runs per digest {s['runs_per_digest']}, commands {s['commands']}, "
-                 f"breaks {s['breaks']}, "
-                 f"passed {s['passed']}/{s['runs']})")
-    return text
+    if s["distinct"] > 1 or s["passed"] < s["runs"] or any(s["breaks"]):
+        return text + (f"  (runs per digest {s['runs_per_digest']}, commands "
+                       f"{s['commands']}, breaks {s['breaks']}, "
+                       f"passed {s['passed']}/{s['runs']})")
+    return text + f"  (commands {s['commands']})"
 
 
 @benchmark("determinism")
