@@ -124,6 +124,11 @@ class Waiter:
         q, i = self._q, self._i
         return q[i + SEEN] != q[i + POKED]
 
+    def gen(self) -> int:
+        """How many times the slot changed (twice per block or clear): a reader that
+        sees another value has seen the waiter enter or leave a wait."""
+        return self._q[self._i + GEN]
+
     def fence(self) -> int:
         """The (first) fence the waiter sleeps on (0: none, or it runs)."""
         return self._q[self._i + FENCE] if self._q[self._i + WAKE] else 0

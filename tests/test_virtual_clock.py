@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -225,6 +226,31 @@ def test_a_client_talking_to_the_supervisor_holds_the_clock_a_spinning_one_not_f
         while not spun.done() and time.monotonic() < deadline:
             c.ping()  # a request, never a hetproc wait
         assert spun.done() and plat.metrics()["clock"]["determinism_breaks"] >= 1
+
+
+def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever():
+    """A stopped device never blocks, so the clock would wait for it for good (and the
+    client's wait for its real backstop): once the clock has been held for autojump_ms,
+    the stopped device counts as blocked, and the watchdog fires at its modeled instant,
+    the grace runs, the kill (SIGKILL reaches a stopped process) and the restart follow.
+    Each jump through it is a determinism break naming the device, never a client."""
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        c = plat.client
+        pid = plat.metrics()["devices"]["npu0"]["pid"]
+        t0 = plat.now()
+        f = c.context("npu0").submit_nowait("work", ms=500)
+        hetproc.sleep(10)  # it started: its watchdog counts from its start
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(errors.DeviceTimeout):
+            f.wait(5)
+        assert f.signal_time() - t0 == 250 * MS  # watchdog 200 ms, then grace 50 ms
+        clock = plat.metrics()["clock"]
+        assert clock["determinism_breaks"] >= 1
+        assert set(clock["determinism_break_devices"]) == {"npu0"}
+        assert clock["determinism_break_clients"] == {}
+        after = c.context("npu0").submit("work", ms=3)
+        after.wait(5)
+        assert plat.metrics()["devices"]["npu0"]["pid"] != pid  # a new process
 
 
 def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():

@@ -48,10 +48,8 @@ every thread of the process that used hetproc waits (``hetproc.client._vclock``)
 client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
 everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
 anyway and the jump counts as a determinism break, naming the client (``metrics``). The
-time its threads waited for a CPU does not count (``own_ns``): a loaded host
-starves a client of CPU, which is not the client leaving hetproc; a request restarts
-that count (a client freeing hundreds of buffers talks to us all along), up to
-``SPIN_FACTOR`` times ``autojump_ms`` without a hetproc wait.
+time counted is its own (``_autojump``): not what it waited for a CPU, restarted by a
+request, and up to ten times ``autojump_ms`` for a client that talks but never waits.
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
 supervisor's own decisions due then are made in its usual order).
@@ -71,7 +69,7 @@ from device_workers import StateSlot as S
 from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
-from ._device_cpu import Threads, own_ns, thread_times
+from ._autojump import Holders
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
@@ -80,9 +78,7 @@ if TYPE_CHECKING:
     from ._queues import Queues
 
 NO_WAKE = clock.NO_WAKE
-# A client that keeps talking to the supervisor without a hetproc wait (requests in a loop
-# that waits for modeled time) holds the clock this many times ``autojump_ms``.
-SPIN_FACTOR = 10
+STOP_LOOK_NS = 5_000_000  # real ns between looks for stopped devices while the clock is held
 
 
 class PokingDoorbell(posix_ipc.Semaphore):
@@ -127,12 +123,13 @@ class ClockOwner:
                 dev.doorbell.fences = reg.fences
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
-        self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
-        self._stuck_threads: dict[int, Threads] = {}  # their CPU times then (``_autojump``)
-        self._silent_since = 0     # real ns since none of them sent a request
+        self.holders = Holders(self.autojump_ns)  # clients outside hetproc waits
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
+        self.break_devices: dict[str, int] = {}
+        self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
+        self._next_stop_look = 0  # real ns: when a held clock may look for stopped devices
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
@@ -180,17 +177,16 @@ class ClockOwner:
         were read this turn (it talks to us: not silent outside hetproc, ``_autojump``).
         True when it moved."""
         if heard:
-            self._silent_since = 0
+            self.holders.heard()
         now = self.clock.now_ns()
-        if busy or self._quiet(now) is None:
-            return self._not_quiet(heard)
+        stopped = self._stopped_devices() if not busy else frozenset()
+        if busy or self._quiet(now, stopped) is None:
+            return False
         self.settle()  # the timers at this instant (a watchdog's first sight of a command)
-        quiet = self._quiet(now)
+        quiet = self._quiet(now, stopped)
         if quiet is None:
-            return self._not_quiet(heard)
+            return False
         wakes, running = quiet
-        if not running:
-            self._stuck_since = 0  # every client in a hetproc wait: nobody holds the clock
         # The devices are done with this instant: the clients' deadlines come to it
         # before the clock moves on (every device's event at an instant comes before
         # any client's deadline then: ``_jump``).
@@ -199,13 +195,17 @@ class ClockOwner:
         wakes.extend(self._timers())
         later = [t for t in wakes if t > now]
         if not later and not release:  # nothing to move to (it waits for a client):
-            return self._not_quiet()    # no jump, no break
-        if running and not self._autojump(running):
+            return False                # no jump, no break
+        broke = bool(stopped or running)
+        if stopped:  # held for autojump_ms already (``_stopped_devices``): move now
+            self._count_break(sorted({c.name for c in running}), stopped,
+                              time.monotonic_ns() - self._moved_at)
+        elif running and not self._autojump(running):
             return False
-        if release:
-            self._stuck_since = 0
+        if release:  # (a break moves the clock on in the same turn: one break, not two)
             self._release_clients(now)
-            return True
+            if not broke or not later:
+                return True
         self._jump(min(later))
         self.tick_jumps += on_tick
         return True
@@ -214,16 +214,37 @@ class ClockOwner:
         """Every device blocked with no news (as a device that blocks last sees it)."""
         return self.clock.all_blocked(range(len(self.waiters)))
 
-    def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
+    def _stopped_devices(self) -> frozenset[str]:
+        """The devices stopped by a signal (SIGSTOP, a tracer), once the clock has not
+        moved for ``autojump_ms`` real ms: such a device never blocks, so nothing else
+        would ever move the clock (the watchdog that catches it on the real clock could
+        not fire). It then counts as blocked with no wake, and the jump is a determinism
+        break naming it. Looked for only then, and every few ms: a running platform
+        pays one clock read per turn."""
+        t = time.monotonic_ns()
+        if t - self._moved_at < self.autojump_ns or t < self._next_stop_look:
+            return frozenset()
+        self._next_stop_look = t + STOP_LOOK_NS
+        cpu = self.recovery.device_cpu
+        return frozenset(dev.name for dev in self.reg.devices.values()
+                         if dev.pid and cpu.stopped(dev))
+
+    def _quiet(self, now: int, stopped: frozenset[str] = frozenset(),
+               ) -> tuple[list[int], list[ClientRec]] | None:
         """Steps 1 and 2: the waiters' wakes and the connections of client processes
-        that are not in a hetproc wait; None when something runs or is in flight."""
+        that are not in a hetproc wait; None when something runs or is in flight.
+        ``stopped``: devices that count as blocked with no wake (``_stopped_devices``).
+        A client that has talked without a hetproc wait for ``SPIN_FACTOR`` times
+        ``autojump_ms`` (``Holders.spinning``): its requests in flight no longer count."""
         if self._new_requests():
             return None
-        wakes = self._device_wakes(now)
+        wakes = self._device_wakes(now, stopped)
         clients = self._client_wakes(now) if wakes is not None else None
         # The heads after the clients' slots: a record is written before its writer
         # blocks, so a blocked writer's records are seen here.
         if wakes is None or clients is None or self._queue_news() or self._traffic():
+            return None
+        if self._client_traffic() and not self.holders.spinning(self._moved_at):
             return None
         return wakes + clients[0], clients[1]
 
@@ -288,13 +309,15 @@ class ClockOwner:
                             self.reg.engine(dev).preempt_timeout_ms))
         return out
 
-    def _device_wakes(self, now: int) -> list[int] | None:
+    def _device_wakes(self, now: int, stopped: frozenset[str]) -> list[int] | None:
         wakes = []
         for dev in self.reg.devices.values():
             if not dev.pid and dev.name in self.reg.wedged:
                 continue  # down for good: it waits for nothing
             snap = self.waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
+                if dev.name in stopped:
+                    continue
                 return None
             wake, fences = snap
             if wake <= now:  # blocked after the jump that reached its wake looked: wake it
@@ -327,6 +350,10 @@ class ClockOwner:
             if wake != NO_WAKE:
                 wakes.append(wake)
         running = [c for c in self.reg.clients.values() if not blocked[c.pid]]
+        gens: dict[int, tuple[int, ...]] = {}
+        for c in running:  # (its slots' generations: it entered or left a wait since?)
+            gens[c.pid] = gens.get(c.pid, ()) + (self.clock.waiter(c.clock_slot).gen(),)
+        self.holders.note(gens)
         return wakes, running
 
     def _done(self, fence: int) -> bool:
@@ -336,69 +363,52 @@ class ClockOwner:
             return True  # recycled: its waiter wakes and finds out
 
     def _traffic(self) -> bool:
-        """Anything in flight the slots cannot show: bytes from a client, a reply not
-        sent, a completion not collected, a device killed or dead and not reaped yet
-        (its slot says what it did before it died)."""
-        clients = list(self.reg.clients.values())
-        if any(c.pending or c.reader.buffered or c.outbuf for c in clients):
-            return True
+        """What the devices have in flight that the slots cannot show: a completion not
+        collected, a device killed or dead and not reaped yet (its slot says what it did
+        before it died)."""
         devices = self.reg.devices.values()
         if any(dev.completions.depth() for dev in devices):
             return True
         if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
             return True
-        return _readable([c.conn for c in clients] + [d.pidfd for d in devices if d.pidfd >= 0])
+        return _readable([d.pidfd for d in devices if d.pidfd >= 0])
+
+    def _client_traffic(self) -> bool:
+        """Bytes from a client not read or not served, a reply not sent."""
+        conns = list(self.reg.clients.values())
+        if any(c.pending or c.reader.buffered or c.outbuf for c in conns):
+            return True
+        return _readable([c.conn for c in conns])
 
     def _autojump(self, running: list[ClientRec]) -> bool:
-        """Only clients outside hetproc waits hold the clock: True (the jump is a
-        determinism break, counted and named) once they were silent -- no request --
-        for ``autojump_ms`` real ms of their own, or talked without a hetproc wait for
-        ``SPIN_FACTOR`` times that (a loop of requests that waits for modeled time).
-        The time a client waited for a CPU is the host's, not its own: a client that
-        computes on a loaded machine holds the clock as long as it needs (one that sleeps
-        outside hetproc, or spins, still moves it)."""
-        t = time.monotonic_ns()
-        if not self._stuck_since:
-            self._stuck_since = self._silent_since = t
-            self._stuck_threads = _threads(running)
+        """Only clients outside hetproc waits hold the clock: True once they held it
+        long enough by their own doing (``_autojump.Holders``); the jump is then a
+        determinism break, counted and named."""
+        detail = self.holders.verdict(self._moved_at)
+        if detail is None:
             return False
-        if not self._silent_since:  # it talked since: its silence begins again
-            self._silent_since = t
-        silent, held = t - self._silent_since, t - self._stuck_since
-        if silent < self.autojump_ns and held < SPIN_FACTOR * self.autojump_ns:
-            return False
-        # Of the time held, what the clients did themselves (the least of them: any one
-        # still at work may yet submit something), not the host's load.
-        now_threads = _threads(running)
-        own = min((own_ns(self._stuck_threads[pid], ts, held)
-                   for pid, ts in now_threads.items() if pid in self._stuck_threads),
-                  default=held)
-        excused = held - own
-        if silent - excused < self.autojump_ns and own < SPIN_FACTOR * self.autojump_ns:
-            return False
-        self.breaks += 1
-        names = sorted({c.name for c in running})
-        for name in names:
-            self.break_clients[name] = self.break_clients.get(name, 0) + 1
-        self.reg.note_event("determinism_break", clients=names, now_ns=self.clock.now_ns(),
-                            held_ms=round(held / 1e6, 3), silent_ms=round(silent / 1e6, 3),
-                            cpu_wait_ms=round(excused / 1e6, 3))
+        self._count_break(sorted({c.name for c in running}), frozenset(),
+                          detail.pop("held_ns"), **detail)
         return True
 
-    def _not_quiet(self, heard: bool = False) -> bool:
-        """Something runs or is in flight: the clock is not held by a client outside
-        hetproc, unless what is in flight is that client's own request (``_autojump``
-        counts a loop of requests too)."""
-        if not heard:
-            self._stuck_since = 0
-        return False
+    def _count_break(self, clients: list[str], devices: frozenset[str], held_ns: int,
+                     **detail: float) -> None:
+        """A jump that did not wait for everybody: counted, its holders named."""
+        self.breaks += 1
+        for name in clients:
+            self.break_clients[name] = self.break_clients.get(name, 0) + 1
+        for name in devices:
+            self.break_devices[name] = self.break_devices.get(name, 0) + 1
+        self.reg.note_event("determinism_break", clients=clients, devices=sorted(devices),
+                            now_ns=self.clock.now_ns(), held_ms=round(held_ns / 1e6, 3),
+                            **detail)
 
     def _jump(self, t: int) -> None:
         """The clock to ``t``; the devices whose wake came, or whose command's watchdog
         looks at the next ns (``_timers``), are poked, in the tie seed's order. The
         clients' deadlines come to ``t`` once those devices are blocked again (a later
         ``turn``), or at once when none was woken."""
-        self._stuck_since = 0
+        self._moved_at = time.monotonic_ns()
         self.clock.advance(t)
         looking = {name for name, deadline in self._looks() if deadline == t + 1}
         woken = False
@@ -412,6 +422,7 @@ class ClockOwner:
 
     def _release_clients(self, t: int) -> None:
         """The clients' deadlines come to ``t`` (the devices did what was due then)."""
+        self._moved_at = time.monotonic_ns()
         self.clock.release()
         for client in self.reg.clients.values():
             snap = self.clock.waiter(client.clock_slot).snapshot() \
@@ -433,18 +444,8 @@ class ClockOwner:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
                 "jumps_on_tick": self.tick_jumps,
                 "determinism_breaks": self.breaks,
-                "determinism_break_clients": dict(self.break_clients)}
-
-
-def _threads(clients: list[ClientRec]) -> dict[int, Threads]:
-    """Per client process, its threads' CPU times (``thread_times``; unreadable: left
-    out)."""
-    out = {}
-    for pid in {c.pid for c in clients}:
-        ts = thread_times(pid)
-        if ts is not None:
-            out[pid] = ts
-    return out
+                "determinism_break_clients": dict(self.break_clients),
+                "determinism_break_devices": dict(self.break_devices)}
 
 
 def _readable(conns: Iterable[Any]) -> bool:
