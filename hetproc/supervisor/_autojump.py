@@ -6,12 +6,14 @@ ms; then the clock moves anyway, a determinism break. What counts is the client'
 time, measured per process from when it was last seen entering or leaving a hetproc
 wait (its waiter slots' generations changed) or the clock last moved:
 
-* the time its threads waited, runnable, for a CPU is the host's load (``own_ns``): a
-  client that computes on a loaded machine holds the clock as long as it needs;
-* a request to the supervisor starts its silence again (``heard``): a client that frees
-  hundreds of buffers one request after another talks to us all along;
-* but talking is no wait either: after ``SPIN_FACTOR`` times ``autojump_ms`` of its own
-  without one (a loop of requests that waits for modeled time), the clock moves.
+* asleep outside hetproc (every thread: ``time.sleep``, its own socket) for
+  ``autojump_ms``, counted from its last request (``heard``: a client that frees
+  hundreds of buffers one request after another talks to us all along);
+* or at work -- computing, spinning, a loop of requests that waits for modeled time --
+  for ``SPIN_FACTOR`` times ``autojump_ms`` of CPU;
+* what its threads waited, runnable, for a CPU is the host's load and counts for
+  neither (``slept_and_ran``): a client that computes on a loaded machine holds the
+  clock as long as the host makes it wait.
 
 Nothing here runs per command: a process's threads are read (``/proc``) only once it has
 been outside a wait for a quarter of ``autojump_ms``, and again when that is up.
@@ -23,11 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._device_cpu import Threads, own_ns, thread_times
+from ._device_cpu import Threads, slept_and_ran, thread_times
 
 # A client that keeps talking to the supervisor without a hetproc wait (requests in a loop
 # that waits for modeled time) holds the clock this many times ``autojump_ms``.
 SPIN_FACTOR = 10
+# However a client holds it (a host that never gives it a CPU), the clock moves after
+# this many times ``autojump_ms`` of real time.
+HELD_FACTOR = 100
 
 
 @dataclass
@@ -70,31 +75,32 @@ class Holders:
 
     def verdict(self, moved_at: int) -> dict[str, Any] | None:
         """None while the processes outside may hold the clock on; else the break's
-        figures (held, silent and CPU-wait ms)."""
+        figures (held, the least asleep since a request, the least CPU had, in ms)."""
         t, aj = time.monotonic_ns(), self.autojump_ns
         held = self.held(moved_at)
         if held < aj // 4:
             return None
         start = t - held
-        own = min(self._own(pid, o, t, max(start, o.since))
-                  for pid, o in self.outside.items())
+        figures = [self._own(pid, o, t, start) for pid, o in self.outside.items()]
         silent = t - max(start, self.last_heard)
-        excused = held - own
-        if silent - excused < aj and own < SPIN_FACTOR * aj:
+        slept = min(min(s, silent) for s, _ in figures)
+        ran = min(r for _, r in figures)
+        if slept < aj and ran < SPIN_FACTOR * aj and held < HELD_FACTOR * aj:
             return None
-        return {"held_ns": held, "silent_ms": round(silent / 1e6, 3),
-                "cpu_wait_ms": round(excused / 1e6, 3)}
+        return {"held_ns": held, "slept_ms": round(slept / 1e6, 3),
+                "ran_ms": round(ran / 1e6, 3)}
 
-    def _own(self, pid: int, o: _Outside, t: int, since: int) -> int:
-        """Of ``t - since``, what process ``pid`` did itself: all of it until its
-        threads were first read (a quarter of ``autojump_ms`` in), then ``own_ns`` of
-        the time since."""
+    def _own(self, pid: int, o: _Outside, t: int, since: int) -> tuple[int, int]:
+        """(slept, ran) of process ``pid`` over ``t - since``: all of it slept until its
+        threads were first read (a quarter of ``autojump_ms`` in), then
+        ``slept_and_ran`` of the time since."""
         if o.base is None or o.base[0] < since:
             threads = thread_times(pid)
             o.base = (t, threads) if threads is not None else None
-            return t - since
+            return t - since, 0
         t0, before = o.base
         after = thread_times(pid)
         if after is None:
-            return t - since
-        return (t0 - since) + own_ns(before, after, t - t0)
+            return t - since, 0
+        slept, ran = slept_and_ran(before, after, t - t0)
+        return (t0 - since) + slept, ran

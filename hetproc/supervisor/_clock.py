@@ -48,8 +48,8 @@ every thread of the process that used hetproc waits (``hetproc.client._vclock``)
 client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
 everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
 anyway and the jump counts as a determinism break, naming the client (``metrics``). The
-time counted is its own (``_autojump``): not what it waited for a CPU, restarted by a
-request, and up to ten times ``autojump_ms`` for a client that talks but never waits.
+time counted is its own (``_autojump``): asleep outside hetproc since its last request,
+or ten times as long at work (CPU), never what it waited for a CPU.
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
 supervisor's own decisions due then are made in its usual order).

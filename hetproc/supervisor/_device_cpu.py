@@ -100,17 +100,18 @@ def thread_times(pid: int) -> Threads | None:
     return out
 
 
-def own_ns(before: Threads, after: Threads, wall_ns: int) -> int:
-    """How much of ``wall_ns`` a process spent by its own doing (running, or asleep by
-    its own choice) rather than waiting for a CPU the host gave others: the least over
-    its threads seen both times (one thread that waits for a CPU is work in progress).
-    A thread runnable now is taken to have waited for the time not accounted yet (the
-    kernel adds a wait to ``schedstat`` only when it ends); one asleep, to have slept."""
-    own = wall_ns
+def slept_and_ran(before: Threads, after: Threads, wall_ns: int) -> tuple[int, int]:
+    """Of ``wall_ns``, how long a process slept by its own choice (every thread seen
+    both times asleep: the least over them; a thread that runs or waits for a CPU is work
+    in progress) and the most CPU one thread had (work, or a spin). A thread runnable now
+    is taken to have waited for the time not accounted yet (the kernel adds a wait to
+    ``schedstat`` only when it ends), not slept; what a thread waited for a CPU is the
+    host's load, in neither figure."""
+    slept, ran_most = wall_ns, 0
     for tid, (cpu, wait, runnable) in after.items():
         if tid not in before:
             continue
         ran, waited = cpu - before[tid][0], wait - before[tid][1]
-        mine = ran if runnable else max(0, wall_ns - waited)
-        own = min(own, mine)
-    return own
+        ran_most = max(ran_most, ran)
+        slept = min(slept, 0 if runnable else max(0, wall_ns - ran - waited))
+    return slept, ran_most
