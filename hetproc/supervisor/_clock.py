@@ -14,15 +14,17 @@ whether the whole platform waits (``turn``)::
        reaped yet, no request (cancel, park, preempt) written into a device's slot since
        it was last poked, no queue record written since its device was last poked (the
        rings' heads, read after the clients' slots)
-    3. then the loop's timers run at this instant (``settle``), step 1 and 2 again, and
-       the jump: the clock moves to the earliest next event -- a device's wake, a
-       scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
-       this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
-       timeout, a queue command's watchdog deadline, the stall watch's bound, an
-       incident's grace, a client's wait deadline -- and the devices whose wake came are
-       poked and their doorbells posted (the fence a device sleeps on is nudged: it does
-       not sleep on its doorbell then); a client whose wait's deadline or sleep's end
-       came is nudged on its fences, or its connection's bell
+    3. then the loop's timers run at this instant (``settle``) and step 1 and 2 again --
+       unless the loop's own timers of this turn ran while every waiter already waited
+       as it does now (``mark``: no slot's ``gen`` moved since) -- and the jump: the
+       clock moves to the earliest next event -- a device's wake, a scheduler's next
+       decision (``DeviceHandle.wake_ns``; nothing is decided ahead on this clock,
+       ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt timeout, a
+       queue command's watchdog deadline, the stall watch's bound, an incident's grace,
+       a client's wait deadline -- and the devices whose wake came are poked and their
+       doorbells posted (the fence a device sleeps on is nudged: it does not sleep on its
+       doorbell then); a client whose wait's deadline or sleep's end came is nudged on
+       its fences, or its connection's bell
 
 Nobody polls for the moment the platform becomes quiescent: the last waiter to block
 wakes the loop (a device's eventfd when every other device is blocked, a client's
@@ -122,6 +124,10 @@ class ClockOwner:
         # device must look at (a client's record reaches it with no supervisor hop).
         self._heads: list[tuple[int, ...]] = [()] * devices
         self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
+        # The waiters' generations when the loop's timers last began (``mark``); None:
+        # unknown, the turn settles.
+        self._marked: list[int] | None = None
+        self._slots = devices + clients
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
         self._order = sorted(reg.devices.values(), key=lambda d: d.index)
@@ -160,12 +166,17 @@ class ClockOwner:
         steps); ``busy``: the loop has work of its own this turn; ``on_tick``: nothing
         woke the loop (no waiter said it might be the last: counted). True when it moved."""
         now = self.clock.now_ns()
-        if busy or self._quiet(now) is None:
-            return self._not_quiet()
-        self.settle()  # the timers at this instant (a watchdog's first sight of a command)
-        quiet = self._quiet(now)
+        marked, self._marked = self._marked, None
+        quiet = None if busy else self._quiet(now)
         if quiet is None:
             return self._not_quiet()
+        if marked != self.clock.generations(self._slots):
+            # Somebody ran since the loop's timers looked: they look again at this
+            # instant (a watchdog's first sight of a command), and so does step 1 and 2.
+            self.settle()
+            quiet = self._quiet(now)
+            if quiet is None:
+                return self._not_quiet()
         wakes, running = quiet
         wakes.extend(dev.wake_ns for dev in self.reg.devices.values() if dev.wake_ns > 0)
         wakes.extend(self._timers())
@@ -177,6 +188,13 @@ class ClockOwner:
         self._jump(min(later))
         self.tick_jumps += on_tick
         return True
+
+    def mark(self) -> None:
+        """The loop's timers (``settle``) are about to run: a turn after them that finds
+        every slot's ``gen`` unchanged and the platform quiet knows they saw the platform
+        as it is (nobody ran since; the clock moves only in ``turn``), and skips running
+        them again. Reading every slot is one strided copy."""
+        self._marked = self.clock.generations(self._slots)
 
     def devices_blocked(self) -> bool:
         """Every device blocked with no news (as a device that blocks last sees it)."""
