@@ -202,7 +202,7 @@ class Recovery:
                 return  # the previous command's start time: this one's is not written yet
             cmd.watch_deadline = started + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
-            cmd.watch_cpu = self.device_cpu.read(dev)[1]
+            cmd.watch_cpu = self.device_cpu.stamp(dev)
             return
         blocked = None if cmd.preemptible else preempt_timeout(self.reg, dev, cmd, now)
         if blocked is not None:

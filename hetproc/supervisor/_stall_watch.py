@@ -100,7 +100,7 @@ class StallWatch:
         if quiet is None or quiet.signature != signature:
             beat = self.reg.engine(dev).heartbeat_interval_ms  # 0: no hang check
             bound = max(self.reg.scaled_ns(beat), QUIET_FLOOR_NS) if beat else 0
-            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1], bound)
+            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.stamp(dev), bound)
             return None
         if not quiet.bound or now - quiet.since < quiet.bound:
             return None
