@@ -52,7 +52,7 @@ from __future__ import annotations
 import random
 import select
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import posix_ipc
@@ -128,6 +128,8 @@ class ClockOwner:
         # unknown, the turn settles.
         self._marked: list[int] | None = None
         self._slots = devices + clients
+        self._poller = select.poll()  # what ``_traffic`` polls, kept while it stays the same
+        self._polled: tuple[Any, ...] = ()
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
         self._order = sorted(reg.devices.values(), key=lambda d: d.index)
@@ -231,8 +233,8 @@ class ClockOwner:
         """Records written into a device's queues since the last look (the rings'
         heads moved; no supervisor hop tells of a record): the device is poked to look
         at them (until it has, its slot shows news it has not seen)."""
-        if self.queues is None:
-            return False
+        if self.queues is None or (not self.queues.open_queues and not any(self._heads)):
+            return False  # no queue, and none since the last look: no head can move
         news = False
         for dev in self.reg.devices.values():
             heads = tuple(q.ring.head for q in self.queues.open_queues.values()
@@ -331,7 +333,19 @@ class ClockOwner:
             return True
         if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
             return True
-        return _readable([c.conn for c in clients] + [d.pidfd for d in devices if d.pidfd >= 0])
+        return self._readable([c.conn for c in clients]
+                              + [d.pidfd for d in devices if d.pidfd >= 0])
+
+    def _readable(self, conns: list[Any]) -> bool:
+        """Whether any of ``conns`` (sockets, descriptors) is readable now: one poll with
+        no wait, on a poller kept while the set stays the same (the common case)."""
+        key = tuple(conns)
+        if key != self._polled:
+            self._poller = select.poll()
+            for conn in conns:
+                self._poller.register(conn, select.POLLIN)
+            self._polled = key
+        return bool(conns and self._poller.poll(0))
 
     def _autojump(self, running: list[ClientRec]) -> bool:
         """Only clients outside hetproc waits hold the clock: after ``autojump_ms`` real
@@ -385,12 +399,3 @@ class ClockOwner:
                 "jumps_on_tick": self.tick_jumps,
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients)}
-
-
-def _readable(conns: Iterable[Any]) -> bool:
-    poller = select.poll()
-    n = 0
-    for conn in conns:
-        poller.register(conn, select.POLLIN)
-        n += 1
-    return bool(n and poller.poll(0))
