@@ -100,10 +100,9 @@ def _running(options: dict[str, Any], breaks: str) -> Iterator[Platform]:
         plat.stop()
     assert_no_leftovers(plat.prefix, pids)
     if broken:
-        text = (f"{broken['count']} determinism break(s) on the virtual clock: client(s) "
-                f"{', '.join(broken['clients'])} blocked outside a hetproc wait (time.sleep, "
-                "a socket of their own, a spin) until the clock moved without them; use "
-                "hetproc.sleep / a fence wait, or mark the test breaks='warn'")
+        text = (f"{broken['count']} determinism break(s) on the virtual clock: "
+                f"{_holders(broken)} until the clock moved without them; use hetproc.sleep "
+                "/ a fence wait, or mark the test breaks='warn'")
         if breaks == "warn":
             warnings.warn(text, DeterminismBreakWarning, stacklevel=2)
         else:
@@ -118,7 +117,20 @@ def _breaks(plat: Platform) -> dict[str, Any]:
     count = int(clock.get("determinism_breaks") or 0)
     if not count:
         return {}
-    return {"count": count, "clients": sorted(clock.get("determinism_break_clients") or {})}
+    return {"count": count, "clients": sorted(clock.get("determinism_break_clients") or {}),
+            "devices": sorted(clock.get("determinism_break_devices") or {})}
+
+
+def _holders(broken: dict[str, Any]) -> str:
+    """Who held the clock, as a test failure names them."""
+    parts = []
+    if broken["clients"]:
+        parts.append(f"client(s) {', '.join(broken['clients'])} blocked outside a hetproc "
+                     "wait (time.sleep, a socket of their own, a spin)")
+    if broken["devices"]:
+        parts.append(f"device(s) {', '.join(broken['devices'])} stopped by a signal "
+                     "(SIGSTOP, a tracer)")
+    return " and ".join(parts) or "something outside hetproc held it"
 
 
 @pytest.fixture

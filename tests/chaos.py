@@ -550,7 +550,7 @@ class _Run:
                                       "pipeline": collections.Counter(),
                                       "model": collections.Counter(),
                                       "signals": collections.Counter(), "roles": 0,
-                                      "read_only_faults": 0}
+                                      "read_only_faults": 0, "device_stops": 0}
         self.child: subprocess.Popen | None = None
         self.hostile: subprocess.Popen | None = None
         self.ro_writer: subprocess.Popen | None = None
@@ -561,6 +561,9 @@ class _Run:
         self.qrng = queue_rng(seed)
         # ... and so do the draws added with non-preemptible commands.
         self.nopre_rng = random.Random(f"nopre-{seed}")
+        # ... and those of a device stopped (SIGSTOP) rather than killed.
+        self.stop_rng = random.Random(f"stop-{seed}")
+        self.stopped: tuple[str, int] | None = None  # (device, pid) stopped this round
         self.queue_device = draw_queue(self.qrng)
         self.queue: hetproc.Queue | None = None
         self.queue_ctx: hetproc.Context | None = None
@@ -741,14 +744,8 @@ class _Run:
         if self.mix.signal_rights and rng.random() < 0.4:
             pending += self.signal_item(views)
 
-        if rng.random() < 0.3:  # SIGKILL a device while commands are in flight
-            pid = a.metrics()["devices"][rng.choice(DEVICES)]["pid"]
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    tally["device_kills"] += 1
-                except ProcessLookupError:
-                    pass
+        if rng.random() < 0.3:  # SIGKILL (or SIGSTOP) a device while commands are in flight
+            self.kill_or_stop(rng.choice(DEVICES))
 
         if rnd == self.wedge_at and self.wedge_device:
             self.wedge()
@@ -780,6 +777,7 @@ class _Run:
             elif out is not None and not _right(kernel, out.array(), want):
                 tally["wrong"].append((rnd, label))
         self.ph.check(not tally["wrong"], f"successful commands were wrong: {tally}")
+        self.cont_stopped()
         if rnd == self.wedge_at and self.wedge_device:
             self.unwedge()
         self.queue_verdict(rnd, queued)
@@ -796,6 +794,31 @@ class _Run:
             outs[k].free()
             outs[k] = a.alloc(N)
             self.new_canary()
+
+    def kill_or_stop(self, dev: str) -> None:
+        """SIGKILL the device, or (a third of the draws) SIGSTOP it: a stopped device
+        never answers, so the watchdog or the stall watch must reset it, on either clock
+        (on the virtual one the clock moves past it after ``autojump_ms``)."""
+        pid = self.plat.client.metrics()["devices"][dev]["pid"]
+        stop = self.stop_rng.random() < 1 / 3
+        if not pid:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP if stop else signal.SIGKILL)
+            self.tally["device_stops" if stop else "device_kills"] += 1
+            if stop:
+                self.stopped = (dev, pid)
+
+    def cont_stopped(self) -> None:
+        """The round's commands all ended: a device stopped in it and still the same
+        process (it had no work, so nothing reset it) is continued."""
+        if self.stopped is None:
+            return
+        dev, pid = self.stopped
+        self.stopped = None
+        if self.plat.client.metrics()["devices"][dev]["pid"] == pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def wedge(self) -> None:
         """Kill the wedge device with both attempts to reset it failing: every command it

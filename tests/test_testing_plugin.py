@@ -125,3 +125,26 @@ def test_x(hetproc_platform):
     result = pytester.runpytest("-p", "no:cacheprovider")
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*breaks must be one of fail, warn*"])
+
+
+STOPPING_TEST = '''
+import os, signal, pytest, hetproc
+
+@pytest.mark.hetproc_clock("virtual")
+def test_stops_a_device(hetproc_platform):
+    c = hetproc_platform.client
+    pid = c.metrics()["devices"]["npu0"]["pid"]
+    f = c.context("npu0").submit("work", ms=500)
+    hetproc.sleep(10)
+    os.kill(pid, signal.SIGSTOP)
+    with pytest.raises(hetproc.DeviceTimeout):
+        f.wait(5)
+'''
+
+
+def test_a_device_stopped_by_the_test_fails_it_naming_the_device_not_a_client(pytester):
+    pytester.makepyfile(STOPPING_TEST)
+    result = pytester.runpytest("--strict-markers", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*determinism break(s)*device(s) npu0 stopped by a signal*"])
+    result.stdout.no_fnmatch_line("*client(s)*")

@@ -8,6 +8,8 @@ time in real time. Wall times are printed, never asserted.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import threading
 import time
 
@@ -146,6 +148,31 @@ def test_a_client_sleeping_outside_hetproc_is_a_determinism_break_and_named():
         assert events and events[0]["clients"] == ["owner", "sleepy"]
         assert "determinism_break_clients" not in sleepy.metrics()["clock"]  # owner's to see
         sleepy.close()
+
+
+def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever():
+    """A stopped device never blocks, so the clock would wait for it for good (and the
+    client's wait for its real backstop): once the clock has been held for autojump_ms,
+    the stopped device counts as blocked, and the watchdog fires at its modeled instant,
+    the grace runs, the kill (SIGKILL reaches a stopped process) and the restart follow.
+    Each jump through it is a determinism break naming the device, never a client."""
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        c = plat.client
+        pid = plat.metrics()["devices"]["npu0"]["pid"]
+        t0 = plat.now()
+        f = c.context("npu0").submit_nowait("work", ms=500)
+        hetproc.sleep(10)  # it started: its watchdog counts from its start
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(errors.DeviceTimeout):
+            f.wait(5)
+        assert f.signal_time() - t0 == 250 * MS  # watchdog 200 ms, then grace 50 ms
+        clock = plat.metrics()["clock"]
+        assert clock["determinism_breaks"] >= 1
+        assert set(clock["determinism_break_devices"]) == {"npu0"}
+        assert clock["determinism_break_clients"] == {}
+        after = c.context("npu0").submit("work", ms=3)
+        after.wait(5)
+        assert plat.metrics()["devices"]["npu0"]["pid"] != pid  # a new process
 
 
 def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():

@@ -129,9 +129,14 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
                                    FENCE_SLICE_S if THREADS.alone() else THREADS_SLICE_S)
             if code is not None:
                 return code
-            if now() >= deadline or time.monotonic() > backstop:
+            if now() >= deadline:
                 raise errors.FenceTimeout(
                     f"fence {handle:#x} still pending after {timeout_s:.3f} s (virtual clock)")
+            if time.monotonic() > backstop:  # not modeled time: say what ran out
+                raise errors.FenceTimeout(
+                    f"fence {handle:#x} still pending, and the virtual clock did not reach "
+                    f"the wait's {timeout_s:.3f} s deadline in {REAL_BACKSTOP_S:.0f} s of "
+                    "real time (something outside hetproc holds it)")
             if not conn.supervisor_alive():
                 raise errors.SupervisorLost("the supervisor died while this fence was pending")
             THREADS.look()

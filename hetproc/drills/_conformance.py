@@ -89,6 +89,10 @@ _DRILL_CASES = [
     ("hetproc/crash", "hetproc drill", "crash",
      "the device process dies mid-command: DeviceCrashed (scope device), reaped, restarted "
      "with a new epoch, next request served"),
+    ("hetproc/stopped", "hetproc drill", "stopped",
+     "a device process stopped by SIGSTOP mid-command (it cannot acknowledge the cancel) "
+     "is timed out (DeviceTimeout, scope context), killed after the grace, reaped and "
+     "restarted; on the virtual clock each jump past it is a determinism break naming it"),
     ("hetproc/lost-fence", "hetproc drill", "lost-fence",
      "a completion whose signal is lost is found and repaired by the supervisor: its "
      "dependant runs, nobody waits past watchdog + grace"),

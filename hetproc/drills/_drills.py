@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import signal
 import subprocess
 import sys
@@ -284,6 +285,32 @@ def _crash(d: Drill) -> None:
     d.s.check("stop confirmed by reaping", inc is not None and inc["confirmed_stop"] == "reaped")
     d.s.check("device restarted with a new epoch",
               d.client.metrics()["devices"]["npu0"]["epoch"] == epoch + 1)
+    d.next_request_succeeds("npu0")
+    ctx.close()
+    d.finish(base)
+
+
+@drill("stopped", "the device process is stopped (SIGSTOP) mid-command: it cannot even "
+       "acknowledge a cancel; the watchdog isolates it (SIGKILL), restarts it, probes")
+def _stopped(d: Drill) -> None:
+    base = d.start()
+    dev = d.client.metrics()["devices"]["npu0"]
+    ctx = d.client.context("npu0", name="victim")
+    guilty = ctx.submit("work", ms=500)
+    d.sleep(10)  # it runs: its watchdog counts from its start
+    os.kill(dev["pid"], signal.SIGSTOP)  # ours: the platform's own device process
+    d.expect_error(guilty, errors.DeviceTimeout, "context")
+    inc = d.incident()
+    d.s.check("stop confirmed by reaping the killed process",
+              inc is not None and inc["confirmed_stop"] == "reaped" and inc["killed"])
+    d.s.check("device restarted with a new epoch",
+              d.client.metrics()["devices"]["npu0"]["epoch"] == dev["epoch"] + 1)
+    clock = d.client.metrics().get("clock") or {}
+    if clock.get("clock") == "virtual":  # the clock moved past the stopped device: said
+        d.s.check("each jump past the stopped device is a determinism break naming it",
+                  set(clock.get("determinism_break_devices") or {}) == {"npu0"}
+                  and not clock.get("determinism_break_clients"), str(clock))
+    _check_context_lost(d, ctx)
     d.next_request_succeeds("npu0")
     ctx.close()
     d.finish(base)

@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from ._queues import Queues
 
 NO_WAKE = clock.NO_WAKE
+STOP_LOOK_NS = 5_000_000  # real ns between looks for stopped devices while the clock is held
 
 
 class PokingDoorbell(posix_ipc.Semaphore):
@@ -117,6 +118,9 @@ class ClockOwner:
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
+        self.break_devices: dict[str, int] = {}
+        self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
+        self._next_stop_look = 0  # real ns: when a held clock may look for stopped devices
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
@@ -169,14 +173,15 @@ class ClockOwner:
         woke the loop (no waiter said it might be the last: counted). True when it moved."""
         now = self.clock.now_ns()
         marked, self._marked = self._marked, None
-        quiet = None if busy else self._quiet(now)
+        stopped = self._stopped_devices() if not busy else frozenset()
+        quiet = None if busy else self._quiet(now, stopped)
         if quiet is None:
             return self._not_quiet()
         if marked != self.clock.generations(self._slots):
             # Somebody ran since the loop's timers looked: they look again at this
             # instant (a watchdog's first sight of a command), and so does step 1 and 2.
             self.settle()
-            quiet = self._quiet(now)
+            quiet = self._quiet(now, stopped)
             if quiet is None:
                 return self._not_quiet()
         wakes, running = quiet
@@ -185,7 +190,10 @@ class ClockOwner:
         later = [t for t in wakes if t > now]
         if not later:  # nothing to move to (it waits for a client): no jump, no break
             return self._not_quiet()
-        if running and not self._autojump(running):
+        if stopped:  # held for autojump_ms already (``_stopped_devices``): move now
+            self._count_break(sorted({c.name for c in running}), stopped,
+                              time.monotonic_ns() - self._moved_at)
+        elif running and not self._autojump(running):
             return False
         self._jump(min(later))
         self.tick_jumps += on_tick
@@ -202,12 +210,29 @@ class ClockOwner:
         """Every device blocked with no news (as a device that blocks last sees it)."""
         return self.clock.all_blocked(range(len(self.waiters)))
 
-    def _quiet(self, now: int) -> tuple[list[int], list[ClientRec]] | None:
+    def _stopped_devices(self) -> frozenset[str]:
+        """The devices stopped by a signal (SIGSTOP, a tracer), once the clock has not
+        moved for ``autojump_ms`` real ms: such a device never blocks, so nothing else
+        would ever move the clock (the watchdog that catches it on the real clock could
+        not fire). It then counts as blocked with no wake, and the jump is a determinism
+        break naming it. Looked for only then, and every few ms: a running platform
+        pays one clock read per turn."""
+        t = time.monotonic_ns()
+        if t - self._moved_at < self.autojump_ns or t < self._next_stop_look:
+            return frozenset()
+        self._next_stop_look = t + STOP_LOOK_NS
+        cpu = self.recovery.device_cpu
+        return frozenset(dev.name for dev in self.reg.devices.values()
+                         if dev.pid and cpu.stopped(dev))
+
+    def _quiet(self, now: int, stopped: frozenset[str] = frozenset(),
+               ) -> tuple[list[int], list[ClientRec]] | None:
         """Steps 1 and 2: the waiters' wakes and the connections of client processes
-        that are not in a hetproc wait; None when something runs or is in flight."""
+        that are not in a hetproc wait; None when something runs or is in flight.
+        ``stopped``: devices that count as blocked with no wake (``_stopped_devices``)."""
         if self._new_requests():
             return None
-        wakes = self._device_wakes(now)
+        wakes = self._device_wakes(now, stopped)
         clients = self._client_wakes(now) if wakes is not None else None
         # The heads after the clients' slots: a record is written before its writer
         # blocks, so a blocked writer's records are seen here.
@@ -276,13 +301,15 @@ class ClockOwner:
                             self.reg.engine(dev).preempt_timeout_ms))
         return out
 
-    def _device_wakes(self, now: int) -> list[int] | None:
+    def _device_wakes(self, now: int, stopped: frozenset[str]) -> list[int] | None:
         wakes = []
         for dev in self.reg.devices.values():
             if not dev.pid and dev.name in self.reg.wedged:
                 continue  # down for good: it waits for nothing
             snap = self.waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
+                if dev.name in stopped:
+                    continue
                 return None
             wake, fences = snap
             if wake <= now:  # blocked after the jump that reached its wake looked: wake it
@@ -356,13 +383,19 @@ class ClockOwner:
             return False
         if t - self._stuck_since < self.autojump_ns:
             return False
-        self.breaks += 1
-        names = sorted({c.name for c in running})
-        for name in names:
-            self.break_clients[name] = self.break_clients.get(name, 0) + 1
-        self.reg.note_event("determinism_break", clients=names, now_ns=self.clock.now_ns(),
-                            held_ms=round((t - self._stuck_since) / 1e6, 3))
+        self._count_break(sorted({c.name for c in running}), frozenset(),
+                          t - self._stuck_since)
         return True
+
+    def _count_break(self, clients: list[str], devices: frozenset[str], held_ns: int) -> None:
+        """A jump that did not wait for everybody: counted, its holders named."""
+        self.breaks += 1
+        for name in clients:
+            self.break_clients[name] = self.break_clients.get(name, 0) + 1
+        for name in devices:
+            self.break_devices[name] = self.break_devices.get(name, 0) + 1
+        self.reg.note_event("determinism_break", clients=clients, devices=sorted(devices),
+                            now_ns=self.clock.now_ns(), held_ms=round(held_ns / 1e6, 3))
 
     def _not_quiet(self) -> bool:
         self._stuck_since = 0
@@ -372,6 +405,7 @@ class ClockOwner:
         """The clock to ``t``; the devices whose wake came, or whose command's watchdog
         looks at the next ns (``_timers``), are poked, in the tie seed's order."""
         self._stuck_since = 0
+        self._moved_at = time.monotonic_ns()
         self.clock.advance(t)
         looking = {name for name, deadline in self._looks() if deadline == t + 1}
         for dev in self._order:
@@ -398,4 +432,5 @@ class ClockOwner:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
                 "jumps_on_tick": self.tick_jumps,
                 "determinism_breaks": self.breaks,
-                "determinism_break_clients": dict(self.break_clients)}
+                "determinism_break_clients": dict(self.break_clients),
+                "determinism_break_devices": dict(self.break_devices)}

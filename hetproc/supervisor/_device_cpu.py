@@ -27,24 +27,34 @@ class DeviceCpu:
 
     def read(self, dev: DeviceHandle) -> tuple[bool, int]:
         """``(runnable, cpu_ns)``; ``(False, -1)`` when the process cannot be read."""
+        state, cpu = self._look(dev)
+        return state == b"R", cpu
+
+    def stopped(self, dev: DeviceHandle) -> bool:
+        """Whether the process is stopped by a signal (SIGSTOP, a tracer): it shows no
+        sign of life until somebody continues it, however long anything waits for it."""
+        return self._look(dev)[0] in (b"T", b"t")
+
+    def _look(self, dev: DeviceHandle) -> tuple[bytes, int]:
+        """``(state letter, cpu_ns)``; ``(b"", -1)`` when the process cannot be read."""
         entry = self._fds.get(dev.name)
         if entry is None or entry[0] != dev.pid:
             self._forget(dev.name)
             try:
                 stat = os.open(f"/proc/{dev.pid}/stat", os.O_RDONLY)
             except OSError:
-                return False, -1
+                return b"", -1
             try:
                 sched = os.open(f"/proc/{dev.pid}/schedstat", os.O_RDONLY)
             except OSError:
                 os.close(stat)
-                return False, -1
+                return b"", -1
             entry = self._fds[dev.name] = (dev.pid, stat, sched)
         try:
             state = os.pread(entry[1], 512, 0).rpartition(b")")[2].split()[0]
-            return state == b"R", int(os.pread(entry[2], 128, 0).split()[0])
+            return state, int(os.pread(entry[2], 128, 0).split()[0])
         except (OSError, ValueError, IndexError):
-            return False, -1
+            return b"", -1
 
     def stamp(self, dev: DeviceHandle) -> int:
         """The CPU ``dev`` has had, for a later ``unused_budget`` (-1: none to compare
