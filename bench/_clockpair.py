@@ -17,6 +17,7 @@ virtual clock, in the same bench run, with the same options. Per run the rows sa
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from hetproc.drills import run_drill, run_scenario
@@ -32,9 +33,15 @@ PAIRS = (("video_pipeline", "video_pipeline", {"frames": 40}, {"frames": 1000}),
 
 
 def _run(scenario: str | None, label: str, options: dict[str, Any], clock: str) -> dict:
+    """One run's report, with the CPU this process (its client) spent on it: the
+    report's entry for the client is the whole bench process's so far."""
+    cpu0 = time.process_time()
     if scenario is None:
-        return run_drill(label.split()[-1], clock=clock)
-    return run_scenario(scenario, options=options, clock=clock)
+        r = run_drill(label.split()[-1], clock=clock)
+    else:
+        r = run_scenario(scenario, options=options, clock=clock)
+    r["bench_client_cpu_s"] = time.process_time() - cpu0
+    return r
 
 
 def _platform(r: dict[str, Any]) -> dict[str, Any]:

@@ -47,10 +47,14 @@ def cpu_by_kind(report: dict[str, Any]) -> dict[str, float]:
 
 def component_rows(label: str, report: dict[str, Any], rtt_us: float) -> list[dict]:
     """Host CPU per command of each process kind of one run, against the semaphore
-    round trip of the same bench run."""
+    round trip of the same bench run. A run whose client was the calling process says
+    what it spent (``bench_client_cpu_s``): its ``cpu_s`` entry is the process's life."""
     n = report.get("trace_commands") or 0
+    kinds = cpu_by_kind(report)
+    if report.get("bench_client_cpu_s") is not None:
+        kinds["clients"] = report["bench_client_cpu_s"]
     rows = []
-    for kind, seconds in cpu_by_kind(report).items():
+    for kind, seconds in kinds.items():
         rows.append(make_row(f"{label}: {kind} CPU per command / sem rtt",
                              seconds * 1e6 / n if n and seconds else None, rtt_us))
     return rows
