@@ -83,7 +83,9 @@ class StallWatch:
         a late writer sleeping between its stores shows no sign of moving, yet its own
         watchdog decides."""
         slot = self.reg.slots[dev.index]
-        if (not dev.pid or dev.paused or not self.owes_work(dev, slot) or timed(dev, slot)
+        # (every loop turn, for every device that owes work: the cheap tests first;
+        # each is a plain look, so their order changes no outcome)
+        if (not dev.pid or dev.paused or timed(dev, slot) or not self.owes_work(dev, slot)
                 or self.queue_timing(dev.name)):
             self._quiet.pop(dev.name, None)
             return None
