@@ -39,11 +39,12 @@ if TYPE_CHECKING:
     from ._connection import Connection
 
 # A fence wait looks at the clock (its deadline) and the supervisor this often if no
-# nudge comes: a fallback, the jump to its deadline nudges it. (Each slice is a wake-up of
-# the client: at 2 ms they were most of its wake-ups on a busy pipeline.) With other
-# known threads it also looks for ended ones (``_Threads.look``), which hold the clock
-# until then: sooner, well within any ``autojump_ms``.
-FENCE_SLICE_S = 0.05
+# nudge comes: a fallback, the jump to its deadline nudges it, but a supervisor that died
+# is seen only here. (Each slice is a wake-up of the client: at 2 ms they were most of its
+# wake-ups on a busy pipeline.) With other known threads it also looks for ended ones
+# (``_Threads.look``), which hold the clock until then: sooner, well within any
+# ``autojump_ms``.
+FENCE_SLICE_S = 0.01
 THREADS_SLICE_S = 0.002
 SLEEP_SLICE_S = 0.0005  # ``sleep`` polls the clock word this often (no bell: an old supervisor)
 BELL_SLICE_S = 0.02     # ``sleep`` on its bell looks this often if no nudge comes
