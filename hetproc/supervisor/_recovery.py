@@ -170,13 +170,14 @@ class Recovery:
     # -- watchdog ---------------------------------------------------------------------
 
     def tick(self, now: int) -> None:
+        active, owed = self.active, self.queue_owed  # (every loop turn: kept short)
         for dev in self.reg.devices.values():
-            inc = self.active.get(dev.name)
+            inc = active.get(dev.name) if active else None
             if inc is not None:
                 if not inc.confirmed and inc.grace_deadline and now >= inc.grace_deadline:
                     self.isolate(dev, inc)
                 continue
-            if not dev.pushed and not self.queue_owed(dev):  # nothing to time, nothing owed
+            if not dev.pushed and not owed(dev):  # nothing to time, nothing owed
                 self.stall.forget(dev.name)
                 continue
             self.watch(dev, now)
@@ -202,7 +203,7 @@ class Recovery:
                 return  # the previous command's start time: this one's is not written yet
             cmd.watch_deadline = started + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
-            cmd.watch_cpu = self.device_cpu.read(dev)[1]
+            cmd.watch_cpu = self.device_cpu.stamp(dev)
             return
         blocked = None if cmd.preemptible else preempt_timeout(self.reg, dev, cmd, now)
         if blocked is not None:

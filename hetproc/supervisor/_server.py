@@ -225,6 +225,8 @@ class Supervisor:
                     self.on_device_death(obj)
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
+            if vclock is not None:
+                vclock.mark()  # (the turn below need not run these timers again)
             self.tick()
             if self.fencefds.watching:
                 self.fencefds.sweep(news)
