@@ -10,16 +10,20 @@ virtual clock, in the same bench run, with the same options. Per run the rows sa
   (the issue's target for the acceptance matrix: 0.2, five times faster);
 * ``host cost per jump``: the virtual run's wall seconds, and the CPU seconds of its
   platform's processes, over the clock's jumps (every event the clock moved to), against
-  the raw semaphore round trip: how many fence round trips one modeled event costs.
+  the raw semaphore round trip: how many fence round trips one modeled event costs;
+* ``CPU per command`` of the virtual run's supervisor, devices and clients
+  (``clock_matrix.component_rows``): where that host time goes.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from hetproc.drills import run_drill, run_scenario
 
 from ._registry import make_row
+from .clock_matrix import component_rows
 
 # (label, scenario or None for a drill, quick options, full options)
 PAIRS = (("video_pipeline", "video_pipeline", {"frames": 40}, {"frames": 1000}),
@@ -29,9 +33,15 @@ PAIRS = (("video_pipeline", "video_pipeline", {"frames": 40}, {"frames": 1000}),
 
 
 def _run(scenario: str | None, label: str, options: dict[str, Any], clock: str) -> dict:
+    """One run's report, with the CPU this process (its client) spent on it: the
+    report's entry for the client is the whole bench process's so far."""
+    cpu0 = time.process_time()
     if scenario is None:
-        return run_drill(label.split()[-1], clock=clock)
-    return run_scenario(scenario, options=options, clock=clock)
+        r = run_drill(label.split()[-1], clock=clock)
+    else:
+        r = run_scenario(scenario, options=options, clock=clock)
+    r["bench_client_cpu_s"] = time.process_time() - cpu0
+    return r
 
 
 def _platform(r: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +73,7 @@ def _rows(label: str, real: dict[str, Any], virt: dict[str, Any], rtt_us: float)
                          wall_v * 1e6 / jumps if wall_v and jumps else None, rtt_us))
     rows.append(make_row(f"{label}: virtual host CPU per jump (all its processes) / sem rtt",
                          cpu * 1e6 / jumps if cpu is not None and jumps else None, rtt_us))
-    return rows
+    return rows + component_rows(f"{label}, virtual", virt, rtt_us)
 
 
 def pair_rows(quick: bool, rtt_us: float) -> tuple[list[dict], dict[str, Any]]:

@@ -22,7 +22,11 @@ improve. One row has one: the dated workload run again (3 runs, 10 in a full run
 one trace digest, whatever the host's load.
 
 Then the same runs on both clocks (``_clockpair``): modeled / wall on each, the virtual
-run's wall against the real one's, and the host cost of one jump of the virtual clock.
+run's wall against the real one's, the host cost of one jump of the virtual clock, and
+the CPU per command of each process kind. In a full run (not ``--quick``: about 40 s
+more), the quick acceptance matrix on both clocks (``clock_matrix``): the virtual run's
+wall against the real one's (target 0.2: five times faster), and how much of it is
+platform start and stop.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from ._baselines import raw_result
 from ._clockpair import pair_rows
 from ._registry import benchmark, make_row
 from ._stats import summarize
+from .clock_matrix import compare, matrix_rows
 
 MS = 1_000_000
 # (scenario, quick options, full options), at time scale 1 unless the scenario needs less
@@ -120,7 +125,10 @@ def clock(quick: bool) -> dict:
     rows.append(make_row(f"dated ahead: distinct trace digests over {len(again)} runs", None,
                          value=len(digests), unit="digests", target="1", ok=len(digests) == 1))
     pairs, pair_runs = pair_rows(quick, rtt_us)
+    matrix = None if quick else compare(quick=True)
+    if matrix is not None:
+        pairs += matrix_rows(matrix)
     return {"rows": rows + pairs, "runs": {k: _fields(r) for k, r in runs.items()},
-            "pairs": pair_runs,
+            "pairs": pair_runs, "matrix": matrix,
             "dated_digests": [r["trace_digest"] for r in again],
             "dated_lags": [r["lags"] for r in again]}

@@ -501,7 +501,27 @@ _TABLE: dict[str, _Op] = {
 OPS: tuple[str, ...] = tuple(_TABLE)
 
 
+# Operands found valid, by (shape, dtype): every command checks its operands twice (the
+# supervisor's ``validate``, the device's ``run_kernel``), mostly with the same few
+# layouts. Only exact ints and a dtype given as a str or an ``np.dtype`` are kept, so an
+# invalid operand can never equal a cached one (``2.0 == 2``, ``True == 1``).
+_SPECS: dict[tuple[tuple[int, ...], Any], Spec] = {}
+_SPECS_MAX = 4096
+
+
 def _spec(shape: Any, dtype: Any, name: str) -> Spec:
+    if (type(shape) is tuple and (type(dtype) is str or isinstance(dtype, np.dtype))
+            and all(type(d) is int for d in shape)):
+        spec = _SPECS.get((shape, dtype))
+        if spec is None:
+            spec = _checked_spec(shape, dtype, name)
+            if len(_SPECS) < _SPECS_MAX:
+                _SPECS[(shape, dtype)] = spec
+        return spec
+    return _checked_spec(shape, dtype, name)
+
+
+def _checked_spec(shape: Any, dtype: Any, name: str) -> Spec:
     try:
         shp = tuple(shape)
         if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) >= 0

@@ -188,6 +188,13 @@ class VirtualClock:
     def waiter(self, slot: int) -> Waiter:
         return Waiter(self._q, slot)
 
+    def generations(self, slots: int) -> list[int]:
+        """The ``gen`` word of the first ``slots`` waiter slots: a slot whose ``gen`` did
+        not change between two reads was not registered anew in between (a waiter that
+        runs and blocks again moves it)."""
+        start = _HEADER_WORDS + GEN
+        return self._q[start:start + slots * SLOT_WORDS:SLOT_WORDS].tolist()
+
     def all_blocked(self, slots: range, but: int = -1) -> bool:
         """Whether every waiter of ``slots`` (but ``but``) is blocked with no news: the
         one that blocks now may be the platform's last, and wakes the supervisor."""

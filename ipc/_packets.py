@@ -316,9 +316,15 @@ class Tuple(Spec):
             _check(spec, v, (where, "[", i))
 
     def _predicate(self) -> Callable[[Any], bool]:
-        preds, n = tuple(_pred(i) for i in self.items), len(self.items)
-        return lambda v: (type(v) is list and len(v) == n
-                          and all(p(x) for p, x in zip(preds, v)))
+        # Unrolled into one expression (``p0(v[0]) and p1(v[1]) ...``): a record's tuples
+        # are checked per completion, and a generator per tuple cost more than its items.
+        n = len(self.items)
+        scope: dict[str, Any] = {f"p{i}": _pred(item) for i, item in enumerate(self.items)}
+        terms = "".join(f" and p{i}(v[{i}])" for i in range(n))
+        source = f"def ok(v):\n    return type(v) is list and len(v) == {n}{terms}\n"
+        exec(compile(source, "<Tuple predicate>", "exec"), scope)
+        ok: Callable[[Any], bool] = scope["ok"]
+        return ok
 
 
 @dataclass(frozen=True)
@@ -385,6 +391,9 @@ class OneOf(Spec):
     def _predicate(self) -> Callable[[Any], bool]:
         nil = None in self.options
         preds = tuple(_pred(o) for o in self.options if o is not None)
+        if len(preds) == 1:  # (the common "nil or one form": no generator per value)
+            only = preds[0]
+            return lambda v: (nil and v is None) or only(v)
         return lambda v: (nil and v is None) or any(p(v) for p in preds)
 
 

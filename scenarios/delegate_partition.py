@@ -1,14 +1,16 @@
 """Delegates on a real topology (seed §2, §13): an ONNX model partitioned across the NPU,
 GPU and CPU, compiled into cached assets, run one command per partition.
 
-* placement: a real topology the ``onnx`` package ships (SqueezeNet; constant-fill
-  weights) with the default cost-weighed options, and a MobileNet-like network with seeded
+* placement: a real topology the ``onnx`` package ships (SqueezeNet; its constant fills
+  replaced by seeded weights, ``with_seeded_weights``: constant weights blow its
+  activations up to ~1e10, where rounding alone decides the softmax) with the default
+  cost-weighed options, and a MobileNet-like network with seeded
   weights spread over every device that takes its ops (npu0, gpu0, dsp0, cpu0); the
   placement log and the TFLite-style summary lines go in the notes;
 * asset cache: a cold load compiles every partition (its modeled compile time held on the
   device), a warm load finds every asset ("hit");
-* numerics: the partitioned run matches the CPU reference and, when installed, ONNX
-  Runtime (float32 within 1e-4 relative);
+* numerics: the partitioned run matches the CPU reference (1e-5 relative) and, when
+  installed, ONNX Runtime (float32 within 1e-4 relative);
 * timeline: each device's busy time; one ``graph`` command per partition per run.
 """
 
@@ -28,6 +30,7 @@ from hetproc.delegate import (
     load_model,
     mobilenet_like,
     run_reference,
+    with_seeded_weights,
 )
 from hetproc.drills import Option, Scenario
 
@@ -93,8 +96,10 @@ def _case(s: Scenario, label: str, model, options: Options, cache: AssetCache) -
             str(warm_outcomes))
     ref = run_reference(graph, feeds)
     for name, want in ref.items():
+        # 1e-5: a partition's kernels may group a sum otherwise than the reference
+        # (SqueezeNet's npu0 run differs by up to 1.3e-6 relative)
         s.check(f"{label}: {name} matches the CPU reference",
-                bool(np.allclose(out[name], want, rtol=1e-6, atol=0)))
+                bool(np.allclose(out[name], want, rtol=1e-5, atol=0)))
     theirs = _ort(model, feeds)
     if theirs is None:
         s.note("onnxruntime is not installed: no ONNX Runtime comparison")
@@ -126,7 +131,7 @@ def _run(s: Scenario, cache: AssetCache) -> None:
     if real is None:
         s.note("onnx ships no light model here: the real-topology case is skipped")
     else:
-        _case(s, "squeezenet", real, Options(), cache)
+        _case(s, "squeezenet", with_seeded_weights(real, seed=1), Options(), cache)
     _case(s, "mobilenet", mobilenet_like(), SPREAD, cache)
     after = s.client.metrics()["devices"]
     for d, v in after.items():

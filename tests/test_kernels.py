@@ -398,3 +398,17 @@ def test_checksum_reads_every_element_byte_even_through_strides():
     assert K.read_checksum(out) == K.checksum_of(view) == int(view.astype(np.uint64).sum())
     with pytest.raises(ShapeError):
         K.validate("checksum", [((4,), "uint8")], [((4,), "uint8")], {})
+
+
+def test_an_operand_equal_to_a_valid_one_but_not_exact_is_still_refused():
+    """Valid operand layouts are remembered (``_spec``): an operand that compares equal
+    to one of them -- float or bool dimensions, ``2.0 == 2``, ``True == 1`` -- must not
+    pass as it, before or after the valid one was seen."""
+    for _ in range(2):  # the second round, with the valid layout remembered
+        K.validate("copy", [((2, 3), "float32")], [((2, 3), "float32")], {})
+        for shape in ((2.0, 3), (2, 3.0), (True, 3), (2, np.int64(3) + 0.0)):
+            with pytest.raises(ShapeError):
+                K.validate("copy", [(shape, "float32")], [((2, 3), "float32")], {})
+        with pytest.raises(DtypeError):
+            K.validate("copy", [((2, 3), None)], [((2, 3), "float32")], {})
+    assert K._spec((2, 3), "float32", "x") == ((2, 3), np.dtype("float32"))

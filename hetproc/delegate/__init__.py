@@ -31,7 +31,7 @@ from ._reference import run_graph as run_reference
 from ._runtime import DelegatedModel
 from ._targets import TARGETS, Target
 from ._targets import devices_of as _devices_of
-from ._zoo import light_model_path, mobilenet_like
+from ._zoo import light_model_path, mobilenet_like, with_seeded_weights
 
 
 def plan(model: _Any, spec: _Any = None, options: Options | None = None,
@@ -48,7 +48,7 @@ def plan(model: _Any, spec: _Any = None, options: Options | None = None,
     return place(graph, tensor_specs(graph), _devices_of(spec), options or Options())
 
 
-__all__ = ["add_model_commands", "mobilenet_like", "light_model_path", "Graph", "load_model",
-           "run_reference", "Options", "Placement", "Partition", "Boundary", "DelegatedModel",
-           "AssetCache", "BucketedModel", "plan", "Target", "TARGETS",
+__all__ = ["add_model_commands", "mobilenet_like", "light_model_path", "with_seeded_weights",
+           "Graph", "load_model", "run_reference", "Options", "Placement", "Partition",
+           "Boundary", "DelegatedModel", "AssetCache", "BucketedModel", "plan", "Target", "TARGETS",
            "save_npz"]

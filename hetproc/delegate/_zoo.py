@@ -83,3 +83,44 @@ def light_model_path(name: str) -> str | None:
     path = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light",
                         f"light_{name}.onnx")
     return path if os.path.exists(path) else None
+
+
+def with_seeded_weights(path: str, seed: int = 0) -> Any:
+    """The model at ``path`` with every constant fill (a ``ConstantOfShape`` of a shape
+    initializer: how the light models store their weights) replaced by seeded weights
+    of sane scale: He-scaled normals for a tensor of two or more dims, small normals for
+    a vector. Constant weights make every channel equal and the activations grow to
+    ~1e10 through SqueezeNet, where float32 rounding alone (its spacing there is ~512)
+    decides a softmax: no two correct runtimes agree then, so numerics are compared on
+    these weights instead (the topology is unchanged)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path)
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    rng = np.random.default_rng(seed)
+    kept = []
+    for node in g.node:
+        shape_name = node.input[0] if node.op_type == "ConstantOfShape" and node.input else ""
+        if shape_name not in inits:
+            kept.append(node)
+            continue
+        shape = tuple(int(d) for d in numpy_helper.to_array(inits[shape_name]))
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 0
+        scale = np.sqrt(2.0 / fan_in) if fan_in else 0.01
+        values = (rng.standard_normal(shape) * scale).astype(np.float32)
+        g.initializer.append(numpy_helper.from_array(values, node.output[0]))
+    del g.node[:]
+    g.node.extend(kept)
+    used = {name for n in g.node for name in n.input}
+    keep = [i for i in g.initializer if i.name in used or i.name in {x.name for x in g.output}]
+    weights = {i.name for i in g.initializer}
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    inputs = [v for v in g.input if v.name not in weights]  # IR 3 listed weights as inputs
+    del g.input[:]
+    g.input.extend(inputs)
+    # IR 3 wanted every initializer listed as a graph input; from IR 4 it need not be.
+    model.ir_version = max(model.ir_version, 4)
+    return model

@@ -14,14 +14,16 @@ whether the whole platform waits (``turn``)::
        reaped yet, no request (cancel, park, preempt) written into a device's slot since
        it was last poked, no queue record written since its device was last poked (the
        rings' heads, read after the clients' slots)
-    3. then the loop's timers run at this instant (``settle``), step 1 and 2 again, and
-       the jump: the clock moves to the earliest next event -- a device's wake, a
-       scheduler's next decision (``DeviceHandle.wake_ns``; nothing is decided ahead on
-       this clock, ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt
-       timeout, a queue command's watchdog deadline, the stall watch's bound, an
-       incident's grace, a client's wait deadline -- and the devices whose wake came are
-       poked and their doorbells posted (the fence a device sleeps on is nudged: it does
-       not sleep on its doorbell then)
+    3. then the loop's timers run at this instant (``settle``) and step 1 and 2 again --
+       unless the loop's own timers of this turn ran while every waiter already waited
+       as it does now (``mark``: no slot's ``gen`` moved since) -- and the jump: the
+       clock moves to the earliest next event -- a device's wake, a scheduler's next
+       decision (``DeviceHandle.wake_ns``; nothing is decided ahead on this clock,
+       ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt timeout, a
+       queue command's watchdog deadline, the stall watch's bound, an incident's grace,
+       a client's wait deadline -- and the devices whose wake came are poked and their
+       doorbells posted (the fence a device sleeps on is nudged: it does not sleep on its
+       doorbell then)
     4. once those devices are blocked again (steps 1 and 2), the clients' deadlines come
        to the new instant (``released_ns``): a client whose wait's deadline or sleep's
        end came is nudged on its fences, or its connection's bell
@@ -29,8 +31,8 @@ whether the whole platform waits (``turn``)::
 Step 4 is the order of one instant: what the devices do at it (a command's end, a
 signal, a hand-off) comes before any client's deadline at it, so a client that sleeps to
 the instant a command ends sees it done, every run (with one step, which of the two the
-host ran first decided). The supervisor's own verdicts at an instant (watchdog, grace)
-wait for the same quiescence (``settle``, the server's judging tick).
+host ran first decided). The watchdog takes its first sight of a command only from a
+device that is blocked (``Recovery.settled``): its state words then stand still.
 
 Nobody polls for the moment the platform becomes quiescent: the last waiter to block
 wakes the loop (a device's eventfd when every other device is blocked, a client's
@@ -60,7 +62,7 @@ from __future__ import annotations
 import random
 import select
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import posix_ipc
@@ -124,6 +126,8 @@ class ClockOwner:
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
         self.holders = Holders(self.autojump_ns)  # clients outside hetproc waits
+        recovery.settled = lambda dev: (not self.waiters
+                                        or self.waiters[dev.index].snapshot() is not None)
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
@@ -137,6 +141,12 @@ class ClockOwner:
         # device must look at (a client's record reaches it with no supervisor hop).
         self._heads: list[tuple[int, ...]] = [()] * devices
         self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
+        # The waiters' generations when the loop's timers last began (``mark``); None:
+        # unknown, the turn settles.
+        self._marked: list[int] | None = None
+        self._slots = devices + clients
+        # What ``_traffic`` and ``_client_traffic`` poll, kept while it stays the same.
+        self._pollers: list[tuple[tuple[Any, ...], Any]] = [((), select.poll())] * 2
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
         self._order = sorted(reg.devices.values(), key=lambda d: d.index)
@@ -179,13 +189,18 @@ class ClockOwner:
         if heard:
             self.holders.heard()
         now = self.clock.now_ns()
+        marked, self._marked = self._marked, None
         stopped = self._stopped_devices() if not busy else frozenset()
-        if busy or self._quiet(now, stopped) is None:
-            return False
-        self.settle()  # the timers at this instant (a watchdog's first sight of a command)
-        quiet = self._quiet(now, stopped)
+        quiet = None if busy else self._quiet(now, stopped)
         if quiet is None:
             return False
+        if marked != self.clock.generations(self._slots):
+            # Somebody ran since the loop's timers looked: they look again at this
+            # instant (a watchdog's first sight of a command), and so does step 1 and 2.
+            self.settle()
+            quiet = self._quiet(now, stopped)
+            if quiet is None:
+                return False
         wakes, running = quiet
         # The devices are done with this instant: the clients' deadlines come to it
         # before the clock moves on (every device's event at an instant comes before
@@ -209,6 +224,13 @@ class ClockOwner:
         self._jump(min(later))
         self.tick_jumps += on_tick
         return True
+
+    def mark(self) -> None:
+        """The loop's timers (``settle``) are about to run: a turn after them that finds
+        every slot's ``gen`` unchanged and the platform quiet knows they saw the platform
+        as it is (nobody ran since; the clock moves only in ``turn``), and skips running
+        them again. Reading every slot is one strided copy."""
+        self._marked = self.clock.generations(self._slots)
 
     def devices_blocked(self) -> bool:
         """Every device blocked with no news (as a device that blocks last sees it)."""
@@ -266,8 +288,8 @@ class ClockOwner:
         """Records written into a device's queues since the last look (the rings'
         heads moved; no supervisor hop tells of a record): the device is poked to look
         at them (until it has, its slot shows news it has not seen)."""
-        if self.queues is None:
-            return False
+        if self.queues is None or (not self.queues.open_queues and not any(self._heads)):
+            return False  # no queue, and none since the last look: no head can move
         news = False
         for dev in self.reg.devices.values():
             heads = tuple(q.ring.head for q in self.queues.open_queues.values()
@@ -371,14 +393,27 @@ class ClockOwner:
             return True
         if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
             return True
-        return _readable([d.pidfd for d in devices if d.pidfd >= 0])
+        return self._readable([d.pidfd for d in devices if d.pidfd >= 0], 0)
 
     def _client_traffic(self) -> bool:
         """Bytes from a client not read or not served, a reply not sent."""
         conns = list(self.reg.clients.values())
         if any(c.pending or c.reader.buffered or c.outbuf for c in conns):
             return True
-        return _readable([c.conn for c in conns])
+        return self._readable([c.conn for c in conns], 1)
+
+    def _readable(self, conns: list[Any], which: int) -> bool:
+        """Whether any of ``conns`` (sockets, descriptors) is readable now: one poll with
+        no wait, on a poller kept while the set stays the same (the common case; one
+        per ``which``: the devices', the clients')."""
+        key = tuple(conns)
+        polled, poller = self._pollers[which]
+        if key != polled:
+            poller = select.poll()
+            for conn in conns:
+                poller.register(conn, select.POLLIN)
+            self._pollers[which] = (key, poller)
+        return bool(conns and poller.poll(0))
 
     def _autojump(self, running: list[ClientRec]) -> bool:
         """Only clients outside hetproc waits hold the clock: True once they held it
@@ -446,12 +481,3 @@ class ClockOwner:
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients),
                 "determinism_break_devices": dict(self.break_devices)}
-
-
-def _readable(conns: Iterable[Any]) -> bool:
-    poller = select.poll()
-    n = 0
-    for conn in conns:
-        poller.register(conn, select.POLLIN)
-        n += 1
-    return bool(n and poller.poll(0))

@@ -56,6 +56,14 @@ class DeviceCpu:
         except (OSError, ValueError, IndexError):
             return b"", -1
 
+    def stamp(self, dev: DeviceHandle) -> int:
+        """The CPU ``dev`` has had, for a later ``unused_budget`` (-1: none to compare
+        with). On the virtual clock -1 without a look: nothing compares it there, and the
+        two reads of ``/proc`` were most of what a command's watch cost the supervisor."""
+        if clock.virtual is not None:
+            return -1
+        return self.read(dev)[1]
+
     def unused_budget(self, dev: DeviceHandle, budget_ns: int, cpu_at_start: int) -> int:
         """The CPU ``dev`` has not had of ``budget_ns`` since ``cpu_at_start`` while it is
         runnable: > 0 means it waits for the host, not for itself (0: no excuse; a hung

@@ -186,8 +186,12 @@ class DeviceHandle:
     # each before the first command that uses it; ``segment_of(sid)`` finds them.
     segment_of: Callable[[int], Segment | None] = lambda sid: None
     segs: SegmentSender | None = None
+    # The spec's name, kept as a plain field: the loop's watchdog and the clock read it
+    # dozens of times per command (a property costs a call each time).
+    name: str = field(init=False)
 
     def __post_init__(self) -> None:
+        self.name = self.spec.name
         self.sched = make_scheduler(self.spec.scheduler)
         if not self.sched.preemptive or not self.preemptive:
             self.timeslice_ns = 0
@@ -201,10 +205,6 @@ class DeviceHandle:
     @staticmethod
     def ring_bytes() -> int:
         return 2 * Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
 
     def queue_depth(self) -> int:
         return len(self.sched) + len(self.pushed)

@@ -421,7 +421,9 @@ class Handoff:
 
     def _count_cache(self, device: str, kind: str, nbytes: int, count: int, ns: int) -> None:
         plural = "invalidates" if kind == "invalidate" else "cleans"
-        per = self.cache_by_device.setdefault(device, Counter())
+        per = self.cache_by_device.get(device)
+        if per is None:  # (not ``setdefault``: it built a Counter per completion)
+            per = self.cache_by_device[device] = Counter()
         for c in (self.cache, per):
             c[plural] += count
             c[f"{kind}_bytes"] += nbytes

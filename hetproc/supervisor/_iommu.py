@@ -47,7 +47,16 @@ def union(a: str, b: str) -> str:
 
 
 def covers(have: str, need: str) -> bool:
-    return all(c in have for c in need)
+    return have == need or all(c in have for c in need)
+
+
+def _why(m: Mapping | None, strict: bool, rights: str) -> str:
+    """Why an operand's mapping does not cover its need (said only when it does not)."""
+    if m is not None and not m.unmapped:
+        return "a read-only mapping" if m.perm == "r" else f"a {m.perm!r} mapping"
+    if strict:
+        return "no mapping in this context (strict IOMMU: map it first)"
+    return "a read-only import" if rights == "r" else "no rights to it"
 
 
 @dataclass(eq=False)
@@ -137,32 +146,31 @@ class Iommu:
                outs: list[BufferRec]) -> tuple[list[str], list[str]]:
         need: dict[int, str] = {}
         for b in ins:
-            need[b.handle] = union(need.get(b.handle, ""), "r")
-        for b in outs:
-            need[b.handle] = union(need.get(b.handle, ""), "w")
+            need[b.handle] = "r"
+        for b in outs:  # (what ``union`` gives, without its call per operand)
+            need[b.handle] = "w" if need.get(b.handle, "w") == "w" else "rw"
         table = self.tables.get(ctx.handle, {})
         have: dict[int, str] = {}
+        check, strict = self.spec.check_at_submit, self.spec.strict
         for b in ins + outs:
-            if b.handle in have:
+            h = b.handle
+            if h in have:
                 continue
-            m = table.get(b.handle)
+            m = table.get(h)
             rights = self.rights(ctx.client, b)
             if m is not None and not m.unmapped:
-                have[b.handle] = m.perm if rights else ""
-                why = "a read-only mapping" if m.perm == "r" else f"a {m.perm!r} mapping"
-            elif self.spec.strict and not b.internal:
-                have[b.handle] = ""
-                why = "no mapping in this context (strict IOMMU: map it first)"
+                have[h] = m.perm if rights else ""
+            elif strict and not b.internal:
+                have[h] = ""
             else:
                 # A transient mapping gives what the command needs, within the rights.
-                have[b.handle] = "".join(c for c in need[b.handle] if c in rights or b.internal)
-                why = "a read-only import" if rights == "r" else "no rights to it"
-            if self.spec.check_at_submit and not covers(have[b.handle], need[b.handle]):
+                have[h] = "".join(c for c in need[h] if c in rights or b.internal)
+            if check and not covers(have[h], need[h]):
                 raise self.fault(errors.IommuFault(
-                    f"buffer {b.handle:#x} needs {need[b.handle]!r} on context "
-                    f"{ctx.handle:#x} ({ctx.device}) but has {why}",
-                    detail={"buffer": b.handle, "need": need[b.handle],
-                            "perm": have[b.handle], "by": "supervisor"}))
+                    f"buffer {h:#x} needs {need[h]!r} on context {ctx.handle:#x} "
+                    f"({ctx.device}) but has {_why(m, strict and not b.internal, rights)}",
+                    detail={"buffer": h, "need": need[h], "perm": have[h],
+                            "by": "supervisor"}))
         # The descriptor carries the mapping's own permission, never widened to the need,
         # so the device can refuse what the mapping does not cover.
         return [have[b.handle] for b in ins], [have[b.handle] for b in outs]

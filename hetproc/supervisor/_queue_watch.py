@@ -99,7 +99,7 @@ class QueueWatch:
         t = self.timing.get(dev.name)
         if t is None or t.cid != cid:
             self.timing[dev.name] = _Timed(cid, qid, timeout, started + timeout,
-                                           int(slot.u64[S.PROGRESS]), rec.device_cpu.read(dev)[1])
+                                           int(slot.u64[S.PROGRESS]), rec.device_cpu.stamp(dev))
             return
         if now < t.deadline or self._host_lag(dev, t):
             return

@@ -391,8 +391,8 @@ class Queues:
         the rings say (indices that cannot be count as none). None while the queue
         watchdog times the command it runs: those records are that watchdog's to judge
         (as the command watchdog's are, ``Recovery.watch_queue``)."""
-        if self.watch.timing_on(dev.name):
-            return 0
+        if not self.open_queues or self.watch.timing_on(dev.name):
+            return 0  # (asked for every device on every timer turn: no queue, at once)
         total = 0
         for q in self.open_queues.values():
             if q.device == dev.name:

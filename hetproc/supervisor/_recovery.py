@@ -166,17 +166,23 @@ class Recovery:
         self.device_cpu = DeviceCpu()
         self.stall = StallWatch(reg, self.device_cpu, self.verdicts, queue_owed, queue_timing)
         self._ids = 0
+        # Whether a device's state words stand still (the virtual clock: it is blocked).
+        # A first sight read while it moves may fall between its start stamp and its
+        # first progress, and the deadline then sees "progress" (late-writer timed out
+        # one watchdog later, now and then).
+        self.settled: Callable[[DeviceHandle], bool] = lambda dev: True
 
     # -- watchdog ---------------------------------------------------------------------
 
     def tick(self, now: int) -> None:
+        active, owed = self.active, self.queue_owed  # (every loop turn: kept short)
         for dev in self.reg.devices.values():
-            inc = self.active.get(dev.name)
+            inc = active.get(dev.name) if active else None
             if inc is not None:
                 if not inc.confirmed and inc.grace_deadline and now >= inc.grace_deadline:
                     self.isolate(dev, inc)
                 continue
-            if not dev.pushed and not self.queue_owed(dev):  # nothing to time, nothing owed
+            if not dev.pushed and not owed(dev):  # nothing to time, nothing owed
                 self.stall.forget(dev.name)
                 continue
             self.watch(dev, now)
@@ -197,12 +203,14 @@ class Recovery:
         if cmd is None or cmd.pidx != pidx:
             return
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
+            if not self.settled(dev):
+                return
             started = slot.u64[S.STARTED]
             if slot.u64[S.CURRENT_PIDX] != pidx or started < cmd.t_submit:
                 return  # the previous command's start time: this one's is not written yet
             cmd.watch_deadline = started + cmd.timeout_ns
             cmd.watch_progress = slot.u64[S.PROGRESS]
-            cmd.watch_cpu = self.device_cpu.read(dev)[1]
+            cmd.watch_cpu = self.device_cpu.stamp(dev)
             return
         blocked = None if cmd.preemptible else preempt_timeout(self.reg, dev, cmd, now)
         if blocked is not None:

@@ -148,7 +148,7 @@ class Supervisor:
         self.handlers = parts.requests
         self.vclock = parts.vclock  # the virtual clock's owner (None: the real clock)
         if self.vclock is not None:
-            self.vclock.settle = lambda: self.tick(judge=True)
+            self.vclock.settle = self.tick
         for dev in self.reg.devices.values():
             self.sel.register(dev.completion_fd, selectors.EVENT_READ, ("completion", dev))
         self._setup_socket()
@@ -226,6 +226,8 @@ class Supervisor:
                     self.on_device_death(obj)
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
+            if vclock is not None:
+                vclock.mark()  # (the turn below need not run these timers again)
             self.tick()
             if self.fencefds.watching:
                 self.fencefds.sweep(news)
@@ -240,22 +242,16 @@ class Supervisor:
                 # with their completions by this tick: look at once, not at the next tick.
                 look_again = vclock.devices_blocked()
 
-    def tick(self, judge: bool | None = None) -> None:
-        """Timers: completions nobody woke us for, commands dated ahead that are due, and
-        (``judge``; None: on the real clock) the verdicts: the watchdog, incidents' grace
-        periods. On the virtual clock those wait for the platform to be quiescent
-        (``ClockOwner.settle``): what a device does at an instant comes before a verdict
-        at that instant, and its state words are read when they stand still (a first
-        sight of a command read between its start stamp and its first progress saw
-        "progress" at its deadline)."""
+    def tick(self) -> None:
+        """Timers: completions nobody woke us for, commands dated ahead that are due, the
+        watchdog, incidents' grace periods."""
         self.commands.collect_news()
         now = clock.now_ns()
         for dev in self.reg.devices.values():
             if 0 < dev.wake_ns <= now:  # a decision dated ahead is due
                 dev.pump()
-        if judge or (judge is None and self.vclock is None):
-            self.queues.tick(now)  # a queue command's watchdog first: it names the command
-            self.recovery.tick(now)
+        self.queues.tick(now)  # a queue command's watchdog first: it names the command
+        self.recovery.tick(now)
 
     def ask_for_news(self) -> None:
         """Tell each device whether we need its completions at once: when commands wait

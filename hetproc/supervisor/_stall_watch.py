@@ -83,7 +83,9 @@ class StallWatch:
         a late writer sleeping between its stores shows no sign of moving, yet its own
         watchdog decides."""
         slot = self.reg.slots[dev.index]
-        if (not dev.pid or dev.paused or not self.owes_work(dev, slot) or timed(dev, slot)
+        # (every loop turn, for every device that owes work: the cheap tests first;
+        # each is a plain look, so their order changes no outcome)
+        if (not dev.pid or dev.paused or timed(dev, slot) or not self.owes_work(dev, slot)
                 or self.queue_timing(dev.name)):
             self._quiet.pop(dev.name, None)
             return None
@@ -100,7 +102,7 @@ class StallWatch:
         if quiet is None or quiet.signature != signature:
             beat = self.reg.engine(dev).heartbeat_interval_ms  # 0: no hang check
             bound = max(self.reg.scaled_ns(beat), QUIET_FLOOR_NS) if beat else 0
-            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.read(dev)[1], bound)
+            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.stamp(dev), bound)
             return None
         if not quiet.bound or now - quiet.since < quiet.bound:
             return None
