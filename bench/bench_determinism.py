@@ -7,8 +7,11 @@ the same modeled starts, ends and statuses in every run, whatever the host's loa
     python -m bench.bench_determinism --runs 20 --jobs 2 [--only hang,video_pipeline]
 
 The standalone form prints one line per name -- ``name: D distinct digests of N runs``
--- with what the runs differed in when D > 1 (how many commands the digest covered, the
-determinism breaks counted, pass/fail), which is where a cause shows first.
+-- with what the runs differed in when D > 1 or a run broke determinism or failed (how
+many commands the digest covered, the determinism breaks counted, pass/fail), which is
+where a cause shows first. ``--rows
+DIR`` keeps every run's canonical rows there (``HETPROC_DIGEST_ROWS``) and prints, for a
+name with D > 1, where the two most frequent digests' rows part (``diff_rows``).
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ import collections
 import concurrent.futures as cf
 import json
 import multiprocessing
+import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import hetproc
+from hetproc.drills import _timefields
 from hetproc.drills._acceptance import cells, run_cell
+from hetproc.trace import diff_rows
 
 from ._registry import benchmark, make_row
 
@@ -48,7 +54,8 @@ def one_run(kind: str, name: str, options: dict[str, Any],
     says of determinism."""
     row = run_cell(kind, name, options, platform_file, None, clock="virtual")
     return {"ok": row["ok"], "trace_digest": row.get("trace_digest"),
-            "commands": row.get("trace_commands"), "breaks": row.get("determinism_breaks")}
+            "commands": row.get("trace_commands"), "breaks": row.get("determinism_breaks"),
+            "rows": row.get("trace_rows")}
 
 
 def survey(names: list[str] | None, runs: int, jobs: int = 1,
@@ -68,20 +75,31 @@ def survey(names: list[str] | None, runs: int, jobs: int = 1,
 
 def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
     digests = collections.Counter(r["trace_digest"] for r in rs)
+    files = {r["trace_digest"]: r["rows"] for r in rs if r.get("rows")}
     return {"runs": len(rs), "distinct": len(digests),
             "runs_per_digest": sorted(digests.values(), reverse=True),
+            "rows_files": [files[d] for d, _ in digests.most_common() if d in files],
             "passed": sum(1 for r in rs if r["ok"]),
             "commands": sorted({r["commands"] for r in rs}, key=str),
             "breaks": sorted({r["breaks"] for r in rs}, key=str)}
 
 
+def parting(s: dict[str, Any]) -> list[str]:
+    """Where the rows of the two most frequent digests part (when both were kept)."""
+    files = s.get("rows_files") or []
+    if s["distinct"] < 2 or len(files) < 2:
+        return []
+    a, b = (_timefields.read_rows(f) for f in files[:2])
+    return [f"    {x}" for x in diff_rows(a, b)]
+
+
 def line(name: str, s: dict[str, Any]) -> str:
     text = f"{name}: {s['distinct']} distinct digests of {s['runs']} runs"
-    if s["distinct"] > 1 or s["passed"] < s["runs"]:
-        text += (f"  (runs per digest {s['runs_per_digest']}, commands {s['commands']}, "
-                 f"breaks {s['breaks']}, "
-                 f"passed {s['passed']}/{s['runs']})")
-    return text
+    if s["distinct"] > 1 or s["passed"] < s["runs"] or any(s["breaks"]):
+        return text + (f"  (runs per digest {s['runs_per_digest']}, commands "
+                       f"{s['commands']}, breaks {s['breaks']}, "
+                       f"passed {s['passed']}/{s['runs']})")
+    return text + f"  (commands {s['commands']})"
 
 
 @benchmark("determinism")
@@ -102,8 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", help="comma-separated scenario and drill names")
     p.add_argument("--autojump-ms", type=float,
                    help="the platform's autojump_ms (default: the built-in file's, 100)")
+    p.add_argument("--rows", metavar="DIR",
+                   help="keep each run's canonical rows in DIR; show where digests part")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.rows:  # the workers inherit it: each run writes its rows
+        os.environ[_timefields.ROWS_ENV] = os.path.abspath(args.rows)
     names = args.only.split(",") if args.only else None
     with tempfile.TemporaryDirectory() as tmp:
         platform_file = None if args.autojump_ms is None else \
@@ -113,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(table, indent=1))
     for name, s in table.items():
         print(line(name, s), flush=True)
+        for text in parting(s):
+            print(text)
     return 0 if all(s["distinct"] == 1 for s in table.values()) else 1
 
 

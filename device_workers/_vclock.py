@@ -97,6 +97,11 @@ class DeviceWaits:
             between()
             t = dev.preempt.next_point()
             wake = until if t is None or t <= now() or t > until else t
+            # A hand-off signal of an earlier command falls due while this one holds: we
+            # wake then to fire it (``between``), as a real hold's slices do, so that its
+            # consumers start when it says, not when this hold ends.
+            if dev.delayed and now() < dev.delayed[0][0] < wake:
+                wake = dev.delayed[0][0]
             dev.outbox.flush()  # our records go out first: the supervisor needs them
             self._block(wake, dev.doorbell)
 

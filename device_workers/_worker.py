@@ -331,7 +331,7 @@ class DeviceWorker:
         mem.release(cmd, between, t0=m_kernel_end, hold=self.hold_model)
         frame.preemptible = False
         m_end = mem.cursor + frame.shift
-        frame.modeled = (m_start, m_end, _lag(clock.now_ns(), m_end))
+        frame.modeled = (m_start, m_end, _lag(clock.now_ns(), m_end, self.tr.t_take))
         frame.signal = fault.get("kind") != "lost_fence"
         frame.t_end = 0
         frame.loop_flushes = False
@@ -378,7 +378,9 @@ class DeviceWorker:
         self.memory.cursor = m_kernel_end  # what ``release`` leaves for a command without buffers
         frame.preemptible = frame.parkable = False
         frame.t_end = t_end
-        late = t_end - m_end  # ``_lag``, inlined
+        late = t_end - m_end  # ``_lag``, inlined for the common case (on time)
+        if late > LAG_TOLERANCE_NS:
+            late = _lag(t_end, m_end, self.tr.t_take)
         frame.modeled = (frame.m_origin, m_end, late if late > LAG_TOLERANCE_NS else 0)
         frame.signal = frame.loop_flushes = True
 
@@ -541,10 +543,21 @@ def _modeled_start(cmd: dict[str, Any], fences: FenceTable, model_end: int) -> i
     return start or clock.now_ns()
 
 
-def _lag(t_end: int, m_end: int) -> int:
-    """How far past the modeled end the host finished (0 when within the tolerance)."""
+def _lag(t_end: int, m_end: int, t_take: int) -> int:
+    """How far past the modeled end the host finished (0 when within the tolerance).
+
+    On the virtual clock no host can be late: modeled time does not move while a device
+    works. A command dated before it reached the device (a client's back-dated arrival,
+    ``at_ns`` in the past) runs in the model's past and ends "late" by design, which is
+    not a lag: there, lateness counts from the later of its modeled end and its take, so
+    only the clock passing an end the device still held for (a lost wake) shows."""
     late = t_end - m_end
-    return late if late > LAG_TOLERANCE_NS else 0
+    if late <= LAG_TOLERANCE_NS:
+        return 0
+    if clock.virtual is not None and t_take > m_end:
+        late = t_end - t_take
+        return late if late > LAG_TOLERANCE_NS else 0
+    return late
 
 
 def device_main(boot: DeviceBoot) -> int:

@@ -122,7 +122,7 @@ REQUEST_FIELDS: dict[str, dict[str, Any]] = {
     "faults_clear": {"id": ID},
     "incidents": {"id": ID},
     "dumps": {"id": ID},
-    "run_digest": {"id": ID},
+    "run_digest": {"id": ID, "rows_from?": Int(0, I64)},
     "prepare": {"id": ID, "ctx": HANDLE, "kernel": text(64)},
     "trace_info": {"id": ID},
     "trace_frozen": {"id": ID, "window?": HANDLE, "offset?": HANDLE, "flush?": bool},

@@ -11,6 +11,10 @@ connection, where that process says it is blocked and until which modeled instan
 
     word 0        now_ns       the modeled now (supervisor; only grows)
     word 1        jumps        how many times it moved (supervisor)
+    word 2        released_ns  the instant clients' deadlines have come to (supervisor;
+                  only grows, never past now_ns): a jump moves now_ns and wakes the
+                  devices whose instant came; once they are all blocked again, the
+                  clients' waits and sleeps due then end (``hetproc.supervisor._clock``)
     slots         16 words each: wake, fence, seen, gen, poked, then more fences (device
                   slots: poked is the supervisor's, the rest the waiter's)
 
@@ -120,6 +124,11 @@ class Waiter:
         q, i = self._q, self._i
         return q[i + SEEN] != q[i + POKED]
 
+    def gen(self) -> int:
+        """How many times the slot changed (twice per block or clear): a reader that
+        sees another value has seen the waiter enter or leave a wait."""
+        return self._q[self._i + GEN]
+
     def fence(self) -> int:
         """The (first) fence the waiter sleeps on (0: none, or it runs)."""
         return self._q[self._i + FENCE] if self._q[self._i + WAKE] else 0
@@ -154,9 +163,11 @@ class VirtualClock:
         self.segment = segment
         self._q = memoryview(segment.map).cast("Q")
         if create:
-            self._q[0] = VIRTUAL_EPOCH_NS
+            self._q[0] = self._q[2] = VIRTUAL_EPOCH_NS
         q = self._q
         self.now_ns: Callable[[], int] = lambda: q[0]
+        # What a client's deadline is compared with: the devices act at an instant first.
+        self.released_ns: Callable[[], int] = lambda: q[2]
 
     @property
     def jumps(self) -> int:
@@ -168,6 +179,11 @@ class VirtualClock:
         assert t >= q[0], (t, q[0])
         q[0] = t
         q[1] += 1
+
+    def release(self) -> None:
+        """Let the clients' deadlines come to now (the supervisor only, once every device
+        has done what was due at this instant)."""
+        self._q[2] = self._q[0]
 
     def waiter(self, slot: int) -> Waiter:
         return Waiter(self._q, slot)
@@ -191,7 +207,7 @@ class VirtualClock:
 
     def close(self) -> None:
         """Unmap the word (its segment's creator unlinks it)."""
-        self.now_ns = lambda: 0
+        self.now_ns = self.released_ns = lambda: 0
         self._q.release()
 
 

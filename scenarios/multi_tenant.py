@@ -67,8 +67,8 @@ def _sleep_until(t_ns: int) -> None:
         hetproc.sleep(min(delay, 0.005) * 1000)
 
 
-def run_policy(base, policy: str, seconds: float, scale: float, warmup: float = 0.5,
-               storm: str | None = None, replay: bool = False) -> dict:
+def run_policy(s: Scenario, base, policy: str, seconds: float, scale: float,
+               warmup: float = 0.5, storm: str | None = None, replay: bool = False) -> dict:
     """One policy: ``warmup`` seconds of the same load first (not counted: a platform
     just started and three clients connecting make the host late, and an arrival the host
     delivers after the work it should have preempted cannot preempt it), then ``seconds``."""
@@ -77,7 +77,7 @@ def run_policy(base, policy: str, seconds: float, scale: float, warmup: float = 
     spec = _spec(base, policy)
     if replay:
         spec = dataclasses.replace(spec, recovery={**spec.recovery, "replay_innocent": True})
-    with hetproc.Platform(spec=spec) as plat:
+    with s.own_platform(spec) as plat:  # its schedule is the report's too
         tenants = {name: plat.connect(name) for name in ("camera", "voice", "llm")}
         try:
             cam = tenants["camera"].context("npu0", priority=10, name="camera",
@@ -186,7 +186,7 @@ def run(s: Scenario) -> None:
     rows = []
     for p in POLICIES:
         s.progress(f"policy {p}: camera, voice and LLM on one NPU for {seconds:g} s")
-        rows.append(run_policy(base, p, seconds, s.time_scale))
+        rows.append(run_policy(s, base, p, seconds, s.time_scale))
     header = (f"{'policy':9} {'cam miss':>8} {'host-late':>9} {'cam p99':>8} {'voice p99':>9} "
               f"{'LLM/s':>6} {'preempt':>7} {'switch':>7} {'lags':>5} {'late':>6}")
     s.note("table (modeled ms; switch = % of device busy time):\n    " + header + "\n" +
@@ -223,7 +223,8 @@ def run_storm(s: Scenario, base, seconds: float) -> None:
     for k in STORM_KINDS:
         for r in (False, True):
             s.progress(f"storm: {k} faults, {'with' if r else 'without'} replay")
-            rows.append(run_policy(base, "mixed", seconds, s.time_scale, storm=k, replay=r))
+            rows.append(run_policy(s, base, "mixed", seconds, s.time_scale, storm=k,
+                                  replay=r))
     header = (f"{'fault':8} {'replay':6} {'cam lost':>8} {'lost as':22} {'cam miss':>8} "
               f"{'cam p99':>8} {'voice p99':>9} {'LLM/s':>6} {'LLM ctx lost':>12} "
               f"{'incidents':>9} {'resets':>6}")

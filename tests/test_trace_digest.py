@@ -16,8 +16,16 @@ import pytest
 
 import hetproc
 from hetproc import SchedSpec, load_platform
-from hetproc.drills import run_on_platform
-from hetproc.trace import CommandEntry, canonical_rows, modeled_span, trace_digest
+from hetproc.drills import _timefields, run_on_platform
+from hetproc.supervisor import _runlog
+from hetproc.trace import (
+    CommandEntry,
+    canonical_rows,
+    diff_rows,
+    modeled_span,
+    run_digest,
+    trace_digest,
+)
 
 MS = 1_000_000
 LEAD_NS = 150 * MS  # every submit is in well before the first arrival
@@ -72,6 +80,43 @@ def test_the_origin_is_the_first_start_unless_the_platform_gives_an_epoch():
     assert canonical_rows(entries, origin_ns=t - MS)[0][3:5] == (MS, 2 * MS)
     assert trace_digest(entries, origin_ns=t - MS) != trace_digest(entries)
     assert modeled_span([entries[3]]) == (None, None)
+
+
+def test_diff_rows_shows_where_two_schedules_part_and_nothing_when_equal():
+    a = canonical_rows(_entries())
+    moved = [CommandEntry(*e[:3], e[3] + 1, e[4] + 1, e[5]) if e.context == "app/low" and
+             e.start_ns is not None else e for e in _entries()]
+    b = canonical_rows(moved)
+    assert diff_rows(a, a) == []
+    lines = diff_rows(a, b)
+    assert '-["npu0","app/low","work",1000000,4000000,"ok"]' in lines
+    assert '+["npu0","app/low","work",1000001,4000001,"ok"]' in lines
+    assert not any("app/high" in x for x in lines if x[:1] in "+-" and x[:3] not in "---+++")
+
+
+def test_the_command_log_pages_its_rows_and_they_hash_to_its_digest(monkeypatch):
+    monkeypatch.setattr(_runlog, "ROWS_PAGE", 2)
+    log = _runlog.CommandLog()
+    log.entries = [tuple(e) for e in _entries()]
+    pages = [log.rows(k) for k in (0, 2, 4, 6)]
+    assert [p["rows_total"] for p in pages] == [5] * 4
+    rows = [tuple(r) for p in pages for r in p["rows"]]
+    assert rows == canonical_rows(log.entries) and pages[3]["rows"] == []
+    # The rows are relative to the origin already: hashed from 0, they give the digest.
+    assert trace_digest(rows, origin_ns=0) == log.summary()["trace_digest"]
+
+
+def test_several_platforms_digests_combine_in_order_and_their_counts_add_up():
+    one = {"trace_digest": "a" * 64, "commands": 3, "dropped": 0, "modeled_s": 0.5,
+           "rows": [("npu0", "x/y", "work", 0, 1, "ok")]}
+    two = {"trace_digest": "b" * 64, "commands": 0, "dropped": 0, "modeled_s": None,
+           "rows": []}
+    both = _timefields.combined([one, two])
+    assert both is not None and both["commands"] == 3 and both["modeled_s"] == 0.5
+    assert both["trace_digest"] not in ("a" * 64, "b" * 64)
+    assert both["trace_digest"] != _timefields.combined([two, one])["trace_digest"]
+    assert both["rows"] == [(0, "npu0", "x/y", "work", 0, 1, "ok")]
+    assert _timefields.combined([one]) is one
 
 
 # -- real runs ------------------------------------------------------------------------------
@@ -158,3 +203,16 @@ def test_the_perfetto_export_lays_a_command_out_at_its_modeled_times():
     assert round(ex["ts"] * 1000) + origin == at == end - 2 * MS
     assert round(ex["dur"] * 1000) == 2 * MS
     assert (digest["origin_ns"], digest["end_ns"], digest["commands"]) == (at, at + 2 * MS, 1)
+
+
+def test_a_platform_gives_its_digests_rows_and_they_hash_to_it():
+    with hetproc.Platform(spec=_spec(), clock="virtual") as plat:
+        npu = plat.client.context("npu0", name="n")
+        for ms in (1, 2, 3):
+            npu.submit("work", ms=ms).wait(5)
+        d = run_digest(plat.client, rows=True)
+    t = d["rows"][0][3]
+    assert [(r[3] - t, r[4] - t, r[5]) for r in d["rows"]] == [
+        (0, MS, "ok"), (MS, 3 * MS, "ok"), (3 * MS, 6 * MS, "ok")]
+    assert {r[:3] for r in d["rows"]} == {("npu0", "owner/n", "work")}
+    assert trace_digest(d["rows"], origin_ns=0) == d["trace_digest"]

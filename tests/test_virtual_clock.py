@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,6 +19,7 @@ import pytest
 
 import hetproc
 from hetproc import SchedSpec, errors, load_platform
+from hetproc.client import same_code_env
 from hetproc.drills._schedcheck import compare
 
 MS = 1_000_000
@@ -148,6 +151,81 @@ def test_a_client_sleeping_outside_hetproc_is_a_determinism_break_and_named():
         assert events and events[0]["clients"] == ["owner", "sleepy"]
         assert "determinism_break_clients" not in sleepy.metrics()["clock"]  # owner's to see
         sleepy.close()
+
+
+# A client process that, once connected, shares one CPU with a spinner at the lowest
+# priority: runnable but starved for about a second, then a few ms of its own work.
+_STARVED = """
+import os, sys, time
+import hetproc
+c = hetproc.connect(sys.argv[1], "starved")
+npu = c.context("npu0")
+os.sched_setaffinity(0, {int(sys.argv[2])})
+os.nice(19)
+first = npu.submit_nowait("work", ms=5)
+t = time.process_time() + 0.02
+while time.process_time() < t:  # computing, not waiting: it holds the clock
+    pass
+second = npu.submit_nowait("work", ms=5)
+first.wait(30), second.wait(30)
+print((second.signal_time() - first.signal_time()) // 1_000_000)
+c.close()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_client_the_host_starves_of_cpu_holds_the_clock_without_a_break():
+    """What a client waited for a CPU is the host's load, not the client's own time
+    outside hetproc: it holds the clock for as long as it needs, no determinism break
+    (autojump_ms of real time passed, so a clock that counted it moved without it)."""
+    cpu = max(os.sched_getaffinity(0))
+    spin = (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nt = time.time() + 1.0\n"
+            "while time.time() < t:\n    pass\n")
+    with _platform("virtual", autojump_ms=100.0) as plat:
+        client = subprocess.Popen([sys.executable, "-c", _STARVED, plat.prefix, str(cpu)],
+                                  env=same_code_env(), stdout=subprocess.PIPE, text=True)
+        spinner = None
+        try:
+            while not plat.metrics()["clients"] > 1 and client.poll() is None:
+                plat.sleep(1)  # (the clock may move while it starts)
+            spinner = subprocess.Popen([sys.executable, "-c", spin])
+            while client.poll() is None:
+                plat.sleep(1)  # a hetproc wait: only the starved client holds the clock
+            out = client.stdout.read() if client.stdout else ""
+        finally:
+            for p in (client, spinner):
+                if p is not None and p.poll() is None:
+                    p.kill()
+                if p is not None:
+                    p.wait(10)
+        events = [e for e in plat.client.incidents()["events"]
+                  if e["event"] == "determinism_break"]
+        assert client.returncode == 0 and out.strip() == "5", (out, events)
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0, [
+            {k: e.get(k) for k in ("held_ms", "silent_ms", "cpu_wait_ms")} for e in events]
+
+
+def test_a_client_talking_to_the_supervisor_holds_the_clock_a_spinning_one_not_forever():
+    """A client that frees buffers one request after another (no hetproc wait between)
+    holds the clock as long as it talks: no break however long the loop takes (the oom
+    drill's frees took ~90 ms, once past the 100 ms default under load: a break). One
+    that loops on requests while it waits for modeled time moves it in the end."""
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        c = plat.client
+        npu = c.context("npu0")
+        bufs = [c.alloc(4096, "uint8") for _ in range(200)]
+        busy = npu.submit_nowait("work", ms=5)  # something the clock could move to
+        t = time.monotonic()
+        for b in bufs:
+            b.free()
+        print(f"\n200 frees: {1000 * (time.monotonic() - t):.1f} ms wall")
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0 and not busy.done()
+        busy.wait(5)
+        spun = npu.submit_nowait("work", ms=5)
+        deadline = time.monotonic() + 10
+        while not spun.done() and time.monotonic() < deadline:
+            c.ping()  # a request, never a hetproc wait
+        assert spun.done() and plat.metrics()["clock"]["determinism_breaks"] >= 1
 
 
 def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever():
@@ -314,6 +392,70 @@ def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_co
         gate.signal()
         b.wait(5)
         assert b.signal_time() - t0 >= 57 * MS
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def test_a_device_holding_its_next_command_fires_a_hand_off_when_it_falls_due():
+    """npu0 runs ``a`` (2 ms, hand-off 5 ms), then at once ``b`` (20 ms): a's signal falls
+    due while npu0 holds b, and gpu0's ``c`` waits for it. The hold wakes for the
+    hand-off, so c starts at 7 ms and the client sees c done at c's modeled end, with no
+    lag (a hold that slept through it fired a's signal at 22 ms: c ran "in the past")."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu, gpu = c.context("npu0"), c.context("gpu0")
+        t0 = plat.now()
+        a = npu.submit_nowait("work", ms=2, handoff_ms=5, at_ns=t0)
+        npu.submit_nowait("work", ms=20, at_ns=t0)
+        done = gpu.submit_nowait("work", ms=3, wait=[a], at_ns=t0)
+        done.wait(5)
+        assert plat.now() - t0 == 10 * MS  # the clock is where c ended, not past it
+        assert (a.signal_time() - t0, done.signal_time() - t0) == (7 * MS, 10 * MS)
+        assert all(d["modeled_time"]["lags"] == 0 for d in plat.metrics()["devices"].values())
+
+
+def test_a_command_dated_in_the_past_runs_there_and_is_no_lag_on_the_virtual_clock():
+    """A client may date a command before now (``at_ns`` in the past: a frame that
+    arrived while its pipeline was full). It runs in the model's past, as on the real
+    clock, but no host was late: no lag is counted (a lag on the virtual clock means
+    the clock passed an end a device still held for)."""
+    with _platform("virtual") as plat:
+        npu = plat.client.context("npu0")
+        hetproc.sleep(100)
+        t0 = plat.now()
+        f = npu.submit_nowait("work", ms=2, at_ns=t0 - 50 * MS)
+        f.wait(5)
+        assert f.signal_time() - t0 == -48 * MS
+        npu0 = plat.metrics()["devices"]["npu0"]
+        assert npu0["modeled_time"]["lags"] == 0 and npu0["model_lags"] == 0
+
+
+def test_a_heartbeat_age_is_measured_on_the_platform_clock():
+    """The devices stamp their heartbeats with the platform's clock: on the virtual one
+    an age is modeled too (not the host's uptime minus a modeled instant)."""
+    with _platform("virtual") as plat:
+        hetproc.sleep(5)
+        ages = [d["heartbeat_age_ms"] for d in plat.metrics()["devices"].values()]
+        assert all(a is not None and 0 <= a <= 1000 for a in ages), ages
+
+
+def test_at_one_instant_the_devices_act_before_a_clients_deadline():
+    """A command ends at the very instant a client's sleep (or wait timeout) ends: the
+    client sees it done, every time. With the clients woken in the same jump as the
+    devices, the host's order decided (multi_tenant's LLM refill went before or after
+    a voice request, so two runs gave two schedules)."""
+    with _platform("virtual") as plat:
+        c = plat.client
+        npu, gpu = c.context("npu0"), c.context("gpu0")
+        gate = c.fence()
+        seen = []
+        for i in range(40):
+            f = npu.submit_nowait("work", ms=1 + i % 3)
+            g = gpu.submit_nowait("work", ms=1 + i % 3)
+            hetproc.sleep(1 + i % 3)
+            seen.append(f.done() and g.done())
+            with pytest.raises(errors.FenceTimeout):
+                gate.wait(0.002)  # a wait's deadline at an instant without a device event
+        assert all(seen), seen.count(False)
         assert plat.metrics()["clock"]["determinism_breaks"] == 0
 
 

@@ -5,7 +5,9 @@ A connection to a platform on the virtual clock gets a waiter slot at hello (``i
 fence, until which modeled instant -- only after its last packet was written (every
 request is written whole before it returns), then sleeps on the fence's semaphore,
 ending when the fence completes or the clock passes its deadline (the jump there nudges
-the fence; a real slice is the fallback); the slot is cleared when the wait ends.
+the fence; a real slice is the fallback); the slot is cleared when the wait ends. A
+deadline is compared with the clock's ``released_ns``, not its now: at one instant the
+devices act first, then the clients' deadlines come (``hetproc.supervisor._clock``).
 ``sleep`` blocks on no fence: it sleeps on its connection's bell, which the jump to its
 end nudges. A wait that begins with every device blocked may be the last one the clock
 waits for: it pings the supervisor, which looks at once.
@@ -31,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ipc import clock, errors, wait_fence_once
@@ -119,7 +122,7 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
     the modeled clock passed ``timeout_s`` from now, ``SupervisorLost`` if it died."""
     fences = conn.fences
     assert conn.waiter is not None
-    now = conn.clock.now_ns
+    now, released = conn.clock.now_ns, _released(conn)
     deadline = _deadline(now(), timeout_s)
     backstop = time.monotonic() + REAL_BACKSTOP_S + min(timeout_s, REAL_BACKSTOP_S)
     THREADS.wait(conn, deadline, handle)
@@ -130,7 +133,7 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
                                    FENCE_SLICE_S if THREADS.alone() else THREADS_SLICE_S)
             if code is not None:
                 return code
-            if now() >= deadline:
+            if released() >= deadline:
                 raise errors.FenceTimeout(
                     f"fence {handle:#x} still pending after {timeout_s:.3f} s (virtual clock)")
             if time.monotonic() > backstop:  # not modeled time: say what ran out
@@ -156,13 +159,13 @@ def wait_handle(conn: Connection, handle: int, timeout_s: float) -> int:
 def sleep(conn: Connection, seconds: float) -> None:
     """Block until the modeled clock has moved ``seconds`` on."""
     assert conn.waiter is not None
-    now = conn.clock.now_ns
-    until = now() + round(seconds * 1e9)
+    released = _released(conn)
+    until = conn.clock.now_ns() + round(seconds * 1e9)
     backstop = time.monotonic() + REAL_BACKSTOP_S + seconds
     THREADS.wait(conn, until)
     _last_wait(conn)
     try:
-        while now() < until:
+        while released() < until:
             if time.monotonic() > backstop or not conn.supervisor_alive():
                 raise errors.SupervisorLost("the virtual clock stopped moving (is the "
                                             "supervisor alive?)")
@@ -173,6 +176,13 @@ def sleep(conn: Connection, seconds: float) -> None:
             THREADS.look()
     finally:
         THREADS.run()
+
+
+def _released(conn: Connection) -> Callable[[], int]:
+    """What a deadline of ours is compared with: the instant the supervisor let clients'
+    deadlines come to, once the devices did what was due then (a device's event and a
+    client's deadline at one instant: the device's first, whatever the host's order)."""
+    return getattr(conn.clock, "released_ns", conn.clock.now_ns)
 
 
 def _last_wait(conn: Connection) -> None:

@@ -23,6 +23,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -103,6 +104,7 @@ class Scenario:
     extra_pids: list[int] = field(default_factory=list)  # processes it started itself
     declared: dict[str, Option] = field(default_factory=dict)  # the script's OPTIONS
     on_progress: Progress | None = None
+    own_runs: list[tuple] = field(default_factory=list)  # ``own_platform``'s (digest, metrics)
 
     @property
     def client(self):
@@ -148,6 +150,12 @@ class Scenario:
     def note(self, text: str) -> None:
         """A line for the summary that is neither a figure nor a check (a table)."""
         self.notes.append(text)
+
+    def own_platform(self, spec: PlatformSpec) -> ContextManager[Platform]:
+        """A platform of the scenario's own (a policy per platform), stopped on leaving:
+        its schedule joins the report's trace digest, its lags and determinism breaks
+        count (``_timefields``). Close its tenants inside the block."""
+        return _timefields.measured(spec, self.own_runs)
 
     def trace(self) -> dict[str, Any]:
         """The platform's trace now (every process's ring), as a Chrome trace dict: what
@@ -420,7 +428,7 @@ def _report(s: Scenario, name: str, description: str, spec: PlatformSpec,
         "timeline": s.timeline, "left_behind": left, "leak_check": out.leaks,
         "evidence": out.evidence, "error": out.error, "failure": out.failure,
         "duration_s": round(duration_s, 3),
-        **_timefields.time_fields(spec, out.digest, out.final, out.wall_s),
+        **_timefields.time_fields(spec, out.digest, out.final, out.wall_s, s.own_runs),
         "ok": all(c.passed for c in s.checks),
     }
 

@@ -23,8 +23,16 @@ whether the whole platform waits (``turn``)::
        queue command's watchdog deadline, the stall watch's bound, an incident's grace,
        a client's wait deadline -- and the devices whose wake came are poked and their
        doorbells posted (the fence a device sleeps on is nudged: it does not sleep on its
-       doorbell then); a client whose wait's deadline or sleep's end came is nudged on
-       its fences, or its connection's bell
+       doorbell then)
+    4. once those devices are blocked again (steps 1 and 2), the clients' deadlines come
+       to the new instant (``released_ns``): a client whose wait's deadline or sleep's
+       end came is nudged on its fences, or its connection's bell
+
+Step 4 is the order of one instant: what the devices do at it (a command's end, a
+signal, a hand-off) comes before any client's deadline at it, so a client that sleeps to
+the instant a command ends sees it done, every run (with one step, which of the two the
+host ran first decided). The watchdog takes its first sight of a command only from a
+device that is blocked (``Recovery.settled``): its state words then stand still.
 
 Nobody polls for the moment the platform becomes quiescent: the last waiter to block
 wakes the loop (a device's eventfd when every other device is blocked, a client's
@@ -41,7 +49,9 @@ A client process blocked on one connection counts as blocked with all its connec
 every thread of the process that used hetproc waits (``hetproc.client._vclock``). A
 client that stays outside hetproc waits (``time.sleep``, its own socket, a spin) while
 everything else waits holds the clock for ``autojump_ms`` real ms; then the clock jumps
-anyway and the jump counts as a determinism break, naming the client (``metrics``).
+anyway and the jump counts as a determinism break, naming the client (``metrics``). The
+time counted is its own (``_autojump``): asleep outside hetproc since its last request,
+or ten times as long at work (CPU), never what it waited for a CPU.
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
 supervisor's own decisions due then are made in its usual order).
@@ -61,6 +71,7 @@ from device_workers import StateSlot as S
 from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
+from ._autojump import Holders
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
@@ -114,7 +125,9 @@ class ClockOwner:
                 dev.doorbell.fences = reg.fences
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
-        self._stuck_since = 0      # real ns since only clients outside hetproc hold the clock
+        self.holders = Holders(self.autojump_ns)  # clients outside hetproc waits
+        recovery.settled = lambda dev: (not self.waiters
+                                        or self.waiters[dev.index].snapshot() is not None)
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.break_clients: dict[str, int] = {}
@@ -132,8 +145,8 @@ class ClockOwner:
         # unknown, the turn settles.
         self._marked: list[int] | None = None
         self._slots = devices + clients
-        self._poller = select.poll()  # what ``_traffic`` polls, kept while it stays the same
-        self._polled: tuple[Any, ...] = ()
+        # What ``_traffic`` and ``_client_traffic`` poll, kept while it stays the same.
+        self._pollers: list[tuple[tuple[Any, ...], Any]] = [((), select.poll())] * 2
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
         self._order = sorted(reg.devices.values(), key=lambda d: d.index)
@@ -167,34 +180,47 @@ class ClockOwner:
 
     # -- the jump ---------------------------------------------------------------------
 
-    def turn(self, busy: bool, on_tick: bool = False) -> bool:
-        """Move the clock if the platform is quiescent (the module docstring's three
-        steps); ``busy``: the loop has work of its own this turn; ``on_tick``: nothing
-        woke the loop (no waiter said it might be the last: counted). True when it moved."""
+    def turn(self, busy: bool, on_tick: bool = False, heard: bool = False) -> bool:
+        """Move the clock if the platform is quiescent (the module docstring's steps);
+        ``busy``: the loop has work of its own this turn; ``on_tick``: nothing woke the
+        loop (no waiter said it might be the last: counted); ``heard``: a client's bytes
+        were read this turn (it talks to us: not silent outside hetproc, ``_autojump``).
+        True when it moved."""
+        if heard:
+            self.holders.heard()
         now = self.clock.now_ns()
         marked, self._marked = self._marked, None
         stopped = self._stopped_devices() if not busy else frozenset()
         quiet = None if busy else self._quiet(now, stopped)
         if quiet is None:
-            return self._not_quiet()
+            return False
         if marked != self.clock.generations(self._slots):
             # Somebody ran since the loop's timers looked: they look again at this
             # instant (a watchdog's first sight of a command), and so does step 1 and 2.
             self.settle()
             quiet = self._quiet(now, stopped)
             if quiet is None:
-                return self._not_quiet()
+                return False
         wakes, running = quiet
+        # The devices are done with this instant: the clients' deadlines come to it
+        # before the clock moves on (every device's event at an instant comes before
+        # any client's deadline then: ``_jump``).
+        release = self.clock.released_ns() < now
         wakes.extend(dev.wake_ns for dev in self.reg.devices.values() if dev.wake_ns > 0)
         wakes.extend(self._timers())
         later = [t for t in wakes if t > now]
-        if not later:  # nothing to move to (it waits for a client): no jump, no break
-            return self._not_quiet()
+        if not later and not release:  # nothing to move to (it waits for a client):
+            return False                # no jump, no break
+        broke = bool(stopped or running)
         if stopped:  # held for autojump_ms already (``_stopped_devices``): move now
             self._count_break(sorted({c.name for c in running}), stopped,
                               time.monotonic_ns() - self._moved_at)
         elif running and not self._autojump(running):
             return False
+        if release:  # (a break moves the clock on in the same turn: one break, not two)
+            self._release_clients(now)
+            if not broke or not later:
+                return True
         self._jump(min(later))
         self.tick_jumps += on_tick
         return True
@@ -229,7 +255,9 @@ class ClockOwner:
                ) -> tuple[list[int], list[ClientRec]] | None:
         """Steps 1 and 2: the waiters' wakes and the connections of client processes
         that are not in a hetproc wait; None when something runs or is in flight.
-        ``stopped``: devices that count as blocked with no wake (``_stopped_devices``)."""
+        ``stopped``: devices that count as blocked with no wake (``_stopped_devices``).
+        A client that has talked without a hetproc wait for ``SPIN_FACTOR`` times
+        ``autojump_ms`` (``Holders.spinning``): its requests in flight no longer count."""
         if self._new_requests():
             return None
         wakes = self._device_wakes(now, stopped)
@@ -237,6 +265,8 @@ class ClockOwner:
         # The heads after the clients' slots: a record is written before its writer
         # blocks, so a blocked writer's records are seen here.
         if wakes is None or clients is None or self._queue_news() or self._traffic():
+            return None
+        if self._client_traffic() and not self.holders.spinning(self._moved_at):
             return None
         return wakes + clients[0], clients[1]
 
@@ -326,6 +356,7 @@ class ClockOwner:
         blocked at all; None when one is about to run."""
         wakes: list[int] = []
         blocked: dict[int, bool] = {}
+        released = self.clock.released_ns()
         for client in self.reg.clients.values():
             if not client.id or client.clock_slot < 0:
                 return None  # saying hello
@@ -334,12 +365,17 @@ class ClockOwner:
                 blocked.setdefault(client.pid, False)
                 continue
             wake, fences = snap
-            if wake <= now or any(self._done(f) for f in fences):
+            # (a wake in (released, now]: it waits for the devices to be done with now)
+            if wake <= released or any(self._done(f) for f in fences):
                 return None
             blocked[client.pid] = True
             if wake != NO_WAKE:
                 wakes.append(wake)
         running = [c for c in self.reg.clients.values() if not blocked[c.pid]]
+        gens: dict[int, tuple[int, ...]] = {}
+        for c in running:  # (its slots' generations: it entered or left a wait since?)
+            gens[c.pid] = gens.get(c.pid, ()) + (self.clock.waiter(c.clock_slot).gen(),)
+        self.holders.note(gens)
         return wakes, running
 
     def _done(self, fence: int) -> bool:
@@ -349,45 +385,49 @@ class ClockOwner:
             return True  # recycled: its waiter wakes and finds out
 
     def _traffic(self) -> bool:
-        """Anything in flight the slots cannot show: bytes from a client, a reply not
-        sent, a completion not collected, a device killed or dead and not reaped yet
-        (its slot says what it did before it died)."""
-        clients = list(self.reg.clients.values())
-        if any(c.pending or c.reader.buffered or c.outbuf for c in clients):
-            return True
+        """What the devices have in flight that the slots cannot show: a completion not
+        collected, a device killed or dead and not reaped yet (its slot says what it did
+        before it died)."""
         devices = self.reg.devices.values()
         if any(dev.completions.depth() for dev in devices):
             return True
         if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
             return True
-        return self._readable([c.conn for c in clients]
-                              + [d.pidfd for d in devices if d.pidfd >= 0])
+        return self._readable([d.pidfd for d in devices if d.pidfd >= 0], 0)
 
-    def _readable(self, conns: list[Any]) -> bool:
+    def _client_traffic(self) -> bool:
+        """Bytes from a client not read or not served, a reply not sent."""
+        conns = list(self.reg.clients.values())
+        if any(c.pending or c.reader.buffered or c.outbuf for c in conns):
+            return True
+        return self._readable([c.conn for c in conns], 1)
+
+    def _readable(self, conns: list[Any], which: int) -> bool:
         """Whether any of ``conns`` (sockets, descriptors) is readable now: one poll with
-        no wait, on a poller kept while the set stays the same (the common case)."""
+        no wait, on a poller kept while the set stays the same (the common case; one
+        per ``which``: the devices', the clients')."""
         key = tuple(conns)
-        if key != self._polled:
-            self._poller = select.poll()
+        polled, poller = self._pollers[which]
+        if key != polled:
+            poller = select.poll()
             for conn in conns:
-                self._poller.register(conn, select.POLLIN)
-            self._polled = key
-        return bool(conns and self._poller.poll(0))
+                poller.register(conn, select.POLLIN)
+            self._pollers[which] = (key, poller)
+        return bool(conns and poller.poll(0))
 
     def _autojump(self, running: list[ClientRec]) -> bool:
-        """Only clients outside hetproc waits hold the clock: after ``autojump_ms`` real
-        ms, True (the jump is a determinism break, counted and named)."""
-        t = time.monotonic_ns()
-        if not self._stuck_since:
-            self._stuck_since = t
-            return False
-        if t - self._stuck_since < self.autojump_ns:
+        """Only clients outside hetproc waits hold the clock: True once they held it
+        long enough by their own doing (``_autojump.Holders``); the jump is then a
+        determinism break, counted and named."""
+        detail = self.holders.verdict(self._moved_at)
+        if detail is None:
             return False
         self._count_break(sorted({c.name for c in running}), frozenset(),
-                          t - self._stuck_since)
+                          detail.pop("held_ns"), **detail)
         return True
 
-    def _count_break(self, clients: list[str], devices: frozenset[str], held_ns: int) -> None:
+    def _count_break(self, clients: list[str], devices: frozenset[str], held_ns: int,
+                     **detail: float) -> None:
         """A jump that did not wait for everybody: counted, its holders named."""
         self.breaks += 1
         for name in clients:
@@ -395,23 +435,30 @@ class ClockOwner:
         for name in devices:
             self.break_devices[name] = self.break_devices.get(name, 0) + 1
         self.reg.note_event("determinism_break", clients=clients, devices=sorted(devices),
-                            now_ns=self.clock.now_ns(), held_ms=round(held_ns / 1e6, 3))
-
-    def _not_quiet(self) -> bool:
-        self._stuck_since = 0
-        return False
+                            now_ns=self.clock.now_ns(), held_ms=round(held_ns / 1e6, 3),
+                            **detail)
 
     def _jump(self, t: int) -> None:
         """The clock to ``t``; the devices whose wake came, or whose command's watchdog
-        looks at the next ns (``_timers``), are poked, in the tie seed's order."""
-        self._stuck_since = 0
+        looks at the next ns (``_timers``), are poked, in the tie seed's order. The
+        clients' deadlines come to ``t`` once those devices are blocked again (a later
+        ``turn``), or at once when none was woken."""
         self._moved_at = time.monotonic_ns()
         self.clock.advance(t)
         looking = {name for name, deadline in self._looks() if deadline == t + 1}
+        woken = False
         for dev in self._order:
             snap = self.waiters[dev.index].snapshot()
             if snap is not None and (snap[0] <= t or dev.name in looking):
                 dev.doorbell.release()
+                woken = True
+        if not woken:
+            self._release_clients(t)
+
+    def _release_clients(self, t: int) -> None:
+        """The clients' deadlines come to ``t`` (the devices did what was due then)."""
+        self._moved_at = time.monotonic_ns()
+        self.clock.release()
         for client in self.reg.clients.values():
             snap = self.clock.waiter(client.clock_slot).snapshot() \
                 if client.clock_slot >= 0 else None

@@ -81,3 +81,45 @@ class DeviceCpu:
         if entry is not None:
             os.close(entry[1])
             os.close(entry[2])
+
+
+
+Threads = dict[int, tuple[int, int, bool]]  # tid -> (cpu ns, runqueue wait ns, runnable)
+
+
+def thread_times(pid: int) -> Threads | None:
+    """Per thread of process ``pid``: the CPU it has had and how long it waited,
+    runnable, for one (``schedstat``), and whether it is runnable now (``stat``); None
+    when the process cannot be read."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    out: Threads = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                cpu, wait = f.read().split()[:2]
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+            out[int(tid)] = (int(cpu), int(wait), state == b"R")
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return out
+
+
+def slept_and_ran(before: Threads, after: Threads, wall_ns: int) -> tuple[int, int]:
+    """Of ``wall_ns``, how long a process slept by its own choice (every thread seen
+    both times asleep: the least over them; a thread that runs or waits for a CPU is work
+    in progress) and the most CPU one thread had (work, or a spin). A thread runnable now
+    is taken to have waited for the time not accounted yet (the kernel adds a wait to
+    ``schedstat`` only when it ends), not slept; what a thread waited for a CPU is the
+    host's load, in neither figure."""
+    slept, ran_most = wall_ns, 0
+    for tid, (cpu, wait, runnable) in after.items():
+        if tid not in before:
+            continue
+        ran, waited = cpu - before[tid][0], wait - before[tid][1]
+        ran_most = max(ran_most, ran)
+        slept = min(slept, 0 if runnable else max(0, wall_ns - ran - waited))
+    return slept, ran_most

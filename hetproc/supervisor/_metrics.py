@@ -9,9 +9,10 @@ process and the last error; the user-mode queues and the DDR quotas their own.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from ipc import clock
 
 from ._devices import device_state_name
 from ._records import Registry
@@ -87,7 +88,7 @@ def platform_metrics(reg: Registry, pool: Memory, recovery: Recovery, handoff: H
 
 def _devices(reg: Registry) -> dict[str, dict[str, Any]]:
     out = {}
-    now = time.monotonic_ns()
+    now = clock.now_ns()  # the platform's clock, which the devices stamp their beats with
     for dev in reg.devices.values():
         st = reg.state[dev.index]
         beat = int(st["heartbeat_ns"])

@@ -166,6 +166,11 @@ class Recovery:
         self.device_cpu = DeviceCpu()
         self.stall = StallWatch(reg, self.device_cpu, self.verdicts, queue_owed, queue_timing)
         self._ids = 0
+        # Whether a device's state words stand still (the virtual clock: it is blocked).
+        # A first sight read while it moves may fall between its start stamp and its
+        # first progress, and the deadline then sees "progress" (late-writer timed out
+        # one watchdog later, now and then).
+        self.settled: Callable[[DeviceHandle], bool] = lambda dev: True
 
     # -- watchdog ---------------------------------------------------------------------
 
@@ -198,6 +203,8 @@ class Recovery:
         if cmd is None or cmd.pidx != pidx:
             return
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
+            if not self.settled(dev):
+                return
             started = slot.u64[S.STARTED]
             if slot.u64[S.CURRENT_PIDX] != pidx or started < cmd.t_submit:
                 return  # the previous command's start time: this one's is not written yet

@@ -57,10 +57,14 @@ class ReportRequests:
 
     def run_digest(self, client: ClientRec, msg: dict) -> dict:
         """The trace digest of every command retired so far, and their modeled span
-        (``_runlog``): every tenant's commands, so a privileged role's only."""
+        (``_runlog``): every tenant's commands, so a privileged role's only. With
+        ``rows_from``, also a page of the rows it hashes, from there."""
         need_privilege(client, "the platform's trace digest")
         self.commands.collect_news()  # as of now, not as of our last wake-up
-        return {"digest": self.commands.log.summary()}
+        log = self.commands.log
+        if "rows_from" in msg:
+            return {"digest": {**log.summary(), **log.rows(msg["rows_from"])}}
+        return {"digest": log.summary()}
 
     def inject(self, client: ClientRec, msg: dict) -> dict:
         """A privileged client arms a fault anywhere; any other client's fault fires only

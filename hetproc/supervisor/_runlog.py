@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..trace import modeled_span, trace_digest
+from ..trace import canonical_rows, modeled_span, trace_digest
 
 if TYPE_CHECKING:
     from ._devices import Command
 
 KEEP = 1 << 17
+ROWS_PAGE = 4096  # canonical rows per reply (``rows``): well under a packet's bound
 
 
 class CommandLog:
@@ -61,3 +62,11 @@ class CommandLog:
                "modeled_s": None if origin is None or end is None else (end - origin) / 1e9}
         self._cached = (key, out)
         return dict(out)
+
+    def rows(self, start: int) -> dict[str, Any]:
+        """A page of the canonical rows the digest hashes (``canonical_rows``), from
+        ``start``: what tells two runs' schedules apart where their digests differ.
+        ``{"rows", "rows_total"}``; a page past the end is empty."""
+        rows = canonical_rows(self.entries, modeled_span(self.entries, self.origin_ns)[0])
+        return {"rows": [list(r) for r in rows[start:start + ROWS_PAGE]],
+                "rows_total": len(rows)}

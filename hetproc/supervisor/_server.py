@@ -207,7 +207,7 @@ class Supervisor:
         while self.running:
             for client in list(self.backlog):
                 self.serve_pending(client)
-            news = False
+            news = heard = False
             looking, look_again = look_again, False
             ready = self.sel.select(0 if self.backlog or looking else tick_s)
             for key, mask in ready:
@@ -221,6 +221,7 @@ class Supervisor:
                             break
                 elif kind == "client":
                     self.on_client_event(obj, mask)
+                    heard = True
                 elif kind == "death":
                     self.on_device_death(obj)
                 elif kind == "owner_death":
@@ -234,7 +235,8 @@ class Supervisor:
             self.evidence.tick()
             self.drop_silent_connections()
             if vclock is not None and vclock.turn(bool(self.backlog),
-                                                  on_tick=not ready and not looking):
+                                                  on_tick=not ready and not looking,
+                                                  heard=heard):
                 self.tick()  # what is due at the instant the clock moved to
                 # The devices woken may be blocked again already, their wake-up taken in
                 # with their completions by this tick: look at once, not at the next tick.

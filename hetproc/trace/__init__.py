@@ -19,7 +19,8 @@ Offline, from a file written by ``--trace`` or ``export_trace``::
     validate(doc)                how Perfetto's importer would misread it (empty: it won't)
     flow_chains(doc)             per request, the slices its arrows connect, in order
     trace_digest(entries)        one sha256 naming a run's modeled schedule (CommandEntry
-                                 per command; canonical_rows is what it hashes)
+                                 per command; canonical_rows is what it hashes,
+                                 diff_rows where two runs' rows part)
     Stage                        the stage numbers records carry (SUBMIT, QUEUED, EXEC...)
 
 Nothing here runs inside the supervisor or a device, except ``_export`` and ``_perfetto``,
@@ -27,7 +28,7 @@ which the supervisor also uses to write the frozen windows it dumps, and ``_dige
 with which it hashes its command log.
 """
 
-from ._digest import CommandEntry, canonical_rows, modeled_span, trace_digest
+from ._digest import CommandEntry, canonical_rows, diff_rows, modeled_span, trace_digest
 from ._explain import Request, Trace, explain, load_trace, requests, slowest
 from ._export import frozen_to_chrome, records_to_chrome
 from ._live import (
@@ -50,5 +51,5 @@ __all__ = [
     "as_dict", "summary_lines", "parse_cid", "plot_timeline", "require_matplotlib",
     "frozen_to_chrome", "records_to_chrome", "to_chrome_trace", "write_chrome_trace",
     "validate", "flow_chains", "trace_digest", "canonical_rows", "modeled_span",
-    "CommandEntry", "run_digest",
+    "CommandEntry", "run_digest", "diff_rows",
 ]

@@ -30,12 +30,14 @@ With a virtual clock, every command is dated by the clock, and one seed gives on
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["CommandEntry", "canonical_rows", "trace_digest", "modeled_span", "DIGEST_VERSION"]
+__all__ = ["CommandEntry", "canonical_rows", "trace_digest", "modeled_span", "diff_rows",
+           "DIGEST_VERSION"]
 
 DIGEST_VERSION = "hetproc-trace-digest/1"
 
@@ -91,3 +93,15 @@ def trace_digest(entries: Iterable[Sequence[Any]], origin_ns: int | None = None)
     array: ``[["npu0","app/low","work",0,2000000,"ok"],...]``."""
     body = json.dumps(canonical_rows(entries, origin_ns), separators=(",", ":"))
     return hashlib.sha256(f"{DIGEST_VERSION}\n{body}".encode()).hexdigest()
+
+
+def diff_rows(a: Sequence[Sequence[Any]], b: Sequence[Sequence[Any]], *,
+              context: int = 3, limit: int = 40) -> list[str]:
+    """Where two runs' canonical rows part (each as ``canonical_rows`` or
+    ``run_digest(rows=True)`` gives them): unified-diff lines, one row per line, the first
+    ``limit`` of them (the first difference is where a schedule's cause shows; what
+    follows it usually only moves with it). Empty when the rows are equal."""
+    def lines(rows: Sequence[Sequence[Any]]) -> list[str]:
+        return [json.dumps(list(r), separators=(",", ":")) for r in rows]
+    out = list(difflib.unified_diff(lines(a), lines(b), "a", "b", n=context, lineterm=""))
+    return out[:limit]

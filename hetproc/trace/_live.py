@@ -47,11 +47,14 @@ def trace_info(client: Connected) -> dict[str, Any]:
     return info
 
 
-def run_digest(client: Connected, settle_s: float = 2.0) -> dict[str, Any]:
+def run_digest(client: Connected, settle_s: float = 2.0, *,
+               rows: bool = False) -> dict[str, Any]:
     """(Privileged.) The trace digest (``trace_digest``) of every command the platform
     retired, from the supervisor's command log: ``{"trace_digest", "commands", "dropped",
     "origin_ns", "end_ns", "modeled_s"}``; ``modeled_s`` spans from the first command's
-    modeled start (or the platform's modeled epoch) to the last one's end.
+    modeled start (or the platform's modeled epoch) to the last one's end. ``rows``: also
+    ``"rows"``, the canonical rows it hashes (``canonical_rows``), which is where two runs
+    whose digests differ show how (``diff_rows``).
 
     A device signals a fence before its completion record reaches the supervisor, so this
     first waits, up to ``settle_s``, until no command is in flight: the commands whose
@@ -61,7 +64,27 @@ def run_digest(client: Connected, settle_s: float = 2.0) -> dict[str, Any]:
         if not client.connection.request("metrics")["metrics"].get("in_flight"):
             break
         time.sleep(0.005)
-    return client.connection.request("run_digest")["digest"]
+    if not rows:
+        return client.connection.request("run_digest")["digest"]
+    return _digest_with_rows(client)
+
+
+def _digest_with_rows(client: Connected, attempts: int = 3) -> dict[str, Any]:
+    """The digest and its rows, page by page; again from the start if a command retired
+    between two pages (the rows then belong to the digest of the last page)."""
+    for _ in range(attempts):
+        page = client.connection.request("run_digest", rows_from=0)["digest"]
+        rows = [tuple(r) for r in page.pop("rows")]
+        while len(rows) < page["rows_total"]:
+            more = client.connection.request("run_digest", rows_from=len(rows))["digest"]
+            if more["rows_total"] != page["rows_total"]:
+                break
+            rows += [tuple(r) for r in more["rows"]]
+        else:
+            page.pop("rows_total")
+            return {**page, "rows": rows}
+    raise errors.PlatformError("the platform kept retiring commands while its digest's "
+                               "rows were read")
 
 
 def snapshot(client: Connected) -> tuple[np.ndarray, dict[int, str], dict[int, str]]:
