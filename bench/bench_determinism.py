@@ -55,7 +55,9 @@ def one_run(kind: str, name: str, options: dict[str, Any],
     row = run_cell(kind, name, options, platform_file, None, clock="virtual")
     return {"ok": row["ok"], "trace_digest": row.get("trace_digest"),
             "commands": row.get("trace_commands"), "breaks": row.get("determinism_breaks"),
-            "rows": row.get("trace_rows")}
+            "rows": row.get("trace_rows"),
+            "failed": {**row["failed_details"],
+                       **({"error": row["error"]} if row["error"] else {})}}
 
 
 def survey(names: list[str] | None, runs: int, jobs: int = 1,
@@ -81,7 +83,8 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
             "rows_files": [files[d] for d, _ in digests.most_common() if d in files],
             "passed": sum(1 for r in rs if r["ok"]),
             "commands": sorted({r["commands"] for r in rs}, key=str),
-            "breaks": sorted({r["breaks"] for r in rs}, key=str)}
+            "breaks": sorted({r["breaks"] for r in rs}, key=str),
+            "failures": [r["failed"] for r in rs if not r["ok"]]}
 
 
 def parting(s: dict[str, Any]) -> list[str]:
@@ -98,7 +101,8 @@ def line(name: str, s: dict[str, Any]) -> str:
     if s["distinct"] > 1 or s["passed"] < s["runs"] or any(s["breaks"]):
         return text + (f"  (runs per digest {s['runs_per_digest']}, commands "
                        f"{s['commands']}, breaks {s['breaks']}, "
-                       f"passed {s['passed']}/{s['runs']})")
+                       f"passed {s['passed']}/{s['runs']})"
+                       + "".join(f"\n    failed: {f}" for f in s.get("failures", [])))
     return text + f"  (commands {s['commands']})"
 
 

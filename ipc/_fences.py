@@ -229,7 +229,14 @@ class FenceTable:
     def _sem(self, slot: int) -> posix_ipc.Semaphore:
         sem = self._sems.get(slot)
         if sem is None:
-            sem = self._sems[slot] = posix_ipc.Semaphore(self.sem_name(slot))
+            try:
+                sem = self._sems[slot] = posix_ipc.Semaphore(self.sem_name(slot))
+            except posix_ipc.ExistentialError:
+                # Unlinked under us: only a teardown does that (a dead supervisor's
+                # platform removed by `hetproc cleanup`), so the platform is gone.
+                raise errors.SupervisorLost(
+                    f"fence slot {slot}'s semaphore is gone: its platform was torn down "
+                    "(the supervisor died and a cleanup removed its objects)") from None
         return sem
 
     def check(self, handle: int) -> None:

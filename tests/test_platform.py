@@ -257,6 +257,23 @@ def test_supervisor_sigkill_then_cleanup_leaves_nothing():
     plat.proc = None
 
 
+def test_a_wait_begun_after_a_cleanup_took_the_dead_platform_is_supervisor_lost():
+    """`hetproc cleanup` (here: a run beside this one) may remove a dead platform before
+    one of its clients first waits on a fence: the semaphore it would open is gone. The
+    wait says SupervisorLost, never the IPC library's own ExistentialError."""
+    plat = hetproc.Platform().start()
+    prefix = plat.prefix
+    fence = plat.client.context("npu0").submit("work", ms=5000)  # never waited on yet
+    plat.kill_supervisor()
+    assert wait_for(lambda: prefix in cleanup_dead()["platforms"] or
+                    not entries_with_prefix(prefix))
+    assert entries_with_prefix(prefix) == []
+    with pytest.raises(hetproc.SupervisorLost):
+        fence.wait(10)
+    plat.client.close()
+    plat.proc = None
+
+
 def test_cleanup_leaves_live_platforms_alone(platform):
     report = cleanup_dead()
     assert platform.prefix in report["live"]

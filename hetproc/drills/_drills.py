@@ -486,7 +486,11 @@ def _supervisor_crash(d: Drill) -> None:
     except errors.PlatformError as exc:
         d.s.check("the next call gets a clear error", True, exc.name)
     report = cleanup_dead()
-    d.s.check("hetproc cleanup removed the dead platform", plat.prefix in report["platforms"])
+    # Another cleanup (a run beside this one, a user's `hetproc cleanup`) may find the dead
+    # platform first: then this one does not name it, and nothing of it is left either.
+    d.s.check("hetproc cleanup removed the dead platform",
+              plat.prefix in report["platforms"] or not leftovers(plat.prefix)["objects"],
+              "" if plat.prefix in report["platforms"] else "removed by a cleanup beside it")
     d.s.check("nothing of it remains in /dev/shm", not leftovers(plat.prefix)["objects"])
 
 
