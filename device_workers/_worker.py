@@ -68,7 +68,8 @@ DOORBELL_SWALLOW_MAX = 1 << 16  # posts taken per turn (bounds one turn's work)
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
 _TRACEBACK_CHARS = 1200  # the end of a kernel's traceback: fits a ring slot beside its record
 # A host that ends this far past the modeled end has lagged: about one cross-core wake-up,
-LAG_TOLERANCE_NS = 50_000  # below which a hold's final spin cannot tell lateness from jitter
+# below which a hold's final spin cannot tell lateness from its own jitter.
+LAG_TOLERANCE_NS = 50_000
 _PR_SET_PDEATHSIG = 1
 
 

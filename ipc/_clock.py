@@ -141,6 +141,8 @@ class Waiter:
         if gen & 1:
             return None
         wake, fence = q[i + WAKE], q[i + FENCE]
+        if not wake or q[i + SEEN] != q[i + POKED]:  # (most looks end here: it runs)
+            return None
         fences: tuple[int, ...] = ()
         if fence:
             fences = (fence,)
@@ -148,7 +150,7 @@ class Waiter:
                 if not q[k]:
                     break
                 fences += (q[k],)
-        if not wake or q[i + SEEN] != q[i + POKED] or q[i + GEN] != gen:
+        if q[i + GEN] != gen:  # it changed its slot while we read: no consistent view
             return None
         return wake, fences
 

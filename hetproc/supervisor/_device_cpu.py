@@ -83,7 +83,6 @@ class DeviceCpu:
             os.close(entry[2])
 
 
-
 Threads = dict[int, tuple[int, int, bool]]  # tid -> (cpu ns, runqueue wait ns, runnable)
 
 
