@@ -29,8 +29,8 @@ def profiled(role: str) -> Iterator[None]:
     sys.setprofile(None)  # a forked child drops its parent's profiler
     # ``HETPROC_PROFILE_CPU=1``: CPU time instead (a system call per function call, so
     # every row is inflated alike; what the process spent, not what it waited for).
-    timer = [time.process_time_ns] if os.environ.get(ENV + "_CPU") else []
-    prof = cProfile.Profile(*timer, 1e-9) if timer else cProfile.Profile()
+    prof = (cProfile.Profile(time.process_time, 1.0) if os.environ.get(ENV + "_CPU")
+            else cProfile.Profile())
     prof.enable()
     try:
         yield
