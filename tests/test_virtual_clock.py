@@ -375,6 +375,22 @@ def test_the_last_waiter_to_block_wakes_the_supervisor_not_its_tick():
         assert m["jumps_on_tick"] * 4 < m["jumps"], m
 
 
+def test_a_release_that_wakes_no_client_moves_the_clock_on_in_the_same_turn():
+    """A client asleep for 100 modeled ms while npu0 runs ten 5 ms commands: at each
+    command's end the device acts first, then the clients' deadlines come to that instant;
+    nobody's came, so the same loop turn moves the clock on to the next end (before this,
+    each such release took a loop turn of its own). The schedule is the same either way."""
+    with _platform("virtual") as plat:
+        npu = plat.client.context("npu0")
+        t0 = plat.now()
+        fences = [npu.submit_nowait("work", ms=5) for _ in range(10)]
+        hetproc.sleep(100)
+        assert plat.now() == t0 + 100 * MS
+        assert [f.signal_time() - t0 for f in fences] == [5 * MS * (k + 1) for k in range(10)]
+        m = plat.metrics()["clock"]
+        assert m["jumps_after_release"] >= 9 and m["determinism_breaks"] == 0, m
+
+
 def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_comes():
     """npu0 runs ``a`` (hand-off 5 ms), then ``b`` waits for a fence the client signals
     only after 50 modeled ms: a's signal falls due while npu0 sleeps on b's input fence,
