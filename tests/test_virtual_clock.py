@@ -253,6 +253,26 @@ def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever(
         assert plat.metrics()["devices"]["npu0"]["pid"] != pid  # a new process
 
 
+def test_a_device_known_stopped_holds_the_clock_once_not_at_every_jump_past_it():
+    """With autojump_ms at 3 s, the first jump past a stopped device waits those 3 s; the
+    jumps after it (the watchdog's look, its deadline, the grace) find it still stopped
+    at once and do not wait again (each did before: 3 s per jump). Same modeled result."""
+    with _platform("virtual", autojump_ms=3000.0) as plat:
+        c = plat.client
+        pid = plat.metrics()["devices"]["npu0"]["pid"]
+        t0 = plat.now()
+        f = c.context("npu0").submit_nowait("work", ms=500)
+        hetproc.sleep(10)
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(errors.DeviceTimeout):
+            f.wait(5)
+        assert f.signal_time() - t0 == 250 * MS
+        held = [e["held_ms"] for e in c.incidents()["events"]
+                if e["event"] == "determinism_break"]
+        assert len(held) >= 2 and held[0] >= 3000, held
+        assert all(ms < 3000 for ms in held[1:]), held
+
+
 def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():
     """Records straight to the device: each after the one before it, a record waiting on
     a fence signalled a modeled second later (past the stall watch's bound: the device

@@ -139,6 +139,7 @@ class ClockOwner:
         self.break_devices: dict[str, int] = {}
         self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
         self._next_stop_look = 0  # real ns: when a held clock may look for stopped devices
+        self._known_stopped: frozenset[str] = frozenset()  # found stopped, still so
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
@@ -261,14 +262,24 @@ class ClockOwner:
         would ever move the clock (the watchdog that catches it on the real clock could
         not fire). It then counts as blocked with no wake, and the jump is a determinism
         break naming it. Looked for only then, and every few ms: a running platform
-        pays one clock read per turn."""
+        pays one clock read per turn. A device found stopped is looked at again on every
+        later turn, with no new wait, for as long as it stays stopped: each jump past it
+        would hold the clock ``autojump_ms`` again for what is known already."""
+        cpu = self.recovery.device_cpu
+        devices = self.reg.devices
+        if self._known_stopped:
+            self._known_stopped = frozenset(
+                name for name in self._known_stopped
+                if devices[name].pid and cpu.stopped(devices[name]))
+            if self._known_stopped:
+                return self._known_stopped
         t = time.monotonic_ns()
         if t - self._moved_at < self.autojump_ns or t < self._next_stop_look:
             return frozenset()
         self._next_stop_look = t + STOP_LOOK_NS
-        cpu = self.recovery.device_cpu
-        return frozenset(dev.name for dev in self.reg.devices.values()
-                         if dev.pid and cpu.stopped(dev))
+        self._known_stopped = frozenset(dev.name for dev in devices.values()
+                                        if dev.pid and cpu.stopped(dev))
+        return self._known_stopped
 
     def _quiet(self, now: int, stopped: frozenset[str] = frozenset(),
                ) -> tuple[list[int], list[ClientRec]] | None:
