@@ -253,6 +253,26 @@ def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever(
         assert plat.metrics()["devices"]["npu0"]["pid"] != pid  # a new process
 
 
+def test_a_device_known_stopped_holds_the_clock_once_not_at_every_jump_past_it():
+    """With autojump_ms at 3 s, the first jump past a stopped device waits those 3 s; the
+    jumps after it (the watchdog's look, its deadline, the grace) find it still stopped
+    at once and do not wait again (each did before: 3 s per jump). Same modeled result."""
+    with _platform("virtual", autojump_ms=3000.0) as plat:
+        c = plat.client
+        pid = plat.metrics()["devices"]["npu0"]["pid"]
+        t0 = plat.now()
+        f = c.context("npu0").submit_nowait("work", ms=500)
+        hetproc.sleep(10)
+        os.kill(pid, signal.SIGSTOP)
+        with pytest.raises(errors.DeviceTimeout):
+            f.wait(5)
+        assert f.signal_time() - t0 == 250 * MS
+        held = [e["held_ms"] for e in c.incidents()["events"]
+                if e["event"] == "determinism_break"]
+        assert len(held) >= 2 and held[0] >= 3000, held
+        assert all(ms < 3000 for ms in held[1:]), held
+
+
 def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():
     """Records straight to the device: each after the one before it, a record waiting on
     a fence signalled a modeled second later (past the stall watch's bound: the device
@@ -373,6 +393,22 @@ def test_the_last_waiter_to_block_wakes_the_supervisor_not_its_tick():
         assert plat.now() - t0 >= 40 * MS + 20 * 2 * MS
         assert m["jumps"] >= 60 and m["determinism_breaks"] == 0
         assert m["jumps_on_tick"] * 4 < m["jumps"], m
+
+
+def test_a_release_that_wakes_no_client_moves_the_clock_on_in_the_same_turn():
+    """A client asleep for 100 modeled ms while npu0 runs ten 5 ms commands: at each
+    command's end the device acts first, then the clients' deadlines come to that instant;
+    nobody's came, so the same loop turn moves the clock on to the next end (before this,
+    each such release took a loop turn of its own). The schedule is the same either way."""
+    with _platform("virtual") as plat:
+        npu = plat.client.context("npu0")
+        t0 = plat.now()
+        fences = [npu.submit_nowait("work", ms=5) for _ in range(10)]
+        hetproc.sleep(100)
+        assert plat.now() == t0 + 100 * MS
+        assert [f.signal_time() - t0 for f in fences] == [5 * MS * (k + 1) for k in range(10)]
+        m = plat.metrics()["clock"]
+        assert m["jumps_after_release"] >= 9 and m["determinism_breaks"] == 0, m
 
 
 def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_comes():

@@ -26,7 +26,9 @@ whether the whole platform waits (``turn``)::
        doorbell then)
     4. once those devices are blocked again (steps 1 and 2), the clients' deadlines come
        to the new instant (``released_ns``): a client whose wait's deadline or sleep's
-       end came is nudged on its fences, or its connection's bell
+       end came is nudged on its fences, or its connection's bell; when nobody's came,
+       nobody was woken and the platform is as quiet as step 1 and 2 found it: the same
+       turn jumps on (``jumps_after_release``), a turn per instant, not two
 
 Step 4 is the order of one instant: what the devices do at it (a command's end, a
 signal, a hand-off) comes before any client's deadline at it, so a client that sleeps to
@@ -81,6 +83,8 @@ if TYPE_CHECKING:
 
 NO_WAKE = clock.NO_WAKE
 STOP_LOOK_NS = 5_000_000  # real ns between looks for stopped devices while the clock is held
+# What a loop turn did to the clock (``ClockOwner.turn``).
+STILL, RELEASED, RELEASED_QUIET, JUMPED = range(4)
 
 
 class PokingDoorbell(posix_ipc.Semaphore):
@@ -130,10 +134,12 @@ class ClockOwner:
                                         or self.waiters[dev.index].snapshot() is not None)
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
+        self.chained_jumps = 0  # jumps in the turn of a release that woke no client
         self.break_clients: dict[str, int] = {}
         self.break_devices: dict[str, int] = {}
         self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
         self._next_stop_look = 0  # real ns: when a held clock may look for stopped devices
+        self._known_stopped: frozenset[str] = frozenset()  # found stopped, still so
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
@@ -145,6 +151,11 @@ class ClockOwner:
         # unknown, the turn settles.
         self._marked: list[int] | None = None
         self._slots = devices + clients
+        # (device, deadline) of the watches that judge a device by its signs of life when
+        # the deadline comes -- each running command's watchdog, the queue watch's, the
+        # stall watch's -- as the last ``_timers`` found them (the jump wakes each
+        # device one modeled ns before).
+        self._looks: list[tuple[str, int]] = []
         # What ``_traffic`` and ``_client_traffic`` poll, kept while it stays the same.
         self._pollers: list[tuple[tuple[Any, ...], Any]] = [((), select.poll())] * 2
         # The order devices whose wakes fall on the same instant are woken in: by index,
@@ -180,12 +191,15 @@ class ClockOwner:
 
     # -- the jump ---------------------------------------------------------------------
 
-    def turn(self, busy: bool, on_tick: bool = False, heard: bool = False) -> bool:
+    def turn(self, busy: bool, on_tick: bool = False, heard: bool = False) -> int:
         """Move the clock if the platform is quiescent (the module docstring's steps);
         ``busy``: the loop has work of its own this turn; ``on_tick``: nothing woke the
         loop (no waiter said it might be the last: counted); ``heard``: a client's bytes
         were read this turn (it talks to us: not silent outside hetproc, ``_autojump``).
-        True when it moved."""
+        ``JUMPED`` when the clock moved (the loop's timers are due at the new instant),
+        ``RELEASED`` when only the clients' deadlines came to now (step 4: nothing of the
+        loop's is due), ``RELEASED_QUIET`` when that woke no client (the platform is
+        still quiet: look again at once), else ``STILL``."""
         if heard:
             self.holders.heard()
         now = self.clock.now_ns()
@@ -193,14 +207,14 @@ class ClockOwner:
         stopped = self._stopped_devices() if not busy else frozenset()
         quiet = None if busy else self._quiet(now, stopped)
         if quiet is None:
-            return False
+            return STILL
         if marked != self.clock.generations(self._slots):
             # Somebody ran since the loop's timers looked: they look again at this
             # instant (a watchdog's first sight of a command), and so does step 1 and 2.
             self.settle()
             quiet = self._quiet(now, stopped)
             if quiet is None:
-                return False
+                return STILL
         wakes, running = quiet
         # The devices are done with this instant: the clients' deadlines come to it
         # before the clock moves on (every device's event at an instant comes before
@@ -210,20 +224,26 @@ class ClockOwner:
         wakes.extend(self._timers())
         later = [t for t in wakes if t > now]
         if not later and not release:  # nothing to move to (it waits for a client):
-            return False                # no jump, no break
+            return STILL                # no jump, no break
         broke = bool(stopped or running)
         if stopped:  # held for autojump_ms already (``_stopped_devices``): move now
             self._count_break(sorted({c.name for c in running}), stopped,
                               time.monotonic_ns() - self._moved_at)
         elif running and not self._autojump(running):
-            return False
-        if release:  # (a break moves the clock on in the same turn: one break, not two)
-            self._release_clients(now)
-            if not broke or not later:
-                return True
+            return STILL
+        if release:
+            # A client whose deadline came runs at this instant first; with none, the
+            # platform is as quiet as it was, and the clock moves on in this same turn
+            # (so does a break: one break, not two).
+            nudged = self._release_clients(now)
+            if not later:
+                return RELEASED if nudged else RELEASED_QUIET
+            if nudged and not broke:
+                return RELEASED
+            self.chained_jumps += 1
         self._jump(min(later))
         self.tick_jumps += on_tick
-        return True
+        return JUMPED
 
     def mark(self) -> None:
         """The loop's timers (``settle``) are about to run: a turn after them that finds
@@ -242,14 +262,24 @@ class ClockOwner:
         would ever move the clock (the watchdog that catches it on the real clock could
         not fire). It then counts as blocked with no wake, and the jump is a determinism
         break naming it. Looked for only then, and every few ms: a running platform
-        pays one clock read per turn."""
+        pays one clock read per turn. A device found stopped is looked at again on every
+        later turn, with no new wait, for as long as it stays stopped: each jump past it
+        would hold the clock ``autojump_ms`` again for what is known already."""
+        cpu = self.recovery.device_cpu
+        devices = self.reg.devices
+        if self._known_stopped:
+            self._known_stopped = frozenset(
+                name for name in self._known_stopped
+                if devices[name].pid and cpu.stopped(devices[name]))
+            if self._known_stopped:
+                return self._known_stopped
         t = time.monotonic_ns()
         if t - self._moved_at < self.autojump_ns or t < self._next_stop_look:
             return frozenset()
         self._next_stop_look = t + STOP_LOOK_NS
-        cpu = self.recovery.device_cpu
-        return frozenset(dev.name for dev in self.reg.devices.values()
-                         if dev.pid and cpu.stopped(dev))
+        self._known_stopped = frozenset(dev.name for dev in devices.values()
+                                        if dev.pid and cpu.stopped(dev))
+        return self._known_stopped
 
     def _quiet(self, now: int, stopped: frozenset[str] = frozenset(),
                ) -> tuple[list[int], list[ClientRec]] | None:
@@ -301,34 +331,36 @@ class ClockOwner:
                     news = True
         return news
 
-    def _looks(self) -> list[tuple[str, int]]:
-        """(device, deadline) of the watches that judge a device by its signs of life
-        when the deadline comes: each running command's watchdog, the queue watch's, the
-        stall watch's. One modeled ns before each the device is woken to look."""
-        out = [(dev.name, cmd.watch_deadline) for dev in self.reg.devices.values()
-               for cmd in dev.pushed.values() if cmd.watch_deadline]
-        out += self.recovery.stall.deadlines()
-        if self.queues is not None:
-            out += self.queues.watch.deadlines()
-        return out
-
     def _timers(self) -> list[int]:
         """The supervisor's own next events: each running command's watchdog deadline
-        and preempt timeout, each incident's grace before the kill. One modeled ns before
-        a watchdog deadline its device is woken to look (``_jump``): a device that holds
-        counts progress then, as it does between chunks on the real clock, and a hung
-        one does not."""
+        and preempt timeout, the stall watch's and the queue watch's deadlines, each
+        incident's grace before the kill. One modeled ns before each watch's deadline
+        its device is woken to look (``_jump``, from ``_looks``, which this fills): a
+        device that holds counts progress then, as it does between chunks on the real
+        clock, and a hung one does not. (One pass over the pushed commands: it runs at
+        every quiet turn.)"""
+        reg = self.reg
         out = [inc.grace_deadline for inc in self.recovery.active.values()
                if inc.grace_deadline and not inc.confirmed]
-        for _, deadline in self._looks():
-            out += (deadline - 1, deadline)
-        for dev in self.reg.devices.values():
+        looks = self.recovery.stall.deadlines()
+        if self.queues is not None:
+            looks += self.queues.watch.deadlines()
+        for dev in reg.devices.values():
+            if not dev.pushed:
+                continue
+            # (``waited_since`` is None without a preempt timeout: not asked then)
+            preempt_ms = reg.engine(dev).preempt_timeout_ms if dev.preemptive else 0
             for cmd in dev.pushed.values():
-                if cmd.watch_deadline:
-                    since = waited_since(self.reg, dev, cmd)
+                if not cmd.watch_deadline:
+                    continue
+                looks.append((dev.name, cmd.watch_deadline))
+                if preempt_ms:
+                    since = waited_since(reg, dev, cmd)
                     if since is not None:
-                        out.append(since + self.reg.scaled_ns(
-                            self.reg.engine(dev).preempt_timeout_ms))
+                        out.append(since + reg.scaled_ns(preempt_ms))
+        for _, deadline in looks:
+            out += (deadline - 1, deadline)
+        self._looks = looks
         return out
 
     def _device_wakes(self, now: int, stopped: frozenset[str]) -> list[int] | None:
@@ -445,7 +477,7 @@ class ClockOwner:
         ``turn``), or at once when none was woken."""
         self._moved_at = time.monotonic_ns()
         self.clock.advance(t)
-        looking = {name for name, deadline in self._looks() if deadline == t + 1}
+        looking = {name for name, deadline in self._looks if deadline == t + 1}
         woken = False
         for dev in self._order:
             snap = self.waiters[dev.index].snapshot()
@@ -455,17 +487,21 @@ class ClockOwner:
         if not woken:
             self._release_clients(t)
 
-    def _release_clients(self, t: int) -> None:
-        """The clients' deadlines come to ``t`` (the devices did what was due then)."""
+    def _release_clients(self, t: int) -> bool:
+        """The clients' deadlines come to ``t`` (the devices did what was due then).
+        True when a client's deadline came (it was nudged: it runs)."""
         self._moved_at = time.monotonic_ns()
         self.clock.release()
+        nudged = False
         for client in self.reg.clients.values():
             snap = self.clock.waiter(client.clock_slot).snapshot() \
                 if client.clock_slot >= 0 else None
             if snap is not None and snap[0] <= t:  # a wait's deadline, a sleep's end came:
+                nudged = True
                 for handle in (*snap[1], client.clock_bell):  # it looks at once (a
                     if handle:  # thread on a fence, or sleeping on the bell)
                         nudge_fence(self.reg.fences, handle)
+        return nudged
 
     def close(self) -> None:
         """Unmap the clock (before its segment goes, at shutdown)."""
@@ -477,7 +513,7 @@ class ClockOwner:
 
     def metrics(self) -> dict[str, Any]:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
-                "jumps_on_tick": self.tick_jumps,
+                "jumps_on_tick": self.tick_jumps, "jumps_after_release": self.chained_jumps,
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients),
                 "determinism_break_devices": dict(self.break_devices)}

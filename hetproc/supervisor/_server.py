@@ -93,6 +93,7 @@ from ipc import Manifest, cleanup_prefix, clock, decode, encode, errors, pack_fr
 from .. import _protocol
 from .._config import PlatformSpec
 from . import _validation as check
+from ._clock import JUMPED, RELEASED_QUIET
 from ._commands import Commands
 from ._compose import NamedObjects, compose
 from ._devices import DeviceHandle
@@ -234,13 +235,19 @@ class Supervisor:
             self.ask_for_news()
             self.evidence.tick()
             self.drop_silent_connections()
-            if vclock is not None and vclock.turn(bool(self.backlog),
-                                                  on_tick=not ready and not looking,
-                                                  heard=heard):
+            if vclock is None:
+                continue
+            moved = vclock.turn(bool(self.backlog), on_tick=not ready and not looking,
+                                heard=heard)
+            if moved == JUMPED:
                 self.tick()  # what is due at the instant the clock moved to
                 # The devices woken may be blocked again already, their wake-up taken in
                 # with their completions by this tick: look at once, not at the next tick.
                 look_again = vclock.devices_blocked()
+            elif moved == RELEASED_QUIET:
+                look_again = True  # nobody woke: the platform may jump on at once
+            # (RELEASED: the clients woken talk to us or ring when they block again; the
+            # loop's timers ran at this instant already, when the clock came to it)
 
     def tick(self) -> None:
         """Timers: completions nobody woke us for, commands dated ahead that are due, the
