@@ -156,8 +156,11 @@ class ClockOwner:
         # stall watch's -- as the last ``_timers`` found them (the jump wakes each
         # device one modeled ns before).
         self._looks: list[tuple[str, int]] = []
-        # What ``_traffic`` and ``_client_traffic`` poll, kept while it stays the same.
-        self._pollers: list[tuple[tuple[Any, ...], Any]] = [((), select.poll())] * 2
+        # What ``_readable`` polls (the devices' pidfds, the clients' sockets), kept while
+        # it stays the same.
+        self._polled: tuple[tuple[int, ...], tuple[Any, ...]] = ((), ())
+        self._poller = select.poll()
+        self._device_fds: frozenset[int] = frozenset()
         # The order devices whose wakes fall on the same instant are woken in: by index,
         # or a permutation the tie seed fixes.
         self._order = sorted(reg.devices.values(), key=lambda d: d.index)
@@ -294,9 +297,10 @@ class ClockOwner:
         clients = self._client_wakes(now) if wakes is not None else None
         # The heads after the clients' slots: a record is written before its writer
         # blocks, so a blocked writer's records are seen here.
-        if wakes is None or clients is None or self._queue_news() or self._traffic():
+        if wakes is None or clients is None or self._queue_news():
             return None
-        if self._client_traffic() and not self.holders.spinning(self._moved_at):
+        devices, talking = self._traffic()
+        if devices or (talking and not self.holders.spinning(self._moved_at)):
             return None
         return wakes + clients[0], clients[1]
 
@@ -416,36 +420,37 @@ class ClockOwner:
         except HetprocError:
             return True  # recycled: its waiter wakes and finds out
 
-    def _traffic(self) -> bool:
-        """What the devices have in flight that the slots cannot show: a completion not
-        collected, a device killed or dead and not reaped yet (its slot says what it did
-        before it died)."""
+    def _traffic(self) -> tuple[bool, bool]:
+        """``(devices, clients)``: what is in flight that the slots cannot show. The
+        devices': a completion not collected, a device killed or dead and not reaped yet
+        (its slot says what it did before it died). The clients': bytes not read or not
+        served, a reply not sent. The descriptors of both are polled at once (one
+        system call, on a poller kept while the set stays the same)."""
         devices = self.reg.devices.values()
         if any(dev.completions.depth() for dev in devices):
-            return True
+            return True, False
         if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
-            return True
-        return self._readable([d.pidfd for d in devices if d.pidfd >= 0], 0)
-
-    def _client_traffic(self) -> bool:
-        """Bytes from a client not read or not served, a reply not sent."""
-        conns = list(self.reg.clients.values())
+            return True, False
+        conns = self.reg.clients.values()
         if any(c.pending or c.reader.buffered or c.outbuf for c in conns):
-            return True
-        return self._readable([c.conn for c in conns], 1)
+            return self._readable()[0], True
+        return self._readable()
 
-    def _readable(self, conns: list[Any], which: int) -> bool:
-        """Whether any of ``conns`` (sockets, descriptors) is readable now: one poll with
-        no wait, on a poller kept while the set stays the same (the common case; one
-        per ``which``: the devices', the clients')."""
-        key = tuple(conns)
-        polled, poller = self._pollers[which]
-        if key != polled:
-            poller = select.poll()
-            for conn in conns:
-                poller.register(conn, select.POLLIN)
-            self._pollers[which] = (key, poller)
-        return bool(conns and poller.poll(0))
+    def _readable(self) -> tuple[bool, bool]:
+        """Whether a device's descriptor (its pidfd: it died) and whether a client's
+        socket is readable now."""
+        pidfds = tuple(d.pidfd for d in self.reg.devices.values() if d.pidfd >= 0)
+        conns = tuple(self.reg.clients)
+        key = (pidfds, conns)
+        if key != self._polled:
+            self._poller = select.poll()
+            for fd in (*pidfds, *conns):
+                self._poller.register(fd, select.POLLIN)
+            self._polled = key
+            self._device_fds = frozenset(pidfds)
+        ready = self._poller.poll(0) if pidfds or conns else ()
+        devices = any(fd in self._device_fds for fd, _ in ready)
+        return devices, len(ready) > devices
 
     def _autojump(self, running: list[ClientRec]) -> bool:
         """Only clients outside hetproc waits hold the clock: True once they held it

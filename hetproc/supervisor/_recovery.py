@@ -189,19 +189,19 @@ class Recovery:
 
     def watch(self, dev: DeviceHandle, now: int) -> None:
         slot = self.reg.slots[dev.index]
-        quiet_ms = self.stall.look(dev, now)
-        if quiet_ms is not None:
-            self.start_stall(dev, quiet_ms)
-            return
         # The device runs on while we read: the position it runs is read first and again
         # after the start stamp, so BUSY and the stamp are known to be that command's
         # (it writes position, stamp, BUSY in that order), never the one before it.
         pidx = slot.u64[S.CURRENT_PIDX]
-        if slot.u32[S.STATE] != DeviceState.BUSY:
-            return
-        cmd = dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+        cmd = (dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+               if slot.u32[S.STATE] == DeviceState.BUSY else None)
         if cmd is None or cmd.pidx != pidx:
+            # Not running a command of ours: the stall watch's case (it reads again).
+            quiet_ms = self.stall.look(dev, now)
+            if quiet_ms is not None:
+                self.start_stall(dev, quiet_ms)
             return
+        self.stall.forget(dev.name)  # a timed command: its watchdog decides (``look``)
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
             if not self.settled(dev):
                 return
