@@ -11,6 +11,8 @@ virtual clock, in the same bench run, with the same options. Per run the rows sa
 * ``host cost per jump``: the virtual run's wall seconds, and the CPU seconds of its
   platform's processes, over the clock's jumps (every event the clock moved to), against
   the raw semaphore round trip: how many fence round trips one modeled event costs;
+* ``loop turns per jump``: how many times the supervisor's loop looked whether the
+  platform waits, per jump (1 is the least: each turn costs a wake-up and a look);
 * ``CPU per command`` of the virtual run's supervisor, devices and clients
   (``clock_matrix.component_rows``): where that host time goes.
 """
@@ -73,6 +75,9 @@ def _rows(label: str, real: dict[str, Any], virt: dict[str, Any], rtt_us: float)
                          wall_v * 1e6 / jumps if wall_v and jumps else None, rtt_us))
     rows.append(make_row(f"{label}: virtual host CPU per jump (all its processes) / sem rtt",
                          cpu * 1e6 / jumps if cpu is not None and jumps else None, rtt_us))
+    turns = (_platform(virt).get("clock") or {}).get("loop_turns") or 0
+    rows.append(make_row(f"{label}: supervisor loop turns per jump", None,
+                         value=round(turns / jumps, 3) if jumps else None, unit="turns"))
     return rows + component_rows(f"{label}, virtual", virt, rtt_us)
 
 

@@ -135,6 +135,7 @@ class ClockOwner:
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.chained_jumps = 0  # jumps in the turn of a release that woke no client
+        self.turns = 0  # loop turns that looked whether the platform waits
         self.break_clients: dict[str, int] = {}
         self.break_devices: dict[str, int] = {}
         self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
@@ -205,6 +206,7 @@ class ClockOwner:
         still quiet: look again at once), else ``STILL``."""
         if heard:
             self.holders.heard()
+        self.turns += not busy
         now = self.clock.now_ns()
         marked, self._marked = self._marked, None
         stopped = self._stopped_devices() if not busy else frozenset()
@@ -519,6 +521,7 @@ class ClockOwner:
     def metrics(self) -> dict[str, Any]:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
                 "jumps_on_tick": self.tick_jumps, "jumps_after_release": self.chained_jumps,
+                "loop_turns": self.turns,
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients),
                 "determinism_break_devices": dict(self.break_devices)}
