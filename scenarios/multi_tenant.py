@@ -61,10 +61,26 @@ def _spec(base, policy: str):
     return dataclasses.replace(base, devices=devices)
 
 
-def _sleep_until(t_ns: int) -> None:
+def _wait_until(t_ns: int, running: list) -> None:
+    """Until the next arrival at ``t_ns``, or until the LLM job that ends first is done,
+    whichever comes first: a job ended is replaced at once (two always in flight), and
+    nothing wakes the client in between (polling every few ms, as this loop did, cost
+    a wake-up of the whole platform each time and replaced a job up to that late)."""
     delay = (t_ns - hetproc.now()) / 1e9
-    if delay > 0:
-        hetproc.sleep(min(delay, 0.005) * 1000)
+    if delay <= 0:
+        return
+    if not running:
+        hetproc.sleep(delay * 1000)
+        return
+    try:
+        running[0].wait(delay)  # (an LLM context's jobs end in the order they were sent)
+    except hetproc.HetprocError:
+        pass  # not done by then (FenceTimeout), or failed: the loop looks at each job
+    # A fence wakes its waiter the moment it is signalled, while other devices may still
+    # act at that instant (the NPU picking its next command): on the virtual clock a
+    # sleep of 0 lets them finish it first, so the refill competes in one order, every
+    # run. (On the real clock it returns at once.)
+    hetproc.sleep(0)
 
 
 def run_policy(s: Scenario, base, policy: str, seconds: float, scale: float,
@@ -117,7 +133,7 @@ def run_policy(s: Scenario, base, policy: str, seconds: float, scale: float,
                     jobs.append(f)
                 if now >= t_end and next_cam >= t_end and next_voice >= t_end:
                     break
-                _sleep_until(min(next_cam, next_voice))
+                _wait_until(min(next_cam, next_voice), running)
             for _, f, _ in cams + voices:
                 _settle(f)
             for f in jobs:
