@@ -9,7 +9,9 @@ the fence; a real slice is the fallback); the slot is cleared when the wait ends
 deadline is compared with the clock's ``released_ns``, not its now: at one instant the
 devices act first, then the clients' deadlines come (``hetproc.supervisor._clock``).
 ``sleep`` blocks on no fence: it sleeps on its connection's bell, which the jump to its
-end nudges. A wait that begins with every device blocked may be the last one the clock
+end nudges. A fence wait that ends at an instant the devices still act at (its fence
+was signalled by one of them) goes on as a sleep to that instant (``_settle``): the
+waiter sees the instant once every device is done with it. A wait that begins with every device blocked may be the last one the clock
 waits for: it pings the supervisor, which looks at once.
 
 Every wait keeps a real deadline too (``REAL_BACKSTOP_S`` past the modeled timeout's
