@@ -76,11 +76,6 @@ def _wait_until(t_ns: int, running: list) -> None:
         running[0].wait(delay)  # (an LLM context's jobs end in the order they were sent)
     except hetproc.HetprocError:
         pass  # not done by then (FenceTimeout), or failed: the loop looks at each job
-    # A fence wakes its waiter the moment it is signalled, while other devices may still
-    # act at that instant (the NPU picking its next command): on the virtual clock a
-    # sleep of 0 lets them finish it first, so the refill competes in one order, every
-    # run. (On the real clock it returns at once.)
-    hetproc.sleep(0)
 
 
 def run_policy(s: Scenario, base, policy: str, seconds: float, scale: float,

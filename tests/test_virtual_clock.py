@@ -411,6 +411,23 @@ def test_a_release_that_wakes_no_client_moves_the_clock_on_in_the_same_turn():
         assert m["jumps_after_release"] >= 9 and m["determinism_breaks"] == 0, m
 
 
+def test_a_fence_wait_returns_once_every_device_is_done_with_the_instant():
+    """npu0 and gpu0 each end a 3 ms command at the same instant; the client waits on
+    npu0's (woken first: by index). The fence wakes it at once, while gpu0 may not have
+    run yet at that instant; the wait returns only once the devices are done with it, so
+    gpu0's command is always seen done (before, the host decided, and a client reacting
+    to the fence raced the devices' other events at that instant)."""
+    with _platform("virtual") as plat:
+        npu, gpu = plat.client.context("npu0"), plat.client.context("gpu0")
+        seen = []
+        for _ in range(30):
+            first, other = npu.submit_nowait("work", ms=3), gpu.submit_nowait("work", ms=3)
+            first.wait(5)
+            seen.append(other.done() and other.signal_time() == first.signal_time())
+        assert all(seen), seen.count(False)
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+
+
 def test_a_device_asleep_on_its_input_fence_fires_its_hand_off_when_the_clock_comes():
     """npu0 runs ``a`` (hand-off 5 ms), then ``b`` waits for a fence the client signals
     only after 50 modeled ms: a's signal falls due while npu0 sleeps on b's input fence,

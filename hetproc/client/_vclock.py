@@ -9,7 +9,9 @@ the fence; a real slice is the fallback); the slot is cleared when the wait ends
 deadline is compared with the clock's ``released_ns``, not its now: at one instant the
 devices act first, then the clients' deadlines come (``hetproc.supervisor._clock``).
 ``sleep`` blocks on no fence: it sleeps on its connection's bell, which the jump to its
-end nudges. A wait that begins with every device blocked may be the last one the clock
+end nudges. A fence wait that ends at an instant the devices still act at (its fence
+was signalled by one of them) goes on as a sleep to that instant (``_settle``): the
+waiter sees the instant once every device is done with it. A wait that begins with every device blocked may be the last one the clock
 waits for: it pings the supervisor, which looks at once.
 
 Every wait keeps a real deadline too (``REAL_BACKSTOP_S`` past the modeled timeout's
@@ -132,6 +134,8 @@ def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
             code = wait_fence_once(fences, handle,
                                    FENCE_SLICE_S if THREADS.alone() else THREADS_SLICE_S)
             if code is not None:
+                if released() < now():  # woken at an instant the devices still act at
+                    _settle(conn, now())
                 return code
             if released() >= deadline:
                 raise errors.FenceTimeout(
@@ -159,8 +163,18 @@ def wait_handle(conn: Connection, handle: int, timeout_s: float) -> int:
 def sleep(conn: Connection, seconds: float) -> None:
     """Block until the modeled clock has moved ``seconds`` on."""
     assert conn.waiter is not None
+    _settle(conn, conn.clock.now_ns() + round(seconds * 1e9), seconds)
+
+
+def _settle(conn: Connection, until: int, seconds: float = 0.0) -> None:
+    """Block until the clients' deadlines have come to modeled ``until``: the devices did
+    what was due until then (``sleep``). A fence wait that ends at an instant the devices
+    still act at (a device signalled it and other devices wake at that instant too) ends
+    with this too, for ``until`` the instant itself: its waiter goes on once every
+    device is done with the instant, whatever the host ran first, as a sleep's end
+    does. (A fence that completed at an earlier instant, the instant done, costs
+    nothing.)"""
     released = _released(conn)
-    until = conn.clock.now_ns() + round(seconds * 1e9)
     backstop = time.monotonic() + REAL_BACKSTOP_S + seconds
     THREADS.wait(conn, until)
     _last_wait(conn)
