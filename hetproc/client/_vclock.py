@@ -11,8 +11,9 @@ devices act first, then the clients' deadlines come (``hetproc.supervisor._clock
 ``sleep`` blocks on no fence: it sleeps on its connection's bell, which the jump to its
 end nudges. A fence wait that ends at an instant the devices still act at (its fence
 was signalled by one of them) goes on as a sleep to that instant (``_settle``): the
-waiter sees the instant once every device is done with it. A wait that begins with every device blocked may be the last one the clock
-waits for: it pings the supervisor, which looks at once.
+waiter sees the instant once every device is done with it. A wait that begins with
+every device blocked may be the last one the clock waits for: it pings the supervisor,
+which looks at once.
 
 Every wait keeps a real deadline too (``REAL_BACKSTOP_S`` past the modeled timeout's
 worth of real time, or when the supervisor dies), so nothing blocks forever even if the
