@@ -29,7 +29,9 @@ def profiled(role: str) -> Iterator[None]:
     sys.setprofile(None)  # a forked child drops its parent's profiler
     # ``HETPROC_PROFILE_CPU=1``: CPU time instead (a system call per function call, so
     # every row is inflated alike; what the process spent, not what it waited for).
-    prof = (cProfile.Profile(time.process_time, 1.0) if os.environ.get(ENV + "_CPU")
+    # (A timer with a unit must return an int: ``process_time`` with unit 1.0 raised
+    # TypeError on every call and the process spun printing it.)
+    prof = (cProfile.Profile(time.process_time_ns, 1e-9) if os.environ.get(ENV + "_CPU")
             else cProfile.Profile())
     prof.enable()
     try:
