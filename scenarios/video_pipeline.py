@@ -73,7 +73,10 @@ class Pipeline:
         """Write frame ``i`` into its buffer set and queue its three stages. ``t_frame``:
         when the camera produced it (its modeled arrival); default now."""
         b = self.sets[i % BUFFERS]
-        frame = self.rng.standard_normal(SHAPE, dtype=np.float32)
+        # Uniform in [-0.5, 0.5): half the values below zero, so the relu has work (a
+        # normal draw costs four times as much host time per frame, for nothing checked).
+        frame = self.rng.random(SHAPE, dtype=np.float32)
+        frame -= 0.5
         b["frame"].array()[...] = frame
         t0 = min(t_frame, hetproc.now()) if t_frame else hetproc.now()
         f1 = self.cpu.submit_nowait("scale", [b["frame"]], [b["pre"]], params={"factor": 2.0},
@@ -91,7 +94,9 @@ class Pipeline:
         fence.wait(5.0 + 0.1 * (CPU_MS + NPU_MS + GPU_MS))
         t_done = fence.signal_time()  # the modeled end: host wake-ups are not in it
         out = self.sets[i % BUFFERS]["out"].array()
-        correct = bool(np.allclose(out, 0.5 * np.maximum(2.0 * frame, 0), atol=1e-6))
+        # 0.5 * relu(2 * x) is x's relu exactly in float32 (scaling by a power of two
+        # is exact here), so the output is compared bit for bit, not within a tolerance.
+        correct = bool(np.array_equal(out, np.maximum(frame, 0)))
         fence.release()
         return t0, t_done, correct
 
