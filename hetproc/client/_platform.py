@@ -1,9 +1,12 @@
 """Starting and stopping a platform: the supervisor process and its devices.
 
-The supervisor is started with ``subprocess`` (a clean interpreter: the caller may be
-multi-threaded, and forking a multi-threaded process is unsafe); it then forks the
-devices itself. The owner's control connection doubles as a lifeline: if the owner dies,
-the supervisor sees EOF and tears the platform down.
+The supervisor is never forked from the caller (which may be multi-threaded: forking a
+multi-threaded process is unsafe). It is forked by this process's platform starter
+(``_starter``: one single-threaded process per owner that imported the supervisor's
+modules once), or, when there is none (``HETPROC_STARTER=0``, or the starter is gone),
+started as a fresh interpreter with ``subprocess``. Either way it runs the same main,
+then forks the devices itself. The owner's control connection doubles as a lifeline: if
+the owner dies, the supervisor sees EOF and tears the platform down.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from .._config import PlatformSpec, load_platform, to_raw
 from . import _now
 from ._client import Client
 from ._roles import forget_trace_role, publish_trace_role
+from ._starter import ForkedSupervisor, start_supervisor
 
 START_TIMEOUT = 20.0
 # Where this hetproc was imported from: the supervisor runs the same code as its owner,
@@ -71,7 +75,8 @@ class Platform:
             self.spec = self.spec.with_trace(enabled=trace)
         self._raw = {"raw": to_raw(self.spec), "source": self.spec.source}
         self.prefix = ""
-        self.proc: subprocess.Popen | None = None
+        # The supervisor: forked by the starter, or a fresh interpreter (same calls).
+        self.proc: ForkedSupervisor | subprocess.Popen | None = None
         self.client: Client | None = None
         self._name = name
         self._share_trace = share_trace
@@ -95,14 +100,15 @@ class Platform:
         spec_fd = _spec_file(self._raw)
         self.prefix = "pending"
         try:
+            env = same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
             # Its own process group: a Ctrl-C at the terminal reaches the owner alone
             # (which stops the platform), never a supervisor still importing, which
             # would print a KeyboardInterrupt traceback.
-            self.proc = subprocess.Popen(
+            self.proc = start_supervisor(spec_fd, write_fd, env) or subprocess.Popen(
                 [sys.executable, "-m", "hetproc.supervisor", "--spec-fd", str(spec_fd),
                  "--ready-fd", str(write_fd)],
                 pass_fds=(write_fd, spec_fd), stdin=subprocess.DEVNULL, process_group=0,
-                env=same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
+                env=env,
             )
         finally:
             os.close(write_fd)
@@ -211,7 +217,7 @@ class Platform:
         self.stop()
 
 
-def _read_ready(fd: int, proc: subprocess.Popen, timeout: float,
+def _read_ready(fd: int, proc: ForkedSupervisor | subprocess.Popen, timeout: float,
                 lines: list[dict[str, Any]]) -> dict[str, Any]:
     """Read the supervisor's two start lines (prefix, then ready) within ``timeout``, into
     ``lines`` (the caller's: it knows the prefix if the wait is interrupted)."""
