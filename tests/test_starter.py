@@ -330,3 +330,15 @@ def test_the_starter_is_one_process_that_holds_no_named_object():
             held = [m.path for m in starter.memory_maps()] + [f.path for f in starter.open_files()]
             assert not [p for p in held if Path(p).name.startswith("hp.")
                         or p.startswith("/dev/shm")], held
+
+
+def test_the_start_stop_bench_times_both_ways():
+    """``bench.start_stop``: both ways timed in one run, the starter never falling back
+    (no figures asserted: speed is the bench's to report)."""
+    from bench.start_stop import measure
+    before = starter_info()
+    m = measure(2)
+    assert m["fallbacks"] == before["fallbacks"], m["last_fallback"]
+    assert starter_info()["forks"] >= before["forks"] + 2
+    assert all(m[k] > 0 for k in ("starter_start_s", "fresh_start_s", "starter_total_s",
+                                  "fresh_total_s"))

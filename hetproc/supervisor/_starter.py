@@ -93,6 +93,9 @@ def starter_main(argv: list[str]) -> int:
     sock = socket.socket(fileno=args.starter_fd)
     from . import _main  # noqa: F401  (the point of the starter: every module, once)
 
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # its first call initialises lazily (~15 ms): not in each child
     gc.collect()
     gc.freeze()  # what the imports made is never collected: its pages stay shared
     threads = len(os.listdir("/proc/self/task"))
