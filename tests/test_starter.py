@@ -342,3 +342,31 @@ def test_the_start_stop_bench_times_both_ways():
     assert starter_info()["forks"] >= before["forks"] + 2
     assert all(m[k] > 0 for k in ("starter_start_s", "fresh_start_s", "starter_total_s",
                                   "fresh_total_s"))
+
+
+_THREAD_OWNER = """
+import json, threading
+import hetproc
+from hetproc.client import starter_info, starter_pid
+def first():
+    with hetproc.Platform():
+        pass
+t = threading.Thread(target=first)
+t.start()
+t.join()
+spawned_by_thread = starter_pid()
+with hetproc.Platform() as plat:
+    plat.client.ping()
+print(json.dumps({"first": spawned_by_thread, "then": starter_pid(), **starter_info()}))
+"""
+
+
+def test_a_starter_spawned_from_a_thread_outlives_that_thread():
+    """The kernel's parent-death signal comes when the *thread* that spawned the starter
+    ends: the starter must tell that from its owner's death and keep serving."""
+    out = subprocess.run([sys.executable, "-c", _THREAD_OWNER], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["first"] and got["then"] == got["first"]
+    assert got["forks"] == 2 and got["fallbacks"] == 0 and got["starters"] == 1, got
