@@ -48,7 +48,7 @@ def test_a_started_platform_runs_commands_on_its_devices(starter, monkeypatch):
     monkeypatch.setenv("HETPROC_STARTER", starter)
     forks = starter_info()["forks"]
     with hetproc.Platform(time_scale=1.0) as plat:
-        assert _forked(plat) == (starter == "1")
+        assert _forked(plat) == (starter == "1"), starter_info()
         sup = psutil.Process(plat.pid)
         assert sup.ppid() == os.getpid(), "the supervisor is the owner's child either way"
         # A forked supervisor carries its starter's command line: proof of which way.
@@ -127,12 +127,11 @@ def test_the_environment_and_cwd_at_start_time_reach_the_supervisor(starter, mon
     try:
         monkeypatch.setenv("HETPROC_PROFILE", str(tmp_path))
         monkeypatch.chdir(tmp_path)
-        second = hetproc.Platform().start()
-        pids.append(second.pid)
-        assert _forked(second) == (starter == "1")
-        assert psutil.Process(second.pid).cwd() == str(tmp_path)
-        assert psutil.Process(first.pid).cwd() != str(tmp_path)
-        second.stop()
+        with hetproc.Platform() as second:
+            pids.append(second.pid)
+            assert _forked(second) == (starter == "1"), starter_info()
+            assert psutil.Process(second.pid).cwd() == str(tmp_path)
+            assert psutil.Process(first.pid).cwd() != str(tmp_path)
     finally:
         first.stop()
     assert (tmp_path / f"supervisor-{pids[1]}.prof").exists()
@@ -370,3 +369,18 @@ def test_a_starter_spawned_from_a_thread_outlives_that_thread():
     got = json.loads(out.stdout)
     assert got["first"] and got["then"] == got["first"]
     assert got["forks"] == 2 and got["fallbacks"] == 0 and got["starters"] == 1, got
+
+
+def test_a_changed_interpreter_environment_gets_a_new_starter(monkeypatch):
+    """``PYTHONWARNINGS`` is read only at an interpreter's start: a starter that began
+    without it cannot give it to a supervisor, so the next start replaces the starter
+    (and a start with the same environment again keeps it)."""
+    with hetproc.Platform():
+        first = starter_pid()
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    with hetproc.Platform() as plat:
+        second = starter_pid()
+        assert _forked(plat) and second not in (0, first)
+        assert _gone([first]), "the replaced starter was reaped"
+    with hetproc.Platform() as plat:
+        assert _forked(plat) and starter_pid() == second

@@ -11,11 +11,12 @@ was spawned here, so it knows its owner by ``getppid()`` and watches it die, and
 here, with the true exit status, whatever becomes of the starter.
 
 Nothing depends on the starter: ``start_supervisor`` returns None, and the caller starts a
-fresh interpreter as before, when ``HETPROC_STARTER=0``, when the interpreter-level
-environment (``PYTHON*``, ``LD_*``, the thread counts...) differs from the one the starter
-began with, and when the starter is gone or answers wrong (a warning on the
-``hetproc.starter`` logger says why; ``starter_info`` counts it). A broken starter is
-replaced at the next start, at most ``MAX_STARTERS`` times per process.
+fresh interpreter as before, when ``HETPROC_STARTER=0`` and when the starter is gone or
+answers wrong (a warning on the ``hetproc.starter`` logger says why; ``starter_info``
+counts it). A broken starter is replaced at the next start, at most ``MAX_BROKEN`` times
+per process; so is one that began with another interpreter-level environment
+(``PYTHON*``, ``LD_*``, the thread counts...: what an interpreter reads only at its
+start), since its children could not take the owner's.
 
 Lifetime: the starter ends with its owner (the socket's EOF, a parent-death signal) and
 at the owner's interpreter exit; a child forked from the owner forgets it (its own first
@@ -48,7 +49,7 @@ STARTER_ENV = "HETPROC_STARTER"  # "0": every supervisor in a fresh interpreter
 READY_TIMEOUT = 30.0  # the starter's imports: ~0.3 s on an idle host
 REPLY_TIMEOUT = 10.0  # a fork's answer: milliseconds
 STATUS_LOST = 255  # the status of a supervisor something else in this process reaped
-MAX_STARTERS = 3  # starters one process spawns in its life (a broken one is replaced)
+MAX_BROKEN = 3  # broken starters one process replaces; past that, fresh interpreters
 MAX_MESSAGE = 1 << 16  # the starter's answers are small
 MAX_REQUEST = 1 << 17  # the starter's limit (``MAX_MESSAGE`` there): a larger environment
 # What an interpreter reads at its start, never after: a starter that began with other
@@ -256,7 +257,7 @@ def _reap(pid: int, block: bool) -> int | None:
     try:
         got, status = os.waitpid(pid, 0 if block else os.WNOHANG)
     except ChildProcessError:
-        log.warning("supervisor %d was reaped elsewhere in this process: its exit status "
+        log.info("supervisor %d was reaped elsewhere in this process: its exit status "
                     "is lost (%d)", pid, STATUS_LOST)
         return None
     return os.waitstatus_to_exitcode(status) if got else None
@@ -287,7 +288,7 @@ def _reap_dropped() -> None:
 
 _lock = threading.Lock()
 _current: Starter | None = None
-_spawned = 0
+_broken = 0  # starters of this process that broke (then replaced, up to MAX_BROKEN)
 _info: dict[str, Any] = {"forks": 0, "fallbacks": 0, "last_fallback": "", "starters": 0}
 
 
@@ -296,34 +297,35 @@ def start_supervisor(spec_fd: int, ready_fd: int,
     """A supervisor forked by this process's starter (spawned on first use), running
     ``python -m hetproc.supervisor --spec-fd --ready-fd`` 's main in ``env``; None when
     the caller must start a fresh interpreter instead (the module docstring says when)."""
-    global _current, _spawned
+    global _current, _broken
     if os.environ.get(STARTER_ENV, "") == "0":
         return None
     with _lock:
         starter = _current
-        if starter is not None and starter.broken:
+        if starter is not None and (starter.broken or _startup_differs(starter.env, env)):
+            # A starter has no child and holds nothing: replacing it loses nothing.
             _current = None
-            log.warning("hetproc starter %d is broken (%s): replacing it", starter.pid,
-                        starter.broken)
+            if starter.broken:
+                _broken += 1
+                log.warning("hetproc starter %d is broken (%s): replacing it", starter.pid,
+                            starter.broken)
+            else:
+                log.debug("hetproc starter %d began with another interpreter start-up "
+                          "environment (%s): replacing it", starter.pid,
+                          ", ".join(_startup_differs(starter.env, env)))
             starter.close(0.5)
             starter = None
         if starter is None:
-            if _spawned >= MAX_STARTERS:
-                _fallback(f"{_spawned} starters broke already", logging.DEBUG)
+            if _broken >= MAX_BROKEN:
+                _fallback(f"{_broken} starters of this process broke already", logging.DEBUG)
                 return None
-            _spawned += 1
             try:
                 starter = _current = Starter(env)
                 _info["starters"] += 1
             except (StarterError, OSError) as exc:
+                _broken += 1
                 _fallback(str(exc))
                 return None
-        differ = sorted(k for k in set(env) | set(starter.env)
-                        if _STARTUP_ENV.match(k) and env.get(k) != starter.env.get(k))
-        if differ:
-            _fallback(f"the interpreter's start-up environment changed ({', '.join(differ)})",
-                      logging.DEBUG)
-            return None
     _reap_dropped()
     try:
         proc = starter.fork(spec_fd, ready_fd, env)
@@ -332,6 +334,12 @@ def start_supervisor(spec_fd: int, ready_fd: int,
         return None
     _info["forks"] += 1
     return proc
+
+
+def _startup_differs(began: dict[str, str], env: dict[str, str]) -> list[str]:
+    """The variables an interpreter reads at its start whose values differ."""
+    return sorted(k for k in set(env) | set(began)
+                  if _STARTUP_ENV.match(k) and env.get(k) != began.get(k))
 
 
 def _fallback(why: str, level: int = logging.WARNING) -> None:
@@ -365,9 +373,9 @@ def _shutdown() -> None:
 def _forget_in_child() -> None:
     """A child forked from the owner: the parent's starter is not its own. Close the
     inherited socket (the starter would not see its owner's EOF while we hold it)."""
-    global _current, _spawned, _lock
+    global _current, _broken, _lock
     _lock = threading.Lock()
-    starter, _current, _spawned = _current, None, 0
+    starter, _current, _broken = _current, None, 0
     _info.update(forks=0, fallbacks=0, last_fallback="", starters=0)
     if starter is not None:
         try:

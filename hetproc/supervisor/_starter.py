@@ -37,8 +37,8 @@ every other signal at its default, numpy's global generator reseeded (it does no
 after a fork); it runs ``_main.main`` and the exit functions, then ``os._exit``. What it
 cannot take from the owner is what an interpreter fixes at its start: the
 ``PYTHON*``/``LD_*``/thread-count variables the starter itself began with (the owner's side
-uses a fresh interpreter when those differ) and the hash seed (the starter's children
-share one).
+replaces the starter when those differ) and the hash seed (the starter's children share
+one).
 
 The socket pair is the only way in: nobody else holds either end. A message that is not a
 well-formed request (too long, not JSON, the wrong fields or descriptors) is refused with
@@ -121,8 +121,7 @@ class Starter:
         sock.setblocking(False)
         self.sock = sock
         self.owner_pid = owner_pid
-        # Answers not sent yet (the owner reads when it waits for one): never block on
-        # it. Each holds its own duplicates of the descriptors it carries.
+        # Answers not sent yet (the owner reads when it waits for one): never block on it.
         self.out: collections.deque[bytes] = collections.deque()
         self.forked = 0
         self.refused = 0
