@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ipc import cleanup_prefix, errors, socket_address
 
@@ -96,23 +97,9 @@ class Platform:
         serves, and connect ``client`` as the platform's owner; returns the platform.
         Raises ``PlatformError`` if the supervisor exits, refuses the platform or does not
         get ready in time (a half-started platform is stopped first)."""
-        read_fd, write_fd = os.pipe()
-        spec_fd = _spec_file(self._raw)
         self.prefix = "pending"
-        try:
-            env = same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-            # Its own process group: a Ctrl-C at the terminal reaches the owner alone
-            # (which stops the platform), never a supervisor still importing, which
-            # would print a KeyboardInterrupt traceback.
-            self.proc = start_supervisor(spec_fd, write_fd, env) or subprocess.Popen(
-                [sys.executable, "-m", "hetproc.supervisor", "--spec-fd", str(spec_fd),
-                 "--ready-fd", str(write_fd)],
-                pass_fds=(write_fd, spec_fd), stdin=subprocess.DEVNULL, process_group=0,
-                env=env,
-            )
-        finally:
-            os.close(write_fd)
-            os.close(spec_fd)
+        env = same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        self.proc, read_fd = _supervisor(self._raw, env)
         lines: list[dict[str, Any]] = []
         try:
             ready = _read_ready(read_fd, self.proc, START_TIMEOUT, lines)
@@ -215,6 +202,52 @@ class Platform:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _supervisor(raw: dict[str, Any], env: dict[str, str]
+                ) -> tuple[ForkedSupervisor | subprocess.Popen, int]:
+    """Start a supervisor for ``raw`` in ``env``: forked by this process's starter, else
+    a fresh interpreter. Returns it and the read end of its ready pipe."""
+    proc, read_fd = _with_pipe(raw, lambda spec_fd, write_fd:
+                               start_supervisor(spec_fd, write_fd, env))
+    if proc is not None:
+        return proc, read_fd
+    # No starter. The fresh one gets a pipe and spec file of its own: the starter may
+    # still hold the first ones, and a late fork must not write where its lines come.
+    os.close(read_fd)
+
+    def fresh(spec_fd: int, write_fd: int) -> subprocess.Popen:
+        # Its own process group: a Ctrl-C at the terminal reaches the owner alone (which
+        # stops the platform), never a supervisor still importing, which would print a
+        # KeyboardInterrupt traceback.
+        return subprocess.Popen(
+            [sys.executable, "-m", "hetproc.supervisor", "--spec-fd", str(spec_fd),
+             "--ready-fd", str(write_fd)],
+            pass_fds=(write_fd, spec_fd), stdin=subprocess.DEVNULL, process_group=0, env=env)
+
+    popen, read_fd = _with_pipe(raw, fresh)
+    assert popen is not None
+    return popen, read_fd
+
+
+P = TypeVar("P")
+
+
+def _with_pipe(raw: dict[str, Any], start: Callable[[int, int], P]) -> tuple[P, int]:
+    """``start(spec_fd, ready_write_fd)`` with a new ready pipe and spec file, closed
+    here once it returns (the child holds its own); its result and the pipe's read end."""
+    read_fd, write_fd = os.pipe()
+    try:
+        spec_fd = _spec_file(raw)
+        try:
+            return start(spec_fd, write_fd), read_fd
+        finally:
+            os.close(spec_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
 
 
 def _read_ready(fd: int, proc: ForkedSupervisor | subprocess.Popen, timeout: float,

@@ -91,7 +91,13 @@ class Starter:
         self._ids = itertools.count(1)
         self._hello: dict[str, Any] | None = None
         self._replies: dict[int, dict[str, Any]] = {}
-        if self._await(lambda: self._hello, READY_TIMEOUT) is None:
+        try:
+            hello = self._await(lambda: self._hello, READY_TIMEOUT)
+        except BaseException:  # a signal stopped the start: no starter outlives it
+            self.proc.kill()
+            self.close()
+            raise
+        if hello is None:
             why = self.broken or f"no word within {READY_TIMEOUT} s"
             self.close()
             raise StarterError(f"the starter did not get ready: {why}")
@@ -126,13 +132,32 @@ class Starter:
             raise StarterError(self.broken) from None
         finally:
             os.close(cwd)
-        reply = self._await(lambda: self._replies.pop(rid, None), REPLY_TIMEOUT)
+        try:
+            reply = self._await(lambda: self._replies.pop(rid, None), REPLY_TIMEOUT)
+        except BaseException:  # a signal stopped the start: so does the child, if made
+            self._kill_late_child(rid)
+            raise
         if reply is None:
             self._break(self.broken or f"no answer to a fork within {REPLY_TIMEOUT} s")
+            self.proc.kill()  # wedged or gone: it forks nothing more
             raise StarterError(self.broken)
         if reply["op"] == "refused":
             raise StarterError(f"the starter refused: {reply['error']}")
         return ForkedSupervisor(reply["pid"], self.pid)
+
+    def _kill_late_child(self, rid: int) -> None:
+        """After an interrupted fork request: if the child was made, it is ours and
+        nobody will wait for it. Kill and reap it (unreaped, its pid is still it)."""
+        try:
+            reply = self._await(lambda: self._replies.pop(rid, None), 2.0)
+        except BaseException:
+            reply = None
+        if reply is not None and reply["op"] == "forked":
+            try:
+                os.kill(reply["pid"], signal.SIGKILL)
+                os.waitpid(reply["pid"], 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
 
     def close(self, wait: float = 2.0) -> None:
         """Close the socket (the starter ends on its EOF) and reap the starter."""
