@@ -26,7 +26,9 @@ run's wall against the real one's, the host cost of one jump of the virtual cloc
 the CPU per command of each process kind. In a full run (not ``--quick``: about 40 s
 more), the quick acceptance matrix on both clocks (``clock_matrix``): the virtual run's
 wall against the real one's (target 0.2: five times faster), and how much of it is
-platform start and stop.
+platform start and stop. And what one platform start and stop costs through the
+platform starter against a fresh interpreter, alternated in the same run
+(``start_stop``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ._clockpair import pair_rows
 from ._registry import benchmark, make_row
 from ._stats import summarize
 from .clock_matrix import compare, matrix_rows
+from .start_stop import rows as start_stop_rows
 
 MS = 1_000_000
 # (scenario, quick options, full options), at time scale 1 unless the scenario needs less
@@ -125,10 +128,12 @@ def clock(quick: bool) -> dict:
     rows.append(make_row(f"dated ahead: distinct trace digests over {len(again)} runs", None,
                          value=len(digests), unit="digests", target="1", ok=len(digests) == 1))
     pairs, pair_runs = pair_rows(quick, rtt_us)
+    starts, start_stop = start_stop_rows(quick)  # what a platform start costs, each way
+    pairs += starts
     matrix = None if quick else compare(quick=True)
     if matrix is not None:
         pairs += matrix_rows(matrix)
     return {"rows": rows + pairs, "runs": {k: _fields(r) for k, r in runs.items()},
-            "pairs": pair_runs, "matrix": matrix,
+            "pairs": pair_runs, "matrix": matrix, "start_stop": start_stop,
             "dated_digests": [r["trace_digest"] for r in again],
             "dated_lags": [r["lags"] for r in again]}

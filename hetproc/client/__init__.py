@@ -18,9 +18,10 @@ from ._pipeline import Pipeline, PipelineReport, PipelineStage
 from ._platform import Platform, connect, same_code_env, unwedge
 from ._queue import Queue
 from ._roles import read_trace_role
+from ._starter import starter_info, starter_pid
 
 __all__ = ["Platform", "connect", "Client", "Context", "Buffer", "Fence", "command", "FOREVER",
            "BufferPool", "PoolStatistics", "Pipeline", "PipelineStage", "PipelineReport",
            "Queue", "same_code_env", "Connection", "merge_fences", "wait_fence_fd",
            "fence_fd_done", "read_trace_role", "ResetStatus", "ResetStats", "unwedge", "now",
-           "sleep"]
+           "sleep", "starter_pid", "starter_info"]

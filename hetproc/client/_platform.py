@@ -1,9 +1,12 @@
 """Starting and stopping a platform: the supervisor process and its devices.
 
-The supervisor is started with ``subprocess`` (a clean interpreter: the caller may be
-multi-threaded, and forking a multi-threaded process is unsafe); it then forks the
-devices itself. The owner's control connection doubles as a lifeline: if the owner dies,
-the supervisor sees EOF and tears the platform down.
+The supervisor is never forked from the caller (which may be multi-threaded: forking a
+multi-threaded process is unsafe). It is forked by this process's platform starter
+(``_starter``: one single-threaded process per owner that imported the supervisor's
+modules once), or, when there is none (``HETPROC_STARTER=0``, or the starter is gone),
+started as a fresh interpreter with ``subprocess``. Either way it runs the same main,
+then forks the devices itself. The owner's control connection doubles as a lifeline: if
+the owner dies, the supervisor sees EOF and tears the platform down.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ipc import cleanup_prefix, errors, socket_address
 
@@ -25,6 +29,7 @@ from .._config import PlatformSpec, load_platform, to_raw
 from . import _now
 from ._client import Client
 from ._roles import forget_trace_role, publish_trace_role
+from ._starter import ForkedSupervisor, start_supervisor
 
 START_TIMEOUT = 20.0
 # Where this hetproc was imported from: the supervisor runs the same code as its owner,
@@ -71,7 +76,8 @@ class Platform:
             self.spec = self.spec.with_trace(enabled=trace)
         self._raw = {"raw": to_raw(self.spec), "source": self.spec.source}
         self.prefix = ""
-        self.proc: subprocess.Popen | None = None
+        # The supervisor: forked by the starter, or a fresh interpreter (same calls).
+        self.proc: ForkedSupervisor | subprocess.Popen | None = None
         self.client: Client | None = None
         self._name = name
         self._share_trace = share_trace
@@ -91,22 +97,9 @@ class Platform:
         serves, and connect ``client`` as the platform's owner; returns the platform.
         Raises ``PlatformError`` if the supervisor exits, refuses the platform or does not
         get ready in time (a half-started platform is stopped first)."""
-        read_fd, write_fd = os.pipe()
-        spec_fd = _spec_file(self._raw)
         self.prefix = "pending"
-        try:
-            # Its own process group: a Ctrl-C at the terminal reaches the owner alone
-            # (which stops the platform), never a supervisor still importing, which
-            # would print a KeyboardInterrupt traceback.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hetproc.supervisor", "--spec-fd", str(spec_fd),
-                 "--ready-fd", str(write_fd)],
-                pass_fds=(write_fd, spec_fd), stdin=subprocess.DEVNULL, process_group=0,
-                env=same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1"),
-            )
-        finally:
-            os.close(write_fd)
-            os.close(spec_fd)
+        env = same_code_env(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+        self.proc, read_fd = _supervisor(self._raw, env)
         lines: list[dict[str, Any]] = []
         try:
             ready = _read_ready(read_fd, self.proc, START_TIMEOUT, lines)
@@ -211,7 +204,53 @@ class Platform:
         self.stop()
 
 
-def _read_ready(fd: int, proc: subprocess.Popen, timeout: float,
+def _supervisor(raw: dict[str, Any], env: dict[str, str]
+                ) -> tuple[ForkedSupervisor | subprocess.Popen, int]:
+    """Start a supervisor for ``raw`` in ``env``: forked by this process's starter, else
+    a fresh interpreter. Returns it and the read end of its ready pipe."""
+    proc, read_fd = _with_pipe(raw, lambda spec_fd, write_fd:
+                               start_supervisor(spec_fd, write_fd, env))
+    if proc is not None:
+        return proc, read_fd
+    # No starter. The fresh one gets a pipe and spec file of its own: the starter may
+    # still hold the first ones, and a late fork must not write where its lines come.
+    os.close(read_fd)
+
+    def fresh(spec_fd: int, write_fd: int) -> subprocess.Popen:
+        # Its own process group: a Ctrl-C at the terminal reaches the owner alone (which
+        # stops the platform), never a supervisor still importing, which would print a
+        # KeyboardInterrupt traceback.
+        return subprocess.Popen(
+            [sys.executable, "-m", "hetproc.supervisor", "--spec-fd", str(spec_fd),
+             "--ready-fd", str(write_fd)],
+            pass_fds=(write_fd, spec_fd), stdin=subprocess.DEVNULL, process_group=0, env=env)
+
+    popen, read_fd = _with_pipe(raw, fresh)
+    assert popen is not None
+    return popen, read_fd
+
+
+P = TypeVar("P")
+
+
+def _with_pipe(raw: dict[str, Any], start: Callable[[int, int], P]) -> tuple[P, int]:
+    """``start(spec_fd, ready_write_fd)`` with a new ready pipe and spec file, closed
+    here once it returns (the child holds its own); its result and the pipe's read end."""
+    read_fd, write_fd = os.pipe()
+    try:
+        spec_fd = _spec_file(raw)
+        try:
+            return start(spec_fd, write_fd), read_fd
+        finally:
+            os.close(spec_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+
+
+def _read_ready(fd: int, proc: ForkedSupervisor | subprocess.Popen, timeout: float,
                 lines: list[dict[str, Any]]) -> dict[str, Any]:
     """Read the supervisor's two start lines (prefix, then ready) within ``timeout``, into
     ``lines`` (the caller's: it knows the prefix if the wait is interrupted)."""

@@ -14,7 +14,7 @@ import psutil
 
 from ipc import entries_with_prefix
 
-from ..client import Platform
+from ..client import Platform, starter_pid
 
 __all__ = ["leftovers", "assert_no_leftovers", "alive", "new_children", "platform_pids",
            "started_prefixes"]
@@ -51,8 +51,10 @@ def platform_pids(plat) -> list[int]:
 
 def new_children(before: Iterable[int]) -> list[psutil.Process]:
     """This process's live descendants not in ``before`` (pids), leaving out Python's own
-    multiprocessing resource tracker, which outlives any one platform by design."""
-    known = set(before)
+    multiprocessing resource tracker and this process's platform starter (by its pid:
+    ``starter_pid``), which outlive any one platform by design. The supervisors the
+    starter forked are its children, so still our descendants: a leaked one is found."""
+    known = set(before) | {starter_pid()}
     out = []
     for proc in psutil.Process().children(recursive=True):
         if proc.pid in known:
