@@ -469,7 +469,7 @@ class DeviceHandle:
         if pid == 0:  # child
             code = 1
             try:
-                _close_inherited({0, 1, 2, self.completion_fd, theirs.fileno()} | keep_fds())
+                close_inherited({0, 1, 2, self.completion_fd, theirs.fileno()} | keep_fds())
                 _set_comm(f"hp-{self.name}")
                 code = device_main(boot)
             finally:
@@ -542,7 +542,8 @@ def device_state_name(code: int) -> str:
         return f"unknown({code})"
 
 
-def _close_inherited(keep: set[int]) -> None:
+def close_inherited(keep: set[int]) -> None:
+    """Close every descriptor of this process but ``keep`` (a child just forked)."""
     try:
         fds = [int(f) for f in os.listdir("/proc/self/fd")]
     except OSError:

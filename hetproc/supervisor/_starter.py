@@ -67,6 +67,8 @@ import threading
 import traceback
 from typing import Any, NoReturn
 
+from ._devices import close_inherited
+
 MAX_MESSAGE = 1 << 17  # a request, the environment most of it (one datagram fits a buffer)
 MAX_FDS = 8
 _PARENT_CHECK_S = 2.0
@@ -382,19 +384,6 @@ def _peer_closed(sock: socket.socket) -> bool:
     p = select.poll()
     p.register(sock.fileno(), select.POLLIN | select.POLLRDHUP)
     return any(ev & (select.POLLHUP | select.POLLRDHUP) for _, ev in p.poll(0))
-
-
-def close_inherited(keep: set[int]) -> None:
-    try:
-        fds = [int(f) for f in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 1024))
-    for fd in fds:
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 def _close_all(fds: list[int]) -> None:
