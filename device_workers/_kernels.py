@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from device_workers._passed import KernelChecks
 from ipc.errors import DtypeError, InvalidRequest, ShapeError, UnsupportedOp
 
 __all__ = ["OPS", "CHUNK_WORK", "validate", "run_kernel", "checksum_of", "read_checksum"]
@@ -501,12 +502,12 @@ _TABLE: dict[str, _Op] = {
 OPS: tuple[str, ...] = tuple(_TABLE)
 
 
-# Operands found valid, by (shape, dtype): every command checks its operands twice (the
-# supervisor's ``validate``, the device's ``run_kernel``), mostly with the same few
-# layouts. Only exact ints and a dtype given as a str or an ``np.dtype`` are kept, so an
-# invalid operand can never equal a cached one (``2.0 == 2``, ``True == 1``).
+# Operands found valid, by (shape, dtype): the supervisor's ``validate`` checks them with
+# the same few layouts. Only exact ints and a dtype given as a str or an ``np.dtype`` are
+# kept, so an invalid operand can never equal a cached one (``2.0 == 2``, ``True == 1``).
 _SPECS: dict[tuple[tuple[int, ...], Any], Spec] = {}
 _SPECS_MAX = 4096
+_CHECKED = KernelChecks(lambda *a: _validate(*a), 4096)  # ``run_kernel``'s (``_passed``)
 
 
 def _spec(shape: Any, dtype: Any, name: str) -> Spec:
@@ -588,8 +589,7 @@ def run_kernel(
     """Validate the arrays, then compute ``op`` into ``outputs`` in place, calling
     ``between_chunks()`` between pieces of work; its exceptions propagate."""
     params = {} if params is None else params
-    specs = [[(a.shape, a.dtype) for a in arrays] for arrays in (inputs, outputs)]
-    entry = _validate(op, specs[0], specs[1], params)
+    entry = _CHECKED.check(op, inputs, outputs, params)
     for i, o in enumerate(outputs):
         if not o.flags.writeable:
             raise InvalidRequest(f"{op}: output {i} is read-only", detail={"op": op})

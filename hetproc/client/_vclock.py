@@ -66,6 +66,9 @@ class _Threads:
         self.lock = threading.Lock()
         self.waits: dict[threading.Thread, tuple[Connection, int, int] | None] = {}
         self.conns: weakref.WeakSet[Connection] = weakref.WeakSet()
+        # The connection added last (``_publish``'s fast path: with one in ``conns``,
+        # this is it while it lives).
+        self._last: Callable[[], Connection | None] = lambda: None
 
     def known(self, conn: Connection) -> None:
         """The calling thread uses hetproc on ``conn`` (a request, a submit)."""
@@ -74,6 +77,7 @@ class _Threads:
             with self.lock:
                 self.waits.setdefault(me, None)
                 self.conns.add(conn)
+                self._last = weakref.ref(conn)
                 self._publish()
 
     def wait(self, conn: Connection, wake: int, fence: int = 0) -> None:
@@ -82,6 +86,7 @@ class _Threads:
         with self.lock:
             self.waits[threading.current_thread()] = (conn, wake, fence)
             self.conns.add(conn)
+            self._last = weakref.ref(conn)
             self._publish()
 
     def run(self) -> None:
@@ -101,6 +106,20 @@ class _Threads:
                 self._publish()
 
     def _publish(self) -> None:
+        if len(self.waits) == 1 and len(self.conns) == 1:
+            # The common case, a single-threaded client on one platform, without the
+            # walks below: the one known thread is the caller (so it is alive), and the
+            # one connection is the one added last (so while it lives).
+            ((thread, w),) = self.waits.items()
+            conn = self._last()
+            if thread is threading.current_thread() and conn is not None:
+                waiter = conn.waiter
+                if waiter is not None:
+                    if w is not None and w[0] is conn:
+                        waiter.block_on(w[1], (w[2],) if w[2] else ())
+                    else:
+                        waiter.clear()
+                return
         for t in [t for t in self.waits if not t.is_alive()]:
             del self.waits[t]
         waits = list(self.waits.values())
