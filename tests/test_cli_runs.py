@@ -222,3 +222,30 @@ def test_a_failure_in_a_tie_seed_campaign_names_the_tie_seeds_and_the_rerun():
     assert summary["failures"] == [{"check": "x", "runs": 1, "seeds": [3], "tie_seeds": [1],
                                     "rerun": "hetproc drill hang --seed 3 --tie-seed 1"}]
     assert summary["trace_digests"] == 2 and not summary["ok"]
+
+
+def test_a_signal_that_lands_in_a_finalizer_is_raised_after_it_not_lost(capfd):
+    """A Ctrl-C that arrives while a ``__del__`` runs (a fence dropped mid-run) would be
+    raised inside the finalizer, where Python prints "Exception ignored" and drops it: it
+    comes again once the finalizer has returned, and stops the run there."""
+    from hetproc.cli import _signals
+
+    class Dropped:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # still in the finalizer when the handler runs
+                pass
+
+    saved = {sig: signal.getsignal(sig) for sig in _signals.HANDLED}
+    received = _signals.received
+    try:
+        _signals.install()
+        obj = Dropped()
+        with pytest.raises(_signals.Interrupted):
+            del obj
+            time.sleep(5)  # it comes again a moment later, and is raised out here
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        _signals.received = received
+    assert "Exception ignored" not in capfd.readouterr().err

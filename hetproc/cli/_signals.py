@@ -11,10 +11,13 @@ turned into another error inside a C call.
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from typing import Any
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_AGAIN_S = 0.001  # a signal that landed in a finalizer comes again this much later
 
 
 class Interrupted(BaseException):
@@ -29,8 +32,25 @@ class Interrupted(BaseException):
 received: int = 0  # the first signal seen; 0: none
 
 
+def _in_finalizer(frame: Any) -> bool:
+    """Whether ``frame`` runs inside a ``__del__`` (a fence dropped mid-run)."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     global received
+    if _in_finalizer(frame):
+        # An exception raised in a finalizer is printed ("Exception ignored in ...") and
+        # dropped: the signal comes again a moment later, once the finalizer returned
+        # (from a timer thread: sent from here, it would come back into this handler).
+        again = threading.Timer(_AGAIN_S, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
     for sig in HANDLED:
         signal.signal(sig, signal.SIG_IGN)
     received = received or signum
