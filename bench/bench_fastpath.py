@@ -146,10 +146,10 @@ def validation_us(n: int = 2000) -> float:
         check_request(msg, limits)
         decode_command(record)
 
-    return _best_us(once, n)
+    return best_us(once, n)
 
 
-def _best_us(once: Any, n: int) -> float:
+def best_us(once: Any, n: int) -> float:
     """us per call of ``once``, the best of five rounds of ``n`` calls."""
     best = float("inf")
     for _ in range(5):
@@ -175,7 +175,7 @@ def queue_checks_us(n: int = 2000) -> float:
             rec = decode_record(record)
             _ = fences.pending_owner(rec.signal) == 7 and rec.hold_ns <= 10**9 and rec.qseq == 1
 
-        return _best_us(once, n)
+        return best_us(once, n)
     finally:
         fences.close()
         seg.close()

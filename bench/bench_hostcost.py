@@ -18,22 +18,11 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
-from typing import Any
 
 import numpy as np
 
 from ._registry import benchmark, make_row
-
-
-def _best_us(once: Any, n: int) -> float:
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            once()
-        best = min(best, (time.perf_counter_ns() - t0) / n)
-    return best / 1e3
+from .bench_fastpath import best_us
 
 
 def _decode_rows(n: int) -> list[dict]:
@@ -49,8 +38,8 @@ def _decode_rows(n: int) -> list[dict]:
         memory._seen.clear()
         decode_command(rec)
 
-    first = _best_us(fresh, n)
-    steady = _best_us(lambda: decode_command(rec), n)
+    first = best_us(fresh, n)
+    steady = best_us(lambda: decode_command(rec), n)
     return [make_row("device decode, buffer command: tail checked before", steady, first,
                      target="<= 0.8")]
 
@@ -65,8 +54,8 @@ def _kernel_rows(n: int) -> list[dict]:
         checks.passed._seen.clear()
         _kernels.run_kernel("relu", [a], [o], {}, _nothing)
 
-    first = _best_us(fresh, n)
-    steady = _best_us(lambda: _kernels.run_kernel("relu", [a], [o], {}, _nothing), n)
+    first = best_us(fresh, n)
+    steady = best_us(lambda: _kernels.run_kernel("relu", [a], [o], {}, _nothing), n)
     return [make_row("device relu 48 KiB: call checked before", steady, first,
                      target="<= 0.9")]
 
@@ -100,8 +89,8 @@ def _write_rows(n: int) -> list[dict]:
         a.sendall(frame)
 
     try:
-        old = _best_us(before, n)
-        new = _best_us(lambda: _write_frame(a, frame, 10.0), n)
+        old = best_us(before, n)
+        new = best_us(lambda: _write_frame(a, frame, 10.0), n)
     finally:
         stop.set()
         a.close()

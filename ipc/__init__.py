@@ -9,7 +9,7 @@ from . import _clock as clock
 from . import errors
 from ._buddy import BuddyAllocator
 from ._channel import Channel, FrameReader, pack_frame
-from ._fdpass import SegmentReceiver, SegmentSender, segment_socketpair
+from ._fdpass import SegmentReceiver, SegmentSender, close_all, segment_socketpair
 from ._fencefd import RECORD as FENCE_FD_RECORD
 from ._fencefd import Status as FenceFdStatus
 from ._fencefd import complete as fence_fd_complete
@@ -109,7 +109,7 @@ __all__ = [
     "BuddyAllocator",
     "Block", "BlockPool", "Segment", "SegmentCache", "block_size", "span_bytes",
     "read_only_descriptor",
-    "SegmentSender", "SegmentReceiver", "segment_socketpair",
+    "SegmentSender", "SegmentReceiver", "segment_socketpair", "close_all",
     "SlotMap",
     "Stage", "TraceRing", "TraceBank", "RECORD_DTYPE", "BEGIN", "END", "INSTANT", "COUNTER",
     "merge", "stage_name", "COUNTERS",

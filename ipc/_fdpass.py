@@ -25,7 +25,7 @@ import select
 import socket
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ._segments import Segment, SegmentCache
 
@@ -171,11 +171,7 @@ class SegmentReceiver:
         return True
 
     def _garbage(self, why: str, fds: list[int]) -> bool:
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_all(fds)
         self.garbage += 1
         self.on_garbage(why)
         return False
@@ -183,3 +179,13 @@ class SegmentReceiver:
     def close(self) -> None:
         self.closed = True
         self.sock.close()
+
+
+def close_all(fds: Iterable[int]) -> None:
+    """Close each of ``fds``, one already closed (or never open) included: descriptors
+    that arrived with a message nobody will take, or that a child must not keep."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

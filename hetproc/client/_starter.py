@@ -42,6 +42,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ipc import close_all
+
 __all__ = ["ForkedSupervisor", "start_supervisor", "starter_pid", "starter_info",
            "STARTER_ENV", "STATUS_LOST"]
 
@@ -199,7 +201,7 @@ class Starter:
             self._break(f"its socket failed: {exc}")
             return
         fds = _fds(anc)
-        _close_all(fds)  # the starter sends none
+        close_all(fds)  # the starter sends none
         if not data:
             self._break(f"it closed its socket (exit status {self.proc.poll()})")
             return
@@ -437,12 +439,6 @@ def _fds(anc: list[tuple[int, int, bytes]]) -> list[int]:
     return out
 
 
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _is_open(fd: int) -> bool:

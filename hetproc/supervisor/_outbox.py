@@ -10,12 +10,11 @@ again, never run again. When a client cannot be written to any more, the loop is
 
 from __future__ import annotations
 
-import os
 import selectors
 import socket
 from collections.abc import Callable, Sequence
 
-from ipc import encode, errors, pack_frame
+from ipc import close_all, encode, errors, pack_frame
 
 from .. import _protocol
 from ._failures import record_of
@@ -155,9 +154,3 @@ def _send(conn: socket.socket, data: bytes, fds: Sequence[int]) -> int:
     return conn.send(data)
 
 
-def close_all(fds: Sequence[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass

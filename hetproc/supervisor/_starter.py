@@ -67,6 +67,8 @@ import threading
 import traceback
 from typing import Any, NoReturn
 
+from ipc import close_all
+
 from ._devices import close_inherited
 
 MAX_MESSAGE = 1 << 17  # a request, the environment most of it (one datagram fits a buffer)
@@ -166,7 +168,7 @@ class Starter:
         return True
 
     def refuse(self, rid: int | None, error: str, fds: list[int]) -> None:
-        _close_all(fds)
+        close_all(fds)
         self.refused += 1
         self.send({"op": "refused", "id": rid, "error": error})
 
@@ -176,7 +178,7 @@ class Starter:
         pid = fork_for_parent()
         if pid == 0:
             _child(req, fds)
-        _close_all(fds)
+        close_all(fds)
         self.forked += 1
         self.send({"op": "forked", "id": req["id"], "pid": pid})
 
@@ -386,12 +388,6 @@ def _peer_closed(sock: socket.socket) -> bool:
     return any(ev & (select.POLLHUP | select.POLLRDHUP) for _, ev in p.poll(0))
 
 
-def _close_all(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _standard_fds_open() -> None:
