@@ -56,10 +56,15 @@ class Outbox:
         # (due ns, seq, fences, record) of commands whose signal waits for the hand-off
         # delay: ``hold`` pushes, ``fire_due`` pops once due.
         self.delayed: list[tuple[int, int, list[int], dict[str, Any]]] = []
+        # Grows whenever something leaves the device (a fence signalled, records in the
+        # ring): a lease on the virtual clock ends there (``_vclock``). (A poke that only
+        # says "look, I block" tells nothing.)
+        self.told = 0
 
     def signal(self, handles: list[int], word: int, t_model: int = 0) -> None:
         """Signal (``word`` 0) or fail the fences, stamped with the modeled time."""
         signal, signaller = self.fences.signal, self.signaller
+        self.told += 1
         for handle in handles:
             signal(handle, word, signaller, t_model)
         if self.fences.poked:
@@ -85,6 +90,7 @@ class Outbox:
         memory work, then queue its record, packed as it goes (``encode_ran``: the bytes
         ``encode_completion`` makes of that record's map). ``lazy``: see ``put``."""
         signal, signaller = self.fences.signal, self.signaller
+        self.told += 1
         for handle in cmd["signal"]:
             signal(handle, 0, signaller, m1)
         if self.fences.poked:
@@ -166,6 +172,7 @@ class Outbox:
         if not self.records:
             return
         batch, self.records = self.records, []
+        self.told += 1
         for payload in batches(batch, self.completions.max_payload):
             # The supervisor drains completions as fast as we post them; a full ring means
             # it is stalled, and it owns the recovery of that. Wait briefly, re-check the parent.

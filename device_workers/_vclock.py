@@ -9,6 +9,12 @@ fence when it wants the device (the clock came to its wake, a command, a cancel)
 kernel still runs in real time: the device is not blocked then, and the clock does not
 move.
 
+A hold may also move the clock itself, without blocking, when the supervisor leased it the
+clock at the jump that woke it (``ipc.clock``'s lease): to each of its own wakes before
+the lease's bound, for as long as it tells nobody anything (``Outbox.told``) and does not
+block -- the end of a map, of a kernel, of a write-back, one after the other, with no
+jump between them.
+
 Order (``Waiter``): read the supervisor's pokes (``begin``), then look at the work
 (cancel, preemption, the ring), then say "blocked" (``block``): a command pushed after the
 look is news the supervisor sees the device has not seen, so it never jumps past it.
@@ -27,6 +33,8 @@ from ipc import FenceTable, clock, errors, wait_fence_once
 from . import _hold
 from ._state import StateSlot
 
+_CURRENT_SEQ = StateSlot.CURRENT_SEQ
+
 NO_WAKE = clock.NO_WAKE
 DOORBELL_SLICE_S = 0.05  # real time between looks when nobody posts (a lost post is harmless)
 FENCE_SLICE_S = 0.05      # between looks when nobody nudges the fence (a lost nudge is harmless)
@@ -43,6 +51,7 @@ class Device(Protocol):
     doorbell: posix_ipc.Semaphore
     delayed: list
     u32: Any
+    u64: Any
     queues: Any
 
     def fire_due_signals(self) -> None: ...
@@ -63,6 +72,8 @@ class DeviceWaits:
         self.slot = vclock.waiter(device.boot.index)
         self.vclock = vclock
         self.devices = range(device.boot.device_count)
+        self.index = device.boot.index
+        self.told = 0  # the outbox's ``told`` when the device last blocked (``_block``)
         device.fences.model_now = vclock.now_ns  # what a fence it fails is stamped with
         _hold.use_virtual(self.hold)
 
@@ -102,7 +113,11 @@ class DeviceWaits:
             # consumers start when it says, not when this hold ends.
             if dev.delayed and now() < dev.delayed[0][0] < wake:
                 wake = dev.delayed[0][0]
-            dev.outbox.flush()  # our records go out first: the supervisor needs them
+            outbox = dev.outbox
+            if (not outbox.records and outbox.told == self.told and self.vclock.advance_leased(
+                    self.index, dev.u64[_CURRENT_SEQ], wake, slot.gen())):
+                continue  # leased: our instant, and nobody else's before it
+            outbox.flush()  # our records go out first: the supervisor needs them
             self._block(wake, dev.doorbell)
 
     def fence(self, handle: int, deadline: int) -> int:
@@ -162,6 +177,7 @@ class DeviceWaits:
         """Blocked until ``wake`` on the doorbell, one real slice; True when it was posted.
         The supervisor is woken to look if this may be the last wait (``_wake_supervisor``)."""
         slot = self.slot
+        self.told = self.device.outbox.told  # a lease from the jump that wakes us starts here
         slot.block(wake)
         self._wake_supervisor()
         try:

@@ -268,6 +268,9 @@ class PlatformSpec:
     clock: str = "real"
     autojump_ms: float = 100.0  # virtual: real ms a client may spend outside hetproc waits
     tie_seed: int = 0           # virtual: the order devices due at one instant are woken in
+    # virtual: a device woken alone may move the clock through its own next instants, up
+    # to anybody else's next event (``ipc.clock``'s lease); False: a jump per instant.
+    clock_leases: bool = True
 
     def device(self, name: str) -> DeviceSpec:
         """The device called ``name``; ``InvalidRequest`` naming the others if none is."""

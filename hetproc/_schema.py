@@ -97,6 +97,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                            doc="virtual clock: real ms a client may block outside hetproc"),
         "tie_seed": Key("int", 0, 0, 2**63 - 1,
                         doc="virtual clock: the order devices due at one instant wake in"),
+        "clock_leases": Key("bool", True,
+                            doc="virtual clock: a device woken alone moves the clock through "
+                                "its own next instants (the same schedule, fewer jumps)"),
         "recovery": Key("table", {}),
         "iommu": Key("table", {}),
         "trace": Key("table", {}),

@@ -15,6 +15,11 @@ connection, where that process says it is blocked and until which modeled instan
                   only grows, never past now_ns): a jump moves now_ns and wakes the
                   devices whose instant came; once they are all blocked again, the
                   clients' waits and sleeps due then end (``hetproc.supervisor._clock``)
+    words 3-6     the lease: device index + 1 (0: none), the command it covers, the
+                  instant it ends at, the device slot's ``gen`` when the jump that
+                  granted it found the device blocked (supervisor, at a jump)
+    word 7        target       where the supervisor's last jump went (supervisor)
+    word 8        moves        how many times a device moved now_ns under a lease
     slots         16 words each: wake, fence, seen, gen, poked, then more fences (device
                   slots: poked is the supervisor's, the rest the waiter's)
 
@@ -28,6 +33,24 @@ for the waiter's attention (a command pushed, a cancel, the clock moved to its w
 ``seen`` the count the waiter had read before it last looked at its work: a waiter with
 ``seen != poked`` has news it has not seen. ``gen`` grows on every change of the slot, so
 a reader that saw the same ``gen`` before and after reading the slot saw one registration.
+
+**The lease.** Most instants of a busy platform belong to one device alone: the end of a
+command's map, of its kernel, of its write-back, with nothing else due before the next.
+When the supervisor jumps to such an instant it may *lease* the clock to the device it
+wakes, for the command it saw running, up to (not including) the platform's next event
+of anybody else's. The device then moves ``now_ns`` itself to each of its own wakes
+before that bound (``VirtualClock.advance_leased``), instead of blocking for a jump per
+instant, for as long as it tells nobody anything and does not block: a fence it
+signals, a record it sends or its next block ends the lease (the bound was the next
+event as the jump saw the platform: once anybody else runs, it may be earlier). The
+instants and their order are the same as with a jump per instant: nobody else had an
+event before the bound, and nobody could have seen the device in between.
+
+Only one writer of ``now_ns`` at a time: the supervisor jumps only while every device is
+blocked (the lessee, blocked, no longer advances) or stopped by a signal. A device
+stopped in the middle of ``advance_leased`` may store its instant after the supervisor
+jumped past it; it finds the jump count moved, and puts back the supervisor's target
+(word 6, written before the count).
 
 Process-wide seam: a device or supervisor process belongs to one platform, so it installs
 its clock once (``install``) and reads ``now_ns()`` through this module; a client process
@@ -45,7 +68,9 @@ REAL, VIRTUAL = "real", "virtual"
 CLOCKS = (REAL, VIRTUAL)
 NO_WAKE = (1 << 64) - 1        # blocked with no modeled instant of its own
 VIRTUAL_EPOCH_NS = 1_000_000_000  # where a virtual clock starts (never 0: 0 means unset)
-_HEADER_WORDS = 8
+_HEADER_WORDS = 16
+# The header's words (see the module docstring).
+NOW, JUMPS, RELEASED, LEASE_DEVICE, LEASE_SEQ, LEASE_UNTIL, LEASE_GEN, TARGET, MOVES = range(9)
 SLOT_WORDS = 16
 WAKE, FENCE, SEEN, GEN, POKED, MORE = range(6)
 MAX_FENCES = 1 + SLOT_WORDS - MORE  # fences one slot can name
@@ -165,7 +190,7 @@ class VirtualClock:
         self.segment = segment
         self._q = memoryview(segment.map).cast("Q")
         if create:
-            self._q[0] = self._q[2] = VIRTUAL_EPOCH_NS
+            self._q[NOW] = self._q[RELEASED] = self._q[TARGET] = VIRTUAL_EPOCH_NS
         q = self._q
         self.now_ns: Callable[[], int] = lambda: q[0]
         # What a client's deadline is compared with: the devices act at an instant first.
@@ -173,14 +198,62 @@ class VirtualClock:
 
     @property
     def jumps(self) -> int:
-        return self._q[1]
+        return self._q[JUMPS]
+
+    @property
+    def leased_moves(self) -> int:
+        """How many times a device moved the clock under a lease."""
+        return self._q[MOVES]
 
     def advance(self, t: int) -> None:
-        """Move the clock to ``t`` (the supervisor only; never back)."""
+        """Move the clock to ``t`` (the supervisor only; never back), revoking any lease.
+        The order is the lease's protocol (``advance_leased``): the target, no lease, the
+        count, then the word."""
         q = self._q
-        assert t >= q[0], (t, q[0])
-        q[0] = t
-        q[1] += 1
+        assert t >= q[NOW], (t, q[NOW])
+        q[TARGET] = t
+        q[LEASE_DEVICE] = 0
+        q[JUMPS] += 1
+        q[NOW] = t
+
+    def lease(self, device: int, seq: int, until: int, gen: int) -> None:
+        """Let ``device`` move the clock itself, while it runs command ``seq``, to any
+        instant before ``until``, until it blocks again (the supervisor, right after a
+        jump that wakes it, blocked with its slot's ``gen`` at ``gen``)."""
+        q = self._q
+        q[LEASE_SEQ] = seq
+        q[LEASE_UNTIL] = until
+        q[LEASE_GEN] = gen
+        q[LEASE_DEVICE] = device + 1
+
+    def revoke(self) -> None:
+        """No lease (a device process replaced)."""
+        self._q[LEASE_DEVICE] = 0
+
+    def advance_leased(self, device: int, seq: int, t: int, gen: int) -> bool:
+        """The lessee moves the clock to ``t``: True when its lease (this device, this
+        command, ``t`` before the bound, the device's slot at ``gen``: woken once since
+        the grant, not blocked again) allowed it, else False and nothing moved.
+
+        A store racing a supervisor's jump (this device stopped by a signal between its
+        look and its store) is repaired: a moved jump count means the supervisor may have
+        written its target before our store, and the word gets the later of both."""
+        q = self._q
+        jumps = q[JUMPS]
+        if (q[LEASE_DEVICE] != device + 1 or q[LEASE_SEQ] != seq
+                or q[LEASE_GEN] + 2 != gen or not q[NOW] < t < q[LEASE_UNTIL]):
+            return False
+        self._store_leased(t, jumps)
+        return True
+
+    def _store_leased(self, t: int, jumps: int) -> None:
+        """``advance_leased``'s store, the lease checked when the jump count was ``jumps``."""
+        q = self._q
+        q[NOW] = t
+        q[MOVES] += 1
+        while q[JUMPS] != jumps:  # (only when stopped mid-way: see the docstring)
+            jumps = q[JUMPS]
+            q[NOW] = max(t, q[TARGET])
 
     def release(self) -> None:
         """Let the clients' deadlines come to now (the supervisor only, once every device

@@ -1287,6 +1287,8 @@ class _Run:
 
     def verify(self) -> None:
         a = self.plat.client
+        if a.clock == "virtual":  # how often a device moved the clock itself (a lease)
+            self.tally["leased_moves"] = a.metrics()["clock"]["jumps_by_devices"]
         self.ph.check(self.tally["ok"] > 20 and self.tally["failed"] > 0,
                       f"the storm did not storm: {self.tally}")
         for buf, snap in self.canaries:

@@ -184,13 +184,14 @@ def test_an_empty_segment_socket_reads_nothing_and_a_closed_one_is_seen():
 class _Conn:
     def __init__(self) -> None:
         from ipc import clock
-        self.words = memoryview(bytearray(8 * (8 + 16))).cast("Q")
+        self.words = memoryview(bytearray(clock.segment_bytes(0, 1))).cast("Q")
         self.waiter = clock.Waiter(self.words, 0)
 
 
 def _slot(conn: _Conn) -> tuple[int, int]:
     from ipc import clock
-    return conn.words[8 + clock.WAKE], conn.words[8 + clock.FENCE]
+    first = clock.segment_bytes(0, 0) // 8  # the header's words: slot 0 comes next
+    return conn.words[first + clock.WAKE], conn.words[first + clock.FENCE]
 
 
 def test_one_thread_publishes_its_wait_and_its_run():

@@ -54,6 +54,12 @@ everything else waits holds the clock for ``autojump_ms`` real ms; then the cloc
 anyway and the jump counts as a determinism break, naming the client (``metrics``). The
 time counted is its own (``_autojump``): asleep outside hetproc since its last request,
 or ten times as long at work (CPU), never what it waited for a CPU.
+A jump that wakes one device alone, in a hold of a command the loop has seen running,
+leases it the clock up to the next event of anybody else (``ipc.clock``'s lease): the
+device moves through its own next instants (a map's end, a kernel's, a write-back's)
+without a jump each, until it tells anybody anything. The loop sees the same instants in
+the same order, fewer times (``jumps_by_devices`` counts the moves it did not make).
+The platform file's ``clock_leases = false`` turns it off (to compare).
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
 supervisor's own decisions due then are made in its usual order).
@@ -69,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 
+from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
@@ -110,7 +117,7 @@ class ClockOwner:
 
     def __init__(self, reg: Registry, new_segment: Callable[[str, int], Segment], *,
                  autojump_ms: float, recovery: Recovery, queues: Queues | None = None,
-                 tie_seed: int = 0) -> None:
+                 tie_seed: int = 0, leases: bool = True) -> None:
         self.reg = reg
         self.recovery = recovery
         self.queues = queues  # user-mode queues: their rings' heads and their watch
@@ -167,6 +174,7 @@ class ClockOwner:
         self._order = sorted(reg.devices.values(), key=lambda d: d.index)
         if tie_seed:
             random.Random(tie_seed).shuffle(self._order)
+        self.leases = leases  # (``_lease``)
 
     # -- connections ----------------------------------------------------------------
 
@@ -181,8 +189,10 @@ class ClockOwner:
         return {"segment": self.segment_name, "slot": slot, "bell": client.clock_bell}
 
     def device_spawned(self, index: int) -> None:
-        """A new device process: not blocked, no news owed (whatever the last one said)."""
+        """A new device process: not blocked, no news owed (whatever the last one said),
+        no lease (the last one's was for a command it no longer runs)."""
         self.waiters[index].reset()
+        self.clock.revoke()
 
     def client_gone(self, client: ClientRec) -> None:
         if client.clock_bell:
@@ -220,6 +230,8 @@ class ClockOwner:
             quiet = self._quiet(now, stopped)
             if quiet is None:
                 return STILL
+        if self.clock.now_ns() != now:
+            return STILL  # a lessee moved it while we looked: it rings when it blocks
         wakes, running = quiet
         # The devices are done with this instant: the clients' deadlines come to it
         # before the clock moves on (every device's event at an instant comes before
@@ -246,7 +258,8 @@ class ClockOwner:
             if nudged and not broke:
                 return RELEASED
             self.chained_jumps += 1
-        self._jump(min(later))
+        later.sort()
+        self._jump(later[0], later[1] if len(later) > 1 and not broke else later[0])
         self.tick_jumps += on_tick
         return JUMPED
 
@@ -477,22 +490,44 @@ class ClockOwner:
                             now_ns=self.clock.now_ns(), held_ms=round(held_ns / 1e6, 3),
                             **detail)
 
-    def _jump(self, t: int) -> None:
+    def _jump(self, t: int, after: int) -> None:
         """The clock to ``t``; the devices whose wake came, or whose command's watchdog
         looks at the next ns (``_timers``), are poked, in the tie seed's order. The
         clients' deadlines come to ``t`` once those devices are blocked again (a later
-        ``turn``), or at once when none was woken."""
+        ``turn``), or at once when none was woken. ``after``: the next event but the
+        one at ``t`` (``t`` itself when two are due then): a device woken alone may
+        have the clock until then (``_lease``)."""
         self._moved_at = time.monotonic_ns()
         self.clock.advance(t)
         looking = {name for name, deadline in self._looks if deadline == t + 1}
-        woken = False
+        woken = []
         for dev in self._order:
-            snap = self.waiters[dev.index].snapshot()
+            waiter = self.waiters[dev.index]
+            gen = waiter.gen()
+            snap = waiter.snapshot()
             if snap is not None and (snap[0] <= t or dev.name in looking):
-                dev.doorbell.release()
-                woken = True
+                woken.append((dev, gen))
+        if len(woken) == 1 and after > t and not looking:
+            self._lease(*woken[0], after)
+        for dev, _ in woken:
+            dev.doorbell.release()
         if not woken:
             self._release_clients(t)
+
+    def _lease(self, dev: Any, gen: int, until: int) -> None:
+        """Lease the clock to ``dev`` up to ``until`` if it holds in a command the loop
+        has seen running (its watchdog timed: every deadline of it is among the events
+        ``until`` bounds), for the run this jump wakes it to (its slot at ``gen``: the
+        bound is the next event as this jump sees the platform); never to a queue's
+        command (the stall watch judges it by the instants the loop sees) or a device
+        in another state."""
+        if not self.leases:
+            return
+        slot = self.reg.slots[dev.index]
+        cmd = (dev.pushed.get(slot.u64[S.CURRENT_SEQ])
+               if slot.u32[S.STATE] == DeviceState.BUSY else None)
+        if cmd is not None and cmd.watch_deadline:
+            self.clock.lease(dev.index, cmd.seq, until, gen)
 
     def _release_clients(self, t: int) -> bool:
         """The clients' deadlines come to ``t`` (the devices did what was due then).
@@ -520,6 +555,7 @@ class ClockOwner:
 
     def metrics(self) -> dict[str, Any]:
         return {"clock": "virtual", "now_ns": self.clock.now_ns(), "jumps": self.clock.jumps,
+                "jumps_by_devices": self.clock.leased_moves,
                 "jumps_on_tick": self.tick_jumps, "jumps_after_release": self.chained_jumps,
                 "loop_turns": self.turns,
                 "determinism_breaks": self.breaks,

@@ -135,7 +135,8 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     fencefds = FenceFds(reg, lifetimes, failures)
     hazards = Hazards(reg, evidence, spec.hazards)
     vclock = (ClockOwner(reg, named.new_segment, autojump_ms=spec.autojump_ms,
-                         recovery=recovery, queues=queues, tie_seed=spec.tie_seed)
+                         recovery=recovery, queues=queues, tie_seed=spec.tie_seed,
+                         leases=spec.clock_leases)
               if spec.clock == "virtual" else None)
     metrics = Metrics(reg, pool, recovery, handoff, evidence, queues, ddr, named.prefix,
                       hazards=hazards, fencefds=fencefds,
