@@ -12,8 +12,8 @@ move.
 A hold may also move the clock itself, without blocking, when the supervisor leased it the
 clock at the jump that woke it (``ipc.clock``'s lease): to each of its own wakes before
 the lease's bound, for as long as it tells nobody anything (``Outbox.told``) and does not
-block -- the end of a map, of a kernel, of a write-back, one after the other, with no
-jump between them.
+block -- the end of a map, of a kernel, of a write-back, then, idle, its hand-off signal's
+instant, one after the other, with no jump between them.
 
 Order (``Waiter``): read the supervisor's pokes (``begin``), then look at the work
 (cancel, preemption, the ring), then say "blocked" (``block``): a command pushed after the
@@ -90,6 +90,8 @@ class DeviceWaits:
             if dev.queues.refused_enough:
                 continue  # records left past the turn's refusals: the next turn, at once
             if not dev.intake.stopped and wake > self.now():
+                if not dev.queues and self._leased(0, wake):
+                    continue  # our hand-off's instant, and nobody else's before it
                 if self._block(wake, dev.doorbell):
                     dev._swallow_posts()
                 else:
@@ -113,12 +115,20 @@ class DeviceWaits:
             # consumers start when it says, not when this hold ends.
             if dev.delayed and now() < dev.delayed[0][0] < wake:
                 wake = dev.delayed[0][0]
-            outbox = dev.outbox
-            if (not outbox.records and outbox.told == self.told and self.vclock.advance_leased(
-                    self.index, dev.u64[_CURRENT_SEQ], wake, slot.gen())):
+            seq = dev.u64[_CURRENT_SEQ]
+            if seq and self._leased(seq, wake):
                 continue  # leased: our instant, and nobody else's before it
-            outbox.flush()  # our records go out first: the supervisor needs them
+            dev.outbox.flush()  # our records go out first: the supervisor needs them
             self._block(wake, dev.doorbell)
+
+    def _leased(self, seq: int, wake: int) -> bool:
+        """Moved the clock to ``wake`` on a lease (``ipc.clock``): the command ``seq`` it
+        covers holds (0: idle past it, no queue of ours: the stall watch judges a device
+        owing queue records by the instants the loop sees), nothing told since the
+        device last blocked."""
+        outbox = self.device.outbox
+        return (not outbox.records and outbox.told == self.told
+                and self.vclock.advance_leased(self.index, seq, wake, self.slot.gen()))
 
     def fence(self, handle: int, deadline: int) -> int:
         """Wait for an input fence until modeled ``deadline``: its error code, or

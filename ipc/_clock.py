@@ -39,7 +39,8 @@ command's map, of its kernel, of its write-back, with nothing else due before th
 When the supervisor jumps to such an instant it may *lease* the clock to the device it
 wakes, for the command it saw running, up to (not including) the platform's next event
 of anybody else's. The device then moves ``now_ns`` itself to each of its own wakes
-before that bound (``VirtualClock.advance_leased``), instead of blocking for a jump per
+before that bound -- in that command, and idle once it ended (its hand-off signal's
+instant) -- (``VirtualClock.advance_leased``), instead of blocking for a jump per
 instant, for as long as it tells nobody anything and does not block: a fence it
 signals, a record it sends or its next block ends the lease (the bound was the next
 event as the jump saw the platform: once anybody else runs, it may be earlier). The
@@ -232,15 +233,16 @@ class VirtualClock:
 
     def advance_leased(self, device: int, seq: int, t: int, gen: int) -> bool:
         """The lessee moves the clock to ``t``: True when its lease (this device, this
-        command, ``t`` before the bound, the device's slot at ``gen``: woken once since
-        the grant, not blocked again) allowed it, else False and nothing moved.
+        command -- ``seq`` 0: idle, past it --, ``t`` before the bound, the device's slot
+        at ``gen``: woken once since the grant, not blocked again) allowed it, else False
+        and nothing moved.
 
         A store racing a supervisor's jump (this device stopped by a signal between its
         look and its store) is repaired: a moved jump count means the supervisor may have
         written its target before our store, and the word gets the later of both."""
         q = self._q
         jumps = q[JUMPS]
-        if (q[LEASE_DEVICE] != device + 1 or q[LEASE_SEQ] != seq
+        if (q[LEASE_DEVICE] != device + 1 or (seq and q[LEASE_SEQ] != seq)
                 or q[LEASE_GEN] + 2 != gen or not q[NOW] < t < q[LEASE_UNTIL]):
             return False
         self._store_leased(t, jumps)

@@ -196,3 +196,28 @@ def test_a_preemption_asked_of_a_lessee_keeps_every_end_exact():
         assert urgent.signal_time() < relu.signal_time()
         assert all(d["modeled_time"]["lags"] == 0 for d in plat.metrics()["devices"].values())
         assert plat.metrics()["clock"]["jumps_by_devices"] > 0
+
+
+def _hand_offs(plat: hetproc.Platform) -> tuple[list[int], dict]:
+    npu = plat.client.context("npu0")
+    t0 = plat.now()
+    ends = []
+    for _ in range(5):
+        f = npu.submit_nowait("work", ms=2, handoff_ms=3)
+        f.wait(5)
+        ends.append(f.signal_time() - t0)
+    return ends, plat.metrics()["clock"]
+
+
+def test_a_lessee_that_ended_its_command_moves_on_to_its_hand_off_alone():
+    """A 2 ms command with a 3 ms hand-off, the client waiting on it: the jump to its
+    end wakes npu0 alone, which ends it without telling anybody (its signal waits for the
+    hand-off) and, idle, moves the clock to the hand-off itself: one jump and one move a
+    command, where a jump per instant makes two jumps; the signals at the same ns."""
+    with _platform(leases=False) as plat:
+        ends_off, off = _hand_offs(plat)
+    with _platform(leases=True) as plat:
+        ends_on, on = _hand_offs(plat)
+    assert ends_on == ends_off == [5 * MS * (k + 1) for k in range(5)]
+    assert on["jumps_by_devices"] >= 5
+    assert on["jumps"] + on["jumps_by_devices"] == off["jumps"]
