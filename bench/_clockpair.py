@@ -78,6 +78,9 @@ def _rows(label: str, real: dict[str, Any], virt: dict[str, Any], rtt_us: float)
     turns = (_platform(virt).get("clock") or {}).get("loop_turns") or 0
     rows.append(make_row(f"{label}: supervisor loop turns per jump", None,
                          value=round(turns / jumps, 3) if jumps else None, unit="turns"))
+    moves = (_platform(virt).get("clock") or {}).get("jumps_by_devices") or 0
+    rows.append(make_row(f"{label}: instants a device moved to on a lease, per jump", None,
+                         value=round(moves / jumps, 3) if jumps else None, unit="moves"))
     return rows + component_rows(f"{label}, virtual", virt, rtt_us)
 
 
