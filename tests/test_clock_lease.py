@@ -11,6 +11,8 @@ import multiprocessing as mp
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hetproc
 from hetproc import SchedSpec, load_platform
@@ -221,3 +223,57 @@ def test_a_lessee_that_ended_its_command_moves_on_to_its_hand_off_alone():
     assert ends_on == ends_off == [5 * MS * (k + 1) for k in range(5)]
     assert on["jumps_by_devices"] >= 5
     assert on["jumps"] + on["jumps_by_devices"] == off["jumps"]
+
+
+# -- fuzzed against a reference -----------------------------------------------------------
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("jump"), st.integers(0, 50)),
+    st.tuples(st.just("lease"), st.integers(0, 2), st.integers(0, 3), st.integers(0, 60),
+              st.integers(0, 6)),
+    st.tuples(st.just("revoke")),
+    st.tuples(st.just("move"), st.integers(0, 2), st.integers(0, 3), st.integers(-5, 60),
+              st.integers(0, 8)),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_OPS)
+def test_the_lease_protocol_against_a_reference(ops):
+    """Any interleaving of jumps, grants, revocations and moves: the clock never goes
+    back, a move happens exactly when the reference's lease allows it (its device, its
+    command or idle, its one run, before the bound, ahead of now), and every move counts."""
+    prefix = new_prefix()
+    seg = Segment.create(prefix + "clock", clock.segment_bytes(3, 0))
+    vc = clock.VirtualClock(seg, create=True)
+    try:
+        t0 = now = vc.now_ns()
+        lease = None  # (device, seq, until, gen) as the reference holds it
+        moves = 0
+        for op in ops:
+            if op[0] == "jump":
+                now += op[1]
+                vc.advance(now)
+                lease = None
+            elif op[0] == "lease":
+                _, dev, seq, until, gen = op
+                vc.lease(dev, seq + 1, t0 + until, gen)
+                lease = (dev, seq + 1, t0 + until, gen)
+            elif op[0] == "revoke":
+                vc.revoke()
+                lease = None
+            else:
+                _, dev, seq, t, gen = op
+                allowed = (lease is not None and lease[0] == dev
+                           and (seq == 0 or lease[1] == seq) and lease[3] + 2 == gen
+                           and now < t0 + t < lease[2])
+                assert vc.advance_leased(dev, seq, t0 + t, gen) == allowed, (op, lease, now)
+                if allowed:
+                    now, moves = t0 + t, moves + 1
+            assert vc.now_ns() == now
+        assert vc.leased_moves == moves
+    finally:
+        vc.close()
+        seg.close()
+        seg.unlink()
+        cleanup_prefix(prefix)
