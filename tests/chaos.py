@@ -570,6 +570,7 @@ class _Run:
         self.q_src: hetproc.Buffer | None = None  # the queue's copy operands (``queue_buffers``)
         self.q_dst: hetproc.Buffer | None = None
         self.q_copied: hetproc.Buffer | None = None  # the destination this round copied into
+        self.q_retired: list[hetproc.Buffer] = []  # replaced destinations, freed after the submit
         self.tally["queue"] = collections.Counter()
         self.flaky, self.flaky_every, self.wedge_device, self.wedge_at = draw_resets(
             resets_rng(seed), self.queue_device)
@@ -968,17 +969,25 @@ class _Run:
         except (hetproc.CancelledByReset, hetproc.DeviceRestarted):  # lost meanwhile
             t["lost_at_submit"] += 1
             return []
+        finally:  # a destination replaced in this batch: freed once its copies are in
+            for buf in self.q_retired:
+                buf.free()
+            self.q_retired.clear()
 
     def queue_buffers(self) -> tuple[hetproc.Buffer, hetproc.Buffer]:
         """The queue's copy source and destination (the bystander's); now and then the
         destination is freed while commands may still use it (an unbind, a barrier,
-        reclaimed only once the device let go) and another takes its place."""
+        reclaimed only once the device let go) and another takes its place. The one
+        replaced is freed after the batch is submitted (``queue_round``), not here: an
+        earlier copy of the same batch names it, and a freed buffer cannot be submitted."""
         if self.q_src is None:
             self.q_src = self.by.alloc(N)
             self.q_src.array()[:] = np.arange(N, dtype=np.float32)
         if self.q_dst is None or self.qrng.random() < 0.1:
             if self.q_dst is not None:
-                self.q_dst.free()
+                if self.q_copied is self.q_dst:  # named by a copy of this batch already
+                    self.tally["queue"]["replaced_in_batch"] += 1
+                self.q_retired.append(self.q_dst)
             self.q_dst = self.by.alloc(N)
         return self.q_src, self.q_dst
 

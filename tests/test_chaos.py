@@ -21,6 +21,8 @@ from tests.chaos import (
     DEVICES,
     POLICIES,
     ChaosFailure,
+    Phases,
+    _Run,
     draw_clock,
     draw_engines,
     draw_mix,
@@ -178,3 +180,32 @@ def test_the_judge_of_the_child_dependent_refuses_hangs_and_dependency_timeouts(
     assert judge_child_dependent(hetproc.DependencyFailed("dead"), False, []) is None
     assert judge_child_dependent(None, False, []) is not None  # a failed input never succeeds
     assert judge_child_dependent(None, True, []) is None
+
+
+# -- the queue's destination, replaced in the middle of a batch ----------------------------
+
+
+def test_a_queue_destination_replaced_within_a_batch_is_freed_after_the_batch(platform):
+    """Seed 21: a batch's copy named the queue's destination, then a later copy of the
+    same batch replaced it, and the program freed it right there: the batch's submit
+    then bound a freed buffer, StaleHandle (the program's fault, not the platform's).
+    The replaced destination is freed once the batch is in. Each round's queue is new
+    (as after a reset lost the last one), so every batch binds its buffers afresh."""
+    seed = 21
+    chaos = _Run(seed, platform, Phases(seed), random.Random(seed),
+                 draw_mix(random.Random(seed)))
+    chaos.by = platform.client
+    try:
+        for rnd in range(10):
+            chaos.queue_verdict(rnd, chaos.queue_round())  # StaleHandle, before the fix
+            chaos.queue.close()
+            chaos.queue = None
+        queue = chaos.tally["queue"]
+        assert queue["replaced_in_batch"] >= 1, queue  # the case was met
+        assert queue["ok"] > 0, queue
+    finally:
+        if chaos.queue is not None:
+            chaos.queue.close()
+        for buf in (chaos.q_src, chaos.q_dst):
+            if buf is not None:
+                buf.free()

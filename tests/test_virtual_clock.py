@@ -7,6 +7,7 @@ time in real time. Wall times are printed, never asserted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -271,6 +272,38 @@ def test_a_device_known_stopped_holds_the_clock_once_not_at_every_jump_past_it()
                 if e["event"] == "determinism_break"]
         assert len(held) >= 2 and held[0] >= 3000, held
         assert all(ms < 3000 for ms in held[1:]), held
+
+
+def test_a_device_stopped_while_waiting_on_a_fence_signalled_since_does_not_hold_the_clock(
+        monkeypatch):
+    """Chaos seed 11: a device blocked on a command's input fence is stopped (SIGSTOP),
+    then the fence is signalled. Its slot still says "blocked on that fence", and a
+    completed fence there means "about to run": the clock waited for a device that
+    cannot run, for good, and the command never ended. A device found stopped counts as
+    blocked with no wake whatever its slot says; the stall watch then resets it."""
+    from hetproc.client import _vclock
+    monkeypatch.setattr(_vclock, "REAL_BACKSTOP_S", 10.0)  # a hang fails in seconds
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        c = plat.client
+        pid = plat.metrics()["devices"]["cpu0"]["pid"]
+        gate = c.fence()
+        f = c.context("cpu0").submit_nowait("work", wait=[gate], ms=1)
+        hetproc.sleep(10)  # cpu0 blocks on the gate
+        assert plat.metrics()["devices"]["cpu0"]["state"] == "waiting"
+        os.kill(pid, signal.SIGSTOP)  # ours (our platform's device), by pid
+        try:
+            gate.signal()
+            with pytest.raises(errors.CancelledByReset, match="made no progress"):
+                f.wait(5)  # (before: FenceTimeout, the clock held at the signal's instant)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        assert c.incidents()["verdicts"].get("stalled") == 1
+        clock = plat.metrics()["clock"]
+        assert set(clock["determinism_break_devices"]) == {"cpu0"}
+        assert clock["determinism_break_clients"] == {}
+        c.context("cpu0").submit("work", ms=3).wait(5)
+        assert plat.metrics()["devices"]["cpu0"]["pid"] != pid  # a new process
 
 
 def test_a_queue_command_chain_runs_on_the_modeled_timeline_to_the_ns():

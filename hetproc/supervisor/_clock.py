@@ -387,10 +387,10 @@ class ClockOwner:
         for dev in self.reg.devices.values():
             if not dev.pid and dev.name in self.reg.wedged:
                 continue  # down for good: it waits for nothing
+            if dev.name in stopped:  # blocked, no wake, whatever its slot says (a fence
+                continue             # it sleeps on may have completed: it cannot run)
             snap = self.waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
-                if dev.name in stopped:
-                    continue
                 return None
             wake, fences = snap
             if wake <= now:  # blocked after the jump that reached its wake looked: wake it
