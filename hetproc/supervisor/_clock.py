@@ -56,9 +56,10 @@ time counted is its own (``_autojump``): asleep outside hetproc since its last r
 or ten times as long at work (CPU), never what it waited for a CPU.
 A jump that wakes one device alone, in a hold of a command the loop has seen running,
 leases it the clock up to the next event of anybody else (``ipc.clock``'s lease): the
-device moves through its own next instants (a map's end, a kernel's, a write-back's)
-without a jump each, until it tells anybody anything. The loop sees the same instants in
-the same order, fewer times (``jumps_by_devices`` counts the moves it did not make).
+device moves through its own next instants (a map's end, a kernel's, a write-back's, its
+hand-off's) without a jump each, until it tells anybody anything or blocks. The loop
+sees the same instants in the same order, fewer times (``jumps_by_devices`` counts the
+moves it did not make).
 The platform file's ``clock_leases = false`` turns it off (to compare).
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
@@ -86,6 +87,7 @@ from ._records import ClientRec, Registry
 from ._recovery import Recovery
 
 if TYPE_CHECKING:
+    from ._devices import DeviceHandle
     from ._queues import Queues
 
 NO_WAKE = clock.NO_WAKE
@@ -514,7 +516,7 @@ class ClockOwner:
         if not woken:
             self._release_clients(t)
 
-    def _lease(self, dev: Any, gen: int, until: int) -> None:
+    def _lease(self, dev: DeviceHandle, gen: int, until: int) -> None:
         """Lease the clock to ``dev`` up to ``until`` if it holds in a command the loop
         has seen running (its watchdog timed: every deadline of it is among the events
         ``until`` bounds), for the run this jump wakes it to (its slot at ``gen``: the
