@@ -38,10 +38,10 @@ a reader that saw the same ``gen`` before and after reading the slot saw one reg
 command's map, of its kernel, of its write-back, with nothing else due before the next.
 When the supervisor jumps to such an instant it may *lease* the clock to the device it
 wakes, for the command it saw running, up to (not including) the platform's next event
-of anybody else's. The device then moves ``now_ns`` itself to each of its own wakes
-before that bound -- in that command, and idle once it ended (its hand-off signal's
-instant) -- (``VirtualClock.advance_leased``), instead of blocking for a jump per
-instant, for as long as it tells nobody anything and does not block: a fence it
+of anybody else's. The device then moves ``now_ns`` itself (``advance_leased``) to each
+of its own wakes before that bound -- in that command, and idle once it ended (its
+hand-off signal's instant) -- instead of blocking for a jump per instant, for as long as
+it tells nobody anything and does not block: a fence it
 signals, a record it sends or its next block ends the lease (the bound was the next
 event as the jump saw the platform: once anybody else runs, it may be earlier). The
 instants and their order are the same as with a jump per instant: nobody else had an
@@ -51,7 +51,7 @@ Only one writer of ``now_ns`` at a time: the supervisor jumps only while every d
 blocked (the lessee, blocked, no longer advances) or stopped by a signal. A device
 stopped in the middle of ``advance_leased`` may store its instant after the supervisor
 jumped past it; it finds the jump count moved, and puts back the supervisor's target
-(word 6, written before the count).
+(word 7, written before the count).
 
 Process-wide seam: a device or supervisor process belongs to one platform, so it installs
 its clock once (``install``) and reads ``now_ns()`` through this module; a client process
