@@ -76,7 +76,6 @@ from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 
-from device_workers import DeviceState
 from device_workers import StateSlot as S
 from ipc import FenceTable, Segment, clock, nudge_fence
 from ipc.errors import HetprocError
@@ -85,6 +84,7 @@ from ._autojump import Holders
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
+from ._stall_watch import timed
 
 if TYPE_CHECKING:
     from ._devices import DeviceHandle
@@ -504,32 +504,31 @@ class ClockOwner:
         looking = {name for name, deadline in self._looks if deadline == t + 1}
         woken = []
         for dev in self._order:
-            waiter = self.waiters[dev.index]
-            gen = waiter.gen()
-            snap = waiter.snapshot()
+            snap = self.waiters[dev.index].snapshot()
             if snap is not None and (snap[0] <= t or dev.name in looking):
-                woken.append((dev, gen))
+                woken.append(dev)
         if len(woken) == 1 and after > t and not looking:
-            self._lease(*woken[0], after)
-        for dev, _ in woken:
+            self._lease(woken[0], after)
+        for dev in woken:
             dev.doorbell.release()
         if not woken:
             self._release_clients(t)
 
-    def _lease(self, dev: DeviceHandle, gen: int, until: int) -> None:
+    def _lease(self, dev: DeviceHandle, until: int) -> None:
         """Lease the clock to ``dev`` up to ``until`` if it holds in a command the loop
         has seen running (its watchdog timed: every deadline of it is among the events
-        ``until`` bounds), for the run this jump wakes it to (its slot at ``gen``: the
-        bound is the next event as this jump sees the platform); never to a queue's
-        command (the stall watch judges it by the instants the loop sees) or a device
-        in another state."""
-        if not self.leases:
-            return
+        ``until`` bounds; ``timed``), for the run this jump wakes it to (the bound is
+        the next event as this jump sees the platform); never to a queue's command (the
+        stall watch judges it by the instants the loop sees) or a device in another
+        state."""
         slot = self.reg.slots[dev.index]
-        cmd = (dev.pushed.get(slot.u64[S.CURRENT_SEQ])
-               if slot.u32[S.STATE] == DeviceState.BUSY else None)
-        if cmd is not None and cmd.watch_deadline:
-            self.clock.lease(dev.index, cmd.seq, until, gen)
+        if not self.leases or not timed(dev, slot):
+            return
+        cmd = dev.pushed[slot.u64[S.CURRENT_SEQ]]
+        if cmd.watch_deadline:
+            # Its slot's ``gen`` before its doorbell: one wake from here (a device caught
+            # changing its slot has an odd ``gen``, which no wake matches: no lease).
+            self.clock.lease(dev.index, cmd.seq, until, self.waiters[dev.index].gen())
 
     def _release_clients(self, t: int) -> bool:
         """The clients' deadlines come to ``t`` (the devices did what was due then).
