@@ -191,16 +191,13 @@ class Connection:
         if the message could not go out in ``timeout`` seconds (the connection is closed
         then: part of it may be in the stream)."""
         with self._usable():
+            if op == "ping" and not fields:  # a virtual-clock wait's: the same bytes always
+                try:
+                    _write_frame(self.channel.sock, _PING_FRAME, self.timeout)
+                except OSError as exc:
+                    raise self._failure(exc, {"op": op, "id": 0}, sent=False) from None
+                return
             self._send({"op": op, "id": 0, **fields}, flush=False)
-
-    def ping(self) -> None:
-        """``notify("ping")`` (a virtual-clock wait's "look now"), as bytes made once:
-        it goes out before many waits, and is the same message every time."""
-        with self._usable():
-            try:
-                _write_frame(self.channel.sock, _PING_FRAME, self.timeout)
-            except OSError as exc:
-                raise self._failure(exc, {"op": "ping", "id": 0}, sent=False) from None
 
     def next_cid(self) -> int:
         """A fresh correlation id for one of this client's commands (it names the

@@ -224,7 +224,7 @@ def _last_wait(conn: Connection) -> None:
     the supervisor is woken (a one-way ping) to look at once, not at its next tick."""
     if isinstance(conn.clock, clock.VirtualClock) and conn.clock.all_blocked(conn.clock_devices):
         try:
-            conn.ping()
+            conn.notify("ping")
         except errors.HetprocError:
             pass  # the wait finds a lost supervisor out by itself
 
