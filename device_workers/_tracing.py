@@ -21,14 +21,17 @@ command, on its own track::
 
 A no-op command costs the device two records, HOST_EXEC and EXEC's END, written by one
 call (``TraceRing.pair``), and a third, the MODEL_LAGS sample, when it ran late: a call is
-~0.3 us of Python, and the trace must stay cheap enough to leave on.
-
-plus the counters BUFFER_MAPS, DDR_BYTES (cumulative) and POWER_STATE (1 active, 0 low
+~0.3 us of Python, and the trace must stay cheap enough to leave on. It writes
+the counters BUFFER_MAPS, DDR_BYTES (cumulative) and POWER_STATE (1 active, 0 low
 power), and it counts maps, imports, bytes, fence waits and power switches in its counter
 block so the metrics stay exact when tracing is off. The time a command was taken off the
 ring (``t_take``) rides in the command's records (ACQUIRE_WAIT's BEGIN a2, EXEC's a1): it
 ends the QUEUED slice the supervisor opened, which the export draws on the supervisor's
 queue track (``hetproc.trace._export.expand``); it also goes back in the completion record.
+
+Every record is stamped by the platform's clock (``ipc.clock.now_ns``): the host's
+monotonic clock, or on the virtual clock the modeled now, where HOST_EXEC's "host" times
+are the clock's readings too (the host's own time is not on that timeline).
 
 Ring slots and track numbers are fixed here because both the device and the supervisor
 (``hetproc``) must agree on them and ``hetproc`` depends on this package, not the reverse.
@@ -36,12 +39,11 @@ Ring slots and track numbers are fixed here because both the device and the supe
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from ipc import COUNTERS, END, INSTANT, Stage, TraceBank
+from ipc import COUNTERS, END, INSTANT, Stage, TraceBank, clock
 
 SLOT_SUPERVISOR = 0
 TRACK_SUPERVISOR = 0
@@ -90,7 +92,10 @@ class DeviceTrace:
     def __init__(self, bank: TraceBank, index: int, fences: Any, cache: Any, *,
                  private: bool = False) -> None:
         self.bank = bank
-        self.ring = bank.writer(device_slot(index))
+        # The platform's clock (the modeled one on a virtual clock): every record of this
+        # ring shares the timeline of the EXEC slices, which are drawn at modeled times.
+        self.now = clock.now_ns
+        self.ring = bank.writer(device_slot(index), now=self.now)
         self.c = bank.counters(device_slot(index))
         self.track = device_track(index)
         self.fences = fences
@@ -126,7 +131,7 @@ class DeviceTrace:
         when it really happened) once the hysteresis has passed."""
         if not self._active:
             return
-        now = time.monotonic_ns()
+        now = self.now()
         if not self._idle_since:
             self._idle_since = now
         elif now - self._idle_since >= POWER_DOWN_NS:
@@ -156,7 +161,7 @@ class DeviceTrace:
 
     def wait_begin(self, cid: int, n: int) -> None:
         self._open_wait = True
-        self._t_wait = time.monotonic_ns()
+        self._t_wait = self.now()
         self.ring.begin(_ACQ, cid, self.track, n, 0, self.t_take, self._t_wait)
 
     def wait_end(self, cid: int, handles: list[int]) -> None:
@@ -167,7 +172,7 @@ class DeviceTrace:
             pcid, who, t = self.fences.producer(h)
             if t >= last[0]:
                 last = (t, h, pcid, who)
-        now = time.monotonic_ns()
+        now = self.now()
         self.c[_C_WAITS] += 1
         self.c[_C_WAIT_NS] += now - self._t_wait
         self.ring.end(_ACQ, cid, self.track, last[1], last[2], last[3], t_ns=now)
@@ -251,13 +256,13 @@ class DeviceTrace:
         self._open_exec = False
         flags = SIGNALLED_AT_END if signal_now else 0
         if not lag:
-            self.ring.pair(cid, self.track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec,
+            self.ring.pair(cid, self.track, _HOST, INSTANT, self.now(), self._t_exec,
                            0, m1, _EXEC, END, m1, flags, self.t_take, m0)
             return
         c = self.c
         c[_C_LAGS] += 1
         c[_C_LAG_NS] += lag
-        self.ring.pair(cid, self.track, _HOST, INSTANT, time.monotonic_ns(), self._t_exec, lag,
+        self.ring.pair(cid, self.track, _HOST, INSTANT, self.now(), self._t_exec, lag,
                        m1, _EXEC, END, m1, flags, self.t_take, m0, _MODEL_LAGS, c[_C_LAGS])
 
     def power(self, speed: float, thermal: Any, temperature_only: bool = False) -> None:

@@ -19,6 +19,8 @@ an ordinary numpy array owned by the reader.
 
 Timestamps are ``time.monotonic_ns()``: CLOCK_MONOTONIC is one clock for every process on
 the machine, so records from different rings merge into one timeline without clock sync.
+A platform on the virtual clock gives every writer its modeled now instead (``now``): one
+clock in shared memory, so the rings again share one timeline, the modeled one.
 
 This module knows nothing about devices: ``track`` is a small number whose name comes from
 a table the caller keeps (``hetproc.trace._perfetto`` turns records + names into a Perfetto
@@ -181,6 +183,10 @@ class TraceRing:
     ``ring.begin`` in a local; only ``claim`` and ``close`` rebind them. ``enabled = False``
     makes them return at once.
 
+    ``now``: the clock a record is stamped with when the writer gives no ``t_ns``
+    (default ``time.monotonic_ns``; a platform on the virtual clock passes its modeled
+    now, so that every ring of the platform shares one timeline).
+
     Reader API (any process, any time, no lock): ``snapshot``, ``window``, ``written``.
 
     Call ``close()`` before closing the shared memory: the ring holds views of the buffer,
@@ -194,7 +200,9 @@ class TraceRing:
         create: bool,
         capacity: int | None = None,
         pid: int = 0,
+        now: Callable[[], int] | None = None,
     ) -> None:
+        self._now = now or time.monotonic_ns
         base = memoryview(buf).cast("B")
         # The index words must be naturally aligned so that each 8-byte load/store is a
         # single instruction (atomic on x86-64); shm mappings are page-aligned, so this only
@@ -297,7 +305,7 @@ class TraceRing:
         recs = self._recs
         mask = self._mask
         pack = RECORD.pack_into
-        now = time.monotonic_ns
+        now = self._now
         n = hq[_W_PUBLISHED]
         on = self._on
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
@@ -111,9 +112,10 @@ class TraceBank:
 
     # -- writers ----------------------------------------------------------------------
 
-    def writer(self, k: int, pid: int = 0) -> TraceRing:
-        """Claim ring ``k`` for this process (or ``pid``); it writes only if ``enabled``."""
-        ring = TraceRing(self._slice(k), create=False, pid=pid or os.getpid())
+    def writer(self, k: int, pid: int = 0, now: Callable[[], int] | None = None) -> TraceRing:
+        """Claim ring ``k`` for this process (or ``pid``); it writes only if ``enabled``,
+        stamping with ``now`` (see ``TraceRing``)."""
+        ring = TraceRing(self._slice(k), create=False, pid=pid or os.getpid(), now=now)
         ring.enabled = self.enabled
         self._writers.append(ring)
         return ring

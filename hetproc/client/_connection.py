@@ -137,7 +137,6 @@ class Connection:
         self.supervisor_pid = info["supervisor_pid"]
         self.fences = FenceTable(self.prefix, self.segments.get(info["fence_segment"]),
                                  create=False)
-        self.trace = ClientTrace(self.segments, self.fences, info.get("trace"))
         vclock = info.get("clock")
         if vclock is not None:
             self.clock = clock.VirtualClock(self.segments.get(vclock["segment"]))
@@ -145,6 +144,10 @@ class Connection:
             self.clock_bell = int(vclock.get("bell") or 0)
             self.clock_devices = range(len(info["devices"]))
             self.fences.model_now = self.clock.now_ns
+        # After the clock: our records share the platform's timeline (invariant 8). Looked
+        # up at each stamp, since a closed clock reads 0 rather than a released map.
+        self.trace = ClientTrace(self.segments, self.fences, info.get("trace"),
+                                 now=lambda: self.clock.now_ns())
         try:
             self._sup_pidfd = os.pidfd_open(self.supervisor_pid)
         except OSError:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ipc import COUNTERS, FenceTable, SegmentCache, Stage, TraceBank
@@ -46,8 +46,12 @@ class ClientTrace:
     no ring left for this client; every method is then (nearly) free."""
 
     def __init__(self, segments: SegmentCache, fences: FenceTable | None,
-                 info: dict[str, Any] | None) -> None:
+                 info: dict[str, Any] | None,
+                 now: Callable[[], int] = time.monotonic_ns) -> None:
         self._fences = fences
+        #: The platform's clock (the modeled now on a virtual clock): what every record
+        #: and the callers' submit times (``trace.now()``) are stamped with.
+        self.now = now
         self._lock = threading.Lock()
         self._mapped: set = set()  # segments some Buffer.array() mapped already
         self.slot = info["slot"] if info else -1
@@ -59,7 +63,7 @@ class ClientTrace:
             self._bank = TraceBank(bytearray(TraceBank.nbytes(1, 2)), create=True, rings=1,
                                    capacity=2, enabled=False)
             self.slot = 0
-        self._ring = self._bank.writer(self.slot)
+        self._ring = self._bank.writer(self.slot, now=now)
         self._c = self._bank.counters(self.slot)
         self.enabled = self._ring.enabled
 
@@ -70,8 +74,6 @@ class ClientTrace:
 
     # -- hooks the client calls ---------------------------------------------------------
 
-    now = staticmethod(time.monotonic_ns)
-
     def submitted(self, cmds: list[dict[str, Any]], t0: int) -> None:
         """``cmds`` went out (and, for ``submit``, were accepted): one SUBMIT slice each,
         from ``t0`` to now, written whole as one record (an instant with a2 = its start;
@@ -79,7 +81,7 @@ class ClientTrace:
         n, track = len(cmds), self.track
         with self._lock:
             instant = self._ring.instant
-            t = time.monotonic_ns()
+            t = self.now()
             for c in cmds:
                 instant(_SUBMIT, c["cid"], track, n, 0, t0, t)
 
@@ -93,13 +95,13 @@ class ClientTrace:
             set_cid(c["signal"], c["cid"])
 
     def wait_begin(self, cid: int) -> int:
-        t = time.monotonic_ns()
+        t = self.now()
         with self._lock:
             self._ring.begin(_WAKE, cid, self.track, t_ns=t)
         return t
 
     def wait_end(self, cid: int, t0: int, code: int) -> None:
-        t = time.monotonic_ns()
+        t = self.now()
         with self._lock:
             self._ring.end(_WAKE, cid, self.track, code, t_ns=t)
             self._c[_C_WAITS] += 1

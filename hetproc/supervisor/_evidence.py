@@ -47,7 +47,7 @@ from device_workers import (
     device_track,
     queue_track,
 )
-from ipc import Stage, TraceBank, errors
+from ipc import Stage, TraceBank, clock, errors
 
 from ._failures import kind_of, record_of
 
@@ -89,7 +89,8 @@ class Evidence:
         self.trace_segment = seg
         self.trace_bank = TraceBank(seg.map, create=True, rings=rings, capacity=t.capacity,
                                     enabled=t.enabled)
-        self.trace_ring = self.trace_bank.writer(SLOT_SUPERVISOR)
+        # Looked up at each stamp: the virtual clock is installed after this is built.
+        self.trace_ring = self.trace_bank.writer(SLOT_SUPERVISOR, now=lambda: clock.now_ns())
         self._trace_free = deque(range(1 + len(self.spec.devices), rings))
         self._trace_slot_of: dict[Any, int] = {}
         self._trace_departed = dict.fromkeys(("maps", "imports", "fence_waits", "fence_wait_ns"), 0)
@@ -173,7 +174,7 @@ class Evidence:
         Only a command failed before a device took it gets an END from here.
         """
         qt = QUEUE_TRACK_BASE + dev.index
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         begin, enq = self.trace_ring.begin, now - t0_ns
         for cmd in cmds:
             begin(_QUEUED, cmd.cid, qt, cmd.seq, cmd.priority, enq, t0_ns)
@@ -188,7 +189,7 @@ class Evidence:
         if qt < 0:
             return
         cmd.trace_track = -1
-        self.trace_ring.end(_QUEUED, cmd.cid, qt, exc.code, 0, 0, time.monotonic_ns())
+        self.trace_ring.end(_QUEUED, cmd.cid, qt, exc.code, 0, 0, clock.now_ns())
 
     def _sample(self, now: int) -> None:
         """Write the queue-depth counters that changed, and the in-flight total (commands
@@ -234,8 +235,10 @@ class Evidence:
         Errors while a window is still open join it; an error storm is rate-limited and
         counted as ``freezes_suppressed``. Safe to call from any supervisor code path.
         """
-        now = time.monotonic_ns()
-        self.trace_ring.instant(_ERROR, cid, TRACK_SUPERVISOR, code)
+        # Two clocks: the window's bounds are on the records' timeline (the modeled one on
+        # a virtual clock), while when to copy it and the storm limit are host matters.
+        now, host = clock.now_ns(), time.monotonic_ns()
+        self.trace_ring.instant(_ERROR, cid, TRACK_SUPERVISOR, code, t_ns=now)
         entry = {"t_ns": now, "reason": reason, "cid": cid, "code": code}
         p = self._pending_freeze
         if p is not None:
@@ -245,21 +248,24 @@ class Evidence:
             known = {r[2] for r in p["running"]}
             p["running"] += [r for r in self.running_execs() if r[2] not in known]
             # Extend to cover this error's aftermath, but never indefinitely.
-            cap = min(now + self._after_ns, p["t_error_ns"] + self._before_ns)
-            p["t_due"] = max(p["t_due"], cap)
+            p["t_due"] = max(p["t_due"], min(host + self._after_ns,
+                                             p["t_error_host"] + self._before_ns))
+            p["t_to"] = max(p["t_to"], min(now + self._after_ns,
+                                           p["t_error_ns"] + self._before_ns))
             return p["id"]
         times = self._freeze_times
-        if len(times) == _FREEZES_PER_S and now - times[0] < 1_000_000_000:
+        if len(times) == _FREEZES_PER_S and host - times[0] < 1_000_000_000:
             self._freezes_suppressed += 1
             if self.frozen:
                 self.frozen[-1]["suppressed"] += 1
                 return self.frozen[-1]["id"]
             return 0
-        self._freeze_times.append(now)
+        self._freeze_times.append(host)
         wid = next(self._freeze_ids)
         self._pending_freeze = {
             "id": wid, "reason": reason, "cid": cid, "cids": {cid} if cid else set(),
-            "t_error_ns": now, "t_due": now + self._after_ns, "errors": [entry],
+            "t_error_ns": now, "t_to": now + self._after_ns, "t_error_host": host,
+            "t_due": host + self._after_ns, "errors": [entry],
             "last_error": dict(self.last_error) if self.last_error else None, "suppressed": 0,
             # What ran at the error (a hung command has no EXEC record yet: it is written
             # when a command ends), read now: a restarted device overwrites its state slot.
@@ -270,17 +276,17 @@ class Evidence:
     def tick(self) -> None:
         """Called every loop turn: finish counter tracks whose last sample was skipped;
         take the copy of a window whose "after" part has passed."""
-        now = time.monotonic_ns()
+        now = clock.now_ns()
         if now - self._sampled >= _SAMPLE_NS:
             self._sample(now)
         p = self._pending_freeze
-        if p is not None and now >= p["t_due"]:
+        if p is not None and time.monotonic_ns() >= p["t_due"]:
             self._complete_freeze()
 
     def _complete_freeze(self) -> None:
         p, self._pending_freeze = self._pending_freeze, None
         assert p is not None
-        t_to = max(p["t_due"], time.monotonic_ns())
+        t_to = max(p["t_to"], clock.now_ns())
         t_from = p["t_error_ns"] - self._before_ns
         if self.frozen:  # windows never overlap: the previous one already holds that part
             t_from = max(t_from, self.frozen[-1]["t_to_ns"] + 1)

@@ -28,12 +28,11 @@ the same way, so a consumer in another client can wait on a producer's acquire f
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ipc import errors
+from ipc import clock, errors
 
 from .._config import IommuSpec
 from ._memlog import MemLog
@@ -239,7 +238,7 @@ class Iommu:
         self.stats["maps"] += 1
         self.stats["persistent_maps"] += 1
         self.stats["map_cost_ns"] += cost
-        t = time.monotonic_ns()
+        t = clock.now_ns()
         self.log.add("map", t0=t, t1=t + cost, ctx=ctx.handle, device=ctx.device,
                      buf=buf.handle, bytes=buf.nbytes, perm=perm, persistent=True)
         return m
@@ -265,7 +264,7 @@ class Iommu:
         cost = self.scaled_ns(self.spec.cost_ms("unmap", m.buf.nbytes))
         self.stats["unmaps"] += 1
         self.stats["map_cost_ns"] += cost
-        t = time.monotonic_ns()
+        t = clock.now_ns()
         self.log.add("unmap", t0=t, t1=t + cost, ctx=m.ctx.handle, device=m.ctx.device,
                      buf=m.buf.handle, bytes=m.buf.nbytes, persistent=True)
 

@@ -14,11 +14,10 @@ them so a reader can ask for what is new since its last look and see how many it
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
-from ipc import Stage
+from ipc import Stage, clock
 
 CAPACITY = 8192
 
@@ -40,9 +39,9 @@ class MemLog:
 
     def add(self, kind: str, *, t0: int | None = None, t1: int | None = None,
             **fields: Any) -> None:
-        """Append one event; ``t0``/``t1`` are CLOCK_MONOTONIC ns (default: now, instant)."""
+        """Append one event; ``t0``/``t1`` are the platform clock's ns (default: now, instant)."""
         if t0 is None:
-            t0 = time.monotonic_ns()
+            t0 = clock.now_ns()
         self.seq += 1
         self.events.append((self.seq, kind, t0, t0 if t1 is None else t1,
                             {k: v for k, v in fields.items() if v is not None}, None))

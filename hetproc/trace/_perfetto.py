@@ -87,17 +87,20 @@ def to_chrome_trace(
     t0 = t_first if origin_ns is None else origin_ns
     pairs = _Pairs(rows, sname, t0, track_names, t_last)
     slices, points = pairs.slices, pairs.points
-    used_tids = _place_on_lanes(slices)
-    timed, by_cid = _slice_events(slices, sname, t0)
-    flows = _flow_events(timed, by_cid, slices, sname, t0,
-                         marker_base=2 * len(slices) + len(points) + 1)
+    _widen_instant_steps(slices, sname)
+    slices.sort(key=lambda s: (s[0], s[0] - s[1]))  # longest first: a parent, then its parts
+    flows = _request_flows(slices, sname)
+    used_tids = _place_on_lanes(slices, flows)
+    timed = _slice_events(slices, sname, t0)
+    _flow_events(timed, flows, slices, sname, t0,
+                 marker_base=2 * len(slices) + len(points) + 1)
     for t, order, ev in points:
         # Points sort after every slice starting at the same time (so they nest inside).
-        timed.append((t, 0, 2 * len(slices) + order, ev))
-    timed.sort(key=lambda x: (x[0], x[1], x[2]))
+        timed.append((t, _SLICE_KEY, 0, 2 * len(slices) + order, ev))
+    timed.sort(key=lambda x: x[:4])
     return {
         "traceEvents": _metadata(rows, used_tids, process_names, track_names)
-        + [ev for _, _, _, ev in timed],
+        + [x[4] for x in timed],
         "displayTimeUnit": "ms",
         "otherData": {
             "origin_monotonic_ns": t0,
@@ -105,7 +108,7 @@ def to_chrome_trace(
             "slices": len(slices),
             "unfinished_slices": pairs.unfinished,
             "dropped_ends": pairs.dropped_ends,
-            "flows": flows,
+            "flows": len(flows),
         },
     }
 
@@ -173,49 +176,79 @@ class _Pairs:
         self.slices.append([tb, t, pid, track, stage, cid, args])
 
 
-def _place_on_lanes(slices: list[list[Any]]) -> set[tuple[int, int, int, int]]:
-    """Give each slice a row (its tid, appended to it) so that each row nests properly;
-    returns the rows used as (pid, track, lane, tid). Longest first among equal starts,
-    so a parent precedes its children."""
-    slices.sort(key=lambda s: (s[0], s[0] - s[1]))
-    lanes: dict[tuple[int, int], list[list[int]]] = {}  # (pid, track) -> per-lane end stacks
-    used_tids: set[tuple[int, int, int, int]] = set()
+def _widen_instant_steps(slices: list[list[Any]], sname: Callable[[int], str]) -> None:
+    """Draw a hop of a request that took no time 1 ns wide (``args.no_time``).
+
+    On the virtual clock a submit, a queue that was empty, a kernel of no modeled length
+    and a wait on a fence already signalled each begin and end at one instant; Perfetto
+    closes such a slice before anything else of that instant is read, so no arrow could
+    bind to it and a request's flow would lose its hops between processes."""
     for s in slices:
-        tb, te, pid, track = s[0], s[1], s[2], s[3]
-        lane = _nesting_lane(lanes.setdefault((pid, track), []), tb, te)
+        if s[0] == s[1] and s[5] and sname(s[4]) in _WIDENED:
+            s[1] += _TIE_NS
+            s[6]["no_time"] = True
+
+
+def _place_on_lanes(slices: list[list[Any]], flows: dict[int, list[_Step]]
+                    ) -> set[tuple[int, int, int, int]]:
+    """Give each slice (in start order, longest first) a row, its tid appended to it, so
+    that each row nests properly; returns the rows used as (pid, track, lane, tid).
+
+    A flow step binds to the innermost slice of its row at its instant (the step's slice
+    itself, or the marker nested in it where its arrow touches), so no slice may nest
+    inside a step and start at the instant the step binds, but a part of the step's own
+    request that is no step itself (requests queued at one instant each take a lane)."""
+    binds_at = {i: span[0] for steps in flows.values() for i, span in steps}
+    lanes: dict[tuple[int, int], list[list[_Open]]] = {}  # (pid, track) -> per-lane stacks
+    used_tids: set[tuple[int, int, int, int]] = set()
+    for i, s in enumerate(slices):
+        tb, te, pid, track, cid = s[0], s[1], s[2], s[3], s[5]
+        lane = _nesting_lane(lanes.setdefault((pid, track), []),
+                             (te, tb, cid, binds_at.get(i, -1)))
         s.append(tid_for(track, lane))
         used_tids.add((pid, track, lane, s[-1]))
     return used_tids
 
 
 def _slice_events(slices: list[list[Any]], sname: Callable[[int], str], t0: int
-                  ) -> tuple[list[tuple[int, int, int, dict]], dict[int, list[int]]]:
-    """The "X" events as ``(t_ns, -dur, order, event)``, and per cid the slices that are
-    steps of its flow (an empty slice binds nothing)."""
-    timed: list[tuple[int, int, int, dict]] = []
+                  ) -> list[_Timed]:
+    """The "X" events as ``(t_ns, _SLICE_KEY, -dur, order, event)``."""
+    return [(tb, _SLICE_KEY, tb - te, 2 * i, {
+        "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
+        "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
+    }) for i, (tb, te, pid, _track, stage, _cid, args, tid) in enumerate(slices)]
+
+
+def _request_flows(slices: list[list[Any]], sname: Callable[[int], str]
+                   ) -> dict[int, list[_Step]]:
+    """Per request (cid), the steps of its flow: (slice index, the span its arrows
+    touch), in flow order; a request with fewer than two has none. A slice that took
+    no time binds nothing (see ``_widen_instant_steps``)."""
     by_cid: dict[int, list[int]] = {}
-    for i, (tb, te, pid, _track, stage, cid, args, tid) in enumerate(slices):
-        timed.append((tb, tb - te, 2 * i, {
-            "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
-            "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
-        }))
-        if cid and sname(stage) in _FLOW_RANK and te > tb:
+    for i, (tb, te, _pid, _track, stage, cid, _args) in enumerate(slices):
+        if cid and te > tb and sname(stage) in _FLOW_RANK:
             by_cid.setdefault(cid, []).append(i)
-    return timed, by_cid
-
-
-def _flow_events(timed: list[tuple[int, int, int, dict]], by_cid: dict[int, list[int]],
-                 slices: list[list[Any]], sname: Callable[[int], str], t0: int,
-                 marker_base: int) -> int:
-    """Each request's flow, its steps added to ``timed`` right after the slice each binds
-    to; returns how many flows were drawn."""
-    flows = 0
-    markers = 0
+    flows = {}
     for cid, idxs in by_cid.items():
         steps = _flow_steps(idxs, slices, sname)
-        if len(steps) < 2:
-            continue
-        flows += 1
+        if len(steps) >= 2:
+            flows[cid] = steps
+    return flows
+
+
+def _flow_events(timed: list[_Timed], flows: dict[int, list[_Step]],
+                 slices: list[list[Any]], sname: Callable[[int], str], t0: int,
+                 marker_base: int) -> None:
+    """Each request's flow: its steps, and the markers they bind to, added to ``timed``.
+
+    A step sorts after every slice that starts at its instant, and the steps of one
+    instant keep the order of their flows (the importer reads a row's slices of an
+    instant before its flow events, and a chain's events must read ``s``, ``t``... ``f``).
+    The step binds to the innermost slice of its row open then: its own slice or a part
+    of it, as ``_place_on_lanes`` makes sure, or the marker nested in it."""
+    markers = 0
+    seq = 0  # the order of steps among equal instants: flow after flow, step after step
+    for cid, steps in flows.items():
         last = len(steps) - 1
         for k, (i, (sb, se)) in enumerate(steps):
             tb, te, pid, _, stage, _, _, tid = slices[i]
@@ -224,21 +257,18 @@ def _flow_events(timed: list[tuple[int, int, int, dict]], by_cid: dict[int, list
                   "ts": _us(sb - t0), "pid": pid, "tid": tid}
             if k == last:
                 ev["bp"] = "e"  # bind the finish to the enclosing slice, not the next one
+            seq += 1
+            timed.append((sb, _FLOW_KEY, seq, 0, ev))
             if (sb, se) == (tb, te):
-                # ts equal to the slice start binds to that slice only if the flow event
-                # comes after it among equal timestamps: its sort key, odd order after it.
-                timed.append((tb, tb - te, 2 * i + 1, ev))
                 continue
             # The part of the slice the arrow should touch, as a slice nested in it: the
             # step binds to it, and the arrow leaves or enters at the right moment.
             order = marker_base + 2 * markers
             markers += 1
-            timed.append((sb, sb - se, order, {
+            timed.append((sb, _SLICE_KEY, sb - se, order, {
                 "name": _MARKER.get(sname(stage), sname(stage).lower()), "cat": CATEGORY,
                 "ph": "X", "ts": _us(sb - t0), "dur": _us(se - sb), "pid": pid, "tid": tid,
                 "args": {"cid": cid, "marks": sname(stage)}}))
-            timed.append((sb, sb - se, order + 1, ev))
-    return flows
 
 
 def _flow_steps(idxs: list[int], slices: list[list[Any]], sname: Callable[[int], str]
@@ -294,19 +324,40 @@ def _metadata(rows: list[tuple[int, ...]], used_tids: set[tuple[int, int, int, i
 
 _MARKER = {"SUBMIT": "SENT", "WAKE": "WOKE"}
 _MIN_MARK_NS = 2000  # a part narrower than this is not drawn apart (nor bound to)
+# One ns: how wide a hop that took no time is drawn, and how far an arrow may point back
+# between two steps of one instant (the virtual clock's ties) and still be forward.
+_TIE_NS = 1
+_WIDENED = frozenset({"SUBMIT", "QUEUED", "EXEC", "WAKE"})
+# The sort keys of one instant: every slice, then every flow step (see _flow_events).
+_SLICE_KEY, _FLOW_KEY = 0, 1
+_Timed = tuple[int, int, int, int, dict]   # (t_ns, kind key, key, key, event)
+_Open = tuple[int, int, int, int]  # open on a lane: end, start, cid, where its step binds or -1
+_Step = tuple[int, tuple[int, int]]  # a flow step: slice index, the span its arrows touch
 
 
-def _nesting_lane(stacks: list[list[int]], tb: int, te: int) -> int:
-    """The first lane of a track where [tb, te] nests inside the slices still open there
-    (those that ended by ``tb`` are closed on the way), or a new lane; ``te`` is opened."""
-    for lane, ends in enumerate(stacks):
-        while ends and ends[-1] <= tb:
-            ends.pop()
-        if not ends or te <= ends[-1]:
-            ends.append(te)
+def _nesting_lane(stacks: list[list[_Open]], opened: _Open) -> int:
+    """The first lane of a track where ``opened`` nests inside the slices still open
+    there (those that ended by its start are closed on the way) without hiding a step's
+    binding (``_hides_a_step``), or a new lane. The slice is opened there."""
+    te, tb = opened[0], opened[1]
+    for lane, stack in enumerate(stacks):
+        while stack and stack[-1][0] <= tb:
+            stack.pop()
+        if not stack or (te <= stack[-1][0] and not _hides_a_step(stack, opened)):
+            stack.append(opened)
             return lane
-    stacks.append([te])
+    stacks.append([opened])
     return len(stacks) - 1
+
+
+def _hides_a_step(stack: list[_Open], opened: _Open) -> bool:
+    """Would ``opened`` on top of ``stack`` be the innermost slice where a step of a slice
+    open there binds (so that step's arrow would bind to it)? A part of the step's own
+    request that is no step itself may (MAP at the start of EXEC: the arrow binds to the
+    part). Two steps of one request at one instant (a submit and a wait on a kernel that
+    took no time) take a lane each, so that each keeps its own arrow."""
+    _, tb, cid, own = opened
+    return any(at == tb and (c != cid or own >= 0) for _, _, c, at in stack)
 
 
 def _one_per_overlap(idxs: list[int], slices: list[list[Any]]) -> list[int]:
@@ -329,15 +380,18 @@ def _forward_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     the end of one to the start of the next). A client's WAKE starts when it begins to
     wait, before the device even runs: its arrow enters at the moment the device's step
     ended (``WOKE``). A blocking SUBMIT ends after the supervisor answered: its arrow
-    leaves where the supervisor's step begins (``SENT``). Unchanged where already in order
-    or where no such part exists."""
+    leaves where the supervisor's step begins (``SENT``). On the virtual clock a waiter
+    wakes at the very instant of the signal: its arrow enters the wait's last ns. Unchanged
+    where already in order (within a ns: one instant's ties) or where no such part exists."""
     out = list(spans)
     for k in range(1, len(out)):
         (ab, ae), (bb, be) = out[k - 1], out[k]
-        if bb >= ae:
+        if bb >= ae - _TIE_NS:
             continue
         if ae <= be and be - ae >= _MIN_MARK_NS:
             out[k] = (ae, be)               # enter this slice where the previous one ends
+        elif ae == be and be - bb > _TIE_NS:
+            out[k] = (be - _TIE_NS, be)     # both end at one instant: enter its last ns
         elif ab <= bb and bb - ab >= _MIN_MARK_NS:
             out[k - 1] = (ab, bb)           # leave the previous slice where this one starts
     return out
