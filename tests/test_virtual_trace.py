@@ -11,6 +11,8 @@ run it across real processes, the last ones pin the tie rules on records made by
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hetproc
 from hetproc import trace
@@ -152,3 +154,50 @@ def test_a_request_of_no_length_keeps_its_hops_in_causal_order():
     assert [name for name, _ in chains[8]] == ["SUBMIT", "QUEUED", "EXEC", "WOKE"]
     widened = [e for e in doc["traceEvents"] if (e.get("args") or {}).get("no_time")]
     assert {e["dur"] for e in widened} == {0.001}  # 1 ns, and said so
+
+
+# -- the fuzz: any schedule on a coarse grid, so that instants tie often ----------------
+
+_REQUEST = st.tuples(st.integers(0, 1), st.integers(0, 3), st.integers(0, 2))
+
+
+def _grid_records(requests: list[tuple[int, int, int]]) -> tuple[np.ndarray, list[int]]:
+    """One client submits requests (device, submit step, length in steps of 1 ms) in
+    order, each device runs its own in order, then the client waits for each in turn."""
+    rings = {pid: TraceRing(bytearray(TraceRing.nbytes(256)), create=True, capacity=256,
+                            pid=pid) for pid in (CLIENT, SUP, DEV, DEV + 1)}
+    free = {0: T, 1: T}
+    submitted, ends, cids = T, [], []
+    for k, (device, step, length) in enumerate(requests):
+        cid, submitted = 100 + k, max(submitted, T + step * MS)
+        m0 = max(submitted, free[device])
+        free[device] = m1 = m0 + length * MS
+        rings[CLIENT].complete(Stage.SUBMIT, cid, 1, submitted, submitted)
+        rings[SUP].complete(Stage.QUEUED, cid, 2 + 2 * device, submitted, m0)
+        rings[DEV + device].complete(Stage.EXEC, cid, 3 + 2 * device, m0, m1)
+        ends.append(m1)
+        cids.append(cid)
+    woke = submitted
+    for cid, m1 in zip(cids, ends):
+        rings[CLIENT].complete(Stage.WAKE, cid, 1, woke, max(woke, m1))
+        woke = max(woke, m1)
+    records = freeze(*rings.values())
+    for ring in rings.values():
+        ring.close()
+    return records, cids
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_REQUEST, min_size=1, max_size=8))
+def test_fuzz_any_schedule_of_ties_reads_as_meant(requests):
+    records, cids = _grid_records(requests)
+    doc = to_chrome_trace(records, track_names={1: "client", 2: "npu0 queue", 3: "npu0",
+                                                4: "gpu0 queue", 5: "gpu0"},
+                          process_names={CLIENT: "client", SUP: "supervisor",
+                                         DEV: "npu0", DEV + 1: "gpu0"})
+    assert validate(doc) == []  # every step binds its own request, every arrow forward
+    chains = flow_chains(doc)
+    for cid in cids:
+        names = [name for name, _ in chains[cid]]
+        assert names[0] == "SUBMIT" and names[-1] in ("WAKE", "WOKE"), names
+        assert "EXEC" in names, names  # the device's hop is never lost
