@@ -35,6 +35,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import posix_ipc
@@ -389,6 +390,9 @@ class FenceTable:
         self._u32.release()
         self._u64.release()
         self._raw.release()
+        # A fence kept past its platform's stop asks a closed table: it gets PlatformClosed,
+        # not a released memoryview's ValueError (nor a crash), at no cost to the open path.
+        self._u32 = self._u64 = self._raw = _CLOSED
         del self.slots
         for sem in self._sems.values():
             if unlink and self._creator:
@@ -398,6 +402,19 @@ class FenceTable:
                     pass
             sem.close()
         self._sems.clear()
+
+
+class _ClosedWords:
+    """What a closed table's word views become: every read or write says it is closed."""
+
+    def _closed(self, *args: object) -> int:
+        raise errors.PlatformClosed("the platform is stopped or this client closed it: its "
+                                    "fences can no longer be read")
+
+    __getitem__ = __setitem__ = _closed
+
+
+_CLOSED: Any = _ClosedWords()
 
 
 def wait_once(table: FenceTable, handle: int, timeout: float) -> int | None:

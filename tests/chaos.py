@@ -18,7 +18,8 @@ Invariants checked (ARCHITECTURE.md §3), for every seed:
      watchdog is long (DEPENDENT_TIMEOUT_MS), so that a device process a loaded machine
      kept off its CPU is not judged; tests/test_chaos.py pins the 40 ms case on its own;
   6. zero-copy is never judged unsynchronised when it is not (invariant 9): the hazard
-     check (on, "error", as by default) reports nothing on the mix's own commands.
+     check (on, "error", as by default) reports nothing on the mix's own commands;
+  7. the platform's trace, exported, reads in Perfetto as meant (``hetproc.trace.validate``).
 
 Each seed also draws its mix (``draw_mix``) from the same generator: the scheduling policy
 of every device (fifo, priority, edf, fair, mixed; its preemption chunk), per-context
@@ -1330,6 +1331,10 @@ class _Run:
                    if e["event"] == "hazard" and e["cid"] >> 40 in ours]
         self.tally["hazards"] = a.metrics()["hazards"]["found"]
         self.ph.check(not hazards, f"hazards reported on a correct program: {hazards[:3]}")
+        # The evidence reads in Perfetto as meant, whatever the storm did (on the virtual
+        # clock: in modeled time, with its ties).
+        problems = hetproc.trace.validate(hetproc.trace.chrome_trace(a))
+        self.ph.check(not problems, f"the trace reads wrong in Perfetto: {problems[:3]}")
 
 
 # -- one seed as a process (what bench.chaos_campaign runs) -----------------------------------

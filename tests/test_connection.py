@@ -75,6 +75,19 @@ def test_every_object_of_a_client_holds_its_connection(client):
         ctx.submit_nowait("work", ms=0)  # the shared connection is closed for all
 
 
+def test_a_fence_kept_past_its_client_says_the_client_is_closed(platform):
+    """Its words were a mapping of the closed fence table: reading one gave a released
+    memoryview's ValueError instead of the error the hierarchy promises."""
+    client = platform.connect("short-lived")
+    done = client.context("npu0").submit("work", ms=0)
+    done.wait(5)
+    pending = client.context("npu0").submit_nowait("work", ms=10_000)
+    client.close()
+    for call in (done.done, done.signal_time, lambda: done.wait(1), lambda: pending.wait(1)):
+        with pytest.raises(hetproc.PlatformClosed):
+            call()
+
+
 def test_a_crash_is_explained_from_the_inbox_without_a_request(platform, monkeypatch):
     """The failure record the supervisor sends ahead of the wake is read by the one
     reader and filed: explaining the failure sends nothing at all."""

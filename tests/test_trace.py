@@ -14,7 +14,7 @@ from multiprocessing.shared_memory import SharedMemory
 import numpy as np
 import pytest
 
-from hetproc.trace import validate
+from hetproc.trace import flow_chains, validate
 from hetproc.trace._perfetto import tid_for, to_chrome_trace, write_chrome_trace
 from ipc._trace import (
     BEGIN,
@@ -423,6 +423,50 @@ def test_chrome_trace_export(tmp_path):
     path = write_chrome_trace(tmp_path / "trace.json", trace)
     with open(path, encoding="utf-8") as f:
         assert json.load(f) == back
+
+
+def _records(*slices: tuple[int, int, int, int, int, int]) -> np.ndarray:
+    """Slices (pid, track, stage, cid, begin us, end us after T0), as the rings hold them."""
+    rings: dict[int, TraceRing] = {}
+    for pid, track, stage, cid, b, e in slices:
+        ring = rings.get(pid)
+        if ring is None:
+            ring = rings[pid] = TraceRing(bytearray(TraceRing.nbytes(64)), create=True,
+                                          capacity=64, pid=pid)
+        ring.complete(stage, cid, track, T0 + b * 1000, T0 + e * 1000)
+    recs = freeze(*rings.values())
+    for ring in rings.values():
+        ring.close()
+    return recs
+
+
+def test_a_marker_never_cuts_across_another_requests_slice_on_its_row():
+    """Found by the chaos mix: a QUEUED slice is entered where its SUBMIT ended (a
+    ``queued`` part nested in it), and another request queued meanwhile must not sit
+    across that part on the same row, or the row would not nest."""
+    recs = _records((101, T_CLIENT, Stage.SUBMIT, 7, 0, 30),
+                    (102, T_SCHED, Stage.QUEUED, 7, 10, 100),
+                    (101, T_CLIENT, Stage.SUBMIT, 8, 31, 33),
+                    (102, T_SCHED, Stage.QUEUED, 8, 20, 50),
+                    (103, T_NPU, Stage.EXEC, 8, 50, 90),
+                    (103, T_NPU, Stage.EXEC, 7, 100, 110))
+    doc = to_chrome_trace(recs, track_names=TRACKS, process_names=PROCS)
+    assert validate(doc) == []
+    chains = flow_chains(doc)
+    assert [name for name, _ in chains[7]] == ["SUBMIT", "queued", "EXEC"]
+
+
+def test_a_modeled_exec_before_the_take_leaves_queued_even_by_a_narrow_part():
+    """Found by the chaos mix: EXEC sits at its modeled start, which may lie before the
+    host took the command; the arrow leaves QUEUED where EXEC starts however narrow that
+    part is (here 1.999 us: a 2 us floor once left it pointing back)."""
+    recs = _records((101, T_CLIENT, Stage.SUBMIT, 7, 0, 47),
+                    (102, T_SCHED, Stage.QUEUED, 7, 6, 414))
+    recs = np.concatenate([recs, _records((103, T_NPU, Stage.EXEC, 7, 0, 44))])
+    recs["t_ns"][-2:] += np.array([48_999, 48_999], np.uint64)  # EXEC 48.999 .. 92.999 us
+    doc = to_chrome_trace(recs, track_names=TRACKS, process_names=PROCS)
+    assert validate(doc) == []
+    assert [name for name, _ in flow_chains(doc)[7]] == ["SUBMIT", "queued", "EXEC"]
 
 
 def test_export_of_nothing_is_a_valid_empty_trace():

@@ -194,17 +194,20 @@ def _place_on_lanes(slices: list[list[Any]], flows: dict[int, list[_Step]]
     """Give each slice (in start order, longest first) a row, its tid appended to it, so
     that each row nests properly; returns the rows used as (pid, track, lane, tid).
 
-    A flow step binds to the innermost slice of its row at its instant (the step's slice
-    itself, or the marker nested in it where its arrow touches), so no slice may nest
-    inside a step and start at the instant the step binds, but a part of the step's own
-    request that is no step itself (requests queued at one instant each take a lane)."""
-    binds_at = {i: span[0] for steps in flows.values() for i, span in steps}
+    A flow step binds to the innermost slice of its row at its instant: the step's slice
+    itself, or the marker nested in it where its arrow touches (``_flow_events`` draws it
+    on the slice's row). So a slice goes to another lane rather than be open where a step
+    binds (its arrow would bind to it), or overlap a marker without nesting in it."""
+    binds: dict[int, tuple[int, int]] = {}
+    for steps in flows.values():
+        for i, span in steps:
+            binds[i] = span
     lanes: dict[tuple[int, int], list[list[_Open]]] = {}  # (pid, track) -> per-lane stacks
     used_tids: set[tuple[int, int, int, int]] = set()
     for i, s in enumerate(slices):
         tb, te, pid, track, cid = s[0], s[1], s[2], s[3], s[5]
-        lane = _nesting_lane(lanes.setdefault((pid, track), []),
-                             (te, tb, cid, binds_at.get(i, -1)))
+        bb, be = binds.get(i, _NO_SPAN)
+        lane = _nesting_lane(lanes.setdefault((pid, track), []), (te, tb, cid, bb, be))
         s.append(tid_for(track, lane))
         used_tids.add((pid, track, lane, s[-1]))
     return used_tids
@@ -323,7 +326,6 @@ def _metadata(rows: list[tuple[int, ...]], used_tids: set[tuple[int, int, int, i
 
 
 _MARKER = {"SUBMIT": "SENT", "WAKE": "WOKE"}
-_MIN_MARK_NS = 2000  # a part narrower than this is not drawn apart (nor bound to)
 # One ns: how wide a hop that took no time is drawn, and how far an arrow may point back
 # between two steps of one instant (the virtual clock's ties) and still be forward.
 _TIE_NS = 1
@@ -331,14 +333,17 @@ _WIDENED = frozenset({"SUBMIT", "QUEUED", "EXEC", "WAKE"})
 # The sort keys of one instant: every slice, then every flow step (see _flow_events).
 _SLICE_KEY, _FLOW_KEY = 0, 1
 _Timed = tuple[int, int, int, int, dict]   # (t_ns, kind key, key, key, event)
-_Open = tuple[int, int, int, int]  # open on a lane: end, start, cid, where its step binds or -1
+# Open on a lane: end, start, cid, and the span its step binds to (a marker's, or the
+# whole slice's), or _NO_SPAN.
+_Open = tuple[int, int, int, int, int]
+_NO_SPAN = (-1, -1)
 _Step = tuple[int, tuple[int, int]]  # a flow step: slice index, the span its arrows touch
 
 
 def _nesting_lane(stacks: list[list[_Open]], opened: _Open) -> int:
     """The first lane of a track where ``opened`` nests inside the slices still open
-    there (those that ended by its start are closed on the way) without hiding a step's
-    binding (``_hides_a_step``), or a new lane. The slice is opened there."""
+    there (those that ended by its start are closed on the way) without getting in the
+    way of a step (``_hides_a_step``), or a new lane. The slice is opened there."""
     te, tb = opened[0], opened[1]
     for lane, stack in enumerate(stacks):
         while stack and stack[-1][0] <= tb:
@@ -351,13 +356,24 @@ def _nesting_lane(stacks: list[list[_Open]], opened: _Open) -> int:
 
 
 def _hides_a_step(stack: list[_Open], opened: _Open) -> bool:
-    """Would ``opened`` on top of ``stack`` be the innermost slice where a step of a slice
-    open there binds (so that step's arrow would bind to it)? A part of the step's own
-    request that is no step itself may (MAP at the start of EXEC: the arrow binds to the
-    part). Two steps of one request at one instant (a submit and a wait on a kernel that
-    took no time) take a lane each, so that each keeps its own arrow."""
-    _, tb, cid, own = opened
-    return any(at == tb and (c != cid or own >= 0) for _, _, c, at in stack)
+    """Would ``opened``, nested in the slices of ``stack``, get in the way of a step that
+    binds to one of them: open at the instant it binds (its arrow would bind to
+    ``opened``), or overlapping its marker without nesting in it?
+
+    A part of the step's own request that is no step itself may be open where the step
+    binds to its whole slice (MAP at the start of EXEC: the arrow binds to the part). Two
+    steps of one request at one instant (a submit and a wait on a kernel that took no
+    time) take a lane each, so that each keeps its own arrow."""
+    te, tb, cid, own, _ = opened
+    for end, start, c, bb, be in stack:
+        if bb < 0:
+            continue
+        whole = (bb, be) == (start, end)
+        if tb <= bb < te and not (whole and c == cid and own < 0):
+            return True
+        if bb < tb < be < te:
+            return True
+    return False
 
 
 def _one_per_overlap(idxs: list[int], slices: list[list[Any]]) -> list[int]:
@@ -380,20 +396,26 @@ def _forward_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     the end of one to the start of the next). A client's WAKE starts when it begins to
     wait, before the device even runs: its arrow enters at the moment the device's step
     ended (``WOKE``). A blocking SUBMIT ends after the supervisor answered: its arrow
-    leaves where the supervisor's step begins (``SENT``). On the virtual clock a waiter
-    wakes at the very instant of the signal: its arrow enters the wait's last ns. Unchanged
-    where already in order (within a ns: one instant's ties) or where no such part exists."""
+    leaves where the supervisor's step begins (``SENT``). A device's EXEC sits at its
+    modeled times, which may lie before the host took the command off the queue: the
+    arrow leaves QUEUED where EXEC starts. Entering the next slice late is preferred to
+    leaving the previous one early (an arrow into a wait says when the signal came). A
+    part may be as narrow as a ns: on the virtual clock a waiter wakes at the very instant
+    of the signal, and is entered in its wait's last ns. Unchanged where already in order
+    (within a ns: one instant's ties) or where no part would do."""
     out = list(spans)
     for k in range(1, len(out)):
         (ab, ae), (bb, be) = out[k - 1], out[k]
         if bb >= ae - _TIE_NS:
             continue
-        if ae <= be and be - ae >= _MIN_MARK_NS:
-            out[k] = (ae, be)               # enter this slice where the previous one ends
-        elif ae == be and be - bb > _TIE_NS:
-            out[k] = (be - _TIE_NS, be)     # both end at one instant: enter its last ns
-        elif ab <= bb and bb - ab >= _MIN_MARK_NS:
-            out[k - 1] = (ab, bb)           # leave the previous slice where this one starts
+        if be - ae >= _TIE_NS:
+            out[k] = (ae, be)                # enter this slice where the previous one ends
+        elif be == ae and be - bb > _TIE_NS:
+            out[k] = (be - _TIE_NS, be)      # both end at one instant: enter its last ns
+        elif bb - ab >= _TIE_NS:
+            out[k - 1] = (ab, bb)            # leave the previous one where this one starts
+        elif bb == ab and ae - ab > _TIE_NS:
+            out[k - 1] = (ab, ab + _TIE_NS)  # both start at one instant: its first ns
     return out
 
 
