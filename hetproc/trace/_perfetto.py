@@ -9,7 +9,7 @@ Mapping (one record array in, one JSON object out)::
     COUNTER (value in a0)      -> "C" named "<stage> <track name>": one counter per pair
     slices sharing a cid != 0  -> one flow chain "s" -> "t"... -> "f" in stage order
 
-Three choices differ from the obvious and have reasons:
+These choices differ from the obvious and have reasons:
 
 * ``tid = track + 1``: the Perfetto UI merged thread 0 into thread 1 in JSON traces
   (thoren-d/tracing-chrome#32, fixed upstream in google/perfetto#2278, still in older UIs),
@@ -24,6 +24,13 @@ Three choices differ from the obvious and have reasons:
   ``WOKE`` nested at the end of WAKE (and a blocking SUBMIT leaves from ``SENT``, nested
   at its start), so every arrow points forward in time (see ``_forward_spans``).
   Slices that are parts of another (MAP inside EXEC) carry no step of their own.
+* One instant's ties (the virtual clock's, where a submit or an empty queue takes no
+  time): Perfetto reads a row's slices of an instant before its flow events and binds a
+  step to the innermost slice open then, and it closes a slice of no length before
+  anything else of its instant. So a hop that took no time is drawn 1 ns wide
+  (``args.no_time``), steps follow every slice of their instant in flow order, and a
+  slice that would be open where another request's step binds, or cut across a marker,
+  takes another lane (see ``_place_on_lanes``).
 * Categories: slices and flows are ``hetproc``; instants ``hetproc.event`` and counters
   ``hetproc.counter``, so each can be filtered on its own.
 * Timestamps are rebased to the earliest record (``otherData.origin_monotonic_ns`` keeps
