@@ -99,11 +99,10 @@ def to_chrome_trace(
     flows = _request_flows(slices, sname)
     used_tids = _place_on_lanes(slices, flows)
     timed = _slice_events(slices, sname, t0)
-    _flow_events(timed, flows, slices, sname, t0,
-                 marker_base=2 * len(slices) + len(points) + 1)
+    _flow_events(timed, flows, slices, sname, t0, marker_base=len(slices) + len(points))
     for t, order, ev in points:
         # Points sort after every slice starting at the same time (so they nest inside).
-        timed.append((t, _SLICE_KEY, 0, 2 * len(slices) + order, ev))
+        timed.append((t, _SLICE_KEY, 0, len(slices) + order, ev))
     timed.sort(key=lambda x: x[:4])
     return {
         "traceEvents": _metadata(rows, used_tids, process_names, track_names)
@@ -223,7 +222,7 @@ def _place_on_lanes(slices: list[list[Any]], flows: dict[int, list[_Step]]
 def _slice_events(slices: list[list[Any]], sname: Callable[[int], str], t0: int
                   ) -> list[_Timed]:
     """The "X" events as ``(t_ns, _SLICE_KEY, -dur, order, event)``."""
-    return [(tb, _SLICE_KEY, tb - te, 2 * i, {
+    return [(tb, _SLICE_KEY, tb - te, i, {
         "name": sname(stage), "cat": CATEGORY, "ph": "X", "ts": _us(tb - t0),
         "dur": _us(te - tb), "pid": pid, "tid": tid, "args": args,
     }) for i, (tb, te, pid, _track, stage, _cid, args, tid) in enumerate(slices)]
@@ -273,12 +272,11 @@ def _flow_events(timed: list[_Timed], flows: dict[int, list[_Step]],
                 continue
             # The part of the slice the arrow should touch, as a slice nested in it: the
             # step binds to it, and the arrow leaves or enters at the right moment.
-            order = marker_base + 2 * markers
-            markers += 1
-            timed.append((sb, _SLICE_KEY, sb - se, order, {
+            timed.append((sb, _SLICE_KEY, sb - se, marker_base + markers, {
                 "name": _MARKER.get(sname(stage), sname(stage).lower()), "cat": CATEGORY,
                 "ph": "X", "ts": _us(sb - t0), "dur": _us(se - sb), "pid": pid, "tid": tid,
                 "args": {"cid": cid, "marks": sname(stage)}}))
+            markers += 1
 
 
 def _flow_steps(idxs: list[int], slices: list[list[Any]], sname: Callable[[int], str]
