@@ -49,6 +49,9 @@ def test_every_scenario_trace_validates_and_its_flows_end_at_the_client(name, cl
         problems = validate(doc)
         assert problems == [], (path.name, problems[:5])
     doc = json.loads(trace.read_text())
+    # The file says what the report says of time.
+    for key in ("clock", "modeled_s", "wall_s", "trace_digest", "determinism_breaks"):
+        assert doc["otherData"][key] == report[key], key
     assert any(ev.get("name") == "SUBMIT" for ev in doc["traceEvents"]), \
         f"{name}: no request in the trace"
     chains = flow_chains(doc)

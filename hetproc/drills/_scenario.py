@@ -414,7 +414,10 @@ def _look_after(plat: Platform, s: Scenario, before: dict[str, Any], out: _Outco
                 "connected", out.leaks["ok"], json.dumps(out.leaks["grown"]))
     say("writing the evidence")
     trace_path, plot_path, name = evidence
-    out.evidence = _collect_evidence(plat, trace_path, plot_path, name)
+    # The trace file says what the report says of time (its digest, modeled and wall s).
+    times = _timefields.time_fields(plat.spec, out.digest, out.final, out.wall_s,
+                                    s.own_runs)
+    out.evidence = _collect_evidence(plat, trace_path, plot_path, name, times)
 
 
 def _report(s: Scenario, name: str, description: str, spec: PlatformSpec,
@@ -553,9 +556,10 @@ def _leak_check(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]
 
 
 def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | None,
-                      stem: str) -> dict[str, Any]:
+                      stem: str, times: dict[str, Any]) -> dict[str, Any]:
     """Frozen windows (always summarised; written next to the trace file when there is
-    one), the trace file and the timeline picture."""
+    one), the trace file (``times``, the report's time fields, in its ``otherData``) and
+    the timeline picture."""
     client = _client_of(plat)
     evidence: dict[str, Any] = {}
     if trace_path:
@@ -566,6 +570,7 @@ def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | N
         evidence["frozen"] = _trace.frozen_windows(client, records=False)
     if trace_path or plot_path:
         doc = _trace.chrome_trace(client)
+        doc["otherData"].update(times)
         if trace_path:
             from ..trace import write_chrome_trace
             write_chrome_trace(trace_path, doc)

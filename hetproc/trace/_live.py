@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ipc import RECORD_DTYPE, SegmentCache, TraceBank, errors
+from ipc import RECORD_DTYPE, SegmentCache, TraceBank, clock, errors
 
 from ._export import frozen_to_chrome, records_from_bytes, records_to_chrome
 from ._perfetto import write_chrome_trace
@@ -27,6 +27,7 @@ class _Connection(Protocol):
 
     prefix: str
     segments: SegmentCache
+    clock: Any  # ipc.clock.RealClock or VirtualClock
 
     def request(self, op: str, **fields: Any) -> dict[str, Any]: ...
 
@@ -106,10 +107,13 @@ def _snapshot(client: Connected) -> tuple[np.ndarray, dict[str, Any]]:
 
 
 def chrome_trace(client: Connected) -> dict[str, Any]:
-    """The live trace (every ring now) as a Chrome Trace Event dict."""
+    """The live trace (every ring now) as a Chrome Trace Event dict; ``otherData.clock``
+    says which clock its times are on ("virtual": modeled ns, "real": the host's)."""
     records, info = _snapshot(client)
+    conn = client.connection
+    on = "virtual" if isinstance(conn.clock, clock.VirtualClock) else "real"
     return records_to_chrome(records, info["names"], info["tracks"],
-                             {"prefix": client.connection.prefix}, info.get("running", ()))
+                             {"prefix": conn.prefix, "clock": on}, info.get("running", ()))
 
 
 def export_trace(client: Connected, path: str | os.PathLike[str]) -> dict[str, Any]:
