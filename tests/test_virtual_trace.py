@@ -99,7 +99,7 @@ def test_a_window_frozen_on_the_virtual_clock_is_bounded_in_modeled_time():
     assert {Stage.SUBMIT, Stage.QUEUED, Stage.ACQUIRE_WAIT, Stage.WAKE} <= {
         Stage(int(s)) for s in mine["stage"]}
     doc = frozen_to_chrome(window)
-    assert validate(doc) == []
+    assert validate(doc) == [] and doc["otherData"]["clock"] == "virtual"
     assert _slices_of(doc, done.cid)["ACQUIRE_WAIT"] == (t_submit, t_error)
 
 

@@ -303,6 +303,7 @@ class Evidence:
         window = {
             "id": p["id"], "reason": p["reason"], "cid": p["cid"], "cids": sorted(p["cids"]),
             "t_error_ns": p["t_error_ns"], "t_from_ns": t_from, "t_to_ns": t_to,
+            "clock": self.spec.clock,  # the clock of every time above and of the records
             "errors": p["errors"], "last_error": p["last_error"], "suppressed": p["suppressed"],
             "records": records, "names": dict(self.trace_names),
             "tracks": dict(self.trace_tracks), "running": p["running"], "file": None,
@@ -430,7 +431,7 @@ def _cpu_s(pid: int) -> float | None:
 def _summary(w: dict[str, Any]) -> dict[str, Any]:
     return {"id": w["id"], "reason": w["reason"], "cid": w["cid"], "cids": w["cids"],
             "t_error_ns": w["t_error_ns"], "t_from_ns": w["t_from_ns"], "t_to_ns": w["t_to_ns"],
-            "records": len(w["records"]), "errors": len(w["errors"]),
+            "clock": w["clock"], "records": len(w["records"]), "errors": len(w["errors"]),
             "suppressed": w["suppressed"], "file": w["file"]}
 
 

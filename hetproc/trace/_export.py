@@ -183,12 +183,14 @@ def records_to_chrome(records: np.ndarray, names: Mapping[int, str], tracks: Map
 
 def frozen_to_chrome(window: Mapping[str, Any]) -> dict[str, Any]:
     """A frozen window (the supervisor's dict) as a Chrome trace; its error and bounds go
-    into ``otherData.frozen``."""
+    into ``otherData.frozen``, the clock they and the records are on into
+    ``otherData.clock``."""
     meta = {k: window[k] for k in ("id", "reason", "cid", "cids", "t_error_ns", "t_from_ns",
                                    "t_to_ns", "errors", "last_error", "suppressed")
             if k in window}
     return records_to_chrome(window["records"], window["names"], window["tracks"],
-                             {"frozen": meta}, window.get("running", ()))
+                             {"frozen": meta, "clock": window.get("clock", "real")},
+                             window.get("running", ()))
 
 
 def records_from_bytes(data: bytes) -> np.ndarray:
