@@ -969,6 +969,7 @@ class _Run:
             return q.submit_many(cmds)
         except (hetproc.CancelledByReset, hetproc.DeviceRestarted):  # lost meanwhile
             t["lost_at_submit"] += 1
+            self.q_copied = None  # none of the batch went in: nothing was copied
             return []
         finally:  # a destination replaced in this batch: freed once its copies are in
             for buf in self.q_retired:

@@ -209,3 +209,39 @@ def test_a_queue_destination_replaced_within_a_batch_is_freed_after_the_batch(pl
         for buf in (chaos.q_src, chaos.q_dst):
             if buf is not None:
                 buf.free()
+
+
+# -- a queue lost as the batch goes in -------------------------------------------------------
+
+
+def test_a_batch_refused_by_a_lost_queue_copied_nothing(platform, monkeypatch):
+    """Seed 19: the round's queue was lost in a reset as its batch went in (the submit
+    raised CancelledByReset, ``lost_at_submit``), but the batch's copy had already been
+    noted as made: the verdict, with no fence and so no failed copy, compared the fresh
+    destination with the source and called the copy wrong. A batch refused whole copied
+    nothing."""
+    seed = 19
+    chaos = _Run(seed, platform, Phases(seed), random.Random(seed),
+                 draw_mix(random.Random(seed)))
+    chaos.by = platform.client
+    real = hetproc.Queue.submit_many
+
+    def lost_first(q, cmds, **kw):  # the device dies as a batch with a copy goes in
+        if any(type(c) is dict for c in cmds) and not chaos.tally["queue"]["lost_at_submit"]:
+            os.kill(platform.client.metrics()["devices"][q.ctx.device]["pid"], signal.SIGKILL)
+            assert wait_for(lambda: q._ring.state != 0, timeout=10)
+        return real(q, cmds, **kw)
+
+    monkeypatch.setattr(hetproc.Queue, "submit_many", lost_first)
+    try:
+        for rnd in range(10):
+            chaos.queue_verdict(rnd, chaos.queue_round())  # "a queue copy was wrong", before
+            if chaos.tally["queue"]["lost_at_submit"]:
+                break
+        assert chaos.tally["queue"]["lost_at_submit"] == 1, chaos.tally["queue"]
+    finally:
+        if chaos.queue is not None:
+            chaos.queue.close()
+        for buf in (chaos.q_src, chaos.q_dst):
+            if buf is not None:
+                buf.free()

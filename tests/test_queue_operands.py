@@ -11,6 +11,7 @@ drill's corruption appears on a queue too when reclamation skips the barrier.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -453,3 +454,58 @@ def test_a_rule_fires_once_whichever_path_meets_it_first(platform):
         q.submit("copy", [x], [y]).wait(WAIT)
         fired = [f["kind"] for f in client.incidents()["faults"]]
         assert fired == ["kernel_bug", "kernel_bug"], fired
+
+
+# -- a reset between a submit's look at the ring and its bind request ----------------------
+
+
+def _lose_before(platform, q: hetproc.Queue, op: str, monkeypatch) -> None:
+    """The client looked at the ring (open) and is about to send ``op``: the queue's device
+    is SIGKILLed now, and ``op`` leaves only once the supervisor lost the queue."""
+    client = platform.client
+    conn = client.connection
+    real = conn.request
+
+    def request(name: str, **fields):
+        if name == op:
+            monkeypatch.setattr(conn, "request", real)
+            os.kill(real("metrics")["metrics"]["devices"][q.ctx.device]["pid"], signal.SIGKILL)
+            assert wait_for(lambda: q._ring.state != 0, timeout=WAIT)
+        return real(name, **fields)
+
+    monkeypatch.setattr(conn, "request", request)
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["reset", "subsystem-restart"])
+def test_a_queue_lost_as_its_submit_binds_raises_the_loss_not_invalid_handle(
+        restart, monkeypatch):
+    """Chaos seed 19: a device reset ended the queue after the submit saw it open and
+    before its first bind reached the supervisor, which had forgotten the queue by then:
+    the submit raised InvalidHandle ("queue 1 is not open on this connection"). It
+    raises what a lost queue's submit raises (CancelledByReset; DeviceRestarted on a
+    device that restarts as a subsystem), and an unbind after the loss is a no-op, as a
+    close is."""
+    spec = hetproc.load_platform(None)
+    if restart:
+        spec = dataclasses.replace(spec, recovery={**spec.recovery,
+                                                   "subsystem_restart": ["npu0"]})
+    lost = errors.DeviceRestarted if restart else errors.CancelledByReset
+    with hetproc.Platform(spec=spec, time_scale=1.0) as platform:
+        client = platform.client
+        x, y = client.alloc((N,), "float32"), client.alloc((N,), "float32")
+        q = client.context("npu0").queue()
+        _lose_before(platform, q, "queue_bind", monkeypatch)
+        with pytest.raises(lost):
+            q.submit("copy", [x], [y])
+        q.close()
+        # an unbind racing the same loss: the supervisor let go of the binding with it
+        ctx = client.context("gpu0")
+        q = ctx.queue()
+        q.bind(x)
+        _lose_before(platform, q, "queue_unbind", monkeypatch)
+        q.unbind(x)
+        with pytest.raises(errors.CancelledByReset):
+            q.submit_nowait(0.0)
+        q.close()
+        with pytest.raises(errors.InvalidHandle, match="closed"):
+            q.submit_nowait(0.0)

@@ -199,13 +199,25 @@ class Queue:
         proved it will not touch it (``free`` unbinds too)."""
         handle = buf.handle
         if self._bound.pop(handle, None) is not None:
-            self._conn.request("queue_unbind", queue=self.qid, buf=handle)
+            try:
+                self._conn.request("queue_unbind", queue=self.qid, buf=handle)
+            except errors.InvalidHandle:
+                if self._closed or self._ring.state == QUEUE_OPEN:
+                    raise
+                # lost in a reset: the supervisor let go of its bindings with it
 
     def _binding(self, handle: int) -> tuple[int, int]:
         got = self._bound.get(handle)
         if got is None:
             self._check_open()
-            reply = self._conn.request("queue_bind", queue=self.qid, buf=handle)
+            try:
+                reply = self._conn.request("queue_bind", queue=self.qid, buf=handle)
+            except errors.InvalidHandle:
+                # A reset may end the queue after the look above and before the request:
+                # the supervisor marks the ring before it forgets the queue, so the ring
+                # says so now, and the submit raises what a lost queue's submit raises.
+                self._check_open()
+                raise
             got = self._bound[handle] = (reply["slot"], reply["gen"])
             self._perms[handle] = reply["perm"]
         return got
