@@ -384,3 +384,30 @@ def test_a_changed_interpreter_environment_gets_a_new_starter(monkeypatch):
         assert _gone([first]), "the replaced starter was reaped"
     with hetproc.Platform() as plat:
         assert _forked(plat) and starter_pid() == second
+
+
+_WARMED = """
+import sys, tomllib
+from importlib import resources
+from hetproc.supervisor import _main, _starter  # what the starter imports
+from hetproc._config import parse_platform
+from hetproc.supervisor._timing import ModeledTiming
+_starter.warm_numpy()
+raw = tomllib.loads(resources.files("hetproc.platforms").joinpath("default.toml").read_text())
+before = set(sys.modules)
+parse_platform(raw, "<built-in>")  # a supervisor's first step (``_main``)
+timing = ModeledTiming()
+timing.note({"m0": 1_000, "t_start": 1_500, "lag": 0})
+timing.summary()
+print(" ".join(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_a_supervisors_start_and_first_metrics_import_nothing_its_starter_did_not():
+    """The starter's children inherit its imports: a module a supervisor imports on first
+    use -- the schema its spec is parsed with, ``numpy.ma`` that numpy's ``percentile``
+    imports in its first metrics -- would be imported again in every platform, its owner
+    waiting for it."""
+    done = subprocess.run([sys.executable, "-c", _WARMED], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert done.stdout.split() == []

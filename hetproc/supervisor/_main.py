@@ -27,8 +27,15 @@ import traceback
 
 from ipc import cleanup_prefix, new_prefix, profiled
 
+from .. import _schema  # noqa: F401  (see below)
 from .._config import parse_platform
 from ._server import Supervisor
+
+# ``parse_platform`` imports ``_schema`` on its first call (a client that never parses a
+# platform file does without it). A supervisor always parses one, first thing: imported
+# here, the platform starter imports it once (it imports this module), and the
+# supervisors it forks find it, rather than each importing (compiling, when no bytecode
+# is cached) it again while its owner waits for the platform to start.
 
 
 def _read_spec(fd: int) -> bytes:
