@@ -130,7 +130,9 @@ class ClockOwner:
         reg.fences.model_now = self.clock.now_ns  # what the fences we fail are stamped with
         self.segment_name = self.clock.segment.name
         self._free_slots = list(range(devices + clients - 1, devices - 1, -1))
-        self.waiters = [self.clock.waiter(i) for i in range(devices)]
+        # A view of every waiter slot, made once (the turn reads the clients' each time).
+        self._slot_waiters = [self.clock.waiter(i) for i in range(devices + clients)]
+        self.waiters = self._slot_waiters[:devices]
         for dev in reg.devices.values():
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):
@@ -185,7 +187,7 @@ class ClockOwner:
         if not self._free_slots:  # (never: one slot per limits.max_clients)
             raise HetprocError("no waiter slot left on the clock segment")
         slot = self._free_slots.pop()
-        self.clock.waiter(slot).reset()
+        self._slot_waiters[slot].reset()
         client.clock_slot = slot
         client.clock_bell = self.reg.fences.allocate()
         return {"segment": self.segment_name, "slot": slot, "bell": client.clock_bell}
@@ -201,7 +203,7 @@ class ClockOwner:
             self.reg.fences.release(client.clock_bell)
             client.clock_bell = 0
         if client.clock_slot >= 0:
-            self.clock.waiter(client.clock_slot).reset()
+            self._slot_waiters[client.clock_slot].reset()
             self._free_slots.append(client.clock_slot)
             client.clock_slot = -1
 
@@ -239,8 +241,8 @@ class ClockOwner:
         # before the clock moves on (every device's event at an instant comes before
         # any client's deadline then: ``_jump``).
         release = self.clock.released_ns() < now
-        wakes.extend(dev.wake_ns for dev in self.reg.devices.values() if dev.wake_ns > 0)
-        wakes.extend(self._timers())
+        wakes += [dev.wake_ns for dev in self.reg.devices.values() if dev.wake_ns > 0]
+        wakes += self._timers()
         later = [t for t in wakes if t > now]
         if not later and not release:  # nothing to move to (it waits for a client):
             return STILL                # no jump, no break
@@ -325,12 +327,13 @@ class ClockOwner:
         """A request written into a device's state slot since the last look (a cancel,
         a park, a preemption): the device is poked to look at it."""
         news = False
+        slots, seen = self.reg.slots, self._requests
         for dev in self.reg.devices.values():
-            u64 = self.reg.slots[dev.index].u64
-            words = (u64[S.CANCEL_PIDX], self.reg.slots[dev.index].u32[S.PARK],
-                     u64[S.PREEMPT_PIDX])
-            if words != self._requests[dev.index]:
-                self._requests[dev.index] = words
+            slot = slots[dev.index]
+            u64 = slot.u64
+            words = (u64[S.CANCEL_PIDX], slot.u32[S.PARK], u64[S.PREEMPT_PIDX])
+            if words != seen[dev.index]:
+                seen[dev.index] = words
                 dev.doorbell.release()
                 news = True
         return news
@@ -386,19 +389,20 @@ class ClockOwner:
 
     def _device_wakes(self, now: int, stopped: frozenset[str]) -> list[int] | None:
         wakes = []
+        wedged, waiters = self.reg.wedged, self.waiters
         for dev in self.reg.devices.values():
-            if not dev.pid and dev.name in self.reg.wedged:
+            if not dev.pid and dev.name in wedged:
                 continue  # down for good: it waits for nothing
-            if dev.name in stopped:  # blocked, no wake, whatever its slot says (a fence
-                continue             # it sleeps on may have completed: it cannot run)
-            snap = self.waiters[dev.index].snapshot() if dev.pid else None
+            if stopped and dev.name in stopped:  # blocked, no wake, whatever its slot says
+                continue  # (a fence it sleeps on may have completed: it cannot run)
+            snap = waiters[dev.index].snapshot() if dev.pid else None
             if snap is None:
                 return None
             wake, fences = snap
             if wake <= now:  # blocked after the jump that reached its wake looked: wake it
                 dev.doorbell.release()
                 return None
-            if any(self._done(f) for f in fences):
+            if fences and self._any_done(fences):
                 return None  # about to run
             if wake != NO_WAKE:
                 wakes.append(wake)
@@ -410,16 +414,17 @@ class ClockOwner:
         wakes: list[int] = []
         blocked: dict[int, bool] = {}
         released = self.clock.released_ns()
+        waiters = self._slot_waiters
         for client in self.reg.clients.values():
             if not client.id or client.clock_slot < 0:
                 return None  # saying hello
-            snap = self.clock.waiter(client.clock_slot).snapshot()
+            snap = waiters[client.clock_slot].snapshot()
             if snap is None:
                 blocked.setdefault(client.pid, False)
                 continue
             wake, fences = snap
             # (a wake in (released, now]: it waits for the devices to be done with now)
-            if wake <= released or any(self._done(f) for f in fences):
+            if wake <= released or (fences and self._any_done(fences)):
                 return None
             blocked[client.pid] = True
             if wake != NO_WAKE:
@@ -427,15 +432,20 @@ class ClockOwner:
         running = [c for c in self.reg.clients.values() if not blocked[c.pid]]
         gens: dict[int, tuple[int, ...]] = {}
         for c in running:  # (its slots' generations: it entered or left a wait since?)
-            gens[c.pid] = gens.get(c.pid, ()) + (self.clock.waiter(c.clock_slot).gen(),)
+            gens[c.pid] = gens.get(c.pid, ()) + (waiters[c.clock_slot].gen(),)
         self.holders.note(gens)
         return wakes, running
 
-    def _done(self, fence: int) -> bool:
-        try:
-            return self.reg.fences.poll(fence)[0] != 0
-        except HetprocError:
-            return True  # recycled: its waiter wakes and finds out
+    def _any_done(self, fences: tuple[int, ...]) -> bool:
+        """Whether a fence a waiter sleeps on completed (it is about to run)."""
+        poll = self.reg.fences.poll
+        for fence in fences:
+            try:
+                if poll(fence)[0] != 0:
+                    return True
+            except HetprocError:
+                return True  # recycled: its waiter wakes and finds out
+        return False
 
     def _traffic(self) -> tuple[bool, bool]:
         """``(devices, clients)``: what is in flight that the slots cannot show. The
@@ -443,20 +453,21 @@ class ClockOwner:
         (its slot says what it did before it died). The clients': bytes not read or not
         served, a reply not sent. The descriptors of both are polled at once (one
         system call, on a poller kept while the set stays the same)."""
-        devices = self.reg.devices.values()
-        if any(dev.completions.depth() for dev in devices):
-            return True, False
-        if any(inc.killed and not inc.confirmed for inc in self.recovery.active.values()):
-            return True, False
-        conns = self.reg.clients.values()
-        if any(c.pending or c.reader.buffered or c.outbuf for c in conns):
-            return self._readable()[0], True
+        for dev in self.reg.devices.values():
+            if dev.completions.depth():
+                return True, False
+        for inc in self.recovery.active.values():
+            if inc.killed and not inc.confirmed:
+                return True, False
+        for c in self.reg.clients.values():
+            if c.pending or c.reader.buffered or c.outbuf:
+                return self._readable()[0], True
         return self._readable()
 
     def _readable(self) -> tuple[bool, bool]:
         """Whether a device's descriptor (its pidfd: it died) and whether a client's
         socket is readable now."""
-        pidfds = tuple(d.pidfd for d in self.reg.devices.values() if d.pidfd >= 0)
+        pidfds = tuple([d.pidfd for d in self.reg.devices.values() if d.pidfd >= 0])
         conns = tuple(self.reg.clients)
         key = (pidfds, conns)
         if key != self._polled:
@@ -536,9 +547,9 @@ class ClockOwner:
         self._moved_at = time.monotonic_ns()
         self.clock.release()
         nudged = False
+        waiters = self._slot_waiters
         for client in self.reg.clients.values():
-            snap = self.clock.waiter(client.clock_slot).snapshot() \
-                if client.clock_slot >= 0 else None
+            snap = waiters[client.clock_slot].snapshot() if client.clock_slot >= 0 else None
             if snap is not None and snap[0] <= t:  # a wait's deadline, a sleep's end came:
                 nudged = True
                 for handle in (*snap[1], client.clock_bell):  # it looks at once (a
@@ -551,7 +562,7 @@ class ClockOwner:
         for dev in self.reg.devices.values():
             if isinstance(dev.doorbell, PokingDoorbell):
                 dev.doorbell.waiter = None
-        self.waiters = []
+        self.waiters = self._slot_waiters = []
         self.clock.close()
 
     def metrics(self) -> dict[str, Any]:

@@ -227,7 +227,7 @@ class DeviceHandle:
         running, it goes in at once, marked, and the device switches to it at its next
         chunk boundary (seed §7, §11).
         """
-        if not self.sched:
+        if not self.sched.waiting:  # (what ``len(sched)`` counts)
             return 0  # the common case after a completion: nothing waits
         moved = 0
         # The oldest command in the ring runs (or waits for its hand-off signal); one more

@@ -176,6 +176,7 @@ class Recovery:
 
     def tick(self, now: int) -> None:
         active, owed = self.active, self.queue_owed  # (every loop turn: kept short)
+        quiet = self.stall.quiet  # (what ``forget`` drops: mostly empty)
         for dev in self.reg.devices.values():
             inc = active.get(dev.name) if active else None
             if inc is not None:
@@ -183,7 +184,8 @@ class Recovery:
                     self.isolate(dev, inc)
                 continue
             if not dev.pushed and not owed(dev):  # nothing to time, nothing owed
-                self.stall.forget(dev.name)
+                if quiet:
+                    quiet.pop(dev.name, None)  # (``stall.forget``)
                 continue
             self.watch(dev, now)
 

@@ -264,11 +264,13 @@ class Supervisor:
         """Tell each device whether we need its completions at once: when commands wait
         for ring space, or a recovery is running (its probes and purges finish it)."""
         recovering = bool(self.recovery.active or self.recovery.probing)
+        slots = self.reg.slots
         for dev in self.reg.devices.values():
-            want = 1 if (dev.sched or recovering) else 0
-            slot = self.reg.slots[dev.index]
-            if slot.u32[StateSlot.WANT_NEWS] != want:
-                slot.u32[StateSlot.WANT_NEWS] = want
+            # (``sched.waiting``: what ``len(sched)`` counts, without a call per turn)
+            want = 1 if (dev.sched.waiting or recovering) else 0
+            u32 = slots[dev.index].u32
+            if u32[StateSlot.WANT_NEWS] != want:
+                u32[StateSlot.WANT_NEWS] = want
 
     def on_device_death(self, dev: DeviceHandle) -> None:
         """The device process ended. Reaped = confirmed stopped: its buffers are safe."""
