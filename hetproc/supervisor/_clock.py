@@ -267,12 +267,18 @@ class ClockOwner:
         self.tick_jumps += on_tick
         return JUMPED
 
-    def mark(self) -> None:
+    def mark(self, view: tuple[int, list[int]] | None = None) -> None:
         """The loop's timers (``settle``) are about to run: a turn after them that finds
         every slot's ``gen`` unchanged and the platform quiet knows they saw the platform
         as it is (nobody ran since; the clock moves only in ``turn``), and skips running
-        them again. Reading every slot is one strided copy."""
-        self._marked = self.clock.generations(self._slots)
+        them again. Reading every slot is one strided copy. ``view``: the ``view()``
+        just read (the loop's, to compare with the one its last timers saw)."""
+        self._marked = (view or self.view())[1]
+
+    def view(self) -> tuple[int, list[int]]:
+        """The instant and every slot's ``gen``: equal to an earlier view, nobody entered
+        or left a wait in between and the clock stood still."""
+        return self.clock.now_ns(), self.clock.generations(self._slots)
 
     def devices_blocked(self) -> bool:
         """Every device blocked with no news (as a device that blocks last sees it)."""
