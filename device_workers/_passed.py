@@ -55,13 +55,46 @@ def call_key(op: Any, inputs: Sequence[Any], outputs: Sequence[Any],
     int, float, str or bool under a str key."""
     if type(op) is not str or type(params) is not dict:
         return None
+    items = _plain_items(params)
+    if items is None:
+        return None
+    return (op, tuple([(a.shape, a.dtype) for a in inputs]),
+            tuple([(a.shape, a.dtype) for a in outputs]), items)
+
+
+def spec_key(op: Any, inputs: Sequence[Any], outputs: Sequence[Any],
+             params: Any) -> tuple | None:
+    """``call_key`` of a call given as (shape, dtype) pairs (``_kernels.validate``, the
+    supervisor's check of a command): None (check every time) unless each pair is a
+    tuple of a tuple of ints and a str, and every param is plain -- exact types, so
+    ``4.0`` never stands for ``4`` in a shape, nor a ``np.dtype`` for its name."""
+    if type(op) is not str or type(params) is not dict:
+        return None
+    for specs in (inputs, outputs):
+        for pair in specs:
+            if type(pair) is not tuple or len(pair) != 2:
+                return None
+            shape, dtype = pair
+            if type(shape) is not tuple or type(dtype) is not str:
+                return None
+            for d in shape:
+                if type(d) is not int:
+                    return None
+    items = _plain_items(params)
+    if items is None:
+        return None
+    return (op, tuple(inputs), tuple(outputs), items)
+
+
+def _plain_items(params: dict) -> tuple | None:
+    """``(key, type, value)`` of every param, or None unless each is a plain value
+    under a str key."""
     items = []
     for k, v in params.items():
         if type(k) is not str or type(v) not in _PLAIN:
             return None
         items.append((k, type(v), v))
-    return (op, tuple([(a.shape, a.dtype) for a in inputs]),
-            tuple([(a.shape, a.dtype) for a in outputs]), tuple(items))
+    return tuple(items)
 
 
 class KernelChecks(Generic[V]):

@@ -110,6 +110,33 @@ def test_output_checks_run_on_every_call_whatever_was_remembered():
         run_kernel("scale", ins, [ro], {"factor": 3.0}, lambda: None)
 
 
+# -- the supervisor's kernel checks ----------------------------------------------------
+
+def test_a_kernel_call_that_passed_the_supervisor_is_not_walked_again(monkeypatch):
+    calls = []
+    real = _kernels._validate
+    monkeypatch.setattr(_kernels, "_validate", lambda *a: calls.append(a) or real(*a))
+    call = ("scale", [((4, 4), "float32")], [((4, 4), "float32")], {"factor": 2.5})
+    for _ in range(3):
+        _kernels.validate(*call)
+    assert len(calls) == 1
+
+
+def test_a_kernel_call_the_supervisor_refused_is_refused_every_time():
+    good = [((4, 4), "float32")]
+    _kernels.validate("scale", good, good, {"factor": 1.0})  # remembered
+    for ins, params in (([((4, 4), "int32")], {"factor": 1.0}),  # another dtype
+                        (good, {"factor": True}), (good, {"factor": float("nan")}),
+                        (good, {"factor": 1.0, "extra": 1}),
+                        ([((4, 4.0), "float32")], {"factor": 1.0})):  # 4.0 is no 4
+        for _ in range(2):
+            with pytest.raises((errors.InvalidRequest, errors.DtypeError,
+                                errors.ShapeError)):
+                _kernels.validate("scale", ins, good, params)
+    assert all(k[3] == (("factor", float, 1.0),) or k[3][0][2] == 2.5
+               for k in _kernels._VALIDATED.keys() if k[0] == "scale")
+
+
 # -- the client's writes ----------------------------------------------------------------
 
 @pytest.fixture

@@ -376,11 +376,14 @@ class ClockOwner:
         if self.queues is not None:
             looks += self.queues.watch.deadlines()
         for dev in reg.devices.values():
-            if not dev.pushed:
+            pushed = dev.pushed
+            if not pushed:
                 continue
-            # (``waited_since`` is None without a preempt timeout: not asked then)
-            preempt_ms = reg.engine(dev).preempt_timeout_ms if dev.preemptive else 0
-            for cmd in dev.pushed.values():
+            # (``waited_since`` is None without a preempt timeout, or without a preemptor
+            # pushed -- the commands ``pushed.plain`` does not count: not asked then)
+            preempt_ms = (reg.engine(dev).preempt_timeout_ms
+                          if len(pushed) > pushed.plain and dev.preemptive else 0)
+            for cmd in pushed.values():
                 if not cmd.watch_deadline:
                     continue
                 looks.append((dev.name, cmd.watch_deadline))

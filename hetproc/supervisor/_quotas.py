@@ -51,7 +51,10 @@ def check_context(reg: Registry, client: ClientRec) -> None:
 
 
 def check_inflight(reg: Registry, client: ClientRec, n: int) -> None:
-    running = sum(_inflight(reg, h) for c in reg.tenant(client) for h in c.contexts)
+    running = 0  # (every submit: plain loops, no generator)
+    for c in reg.tenant(client):
+        for h in c.contexts:
+            running += _inflight(reg, h)
     _check(client, "client_inflight", running + n, reg.spec.limits.client_inflight)
 
 
