@@ -203,7 +203,8 @@ class Recovery:
             if quiet_ms is not None:
                 self.start_stall(dev, quiet_ms)
             return
-        self.stall.forget(dev.name)  # a timed command: its watchdog decides (``look``)
+        if self.stall.quiet:  # a timed command: its watchdog decides (``look``)
+            self.stall.forget(dev.name)
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
             if not self.settled(dev):
                 return
