@@ -60,9 +60,11 @@ class NamedObjects:
         self.prefix = prefix
         self.segments: list[Segment] = []
 
-    def new_segment(self, suffix: str, size: int) -> Segment:
+    def new_segment(self, suffix: str, size: int, *, recorded: bool = False) -> Segment:
+        """``recorded``: its name is in the manifest already (``record_all``)."""
         name = self.prefix + suffix
-        self.record("shm", name)
+        if not recorded:
+            self.record("shm", name)
         seg = Segment.create(name, size)
         self.segments.append(seg)
         return seg
@@ -72,8 +74,12 @@ class NamedObjects:
         self.manifest.write()
 
     def record_semaphores(self, names: list[str]) -> None:
-        for name in names:
-            self.manifest.add_object("sem", name)
+        self.record_all([("sem", name) for name in names])
+
+    def record_all(self, objects: list[tuple[str, str]]) -> None:
+        """Record ``(kind, name)`` objects about to be made, in one manifest write."""
+        for kind, name in objects:
+            self.manifest.add_object(kind, name)
         self.manifest.write()
 
     def remove_segments(self) -> None:
@@ -164,10 +170,14 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
 def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, Segment]:
     """The fence table, the state table, the buffer pool, and one ring, doorbell and
     completion eventfd per device: every named object, each recorded first."""
-    fseg = named.new_segment("fences", FenceTable.segment_bytes(FENCE_CAPACITY))
+    prefix = named.prefix  # every name recorded at once, before any of them exists
+    named.record_all([("shm", prefix + "fences"), ("shm", prefix + "state")]
+                     + [(kind, f"{prefix}{what}.{d.name}") for d in spec.devices
+                        for kind, what in (("shm", "ring"), ("sem", "bell"))])
+    fseg = named.new_segment("fences", FenceTable.segment_bytes(FENCE_CAPACITY), recorded=True)
     fences = FenceTable(named.prefix, fseg, create=True, on_new_semaphores=named.record_semaphores)
     n = len(spec.devices)
-    state_segment = named.new_segment("state", n * STATE_DTYPE.itemsize)
+    state_segment = named.new_segment("state", n * STATE_DTYPE.itemsize, recorded=True)
     state = state_table(state_segment.map, n)
     slots = [StateSlot(state_segment.map, i) for i in range(n)]
     devices: dict[str, DeviceHandle] = {}
@@ -202,9 +212,8 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
             return False
 
     for index, dspec in enumerate(spec.devices):
-        ring = named.new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
+        ring = named.new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes(), recorded=True)
         bell_name = f"{named.prefix}bell.{dspec.name}"
-        named.record("sem", bell_name)
         bell = (PokingDoorbell if spec.clock == "virtual" else posix_ipc.Semaphore)(
             bell_name, posix_ipc.O_CREX, initial_value=0)
         efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
