@@ -28,7 +28,7 @@ import traceback
 from ipc import cleanup_prefix, new_prefix, profiled
 
 from .. import _schema  # noqa: F401  (see below)
-from .._config import parse_platform
+from .._config import PlatformSpec, parse_platform
 from ._server import Supervisor
 
 # ``parse_platform`` imports ``_schema`` on its first call (a client that never parses a
@@ -43,6 +43,30 @@ def _read_spec(fd: int) -> bytes:
         return f.read()
 
 
+# Specs the platform starter parsed for the supervisors it forks (``remember_spec``), by
+# their bytes: a child finds its own here, parsed once in the starter rather than in every
+# child (where the parse also copies every page of the starter's it writes to).
+_PARSED: dict[bytes, PlatformSpec] = {}
+_PARSED_KEPT = 8
+
+
+def remember_spec(data: bytes) -> None:
+    """Parse ``data``, a spec as ``--spec-fd`` carries it, for the children forked after
+    this (in the starter). One that does not parse is left alone: the child parses it
+    again and fails on it as a fresh supervisor does. Parsing is a pure function of the
+    bytes (no environment, no working directory)."""
+    if data in _PARSED:
+        return
+    try:
+        arg = json.loads(data)
+        spec = parse_platform(arg["raw"], arg["source"])
+    except Exception:
+        return
+    if len(_PARSED) >= _PARSED_KEPT:
+        del _PARSED[next(iter(_PARSED))]
+    _PARSED[data] = spec
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="hetproc-supervisor")
     given = ap.add_mutually_exclusive_group(required=True)
@@ -55,8 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the owner, again
-    spec_arg = json.loads(args.spec if args.spec is not None else _read_spec(args.spec_fd))
-    spec = parse_platform(spec_arg["raw"], spec_arg["source"])
+    data = args.spec.encode() if args.spec is not None else _read_spec(args.spec_fd)
+    spec = _PARSED.get(data)
+    if spec is None:
+        spec_arg = json.loads(data)
+        spec = parse_platform(spec_arg["raw"], spec_arg["source"])
     args.prefix = args.prefix or new_prefix(os.getpid())
     # First line: the prefix, so the owner can clean up even if the start fails later.
     os.write(args.ready_fd, (json.dumps({"prefix": args.prefix}) + "\n").encode())
