@@ -67,7 +67,7 @@ def remember_spec(data: bytes) -> None:
     _PARSED[data] = spec
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hetproc-supervisor")
     given = ap.add_mutually_exclusive_group(required=True)
     given.add_argument("--spec", help="platform spec as JSON")
@@ -75,7 +75,16 @@ def main(argv: list[str] | None = None) -> int:
                                                      "JSON (any size; read, then closed)")
     ap.add_argument("--prefix", help="default: a new one carrying this process's pid")
     ap.add_argument("--ready-fd", type=int, required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+# Built at import: the platform starter's children find it built (~1.4 ms of a forked
+# child's start, most of it copying the starter's pages it writes to).
+_ARGS = _arg_parser()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _ARGS.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the owner, again

@@ -338,8 +338,12 @@ def _run_supervisor(req: dict[str, Any], fds: list[int]) -> int:
     os.fchdir(cwd)
     close_inherited({0, 1, 2, spec_fd, ready_fd})
     os.umask(req["umask"])
-    os.environ.clear()
-    os.environ.update(req["env"])
+    env = req["env"]  # the owner's: usually the starter's own, but for a variable or two
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
     try:
         os.sched_setaffinity(0, req["affinity"])
     except OSError:
