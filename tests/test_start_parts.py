@@ -1,7 +1,7 @@
 """The parts of a platform start that are done once for many: the devices forked back to
 back (``_devices.spawn_devices``) and the spec the platform starter parses for the
-supervisors it forks (``_main.remember_spec``). Neither may change what a start does,
-nor what a failed one leaves."""
+supervisors it forks, with what ``hello`` says of it (``_main.remember_spec``). Neither
+may change what a start does, nor what a failed one leaves."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+import hetproc
 from hetproc._config import load_platform, parse_platform, to_raw
 from hetproc.supervisor import _devices, _main
 from hetproc.supervisor._server import Supervisor
@@ -91,7 +92,9 @@ def test_the_starter_parses_a_spec_once_for_its_children_as_they_would():
         data = _spec_bytes(spec)
         _main.remember_spec(data)
         arg = json.loads(data)
-        assert _main._PARSED[data] == parse_platform(arg["raw"], arg["source"]) == spec
+        assert _main._PARSED[data] == (parse_platform(arg["raw"], arg["source"]),
+                                       spec.to_dict())
+        assert _main._PARSED[data][0] == spec
         broken = json.dumps({"raw": {"devices": "not a table"}, "source": "x"}).encode()
         _main.remember_spec(broken)
         _main.remember_spec(b"not json")
@@ -103,3 +106,17 @@ def test_the_starter_parses_a_spec_once_for_its_children_as_they_would():
     finally:
         _main._PARSED.clear()
         _main._PARSED.update(saved)
+
+
+def test_hello_says_the_same_of_the_platform_through_the_starter_or_a_fresh_interpreter(
+        monkeypatch):
+    """The spec a starter's child takes from the starter (parsed there, with its
+    ``to_dict``) answers ``hello`` as the one a fresh interpreter parses itself."""
+    said = {}
+    for starter in ("1", "0", "1"):  # the second start through the starter finds it kept
+        monkeypatch.setenv("HETPROC_STARTER", starter)
+        with hetproc.Platform(clock="virtual", limits={"client_mib": 3}) as plat:
+            assert plat.client is not None
+            said.setdefault(starter, []).append(plat.client.info["spec"])
+    assert said["1"][0] == said["1"][1] == said["0"][0]
+    assert said["0"][0]["limits"]["client_mib"] == 3 and said["0"][0]["clock"] == "virtual"

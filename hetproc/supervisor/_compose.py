@@ -113,9 +113,10 @@ class Parts:
 
 def compose(spec: PlatformSpec, named: NamedObjects, *,
             tell: Callable[[ClientRec, dict], None], spawn: Callable[[DeviceHandle], None],
-            stop: Callable[[], None]) -> Parts:
+            stop: Callable[[], None], spec_dict: dict[str, Any] | None = None) -> Parts:
     """Every part, in dependency order. ``tell`` puts a notice into a client's socket,
-    ``spawn`` forks a device, ``stop`` ends the loop: the loop's, handed down."""
+    ``spawn`` forks a device, ``stop`` ends the loop: the loop's, handed down.
+    ``spec_dict``: ``spec.to_dict()`` if made already (by the platform starter)."""
     reg, pool, state_segment = _tables(spec, named)
     faults = FaultPlan(list(spec.faults), seed=spec.fault_seed)
     memlog = MemLog()
@@ -150,7 +151,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
-                "spec": spec.to_dict()}
+                "spec": spec.to_dict() if spec_dict is None else spec_dict}
     requests = handler_table({
         "connection": ConnectionRequests(reg, evidence, platform=platform, stop=stop,
                                          owner_pid=os.getppid(), clock=vclock),

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 
 from ipc import cleanup_prefix, new_prefix, profiled
 
@@ -44,9 +45,10 @@ def _read_spec(fd: int) -> bytes:
 
 
 # Specs the platform starter parsed for the supervisors it forks (``remember_spec``), by
-# their bytes: a child finds its own here, parsed once in the starter rather than in every
-# child (where the parse also copies every page of the starter's it writes to).
-_PARSED: dict[bytes, PlatformSpec] = {}
+# their bytes, each with its ``to_dict()`` (what ``hello`` answers): a child finds its own
+# here, made once in the starter rather than in every child (where making them also
+# copies every page of the starter's it writes to).
+_PARSED: dict[bytes, tuple[PlatformSpec, dict[str, Any]]] = {}
 _PARSED_KEPT = 8
 
 
@@ -60,11 +62,12 @@ def remember_spec(data: bytes) -> None:
     try:
         arg = json.loads(data)
         spec = parse_platform(arg["raw"], arg["source"])
+        as_dict = spec.to_dict()
     except Exception:
         return
     if len(_PARSED) >= _PARSED_KEPT:
         del _PARSED[next(iter(_PARSED))]
-    _PARSED[data] = spec
+    _PARSED[data] = (spec, as_dict)
 
 
 def _arg_parser() -> argparse.ArgumentParser:
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the owner, again
     data = args.spec.encode() if args.spec is not None else _read_spec(args.spec_fd)
-    spec = _PARSED.get(data)
+    spec, spec_dict = _PARSED.get(data) or (None, None)
     if spec is None:
         spec_arg = json.loads(data)
         spec = parse_platform(spec_arg["raw"], spec_arg["source"])
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     sup = None
     status = 0
     try:
-        sup = Supervisor(spec, args.prefix)
+        sup = Supervisor(spec, args.prefix, spec_dict)
         signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "running", False))
         sup.start_devices()
         os.write(args.ready_fd, (json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())

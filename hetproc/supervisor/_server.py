@@ -119,7 +119,7 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _HUNG_UP_READS = 64  # reads (64 KiB each) spent on one hung-up peer before refusing
 
 class Supervisor:
-    def __init__(self, spec: PlatformSpec, prefix: str) -> None:
+    def __init__(self, spec: PlatformSpec, prefix: str, spec_dict: dict | None = None) -> None:
         self.spec = spec
         self.prefix = prefix
         self.manifest = Manifest(prefix)
@@ -135,7 +135,7 @@ class Supervisor:
         self.named = NamedObjects(self.manifest, prefix)
         self.outbox = Outbox(self.sel, self._cannot_serve)
         parts = self.parts = compose(spec, self.named, tell=self.outbox.tell,
-                                     spawn=self.spawn, stop=self.stop)
+                                     spawn=self.spawn, stop=self.stop, spec_dict=spec_dict)
         # The parts the loop itself drives:
         self.reg: Registry = parts.reg
         self.pool: Memory = parts.pool
