@@ -5,7 +5,9 @@
 the host falls on both alike, and prints the medians and their ratio: what the
 pre-imported starter (``hetproc.client._starter``) saves per platform. The first start
 of the process spawns the starter (an interpreter's imports, as a fresh supervisor's):
-timed apart, as ``first start``. ``clock`` (``bench_clock``) carries these rows.
+timed apart, as ``first start``. ``--clock virtual``: the same on the virtual clock.
+``clock`` (``bench_clock``) carries the real clock's rows; ``start_stop``
+(``bench_start_stop``) both clocks', start and stop apart.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ from ._registry import make_row
 ROUNDS = (5, 15)  # each way (quick, full)
 
 
-def _once(starter: str) -> tuple[float, float]:
-    """(start, stop) seconds of one default platform, the starter on ("1") or off."""
+def _once(starter: str, clock: str = "real") -> tuple[float, float]:
+    """(start, stop) seconds of one default platform on ``clock``, the starter on ("1")
+    or off; the start includes making the ``Platform``."""
     old = os.environ.get("HETPROC_STARTER")
     os.environ["HETPROC_STARTER"] = starter
     try:
         t0 = time.perf_counter()
-        plat = hetproc.Platform().start()
+        plat = hetproc.Platform(clock=clock).start()
         t1 = time.perf_counter()
         plat.stop()
         return t1 - t0, time.perf_counter() - t1
@@ -42,18 +45,18 @@ def _once(starter: str) -> tuple[float, float]:
             os.environ["HETPROC_STARTER"] = old
 
 
-def measure(rounds: int) -> dict[str, Any]:
-    first = None if starter_info()["pid"] else _once("1")  # spawns the starter
+def measure(rounds: int, clock: str = "real") -> dict[str, Any]:
+    first = None if starter_info()["pid"] else _once("1", clock)  # spawns the starter
     times: dict[str, list[tuple[float, float]]] = {"1": [], "0": []}
     for _ in range(rounds):
         for way in ("1", "0"):
-            times[way].append(_once(way))
+            times[way].append(_once(way, clock))
     forks = starter_info()
 
     def med(way: str, i: int) -> float:
         return statistics.median(t[i] for t in times[way])
 
-    return {"rounds": rounds, "first_start_s": first[0] if first else None,
+    return {"rounds": rounds, "clock": clock, "first_start_s": first[0] if first else None,
             "starter_start_s": med("1", 0), "starter_stop_s": med("1", 1),
             "fresh_start_s": med("0", 0), "fresh_stop_s": med("0", 1),
             "starter_total_s": statistics.median(sum(t) for t in times["1"]),
@@ -77,11 +80,13 @@ def rows(quick: bool) -> tuple[list[dict], dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.start_stop", description=__doc__)
     ap.add_argument("--rounds", type=int, default=ROUNDS[1], help="starts each way")
+    ap.add_argument("--clock", choices=("real", "virtual"), default="real")
     args = ap.parse_args(argv)
-    m = measure(args.rounds)
+    m = measure(args.rounds, args.clock)
     ms = {k: (v * 1e3 if isinstance(v, float) else v) for k, v in m.items()}
     if ms["first_start_s"] is not None:
         print(f"first start (spawns the starter): {ms['first_start_s']:.1f} ms")
+    print(f"{args.clock} clock")
     print(f"{'medians of ' + str(args.rounds):18s} {'start ms':>9s} {'stop ms':>9s} "
           f"{'total ms':>9s}")
     for way, label in (("starter", "starter"), ("fresh", "fresh interpreter")):

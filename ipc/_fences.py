@@ -122,7 +122,7 @@ class FenceTable:
         # Set by ``signal`` when it completed a watched fence; whoever acts on it (wakes
         # the supervisor, sweeps the watches) clears it.
         self.poked = False
-        if create:
+        if create and not segment.created:  # a segment just created reads zero already
             self.slots[:] = 0
 
     @staticmethod

@@ -60,9 +60,11 @@ class NamedObjects:
         self.prefix = prefix
         self.segments: list[Segment] = []
 
-    def new_segment(self, suffix: str, size: int) -> Segment:
+    def new_segment(self, suffix: str, size: int, *, recorded: bool = False) -> Segment:
+        """``recorded``: its name is in the manifest already (``record_all``)."""
         name = self.prefix + suffix
-        self.record("shm", name)
+        if not recorded:
+            self.record("shm", name)
         seg = Segment.create(name, size)
         self.segments.append(seg)
         return seg
@@ -72,8 +74,12 @@ class NamedObjects:
         self.manifest.write()
 
     def record_semaphores(self, names: list[str]) -> None:
-        for name in names:
-            self.manifest.add_object("sem", name)
+        self.record_all([("sem", name) for name in names])
+
+    def record_all(self, objects: list[tuple[str, str]]) -> None:
+        """Record ``(kind, name)`` objects about to be made, in one manifest write."""
+        for kind, name in objects:
+            self.manifest.add_object(kind, name)
         self.manifest.write()
 
     def remove_segments(self) -> None:
@@ -107,9 +113,10 @@ class Parts:
 
 def compose(spec: PlatformSpec, named: NamedObjects, *,
             tell: Callable[[ClientRec, dict], None], spawn: Callable[[DeviceHandle], None],
-            stop: Callable[[], None]) -> Parts:
+            stop: Callable[[], None], spec_dict: dict[str, Any] | None = None) -> Parts:
     """Every part, in dependency order. ``tell`` puts a notice into a client's socket,
-    ``spawn`` forks a device, ``stop`` ends the loop: the loop's, handed down."""
+    ``spawn`` forks a device, ``stop`` ends the loop: the loop's, handed down.
+    ``spec_dict``: ``spec.to_dict()`` if made already (by the platform starter)."""
     reg, pool, state_segment = _tables(spec, named)
     faults = FaultPlan(list(spec.faults), seed=spec.fault_seed)
     memlog = MemLog()
@@ -144,7 +151,7 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
     platform = {"prefix": named.prefix, "platform": spec.name, "supervisor_pid": os.getpid(),
                 "fence_segment": reg.fences.segment.name, "state_segment": state_segment.name,
                 "time_scale": spec.time_scale, "devices": [d.name for d in spec.devices],
-                "spec": spec.to_dict()}
+                "spec": spec.to_dict() if spec_dict is None else spec_dict}
     requests = handler_table({
         "connection": ConnectionRequests(reg, evidence, platform=platform, stop=stop,
                                          owner_pid=os.getppid(), clock=vclock),
@@ -164,10 +171,14 @@ def compose(spec: PlatformSpec, named: NamedObjects, *,
 def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, Segment]:
     """The fence table, the state table, the buffer pool, and one ring, doorbell and
     completion eventfd per device: every named object, each recorded first."""
-    fseg = named.new_segment("fences", FenceTable.segment_bytes(FENCE_CAPACITY))
+    prefix = named.prefix  # every name recorded at once, before any of them exists
+    named.record_all([("shm", prefix + "fences"), ("shm", prefix + "state")]
+                     + [(kind, f"{prefix}{what}.{d.name}") for d in spec.devices
+                        for kind, what in (("shm", "ring"), ("sem", "bell"))])
+    fseg = named.new_segment("fences", FenceTable.segment_bytes(FENCE_CAPACITY), recorded=True)
     fences = FenceTable(named.prefix, fseg, create=True, on_new_semaphores=named.record_semaphores)
     n = len(spec.devices)
-    state_segment = named.new_segment("state", n * STATE_DTYPE.itemsize)
+    state_segment = named.new_segment("state", n * STATE_DTYPE.itemsize, recorded=True)
     state = state_table(state_segment.map, n)
     slots = [StateSlot(state_segment.map, i) for i in range(n)]
     devices: dict[str, DeviceHandle] = {}
@@ -202,9 +213,8 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
             return False
 
     for index, dspec in enumerate(spec.devices):
-        ring = named.new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes())
+        ring = named.new_segment(f"ring.{dspec.name}", DeviceHandle.ring_bytes(), recorded=True)
         bell_name = f"{named.prefix}bell.{dspec.name}"
-        named.record("sem", bell_name)
         bell = (PokingDoorbell if spec.clock == "virtual" else posix_ipc.Semaphore)(
             bell_name, posix_ipc.O_CREX, initial_value=0)
         efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)

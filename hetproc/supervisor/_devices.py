@@ -443,6 +443,11 @@ class DeviceHandle:
 
     def spawn(self, boot_args: dict[str, Any], keep_fds: Callable[[], set[int]]) -> None:
         """Fork the device process for a new epoch, over a fresh ring."""
+        spawn_devices([self], boot_args, keep_fds)
+
+    def _boot(self, boot_args: dict[str, Any]) -> DeviceBoot:
+        """A new epoch: its ring emptied, its doorbell drained, and what its process boots
+        with (``segment_fd`` is set once its socket exists)."""
         self.epoch += 1
         self.commands.reset()
         self.completions.reset()
@@ -451,7 +456,7 @@ class DeviceHandle:
                 self.doorbell.acquire(0)
             except posix_ipc.BusyError:
                 break
-        boot = DeviceBoot(name=self.name, index=self.index, prefix=self.prefix, epoch=self.epoch,
+        return DeviceBoot(name=self.name, index=self.index, prefix=self.prefix, epoch=self.epoch,
                           ring_segment=self.ring_segment.name, ring_slots=RING_SLOTS,
                           ring_slot_bytes=RING_SLOT_BYTES, doorbell=self.doorbell.name,
                           completion_fd=self.completion_fd, parent_pid=os.getpid(),
@@ -460,24 +465,6 @@ class DeviceHandle:
                           preemptive=self.preemptive, thermal=self._thermal(),
                           timeslice_ns=self.timeslice_ns,
                           first_pidx=self.pushes + 1, **boot_args)
-        # A fresh segment socket per epoch: the new process holds no segment yet.
-        if self.segs is not None:
-            self.segs.close()
-        mine, theirs = segment_socketpair()
-        boot = dataclasses.replace(boot, segment_fd=theirs.fileno())
-        pid = os.fork()
-        if pid == 0:  # child
-            code = 1
-            try:
-                close_inherited({0, 1, 2, self.completion_fd, theirs.fileno()} | keep_fds())
-                _set_comm(f"hp-{self.name}")
-                code = device_main(boot)
-            finally:
-                os._exit(code)
-        theirs.close()
-        self.segs = SegmentSender(mine)
-        self.pid = pid
-        self.pidfd = os.pidfd_open(pid)
 
     def _thermal(self) -> dict | None:
         p = self.spec.power
@@ -516,6 +503,44 @@ class DeviceHandle:
             self.reap(block=True)
             return True
         return False
+
+
+def spawn_devices(devices: list[DeviceHandle], boot_args: dict[str, Any],
+                  keep_fds: Callable[[], set[int]]) -> None:
+    """Fork each device's process for a new epoch, back to back: each fork leaves every
+    page the supervisor then writes to copy on its next write, so what a fork is followed
+    by (sockets, pidfds) is done once for all of them, not between forks. A failed fork
+    raises once the devices forked before it are set up (``pid``, ``pidfd``)."""
+    boots: list[tuple[DeviceBoot, Any, Any]] = []
+    pids: list[int] = []
+    try:
+        for dev in devices:  # a fresh segment socket per epoch: it holds no segment yet
+            boot = dev._boot(boot_args)
+            if dev.segs is not None:
+                dev.segs.close()
+                dev.segs = None
+            mine, theirs = segment_socketpair()
+            boots.append((dataclasses.replace(boot, segment_fd=theirs.fileno()), mine, theirs))
+        for dev, (boot, _, theirs) in zip(devices, boots):
+            pid = os.fork()
+            if pid == 0:  # child
+                code = 1
+                try:
+                    close_inherited({0, 1, 2, dev.completion_fd, theirs.fileno()} | keep_fds())
+                    _set_comm(f"hp-{dev.name}")
+                    code = device_main(boot)
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+    finally:
+        for i, (dev, (_, mine, theirs)) in enumerate(zip(devices, boots)):
+            theirs.close()
+            if i >= len(pids):
+                mine.close()
+                continue
+            dev.segs = SegmentSender(mine)
+            dev.pid = pids[i]
+            dev.pidfd = os.pidfd_open(dev.pid)
 
 
 _PREEMPT_PIDX, _CURRENT_SEQ = StateSlot.PREEMPT_PIDX, StateSlot.CURRENT_SEQ

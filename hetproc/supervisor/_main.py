@@ -24,11 +24,12 @@ import sys
 import tempfile
 import time
 import traceback
+from typing import Any
 
 from ipc import cleanup_prefix, new_prefix, profiled
 
 from .. import _schema  # noqa: F401  (see below)
-from .._config import parse_platform
+from .._config import PlatformSpec, parse_platform
 from ._server import Supervisor
 
 # ``parse_platform`` imports ``_schema`` on its first call (a client that never parses a
@@ -43,7 +44,33 @@ def _read_spec(fd: int) -> bytes:
         return f.read()
 
 
-def main(argv: list[str] | None = None) -> int:
+# Specs the platform starter parsed for the supervisors it forks (``remember_spec``), by
+# their bytes, each with its ``to_dict()`` (what ``hello`` answers): a child finds its own
+# here, made once in the starter rather than in every child (where making them also
+# copies every page of the starter's it writes to).
+_PARSED: dict[bytes, tuple[PlatformSpec, dict[str, Any]]] = {}
+_PARSED_KEPT = 8
+
+
+def remember_spec(data: bytes) -> None:
+    """Parse ``data``, a spec as ``--spec-fd`` carries it, for the children forked after
+    this (in the starter). One that does not parse is left alone: the child parses it
+    again and fails on it as a fresh supervisor does. Parsing is a pure function of the
+    bytes (no environment, no working directory)."""
+    if data in _PARSED:
+        return
+    try:
+        arg = json.loads(data)
+        spec = parse_platform(arg["raw"], arg["source"])
+        as_dict = spec.to_dict()
+    except Exception:
+        return
+    if len(_PARSED) >= _PARSED_KEPT:
+        del _PARSED[next(iter(_PARSED))]
+    _PARSED[data] = (spec, as_dict)
+
+
+def _arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="hetproc-supervisor")
     given = ap.add_mutually_exclusive_group(required=True)
     given.add_argument("--spec", help="platform spec as JSON")
@@ -51,19 +78,31 @@ def main(argv: list[str] | None = None) -> int:
                                                      "JSON (any size; read, then closed)")
     ap.add_argument("--prefix", help="default: a new one carrying this process's pid")
     ap.add_argument("--ready-fd", type=int, required=True)
-    args = ap.parse_args(argv)
+    return ap
+
+
+# Built at import: the platform starter's children find it built (~1.4 ms of a forked
+# child's start, most of it copying the starter's pages it writes to).
+_ARGS = _arg_parser()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _ARGS.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the owner decides when we stop
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the owner, again
-    spec_arg = json.loads(args.spec if args.spec is not None else _read_spec(args.spec_fd))
-    spec = parse_platform(spec_arg["raw"], spec_arg["source"])
+    data = args.spec.encode() if args.spec is not None else _read_spec(args.spec_fd)
+    spec, spec_dict = _PARSED.get(data) or (None, None)
+    if spec is None:
+        spec_arg = json.loads(data)
+        spec = parse_platform(spec_arg["raw"], spec_arg["source"])
     args.prefix = args.prefix or new_prefix(os.getpid())
     # First line: the prefix, so the owner can clean up even if the start fails later.
     os.write(args.ready_fd, (json.dumps({"prefix": args.prefix}) + "\n").encode())
     sup = None
     status = 0
     try:
-        sup = Supervisor(spec, args.prefix)
+        sup = Supervisor(spec, args.prefix, spec_dict)
         signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "running", False))
         sup.start_devices()
         os.write(args.ready_fd, (json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())

@@ -96,7 +96,7 @@ from . import _validation as check
 from ._clock import JUMPED, RELEASED_QUIET
 from ._commands import Commands
 from ._compose import NamedObjects, compose
-from ._devices import DeviceHandle
+from ._devices import DeviceHandle, spawn_devices
 from ._evidence import Evidence
 from ._failures import CLIENT, Failures
 from ._fencefds import FenceFds
@@ -119,7 +119,7 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _HUNG_UP_READS = 64  # reads (64 KiB each) spent on one hung-up peer before refusing
 
 class Supervisor:
-    def __init__(self, spec: PlatformSpec, prefix: str) -> None:
+    def __init__(self, spec: PlatformSpec, prefix: str, spec_dict: dict | None = None) -> None:
         self.spec = spec
         self.prefix = prefix
         self.manifest = Manifest(prefix)
@@ -135,7 +135,7 @@ class Supervisor:
         self.named = NamedObjects(self.manifest, prefix)
         self.outbox = Outbox(self.sel, self._cannot_serve)
         parts = self.parts = compose(spec, self.named, tell=self.outbox.tell,
-                                     spawn=self.spawn, stop=self.stop)
+                                     spawn=self.spawn, stop=self.stop, spec_dict=spec_dict)
         # The parts the loop itself drives:
         self.reg: Registry = parts.reg
         self.pool: Memory = parts.pool
@@ -174,26 +174,31 @@ class Supervisor:
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
 
     def start_devices(self) -> None:
-        for dev in self.reg.devices.values():
-            self.spawn(dev)
+        self.spawn(*self.reg.devices.values())
 
-    def spawn(self, dev: DeviceHandle) -> None:
+    def spawn(self, *devs: DeviceHandle) -> None:
+        """Fork ``devs`` (back to back: ``spawn_devices``), then watch each one forked and
+        record their pids in one manifest write."""
         boot = {"fence_segment": self.reg.fences.segment.name,
                 "state_segment": self.parts.state_segment.name,
                 "device_count": len(self.reg.devices), **self.evidence.boot_args()}
-        if dev.epoch:  # a restart: the old process is reaped, its queues are lost
-            self.queues.device_gone(dev, f"{dev.name} was reset (epoch {dev.epoch} ended)")
-        slot = self.reg.slots[dev.index]  # requests of the epoch that ended end with it
-        slot.u64[StateSlot.CANCEL_PIDX] = slot.u64[StateSlot.PREEMPT_PIDX] = 0
-        slot.u32[StateSlot.PARK] = 0
-        if self.vclock is not None:
-            self.vclock.device_spawned(dev.index)
-        dev.spawn(boot, keep_fds=set)
-        self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
-        self.evidence.device_spawned(dev)
-        self.manifest.set_process(dev.name, dev.pid)
-        self.manifest.data["devices"][dev.name] = dev.pid
-        self.manifest.write()
+        for dev in devs:
+            if dev.epoch:  # a restart: the old process is reaped, its queues are lost
+                self.queues.device_gone(dev, f"{dev.name} was reset (epoch {dev.epoch} ended)")
+            slot = self.reg.slots[dev.index]  # requests of the epoch that ended end with it
+            slot.u64[StateSlot.CANCEL_PIDX] = slot.u64[StateSlot.PREEMPT_PIDX] = 0
+            slot.u32[StateSlot.PARK] = 0
+            if self.vclock is not None:
+                self.vclock.device_spawned(dev.index)
+        try:
+            spawn_devices(list(devs), boot, keep_fds=set)
+        finally:
+            for dev in (d for d in devs if d.pid and d.pidfd >= 0):
+                self.sel.register(dev.pidfd, selectors.EVENT_READ, ("death", dev))
+                self.evidence.device_spawned(dev)
+                self.manifest.set_process(dev.name, dev.pid)
+                self.manifest.data["devices"][dev.name] = dev.pid
+            self.manifest.write()
 
     def stop(self) -> None:
         self.running = False

@@ -73,6 +73,7 @@ from ._devices import close_inherited
 
 MAX_MESSAGE = 1 << 17  # a request, the environment most of it (one datagram fits a buffer)
 MAX_FDS = 8
+MAX_SPEC = 1 << 22  # a spec parsed ahead for the child (a larger one, the child parses)
 _PARENT_CHECK_S = 2.0
 _PR_SET_PDEATHSIG = 1
 _DEATH_SIGNAL = signal.SIGUSR2
@@ -184,6 +185,11 @@ class Starter:
         self.send({"op": "refused", "id": rid, "error": error})
 
     def fork(self, req: dict[str, Any], fds: list[int]) -> None:
+        from ._main import remember_spec
+
+        data = _spec_bytes(fds[-2])
+        if data is not None:
+            remember_spec(data)  # parsed here once, not in each child
         sys.stdout.flush()
         sys.stderr.flush()
         pid = fork_for_parent()
@@ -332,8 +338,12 @@ def _run_supervisor(req: dict[str, Any], fds: list[int]) -> int:
     os.fchdir(cwd)
     close_inherited({0, 1, 2, spec_fd, ready_fd})
     os.umask(req["umask"])
-    os.environ.clear()
-    os.environ.update(req["env"])
+    env = req["env"]  # the owner's: usually the starter's own, but for a variable or two
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
     try:
         os.sched_setaffinity(0, req["affinity"])
     except OSError:
@@ -390,6 +400,16 @@ def _recv(sock: socket.socket) -> tuple[bytes, list[int], int]:
             fds += [int.from_bytes(payload[i:i + 4], sys.byteorder)
                     for i in range(0, usable, 4)]
     return data, fds, flags
+
+
+def _spec_bytes(fd: int) -> bytes | None:
+    """The spec file's bytes, read without moving its offset (the child reads it whole);
+    None past ``MAX_SPEC``."""
+    size = os.fstat(fd).st_size
+    if size > MAX_SPEC:
+        return None
+    data = os.pread(fd, size + 1, 0)
+    return data if len(data) == size else None
 
 
 def _peer_closed(sock: socket.socket) -> bool:
