@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from device_workers._passed import KernelChecks, Passed, spec_key
+from device_workers._passed import KernelChecks, SpecChecks
 from ipc.errors import DtypeError, InvalidRequest, ShapeError, UnsupportedOp
 
 __all__ = ["OPS", "CHUNK_WORK", "validate", "run_kernel", "checksum_of", "read_checksum"]
@@ -502,15 +502,12 @@ _TABLE: dict[str, _Op] = {
 OPS: tuple[str, ...] = tuple(_TABLE)
 
 
-# Operands found valid, by (shape, dtype): the supervisor's ``validate`` checks them with
-# the same few layouts. Only exact ints and a dtype given as a str or an ``np.dtype`` are
-# kept, so an invalid operand can never equal a cached one (``2.0 == 2``, ``True == 1``).
+# Operands found valid, by (shape, dtype). Only exact ints and a dtype given as a str or an
+# ``np.dtype`` are kept: an invalid operand never equals a cached one (``2.0 == 2``).
 _SPECS: dict[tuple[tuple[int, ...], Any], Spec] = {}
 _SPECS_MAX = 4096
 _CHECKED = KernelChecks(lambda *a: _validate(*a), 4096)  # ``run_kernel``'s (``_passed``)
-# ``validate``'s calls that passed, by ``spec_key`` (the supervisor checks every command of
-# a steady pipeline with the same few calls: the checks are a pure function of that key).
-_VALIDATED: Passed[bool] = Passed(4096)
+_VALIDATED = SpecChecks(lambda *a: _validate(*a), 4096)  # ``validate``'s: the same calls
 
 
 def _spec(shape: Any, dtype: Any, name: str) -> Spec:
@@ -577,16 +574,9 @@ def validate(
     outputs: Sequence[tuple[tuple[int, ...], str]],
     params: Params | None,
 ) -> None:
-    """Check a request from (shape, dtype-string) pairs alone; raise UnsupportedOp, ShapeError,
-    DtypeError or InvalidRequest (bad params) with a message naming op and operand. A call
-    that passed before, by exactly what the checks read (``spec_key``), passes again
-    without them; one that fails is checked, and refused, every time."""
-    key = spec_key(op, inputs, outputs, params)
-    if key is not None and key in _VALIDATED:
-        return
-    _validate(op, inputs, outputs, params)
-    if key is not None:
-        _VALIDATED.add(key, True)
+    """Check a request from (shape, dtype-string) pairs alone (a call that passed once is
+    remembered: ``_passed``); raise UnsupportedOp, ShapeError, DtypeError or InvalidRequest."""
+    _VALIDATED.check(op, inputs, outputs, params)
 
 
 def run_kernel(

@@ -41,7 +41,7 @@ def test_a_fork_that_fails_midway_leaves_the_devices_forked_before_it_watched(mo
         before = _open_fds()
         monkeypatch.setattr(_devices.os, "fork", fork)
         with pytest.raises(OSError, match="on purpose"):
-            sup.start_devices()
+            sup.spawn(*sup.reg.devices.values())
         monkeypatch.undo()
         devs = list(sup.reg.devices.values())
         assert [bool(d.pid) for d in devs] == [True, True, False, False, False]
@@ -66,7 +66,7 @@ def test_every_device_is_forked_and_recorded_by_one_start(monkeypatch):
     real_write = sup.manifest.write
     monkeypatch.setattr(sup.manifest, "write", lambda: (writes.append(1), real_write())[1])
     try:
-        sup.start_devices()
+        sup.spawn(*sup.reg.devices.values())
         devs = list(sup.reg.devices.values())
         assert all(d.pid and d.pidfd >= 0 and d.epoch == 1 for d in devs)
         assert len({d.pid for d in devs}) == len(devs)

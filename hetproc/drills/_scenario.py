@@ -413,11 +413,8 @@ def _look_after(plat: Platform, s: Scenario, before: dict[str, Any], out: _Outco
         s.check("leak check: no command left in flight or queued, no client left "
                 "connected", out.leaks["ok"], json.dumps(out.leaks["grown"]))
     say("writing the evidence")
-    trace_path, plot_path, name = evidence
-    # The trace file says what the report says of time (its digest, modeled and wall s).
-    times = _timefields.time_fields(plat.spec, out.digest, out.final, out.wall_s,
-                                    s.own_runs)
-    out.evidence = _collect_evidence(plat, trace_path, plot_path, name, times)
+    times = _timefields.time_fields(plat.spec, out.digest, out.final, out.wall_s, s.own_runs)
+    out.evidence = _collect_evidence(plat, *evidence, times)
 
 
 def _report(s: Scenario, name: str, description: str, spec: PlatformSpec,
@@ -558,8 +555,8 @@ def _leak_check(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]
 def _collect_evidence(plat: Platform, trace_path: str | None, plot_path: str | None,
                       stem: str, times: dict[str, Any]) -> dict[str, Any]:
     """Frozen windows (always summarised; written next to the trace file when there is
-    one), the trace file (``times``, the report's time fields, in its ``otherData``) and
-    the timeline picture."""
+    one), the trace file (saying in its ``otherData`` what the report says of time:
+    ``times``) and the timeline picture."""
     client = _client_of(plat)
     evidence: dict[str, Any] = {}
     if trace_path:

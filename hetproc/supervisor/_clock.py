@@ -16,7 +16,7 @@ whether the whole platform waits (``turn``)::
        rings' heads, read after the clients' slots)
     3. then the loop's timers run at this instant (``settle``) and step 1 and 2 again --
        unless the loop's own timers of this turn ran while every waiter already waited
-       as it does now (``mark``: no slot's ``gen`` moved since) -- and the jump: the
+       as it does now (``timers_seen``: no slot's ``gen`` moved since) -- and the jump: the
        clock moves to the earliest next event -- a device's wake, a scheduler's next
        decision (``DeviceHandle.wake_ns``; nothing is decided ahead on this clock,
        ``commit_lead_ms`` is 0), a command's watchdog deadline or preempt timeout, a
@@ -159,9 +159,12 @@ class ClockOwner:
         # device must look at (a client's record reaches it with no supervisor hop).
         self._heads: list[tuple[int, ...]] = [()] * devices
         self.settle: Callable[[], None] = lambda: None  # the loop's timers (``tick``)
-        # The waiters' generations when the loop's timers last began (``mark``); None:
+        # The waiters' generations when the loop's timers last began (``timers_seen``); None:
         # unknown, the turn settles.
         self._marked: list[int] | None = None
+        # The view before the timers of the last jump, when every device was blocked after
+        # them (the loop sets it: ``timers_seen``).
+        self.jump_view: tuple[int, list[int]] | None = None
         self._slots = devices + clients
         # (device, deadline) of the watches that judge a device by its signs of life when
         # the deadline comes -- each running command's watchdog, the queue watch's, the
@@ -267,13 +270,20 @@ class ClockOwner:
         self.tick_jumps += on_tick
         return JUMPED
 
-    def mark(self, view: tuple[int, list[int]] | None = None) -> None:
-        """The loop's timers (``settle``) are about to run: a turn after them that finds
-        every slot's ``gen`` unchanged and the platform quiet knows they saw the platform
-        as it is (nobody ran since; the clock moves only in ``turn``), and skips running
-        them again. Reading every slot is one strided copy. ``view``: the ``view()``
-        just read (the loop's, to compare with the one its last timers saw)."""
-        self._marked = (view or self.view())[1]
+    def timers_seen(self, quiet: bool) -> bool:
+        """The loop's timers (``settle``) are about to run. Marks the slots' ``gen``s: a
+        turn after them that finds them unchanged and the platform quiet knows the timers
+        saw the platform as it is (the clock moves only in ``turn``) and skips them. True
+        when they need not run now either: they would repeat the jump's own (``jump_view``:
+        kept when every device was blocked after them) at one instant on the same
+        platform: the loop ``quiet`` (no event, no backlog), no ``gen`` moved (no device
+        ran), and nothing else they read moves without a ``gen``: no incident in
+        progress, no user-mode queue (a client writes records without one)."""
+        view, jumped, self.jump_view = self.view(), self.jump_view, None
+        self._marked = view[1]  # (one strided copy of every slot)
+        return (quiet and jumped is not None and view == jumped
+                and (self.queues is None or not self.queues.open_queues)
+                and not self.recovery.active and not self.recovery.probing)
 
     def view(self) -> tuple[int, list[int]]:
         """The instant and every slot's ``gen``: equal to an earlier view, nobody entered

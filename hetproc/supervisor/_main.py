@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sup = Supervisor(spec, args.prefix, spec_dict)
         signal.signal(signal.SIGTERM, lambda *_: setattr(sup, "running", False))
-        sup.start_devices()
+        sup.spawn(*sup.reg.devices.values())
         os.write(args.ready_fd, (json.dumps({"ok": True, "pid": os.getpid()}) + "\n").encode())
         os.close(args.ready_fd)
         quiet_collector()

@@ -173,9 +173,6 @@ class Supervisor:
         self.listener.setblocking(False)
         self.sel.register(self.listener, selectors.EVENT_READ, ("accept", None))
 
-    def start_devices(self) -> None:
-        self.spawn(*self.reg.devices.values())
-
     def spawn(self, *devs: DeviceHandle) -> None:
         """Fork ``devs`` (back to back: ``spawn_devices``), then watch each one forked and
         record their pids in one manifest write."""
@@ -210,7 +207,6 @@ class Supervisor:
         vclock = self.vclock
         tick_s = TICK_S if vclock is None else VIRTUAL_TICK_S
         look_again = False
-        jump_view = None  # the clock's view before the timers of the last jump (``_same``)
         while self.running:
             served = bool(self.backlog)
             for client in list(self.backlog):
@@ -234,13 +230,7 @@ class Supervisor:
                     self.on_device_death(obj)
                 elif kind == "owner_death":
                     self.running = False  # nobody is left to stop us: tear down now
-            repeat = False
-            if vclock is not None:
-                view = vclock.view()
-                repeat = not ready and not served and self._same(view, jump_view)
-                vclock.mark(view)  # (the turn below need not run these timers again)
-            jump_view = None
-            if not repeat:
+            if vclock is None or not vclock.timers_seen(quiet=not ready and not served):
                 self.tick()
             if self.fencefds.watching:
                 self.fencefds.sweep(news)
@@ -257,22 +247,11 @@ class Supervisor:
                 # The devices woken may be blocked again already, their wake-up taken in
                 # with their completions by this tick: look at once, not at the next tick.
                 look_again = vclock.devices_blocked()
-                jump_view = view if look_again else None
+                vclock.jump_view = view if look_again else None
             elif moved == RELEASED_QUIET:
                 look_again = True  # nobody woke: the platform may jump on at once
             # (RELEASED: the clients woken talk to us or ring when they block again; the
             # loop's timers ran at this instant already, when the clock came to it)
-
-    def _same(self, view: tuple[int, list[int]], jump_view: tuple[int, list[int]] | None,
-              ) -> bool:
-        """Whether this turn's timers would repeat the jump's own, run at the same instant
-        on the same platform: every device was blocked with no news after them and no
-        waiter's ``gen`` moved since before them (so no device ran: it wrote no completion,
-        no progress, no state), nothing came in (the caller: no event, no backlog), and
-        nothing else the timers read can move without a ``gen``: no incident in progress,
-        no user-mode queue (a client writes its records without one)."""
-        return (jump_view is not None and view == jump_view and not self.queues.open_queues
-                and not self.recovery.active and not self.recovery.probing)
 
     def tick(self) -> None:
         """Timers: completions nobody woke us for, commands dated ahead that are due, the
