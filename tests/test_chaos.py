@@ -7,12 +7,14 @@ hundreds, each in its own process with a hard deadline.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 
@@ -191,11 +193,7 @@ def test_a_queue_destination_replaced_within_a_batch_is_freed_after_the_batch(pl
     then bound a freed buffer, StaleHandle (the program's fault, not the platform's).
     The replaced destination is freed once the batch is in. Each round's queue is new
     (as after a reset lost the last one), so every batch binds its buffers afresh."""
-    seed = 21
-    chaos = _Run(seed, platform, Phases(seed), random.Random(seed),
-                 draw_mix(random.Random(seed)))
-    chaos.by = platform.client
-    try:
+    with _queue_rounds(21, platform) as chaos:
         for rnd in range(10):
             chaos.queue_verdict(rnd, chaos.queue_round())  # StaleHandle, before the fix
             chaos.queue.close()
@@ -203,6 +201,17 @@ def test_a_queue_destination_replaced_within_a_batch_is_freed_after_the_batch(pl
         queue = chaos.tally["queue"]
         assert queue["replaced_in_batch"] >= 1, queue  # the case was met
         assert queue["ok"] > 0, queue
+
+
+@contextlib.contextmanager
+def _queue_rounds(seed: int, platform: hetproc.Platform) -> Iterator[_Run]:
+    """Seed ``seed``'s chaos program on ``platform``, for its queue rounds alone; its queue
+    and buffers are let go of at the end."""
+    chaos = _Run(seed, platform, Phases(seed), random.Random(seed),
+                 draw_mix(random.Random(seed)))
+    chaos.by = platform.client
+    try:
+        yield chaos
     finally:
         if chaos.queue is not None:
             chaos.queue.close()
@@ -220,28 +229,20 @@ def test_a_batch_refused_by_a_lost_queue_copied_nothing(platform, monkeypatch):
     noted as made: the verdict, with no fence and so no failed copy, compared the fresh
     destination with the source and called the copy wrong. A batch refused whole copied
     nothing."""
-    seed = 19
-    chaos = _Run(seed, platform, Phases(seed), random.Random(seed),
-                 draw_mix(random.Random(seed)))
-    chaos.by = platform.client
     real = hetproc.Queue.submit_many
+    with _queue_rounds(19, platform) as chaos:
 
-    def lost_first(q, cmds, **kw):  # the device dies as a batch with a copy goes in
-        if any(type(c) is dict for c in cmds) and not chaos.tally["queue"]["lost_at_submit"]:
-            os.kill(platform.client.metrics()["devices"][q.ctx.device]["pid"], signal.SIGKILL)
-            assert wait_for(lambda: q._ring.state != 0, timeout=10)
-        return real(q, cmds, **kw)
+        def lost_first(q, cmds, **kw):  # the device dies as a batch with a copy goes in
+            if (any(type(c) is dict for c in cmds)
+                    and not chaos.tally["queue"]["lost_at_submit"]):
+                dev = platform.client.metrics()["devices"][q.ctx.device]
+                os.kill(dev["pid"], signal.SIGKILL)
+                assert wait_for(lambda: q._ring.state != 0, timeout=10)
+            return real(q, cmds, **kw)
 
-    monkeypatch.setattr(hetproc.Queue, "submit_many", lost_first)
-    try:
+        monkeypatch.setattr(hetproc.Queue, "submit_many", lost_first)
         for rnd in range(10):
             chaos.queue_verdict(rnd, chaos.queue_round())  # "a queue copy was wrong", before
             if chaos.tally["queue"]["lost_at_submit"]:
                 break
         assert chaos.tally["queue"]["lost_at_submit"] == 1, chaos.tally["queue"]
-    finally:
-        if chaos.queue is not None:
-            chaos.queue.close()
-        for buf in (chaos.q_src, chaos.q_dst):
-            if buf is not None:
-                buf.free()
