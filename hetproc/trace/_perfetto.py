@@ -208,7 +208,7 @@ def _place_on_lanes(slices: list[list[Any]], flows: dict[int, list[_Step]]
     for steps in flows.values():
         for i, span in steps:
             binds[i] = span
-    lanes: dict[tuple[int, int], list[list[_Open]]] = {}  # (pid, track) -> per-lane stacks
+    lanes: dict[tuple[int, int], list[_Lane]] = {}  # (pid, track) -> its lanes
     used_tids: set[tuple[int, int, int, int]] = set()
     for i, s in enumerate(slices):
         tb, te, pid, track, cid = s[0], s[1], s[2], s[3], s[5]
@@ -345,39 +345,62 @@ _NO_SPAN = (-1, -1)
 _Step = tuple[int, tuple[int, int]]  # a flow step: slice index, the span its arrows touch
 
 
-def _nesting_lane(stacks: list[list[_Open]], opened: _Open) -> int:
+class _Lane:
+    """One row of a track: the slices open on it (a stack: each nests in the one below)
+    and, of those, the ones whose step binds to a marker inside them (``marks``), kept
+    apart so that a look at them costs what is open of them, not the row's depth."""
+
+    __slots__ = ("stack", "marks")
+
+    def __init__(self) -> None:
+        self.stack: list[_Open] = []
+        self.marks: list[_Open] = []
+
+    def open(self, opened: _Open) -> None:
+        self.stack.append(opened)
+        if opened[3] >= 0 and (opened[3], opened[4]) != (opened[1], opened[0]):
+            self.marks.append(opened)
+
+
+def _nesting_lane(lanes: list[_Lane], opened: _Open) -> int:
     """The first lane of a track where ``opened`` nests inside the slices still open
     there (those that ended by its start are closed on the way) without getting in the
     way of a step (``_hides_a_step``), or a new lane. The slice is opened there."""
     te, tb = opened[0], opened[1]
-    for lane, stack in enumerate(stacks):
+    for k, lane in enumerate(lanes):
+        stack = lane.stack
         while stack and stack[-1][0] <= tb:
             stack.pop()
-        if not stack or (te <= stack[-1][0] and not _hides_a_step(stack, opened)):
-            stack.append(opened)
-            return lane
-    stacks.append([opened])
-    return len(stacks) - 1
+        if not stack or (te <= stack[-1][0] and not _hides_a_step(lane, opened)):
+            lane.open(opened)
+            return k
+    lanes.append(_Lane())
+    lanes[-1].open(opened)
+    return len(lanes) - 1
 
 
-def _hides_a_step(stack: list[_Open], opened: _Open) -> bool:
-    """Would ``opened``, nested in the slices of ``stack``, get in the way of a step that
-    binds to one of them: open at the instant it binds (its arrow would bind to
+def _hides_a_step(lane: _Lane, opened: _Open) -> bool:
+    """Would ``opened``, nested in the slices open on ``lane``, get in the way of a step
+    that binds to one of them: open at the instant it binds (its arrow would bind to
     ``opened``), or overlapping its marker without nesting in it?
 
-    A part of the step's own request that is no step itself may be open where the step
-    binds to its whole slice (MAP at the start of EXEC: the arrow binds to the part). Two
-    steps of one request at one instant (a submit and a wait on a kernel that took no
-    time) take a lane each, so that each keeps its own arrow."""
+    A step bound to its whole slice binds at the slice's start, so only the slices open
+    since ``opened``'s own start are looked at for it (innermost first); a part of the
+    step's own request that is no step itself may be open there (MAP at the start of
+    EXEC: the arrow binds to the part). Two steps of one request at one instant (a
+    submit and a wait on a kernel that took no time) take a lane each, so that each
+    keeps its own arrow. A marker matters until it ends (slices come in start order)."""
     te, tb, cid, own, _ = opened
-    for end, start, c, bb, be in stack:
-        if bb < 0:
-            continue
-        whole = (bb, be) == (start, end)
-        if tb <= bb < te and not (whole and c == cid and own < 0):
+    for end, start, c, bb, be in reversed(lane.stack):
+        if start != tb:
+            break
+        if bb == tb and (bb, be) == (start, end) and (c != cid or own >= 0):
             return True
-        if bb < tb < be < te:
-            return True
+    if lane.marks:
+        lane.marks = [m for m in lane.marks if m[0] > tb and m[4] > tb]
+        for _, _, _, bb, be in lane.marks:
+            if tb <= bb < te or bb < tb < be < te:
+                return True
     return False
 
 
