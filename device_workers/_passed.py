@@ -106,12 +106,18 @@ class KernelChecks(Generic[V]):
         self.validate = validate
         self.passed: Passed[V] = Passed(limit)
 
+    key = staticmethod(call_key)
+
+    @staticmethod
+    def specs(operands: Sequence[Any]) -> list:
+        """What ``validate`` takes of the operands: their (shape, dtype) pairs."""
+        return [(a.shape, a.dtype) for a in operands]
+
     def check(self, op: Any, inputs: Sequence[Any], outputs: Sequence[Any], params: Any) -> V:
-        key = call_key(op, inputs, outputs, params)
+        key = self.key(op, inputs, outputs, params)
         entry = self.passed.get(key) if key is not None else None
         if entry is None:
-            entry = self.validate(op, [(a.shape, a.dtype) for a in inputs],
-                                  [(a.shape, a.dtype) for a in outputs], params)
+            entry = self.validate(op, self.specs(inputs), self.specs(outputs), params)
             if key is not None:
                 self.passed.add(key, entry)
         return entry
@@ -121,11 +127,8 @@ class SpecChecks(KernelChecks[V]):
     """``KernelChecks`` of a call given as (shape, dtype) pairs already, keyed by
     ``spec_key`` (``_kernels.validate``: the supervisor's check of every command)."""
 
-    def check(self, op: Any, inputs: Sequence[Any], outputs: Sequence[Any], params: Any) -> V:
-        key = spec_key(op, inputs, outputs, params)
-        entry = self.passed.get(key) if key is not None else None
-        if entry is None:
-            entry = self.validate(op, list(inputs), list(outputs), params)
-            if key is not None:
-                self.passed.add(key, entry)
-        return entry
+    key = staticmethod(spec_key)
+
+    @staticmethod
+    def specs(operands: Sequence[Any]) -> list:
+        return list(operands)  # (pairs already)

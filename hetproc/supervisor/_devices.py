@@ -441,10 +441,6 @@ class DeviceHandle:
 
     # -- the process ------------------------------------------------------------------
 
-    def spawn(self, boot_args: dict[str, Any], keep_fds: Callable[[], set[int]]) -> None:
-        """Fork the device process for a new epoch, over a fresh ring."""
-        spawn_devices([self], boot_args, keep_fds)
-
     def _boot(self, boot_args: dict[str, Any]) -> DeviceBoot:
         """A new epoch: its ring emptied, its doorbell drained, and what its process boots
         with (``segment_fd`` is set once its socket exists)."""

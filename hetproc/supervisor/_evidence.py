@@ -202,7 +202,7 @@ class Evidence:
         self._sampled = now
         counter, shown, total = self.trace_ring.counter, self._shown, 0
         for index, dev in self._dev_at.items():
-            depth = len(dev.sched.waiting) + len(dev.pushed)  # (``queue_depth``, inline)
+            depth = dev.queue_depth()
             total += depth
             if shown.get(index, 0) != depth:
                 shown[index] = depth

@@ -176,7 +176,6 @@ class Recovery:
 
     def tick(self, now: int) -> None:
         active, owed = self.active, self.queue_owed  # (every loop turn: kept short)
-        quiet = self.stall.quiet  # (what ``forget`` drops: mostly empty)
         for dev in self.reg.devices.values():
             inc = active.get(dev.name) if active else None
             if inc is not None:
@@ -184,8 +183,7 @@ class Recovery:
                     self.isolate(dev, inc)
                 continue
             if not dev.pushed and not owed(dev):  # nothing to time, nothing owed
-                if quiet:
-                    quiet.pop(dev.name, None)  # (``stall.forget``)
+                self.stall.forget(dev.name)
                 continue
             self.watch(dev, now)
 
@@ -203,8 +201,7 @@ class Recovery:
             if quiet_ms is not None:
                 self.start_stall(dev, quiet_ms)
             return
-        if self.stall.quiet:  # a timed command: its watchdog decides (``look``)
-            self.stall.forget(dev.name)
+        self.stall.forget(dev.name)  # a timed command: its watchdog decides (``look``)
         if cmd.watch_deadline == 0:  # first sight: the timer starts at device start
             if not self.settled(dev):
                 return

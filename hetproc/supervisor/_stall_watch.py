@@ -68,17 +68,15 @@ class StallWatch:
         self.verdicts = verdicts
         self.queue_owed = queue_owed
         self.queue_timing = queue_timing
-        # By device: owing work, no sign of moving. (The watchdog's tick reads it: a
-        # device it does not hold needs no ``forget``, the common case every turn.)
-        self.quiet: dict[str, _Quiet] = {}
+        self._quiet: dict[str, _Quiet] = {}  # by device: owing work, no sign of moving
 
     def forget(self, device: str) -> None:
-        if self.quiet:
-            self.quiet.pop(device, None)
+        if self._quiet:  # (every watchdog tick, for every device: mostly empty)
+            self._quiet.pop(device, None)
 
     def deadlines(self) -> list[tuple[str, int]]:
         """(device, instant) at which each quiet device would be called stalled."""
-        return [(name, q.since + q.bound) for name, q in self.quiet.items() if q.bound]
+        return [(name, q.since + q.bound) for name, q in self._quiet.items() if q.bound]
 
     def look(self, dev: DeviceHandle, now: int) -> float | None:
         """How long (ms) ``dev`` has been stalled, once it is; None while it is not. A
@@ -90,7 +88,7 @@ class StallWatch:
         # each is a plain look, so their order changes no outcome)
         if (not dev.pid or dev.paused or timed(dev, slot) or not self.owes_work(dev, slot)
                 or self.queue_timing(dev.name)):
-            self.quiet.pop(dev.name, None)
+            self._quiet.pop(dev.name, None)
             return None
         signature: tuple[int, ...] = (dev.epoch, slot.u32[S.STATE], slot.u64[S.DONE],
                                       slot.u64[S.PROGRESS], slot.u64[S.CURRENT_PIDX],
@@ -101,11 +99,11 @@ class StallWatch:
             # not move the counters: the device's heartbeat, which its loop keeps while it
             # waits, must have stopped too. A process stopped or hung beats no more.
             signature += (slot.u64[S.HEARTBEAT],)
-        quiet = self.quiet.get(dev.name)
+        quiet = self._quiet.get(dev.name)
         if quiet is None or quiet.signature != signature:
             beat = self.reg.engine(dev).heartbeat_interval_ms  # 0: no hang check
             bound = max(self.reg.scaled_ns(beat), QUIET_FLOOR_NS) if beat else 0
-            self.quiet[dev.name] = _Quiet(signature, now, self.device_cpu.stamp(dev), bound)
+            self._quiet[dev.name] = _Quiet(signature, now, self.device_cpu.stamp(dev), bound)
             return None
         if not quiet.bound or now - quiet.since < quiet.bound:
             return None
@@ -118,7 +116,7 @@ class StallWatch:
                                     cpu_ms=round((cpu - quiet.cpu) / 1e6, 3))
             self.verdicts["idle_host_lag"] += 1
             return None
-        del self.quiet[dev.name]
+        del self._quiet[dev.name]
         self.verdicts["stalled"] += 1
         return (now - quiet.since) / 1e6
 
