@@ -42,3 +42,41 @@ def test_a_client_that_never_reads_its_replies_does_not_stall_the_others(platfor
     assert client.context("gpu0").submit("work", ms=1).wait(10) is None
     flood.close()
     client.ping()
+
+
+def test_the_wait_ping_answers_nothing_and_needs_a_hello_first(platform, client):
+    """The one-way ping of a virtual-clock wait is taken without decoding it: the same
+    bytes from a connection that has not said hello are still refused, and after hello a
+    flood of them is never answered (the next reply is the next request's)."""
+    from ipc import encode, pack_frame
+    ping = pack_frame(encode({"op": "ping", "id": 0}))
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.settimeout(10)
+    raw.connect(platform.address)
+    try:
+        raw.sendall(ping)
+        client.ping()  # (a turn later: the raw ping was served)
+        assert "say hello first" in platform.metrics()["last_error"]["message"]
+        hello = msgpack.packb({"v": 1, "op": "hello", "id": 1, "name": "pinger", "pid": 1})
+        raw.sendall(struct.pack("<I", len(hello)) + hello)
+        ask = msgpack.packb({"v": 1, "op": "metrics", "id": 2})
+        raw.sendall(ping * 500 + struct.pack("<I", len(ask)) + ask)
+        replies = [_read_reply(raw), _read_reply(raw)]
+        assert [r["id"] for r in replies] == [1, 2] and "error" not in replies[1]
+    finally:
+        raw.close()
+    client.ping()
+
+
+def _read_reply(sock: socket.socket) -> dict:
+    head = _read_exactly(sock, 4)
+    return msgpack.unpackb(_read_exactly(sock, struct.unpack("<I", head)[0]))
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the supervisor closed the connection"
+        data += chunk
+    return data

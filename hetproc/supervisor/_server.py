@@ -118,6 +118,11 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 _HUNG_UP_READS = 64  # reads (64 KiB each) spent on one hung-up peer before refusing
 
+# The one-way ping a client's virtual-clock wait sends, byte for byte (the client library
+# sends these bytes): it changes nothing and gets no answer, so it is not decoded.
+_PING = encode({"op": "ping", "id": 0})
+
+
 class Supervisor:
     def __init__(self, spec: PlatformSpec, prefix: str, spec_dict: dict | None = None) -> None:
         self.spec = spec
@@ -441,6 +446,8 @@ class Supervisor:
             self.backlog.discard(client)
 
     def on_request(self, client: ClientRec, frame: bytes) -> None:
+        if frame == _PING and client.id:
+            return  # a virtual-clock wait's ping: it asks for this turn, nothing else
         req_id = -1  # unknown until the packet decodes
         try:
             msg = decode(frame, _protocol.REQUESTS)
