@@ -114,12 +114,8 @@ VIRTUAL_TICK_S = 0.0005
 REQUESTS_PER_TURN = 64
 ACCEPTS_PER_TURN = 32
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
 _HUNG_UP_READS = 64  # reads (64 KiB each) spent on one hung-up peer before refusing
-
-# The one-way ping a client's virtual-clock wait sends, byte for byte (the client library
-# sends these bytes): it changes nothing and gets no answer, so it is not decoded.
+# A virtual-clock wait's one-way ping, as the client library sends it: taken undecoded.
 _PING = encode({"op": "ping", "id": 0})
 
 
@@ -141,8 +137,7 @@ class Supervisor:
         self.outbox = Outbox(self.sel, self._cannot_serve)
         parts = self.parts = compose(spec, self.named, tell=self.outbox.tell,
                                      spawn=self.spawn, stop=self.stop, spec_dict=spec_dict)
-        # The parts the loop itself drives:
-        self.reg: Registry = parts.reg
+        self.reg: Registry = parts.reg  # (the parts the loop itself drives)
         self.pool: Memory = parts.pool
         self.evidence: Evidence = parts.evidence
         self.failures: Failures = parts.failures
@@ -463,7 +458,9 @@ class Supervisor:
             if isinstance(exc, errors.BadPacket):
                 self.reg.stats["bad_packets"] += 1
                 if req_id == -1:
-                    req_id = _id_of(frame)  # answer the request its sender waits for
+                    # answer the request its sender waits for (read leniently; -1 if it
+                    # has none: the answer goes out as id 0, a notice)
+                    req_id = _protocol.request_id_of(frame)
             self.refuse(client, req_id, exc, frame)
         except Exception as exc:  # a supervisor bug must fail one request, not the platform
             self._drop_handing(client)
@@ -499,7 +496,8 @@ class Supervisor:
             self.outbox.reply(client, max(req_id, 0), error=exc, window=window)
             if req_id > 0:
                 return
-        mine = [h for h in _signal_fences_of(frame)
+        # (the client-chosen signal fences of a refused submit, read as leniently as can be)
+        mine = [h for h in _protocol.signal_fences_of(frame)
                 if (rec := self.reg.fence_recs.get(h)) is not None and rec.client is client]
         if mine:
             self.failures.fail(exc, mine, noted=window, signaller=CLIENT)
@@ -595,13 +593,3 @@ def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
         pass
     conn.close()
 
-
-def _id_of(frame: bytes) -> int:
-    """The request id of a packet its schema refused, read leniently; -1 if it has none
-    (then the answer goes out as id 0, a notice)."""
-    return _protocol.request_id_of(frame)
-
-
-def _signal_fences_of(frame: bytes) -> list[int]:
-    """The client-chosen signal fences of a refused submit, read as leniently as possible."""
-    return _protocol.signal_fences_of(frame)
