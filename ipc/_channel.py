@@ -99,6 +99,12 @@ class Channel:
             self._pending.extend(self._reader.feed(data))
         return self._pending.pop(0)
 
+    @property
+    def buffered(self) -> bool:
+        """Frames already read off the socket and not yet taken: one ``recv`` may bring
+        several, so a readable socket is not the only sign that one is waiting."""
+        return bool(self._pending)
+
     def take_fds(self, n: int) -> list[int]:
         """The next ``n`` descriptors received; BadPacket if fewer came."""
         if n > len(self.fds):

@@ -148,3 +148,59 @@ def test_the_fence_pool_is_refilled_ahead_so_a_submitter_does_not_wait(platform)
         conn._exchange = exchange
     assert len(blocking) <= 1, blocking  # only the very first fill, if the pool was empty
     assert len({f.handle for f in fences}) == 900  # every command its own fence
+
+
+def test_a_connection_asks_for_few_fences_first_and_twice_as_many_each_time_after():
+    """Each fence slot the platform hands out costs a named semaphore for the platform's
+    life: a client that takes a few fences makes a few dozen, not a full batch of 256;
+    one that keeps submitting reaches the full batch in a few asks."""
+    import hetproc
+    from hetproc.client._connection import FENCE_BATCH, FIRST_FENCE_BATCH
+    with hetproc.Platform(clock="virtual") as plat:
+        conn = plat.client.connection
+        asks = []
+        send = conn._send
+
+        def sent(msg, **kw):  # (every ask goes out here, waited for or not)
+            if msg["op"] == "fence_create":
+                asks.append(msg["count"])
+            return send(msg, **kw)
+
+        conn._send = sent
+        npu = plat.client.context("npu0")
+        npu.submit_nowait("work", ms=0).wait(5)
+        assert asks == [FIRST_FENCE_BATCH, 2 * FIRST_FENCE_BATCH]  # (the second, ahead)
+        assert plat.client.metrics()["fence_semaphores"] <= 64
+        fences = [npu.submit_nowait("work", ms=0) for _ in range(700)]
+        for f in fences:
+            f.wait(10)
+        assert asks[:5] == [16, 32, 64, 128, 256] and set(asks[4:]) == {FENCE_BATCH}
+
+
+def test_a_failure_record_read_in_one_go_with_a_late_reply_is_found(tmp_path):
+    """One read of the socket may bring several frames: a late reply (the fence batch
+    asked for ahead) and, right behind it, the notice of a fence's failure. Looking only
+    at whether the socket is readable, the notice stayed buffered and the waiter got the
+    bare error; the frames already read are looked at too."""
+    import socket
+
+    from hetproc import _protocol
+    from hetproc.errors import DeviceTimeout
+    from ipc import encode, pack_frame
+    address = str(tmp_path / "sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(1)
+    conn = Connection(address, timeout=5)
+    peer, _ = listener.accept()
+    try:
+        fence = (1 << 32) | 7
+        error = DeviceTimeout("npu0: the command ran past its watchdog").to_dict()
+        peer.sendall(pack_frame(encode(_protocol.reply(99, {"fences": [1, 2]})))
+                     + pack_frame(encode(_protocol.notice(error, fence=fence))))
+        wait_for(lambda: conn.failure_record(fence) is not None, timeout=5)
+        assert conn.failure_record(fence)["message"] == error["message"]
+    finally:
+        conn.channel.close()
+        peer.close()
+        listener.close()

@@ -55,10 +55,29 @@ from ._trace_ring import ClientTrace
 
 REQUEST_TIMEOUT = 10.0
 _RECORDS_KEPT = 4096    # failure records kept for waiters that have not woken yet
-FENCE_BATCH = 256       # fences asked for at once
-FENCE_LOW_WATER = 128   # below this many in the pool, the next batch is asked for ahead
+# Fences asked for at once: FIRST_FENCE_BATCH on a connection's first ask, then twice the
+# last ask, up to FENCE_BATCH. Every fence slot the platform's table ever hands out costs
+# it a named semaphore (~40 us to create and remove), and a short-lived client (a test, a
+# drill, a tool) takes a few dozen fences; a pipeline reaches the full batch in a few asks.
+# Below half the next ask in the pool, it is asked for ahead (one way).
+FIRST_FENCE_BATCH = 16
+FENCE_BATCH = 256
 _DOOR_WAIT_S = 0.2      # how long a refused hello looks for the supervisor's reason
 _PING_FRAME = pack_frame(encode({"op": "ping", "id": 0}))
+
+
+class _Doubling:
+    """A size that doubles each time it is taken, up to a ceiling (the fence asks)."""
+
+    __slots__ = ("size", "ceiling")
+
+    def __init__(self, first: int, ceiling: int) -> None:
+        self.size, self.ceiling = first, ceiling
+
+    def take(self) -> int:
+        size = self.size
+        self.size = min(self.ceiling, 2 * size)
+        return size
 
 
 class Connection:
@@ -83,6 +102,7 @@ class Connection:
         self._cids = itertools.count(1)
         self._to_release: list[int] = []  # fences dropped: one message with the next request
         self._fence_pool: list[int] = []
+        self._fence_asks = _Doubling(FIRST_FENCE_BATCH, FENCE_BATCH)
         self._refill_id = 0  # the fence_create sent ahead of need, its reply not read yet
         # Failure records the supervisor sent ahead of their fences' wakes, by fence
         # (bounded: the oldest go first; a waiter missing one asks instead).
@@ -209,7 +229,7 @@ class Connection:
 
     def take_fences(self, n: int) -> list[int]:
         """``n`` output fences from this client's pool. The pool is refilled ahead of
-        need: below ``FENCE_LOW_WATER`` a ``fence_create`` goes out one way and its reply
+        need: below half the next batch a ``fence_create`` goes out one way and its reply
         is read with whatever comes next, so a submitter does not wait for a round trip
         (it waits only when it takes more than the pool holds). ``PlatformClosed`` once
         closed: the pool's fences went with the connection."""
@@ -222,17 +242,17 @@ class Connection:
                     ask = {"op": "fence_create", "id": self._refill_id}
                     raise self._failure(exc, ask, sent=True) from None
             while len(pool) < n:
-                want = min(1024, max(FENCE_BATCH, n - len(pool)))
+                want = min(1024, max(self._fence_asks.take(), n - len(pool)))
                 msg: dict[str, Any] = {"op": "fence_create", "id": next(self._ids),
                                        "count": want}
                 pool += self._exchange(msg)["fences"]
             taken = pool[:n]
             del pool[:n]
-            if len(pool) < FENCE_LOW_WATER and not self._refill_id:
+            if len(pool) < self._fence_asks.size // 2 and not self._refill_id:
                 req_id = next(self._ids)  # the next batch, asked for without waiting
                 self._last_id = max(self._last_id, req_id)
-                self._send({"op": "fence_create", "id": req_id, "count": FENCE_BATCH},
-                           flush=True)
+                self._send({"op": "fence_create", "id": req_id,
+                            "count": self._fence_asks.take()}, flush=True)
                 self._refill_id = req_id
             return taken
 
@@ -282,7 +302,8 @@ class Connection:
         with self._lock:
             if fence not in self._inbox and not self.closed:
                 try:
-                    while select.select([self.channel.sock], [], [], 0)[0]:
+                    channel = self.channel
+                    while channel.buffered or select.select([channel.sock], [], [], 0)[0]:
                         _discard(self._read(self.timeout))  # a late reply
                 except (OSError, errors.HetprocError):
                     pass  # a broken channel is reported by the next request
