@@ -559,3 +559,46 @@ def test_a_closed_connection_gives_its_waiter_slot_and_bell_back():
             other.close()
         assert plat.metrics()["live_fences"] == base
         hetproc.sleep(1)
+
+
+def _forked_client(prefix: str) -> None:
+    c = hetproc.connect(prefix, "forked")
+    for _ in range(5):
+        hetproc.sleep(10, c)
+    c.close()
+    os._exit(0)
+
+
+def test_a_forked_child_that_uses_hetproc_leaves_its_parents_clock_slots_alone():
+    """A process forked after its parent used hetproc on the virtual clock is a client
+    process of its own. It used to inherit the parent's record of its threads and
+    connections, so its first wait published into the parent's waiter slot: it cleared
+    it while the parent slept, the clock never moved, and the parent's sleep ended in
+    ``SupervisorLost`` a minute later."""
+    import multiprocessing as mp
+    with _platform("virtual") as plat:
+        c = plat.client
+        c.context("npu0").submit("work", ms=1).wait(5)  # this thread and connection known
+        clients = c.metrics()["clients"]
+        proc = mp.get_context("fork").Process(target=_forked_client, args=(plat.prefix,))
+        proc.start()
+        try:
+            # Connected and waiting before the parent sleeps: else the clock jumps to
+            # the parent's wake while the child is not a client yet.
+            assert wait_for_clients(c, clients + 1)
+            t0 = plat.now()
+            hetproc.sleep(200, c)
+            assert plat.now() - t0 == 200 * MS
+        finally:
+            proc.join(10)
+        assert proc.exitcode == 0
+        assert c.metrics()["clock"]["determinism_breaks"] == 0
+
+
+def wait_for_clients(c: hetproc.Client, n: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while c.metrics()["clients"] < n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

@@ -33,6 +33,7 @@ running, as such a client does.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -137,6 +138,17 @@ class _Threads:
 
 
 THREADS = _Threads()
+
+
+def _forget_in_child() -> None:
+    """A forked child is a process of its own to the clock: its parent's threads and
+    connections are not its own. Kept, its first wait published into its parent's
+    waiter slots (clearing them while the parent waited: the clock held, never moved)."""
+    global THREADS
+    THREADS = _Threads()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def wait_fence(conn: Connection, handle: int, timeout_s: float) -> int:
