@@ -9,8 +9,9 @@ records: the baseline is parsing the same JSON text, so the ratio says how many 
 worth of time the attribution costs, on any machine.
 
 Rows: ``explain`` of the 2,700 requests of a default ``video_pipeline`` run (target
-< 2 s) and, in a full run, of 100,000 requests (target < 30 s); ``plot`` of the default
-size without a window (target < 10 s; needs the ``plot`` extra).
+< 2 s) and, in a full run, of 100,000 requests (target < 30 s); the export of 16,384
+slices that overlap in a staircase (a row each) against as many nested ones (one row);
+``plot`` of the default size without a window (target < 10 s; needs the ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -93,6 +94,27 @@ def _parse_s(text: str) -> float:
     return time.perf_counter() - t0
 
 
+def _export_s(n: int, nested: bool) -> float:
+    """Seconds to export ``n`` QUEUED slices of one device row that all overlap: each
+    inside the one before (``nested``: one row holds them all), or each starting and
+    ending after the one before (a staircase: every slice needs a row of its own, what
+    a deep queue or a tenant's own ring may hold)."""
+    from hetproc.trace._perfetto import to_chrome_trace
+    from ipc._trace import Stage, TraceRing, freeze
+    ring = TraceRing(bytearray(TraceRing.nbytes(2 * n)), create=True, capacity=2 * n, pid=1)
+    t0 = 1_000_000_000
+    for i in range(n):
+        ring.begin(Stage.QUEUED, 1 + i, 3, t_ns=t0 + i * 1000)
+    for i in range(n):
+        end = t0 + (2 * n - i if nested else n + i) * 1000
+        ring.end(Stage.QUEUED, 1 + i, 3, t_ns=end)
+    records = freeze(ring)
+    ring.close()
+    start = time.perf_counter()
+    to_chrome_trace(records, track_names={3: "npu0"}, process_names={1: "npu0 worker"})
+    return time.perf_counter() - start
+
+
 @benchmark("trace_tools")
 def trace_tools(quick: bool) -> dict:
     rows = []
@@ -102,6 +124,9 @@ def trace_tools(quick: bool) -> dict:
         took, parse = _explain_s(text), _parse_s(text)
         rows.append(make_row(f"trace explain, {n:,} requests (limit {limit_s:g} s)",
                              took * 1e6, parse * 1e6, target=None, ok=took < limit_s))
+    stair, nested = _export_s(16_384, nested=False), _export_s(16_384, nested=True)
+    rows.append(make_row("trace export, 16,384 slices overlapping in a staircase (one row "
+                         "each) / as many nested", stair * 1e6, nested * 1e6))
     try:
         doc = synthetic_trace(2_700)
         with tempfile.TemporaryDirectory() as d:

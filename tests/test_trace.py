@@ -481,3 +481,28 @@ def test_emit_cost_is_reported_not_asserted():
     print(f"\ntrace emit: enabled {cost['enabled']:.0f} ns/record, "
           f"disabled {cost['disabled']:.0f} ns, empty call {cost['empty_call']:.0f} ns")
     assert set(cost) == {"enabled", "disabled", "empty_call"}
+
+
+def test_a_staircase_deeper_than_the_scanned_lanes_keeps_every_slice_and_reuses_rows():
+    """Slices that overlap without nesting (a deep queue, or what a tenant writes into
+    its own ring) each need a row; past the first ``SCANNED_LANES`` a slice takes the
+    lowest empty row instead of scanning them all. Two staircases one after the other:
+    every slice exported, rows nest, the second reuses the first's rows (as many rows as
+    slices ever open at once), and the trace reads as Perfetto would read it."""
+    from hetproc.trace._perfetto import SCANNED_LANES
+    depth = 3 * SCANNED_LANES
+    buf = bytearray(TraceRing.nbytes(1024))
+    ring = TraceRing(buf, create=True, capacity=1024, pid=103)
+    for wave in range(2):
+        t = T0 + wave * 10_000_000
+        for i in range(depth):
+            ring.begin(Stage.QUEUED, 100 * (wave + 1) + i, T_NPU, t_ns=t + i * 1000)
+        for i in range(depth):
+            ring.end(Stage.QUEUED, 100 * (wave + 1) + i, T_NPU, t_ns=t + 1_000_000 + i * 1000)
+    trace = to_chrome_trace(freeze(ring), track_names=TRACKS, process_names=PROCS)
+    ring.close()
+    xs = _by_ph(trace["traceEvents"], "X")
+    assert len(xs) == 2 * depth
+    _assert_rows_nest(xs)
+    assert len({e["tid"] for e in xs}) == depth
+    assert validate(trace) == []
