@@ -13,6 +13,8 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hetproc.trace import flow_chains, validate
 from hetproc.trace._perfetto import tid_for, to_chrome_trace, write_chrome_trace
@@ -505,4 +507,26 @@ def test_a_staircase_deeper_than_the_scanned_lanes_keeps_every_slice_and_reuses_
     assert len(xs) == 2 * depth
     _assert_rows_nest(xs)
     assert len({e["tid"] for e in xs}) == depth
+    assert validate(trace) == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 400), st.integers(1, 400)), min_size=1, max_size=90))
+def test_any_overlap_of_slices_on_one_track_exports_whole_and_nested(spans):
+    """Random QUEUED slices on one device row (start, length on a 1 us grid): however they
+    overlap -- rows emptied and taken again past the scanned lanes included -- every slice
+    is exported, every row nests, and the trace validates."""
+    buf = bytearray(TraceRing.nbytes(256))
+    ring = TraceRing(buf, create=True, capacity=256, pid=103)
+    events = []
+    for k, (start, length) in enumerate(spans):
+        events.append((T0 + start * 1000, 1, k))
+        events.append((T0 + (start + length) * 1000, 0, k))
+    for t, is_begin, k in sorted(events):  # (an end before a begin at one instant)
+        (ring.begin if is_begin else ring.end)(Stage.QUEUED, 1 + k, T_NPU, t_ns=t)
+    trace = to_chrome_trace(freeze(ring), track_names=TRACKS, process_names=PROCS)
+    ring.close()
+    xs = _by_ph(trace["traceEvents"], "X")
+    assert sorted(e["args"]["cid"] for e in xs) == [1 + k for k in range(len(spans))]
+    _assert_rows_nest(xs)
     assert validate(trace) == []
