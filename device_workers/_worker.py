@@ -424,10 +424,11 @@ class DeviceWorker:
         u64[_DONE] += 1
         if modeled is not None:
             self.model_end = m_end
-            if signal and not delay and self.memory.idle and "queue" not in cmd:
-                # The most common record: ran, signalled at once, no memory report.
+            if signal and not delay and "queue" not in cmd:
+                # The most common record: ran, signalled at once (with its memory report,
+                # if any: ``record`` and ``post``'s bytes, without the map).
                 self.outbox.ran(cmd, t_start, t_end, tr.t_take, m0, m_end, lag, self.speed,
-                                self.thermal, frame.loop_flushes)
+                                self.thermal, frame.loop_flushes, self.memory.report())
                 return
         else:
             m_end = 0
