@@ -124,8 +124,10 @@ class DeviceMemory:
                       for i, d in enumerate(cmd["outs"])]
         t = t0 or clock.now_ns()
         t = self._modeled("map", t, int(mem.get("map_ns", 0)), int(mem.get("map_bytes", 0)))
-        for seg, off in _forget_keys(mem.get("forget")):
-            self._forget(seg, off)  # a block about to be reused: its stale lines must go
+        forget = mem.get("forget")
+        if forget:  # a block about to be reused: its stale lines must go
+            for seg, off in _forget_keys(forget):
+                self._forget(seg, off)
         for idx, ns in _pairs(mem.get("inv"), len(self._ins)):
             op = self._ins[idx]
             self._drop(op.key)
@@ -345,14 +347,19 @@ _DTYPES: dict[str, np.dtype] = {}
 
 def _span(shape: tuple, itemsize: int, strides: tuple | None) -> int:
     """``ipc.span_bytes`` without numpy scalars (a tenth of the cost, same answer)."""
-    if not all(type(n) is int and n >= 0 for n in shape):
-        raise ValueError(f"shape {shape!r} is not non-negative ints")
+    # (Loops, not ``all`` over a generator: these run for every operand of every command.)
+    for n in shape:
+        if type(n) is not int or n < 0:
+            raise ValueError(f"shape {shape!r} is not non-negative ints")
     if 0 in shape:
         return 0
     if not strides:
         return math.prod(shape) * itemsize
-    if len(strides) != len(shape) or not all(type(st) is int and st >= 0 for st in strides):
+    if len(strides) != len(shape):
         raise ValueError(f"strides {strides!r} do not fit shape {shape!r}")
+    for st in strides:
+        if type(st) is not int or st < 0:
+            raise ValueError(f"strides {strides!r} do not fit shape {shape!r}")
     return sum((n - 1) * st for n, st in zip(shape, strides)) + itemsize
 
 
@@ -368,8 +375,8 @@ def _pairs(items: Any, limit: int) -> list[tuple[int, int]]:
     """``[[index, ns], ...]`` from a packet, checked: the device trusts nothing it reads."""
     out = []
     for item in items or ():
-        if (isinstance(item, list) and len(item) == 2 and all(type(v) is int for v in item)
-                and 0 <= item[0] < limit and item[1] >= 0):
+        if (isinstance(item, list) and len(item) == 2 and type(item[0]) is int
+                and type(item[1]) is int and 0 <= item[0] < limit and item[1] >= 0):
             out.append((item[0], item[1]))
         else:
             raise errors.BadPacket(f"bad cache maintenance entry {item!r}")

@@ -413,15 +413,25 @@ RAN_TEMP_FLAGS = RAN_FLAGS | _D_TEMP
 
 def encode_ran(seq: int, epoch: int, t_start: int, t_end: int, t_take: int, t_signal: int,
                cid: int, m0: int, m1: int, lag: int, spd: float, temp: float | None = None,
-               thr: bool = False) -> bytes:
-    """One record of a command that ran to its end and signalled its fences, no message,
-    no memory report: what ``encode_completion`` makes of that record's map, without the
-    map (a device's most common record)."""
+               thr: bool = False, tail: bytes = _EMPTY) -> bytes:
+    """One record of a command that ran to its end and signalled its fences, no message:
+    what ``encode_completion`` makes of that record's map, without the map (a device's
+    most common record). ``tail``: its memory report, if any (``ran_tail``)."""
     if temp is None:
-        return DONE.pack(seq, epoch, t_start, t_end, t_take, t_signal, cid, m0, m1, lag, spd,
-                         0.0, 0, RAN_FLAGS, 0, 0)
-    return DONE.pack(seq, epoch, t_start, t_end, t_take, t_signal, cid, m0, m1, lag, spd,
-                     temp, 0, RAN_TEMP_FLAGS | (_D_THR if thr else 0), 0, 0)
+        head = DONE.pack(seq, epoch, t_start, t_end, t_take, t_signal, cid, m0, m1, lag, spd,
+                         0.0, 0, RAN_FLAGS, 0, len(tail))
+    else:
+        head = DONE.pack(seq, epoch, t_start, t_end, t_take, t_signal, cid, m0, m1, lag, spd,
+                         temp, 0, RAN_TEMP_FLAGS | (_D_THR if thr else 0), 0, len(tail))
+    return head + tail if tail else head
+
+
+def ran_tail(mem: dict[str, Any], limit: int) -> bytes:
+    """The tail ``encode_completion`` gives a ran record's memory report, or none when the
+    record would not fit a ring slot of ``limit`` bytes alone: its evidence goes, not its
+    outcome (``_outbox.encoded``)."""
+    tail = msgpack.packb({"mem": mem}, use_bin_type=True)
+    return tail if BATCH_HEAD.size + DONE.size + len(tail) <= limit else _EMPTY
 
 
 def encode_completion(r: dict[str, Any]) -> bytes:

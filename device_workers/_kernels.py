@@ -132,10 +132,10 @@ def _elementwise(
     arrays: Sequence[np.ndarray], fn: Callable[..., None], between: Between, cost: float = 1
 ) -> None:
     """Run ``fn(*slices)`` over same-shape arrays, flattened when all are C-contiguous."""
-    flat = all(a.flags.c_contiguous for a in arrays)
+    flat = all([a.flags.c_contiguous for a in arrays])  # (lists: a generator costs more)
     views = [a.reshape(-1) if flat else a for a in arrays]  # reshape of C-contiguous is a view
     unit = math.prod(views[0].shape[1:]) * cost
-    _pieces(len(views[0]), unit, lambda s, e: fn(*(v[s:e] for v in views)), between)
+    _pieces(len(views[0]), unit, lambda s, e: fn(*[v[s:e] for v in views]), between)
 
 
 # -- ops: checker(ins, outs, params) and runner(ins, outs, params, between) ----------------

@@ -27,10 +27,18 @@ from typing import Any
 from ipc import FenceTable, Ring, clock, errors
 
 from ._boot import DeviceBoot
-from ._commands import BATCH_HEAD, MAX_BATCH, completion_batch, encode_completion, encode_ran
+from ._commands import (
+    BATCH_HEAD,
+    MAX_BATCH,
+    completion_batch,
+    encode_completion,
+    encode_ran,
+    ran_tail,
+)
 from ._state import StateSlot
 from ._tracing import DeviceTrace
 
+_EMPTY = b""
 OUTBOX_MAX = 16  # completion records per message: ~100 bytes each, ring slots hold 2 KiB
 _FULL_RING_SLEEP_S = 0.0005
 
@@ -85,23 +93,26 @@ class Outbox:
                  urgent=bool(record["code"] or record.get("unsignalled")))
 
     def ran(self, cmd: dict[str, Any], t_start: int, t_end: int, t_take: int, m0: int,
-            m1: int, lag: int, speed: float, thermal: Any, lazy: bool) -> None:
-        """Signal the fences of a command that ran to its end (modeled m0..m1) with no
-        memory work, then queue its record, packed as it goes (``encode_ran``: the bytes
-        ``encode_completion`` makes of that record's map). ``lazy``: see ``put``."""
+            m1: int, lag: int, speed: float, thermal: Any, lazy: bool,
+            mem: dict[str, Any] | None = None) -> None:
+        """Signal the fences of a command that ran to its end (modeled m0..m1), then queue
+        its record, packed as it goes (``encode_ran``: the bytes ``encode_completion``
+        makes of that record's map, ``post``'s). ``mem``: its memory report (None: no
+        memory work). ``lazy``: see ``put``."""
         signal, signaller = self.fences.signal, self.signaller
         self.told += 1
         for handle in cmd["signal"]:
             signal(handle, 0, signaller, m1)
         if self.fences.poked:
             self.poke()
+        tail = _EMPTY if mem is None else ran_tail(mem, self.completions.max_payload)
         if thermal is None:
             data = encode_ran(cmd["seq"], self.epoch, t_start, t_end, t_take,
-                              clock.now_ns(), cmd["cid"], m0, m1, lag, speed)
+                              clock.now_ns(), cmd["cid"], m0, m1, lag, speed, tail=tail)
         else:
             data = encode_ran(cmd["seq"], self.epoch, t_start, t_end, t_take,
                               clock.now_ns(), cmd["cid"], m0, m1, lag, speed,
-                              round(thermal.temp, 3), thermal.throttled)
+                              round(thermal.temp, 3), thermal.throttled, tail)
         records = self.records
         records.append(data)  # ``put``, one call less on the most common record
         if len(records) >= OUTBOX_MAX or not (lazy or self._queued()):

@@ -51,6 +51,7 @@ from ._state import DeviceState
 from ._state import StateSlot as S
 
 _FAR = 1 << 62  # "no host time yet": ``point`` unclamped
+_PREEMPT_PIDX = S.PREEMPT_PIDX
 
 
 class Parked(Exception):
@@ -123,9 +124,9 @@ class Preemption:
     def collect(self) -> None:
         """If the supervisor marked more, read the ring: marked commands join ``pending``,
         the others the backlog, in ring order."""
-        target = int(self.host.u64[S.PREEMPT_PIDX])
+        target = self.host.u64[_PREEMPT_PIDX]  # (looked at on every hold's wake)
         if target > self.seen:
-            self.seen = target
+            self.seen = int(target)
             self.pending.extend(self.take_marked())
 
     def order(self, c: dict[str, Any]) -> tuple[int, int, int, int]:

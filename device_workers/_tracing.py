@@ -199,7 +199,11 @@ class DeviceTrace:
         ring.begin(_MAP, cid, self.track)
         ins, outs = memory.acquire(cmd, between, views=views, **modeled)
         imported = len(self.cache) - before
-        nbytes = sum(a.nbytes for a in ins) + sum(a.nbytes for a in outs)
+        nbytes = 0
+        for a in ins:  # (a loop, not ``sum`` over generators: once per command)
+            nbytes += a.nbytes
+        for a in outs:
+            nbytes += a.nbytes
         c[_C_MAPS] += n
         c[_C_IMPORTS] += imported
         c[_C_DDR] += nbytes

@@ -118,7 +118,8 @@ class DeviceWaits:
             seq = dev.u64[_CURRENT_SEQ]
             if seq and self._leased(seq, wake):
                 continue  # leased: our instant, and nobody else's before it
-            dev.outbox.flush()  # our records go out first: the supervisor needs them
+            if dev.outbox.records:  # ours go out first: the supervisor needs them
+                dev.outbox.flush()
             self._block(wake, dev.doorbell)
 
     def _leased(self, seq: int, wake: int) -> bool:

@@ -62,7 +62,9 @@ S = StateSlot
  _DONE) = (S.CURRENT_SEQ, S.CURRENT_CID, S.CURRENT_PIDX, S.CANCEL_PIDX, S.STARTED,
            S.ACK_PIDX, S.BUSY, S.DONE)
 _STATE, _PARK, _PREEMPT_PIDX = S.STATE, S.PARK, S.PREEMPT_PIDX
+_PROGRESS, _HEARTBEAT = S.PROGRESS, S.HEARTBEAT
 _BUSY_STATE, _IDLE_STATE = int(DeviceState.BUSY), int(DeviceState.IDLE)
+_WAITING_STATE = int(DeviceState.WAITING)
 _NO_FAULT: dict = {}
 DOORBELL_SWALLOW_MAX = 1 << 16  # posts taken per turn (bounds one turn's work)
 IDLE_WAKE_S = 0.05  # how often an idle device re-checks its parent and beats its heart
@@ -295,7 +297,7 @@ class DeviceWorker:
         if wait or cmd["hold_ns"]:
             self.outbox.flush()  # about to block: the supervisor must not wait for our news
         if wait:
-            u32[S.STATE] = DeviceState.WAITING
+            u32[_STATE] = _WAITING_STATE
             tr.wait_begin(cid, len(wait))
             self.wait_inputs(cmd)
             tr.wait_end(cid, wait)
@@ -303,20 +305,23 @@ class DeviceWorker:
         if m_start > clock.now_ns():  # a dispatch latency still to come: idle
             hold_until(m_start, between, self.boot.chunk_ns)
         t_start = frame.t_start = clock.now_ns()
-        u64[S.STARTED] = t_start  # before BUSY: the watchdog times from this stamp
-        u32[S.STATE] = DeviceState.BUSY
+        u64[_STARTED] = t_start  # before BUSY: the watchdog times from this stamp
+        u32[_STATE] = _BUSY_STATE
         tr.exec_begin(cid, t_start)
         frame.m_origin = frame.since = m_start
         frame.parkable = False
         # (never a queue's: a ring command that ran proves none is on the device, ``_queues``)
-        frame.preemptible = self.preempt.allowed() and "nopre" not in cmd and "queue" not in cmd
+        frame.preemptible = (self.preempt.enabled  # ``allowed``, inlined
+                             and "nopre" not in cmd and "queue" not in cmd)
         # "work" only holds time: its operands are checked and maintained, not viewed.
         views = cmd["kernel"] != "work" or bool(fault)
         mem = self.memory
         ins, outs = tr.map_buffers(mem, cmd, between, views, t0=m_start, hold=self.hold_model)
         # Injected faults act on memory itself: a late DMA write bypasses any cache.
-        _faults.before_kernel(self, fault, mem.shared_outputs())
-        speed = self.run_speed(cmd, mem.cursor)
+        if fault:  # (without one, neither fault step does anything)
+            _faults.before_kernel(self, fault, mem.shared_outputs())
+        speed = (self.run_speed(cmd, mem.cursor)  # (1.0 unless a vote or a model says else)
+                 if self.thermal is not None or "spd" in cmd or self.speed != 1.0 else 1.0)
         busy = round(cmd["hold_ns"] / speed) if speed != 1.0 else cmd["hold_ns"]
         m_kernel_end = mem.cursor + busy
         if cmd["kernel"] != "work":
@@ -326,13 +331,17 @@ class DeviceWorker:
         self.hold_model(m_kernel_end, between)
         if self.thermal is not None:
             self.thermal.ran(m_kernel_end + frame.shift, busy, speed)
-        _faults.after_kernel(self, fault, outs)
+        if fault:
+            _faults.after_kernel(self, fault, outs)
         # Deadlines are on the command's own timeline; hold_model adds its time off the
         # device (preempted) to each.
         mem.release(cmd, between, t0=m_kernel_end, hold=self.hold_model)
         frame.preemptible = False
         m_end = mem.cursor + frame.shift
-        frame.modeled = (m_start, m_end, _lag(clock.now_ns(), m_end, self.tr.t_take))
+        t_end = clock.now_ns()
+        late = t_end - m_end  # ``_lag``, inlined for the common case (on time)
+        frame.modeled = (m_start, m_end,
+                         _lag(t_end, m_end, tr.t_take) if late > LAG_TOLERANCE_NS else 0)
         frame.signal = fault.get("kind") != "lost_fence"
         frame.t_end = 0
         frame.loop_flushes = False
@@ -415,10 +424,11 @@ class DeviceWorker:
         u64[_DONE] += 1
         if modeled is not None:
             self.model_end = m_end
-            if signal and not delay and self.memory.idle and "queue" not in cmd:
-                # The most common record: ran, signalled at once, no memory report.
+            if signal and not delay and "queue" not in cmd:
+                # The most common record: ran, signalled at once (with its memory report,
+                # if any: ``record`` and ``post``'s bytes, without the map).
                 self.outbox.ran(cmd, t_start, t_end, tr.t_take, m0, m_end, lag, self.speed,
-                                self.thermal, frame.loop_flushes)
+                                self.thermal, frame.loop_flushes, self.memory.report())
                 return
         else:
             m_end = 0
@@ -488,11 +498,14 @@ class DeviceWorker:
         preempted (which may grow while it holds: a resume adds to its frame's shift).
         A preemption due before the deadline happens even when the host arrives late,
         past it: the model switched there, whatever the host's pace."""
-        frame = self.frame
+        frame, waits = self.frame, self.waits
         frame.holds_to = deadline
         while True:
             shift = frame.shift
-            hold_until(deadline + shift, between, self.boot.chunk_ns)
+            if waits is not None:  # (what ``hold_until`` calls on the virtual clock)
+                waits.hold(deadline + shift, between)
+            else:
+                hold_until(deadline + shift, between, self.boot.chunk_ns)
             if frame.preemptible:
                 self.maybe_preempt()
             if frame.shift == shift:
@@ -502,11 +515,12 @@ class DeviceWorker:
         """Called between kernel chunks and hold slices: progress, heartbeat, cancel,
         and a preemption the supervisor asked for."""
         u64 = self.u64
-        u64[S.PROGRESS] += 1
+        u64[_PROGRESS] += 1
         if not self.heartbeat_stalled:
-            u64[S.HEARTBEAT] = clock.now_ns()
+            u64[_HEARTBEAT] = clock.now_ns()
         self.check_cancel()
-        self.maybe_preempt()
+        if self.frame.preemptible:  # (``maybe_preempt``'s first test: most end there)
+            self.maybe_preempt()
 
     def maybe_preempt(self) -> None:
         """Switch to a marked command if the supervisor asked and we may: even a stuck
@@ -514,7 +528,7 @@ class DeviceWorker:
         device's, so the watchdog may re-arm for it, up to its limit)."""
         preempt = self.preempt
         if self.frame.preemptible and (preempt.pending or preempt.slice_ns
-                                       or self.u64[S.PREEMPT_PIDX] > preempt.seen):
+                                       or self.u64[_PREEMPT_PIDX] > preempt.seen):
             at = preempt.due()
             if at is not None:
                 preempt.preempt(at)
@@ -526,7 +540,7 @@ class DeviceWorker:
         # The one command the supervisor names: one suspended or parked below it, earlier
         # in the ring, is innocent and goes on (``<=`` here failed it with Cancelled).
         pidx = self.frame.pidx
-        if pidx and pidx == self.u64[S.CANCEL_PIDX]:
+        if pidx and pidx == self.u64[_CANCEL_PIDX]:
             raise errors.Cancelled("cancelled while running")
 
     def beat(self) -> None:

@@ -13,7 +13,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from device_workers import decode_command, decode_completions, encode_command
-from device_workers._commands import CMD_HEAD, DONE, MAX_DURATION_NS, MAX_FENCES, encode_completions
+from device_workers._commands import (
+    CMD_HEAD,
+    DONE,
+    MAX_DURATION_NS,
+    MAX_FENCES,
+    completion_batch,
+    encode_completions,
+    encode_ran,
+    ran_tail,
+)
+from device_workers._outbox import encoded
 from ipc import errors
 from tests.helpers import wait_for
 from tests.test_untrusted_records import (
@@ -170,6 +180,26 @@ def test_completions_round_trip():
     assert decode_completions(encode_completions(recs)) == recs
     plain = {k: VALID_COMPLETION[k] for k in ("seq", "epoch", "code", "msg", "t_start", "t_end")}
     assert decode_completions(encode_completions([plain])) == [plain]
+
+
+def test_a_ran_record_with_a_memory_report_is_what_its_map_encodes_to():
+    """A command that ran and signalled at once, with a memory report: the device packs
+    its record without the map (``encode_ran`` with ``ran_tail``), into the bytes the map
+    gives (``_outbox.encoded``), with or without a temperature; a report too big for a
+    ring slot is dropped alike, the outcome kept."""
+    mem = {"ev": [["map", 1, 2, 64, 1], ["unmap", 5, 6, 64, 1]],
+           "ids": [["i", 3, 77, 0, 9], ["o", 4, 78, 64, 10]], "k": [2, 5]}
+    rec = {"seq": 5, "epoch": 2, "code": 0, "msg": "", "t_start": 100, "t_end": 200,
+           "t_take": 90, "cid": 7, "m0": 1, "m1": 6, "lag": 0, "spd": 0.5, "t_signal": 300}
+    args = (5, 2, 100, 200, 90, 300, 7, 1, 6, 0, 0.5)
+    for limit in (2044, 100):  # (100 bytes: the report does not fit)
+        tail = ran_tail(mem, limit)
+        assert encode_ran(*args, tail=tail) == encoded({**rec, "mem": mem}, limit)
+        assert (encode_ran(*args, 41.5, True, tail)
+                == encoded({**rec, "mem": mem, "temp": 41.5, "thr": True}, limit))
+    assert ran_tail(mem, 100) == b""
+    out = decode_completions(completion_batch([encode_ran(*args, tail=ran_tail(mem, 2044))]))
+    assert out == [{**rec, "mem": mem}]
 
 
 _DONE_OUT_OF_RANGE = [  # DONE index -> a value the reader must refuse
