@@ -43,6 +43,16 @@ class SlotMap(Generic[T]):
             raise errors.StaleHandle(f"{self.kind} handle {handle:#x} is stale (released)")
         return item
 
+    def find(self, handle: int) -> T | None:
+        """The object a handle this process made names, or None once it was removed (what
+        ``get`` raises for, without the exception and the type tests: a per-command
+        path counts over its caller's own tables with it)."""
+        slot = handle & 0xFFFFFFFF
+        items = self._items
+        if slot < len(items) and self._gens[slot] == handle >> 32:
+            return items[slot]
+        return None
+
     def remove(self, handle: int) -> T:
         item = self.get(handle)
         slot = handle & 0xFFFFFFFF
