@@ -134,8 +134,8 @@ def _descriptors(bufs: list, perms: list[str], default: str) -> list:
     checks ``perm`` against the access (its own IOMMU check) and reports ``handle`` back as
     identity evidence. A command built without grants (none recorded) gets the minimal
     permission its role needs."""
-    return [b.descriptor() + [perms[i] if i < len(perms) else default, b.handle]
-            for i, b in enumerate(bufs)]
+    n = len(perms)
+    return [b.descriptor(perms[i] if i < n else default) for i, b in enumerate(bufs)]
 
 
 @dataclass

@@ -408,7 +408,9 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
             plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
             if kernel != "work":  # "work" only holds time: it accepts any operands
                 validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
-            nbytes = sum(b.nbytes for b in ins) + sum(b.nbytes for b in outs)
+            nbytes = 0
+            for b in ins + outs:  # (per command: a plain loop, no generator)
+                nbytes += b.nbytes
         else:  # no operand: nothing to grant, map or convert
             in_perms, out_perms, plan, nbytes = [], [], None, 0
             if kernel != "work":
@@ -452,8 +454,8 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
 def _modeled(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int,
              modeled: dict[tuple[str, int], tuple[int, int]]) -> tuple[int, int]:
     """A command's modeled hold and default watchdog (ns), kept per (kernel, bytes)."""
-    m = modeled[kernel, nbytes] = (command_modeled_ns(reg, dev, kernel, nbytes),
-                                   watchdog_budget_ns(reg, dev, kernel, nbytes))
+    hold = command_modeled_ns(reg, dev, kernel, nbytes)
+    m = modeled[kernel, nbytes] = (hold, watchdog_budget_ns(reg, dev, kernel, nbytes, hold))
     return m
 
 
@@ -535,7 +537,8 @@ def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
     return handle
 
 
-def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int) -> int:
+def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int,
+                       hold_ns: int | None = None) -> int:
     """The default watchdog of one command: the platform's ``watchdog_ms``, or more for a
     command whose work is long by the platform's own model -- 4x the duration its
     device's timing table gives it, plus the memory traffic of its kernel at a floor
@@ -547,9 +550,12 @@ def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: in
     does. The recovery's watchdog counts the device's CPU time against this budget (a
     starved device is not hung).
     ``nbytes``: what the command's operands hold, together (``device_workers.watchdog_budget``
-    is the formula: a device applies it to a queue record)."""
+    is the formula: a device applies it to a queue record); ``hold_ns``: the command's
+    ``command_modeled_ns``, when known already."""
     floor = reg.scaled_ns(reg.spec.watchdog_ms)
-    return watchdog_budget(floor, command_modeled_ns(reg, dev, kernel, nbytes), nbytes,
+    if hold_ns is None:
+        hold_ns = command_modeled_ns(reg, dev, kernel, nbytes)
+    return watchdog_budget(floor, hold_ns, nbytes,
                            reg.scaled_ns(reg.spec.limits.max_duration_ms))
 
 
