@@ -51,7 +51,9 @@ def test_a_command_shape_test_accepts_exactly_what_the_field_checks_accept(monke
         "cid": [0, -1, 1 << 64, (1 << 64) - 1, True, 1.0],
         "signal": [7, 1 << 63, None], "checked": [True, 1, None],
         "priority": [0, -(1 << 31), 1 << 31, (1 << 31) + 1, True],
-        "deadline_ms": [1.0, float("-inf")], "params": [{}, None], "bogus": [1]}
+        "deadline_ms": [1.0, float("-inf")], "bogus": [1],
+        "params": [{}, None, {"factor": 2.0}, {"a": [[[[1]]]]}, {3: 1}, {"b": "x" * 2000},
+                   {"c": float("nan")}, {"d": 1 << 64}, [1]]}
 
     def verdict(c: dict) -> str:
         try:

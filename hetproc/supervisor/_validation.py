@@ -256,7 +256,7 @@ def check_command(c: dict, limits: LimitsSpec) -> None:
 
 
 # Shapes of commands (their fields, in order) -> a straight-line test of that shape, or
-# None (a field with no inline test, such as params: the full checks handle those). Only
+# None (a shape without a required field: the full checks say which is missing). Only
 # shapes made of declared field names are kept, at most ``_MAX_SHAPES`` of them: a client
 # inventing fields or shapes only gets the full checks.
 _SHAPES: dict[tuple, Any] = {}
@@ -275,10 +275,11 @@ def _learn_shape(shape: tuple) -> Any:
 
 def _shape_test(shape: tuple) -> Any:
     """The field checks of a command with exactly these fields (declared names, each
-    once), in this order, as one function (``_shapes.compile_test``)."""
+    once), in this order, as one function (``_shapes.compile_test``; a field with no
+    inline test, such as params, by its own check once the others passed)."""
     if not all(k in shape for k in _COMMAND_REQUIRED):
         return None
-    return compile_test(_COMMAND_SPECS, shape)
+    return compile_test(_COMMAND_SPECS, shape, _COMMAND_CHECKS, "command")
 
 
 def max_priority(client: ClientRec, limits: LimitsSpec) -> int:
