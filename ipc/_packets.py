@@ -19,6 +19,7 @@ platform's limit, tighter than the declared one), which ``check`` here does not 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -125,6 +126,7 @@ def _fields_ok(types: dict[str, Any], required: tuple[str, ...]) -> Callable[[An
 
 _MAX_SHAPES = 64
 _UNSEEN = object()
+_made = itertools.count(1)  # (each shape's test is its own row in a profile)
 
 
 def _shape_test(types: dict[str, Any], need: frozenset, shape: tuple) -> Any:
@@ -150,7 +152,7 @@ def _shape_test(types: dict[str, Any], need: frozenset, shape: tuple) -> Any:
     names = "".join(f"v{i}, " for i in range(len(shape)))
     body = f"{names}= m.values()\n    " if shape else ""
     return _compiled_fn(f"def test(m):\n    {body}return {' and '.join(terms) or 'True'}\n",
-                        scope, "test", "<shape test>")
+                        scope, "test", f"<shape test {next(_made)}>")
 
 
 def _compiled_fn(source: str, scope: dict[str, Any], name: str, where: str) -> Any:

@@ -9,6 +9,7 @@ field-by-field checks, which raise the error that says why.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from ipc import Int, List, Num, Str
 
 
 def compile_test(specs: Mapping[str, Any], shape: tuple,
-                 checks: Mapping[str, Callable] | None = None, where: str = "") -> Any:
+                 checks: Mapping[str, Callable] | None = None, where: str = "command") -> Any:
     """The test ``test(msg, limits)`` of a message with exactly these fields, in this order
     (True: every value passes; False: one fails, the full checks say which). A field not
     in ``specs`` is not tested (``v`` and ``op``: the packet's reader checked them). A
@@ -43,9 +44,13 @@ def compile_test(specs: Mapping[str, Any], shape: tuple,
     source += f"    if not ({' and '.join(terms) or 'True'}):\n        return False\n"
     source += "".join(after) + "    return True\n"
     # (As ``dataclasses`` and ``namedtuple`` make their methods; the name is what a
-    # profile shows.)
-    exec(compile(source, f"<{where or 'command'} shape test>", "exec"), scope)
+    # profile shows, one row per shape.)
+    name = f"<{where} shape test {next(_made)}>"
+    exec(compile(source, name, "exec"), scope)
     return scope["test"]
+
+
+_made = itertools.count(1)
 
 
 def _inline_test(spec: Any, v: str) -> str | None:
