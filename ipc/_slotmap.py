@@ -33,7 +33,8 @@ class SlotMap(Generic[T]):
         return (self._gens[slot] << 32) | slot
 
     def get(self, handle: object) -> T:
-        if not isinstance(handle, int) or isinstance(handle, bool) or handle <= 0:
+        if (type(handle) is not int  # (the common case: no isinstance call)
+                and (not isinstance(handle, int) or isinstance(handle, bool))) or handle <= 0:
             raise errors.InvalidHandle(f"{self.kind} handle {handle!r} is not a handle")
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
         if slot >= len(self._items):
