@@ -349,3 +349,24 @@ def test_a_slot_map_finds_what_get_returns_and_nothing_once_removed():
     with pytest.raises(errors.StaleHandle):
         m.get(a)
     assert m.find((5 << 32) | 7) is None  # a slot never made
+
+
+def test_a_ring_s_words_say_what_its_depth_says():
+    """The supervisor polls its completion rings by their head and tail words (no call
+    per ring per loop turn): they must agree with ``depth`` through puts, gets and a
+    reset."""
+    buf = bytearray(Ring.nbytes(4, 64))
+    ring = Ring(memoryview(buf), slots=4, slot_bytes=64, create=True)
+
+    def pending() -> bool:
+        words = ring.words
+        return words[0] != words[Ring.TAIL]
+
+    assert not pending() and ring.depth() == 0
+    for n in range(1, 4):
+        ring.try_put(b"x")
+        assert pending() and ring.depth() == n
+    ring.get()
+    assert pending() and ring.depth() == 2
+    ring.reset()
+    assert not pending() and ring.depth() == 0
