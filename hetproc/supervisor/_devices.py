@@ -213,7 +213,9 @@ class DeviceHandle:
         return 2 * Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
 
     def queue_depth(self) -> int:
-        return len(self.sched) + len(self.pushed)
+        # (``sched.waiting`` is what ``len(sched)`` counts: the trace samples this for
+        # every device several times per command, without that call)
+        return len(self.sched.waiting) + len(self.pushed)
 
     def enqueue(self, cmd: Command) -> None:
         self.sched.add(cmd)
