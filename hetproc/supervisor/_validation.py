@@ -410,9 +410,7 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
             plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
             if kernel != "work":  # "work" only holds time: it accepts any operands
                 validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
-            nbytes = 0
-            for b in ins + outs:  # (per command: a plain loop, no generator)
-                nbytes += b.nbytes
+            nbytes = sum([b.nbytes for b in ins + outs])  # (no generator per command)
         else:  # no operand: nothing to grant, map or convert
             in_perms, out_perms, plan, nbytes = [], [], None, 0
             if kernel != "work":
