@@ -19,6 +19,7 @@ platform's limit, tighter than the declared one), which ``check`` here does not 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -85,13 +86,18 @@ def _compile(schema: Schema) -> tuple[dict[str, Any], tuple[str, ...], Callable[
 
 
 def _fields_ok(types: dict[str, Any], required: tuple[str, ...]) -> Callable[[Any], bool]:
-    """The whole schema as one predicate: the fast path for packets that pass."""
+    """The whole schema as one predicate: the fast path for packets that pass.
+
+    A sender sends a message with the same fields in the same order, packet after
+    packet: for each such shape (at most ``_MAX_SHAPES`` per schema), the field tests are
+    made once into one straight-line test (``_shape_test``). Any other packet is walked
+    field by field (``walk``); both accept exactly the same packets."""
     preds = {k: _pred(t) for k, t in types.items() if k != "*"}
     star = types.get("*")
     star_ok = None if star is None else _pred(star) if isinstance(star, Spec) else _anything
     need = frozenset(required)
 
-    def ok(msg: Any) -> bool:
+    def walk(msg: Any) -> bool:
         get = preds.get
         for key, value in msg.items():
             p = get(key)
@@ -105,7 +111,55 @@ def _fields_ok(types: dict[str, Any], required: tuple[str, ...]) -> Callable[[An
                 return False
         return need <= msg.keys()
 
+    shapes: dict[tuple, Any] = {}  # -> its test, or None: walked
+
+    def ok(msg: Any) -> bool:
+        shape = tuple(msg)
+        test = shapes.get(shape, _UNSEEN)
+        if test is _UNSEEN:  # (a sender inventing shapes past the cap is only walked)
+            test = (shapes.setdefault(shape, _shape_test(types, need, shape))
+                    if len(shapes) < _MAX_SHAPES else None)
+        return walk(msg) if test is None else test(msg)
+
     return ok
+
+
+_MAX_SHAPES = 64
+_UNSEEN = object()
+_made = itertools.count(1)  # (each shape's test is its own row in a profile)
+
+
+def _shape_test(types: dict[str, Any], need: frozenset, shape: tuple) -> Any:
+    """The test of a map with exactly these keys, in this order: every field known (or
+    ``v``/``op``, which the packet's reader checks) and every required one there, as
+    one function of the map's values; None when no map of this shape can pass."""
+    if not all(type(k) is str for k in shape) or not need <= set(shape):
+        return None
+    star = types.get("*")
+    scope: dict[str, Any] = {}
+    terms = []
+    for i, key in enumerate(shape):
+        spec = types.get(key) if key != "*" else None
+        if spec is None and key != "*" and (key == "v" or key == "op"):
+            continue
+        if spec is None:
+            if star is None:
+                return None  # an unknown field: refused
+            if not isinstance(star, Spec):
+                continue
+            spec = star
+        terms.append(_expr(spec, f"v{i}", scope))
+    names = "".join(f"v{i}, " for i in range(len(shape)))
+    body = f"{names}= m.values()\n    " if shape else ""
+    return _compiled_fn(f"def test(m):\n    {body}return {' and '.join(terms) or 'True'}\n",
+                        scope, "test", f"<shape test {next(_made)}>")
+
+
+def _compiled_fn(source: str, scope: dict[str, Any], name: str, where: str) -> Any:
+    # (As ``dataclasses`` and ``namedtuple`` make their methods; ``where`` is what a
+    # profile shows.)
+    exec(compile(source, where, "exec"), scope)
+    return scope[name]
 
 
 def check_fields(msg: Mapping[str, Any], schema: Schema, where: Any) -> None:
@@ -172,6 +226,10 @@ class Spec:
                 return False
         return ok
 
+    def _inline(self, v: str, scope: dict[str, Any]) -> str | None:
+        """``ok`` as an expression of the value named ``v`` (see ``_expr``), or None."""
+        return None
+
 
 def _anything(value: Any) -> bool:
     return True
@@ -185,6 +243,30 @@ def _pred(spec: Any) -> Callable[[Any], bool]:
         return spec.ok
     allowed = _as_tuple(spec)
     return lambda v: type(v) in allowed or (type(v) is not bool and isinstance(v, allowed))
+
+
+def _expr(spec: Any, v: str, scope: dict[str, Any]) -> str:
+    """Source of an expression that is true when the value named ``v`` passes ``spec`` (a
+    spec, a type, a tuple of types or None), exactly as its predicate is: the spec's own
+    inline form (no call per value), else a call of its predicate. Whatever the source
+    needs is put into ``scope``."""
+    if spec is None:
+        return "True"
+    if isinstance(spec, Spec):
+        inline = spec._inline(v, scope)
+        return f"({inline})" if inline is not None else f"{_const(scope, spec.ok)}({v})"
+    allowed = _const(scope, _as_tuple(spec))
+    return (f"(type({v}) in {allowed} or (type({v}) is not bool "
+            f"and isinstance({v}, {allowed})))")
+
+
+def _const(scope: dict[str, Any], value: Any) -> str:
+    """A name in ``scope`` for ``value`` (an int is written as itself)."""
+    if type(value) is int:
+        return repr(value)
+    name = f"_c{len(scope)}"
+    scope[name] = value
+    return name
 
 
 Where = Any  # a str, or (parent, ":" or "[", key): formatted only when a check fails
@@ -228,6 +310,9 @@ class Int(Spec):
         lo, hi = self.lo, self.hi
         return lambda v: type(v) is int and lo <= v <= hi
 
+    def _inline(self, v: str, scope: dict[str, Any]) -> str | None:
+        return f"type({v}) is int and {_const(scope, self.lo)} <= {v} <= {_const(scope, self.hi)}"
+
 
 @dataclass(frozen=True)
 class Num(Spec):
@@ -246,6 +331,11 @@ class Num(Spec):
     def _predicate(self) -> Callable[[Any], bool]:
         lo, hi, finite = self.lo, self.hi, math.isfinite
         return lambda v: ((type(v) is float and finite(v)) or type(v) is int) and lo <= v <= hi
+
+    def _inline(self, v: str, scope: dict[str, Any]) -> str | None:
+        finite, lo, hi = (_const(scope, x) for x in (math.isfinite, self.lo, self.hi))
+        return (f"((type({v}) is float and {finite}({v})) or type({v}) is int) "
+                f"and {lo} <= {v} <= {hi}")
 
 
 @dataclass(frozen=True)
@@ -277,6 +367,12 @@ class Str(Spec):
             return lambda v: type(v) is str and len(v) <= n and v in choices
         return lambda v: type(v) is str and len(v) <= n
 
+    def _inline(self, v: str, scope: dict[str, Any]) -> str | None:
+        terms = [f"type({v}) is str", f"len({v}) <= {_const(scope, self.max_len)}"]
+        terms += [f"{v}.isprintable()"] if self.printable else []
+        terms += [f"{v} in {_const(scope, self.choices)}"] if self.choices is not None else []
+        return " and ".join(terms)
+
 
 @dataclass(frozen=True)
 class List(Spec):
@@ -299,8 +395,19 @@ class List(Spec):
         lo, hi = self.min_len, self.max_len
         if self.item is None:
             return lambda v: type(v) is list and lo <= len(v) <= hi
-        item = _pred(self.item)
-        return lambda v: type(v) is list and lo <= len(v) <= hi and all(map(item, v))
+        # One loop with the item's test inline: no call per item (a completion's memory
+        # report is a list of records, read per command).
+        scope: dict[str, Any] = {}
+        test = _expr(self.item, "x", scope)
+        return _compiled_fn(
+            f"def ok(v):\n    if type(v) is not list or not {lo} <= len(v) <= {hi}:\n"
+            f"        return False\n    for x in v:\n        if not {test}:\n"
+            f"            return False\n    return True\n", scope, "ok", "<List predicate>")
+
+    def _inline(self, v: str, scope: dict[str, Any]) -> str | None:
+        if self.item is not None:
+            return None  # (a loop: its compiled predicate)
+        return f"type({v}) is list and {self.min_len} <= len({v}) <= {self.max_len}"
 
 
 @dataclass(frozen=True)
@@ -316,15 +423,17 @@ class Tuple(Spec):
             _check(spec, v, (where, "[", i))
 
     def _predicate(self) -> Callable[[Any], bool]:
-        # Unrolled into one expression (``p0(v[0]) and p1(v[1]) ...``): a record's tuples
-        # are checked per completion, and a generator per tuple cost more than its items.
-        n = len(self.items)
-        scope: dict[str, Any] = {f"p{i}": _pred(item) for i, item in enumerate(self.items)}
-        terms = "".join(f" and p{i}(v[{i}])" for i in range(n))
-        source = f"def ok(v):\n    return type(v) is list and len(v) == {n}{terms}\n"
-        exec(compile(source, "<Tuple predicate>", "exec"), scope)
-        ok: Callable[[Any], bool] = scope["ok"]
-        return ok
+        # Unrolled into one expression, each item's test inline (``type(v[0]) is int and
+        # ...``): a record's tuples are checked per completion, and a call per item cost
+        # more than the item's test.
+        scope: dict[str, Any] = {}
+        return _compiled_fn(f"def ok(v):\n    return {self._inline('v', scope)}\n", scope, "ok",
+                            "<Tuple predicate>")
+
+    def _inline(self, v: str, scope: dict[str, Any]) -> str | None:
+        terms = "".join(f" and {_expr(item, f'{v}[{i}]', scope)}"
+                        for i, item in enumerate(self.items))
+        return f"type({v}) is list and len({v}) == {len(self.items)}{terms}"
 
 
 @dataclass(frozen=True)
@@ -389,12 +498,13 @@ class OneOf(Spec):
         _fail(where, f"matches none of its forms ({'; '.join(problems)[:300]})")
 
     def _predicate(self) -> Callable[[Any], bool]:
-        nil = None in self.options
-        preds = tuple(_pred(o) for o in self.options if o is not None)
-        if len(preds) == 1:  # (the common "nil or one form": no generator per value)
-            only = preds[0]
-            return lambda v: (nil and v is None) or only(v)
-        return lambda v: (nil and v is None) or any(p(v) for p in preds)
+        scope: dict[str, Any] = {}
+        return _compiled_fn(f"def ok(v):\n    return {self._inline('v', scope)}\n", scope, "ok",
+                            "<OneOf predicate>")
+
+    def _inline(self, v: str, scope: dict[str, Any]) -> str | None:
+        forms = [_expr(o, v, scope) for o in self.options if o is not None]
+        return " or ".join(([f"{v} is None"] if None in self.options else []) + forms) or "False"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ _TAIL = 8  # the tail's index in 8-byte words: its own cache line
 
 
 class Ring:
+    TAIL = _TAIL  # where ``words`` holds the tail (the head: at 0)
+
     def __init__(self, buf: memoryview, *, slots: int, slot_bytes: int, create: bool) -> None:
         if slots & (slots - 1):
             raise ValueError("ring slots must be a power of two")
@@ -37,6 +39,9 @@ class Ring:
         # The same two words through a cast memoryview: a third of numpy's cost per read,
         # and read on every put, get and depth. Head is word 0, tail word 8 (64 bytes on).
         self._q = buf[:HEADER_BYTES].cast("Q")
+        # The same view, public: a reader that polls many rings per loop turn compares
+        # head (``words[0]``) and tail (``words[TAIL]``) without a call per ring.
+        self.words = self._q
         self._u32 = buf[:need].cast("B").cast("I")  # slot lengths, read without a struct call
         self._slots = slots
         self._mask = slots - 1

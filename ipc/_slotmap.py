@@ -33,7 +33,8 @@ class SlotMap(Generic[T]):
         return (self._gens[slot] << 32) | slot
 
     def get(self, handle: object) -> T:
-        if not isinstance(handle, int) or isinstance(handle, bool) or handle <= 0:
+        if (type(handle) is not int  # (the common case: no isinstance call)
+                and (not isinstance(handle, int) or isinstance(handle, bool))) or handle <= 0:
             raise errors.InvalidHandle(f"{self.kind} handle {handle!r} is not a handle")
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
         if slot >= len(self._items):
@@ -42,6 +43,16 @@ class SlotMap(Generic[T]):
         if self._gens[slot] != gen or item is None:
             raise errors.StaleHandle(f"{self.kind} handle {handle:#x} is stale (released)")
         return item
+
+    def find(self, handle: int) -> T | None:
+        """The object a handle this process made names, or None once it was removed (what
+        ``get`` raises for, without the exception and the type tests: a per-command
+        path counts over its caller's own tables with it)."""
+        slot = handle & 0xFFFFFFFF
+        items = self._items
+        if slot < len(items) and self._gens[slot] == handle >> 32:
+            return items[slot]
+        return None
 
     def remove(self, handle: int) -> T:
         item = self.get(handle)

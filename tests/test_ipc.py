@@ -331,3 +331,42 @@ def test_a_nudge_ends_one_sleep_of_a_pending_fence_and_never_completes_it(table)
     nudge_fence(table, h)  # stale: nothing
     with pytest.raises(errors.StaleHandle):
         wait_fence_once(table, h, 0.0)
+
+
+def test_a_slot_map_finds_what_get_returns_and_nothing_once_removed():
+    """``find`` (the quota's count over a tenant's own contexts) answers the live object
+    of a handle, as ``get`` does, and None where ``get`` raises: a removed handle, and
+    the old handle of a recycled slot."""
+    from ipc._slotmap import SlotMap
+
+    m: SlotMap[str] = SlotMap("thing")
+    a = m.insert("a")
+    assert m.find(a) == m.get(a) == "a"
+    m.remove(a)
+    b = m.insert("b")  # the same slot, a new generation
+    assert b & 0xFFFFFFFF == a & 0xFFFFFFFF and b != a
+    assert m.find(a) is None and m.find(b) == "b"
+    with pytest.raises(errors.StaleHandle):
+        m.get(a)
+    assert m.find((5 << 32) | 7) is None  # a slot never made
+
+
+def test_a_ring_s_words_say_what_its_depth_says():
+    """The supervisor polls its completion rings by their head and tail words (no call
+    per ring per loop turn): they must agree with ``depth`` through puts, gets and a
+    reset."""
+    buf = bytearray(Ring.nbytes(4, 64))
+    ring = Ring(memoryview(buf), slots=4, slot_bytes=64, create=True)
+
+    def pending() -> bool:
+        words = ring.words
+        return words[0] != words[Ring.TAIL]
+
+    assert not pending() and ring.depth() == 0
+    for n in range(1, 4):
+        ring.try_put(b"x")
+        assert pending() and ring.depth() == n
+    ring.get()
+    assert pending() and ring.depth() == 2
+    ring.reset()
+    assert not pending() and ring.depth() == 0

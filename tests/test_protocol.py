@@ -51,7 +51,9 @@ def test_a_command_shape_test_accepts_exactly_what_the_field_checks_accept(monke
         "cid": [0, -1, 1 << 64, (1 << 64) - 1, True, 1.0],
         "signal": [7, 1 << 63, None], "checked": [True, 1, None],
         "priority": [0, -(1 << 31), 1 << 31, (1 << 31) + 1, True],
-        "deadline_ms": [1.0, float("-inf")], "params": [{}, None], "bogus": [1]}
+        "deadline_ms": [1.0, float("-inf")], "bogus": [1],
+        "params": [{}, None, {"factor": 2.0}, {"a": [[[[1]]]]}, {3: 1}, {"b": "x" * 2000},
+                   {"c": float("nan")}, {"d": 1 << 64}, [1]]}
 
     def verdict(c: dict) -> str:
         try:
@@ -74,3 +76,52 @@ def test_a_command_shape_test_accepts_exactly_what_the_field_checks_accept(monke
     assert got == expected
     assert expected.count("ok") > 500 and len(set(expected)) > 10
     assert v._SHAPES, "the shapes seen were learnt"
+
+
+def test_a_request_shape_test_accepts_exactly_what_the_field_checks_accept(monkeypatch):
+    """``check_request`` tests a request of a known shape in one straight line, then the
+    fields it has no inline test for (a submit's commands) by their own checks; on random
+    requests, valid and not, it must say what the field-by-field checks say."""
+    import random
+
+    from hetproc._config import load_platform
+    from hetproc.supervisor import _validation as v
+    from ipc import errors
+
+    limits = load_platform().limits
+    ops = {
+        "submit": {"id": [1, 0, -1, 1 << 64, True], "ctx": [5, -5, 1.0],
+                   "cmds": [[{"kernel": "work"}], [], [{"kernel": 5}], [1], "x",
+                            [{"kernel": "work"}] * 4097],
+                   "t_ns": [0, -1, 1 << 63]},
+        "context_create": {"id": [1], "device": ["npu0", "n" * 65, 3], "priority": [0, 1 << 40],
+                           "name": ["a", "a\x00", "n" * 300], "period_ms": [1.0, -1.0, 1e30],
+                           "weight": [1.0, float("nan")], "cache_maintenance": [True, "x", 1],
+                           "recoverable": [True, 1]},
+        "fence_release": {"id": [2], "fences": [[1, 2], [], [-1], [True], list(range(4097))]},
+        "grant_role": {"id": [3], "scope": ["all", "nope", 1]},
+    }
+
+    def verdict(msg: dict) -> str:
+        try:
+            v.check_request(msg, limits)
+            return "ok"
+        except errors.HetprocError as exc:
+            return f"{exc.name}: {exc.message}"
+
+    rng = random.Random(11)
+    cases = []
+    for _ in range(3000):
+        op = rng.choice(sorted(ops))
+        keys = rng.sample(list(ops[op]), rng.randint(1, len(ops[op])))
+        msg = {"v": 1, "op": op, **{k: ops[op][k][0] if rng.random() < 0.7
+                                    else rng.choice(ops[op][k]) for k in keys}}
+        cases.append(msg)
+    with monkeypatch.context() as m:  # the field-by-field checks alone
+        m.setattr(v, "_REQUEST_SHAPES", {})
+        m.setattr(v, "_learn_request", lambda op, shape: v._none)
+        expected = [verdict(c) for c in cases]
+    got = [verdict(c) for c in cases]
+    assert got == expected
+    assert expected.count("ok") > 300 and len(set(expected)) > 10
+    assert v._REQUEST_SHAPES, "the shapes seen were learnt"

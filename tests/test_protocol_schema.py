@@ -142,6 +142,7 @@ def test_the_declaration_is_the_only_source_of_the_checks(monkeypatch):
     monkeypatch.setitem(_protocol.REQUEST_FIELDS, "fence_create",
                         {"id": _protocol.ID, "count?": Int(1, 8)})
     monkeypatch.setattr(v, "_REQUEST_CHECKS", {})  # made again from the declaration
+    monkeypatch.setattr(v, "_REQUEST_SHAPES", {})
     _refused(msg, lambda m: v.check_request(m, LIMITS), "count")
 
 

@@ -253,7 +253,7 @@ def test_segments_are_named_by_id_in_the_record_tails_and_a_name_is_refused():
     assert decode_command(_valid_record(mem={"forget": [[3, 0]]}))["mem"] == {"forget": [[3, 0]]}
     ids = {"ids": [["i", 3, 0x10001, 0, 1]]}
     assert decode_completions(encode_completions([_done(mem=ids)]))[0]["mem"] == ids
-    with pytest.raises(errors.BadPacket):
+    with pytest.raises(errors.BadPacket, match="completion 0 tail"):  # (says which)
         decode_completions(encode_completions([_done(mem={"ids": [["i", "hp.seg.0", 1, 0, 1]]})]))
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import hetproc
 from device_workers import COMMAND_SCHEMAS, decode_command, decode_completions
 from device_workers._commands import COMPLETION, MAX_DURATION_NS, MAX_FENCES, MAX_OPERANDS
-from ipc import U64, Map, Ring, Segment, Spec, errors
+from ipc import U64, List, Map, OneOf, Ring, Segment, Spec, Tuple, errors
 from tests.helpers import wait_for
 
 FUZZ = settings(max_examples=300, deadline=None,
@@ -314,3 +314,54 @@ def test_forged_completions_do_not_take_the_supervisor_down(platform, client):
     finally:
         del completions
         seg.close()
+
+
+
+def _reference(spec, value) -> bool:
+    """An oracle for maps that shares no code with their compiled tests: containers are
+    walked here, leaves (``Int``, ``Str``, ``Num``, ``Plain``) go to their ``check``."""
+    if isinstance(spec, Map) and spec.fields is not None:
+        types = {f.rstrip("?"): t for f, t in spec.fields.items()}
+        need = {f for f in spec.fields if not f.endswith("?") and f != "*"}
+        return (type(value) is dict and len(value) <= spec.max_len and need <= value.keys()
+                and all(type(k) is str and len(k) <= 64 for k in value)
+                and all((k in ("v", "op") and k not in types)
+                        or ((k in types or "*" in types)
+                        and _reference(types.get(k, types.get("*")), v))
+                        for k, v in value.items()))
+    if isinstance(spec, OneOf):
+        return ((value is None and None in spec.options)
+                or any(_reference(o, value) for o in spec.options if o is not None))
+    if isinstance(spec, List) and spec.item is not None:
+        return (type(value) is list and spec.min_len <= len(value) <= spec.max_len
+                and all(_reference(spec.item, v) for v in value))
+    if isinstance(spec, Tuple):
+        return (type(value) is list and len(value) == len(spec.items)
+                and all(_reference(s, v) for s, v in zip(spec.items, value)))
+    if isinstance(spec, Spec):
+        return _passes(spec, value)
+    allowed = spec if isinstance(spec, tuple) else (spec,)
+    return type(value) in allowed or (type(value) is not bool and isinstance(value, allowed))
+
+
+@FUZZ
+@given(st.data())
+def test_a_map_of_a_shape_seen_before_is_judged_as_the_checks_judge_it(data):
+    """A map's predicate compiles one test per shape (its keys, in order) and keeps it:
+    a later map of that shape, with other values, is judged by the kept test. Keys
+    reordered, dropped, unknown or not strings, and more shapes than it keeps, must
+    never make it disagree with the field-by-field check."""
+    spec = Map(fields=dict(COMPLETION))  # a fresh schema: its own shapes, none kept yet
+    keys = data.draw(st.permutations(sorted(VALID_COMPLETION)))
+    keys = keys[:data.draw(st.integers(len(keys) - 3, len(keys)))]
+    extra = data.draw(st.sampled_from([None, "bogus", 3, "v", "op", "*"]))
+    for _ in range(3):  # the first judges the new shape; the next ones reuse it
+        record = {k: VALID_COMPLETION[k] for k in keys}
+        if data.draw(st.booleans()):
+            record = _mutate(record, data)
+        if extra is not None:
+            record[extra] = 1
+        assert spec.ok(record) == _passes(spec, record) == _reference(spec, record), record
+    for n in range(70):  # past the shapes kept: still judged right, compiled or not
+        record = {f"x{i}": 1 for i in range(n % 3)} | dict(VALID_COMPLETION)
+        assert spec.ok(record) == _passes(spec, record) == (n % 3 == 0)

@@ -208,7 +208,10 @@ def _tables(spec: PlatformSpec, named: NamedObjects) -> tuple[Registry, Memory, 
 
     def inputs_ready(cmd: Command) -> bool:
         try:
-            return all(fences.poll(h)[0] != PENDING for h in cmd.wait)
+            for h in cmd.wait:  # (asked several times per command: no generator)
+                if fences.poll(h)[0] == PENDING:
+                    return False
+            return True
         except errors.HetprocError:
             return False
 

@@ -134,8 +134,8 @@ def _descriptors(bufs: list, perms: list[str], default: str) -> list:
     checks ``perm`` against the access (its own IOMMU check) and reports ``handle`` back as
     identity evidence. A command built without grants (none recorded) gets the minimal
     permission its role needs."""
-    return [b.descriptor() + [perms[i] if i < len(perms) else default, b.handle]
-            for i, b in enumerate(bufs)]
+    n = len(perms)
+    return [b.descriptor(perms[i] if i < n else default) for i, b in enumerate(bufs)]
 
 
 @dataclass
@@ -189,9 +189,15 @@ class DeviceHandle:
     # The spec's name, kept as a plain field: the loop's watchdog and the clock read it
     # dozens of times per command (a property costs a call each time).
     name: str = field(init=False)
+    # Likewise what the pump asks of the spec per command: whether its policy preempts
+    # (it runs in chunks), and the top of its frequency levels.
+    preemptive: bool = field(init=False)
+    top_speed: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = self.spec.name
+        self.preemptive = self.spec.scheduler.chunk_ms > 0
+        self.top_speed = self.spec.power.top
         self.sched = make_scheduler(self.spec.scheduler)
         if not self.sched.preemptive or not self.preemptive:
             self.timeslice_ns = 0
@@ -207,11 +213,9 @@ class DeviceHandle:
         return 2 * Ring.nbytes(RING_SLOTS, RING_SLOT_BYTES)
 
     def queue_depth(self) -> int:
-        return len(self.sched) + len(self.pushed)
-
-    @property
-    def preemptive(self) -> bool:
-        return self.spec.scheduler.chunk_ms > 0
+        # (``sched.waiting`` is what ``len(sched)`` counts: the trace samples this for
+        # every device several times per command, without that call)
+        return len(self.sched.waiting) + len(self.pushed)
 
     def enqueue(self, cmd: Command) -> None:
         self.sched.add(cmd)
@@ -417,7 +421,7 @@ class DeviceHandle:
     def speed(self) -> float:
         """The frequency level the clients voted for: the highest vote (none: the top)."""
         if not self.votes:
-            return self.spec.power.top
+            return self.top_speed
         return max(self.votes.values())
 
     def chunk_ns(self) -> int:

@@ -414,7 +414,8 @@ class Handoff:
             own["code"] = code
         if cmd.role != "kernel" and isinstance(cmd.plan, dict):
             own.update(cmd.plan)
-        if not (type(kernel) is list and len(kernel) == 2 and all(type(t) is int for t in kernel)):
+        if not (type(kernel) is list and len(kernel) == 2 and type(kernel[0]) is int
+                and type(kernel[1]) is int):
             kernel = (rec.get("t_start", 0), rec.get("t_end", 0))
         log.add_shared("exec" if cmd.role == "kernel" else cmd.role, kernel[0], kernel[1],
                        shared, own)
@@ -435,7 +436,11 @@ class Handoff:
     def _count_ddr(self, device: str, cmd: Command) -> int:
         if cmd.role == "kernel" and cmd.kernel == "work":
             return 0
-        moved = sum(b.nbytes for b in cmd.ins) + sum(b.nbytes for b in cmd.outs)
+        moved = 0
+        for b in cmd.ins:  # (per completion: plain loops, no generator)
+            moved += b.nbytes
+        for b in cmd.outs:
+            moved += b.nbytes
         key = "kernel_bytes" if cmd.role == "kernel" else f"{cmd.role}_bytes"
         self.ddr[key] += moved
         self.ddr_by_device[device] += moved

@@ -157,9 +157,12 @@ class BufferRec:
         """Byte offset of the tensor's first element in its segment."""
         return self.block.offset + self.byte_offset
 
-    def descriptor(self) -> list:
-        return [self.block.segment, self.offset, list(self.shape), self.dtype,
-                list(self.strides) if self.strides else None]
+    def descriptor(self, perm: str) -> list:
+        """What a command's record names it by: ``[segment, offset, shape, dtype,
+        strides, perm, handle]`` (``perm``: what its command may do with it)."""
+        block = self.block
+        return [block.segment, block.offset + self.byte_offset, list(self.shape), self.dtype,
+                list(self.strides) if self.strides else None, perm, self.handle]
 
     def spec(self) -> tuple[tuple[int, ...], str]:
         return self.shape, self.dtype

@@ -24,6 +24,7 @@ from .. import _protocol
 from ._devices import RING_SLOT_BYTES, Command, DeviceHandle
 from ._records import BufferRec, ClientRec, ContextRec, FenceRec, Registry
 from ._resets import unusable
+from ._shapes import compile_test
 
 if TYPE_CHECKING:
     from .._config import LimitsSpec
@@ -43,9 +44,12 @@ def check_request(msg: dict, limits: LimitsSpec) -> None:
     submit likewise (``check_command``), before the handler runs: a request is refused
     whole, so nothing was queued, allocated or signalled for it (invariant 6)."""
     op = msg["op"]
-    checks = _REQUEST_CHECKS.get(op)
-    if checks is None:
-        checks = _REQUEST_CHECKS[op] = field_checks(_protocol.REQUEST_FIELDS[op])
+    test = _REQUEST_SHAPES.get((op, *msg))  # (see ``check_command``)
+    if test is None:
+        test = _learn_request(op, tuple(msg))
+    if test(msg, limits):
+        return
+    checks = _checks_of(op)
     for key, value in msg.items():
         check = checks.get(key)
         if check is not None:  # ("v" and "op" have none)
@@ -59,6 +63,30 @@ def check_request(msg: dict, limits: LimitsSpec) -> None:
 
 Check = Callable[[str, Any, "LimitsSpec", str], None]
 _REQUEST_CHECKS: dict[str, dict[str, Check]] = {}  # op -> field -> check, made on first use
+_REQUEST_SHAPES: dict[tuple, Any] = {}  # (op, *fields in order) -> its test (``_shapes``)
+_MAX_REQUEST_SHAPES = 256
+
+
+def _checks_of(op: str) -> dict[str, Check]:
+    checks = _REQUEST_CHECKS.get(op)
+    if checks is None:
+        checks = _REQUEST_CHECKS[op] = field_checks(_protocol.REQUEST_FIELDS[op])
+    return checks
+
+
+def _learn_request(op: str, shape: tuple) -> Any:
+    """The test of a request of this shape, kept for at most ``_MAX_REQUEST_SHAPES`` shapes
+    (a client inventing shapes gets the full checks: ``_none``)."""
+    if len(_REQUEST_SHAPES) >= _MAX_REQUEST_SHAPES:
+        return _none
+    test = compile_test(_protocol.fields_of(_protocol.REQUEST_FIELDS[op]), shape,
+                        _checks_of(op), "request")
+    _REQUEST_SHAPES[(op, *shape)] = test
+    return test
+
+
+def _none(msg: dict, limits: LimitsSpec) -> bool:
+    return False
 
 
 def field_checks(schema: dict) -> dict[str, Check]:
@@ -227,10 +255,8 @@ def check_command(c: dict, limits: LimitsSpec) -> None:
             raise errors.BadPacket(f"command: missing field {key!r}")
 
 
-_isfinite = math.isfinite
-
 # Shapes of commands (their fields, in order) -> a straight-line test of that shape, or
-# None (a field with no inline test, such as params: the full checks handle those). Only
+# None (a shape without a required field: the full checks say which is missing). Only
 # shapes made of declared field names are kept, at most ``_MAX_SHAPES`` of them: a client
 # inventing fields or shapes only gets the full checks.
 _SHAPES: dict[tuple, Any] = {}
@@ -249,55 +275,12 @@ def _learn_shape(shape: tuple) -> Any:
 
 def _shape_test(shape: tuple) -> Any:
     """The field checks of a command with exactly these fields (declared names, each
-    once), in this order, as one function of the command's values (True: every value
-    passes). The source names no field: the values are ``v0``, ``v1``..."""
+    once), in this order, as one function (``_shapes.compile_test``; a field with no
+    inline test, such as params, by its own check once the others passed)."""
     if not all(k in shape for k in _COMMAND_REQUIRED):
         return None
-    terms = []
-    for i, key in enumerate(shape):
-        term = _inline_test(_COMMAND_SPECS[key], f"v{i}")
-        if term is None:
-            return None
-        terms.append(term)
-    names = ", ".join(f"v{i}" for i in range(len(shape)))
-    source = (f"def test(c, limits):\n    {names}, = c.values()\n"
-              f"    return ({') and ('.join(terms)})\n")
-    scope = {"_ints_ok": _ints_ok, "_isfinite": _isfinite}
-    # (As ``dataclasses`` and ``namedtuple`` make their methods; the name is what a
-    # profile shows.)
-    exec(compile(source, "<check_command shape test>", "exec"), scope)
-    return scope["test"]
+    return compile_test(_COMMAND_SPECS, shape, _COMMAND_CHECKS, "command")
 
-
-def _inline_test(spec: Any, v: str) -> str | None:
-    """A spec's full check as one expression of the value ``v`` (True: it passes), or
-    None for a spec with no inline form."""
-    if spec is bool:
-        return f"type({v}) is bool"
-    if isinstance(spec, Int):
-        return f"type({v}) is int and {int(spec.lo)} <= {v} <= {int(spec.hi)}"
-    if isinstance(spec, Num):
-        lo = f"{float(spec.lo)!r} <= {v}" if math.isfinite(spec.lo) else v
-        his = [f"{float(spec.hi)!r}"] if math.isfinite(spec.hi) else []
-        his += [f"limits.{spec.limit}"] if spec.limit else []
-        terms = [f"(type({v}) is float or type({v}) is int)"]
-        terms += [f"{lo} <= {his[0]}"] if his else [lo] if lo != v else []
-        terms += [f"{v} <= {hi}" for hi in his[1:]] + [f"_isfinite({v})"]
-        return " and ".join(terms)
-    if isinstance(spec, Str) and spec.choices is None:
-        terms = [f"type({v}) is str", f"len({v}) <= {int(spec.max_len)}"]
-        terms += [f"len({v}) <= limits.{spec.limit}"] if spec.limit else []
-        terms += [f"{v}.isprintable()"] if spec.printable else []
-        return " and ".join(terms)
-    if isinstance(spec, List) and spec.min_len == 0 and isinstance(spec.item, Int):
-        item = spec.item
-        return (f"type({v}) is list and (not {v} or _ints_ok({v}, {int(spec.max_len)}, "
-                f"{int(item.lo)}, {int(item.hi)}))")
-    return None
-
-
-def _ints_ok(value: list, cap: int, lo: int, hi: int) -> bool:
-    return len(value) <= cap and all(type(v) is int and lo <= v <= hi for v in value)
 
 def max_priority(client: ClientRec, limits: LimitsSpec) -> int:
     """The one place a client's priority ceiling is decided: by its role, never by its
@@ -349,8 +332,9 @@ def release_ns(reg: Registry, t_client: Any, now_ns: int) -> int:
     host's submit path is absorbed, not modeled), at most ``MAX_BACKDATE_NS`` before now
     (an untrusted stamp shifts its own work a little, nobody else's) and at most
     ``limits.arrival_horizon_ms`` after it (it then waits in the scheduler)."""
-    if not isinstance(t_client, int) or isinstance(t_client, bool):
-        return now_ns
+    if type(t_client) is not int and (not isinstance(t_client, int)
+                                      or isinstance(t_client, bool)):
+        return now_ns  # (an exact int, the common case, costs no isinstance call)
     horizon = int(reg.spec.limits.arrival_horizon_ms * 1e6)
     if t_client > now_ns + horizon:
         raise errors.InvalidRequest(
@@ -426,7 +410,7 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
             plan = handoff.plan(dev, ins, outs)  # zero-copy preconditions; DtypeError
             if kernel != "work":  # "work" only holds time: it accepts any operands
                 validate_kernel(kernel, plan.in_specs, plan.out_specs, params)
-            nbytes = sum(b.nbytes for b in ins) + sum(b.nbytes for b in outs)
+            nbytes = sum([b.nbytes for b in ins + outs])  # (no generator per command)
         else:  # no operand: nothing to grant, map or convert
             in_perms, out_perms, plan, nbytes = [], [], None, 0
             if kernel != "work":
@@ -470,8 +454,8 @@ def build_commands(reg: Registry, iommu: Iommu, handoff: Handoff, faults: FaultP
 def _modeled(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int,
              modeled: dict[tuple[str, int], tuple[int, int]]) -> tuple[int, int]:
     """A command's modeled hold and default watchdog (ns), kept per (kernel, bytes)."""
-    m = modeled[kernel, nbytes] = (command_modeled_ns(reg, dev, kernel, nbytes),
-                                   watchdog_budget_ns(reg, dev, kernel, nbytes))
+    hold = command_modeled_ns(reg, dev, kernel, nbytes)
+    m = modeled[kernel, nbytes] = (hold, watchdog_budget_ns(reg, dev, kernel, nbytes, hold))
     return m
 
 
@@ -553,7 +537,8 @@ def check_signal_fence(reg: Registry, client: ClientRec, handle: Any) -> int:
     return handle
 
 
-def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int) -> int:
+def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: int,
+                       hold_ns: int | None = None) -> int:
     """The default watchdog of one command: the platform's ``watchdog_ms``, or more for a
     command whose work is long by the platform's own model -- 4x the duration its
     device's timing table gives it, plus the memory traffic of its kernel at a floor
@@ -565,9 +550,12 @@ def watchdog_budget_ns(reg: Registry, dev: DeviceHandle, kernel: str, nbytes: in
     does. The recovery's watchdog counts the device's CPU time against this budget (a
     starved device is not hung).
     ``nbytes``: what the command's operands hold, together (``device_workers.watchdog_budget``
-    is the formula: a device applies it to a queue record)."""
+    is the formula: a device applies it to a queue record); ``hold_ns``: the command's
+    ``command_modeled_ns``, when known already."""
     floor = reg.scaled_ns(reg.spec.watchdog_ms)
-    return watchdog_budget(floor, command_modeled_ns(reg, dev, kernel, nbytes), nbytes,
+    if hold_ns is None:
+        hold_ns = command_modeled_ns(reg, dev, kernel, nbytes)
+    return watchdog_budget(floor, hold_ns, nbytes,
                            reg.scaled_ns(reg.spec.limits.max_duration_ms))
 
 
