@@ -9,6 +9,7 @@ import msgpack
 import pytest
 
 import hetproc
+from tests.helpers import wait_for
 
 
 def test_a_command_too_large_for_a_ring_slot_is_refused_and_nothing_wedges(client):
@@ -55,8 +56,11 @@ def test_the_wait_ping_answers_nothing_and_needs_a_hello_first(platform, client)
     raw.connect(platform.address)
     try:
         raw.sendall(ping)
-        client.ping()  # (a turn later: the raw ping was served)
-        assert "say hello first" in platform.metrics()["last_error"]["message"]
+
+        def refused() -> bool:  # (once accepted and read: a turn or more later)
+            last = platform.metrics()["last_error"]
+            return last is not None and "say hello first" in last["message"]
+        assert wait_for(refused, timeout=10)
         hello = msgpack.packb({"v": 1, "op": "hello", "id": 1, "name": "pinger", "pid": 1})
         raw.sendall(struct.pack("<I", len(hello)) + hello)
         ask = msgpack.packb({"v": 1, "op": "metrics", "id": 2})
