@@ -602,3 +602,36 @@ def wait_for_clients(c: hetproc.Client, n: int, timeout_s: float = 10.0) -> bool
             return False
         time.sleep(0.005)
     return True
+
+
+def test_what_two_connections_submit_at_one_instant_reaches_the_device_together():
+    """A long job runs on an EDF NPU; at one instant a camera command (deadline 33 ms)
+    and then a voice command (deadline 20 ms) are submitted on two connections of one
+    thread. EDF runs the voice first: one switch, then the voice's 1.5 ms, exactly.
+    With a doorbell post per request, the device chose among what the first request
+    had brought, as the host ran: the camera first, the voice preempting it 50 us later
+    (multi_tenant's EDF schedule changed with the machine's load)."""
+    spec = load_platform()
+    sched = SchedSpec(policy="edf", chunk_ms=1.0, switch_us=50.0)
+    devices = tuple(dataclasses.replace(d, scheduler=sched) if d.name == "npu0" else d
+                    for d in spec.devices)
+    spec = dataclasses.replace(spec, devices=devices)
+    with hetproc.Platform(spec=spec, time_scale=1.0, clock="virtual") as plat:
+        camera_client, voice_client = plat.connect("camera"), plat.connect("voice")
+        llm = plat.client.context("npu0", name="llm")
+        camera = camera_client.context("npu0", name="camera", period_ms=33.0)
+        voice = voice_client.context("npu0", name="voice", period_ms=20.0)
+        for ctx in (llm, camera, voice):
+            ctx.submit("work", ms=0).wait(5)
+        long_job = llm.submit_nowait("work", ms=50)
+        hetproc.sleep(5)
+        t = plat.now()
+        cam = camera.submit_nowait("work", ms=8)
+        vox = voice.submit_nowait("work", ms=1.5)
+        for f in (vox, cam, long_job):
+            f.wait(5)
+        assert vox.signal_time() - t == 50_000 + 1_500_000  # a switch, then the voice
+        assert cam.signal_time() - t == 50_000 + 1_500_000 + 8_000_000  # then the camera
+        assert plat.metrics()["clock"]["determinism_breaks"] == 0
+        camera_client.close()
+        voice_client.close()

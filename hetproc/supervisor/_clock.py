@@ -64,6 +64,10 @@ The platform file's ``clock_leases = false`` turns it off (to compare).
 Every event due at the new instant is released in the same jump; the devices are woken by
 index, or in an order the platform's ``tie_seed`` permutes (only that order: the
 supervisor's own decisions due then are made in its usual order).
+A device's doorbell post made while a client may still bring more at this instant is held
+(``_doorbell.HeldPosts``) and rung, in device order, by the first turn that finds the
+platform quiet with no client running: what two requests of one instant bring reaches a
+device together, whatever the host ran between them.
 """
 
 from __future__ import annotations
@@ -74,13 +78,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import posix_ipc
-
 from device_workers import StateSlot as S
-from ipc import FenceTable, Segment, clock, nudge_fence
+from ipc import Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
 from ._autojump import Holders
+from ._doorbell import HeldPosts, PokingDoorbell
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
@@ -94,24 +97,6 @@ NO_WAKE = clock.NO_WAKE
 STOP_LOOK_NS = 5_000_000  # real ns between looks for stopped devices while the clock is held
 # What a loop turn did to the clock (``ClockOwner.turn``).
 STILL, RELEASED, RELEASED_QUIET, JUMPED = range(4)
-
-
-class PokingDoorbell(posix_ipc.Semaphore):
-    """A device's doorbell on the virtual clock: every post pokes the device's waiter slot
-    first, so the clock never moves past news the device has not seen; a device asleep on
-    an input fence is woken by a nudge of that fence (it does not sleep on its doorbell)."""
-
-    waiter: clock.Waiter | None = None
-    fences: FenceTable | None = None
-
-    def release(self) -> None:
-        waiter = self.waiter
-        if waiter is not None:
-            waiter.poke()
-            fence = waiter.fence()
-            if fence and self.fences is not None:
-                nudge_fence(self.fences, fence)
-        super().release()
 
 
 class ClockOwner:
@@ -133,11 +118,14 @@ class ClockOwner:
         # A view of every waiter slot, made once (the turn reads the clients' each time).
         self._slot_waiters = [self.clock.waiter(i) for i in range(devices + clients)]
         self.waiters = self._slot_waiters[:devices]
+        # The devices' doorbell posts, held while a client may bring more at this instant.
+        self.held = HeldPosts(round(autojump_ms * 1e6))
         for dev in reg.devices.values():
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):
                 dev.doorbell.waiter = self.waiters[dev.index]
                 dev.doorbell.fences = reg.fences
+                dev.doorbell.held, dev.doorbell.index = self.held, dev.index
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.autojump_ns = round(autojump_ms * 1e6)
         self.holders = Holders(self.autojump_ns)  # clients outside hetproc waits
@@ -224,6 +212,8 @@ class ClockOwner:
         if heard:
             self.holders.heard()
         self.turns += not busy
+        if self.held.overdue():
+            self.held.ring()  # (a client outside hetproc waits: ``HeldPosts``)
         now = self.clock.now_ns()
         marked, self._marked = self._marked, None
         stopped = self._stopped_devices() if not busy else frozenset()
@@ -239,6 +229,9 @@ class ClockOwner:
                 return STILL
         if self.clock.now_ns() != now:
             return STILL  # a lessee moved it while we looked: it rings when it blocks
+        if self.held and not quiet[1]:
+            self.held.ring()  # no client runs: the devices see what this instant brought
+            return STILL
         wakes, running = quiet
         # The devices are done with this instant: the clients' deadlines come to it
         # before the clock moves on (every device's event at an instant comes before
@@ -419,7 +412,7 @@ class ClockOwner:
                 return None
             wake, fences = snap
             if wake <= now:  # blocked after the jump that reached its wake looked: wake it
-                dev.doorbell.release()
+                _ring(dev)
                 return None
             if fences and self._any_done(fences):
                 return None  # about to run
@@ -540,7 +533,7 @@ class ClockOwner:
         if len(woken) == 1 and after > t and not looking:
             self._lease(woken[0], after)
         for dev in woken:
-            dev.doorbell.release()
+            _ring(dev)
         if not woken:
             self._release_clients(t)
 
@@ -578,9 +571,10 @@ class ClockOwner:
 
     def close(self) -> None:
         """Unmap the clock (before its segment goes, at shutdown)."""
+        self.held.clear()
         for dev in self.reg.devices.values():
             if isinstance(dev.doorbell, PokingDoorbell):
-                dev.doorbell.waiter = None
+                dev.doorbell.waiter = dev.doorbell.held = None
         self.waiters = self._slot_waiters = []
         self.clock.close()
 
@@ -592,3 +586,12 @@ class ClockOwner:
                 "determinism_breaks": self.breaks,
                 "determinism_break_clients": dict(self.break_clients),
                 "determinism_break_devices": dict(self.break_devices)}
+
+
+def _ring(dev: DeviceHandle) -> None:
+    """Wake ``dev`` now: the clock came to its wake (every client waits then)."""
+    bell = dev.doorbell
+    if isinstance(bell, PokingDoorbell):
+        bell.ring()
+    else:
+        bell.release()

@@ -21,10 +21,11 @@ from ipc import PENDING, FenceTable, Manifest, Segment, errors
 
 from .._config import PlatformSpec
 from ._bandwidth import DdrQuota
-from ._clock import ClockOwner, PokingDoorbell
+from ._clock import ClockOwner
 from ._commands import Commands
 from ._descriptors import DescriptorBudget, raise_descriptor_limit
 from ._devices import Command, DeviceHandle
+from ._doorbell import PokingDoorbell
 from ._evidence import Evidence
 from ._failures import Failures
 from ._faultplan import FaultPlan

@@ -1,0 +1,79 @@
+"""A device's doorbell on the virtual clock, and the posts it holds back.
+
+Every post pokes the device's waiter slot first (``ipc.clock``), so the clock never moves
+past news the device has not seen; a device asleep on an input fence is woken by a nudge
+of that fence (it does not sleep on its doorbell then).
+
+A post is held (``HeldPosts``) until no client runs: whatever the clients bring at one
+instant reaches the devices together (``ClockOwner.turn`` rings them). Rung at once, a
+device chose among what the first of two requests of one instant had brought: in
+multi_tenant's EDF a camera and a voice command, submitted at one instant on two
+connections, ran camera first (the voice preempting it 50 us later) or voice first, as
+the host ran. A jump's wake rings at once (``ring``): every client waits then.
+"""
+
+from __future__ import annotations
+
+import time
+
+import posix_ipc
+
+from ipc import FenceTable, clock, nudge_fence
+
+
+class PokingDoorbell(posix_ipc.Semaphore):
+    """A device's doorbell on the virtual clock (see the module docstring)."""
+
+    waiter: clock.Waiter | None = None
+    fences: FenceTable | None = None
+    held: HeldPosts | None = None
+    index = 0  # the device's: held posts ring in device order
+
+    def release(self) -> None:
+        held = self.held
+        if held is not None:
+            held.hold(self)
+            return
+        self.ring()
+
+    def ring(self) -> None:
+        """Post now: poke the slot, nudge the fence it sleeps on, post the semaphore."""
+        waiter = self.waiter
+        if waiter is not None:
+            waiter.poke()
+            fence = waiter.fence()
+            if fence and self.fences is not None:
+                nudge_fence(self.fences, fence)
+        super().release()
+
+
+class HeldPosts:
+    """The doorbell posts held while a client may still bring more at this instant, by
+    device: rung once no client runs, or after ``limit_ns`` of real time (a client that
+    stays outside hetproc waits holds them no longer)."""
+
+    def __init__(self, limit_ns: int) -> None:
+        self.limit_ns = limit_ns
+        self._bells: dict[int, PokingDoorbell] = {}
+        self._since = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._bells)
+
+    def hold(self, bell: PokingDoorbell) -> None:
+        if not self._bells:
+            self._since = time.monotonic_ns()
+        self._bells[bell.index] = bell
+
+    def overdue(self) -> bool:
+        return bool(self._bells) and time.monotonic_ns() - self._since >= self.limit_ns
+
+    def ring(self) -> None:
+        """Ring every held post, in device order."""
+        bells = [self._bells[i] for i in sorted(self._bells)]
+        self._bells.clear()
+        for bell in bells:
+            bell.ring()
+
+    def clear(self) -> None:
+        self._bells.clear()
