@@ -119,7 +119,7 @@ class ClockOwner:
         self._slot_waiters = [self.clock.waiter(i) for i in range(devices + clients)]
         self.waiters = self._slot_waiters[:devices]
         # The devices' doorbell posts, held while a client may bring more at this instant.
-        self.held = HeldPosts(round(autojump_ms * 1e6))
+        self.held = HeldPosts(round(autojump_ms * 1e6), reg.clients, self._slot_waiters)
         for dev in reg.devices.values():
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):

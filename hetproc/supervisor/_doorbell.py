@@ -4,8 +4,9 @@ Every post pokes the device's waiter slot first (``ipc.clock``), so the clock ne
 past news the device has not seen; a device asleep on an input fence is woken by a nudge
 of that fence (it does not sleep on its doorbell then).
 
-A post is held (``HeldPosts``) until no client runs: whatever the clients bring at one
-instant reaches the devices together (``ClockOwner.turn`` rings them). Rung at once, a
+A post made while a client may still bring more at this instant is held (``HeldPosts``)
+until no client runs: whatever the clients bring at one instant reaches the devices
+together (``ClockOwner.turn`` rings them). Rung at once, a
 device chose among what the first of two requests of one instant had brought: in
 multi_tenant's EDF a camera and a voice command, submitted at one instant on two
 connections, ran camera first (the voice preempting it 50 us later) or voice first, as
@@ -15,6 +16,8 @@ the host ran. A jump's wake rings at once (``ring``): every client waits then.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import posix_ipc
 
@@ -31,7 +34,7 @@ class PokingDoorbell(posix_ipc.Semaphore):
 
     def release(self) -> None:
         held = self.held
-        if held is not None:
+        if held is not None and (held.serving or held.clients_running()):
             held.hold(self)
             return
         self.ring()
@@ -48,14 +51,35 @@ class PokingDoorbell(posix_ipc.Semaphore):
 
 
 class HeldPosts:
-    """The doorbell posts held while a client may still bring more at this instant, by
-    device: rung once no client runs, or after ``limit_ns`` of real time (a client that
-    stays outside hetproc waits holds them no longer)."""
+    """The doorbell posts held while a client may still bring more at this instant (the
+    loop serves a request: ``with held:``, or a connection's process is not in a hetproc
+    wait: ``clients_running``), by device: rung once no client runs, or after
+    ``limit_ns`` of real time (a client that stays outside hetproc waits holds them no
+    longer). A post made while every client waits (a device's progress) rings at once."""
 
-    def __init__(self, limit_ns: int) -> None:
+    def __init__(self, limit_ns: int, clients: Mapping[Any, Any],
+                 waiters: list[clock.Waiter]) -> None:
         self.limit_ns = limit_ns
+        self._clients = clients  # the registry's connections (each a ``clock_slot``)
+        self._waiters = waiters  # every waiter slot, by index
+        self.serving = False
         self._bells: dict[int, PokingDoorbell] = {}
         self._since = 0
+
+    def clients_running(self) -> bool:
+        """Whether a connection's process is not in a hetproc wait."""
+        waiters = self._waiters
+        for client in self._clients.values():
+            slot = client.clock_slot
+            if slot >= 0 and waiters[slot].snapshot() is None:
+                return True
+        return False
+
+    def __enter__(self) -> None:
+        self.serving = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.serving = False
 
     def __bool__(self) -> bool:
         return bool(self._bells)

@@ -86,6 +86,7 @@ import signal
 import socket
 import struct
 import time
+from contextlib import nullcontext
 
 from device_workers import StateSlot
 from ipc import Manifest, cleanup_prefix, clock, decode, encode, errors, pack_frame, socket_address
@@ -148,6 +149,7 @@ class Supervisor:
         self.fencefds: FenceFds = parts.fencefds
         self.handlers = parts.requests
         self.vclock = parts.vclock  # the virtual clock's owner (None: the real clock)
+        self._serving = self.vclock.held if self.vclock is not None else nullcontext()
         if self.vclock is not None:
             self.vclock.settle = self.tick
         for dev in self.reg.devices.values():
@@ -452,7 +454,8 @@ class Supervisor:
             check.check_request(msg, self.spec.limits)  # every field, before any change
             if client.id == 0 and msg["op"] != "hello":
                 raise errors.InvalidRequest("say hello first")
-            result = self.handlers[msg["op"]](client, msg)
+            with self._serving:  # (devices' posts wait for the clients: ``_doorbell``)
+                result = self.handlers[msg["op"]](client, msg)
         except errors.HetprocError as exc:
             self._drop_handing(client)
             if isinstance(exc, errors.BadPacket):
