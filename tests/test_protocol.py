@@ -40,7 +40,6 @@ def test_a_command_shape_test_accepts_exactly_what_the_field_checks_accept(monke
 
     from hetproc._config import load_platform
     from hetproc.supervisor import _validation as v
-    from ipc import errors
 
     limits = load_platform().limits
     values = {
@@ -56,11 +55,7 @@ def test_a_command_shape_test_accepts_exactly_what_the_field_checks_accept(monke
                    {"c": float("nan")}, {"d": 1 << 64}, [1]]}
 
     def verdict(c: dict) -> str:
-        try:
-            v.check_command(c, limits)
-            return "ok"
-        except errors.HetprocError as exc:
-            return f"{exc.name}: {exc.message}"
+        return _verdict(v.check_command, c, limits)
 
     rng = random.Random(7)
     cases = []
@@ -86,7 +81,6 @@ def test_a_request_shape_test_accepts_exactly_what_the_field_checks_accept(monke
 
     from hetproc._config import load_platform
     from hetproc.supervisor import _validation as v
-    from ipc import errors
 
     limits = load_platform().limits
     ops = {
@@ -103,11 +97,7 @@ def test_a_request_shape_test_accepts_exactly_what_the_field_checks_accept(monke
     }
 
     def verdict(msg: dict) -> str:
-        try:
-            v.check_request(msg, limits)
-            return "ok"
-        except errors.HetprocError as exc:
-            return f"{exc.name}: {exc.message}"
+        return _verdict(v.check_request, msg, limits)
 
     rng = random.Random(11)
     cases = []
@@ -125,3 +115,13 @@ def test_a_request_shape_test_accepts_exactly_what_the_field_checks_accept(monke
     assert got == expected
     assert expected.count("ok") > 300 and len(set(expected)) > 10
     assert v._REQUEST_SHAPES, "the shapes seen were learnt"
+
+
+def _verdict(check, case: dict, limits) -> str:
+    """What ``check`` says of ``case``: "ok", or the error's name and message."""
+    from ipc import errors
+    try:
+        check(case, limits)
+        return "ok"
+    except errors.HetprocError as exc:
+        return f"{exc.name}: {exc.message}"

@@ -118,8 +118,9 @@ class ClockOwner:
         # A view of every waiter slot, made once (the turn reads the clients' each time).
         self._slot_waiters = [self.clock.waiter(i) for i in range(devices + clients)]
         self.waiters = self._slot_waiters[:devices]
+        self.autojump_ns = round(autojump_ms * 1e6)
         # The devices' doorbell posts, held while a client may bring more at this instant.
-        self.held = HeldPosts(round(autojump_ms * 1e6), reg.clients, self._slot_waiters)
+        self.held = HeldPosts(self.autojump_ns, reg.clients, self._slot_waiters)
         for dev in reg.devices.values():
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):
@@ -127,7 +128,6 @@ class ClockOwner:
                 dev.doorbell.fences = reg.fences
                 dev.doorbell.held, dev.doorbell.index = self.held, dev.index
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
-        self.autojump_ns = round(autojump_ms * 1e6)
         self.holders = Holders(self.autojump_ns)  # clients outside hetproc waits
         recovery.settled = lambda dev: (not self.waiters
                                         or self.waiters[dev.index].snapshot() is not None)

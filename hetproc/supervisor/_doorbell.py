@@ -6,11 +6,11 @@ of that fence (it does not sleep on its doorbell then).
 
 A post made while a client may still bring more at this instant is held (``HeldPosts``)
 until no client runs: whatever the clients bring at one instant reaches the devices
-together (``ClockOwner.turn`` rings them). Rung at once, a
-device chose among what the first of two requests of one instant had brought: in
-multi_tenant's EDF a camera and a voice command, submitted at one instant on two
-connections, ran camera first (the voice preempting it 50 us later) or voice first, as
-the host ran. A jump's wake rings at once (``ring``): every client waits then.
+together (``ClockOwner.turn`` rings them). Rung at once, a device chose among what the
+first of two requests of one instant had brought: in multi_tenant's EDF a camera and a
+voice command, submitted at one instant on two connections, ran camera first (the voice
+preempting it 50 us later) or voice first, as the host ran. A jump's wake rings at once
+(``ring``): every client waits then.
 """
 
 from __future__ import annotations
