@@ -34,7 +34,7 @@ class PokingDoorbell(posix_ipc.Semaphore):
 
     def release(self) -> None:
         held = self.held
-        if held is not None and (held.serving or held.clients_running()):
+        if held is not None and held.holding and (held.serving or held.clients_running()):
             held.hold(self)
             return
         self.ring()
@@ -63,6 +63,7 @@ class HeldPosts:
         self._clients = clients  # the registry's connections (each a ``clock_slot``)
         self._waiters = waiters  # every waiter slot, by index
         self.serving = False
+        self.holding = True  # until the platform stops (``stop_holding``)
         self._bells: dict[int, PokingDoorbell] = {}
         self._since = 0
 
@@ -98,6 +99,12 @@ class HeldPosts:
         self._bells.clear()
         for bell in bells:
             bell.ring()
+
+    def stop_holding(self) -> None:
+        """Ring what is held, and every post from now on at once: the platform stops, and
+        a device must hear its stop now (held, it heard it only by its own timeout)."""
+        self.holding = False
+        self.ring()
 
     def clear(self) -> None:
         self._bells.clear()

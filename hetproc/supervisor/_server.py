@@ -549,6 +549,8 @@ class Supervisor:
     def shutdown(self) -> None:
         """Stop devices (kill after a grace), fail every pending fence, remove everything."""
         self.running = False
+        if self.vclock is not None:
+            self.vclock.held.stop_holding()
         for dev in self.reg.devices.values():
             if dev.pid:
                 self.reg.slots[dev.index].u64[StateSlot.CANCEL_PIDX] = dev.pushes  # stop work now

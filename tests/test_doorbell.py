@@ -1,0 +1,71 @@
+"""The virtual clock's held doorbell posts (``hetproc.supervisor._doorbell``), on real
+POSIX semaphores: held while the loop serves a request, rung in device order, and never
+held once the platform stops (a device must hear its stop at once, not by its own slice).
+What a held post changes across processes is in ``test_virtual_clock``."""
+
+from __future__ import annotations
+
+import os
+
+import posix_ipc
+
+from hetproc.supervisor._doorbell import HeldPosts, PokingDoorbell
+
+
+def _bells(n: int) -> list[PokingDoorbell]:
+    tag = f"/hptest.bell.{os.getpid()}."
+    bells = []
+    for i in range(n):
+        bell = PokingDoorbell(tag + str(i), posix_ipc.O_CREX)
+        bell.unlink()  # named only while made: nothing to leave in /dev/shm
+        bell.index = i
+        bells.append(bell)
+    return bells
+
+
+def _held(bells: list[PokingDoorbell]) -> HeldPosts:
+    held = HeldPosts(10**12, {}, [])  # no client connected: only ``serving`` holds
+    for bell in bells:
+        bell.held = held
+    return held
+
+
+def test_a_post_made_while_serving_is_held_and_rung_once_the_loop_is_done():
+    (bell,) = bells = _bells(1)
+    held = _held(bells)
+    with held:
+        bell.release()
+        assert bell.value == 0 and held
+    bell.release()  # not serving, no client running: at once
+    assert bell.value == 1
+    held.ring()
+    assert bell.value == 2 and not held
+    bell.close()
+
+
+def test_held_posts_ring_in_device_order_whatever_order_they_were_made_in():
+    bells = _bells(3)
+    held = _held(bells)
+    rung = []
+    for bell in bells:
+        bell.ring = (lambda b: lambda: rung.append(b.index))(bell)  # type: ignore[method-assign]
+    with held:
+        for i in (2, 0, 1, 2):
+            bells[i].release()
+    held.ring()
+    assert rung == [0, 1, 2]
+    for bell in bells:
+        bell.close()
+
+
+def test_once_the_platform_stops_nothing_is_held():
+    a, b = bells = _bells(2)
+    held = _held(bells)
+    with held:
+        a.release()
+        held.stop_holding()  # what was held rings, and a stop posted now is heard now
+        assert a.value == 1
+        b.release()
+        assert b.value == 1 and not held
+    for bell in bells:
+        bell.close()
