@@ -15,6 +15,12 @@ the lease's bound, for as long as it tells nobody anything (``Outbox.told``) and
 block -- the end of a map, of a kernel, of a write-back, then, idle, its hand-off signal's
 instant, one after the other, with no jump between them.
 
+Progress (the counter the watchdog re-arms on) is counted once per modeled instant at
+which a wait is entered or poked, never for a real slice that ended: how many slices end
+is the host's doing. Counted per slice, a device stopped by a signal 10 ms into a long
+command was re-armed once or not (its ``DeviceTimeout`` 200 ms apart) as the host ran
+(``_look``).
+
 Order (``Waiter``): read the supervisor's pokes (``begin``), then look at the work
 (cancel, preemption, the ring), then say "blocked" (``block``): a command pushed after the
 look is news the supervisor sees the device has not seen, so it never jumps past it.
@@ -53,6 +59,7 @@ class Device(Protocol):
     u32: Any
     u64: Any
     queues: Any
+    counts_progress: bool
 
     def fire_due_signals(self) -> None: ...
     def beat(self) -> None: ...
@@ -74,6 +81,8 @@ class DeviceWaits:
         self.devices = range(device.boot.device_count)
         self.index = device.boot.index
         self.told = 0  # the outbox's ``told`` when the device last blocked (``_block``)
+        self._counted_at = 0  # the instant a wait's look last counted as progress
+        self._poked = 0  # the slot's pokes then (``_look``)
         device.fences.model_now = vclock.now_ns  # what a fence it fails is stamped with
         _hold.use_virtual(self.hold)
 
@@ -103,11 +112,12 @@ class DeviceWaits:
         every wake, woken sooner at a preemption's chunk boundary. Returns at once,
         without calling ``between``, if already due."""
         dev, slot, now = self.device, self.slot, self.now
+        wake = 0  # (the wait was just entered: its first look counts)
         while True:
             slot.begin()
             if now() >= until:
                 return
-            between()
+            self._look(between, wake)
             t = dev.preempt.next_point()
             wake = until if t is None or t <= now() or t > until else t
             # A hand-off signal of an earlier command falls due while this one holds: we
@@ -121,6 +131,24 @@ class DeviceWaits:
             if dev.outbox.records:  # ours go out first: the supervisor needs them
                 dev.outbox.flush()
             self._block(wake, dev.doorbell)
+
+    def _look(self, between: Callable[[], None], wake: int) -> None:
+        """``between`` (cancel, preemption, hand-offs) on a wait's wake, counted as
+        progress when the wait was just entered (``wake`` 0), or, once per instant, when
+        the clock came to ``wake`` (the one it blocked for) or the supervisor poked it
+        since the last look (the module docstring): a poke made at an instant is seen at
+        that instant (the clock waits for news), a slice's end is not."""
+        dev, now = self.device, self.now()
+        poked, self._poked = self._poked, self.slot.poked()
+        counts = not wake or ((now >= wake or poked != self._poked)
+                              and now != self._counted_at)
+        if counts:
+            self._counted_at = now
+        dev.counts_progress = counts
+        try:
+            between()
+        finally:
+            dev.counts_progress = True
 
     def _leased(self, seq: int, wake: int) -> bool:
         """Moved the clock to ``wake`` on a lease (``ipc.clock``): the command ``seq`` it
@@ -136,9 +164,10 @@ class DeviceWaits:
         ``FenceTimeout`` once the clock passed the deadline. Woken too when a hand-off
         signal of ours comes due (``between_chunks`` fires it)."""
         dev, slot, now = self.device, self.slot, self.now
+        wake = 0
         while True:
             slot.begin()
-            dev.between_chunks()
+            self._look(dev.between_chunks, wake)
             if now() >= deadline:
                 raise errors.FenceTimeout(f"fence {handle:#x} still pending at the deadline")
             wake = min(deadline, dev.delayed[0][0]) if dev.delayed else deadline

@@ -121,6 +121,7 @@ class DeviceWorker:
         # One frame per depth of preemption (``Preemption.suspend`` adds the next one).
         self.frames = [Frame(), Frame()]
         self.heartbeat_stalled = False  # only an injected fault sets it (``_faults.Host``)
+        self.counts_progress = True  # a virtual-clock wait's look that is no progress: False
         # The previous command's modeled end: a device (re)started now ran nothing before,
         # so the time it was hung, dead or restarting is device time the model charges.
         # Only ``finish`` and a preemption move it.
@@ -515,7 +516,8 @@ class DeviceWorker:
         """Called between kernel chunks and hold slices: progress, heartbeat, cancel,
         and a preemption the supervisor asked for."""
         u64 = self.u64
-        u64[_PROGRESS] += 1
+        if self.counts_progress:
+            u64[_PROGRESS] += 1
         if not self.heartbeat_stalled:
             u64[_HEARTBEAT] = clock.now_ns()
         self.check_cancel()

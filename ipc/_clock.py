@@ -149,6 +149,10 @@ class Waiter:
         """The supervisor wants the waiter's attention (then posts its semaphore)."""
         self._q[self._i + POKED] += 1
 
+    def poked(self) -> int:
+        """How many pokes the slot has had (a count only the supervisor moves)."""
+        return self._q[self._i + POKED]
+
     def has_news(self) -> bool:
         """A poke came since the last ``begin`` (the waiter's own view)."""
         q, i = self._q, self._i

@@ -254,6 +254,34 @@ def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever(
         assert plat.metrics()["devices"]["npu0"]["pid"] != pid  # a new process
 
 
+def test_a_wake_nobody_asked_for_is_no_progress_so_the_watchdog_does_not_re_arm_on_it():
+    """A device's real slice that ends while it holds is the host's doing: counted as
+    progress, it re-armed the watchdog of a device stopped 10 ms into a long command, so
+    its DeviceTimeout came at 450 ms instead of 250 ms in some runs. Here such wakes are
+    forced (bare posts of its doorbell, with no poke) before the stop: the same 250 ms."""
+    import posix_ipc
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        c = plat.client
+        pid = plat.metrics()["devices"]["npu0"]["pid"]
+        bell = posix_ipc.Semaphore(f"{plat.prefix}bell.npu0")
+        try:
+            t0 = plat.now()
+            f = c.context("npu0").submit_nowait("work", ms=500)
+            hetproc.sleep(10)
+            for _ in range(3):
+                bell.release()
+                deadline = time.monotonic() + 5
+                while bell.value and time.monotonic() < deadline:
+                    time.sleep(0.001)  # the device took it: woke, looked, blocked again
+                assert bell.value == 0
+            os.kill(pid, signal.SIGSTOP)
+            with pytest.raises(errors.DeviceTimeout):
+                f.wait(5)
+        finally:
+            bell.close()
+        assert f.signal_time() - t0 == 250 * MS  # watchdog 200 ms (no re-arm), grace 50
+
+
 def test_a_device_known_stopped_holds_the_clock_once_not_at_every_jump_past_it():
     """With autojump_ms at 3 s, the first jump past a stopped device waits those 3 s; the
     jumps after it (the watchdog's look, its deadline, the grace) find it still stopped
