@@ -135,6 +135,7 @@ class ClockOwner:
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.chained_jumps = 0  # jumps in the turn of a release that woke no client
         self.turns = 0  # loop turns that looked whether the platform waits
+        self.jump_nudged = False  # the last jump woke a client (``_jump``)
         self.break_clients: dict[str, int] = {}
         self.break_devices: dict[str, int] = {}
         self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
@@ -534,8 +535,8 @@ class ClockOwner:
             self._lease(woken[0], after)
         for dev in woken:
             _ring(dev)
-        if not woken:
-            self._release_clients(t)
+        # Clients whose deadline came run now: each talks to us or pings when it blocks.
+        self.jump_nudged = not woken and self._release_clients(t)
 
     def _lease(self, dev: DeviceHandle, until: int) -> None:
         """Lease the clock to ``dev`` up to ``until`` if it holds in a command the loop

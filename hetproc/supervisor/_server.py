@@ -110,7 +110,9 @@ from ._recovery import Recovery
 
 TICK_S = 0.005
 # On the virtual clock the last waiter to block wakes the loop (``_clock``); the tick is
-# the fallback when two block at once and each saw the other run.
+# the fallback when two block at once and each saw the other run. That race follows an
+# event, so the tick is short just after one and doubles while nothing happens, up to
+# the real clock's (a client computing for long did wake the loop 2,000 times a second).
 VIRTUAL_TICK_S = 0.0005
 REQUESTS_PER_TURN = 64
 ACCEPTS_PER_TURN = 32
@@ -216,6 +218,9 @@ class Supervisor:
             news = heard = False
             looking, look_again = look_again, False
             ready = self.sel.select(0 if self.backlog or looking else tick_s)
+            if vclock is not None:  # (the module constants' comment)
+                tick_s = (VIRTUAL_TICK_S if ready or served or looking
+                          else min(tick_s * 2, TICK_S))
             for key, mask in ready:
                 kind, obj = key.data
                 if kind == "completion":
@@ -247,8 +252,9 @@ class Supervisor:
                 view = vclock.view()
                 self.tick()  # what is due at the instant the clock moved to
                 # The devices woken may be blocked again already, their wake-up taken in
-                # with their completions by this tick: look at once, not at the next tick.
-                look_again = vclock.devices_blocked()
+                # with their completions by this tick: look at once, not at the next tick
+                # (unless the jump woke a client: it runs, and says so when it blocks).
+                look_again = vclock.devices_blocked() and not vclock.jump_nudged
                 vclock.jump_view = view if look_again else None
             elif moved == RELEASED_QUIET:
                 look_again = True  # nobody woke: the platform may jump on at once
