@@ -57,7 +57,9 @@ def one_run(kind: str, name: str, options: dict[str, Any],
             "commands": row.get("trace_commands"), "breaks": row.get("determinism_breaks"),
             "rows": row.get("trace_rows"),
             "failed": {**row["failed_details"],
-                       **({"error": row["error"]} if row["error"] else {})}}
+                       **({"error": row["error"]} if row["error"] else {}),
+                       **({"platform saw": row["platform_errors"]}
+                          if row["platform_errors"] else {})}}
 
 
 def survey(names: list[str] | None, runs: int, jobs: int = 1,

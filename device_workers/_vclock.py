@@ -16,10 +16,10 @@ block -- the end of a map, of a kernel, of a write-back, then, idle, its hand-of
 instant, one after the other, with no jump between them.
 
 Progress (the counter the watchdog re-arms on) is counted once per modeled instant at
-which a wait is entered or poked, never for a real slice that ended: how many slices end
-is the host's doing. Counted per slice, a device stopped by a signal 10 ms into a long
-command was re-armed once or not (its ``DeviceTimeout`` 200 ms apart) as the host ran
-(``_look``).
+which a wait is entered, poked or reaches its wake, never for a real slice that ended:
+how many slices end is the host's doing. Counted per slice, a device stopped by a
+signal 10 ms into a long command was re-armed once or not (its ``DeviceTimeout`` 200 ms
+apart) as the host ran (``_look``).
 
 Order (``Waiter``): read the supervisor's pokes (``begin``), then look at the work
 (cancel, preemption, the ring), then say "blocked" (``block``): a command pushed after the

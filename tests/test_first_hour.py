@@ -120,6 +120,24 @@ def test_the_acceptance_report_says_what_a_failed_check_saw(capsys):
     assert "1.250" in out and "ab12ab12ab12" in out and "ab12" * 4 not in out  # a prefix
 
 
+def test_a_failed_cell_names_what_the_platform_froze_its_first_windows_around(capsys):
+    """A run stopped on a consumer's DependencyFailed names only the symptom; the window
+    frozen around the producer's DeviceFault says which exception the device raised."""
+    from hetproc.cli import _show
+    from hetproc.drills._acceptance import _row
+    frozen = [{"reason": "DeviceFault: cpu0: KeyError: 'x'"},
+              {"reason": "DependencyFailed: npu0: input fence 0x7 failed with DeviceFault"}]
+    report = {"ok": False, "checks": [], "left_behind": {"objects": [], "processes": []},
+              "metrics": {}, "duration_s": 1.0, "evidence": {"frozen": frozen},
+              "error": "DependencyFailed: npu0: input fence 0x7 failed with DeviceFault"}
+    row = _row("scenario", "zero_copy_evidence", report)
+    assert row["platform_errors"] == [w["reason"] for w in frozen]
+    _show.print_matrix({"rows": [row], "ok": False})
+    assert ("[FAIL] scenario zero_copy_evidence: the platform saw DeviceFault: cpu0: "
+            "KeyError: 'x'") in capsys.readouterr().out
+    assert _row("scenario", "x", {**report, "ok": True})["platform_errors"] == []
+
+
 def test_a_run_summary_says_how_modeled_time_went_against_the_wall(capsys):
     from hetproc.cli import _show
     report = {"scenario": "dated", "platform": {"name": "soc", "time_scale": 1.0},

@@ -216,6 +216,8 @@ def print_matrix(matrix: dict[str, Any], out: TextIO | None = None) -> None:
                            + (f": {detail}" if detail else "")))
         if r.get("error") and not r["ok"]:
             con.print(Text(f"[FAIL] {r['kind']} {r['name']}: stopped on {r['error']}"))
+        for reason in r.get("platform_errors") or ():
+            con.print(Text(f"[FAIL] {r['kind']} {r['name']}: the platform saw {reason}"))
     con.print(Text("OK", style="bold green") if matrix["ok"] else Text("FAILED", style="bold red"))
 
 

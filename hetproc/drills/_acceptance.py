@@ -199,7 +199,17 @@ def _row(kind: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
             "failed_details": {c["name"]: c["detail"] for c in failed},
             "checks": len(report["checks"]),
             "error": report.get("error"),
+            "platform_errors": [] if report["ok"] else _first_errors(report),
             "leaks": len(left["objects"]) + len(left["processes"]),
             "recovery_ms": report["metrics"].get("recovery_ms"),
             "duration_s": report["duration_s"], "skipped": report.get("skipped"),
             **_timefields.of_report(report)}
+
+
+def _first_errors(report: dict[str, Any], most: int = 3) -> list[str]:
+    """What the platform froze its first windows around (``evidence.frozen``): a failed
+    cell's root cause, where the error that stopped the run names only its symptom (a
+    consumer's ``DependencyFailed`` says its input failed with ``DeviceFault``; the
+    producer's window says which exception the device raised)."""
+    frozen = (report.get("evidence") or {}).get("frozen") or []
+    return [str(w.get("reason")) for w in frozen[:most]]
