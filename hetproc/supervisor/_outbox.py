@@ -154,3 +154,13 @@ def _send(conn: socket.socket, data: bytes, fds: Sequence[int]) -> int:
     return conn.send(data)
 
 
+def refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
+    """Tell a peer we will not serve why (best effort, never blocking), and close."""
+    try:
+        conn.setblocking(False)
+        conn.send(pack_frame(encode(_protocol.notice(why.to_dict()))))
+        conn.shutdown(socket.SHUT_WR)
+        conn.recv(1 << 16)  # what it sent already: closing over unread data would reset
+    except OSError:  # the connection, and lose the answer before the peer reads it
+        pass
+    conn.close()

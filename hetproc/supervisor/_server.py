@@ -89,7 +89,7 @@ import time
 from contextlib import nullcontext
 
 from device_workers import StateSlot
-from ipc import Manifest, cleanup_prefix, clock, decode, encode, errors, pack_frame, socket_address
+from ipc import Manifest, cleanup_prefix, clock, decode, encode, errors, socket_address
 
 from .. import _protocol
 from .._config import PlatformSpec
@@ -103,7 +103,7 @@ from ._failures import CLIENT, Failures
 from ._fencefds import FenceFds
 from ._lifetimes import Lifetimes
 from ._memory import Memory
-from ._outbox import Outbox, close_all
+from ._outbox import Outbox, close_all, refuse_connection
 from ._queues import Queues
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
@@ -324,7 +324,7 @@ class Supervisor:
         limits = self.spec.limits
         why = self._refusal(pid, uid)
         if why is not None:
-            _refuse_connection(conn, why)
+            refuse_connection(conn, why)
             return True
         # Non-blocking both ways: a client that stops reading its replies gets them
         # buffered (up to a bound), and never stalls the loop every other client needs.
@@ -591,16 +591,3 @@ class Supervisor:
         self.named.remove_segments()
         self.manifest.remove()
         cleanup_prefix(self.prefix)  # anything recorded late or never recorded
-
-
-def _refuse_connection(conn: socket.socket, why: errors.HetprocError) -> None:
-    """Tell a peer we will not serve why (best effort, never blocking), and close."""
-    try:
-        conn.setblocking(False)
-        conn.send(pack_frame(encode(_protocol.notice(why.to_dict()))))
-        conn.shutdown(socket.SHUT_WR)
-        conn.recv(1 << 16)  # what it sent already: closing over unread data would reset
-    except OSError:  # the connection, and lose the answer before the peer reads it
-        pass
-    conn.close()
-
