@@ -100,6 +100,7 @@ class DeviceTrace:
         self.track = device_track(index)
         self.fences = fences
         self.cache = cache
+        self._imports_counted = 0  # of ``cache.imports``, added to the counter so far
         self._private = private
         self.t_take = 0  # when the current command came off the ring: only ``take`` sets it
         # The slices the current command has open: each begin sets its flag, its end
@@ -195,17 +196,21 @@ class DeviceTrace:
             return memory.acquire(cmd, between, views=views, **modeled)
         cid, ring, c = cmd["cid"], self.ring, self.c
         self._open_map = True
-        before = len(self.cache)
+        before = self.cache.imports
         ring.begin(_MAP, cid, self.track)
         ins, outs = memory.acquire(cmd, between, views=views, **modeled)
-        imported = len(self.cache) - before
+        # (not the change of ``len(cache)``: a fetch during the map reads drops too, and
+        # a negative count failed the command with a DeviceFault, ValueError in 'Q')
+        imported = self.cache.imports - before
         nbytes = 0
         for a in ins:  # (a loop, not ``sum`` over generators: once per command)
             nbytes += a.nbytes
         for a in outs:
             nbytes += a.nbytes
         c[_C_MAPS] += n
-        c[_C_IMPORTS] += imported
+        total = self.cache.imports  # (those read while idle too: counted here)
+        c[_C_IMPORTS] += total - self._imports_counted
+        self._imports_counted = total
         c[_C_DDR] += nbytes
         self._open_map = False
         ring.end(_MAP, cid, self.track, nbytes, n, imported)

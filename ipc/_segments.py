@@ -214,17 +214,21 @@ class SegmentCache:
     A named segment (a ``str`` key) is attached on first use; an anonymous one (an
     ``int`` key) only exists here once its descriptor was received and ``add``ed:
     ``get`` of an unknown id asks ``fetch`` (e.g. read the descriptors waiting on a
-    socket), then raises ``KeyError``."""
+    socket), then raises ``KeyError``. ``imports`` counts every mapping made (attached
+    or added), whenever: what a map brought in is its growth, never the change of
+    ``len``, which a fetch that reads drops too makes smaller."""
 
     def __init__(self, fetch: Callable[[], None] | None = None) -> None:
         self._segments: dict[str | int, Segment] = {}
         self.fetch = fetch
+        self.imports = 0
 
     def get(self, key: str | int) -> Segment:
         seg = self._segments.get(key)
         if seg is None:
             if type(key) is str:
                 seg = self._segments[key] = Segment.attach(key)
+                self.imports += 1
             else:
                 if self.fetch is not None:
                     self.fetch()
@@ -247,6 +251,7 @@ class SegmentCache:
         if old is not None and old is not seg:
             old.close()
         self._segments[seg.key] = seg
+        self.imports += 1
 
     def forget(self, key: str | int) -> None:
         seg = self._segments.pop(key, None)

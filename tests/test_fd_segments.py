@@ -526,6 +526,52 @@ def test_a_device_refuses_a_segment_it_was_never_handed():
         cache.close()
 
 
+def test_a_map_that_reads_drops_with_its_segment_counts_one_import_not_fewer():
+    """A device's map that fetches its segment also reads what waits before it on the
+    socket: here the drops of two segments it had read while idle. The map imported
+    one segment; counted as the change of the cache's size (-1), the device's import
+    counter went below zero and the command failed with a DeviceFault ("invalid value
+    for format 'Q'": one zero_copy_evidence run in a few hundred beside a busy process)."""
+    from device_workers._cache import DeviceMemory
+    from device_workers._tracing import DeviceTrace
+    from ipc import TraceBank
+    from ipc._tracebank import COUNTERS
+    mine, theirs = segment_socketpair()
+    cache = SegmentCache()
+    rx = SegmentReceiver(theirs, cache, on_drop=lambda sid: None)
+    cache.fetch = rx.drain
+    tx = SegmentSender(mine)
+    tseg = Segment.create(f"hpt.{os.getpid()}.trace", TraceBank.nbytes(2, 256))
+    segs = [Segment.anonymous_segment(f"hp.test.p{i}", 4096, i) for i in (1, 2, 3)]
+    try:
+        bank = TraceBank(tseg.map, create=True, rings=2, capacity=256, enabled=True)
+        trace = DeviceTrace(bank, 0, None, cache)
+        mem = DeviceMemory(cache, coherent=True, cache_bytes=0)
+        for seg in segs[:2]:
+            tx.add(seg)
+        assert tx.flush() and rx.drain() == 2  # read while idle: no map counted them
+        tx.drop(1)
+        tx.drop(2)
+        tx.add(segs[2])
+        assert tx.flush()
+        cmd = {"cid": 5, "ins": [[3, 0, [16], "uint8", None, "r", 9]], "outs": [],
+               "mem": {}, "kernel": "copy", "hold_ns": 0}
+        ins, _ = trace.map_buffers(mem, cmd, lambda: None, True)  # fetches: -2, +1
+        assert ins[0].shape == (16,) and len(cache) == 1
+        assert trace.c[COUNTERS["imports"]] == 3  # every segment it was handed
+        mem.release(cmd, lambda: None)
+        del ins
+        bank.close()
+    finally:
+        tx.close()
+        rx.close()
+        cache.close()
+        for seg in segs:
+            seg.close()
+        tseg.close()
+        tseg.unlink()
+
+
 def test_the_supervisor_bounds_its_live_segments():
     from hetproc.supervisor._descriptors import DescriptorBudget
     from hetproc.supervisor._memory import Memory
