@@ -6,10 +6,12 @@ What a held post changes across processes is in ``test_virtual_clock``."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import posix_ipc
 
 from hetproc.supervisor._doorbell import HeldPosts, PokingDoorbell
+from ipc import Segment, clock
 
 
 def _bells(n: int) -> list[PokingDoorbell]:
@@ -24,7 +26,7 @@ def _bells(n: int) -> list[PokingDoorbell]:
 
 
 def _held(bells: list[PokingDoorbell]) -> HeldPosts:
-    held = HeldPosts(10**12, {}, [])  # no client connected: only ``serving`` holds
+    held = HeldPosts(10**12, {}, [], lambda: False)  # no client: only ``serving`` holds
     for bell in bells:
         bell.held = held
     return held
@@ -69,3 +71,40 @@ def test_once_the_platform_stops_nothing_is_held():
         assert b.value == 1 and not held
     for bell in bells:
         bell.close()
+
+
+def _conn(pid: int, slot: int, pending: tuple = ()) -> SimpleNamespace:
+    return SimpleNamespace(pid=pid, clock_slot=slot, pending=list(pending),
+                           reader=SimpleNamespace(buffered=0))
+
+
+def test_a_process_waiting_on_one_of_its_connections_brings_nothing_more_at_this_instant():
+    """Who may still bring more at this instant, by process: a slot says blocked only when
+    every thread of its process waits, so one blocked slot is the whole process waiting,
+    though its other connections' slots say running (judged by connection, a process
+    waiting on one of three held every post a device's progress made: a loop turn and
+    a hand-off each). A request read and not served, or bytes not read, still hold."""
+    seg = Segment.create(f"hpt.{os.getpid()}.clock", clock.segment_bytes(0, 4))
+    try:
+        vclock = clock.VirtualClock(seg, create=True)
+        slots = [vclock.waiter(i) for i in range(4)]
+        unread = [False]
+        conns = {"camera": _conn(7, 0), "voice": _conn(7, 1), "llm": _conn(7, 2)}
+        held = HeldPosts(10**12, conns, slots, lambda: unread[0])
+        assert held.clients_running()  # nobody waits yet
+        slots[2].block(clock.NO_WAKE, 5)  # the process waits on the llm's fence
+        assert not held.clients_running()
+        unread[0] = True  # the voice's request is in its socket, not read yet
+        assert held.clients_running()
+        unread[0] = False
+        conns["voice"].pending.append({"op": "submit"})  # read, not served yet
+        assert held.clients_running()
+        conns["voice"].pending.clear()
+        conns["other"] = _conn(8, 3)  # another process, running
+        assert held.clients_running()
+        slots[3].block(clock.NO_WAKE)
+        assert not held.clients_running()
+        vclock.close()
+    finally:
+        seg.close()
+        seg.unlink()

@@ -120,7 +120,8 @@ class ClockOwner:
         self.waiters = self._slot_waiters[:devices]
         self.autojump_ns = round(autojump_ms * 1e6)
         # The devices' doorbell posts, held while a client may bring more at this instant.
-        self.held = HeldPosts(self.autojump_ns, reg.clients, self._slot_waiters)
+        self.held = HeldPosts(self.autojump_ns, reg.clients, self._slot_waiters,
+                              lambda: self._readable()[1])
         for dev in reg.devices.values():
             self.waiters[dev.index].reset()
             if isinstance(dev.doorbell, PokingDoorbell):

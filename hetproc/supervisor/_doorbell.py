@@ -16,7 +16,7 @@ preempting it 50 us later) or voice first, as the host ran. A jump's wake rings 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import posix_ipc
@@ -58,23 +58,35 @@ class HeldPosts:
     longer). A post made while every client waits (a device's progress) rings at once."""
 
     def __init__(self, limit_ns: int, clients: Mapping[Any, Any],
-                 waiters: list[clock.Waiter]) -> None:
+                 waiters: list[clock.Waiter], unread: Callable[[], bool]) -> None:
         self.limit_ns = limit_ns
         self._clients = clients  # the registry's connections (each a ``clock_slot``)
         self._waiters = waiters  # every waiter slot, by index
+        self._unread = unread  # whether a client's socket holds bytes not read yet
         self.serving = False
         self.holding = True  # until the platform stops (``stop_holding``)
         self._bells: dict[int, PokingDoorbell] = {}
         self._since = 0
 
     def clients_running(self) -> bool:
-        """Whether a connection's process is not in a hetproc wait."""
+        """Whether a client may still bring more at this instant: a request read and not
+        served, a process not in a hetproc wait, or bytes not read yet. By process, not
+        by connection: a slot says blocked only when every thread of its process waits,
+        and a connection no thread waits on says running (a process waiting on one of
+        its three connections held every post, a turn and a hand-off each)."""
         waiters = self._waiters
+        blocked: dict[int, bool] = {}
         for client in self._clients.values():
-            slot = client.clock_slot
-            if slot >= 0 and waiters[slot].snapshot() is None:
+            if client.pending or client.reader.buffered:
                 return True
-        return False
+            slot = client.clock_slot
+            if slot < 0:
+                continue
+            if waiters[slot].snapshot() is None:
+                blocked.setdefault(client.pid, False)
+            else:
+                blocked[client.pid] = True
+        return not all(blocked.values()) or self._unread()
 
     def __enter__(self) -> None:
         self.serving = True
