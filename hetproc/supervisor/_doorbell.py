@@ -52,10 +52,12 @@ class PokingDoorbell(posix_ipc.Semaphore):
 
 class HeldPosts:
     """The doorbell posts held while a client may still bring more at this instant (the
-    loop serves a request: ``with held:``, or a connection's process is not in a hetproc
-    wait: ``clients_running``), by device: rung once no client runs, or after
-    ``limit_ns`` of real time (a client that stays outside hetproc waits holds them no
-    longer). A post made while every client waits (a device's progress) rings at once."""
+    loop serves a request: ``with held:``, or a client process is not in a hetproc wait
+    or has a request unread or unserved: ``clients_running``), by device: rung once no
+    client runs, or after ``limit_ns`` of real time (a client that stays outside hetproc
+    waits holds them no longer). A post made while every client waits with nothing of
+    it unread (a device's progress) rings at once. Once the platform stops, nothing is
+    held (``stop_holding``)."""
 
     def __init__(self, limit_ns: int, clients: Mapping[Any, Any],
                  waiters: list[clock.Waiter], unread: Callable[[], bool]) -> None:
