@@ -31,6 +31,8 @@ which completes the descriptors; the owner tag that readers compare never includ
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import struct
 import threading
 import time
@@ -57,6 +59,9 @@ _CLEAR = struct.Struct("<3I4Q")  # state, error, signaller, t_ns, cid, t_host, o
 assert _CLEAR.size == SLOT_BYTES - 4
 WATCHED = 1 << 63         # in the owner word: someone watches this fence (see above)
 _OWNER_MASK = WATCHED - 1
+# The longest one sleep of the main thread lasts: a signal that comes meanwhile (Ctrl-C,
+# a test runner's timeout) is handled at most this much later (see ``_take``).
+MAIN_SLICE_S = 0.05
 
 
 def make_handle(slot: int, gen: int) -> int:
@@ -302,19 +307,8 @@ class FenceTable:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.FenceTimeout(f"fence {handle:#x} still pending after {timeout:.3f} s")
-            try:
-                sem.acquire(remaining)
-            except posix_ipc.BusyError:
+            if not _take(sem, remaining):
                 continue  # the loop re-checks the deadline and raises
-            except posix_ipc.SignalError:
-                # A signal interrupted sem_timedwait (EINTR; PEP 475's retry covers only
-                # the builtins). Outside the main thread no Python handler ran here, so
-                # nothing is lost: wait again for what is left. In the main thread
-                # posix_ipc ran the handler and replaced whatever it raised (Ctrl-C's
-                # KeyboardInterrupt, the CLI's stop) by SignalError: let it end the wait.
-                if threading.current_thread() is threading.main_thread():
-                    raise
-                continue
             if u32[i] != gen:
                 sem.release()
                 raise errors.StaleHandle(f"fence {handle:#x} was recycled while waited on")
@@ -426,9 +420,7 @@ def wait_once(table: FenceTable, handle: int, timeout: float) -> int | None:
     table.check(handle)
     u32, i = table._u32, slot * _W32
     if u32[i + 1] == PENDING:
-        try:
-            table._sem(slot).acquire(timeout)
-        except posix_ipc.BusyError:
+        if not _take(table._sem(slot), timeout):
             return None
         if u32[i] != gen:
             table._sem(slot).release()
@@ -446,3 +438,84 @@ def nudge(table: FenceTable, handle: int) -> None:
     u32, i = table._u32, slot * _W32
     if slot < table.capacity and gen and u32[i] == gen and u32[i + 1] == PENDING:
         table._sem(slot).release()
+
+
+def _take(sem: posix_ipc.Semaphore, timeout: float) -> bool:
+    """Take one token of ``sem`` within ``timeout`` seconds: whether it was taken.
+
+    A signal never ends a sleep here. posix_ipc turns the EINTR of ``sem_timedwait`` into
+    ``SignalError`` and drops whatever the Python handler raised, so in the main thread,
+    where Python handlers run, a harmless signal (a SIGCHLD handler, a profiler's timer)
+    failed the wait and one that meant something (Ctrl-C's KeyboardInterrupt, a test
+    runner's timeout) lost its exception. There the signals are held for one sleep of at
+    most ``MAIN_SLICE_S`` and let through after it: a handler runs then, where Python
+    would run it, and its exception rises from here intact (a token taken meanwhile is
+    put back, for the next waiter). Other threads run no Python handler: an EINTR there
+    is only a shorter sleep."""
+    if threading.current_thread() is not threading.main_thread():
+        try:
+            sem.acquire(timeout)
+        except (posix_ipc.BusyError, posix_ipc.SignalError):
+            return False
+        return True
+    _SIGNALS.hold()
+    taken = False
+    try:
+        sem.acquire(min(timeout, MAIN_SLICE_S))
+        taken = True
+    except posix_ipc.BusyError:
+        pass
+    finally:
+        try:
+            _SIGNALS.let_through()
+        except BaseException:
+            if taken:
+                sem.release()  # a handler raised: the token is the next waiter's
+            raise
+    return taken
+
+
+class _MainThreadSignals:
+    """Hold every signal of the main thread, then let them through and run their Python
+    handlers. Through the C library where it can: ``signal.pthread_sigmask`` returns the
+    previous mask as a set of ``Signals``, and building that set of every signal cost
+    about 150 us, a wake of a semaphore six times over."""
+
+    _SIGSET_BYTES = 128  # glibc's sigset_t; a larger buffer than needed does no harm
+
+    def __init__(self) -> None:
+        self._all = signal.valid_signals()
+        self._previous: Any = None
+        self._mask: Any = None
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            mask = libc.pthread_sigmask
+            every = ctypes.create_string_buffer(self._SIGSET_BYTES)
+            if libc.sigfillset(every) != 0:
+                return
+        except (OSError, AttributeError):
+            return  # the signal module's own, slower
+        mask.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        mask.restype = ctypes.c_int
+        self._mask, self._every = mask, every
+        self._saved = ctypes.create_string_buffer(self._SIGSET_BYTES)
+
+    def hold(self) -> None:
+        if self._mask is None:
+            self._previous = signal.pthread_sigmask(signal.SIG_BLOCK, self._all)
+        elif self._mask(signal.SIG_BLOCK, self._every, self._saved) != 0:
+            raise OSError(ctypes.get_errno(), "pthread_sigmask")
+
+    def let_through(self) -> None:
+        """Restore the mask; a handler of a signal that came meanwhile runs now, and
+        what it raises rises from here."""
+        if self._mask is None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)
+            return
+        self._mask(signal.SIG_SETMASK, self._saved, None)
+        # Runs the handlers; cheap, as the mask it returns is the one restored (empty,
+        # as a rule), not the full one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, ())
+
+
+_SIGNALS = _MainThreadSignals()

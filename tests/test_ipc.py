@@ -311,6 +311,87 @@ def test_a_fence_wait_in_a_thread_outlasts_signals_and_keeps_its_deadline(platfo
     assert outcome == [None] or outcome == [0], outcome
 
 
+class _Stop(Exception):
+    pass
+
+
+def _wait_in_main(table, handle: int, how: str) -> int:
+    """The fence's code, waited for in the main thread by ``FenceTable.wait`` or by the
+    virtual clock's sleeps (``wait_once`` until it completes)."""
+    from ipc import wait_fence_once
+    if how == "wait":
+        return table.wait(handle, 30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        code = wait_fence_once(table, handle, 1.0)
+        if code is not None:
+            return code
+    raise AssertionError("never completed")
+
+
+@pytest.mark.parametrize("libc", [True, False], ids=["libc", "signal-module"])
+@pytest.mark.parametrize("how", ["wait", "wait_once"])
+def test_a_signal_handled_in_the_main_thread_neither_ends_its_fence_wait_nor_is_lost(
+        table, how, libc, monkeypatch):
+    """A program's own signals reach the main thread while it waits on a fence (a SIGCHLD
+    handler, a profiler's timer): a handler that returns leaves the wait asleep until the
+    fence completes, one that raises ends it with its own exception, and the fence's token
+    is still there for the next wait. (posix_ipc turned both into SignalError: the wait
+    failed on a harmless signal, and a test runner's timeout lost its message.)"""
+    import signal
+    import threading
+
+    from ipc import _fences
+    if not libc:
+        monkeypatch.setattr(_fences._SIGNALS, "_mask", None)
+    main = threading.main_thread().ident
+    handled: list[int] = []
+    raising = [False]
+
+    def handler(signum, frame):
+        handled.append(signum)
+        if raising[0]:
+            raise _Stop
+
+    kickers: list[threading.Thread] = []
+
+    def kick(times: int, then_signal: int | None) -> threading.Thread:
+        def run() -> None:
+            for _ in range(times):
+                time.sleep(0.003)
+                signal.pthread_kill(main, signal.SIGALRM)  # aimed at the sleeping thread
+            if then_signal is not None:
+                time.sleep(0.02)
+                table.signal(then_signal)
+        thread = threading.Thread(target=run)
+        thread.start()
+        kickers.append(thread)
+        return thread
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        h = table.allocate()
+        kicker = kick(40, h)
+        assert _wait_in_main(table, h, how) == 0
+        kicker.join(30)
+        assert len(handled) >= 1  # every handler ran (kicks may merge while held)
+
+        h2 = table.allocate()
+        raising[0] = True
+        kicker = kick(1, None)
+        with pytest.raises(_Stop):
+            _wait_in_main(table, h2, how)
+        kicker.join(30)
+        raising[0] = False
+        assert table.poll(h2)[0] == PENDING
+        table.signal(h2)
+        assert _wait_in_main(table, h2, how) == 0
+    finally:
+        for thread in kickers:  # none may kick once the runner's own handler is back
+            thread.join(30)
+        signal.signal(signal.SIGALRM, old)
+
+
 def test_a_nudge_ends_one_sleep_of_a_pending_fence_and_never_completes_it(table):
     """The virtual clock's wake-up of a waiter asleep on a fence (``nudge``): its one
     sleep (``wait_once``) ends with the fence still pending; a completed or stale fence
