@@ -183,12 +183,21 @@ class DeviceQueues:
         # queues does not buy a process more of the device.
         self._tenants: dict[int, _Tenant] = {}
         self._next = 0
-        # The last queue looked at stopped at ``REFUSALS_PER_TURN`` with records left: the
-        # loop turns again at once (on the virtual clock nothing else would wake it).
-        self.refused_enough = False
+        # The last queue looked at stopped at ``REFUSALS_PER_TURN`` with records left:
+        # the loop turns again at once (``turn_again``).
+        self._refused_enough = False
 
     def __bool__(self) -> bool:
         return bool(self._order)
+
+    def turn_again(self) -> bool:
+        """Whether the loop's turn that just ended left refused records for the next one,
+        which must then come at once (on the virtual clock nothing else would wake the
+        device for them). Asked once per turn, and answered once: a turn that takes
+        nothing (its queue detached, a command of the supervisor's ready) must not leave
+        the answer standing, or the loop turned without end and held the clock."""
+        again, self._refused_enough = self._refused_enough, False
+        return again
 
     # -- control (records from the supervisor's ring) ----------------------------------
 
@@ -274,7 +283,7 @@ class DeviceQueues:
         """The next command from the queues, round robin over the tenants, then over
         the tenant's queues; None when none is owed."""
         groups = list(self._tenants.values())
-        self.refused_enough = False
+        self._refused_enough = False
         for _ in range(len(groups)):
             if self._next >= len(groups):
                 self._next = 0
@@ -322,7 +331,7 @@ class DeviceQueues:
             q.busy = True
             return cmd
         if 0 < ring.head - q.pos <= ring.slots:  # the rest: next turn
-            self.refused_enough = True
+            self._refused_enough = True
         return None
 
     def _command(self, q: DeviceQueue, rec: QueueRecord) -> dict[str, Any]:

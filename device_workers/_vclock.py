@@ -96,7 +96,7 @@ class DeviceWaits:
             dev.beat()
             dev.drain()
             wake = dev.delayed[0][0] if dev.delayed else NO_WAKE
-            if dev.queues.refused_enough:
+            if dev.queues.turn_again():
                 continue  # records left past the turn's refusals: the next turn, at once
             if not dev.intake.stopped and wake > self.now():
                 if not dev.queues and self._leased(0, wake):

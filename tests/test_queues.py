@@ -572,3 +572,28 @@ def test_a_queue_that_stays_full_fails_what_did_not_fit(platform, monkeypatch):
         f.wait(WAIT)
     q.submit_nowait(0.0).wait(WAIT)  # the queue goes on, in order
     q.close()
+
+
+def test_a_queue_closed_while_its_garbage_is_refused_leaves_the_virtual_clock_free():
+    """A client fills its queue with garbage and closes it: the device refuses 32
+    records a turn and turns again at once for the rest (on the virtual clock nothing else
+    would wake it). When the queue's detach landed between two such turns, no turn took
+    from a queue again, the 'turn again' of the last one stood, and the device turned
+    without end: the clock held, and every wait of the platform ran into its real-time
+    backstop (a chaos run's model hung so). The timing is the host's: each trial closes
+    after another delay, and after each the modeled clock must move."""
+    with hetproc.Platform(time_scale=1.0, clock="virtual") as plat:
+        ctx = plat.client.context("npu0")
+        for trial in range(24):
+            q = ctx.queue(slots=256)
+            while q._ring.put(b"\xff" * 64):
+                pass
+            q._doorbell.release()
+            spin_until = time.perf_counter() + (trial % 12) * 0.0003
+            while time.perf_counter() < spin_until:
+                pass
+            q.close()
+            before = plat.now()
+            plat.sleep(1.0)  # held by a device that never blocks: SupervisorLost, 60 s on
+            assert plat.now() - before >= 1_000_000
+        assert plat.client.metrics()["devices"]["npu0"]["restarts"] == 0

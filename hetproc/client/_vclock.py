@@ -212,9 +212,14 @@ def _settle(conn: Connection, until: int, seconds: float = 0.0) -> None:
     _last_wait(conn)
     try:
         while released() < until:
-            if time.monotonic() > backstop or not conn.supervisor_alive():
-                raise errors.SupervisorLost("the virtual clock stopped moving (is the "
-                                            "supervisor alive?)")
+            if not conn.supervisor_alive():
+                raise errors.SupervisorLost("the supervisor died while the virtual clock "
+                                            "was waited for")
+            if time.monotonic() > backstop:  # alive: something holds the clock
+                raise errors.Timeout(
+                    f"the virtual clock did not come to the wait's end in "
+                    f"{REAL_BACKSTOP_S:.0f} s of real time: a device that never blocks or "
+                    "a process outside hetproc waits holds it (metrics()['clock'])")
             if conn.clock_bell:  # nudged by the jump that reaches ``until``
                 wait_fence_once(conn.fences, conn.clock_bell, BELL_SLICE_S)
             else:
