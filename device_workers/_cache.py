@@ -168,9 +168,16 @@ class DeviceMemory:
         self.cursor = t
 
     def save(self) -> tuple:
-        """The current command's memory state, for a preemption (``restore`` puts it back)."""
-        return (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,
-                self._released, self.idle)
+        """The current command's memory state, for a preemption (``restore`` puts it back).
+        The memory then holds no command: the urgent one starts from nothing, so one that
+        fails before it maps anything (an input fence failed) reports nothing of the
+        suspended command's, and never drops its outputs' dirty lines as a failed
+        command's partial writes (the suspended command then signalled success with
+        outputs that never reached memory)."""
+        state = (self.cursor, self._anchored, self._ins, self._outs, self._events,
+                 self._kernel, self._released, self.idle)
+        self._reset()
+        return state
 
     def restore(self, state: tuple) -> None:
         (self.cursor, self._anchored, self._ins, self._outs, self._events, self._kernel,

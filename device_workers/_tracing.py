@@ -287,9 +287,14 @@ class DeviceTrace:
         self.ring.instant(_PREEMPT, victim_cid, self.track, target_pidx, switch_ns, 0)
 
     def save(self) -> tuple:
-        """What is open for the current command, kept across a preemption."""
-        return (self.t_take, self._open_wait, self._open_exec, self._open_map, self._t_wait,
-                self._t_exec)
+        """What is open for the current command, kept across a preemption. Nothing is
+        open then for the urgent command: one that fails before it starts gets its own
+        SIGNAL instant, not the END of the suspended command's EXEC under its id."""
+        state = (self.t_take, self._open_wait, self._open_exec, self._open_map, self._t_wait,
+                 self._t_exec)
+        self._open_wait = self._open_exec = self._open_map = False
+        self._t_wait = self._t_exec = 0
+        return state
 
     def restore(self, state: tuple) -> None:
         (self.t_take, self._open_wait, self._open_exec, self._open_map, self._t_wait,

@@ -204,3 +204,39 @@ def test_bad_deadlines_and_priorities_are_refused_clearly(client, field, value):
     with pytest.raises(hetproc.InvalidRequest):
         npu.submit("work", ms=1, **{field: value})
     npu.submit("work", ms=1).wait(5)  # the supervisor still serves us
+
+
+def test_an_urgent_command_failing_before_it_maps_keeps_the_suspended_commands_output():
+    """npu0 is non-coherent: a kernel's output sits in its cache until the command's
+    clean at its end. A copy runs there under ``priority`` (2 ms chunks); a more urgent
+    command whose input fence already failed preempts it, fails (``DependencyFailed``)
+    before it maps anything, and the copy resumes: its output reaches memory. Before, the
+    failed command's report took the suspended copy's memory state for its own and
+    dropped the copy's dirty lines as a failed command's partial writes: the copy
+    signalled success and the destination kept its old bytes (two chaos seeds on the
+    virtual clock). The virtual clock makes the arrival exact: the urgent command comes
+    at a chunk boundary inside the copy."""
+    import numpy as np
+
+    with hetproc.Platform(clock="virtual", time_scale=1.0) as plat:
+        c = plat.client
+        low, high = c.context("npu0", priority=0), c.context("npu0", priority=5)
+        src, dst, spare = c.alloc(256), c.alloc(256), c.alloc(256)
+        src.array()[:] = np.arange(256, dtype=np.float32) + 0.5
+        failed = c.fence()
+        failed.signal(hetproc.DeviceFault)
+        t0 = plat.now()
+        copy = low.submit_nowait("copy", [src], [dst], ms=20, at_ns=t0, checked=True)
+        urgent = high.submit_nowait("copy", [src], [spare], wait=[failed], ms=1,
+                                    at_ns=t0 + 5 * MS)
+        with pytest.raises(hetproc.DependencyFailed):
+            urgent.wait(5)
+        copy.wait(5)  # succeeds
+        assert c.metrics()["devices"]["npu0"]["preemptions"] == 1
+        assert np.array_equal(dst.array(), src.array())
+        # The evidence agrees: the urgent command never ran, so no EXEC slice has its id
+        # (before, the END of the suspended copy's EXEC went out under it).
+        recs = plat.trace_records()[0]
+        execs = recs[recs["stage"] == int(Stage.EXEC)]
+        assert urgent.cid not in {int(r["cid"]) for r in execs}
+        assert copy.cid in {int(r["cid"]) for r in execs}
