@@ -493,11 +493,13 @@ class _MainThreadSignals:
             every = ctypes.create_string_buffer(self._SIGSET_BYTES)
             if libc.sigfillset(every) != 0:
                 return
+            check = ctypes.pythonapi.PyErr_CheckSignals
         except (OSError, AttributeError):
             return  # the signal module's own, slower
         mask.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         mask.restype = ctypes.c_int
-        self._mask, self._every = mask, every
+        check.argtypes, check.restype = [], ctypes.c_int  # (it raises what a handler raised)
+        self._mask, self._every, self._check = mask, every, check
         self._saved = ctypes.create_string_buffer(self._SIGSET_BYTES)
 
     def hold(self) -> None:
@@ -512,10 +514,8 @@ class _MainThreadSignals:
         if self._mask is None:
             signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)
             return
-        self._mask(signal.SIG_SETMASK, self._saved, None)
-        # Runs the handlers; cheap, as the mask it returns is the one restored (empty,
-        # as a rule), not the full one.
-        signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        self._mask(signal.SIG_SETMASK, self._saved, None)  # a handler may run right here
+        self._check()  # or here, where the interpreter did not run it yet
 
 
 _SIGNALS = _MainThreadSignals()
