@@ -254,6 +254,72 @@ def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever(
         assert plat.metrics()["devices"]["npu0"]["pid"] != pid  # a new process
 
 
+def _device_state(plat: hetproc.Platform, pid: int) -> int:
+    """A device's state word, read from the state table (no request: a thread that
+    reads it is no client of the clock's)."""
+    from device_workers import StateSlot
+    from ipc import Segment
+
+    seg = Segment.attach(plat.prefix + "state")
+    try:
+        for index in range(len(seg.map) // 128):
+            slot = StateSlot(seg.map, index)
+            try:
+                if slot.u32[StateSlot.PID] == pid:
+                    return int(slot.u32[StateSlot.STATE])
+            finally:
+                slot.release()
+    finally:
+        seg.close()
+    return -1
+
+
+def test_a_device_stopped_inside_a_real_kernel_is_caught_by_the_watchdog_too():
+    """Stopped while it runs a real kernel (a 2048-square matmul on cpu0: a fraction of
+    a real second) under the lease of the jump that woke it, the device never showed the
+    supervisor a still moment, so the watchdog never took its first sight of the
+    command: nothing timed it, and the jumps past the stopped device went on to the
+    client's own deadline (FenceTimeout; a chaos run's command 'hung' so). A device
+    found stopped stands still: the watchdog times it from its start. Each trial's
+    command arrives 1 ms ahead, so the jump to its arrival starts it; a thread that is
+    no client stops the device once it is busy. Whether the stop lands before a first
+    sight is the host's doing: without the fix, one trial in two hung."""
+    import numpy as np
+
+    from device_workers import DeviceState
+
+    with _platform("virtual", autojump_ms=20.0) as plat:
+        c = plat.client
+        n = 2048
+        a, b = c.alloc((n, n)), c.alloc((n, n))
+        a.array()[:] = np.float32(1)
+        b.array()[:] = np.float32(1)
+        ctx = c.context("cpu0")
+        for _ in range(4):
+            pid = plat.metrics()["devices"]["cpu0"]["pid"]
+
+            def stop_when_busy(pid: int = pid) -> None:
+                deadline = time.monotonic() + 30
+                while (_device_state(plat, pid) != DeviceState.BUSY
+                       and time.monotonic() < deadline):
+                    time.sleep(0.0005)
+                os.kill(pid, signal.SIGSTOP)  # ours: the platform's own device, by pid
+
+            stopper = threading.Thread(target=stop_when_busy)
+            stopper.start()
+            f = ctx.submit_nowait("matmul", [a, b], [c.alloc((n, n))], ms=5, timeout_ms=50,
+                                  at_ns=plat.now() + MS)
+            try:
+                with pytest.raises(errors.DeviceTimeout):
+                    f.wait(5)
+            finally:
+                stopper.join(60)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            ctx = c.context("cpu0")  # the timed-out command's context is lost
+        assert set(plat.metrics()["clock"]["determinism_break_devices"]) == {"cpu0"}
+
+
 def test_a_wake_nobody_asked_for_is_no_progress_so_the_watchdog_does_not_re_arm_on_it():
     """A device's real slice that ends while it holds is the host's doing: counted as
     progress, it re-armed the watchdog of a device stopped 10 ms into a long command, so

@@ -130,8 +130,12 @@ class ClockOwner:
                 dev.doorbell.held, dev.doorbell.index = self.held, dev.index
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.holders = Holders(self.autojump_ns)  # clients outside hetproc waits
+        # A device found stopped stands still too (``_stopped_devices``): the watchdog
+        # must be able to take its first sight of the command it stopped in, or nothing
+        # ever timed it and the clock jumped past it to the waiting client's deadline.
         recovery.settled = lambda dev: (not self.waiters
-                                        or self.waiters[dev.index].snapshot() is not None)
+                                        or self.waiters[dev.index].snapshot() is not None
+                                        or dev.name in self._known_stopped)
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.chained_jumps = 0  # jumps in the turn of a release that woke no client
@@ -142,6 +146,7 @@ class ClockOwner:
         self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
         self._next_stop_look = 0  # real ns: when a held clock may look for stopped devices
         self._known_stopped: frozenset[str] = frozenset()  # found stopped, still so
+        self._timed_stopped: frozenset[str] = frozenset()  # ... when the timers last ran
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
@@ -222,9 +227,12 @@ class ClockOwner:
         quiet = None if busy else self._quiet(now, stopped)
         if quiet is None:
             return STILL
-        if marked != self.clock.generations(self._slots):
-            # Somebody ran since the loop's timers looked: they look again at this
-            # instant (a watchdog's first sight of a command), and so does step 1 and 2.
+        if marked != self.clock.generations(self._slots) or stopped != self._timed_stopped:
+            # Somebody ran since the loop's timers looked, or a device was found stopped
+            # since (it stands still now: ``settled``): they look again at this instant
+            # (a watchdog's first sight of a command, before a jump can pass its
+            # deadline), and so does step 1 and 2.
+            self._timed_stopped = stopped
             self.settle()
             quiet = self._quiet(now, stopped)
             if quiet is None:
