@@ -1,4 +1,5 @@
-"""How long client processes have held the virtual clock by their own doing.
+"""How long client processes have held the virtual clock by their own doing, and which
+devices a signal stopped (``StoppedDevices``): what may hold it, and when it moves anyway.
 
 The clock waits for every client process to be in a hetproc wait (``_clock``). One that
 stays outside (``time.sleep``, its own socket, a spin) holds it for ``autojump_ms`` real
@@ -104,3 +105,41 @@ class Holders:
             return t - since, 0
         slept, ran = slept_and_ran(before, after, t - t0)
         return (t0 - since) + slept, ran
+
+
+STOP_LOOK_NS = 5_000_000  # real ns between looks for stopped devices while the clock is held
+
+
+class StoppedDevices:
+    """The devices stopped by a signal (SIGSTOP, a tracer), once the clock has not moved
+    for ``autojump_ms`` real ms: such a device never blocks, so nothing else would ever
+    move the clock (the watchdog that catches it on the real clock could not fire). It
+    then counts as blocked with no wake, and the jump is a determinism break naming it;
+    its state words stand still, so the watchdog may take its first sight of the
+    command it stopped in. Looked for only then, and every few ms: a running platform
+    pays one clock read per turn. A device found stopped is looked at again on every
+    later turn, with no new wait, for as long as it stays stopped: each jump past it
+    would hold the clock ``autojump_ms`` again for what is known already."""
+
+    def __init__(self, autojump_ns: int, devices: dict[str, Any], cpu: Any) -> None:
+        self.autojump_ns = autojump_ns
+        self.devices = devices  # by name: ``DeviceHandle``s (their pids change on restart)
+        self.cpu = cpu          # ``_device_cpu.DeviceCpu``: whether a process is stopped
+        self.known: frozenset[str] = frozenset()  # found stopped, still so
+        self._next_look = 0  # real ns: when a held clock may look again
+
+    def look(self, moved_at: int) -> frozenset[str]:
+        """The devices stopped now, the clock having last moved at real ns ``moved_at``."""
+        devices, cpu = self.devices, self.cpu
+        if self.known:
+            self.known = frozenset(name for name in self.known
+                                   if devices[name].pid and cpu.stopped(devices[name]))
+            if self.known:
+                return self.known
+        t = time.monotonic_ns()
+        if t - moved_at < self.autojump_ns or t < self._next_look:
+            return frozenset()
+        self._next_look = t + STOP_LOOK_NS
+        self.known = frozenset(dev.name for dev in devices.values()
+                               if dev.pid and cpu.stopped(dev))
+        return self.known

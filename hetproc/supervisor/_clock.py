@@ -82,7 +82,7 @@ from device_workers import StateSlot as S
 from ipc import Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
-from ._autojump import Holders
+from ._autojump import Holders, StoppedDevices
 from ._doorbell import HeldPosts, PokingDoorbell
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
@@ -94,7 +94,6 @@ if TYPE_CHECKING:
     from ._queues import Queues
 
 NO_WAKE = clock.NO_WAKE
-STOP_LOOK_NS = 5_000_000  # real ns between looks for stopped devices while the clock is held
 # What a loop turn did to the clock (``ClockOwner.turn``).
 STILL, RELEASED, RELEASED_QUIET, JUMPED = range(4)
 
@@ -130,12 +129,11 @@ class ClockOwner:
                 dev.doorbell.held, dev.doorbell.index = self.held, dev.index
             dev.lead_ns = 0  # nothing is decided ahead: nothing moves while anybody works
         self.holders = Holders(self.autojump_ns)  # clients outside hetproc waits
-        # A device found stopped stands still too (``_stopped_devices``): the watchdog
-        # must be able to take its first sight of the command it stopped in, or nothing
-        # ever timed it and the clock jumped past it to the waiting client's deadline.
+        # A device found stopped stands still too: the watchdog must take its first sight
+        # of the command it stopped in, or the jumps went past it to a client's deadline.
         recovery.settled = lambda dev: (not self.waiters
                                         or self.waiters[dev.index].snapshot() is not None
-                                        or dev.name in self._known_stopped)
+                                        or dev.name in self.stopped.known)
         self.breaks = 0
         self.tick_jumps = 0  # jumps the loop's tick found (no waiter woke it)
         self.chained_jumps = 0  # jumps in the turn of a release that woke no client
@@ -144,9 +142,8 @@ class ClockOwner:
         self.break_clients: dict[str, int] = {}
         self.break_devices: dict[str, int] = {}
         self._moved_at = time.monotonic_ns()  # real ns of the last jump (or the start)
-        self._next_stop_look = 0  # real ns: when a held clock may look for stopped devices
-        self._known_stopped: frozenset[str] = frozenset()  # found stopped, still so
-        self._timed_stopped: frozenset[str] = frozenset()  # ... when the timers last ran
+        self.stopped = StoppedDevices(self.autojump_ns, reg.devices, recovery.device_cpu)
+        self._timed_stopped: frozenset[str] = frozenset()  # stopped when the timers last ran
         # The requests last seen in each device's state slot (cancel, park, preempt): a
         # change is news the device must look at before the clock may move.
         self._requests = [(0, 0, 0)] * devices
@@ -223,7 +220,7 @@ class ClockOwner:
             self.held.ring()  # (a client outside hetproc waits: ``HeldPosts``)
         now = self.clock.now_ns()
         marked, self._marked = self._marked, None
-        stopped = self._stopped_devices() if not busy else frozenset()
+        stopped = self.stopped.look(self._moved_at) if not busy else frozenset()
         quiet = None if busy else self._quiet(now, stopped)
         if quiet is None:
             return STILL
@@ -253,7 +250,7 @@ class ClockOwner:
         if not later and not release:  # nothing to move to (it waits for a client):
             return STILL                # no jump, no break
         broke = bool(stopped or running)
-        if stopped:  # held for autojump_ms already (``_stopped_devices``): move now
+        if stopped:  # held for autojump_ms already (``StoppedDevices``): move now
             self._count_break(sorted({c.name for c in running}), stopped,
                               time.monotonic_ns() - self._moved_at)
         elif running and not self._autojump(running):
@@ -297,36 +294,11 @@ class ClockOwner:
         """Every device blocked with no news (as a device that blocks last sees it)."""
         return self.clock.all_blocked(range(len(self.waiters)))
 
-    def _stopped_devices(self) -> frozenset[str]:
-        """The devices stopped by a signal (SIGSTOP, a tracer), once the clock has not
-        moved for ``autojump_ms`` real ms: such a device never blocks, so nothing else
-        would ever move the clock (the watchdog that catches it on the real clock could
-        not fire). It then counts as blocked with no wake, and the jump is a determinism
-        break naming it. Looked for only then, and every few ms: a running platform
-        pays one clock read per turn. A device found stopped is looked at again on every
-        later turn, with no new wait, for as long as it stays stopped: each jump past it
-        would hold the clock ``autojump_ms`` again for what is known already."""
-        cpu = self.recovery.device_cpu
-        devices = self.reg.devices
-        if self._known_stopped:
-            self._known_stopped = frozenset(
-                name for name in self._known_stopped
-                if devices[name].pid and cpu.stopped(devices[name]))
-            if self._known_stopped:
-                return self._known_stopped
-        t = time.monotonic_ns()
-        if t - self._moved_at < self.autojump_ns or t < self._next_stop_look:
-            return frozenset()
-        self._next_stop_look = t + STOP_LOOK_NS
-        self._known_stopped = frozenset(dev.name for dev in devices.values()
-                                        if dev.pid and cpu.stopped(dev))
-        return self._known_stopped
-
     def _quiet(self, now: int, stopped: frozenset[str] = frozenset(),
                ) -> tuple[list[int], list[ClientRec]] | None:
         """Steps 1 and 2: the waiters' wakes and the connections of client processes
         that are not in a hetproc wait; None when something runs or is in flight.
-        ``stopped``: devices that count as blocked with no wake (``_stopped_devices``).
+        ``stopped``: devices that count as blocked with no wake (``StoppedDevices``).
         A client that has talked without a hetproc wait for ``SPIN_FACTOR`` times
         ``autojump_ms`` (``Holders.spinning``): its requests in flight no longer count."""
         if self._new_requests():
