@@ -43,7 +43,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ipc import clock, errors
+from ipc import PENDING, clock, errors
 
 from ._commands import LEAST_URGENT
 from ._frame import Frame
@@ -90,6 +90,7 @@ class Host(Protocol):
     outbox: Any
     commands: Any
     intake: Any  # ``_intake.Intake``: ring order, control records, a corrupt ring
+    fences: Any  # ``ipc.FenceTable``: which command a pending input fence waits for
 
     def execute(self, cmd: dict[str, Any]) -> None: ...
     def check_cancel(self) -> None: ...
@@ -156,8 +157,46 @@ class Preemption:
             if self.slice_ns and self.blocked(c):
                 continue
             if key is None or k < key:
+                if self.behind_its_producer(c, plain):
+                    continue
                 best, key = c, k
         return best
+
+    def _owed(self, c: dict[str, Any]) -> set[int]:
+        """The fences ``c`` waits on that are still pending."""
+        outcome = self.host.fences.outcome
+        return {h for h in c.get("wait") or () if outcome(h)[0] == PENDING}
+
+    def behind_its_producer(self, c: dict[str, Any], plain: dict[str, Any] | None) -> bool:
+        """``c`` waits on a fence that a command of this device signals which cannot run
+        before it: the one running or suspended, one in the backlog, or ``plain`` (the
+        next in ring order). Run first, ``c`` would hold the device waiting for work
+        queued behind it until its dependency deadline failed it (a priority inversion
+        and a deadlock the client never wrote: the supervisor sends a producer in before
+        its consumer, ``DeviceHandle._producer_first``, and the device keeps that)."""
+        owed = self._owed(c) if c.get("wait") else None
+        if not owed:
+            return False
+        others = [*self.backlog, *(s.frame.cmd for s in self.stack)]
+        if plain is not None:
+            others.append(plain)
+        if self.host.u32[S.STATE] == DeviceState.BUSY:  # (else the frame is a finished one's)
+            others.append(self.host.frame.cmd)
+        return any(owed.intersection(o.get("signal") or ()) for o in others)
+
+    def producer_first(self, c: dict[str, Any]) -> dict[str, Any]:
+        """``c``, or the pending command it waits on that must run before it (followed
+        on while that one waits on another)."""
+        for _ in range(64):
+            owed = self._owed(c) if c.get("wait") and self.pending else None
+            if not owed:
+                break
+            producer = next((o for o in self.pending if owed.intersection(o.get("signal") or ())),
+                            None)
+            if producer is None:
+                break
+            c = producer
+        return c
 
     def arrived(self) -> bool:
         """A pending command has arrived: it is ready, so a queue's record waits for it
@@ -171,7 +210,8 @@ class Preemption:
         if not self.pending:
             return None
         first = min(c["arrive_ns"] for c in self.pending)
-        return self.choice(max(self.host.model_end, first), LEAST_URGENT + 1)
+        chosen = self.choice(max(self.host.model_end, first), LEAST_URGENT + 1)
+        return self.producer_first(chosen) if chosen is not None else None
 
     def take_marked(self) -> list[dict[str, Any]]:
         """Empty the ring: the commands marked to preempt, in ring order; the others go
@@ -239,7 +279,8 @@ class Preemption:
             self.pending.append(cmd)  # it runs once the earlier one of its context ended
             return
         first = self.before(cmd) if self.pending else None
-        if first is not None:
+        first = self.producer_first(first or cmd) if self.pending else first
+        if first is not None and first is not cmd:
             self.backlog.appendleft(cmd)
             self.pending.remove(first)
             cmd = first
@@ -269,6 +310,7 @@ class Preemption:
         self.stack.append(self.suspend(at, cmd["pidx"]))
         try:
             while cmd is not None and not host.intake.stopped:
+                cmd = self.producer_first(cmd)  # (the urgent one's input, inheriting)
                 self.pending.remove(cmd)
                 host.execute(cmd)
                 self.collect()

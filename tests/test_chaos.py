@@ -57,6 +57,22 @@ def test_chaos(seed):
     print(f"chaos seed {seed}: {tally}")
 
 
+# Seeds that found a product bug on the virtual clock, kept as regressions: each failed
+# every run before its fix. 192: an urgent command that failed before it mapped anything
+# dropped the suspended command's output ("successful commands were wrong"). 648: a plain
+# command more urgent than its producer, marked and pending on the same device, ran first
+# and waited for it until its dependency deadline; every command behind waited as long.
+REGRESSION_SEEDS = (192, 648)
+
+
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+def test_a_seed_that_found_a_bug_passes_on_the_virtual_clock(seed):
+    try:
+        run(seed, clock="virtual")
+    except ChaosFailure as exc:
+        pytest.fail(str(exc))
+
+
 def test_the_default_seeds_cover_the_whole_mix():
     """Pure logic: the suite's few seeds still meet every policy and every feature of the
     mix, each present in one seed and absent in another (a seed's mix is its first draws)."""

@@ -240,3 +240,4 @@ def test_an_urgent_command_failing_before_it_maps_keeps_the_suspended_commands_o
         execs = recs[recs["stage"] == int(Stage.EXEC)]
         assert urgent.cid not in {int(r["cid"]) for r in execs}
         assert copy.cid in {int(r["cid"]) for r in execs}
+
