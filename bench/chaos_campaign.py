@@ -1,4 +1,6 @@
-"""Chaos campaign: ``python -m bench.chaos_campaign --seeds N [--start S] [--jobs J]``.
+"""Chaos campaign: ``python -m bench.chaos_campaign --seeds N [--start S] [--jobs J]
+[--clock virtual]`` (``--clock``: every seed on that clock, not the seed's own draw; on
+the virtual clock a seed's schedule is its own, so most of what it finds fails on rerun).
 
 Runs N seeds of the chaos program (``tests/chaos.py``), each in its own process
 (``python -m tests.chaos --seed S``, in its own session) with a hard deadline, so a hang is
@@ -54,10 +56,12 @@ class SeedResult:
     hang_leftovers: dict[str, Any] = field(default_factory=dict)
     tally: dict[str, Any] = field(default_factory=dict)
     tail: str = ""  # the end of the seed's output, for anything but a pass
+    clock: str | None = None  # the platform clock it ran on (None: the seed's draw)
 
     @property
     def rerun(self) -> str:
-        return f"python -m tests.chaos --seed {self.seed}"
+        return f"python -m tests.chaos --seed {self.seed}" + (
+            f" --clock {self.clock}" if self.clock else "")
 
 
 def session_processes(sid: int) -> list[int]:
@@ -102,11 +106,21 @@ def _parse(out: str) -> tuple[str, str, dict[str, Any] | None]:
     return prefix, phase, result
 
 
-def run_seed(seed: int, deadline_s: float) -> SeedResult:
-    """One seed in its own process and session; a run past ``deadline_s`` is a hang."""
+def run_seed(seed: int, deadline_s: float, clock: str | None = None) -> SeedResult:
+    """One seed in its own process and session; a run past ``deadline_s`` is a hang.
+    ``clock``: the platform clock to run it on (None: the seed's own draw)."""
+    result = _run_seed(seed, deadline_s, clock)
+    result.clock = clock
+    return result
+
+
+def _run_seed(seed: int, deadline_s: float, clock: str | None) -> SeedResult:
     t0 = time.monotonic()
+    argv = [sys.executable, "-m", "tests.chaos", "--seed", str(seed)]
+    if clock:
+        argv += ["--clock", clock]
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.chaos", "--seed", str(seed)],
+        proc = subprocess.Popen(argv,
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, text=True)
         sid = proc.pid  # the session leader's pid is the session id
@@ -148,12 +162,12 @@ def run_seed(seed: int, deadline_s: float) -> SeedResult:
 
 
 def campaign(seeds: list[int], jobs: int, deadline_s: float,
-             progress: bool = True) -> list[SeedResult]:
+             progress: bool = True, clock: str | None = None) -> list[SeedResult]:
     results: list[SeedResult] = []
     lock = threading.Lock()
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(run_seed, s, deadline_s) for s in seeds]
+        futures = [pool.submit(run_seed, s, deadline_s, clock) for s in seeds]
         for fut in concurrent.futures.as_completed(futures):
             r = fut.result()
             with lock:
@@ -216,20 +230,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a seed may take before it counts as hung (default 90)")
     ap.add_argument("--recheck", type=int, default=0,
                     help="rerun each failed or hung seed this many times, alone")
+    ap.add_argument("--clock", choices=("real", "virtual"), default=None,
+                    help="run every seed on this platform clock (default: each seed's draw, "
+                         "the virtual one in about a third)")
     ap.add_argument("--json", metavar="FILE", help="write every seed's result here")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1 or args.step < 1 or args.deadline <= 0:
         ap.error("--seeds, --jobs, --step and --deadline must be positive")
     seeds = [args.start + i * args.step for i in range(args.seeds)]
     t0 = time.monotonic()
-    results = campaign(seeds, args.jobs, args.deadline)
+    results = campaign(seeds, args.jobs, args.deadline, clock=args.clock)
     summary = summarize(results, time.monotonic() - t0, args.jobs)
     print_summary(summary)
     bad = [r for r in results if r.status != "pass"]
     if args.recheck and bad:
         summary["recheck"] = {}
         for r in bad:
-            again = [run_seed(r.seed, args.deadline).status for _ in range(args.recheck)]
+            again = [run_seed(r.seed, args.deadline, args.clock).status
+                     for _ in range(args.recheck)]
             summary["recheck"][r.seed] = again
             print(f"  recheck seed {r.seed}: {again}")
     if args.json:
