@@ -93,6 +93,7 @@ TIMEOUT_MS = 40        # per-command watchdog: faults that need it resolve fast
 # tens of ms is not taken for a hung device, short enough that an overrun fault the plan
 # put on it still resolves well inside WAIT_S.
 DEPENDENT_TIMEOUT_MS = 1000
+DEPENDENT_DEVICE = "cpu0"  # where the command waiting on the child's fence runs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICES = ["cpu0", "npu0", "gpu0", "dsp0", "isp0"]  # npu0, dsp0, isp0: coherent = false
 KERNELS = {  # the default platform's ops, restricted to ones with an exact known result
@@ -389,7 +390,7 @@ class Phases:
 
 
 def judge_child_dependent(exc: BaseException | None, child_signalled: bool,
-                          faults_on_it: list[str]) -> str | None:
+                          faults_on_it: list[str], device_stopped: bool = False) -> str | None:
     """How the command that waited on the killed child's fence ended: None when that is
     explained, else what is wrong with it.
 
@@ -398,7 +399,9 @@ def judge_child_dependent(exc: BaseException | None, child_signalled: bool,
     (DependencyFailed), never a timeout. A DeviceTimeout is right only when the command
     did start -- the child signalled before it died -- and the fault plan's record shows a
     fault that keeps a started command from finishing landed on it (every-N and at-N rules
-    count the commands of every client, so one may land there)."""
+    count the commands of every client, so one may land there), or its device was stopped
+    (SIGSTOP) while it was outstanding: a stopped device is a hung one, and on the virtual
+    clock its watchdog comes before the storm's rounds end and continue it."""
     if exc is None:
         return None if child_signalled else "succeeded although its input fence failed"
     if isinstance(exc, hetproc.FenceTimeout):
@@ -406,7 +409,7 @@ def judge_child_dependent(exc: BaseException | None, child_signalled: bool,
     if isinstance(exc, hetproc.DeviceTimeout):
         if not child_signalled:
             return f"watchdog fired while it waited for a fence that failed: {exc!r}"
-        if not OVERRUN_FAULTS.intersection(faults_on_it):
+        if not OVERRUN_FAULTS.intersection(faults_on_it) and not device_stopped:
             return (f"watchdog fired though no overrun fault landed on it "
                     f"(faults on it: {faults_on_it}): {exc!r}")
         return None
@@ -565,6 +568,7 @@ class _Run:
         # ... and those of a device stopped (SIGSTOP) rather than killed.
         self.stop_rng = random.Random(f"stop-{seed}")
         self.stopped: tuple[str, int] | None = None  # (device, pid) stopped this round
+        self.stops: list[tuple[int, str]] = []  # (round, device) of every stop
         self.queue_device = draw_queue(self.qrng)
         self.queue: hetproc.Queue | None = None
         self.queue_ctx: hetproc.Context | None = None
@@ -707,7 +711,7 @@ class _Run:
             # a copy of const waits on the child's user fence; submitted just before the
             # kill (well inside the dependency timeout), so only the signal or the child's
             # death may resolve it -- or a fault the plan put on it, once it runs
-            f = _submit(self.a_ctxs, "cpu0", "copy", [self.const], [outs[3]],
+            f = _submit(self.a_ctxs, DEPENDENT_DEVICE, "copy", [self.const], [outs[3]],
                         wait=[self.child_fence], timeout_ms=DEPENDENT_TIMEOUT_MS)
             if f is not None:
                 self.child_dependent = (f, outs[3])
@@ -810,6 +814,7 @@ class _Run:
             self.tally["device_stops" if stop else "device_kills"] += 1
             if stop:
                 self.stopped = (dev, pid)
+                self.stops.append((self.tally["rounds"] - 1, dev))
 
     def cont_stopped(self) -> None:
         """The round's commands all ended: a device stopped in it and still the same
@@ -1255,7 +1260,9 @@ class _Run:
             except hetproc.HetprocError as exc:
                 outcome = exc
             kinds = faults_on(a, f.cid)
-            wrong = judge_child_dependent(outcome, signalled, kinds)
+            stopped = any(dev == DEPENDENT_DEVICE and rnd >= self.kill_child_at
+                          for rnd, dev in self.stops)
+            wrong = judge_child_dependent(outcome, signalled, kinds, stopped)
             if wrong is not None:
                 detail = f.error_detail() if outcome is not None else None
                 self.ph.fail(f"the command {f.cid:#x} waiting on the dead child: {wrong}; "

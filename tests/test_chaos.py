@@ -198,6 +198,12 @@ def test_the_judge_of_the_child_dependent_refuses_hangs_and_dependency_timeouts(
     assert judge_child_dependent(hetproc.DependencyFailed("dead"), False, []) is None
     assert judge_child_dependent(None, False, []) is not None  # a failed input never succeeds
     assert judge_child_dependent(None, True, []) is None
+    # A DeviceTimeout of a command that started on a device stopped (SIGSTOP) while it
+    # was outstanding is the truth; one that never started (no signal) is not.
+    overrun = hetproc.DeviceTimeout("ran past its watchdog")
+    assert judge_child_dependent(overrun, True, [], device_stopped=True) is None
+    assert judge_child_dependent(overrun, False, [], device_stopped=True) is not None
+    assert judge_child_dependent(overrun, True, [], device_stopped=False) is not None
 
 
 # -- the queue's destination, replaced in the middle of a batch ----------------------------
