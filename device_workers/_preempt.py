@@ -164,8 +164,11 @@ class Preemption:
 
     def _owed(self, c: dict[str, Any]) -> set[int]:
         """The fences ``c`` waits on that are still pending."""
+        wait = c.get("wait")
+        if not wait:
+            return set()
         outcome = self.host.fences.outcome
-        return {h for h in c.get("wait") or () if outcome(h)[0] == PENDING}
+        return {h for h in wait if outcome(h)[0] == PENDING}
 
     def behind_its_producer(self, c: dict[str, Any], plain: dict[str, Any] | None) -> bool:
         """``c`` waits on a fence that a command of this device signals which cannot run
@@ -174,7 +177,7 @@ class Preemption:
         queued behind it until its dependency deadline failed it (a priority inversion
         and a deadlock the client never wrote: the supervisor sends a producer in before
         its consumer, ``DeviceHandle._producer_first``, and the device keeps that)."""
-        owed = self._owed(c) if c.get("wait") else None
+        owed = self._owed(c)
         if not owed:
             return False
         others = [*self.backlog, *(s.frame.cmd for s in self.stack)]
@@ -182,17 +185,13 @@ class Preemption:
             others.append(plain)
         if self.host.u32[S.STATE] == DeviceState.BUSY:  # (else the frame is a finished one's)
             others.append(self.host.frame.cmd)
-        return any(owed.intersection(o.get("signal") or ()) for o in others)
+        return _signals_one(others, owed) is not None
 
     def producer_first(self, c: dict[str, Any]) -> dict[str, Any]:
         """``c``, or the pending command it waits on that must run before it (followed
         on while that one waits on another)."""
         for _ in range(64):
-            owed = self._owed(c) if c.get("wait") and self.pending else None
-            if not owed:
-                break
-            producer = next((o for o in self.pending if owed.intersection(o.get("signal") or ())),
-                            None)
+            producer = _signals_one(self.pending, self._owed(c)) if self.pending else None
             if producer is None:
                 break
             c = producer
@@ -421,3 +420,10 @@ class Preemption:
         """``restore``, then a cancel that came meanwhile stops it before any more work."""
         self.restore(saved)
         self.host.check_cancel()
+
+
+def _signals_one(cmds: Any, fences: set[int]) -> dict[str, Any] | None:
+    """The first of ``cmds`` that signals one of ``fences`` (None: none, or no fence)."""
+    if not fences:
+        return None
+    return next((c for c in cmds if fences.intersection(c.get("signal") or ())), None)

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 import hetproc
 from device_workers import StateSlot
 from hetproc import errors
-from ipc import QUEUE_LOST, Segment, decode_queue_record, encode_queue_record
+from ipc import QUEUE_LOST, decode_queue_record, encode_queue_record
 from ipc._queues import RECORD as QUEUE_RECORD
-from tests.helpers import wait_for
+from tests.helpers import state_word, wait_for
 
 WAIT = 10.0
 
@@ -209,19 +209,9 @@ def test_an_undecodable_record_never_fails_another_tenants_fence(platform):
 
 def _wakes(platform, device: str = "npu0") -> int:
     """Turns of the device's idle loop so far, from its slot of the state table."""
-    pid = _device_pid(platform.client, device)
-    seg = Segment.attach(platform.prefix + "state")
-    try:
-        for index in range(len(seg.map) // 128):
-            slot = StateSlot(seg.map, index)
-            try:
-                if slot.u32[StateSlot.PID] == pid:
-                    return int(slot.u32[StateSlot.WAKES])
-            finally:
-                slot.release()
-    finally:
-        seg.close()
-    raise AssertionError(f"no state slot for {device}")
+    wakes = state_word(platform.prefix, _device_pid(platform.client, device), StateSlot.WAKES)
+    assert wakes >= 0, f"no state slot for {device}"
+    return wakes
 
 
 def test_a_flood_of_doorbell_posts_costs_the_device_a_bounded_number_of_turns(platform):

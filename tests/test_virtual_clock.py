@@ -254,26 +254,6 @@ def test_a_device_stopped_by_sigstop_is_caught_by_the_watchdog_not_held_forever(
         assert plat.metrics()["devices"]["npu0"]["pid"] != pid  # a new process
 
 
-def _device_state(plat: hetproc.Platform, pid: int) -> int:
-    """A device's state word, read from the state table (no request: a thread that
-    reads it is no client of the clock's)."""
-    from device_workers import StateSlot
-    from ipc import Segment
-
-    seg = Segment.attach(plat.prefix + "state")
-    try:
-        for index in range(len(seg.map) // 128):
-            slot = StateSlot(seg.map, index)
-            try:
-                if slot.u32[StateSlot.PID] == pid:
-                    return int(slot.u32[StateSlot.STATE])
-            finally:
-                slot.release()
-    finally:
-        seg.close()
-    return -1
-
-
 def test_a_device_stopped_inside_a_real_kernel_is_caught_by_the_watchdog_too():
     """Stopped while it runs a real kernel (a 2048-square matmul on cpu0: a fraction of
     a real second) under the lease of the jump that woke it, the device never showed the
@@ -286,7 +266,8 @@ def test_a_device_stopped_inside_a_real_kernel_is_caught_by_the_watchdog_too():
     sight is the host's doing: without the fix, one trial in two hung."""
     import numpy as np
 
-    from device_workers import DeviceState
+    from device_workers import DeviceState, StateSlot
+    from tests.helpers import state_word
 
     with _platform("virtual", autojump_ms=20.0) as plat:
         c = plat.client
@@ -300,7 +281,7 @@ def test_a_device_stopped_inside_a_real_kernel_is_caught_by_the_watchdog_too():
 
             def stop_when_busy(pid: int = pid) -> None:
                 deadline = time.monotonic() + 30
-                while (_device_state(plat, pid) != DeviceState.BUSY
+                while (state_word(plat.prefix, pid, StateSlot.STATE) != DeviceState.BUSY
                        and time.monotonic() < deadline):
                     time.sleep(0.0005)
                 os.kill(pid, signal.SIGSTOP)  # ours: the platform's own device, by pid
