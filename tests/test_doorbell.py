@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import posix_ipc
 
-from hetproc.supervisor._doorbell import HeldPosts, PokingDoorbell
+from hetproc.supervisor._doorbell import HeldPosts, PokingDoorbell, ring_all
 from ipc import Segment, clock
 
 
@@ -50,7 +50,7 @@ def test_held_posts_ring_in_device_order_whatever_order_they_were_made_in():
     held = _held(bells)
     rung = []
     for bell in bells:
-        bell.ring = (lambda b: lambda: rung.append(b.index))(bell)  # type: ignore[method-assign]
+        bell.post = (lambda b: lambda: rung.append(b.index))(bell)  # type: ignore[method-assign]
     with held:
         for i in (2, 0, 1, 2):
             bells[i].release()
@@ -58,6 +58,34 @@ def test_held_posts_ring_in_device_order_whatever_order_they_were_made_in():
     assert rung == [0, 1, 2]
     for bell in bells:
         bell.close()
+
+
+def test_devices_rung_together_are_all_poked_before_the_first_is_woken():
+    """A jump or the held posts wake several devices at one instant: every slot says
+    "news" before any semaphore is posted. Poked one by one, the first device woken ran,
+    blocked again, found the others blocked with no news and woke the loop for nothing
+    (a loop turn per frame of a three-stage pipeline)."""
+    seg = Segment.create(f"hpt.{os.getpid()}.bells", clock.segment_bytes(3, 0))
+    try:
+        vclock = clock.VirtualClock(seg, create=True)
+        bells = _bells(3)
+        for i, bell in enumerate(bells):
+            bell.waiter = vclock.waiter(i)
+        poked_at_post = []
+        for bell in bells:
+            post = bell.post
+            bell.post = (lambda p: lambda: (poked_at_post.append(  # type: ignore[method-assign]
+                [b.waiter.poked() for b in bells]), p()))(post)
+        ring_all(bells)
+        assert poked_at_post == [[1, 1, 1]] * 3
+        assert [b.value for b in bells] == [1, 1, 1]
+        for bell in bells:
+            bell.waiter = None
+            bell.close()
+        vclock.close()
+    finally:
+        seg.close()
+        seg.unlink()
 
 
 def test_once_the_platform_stops_nothing_is_held():

@@ -251,3 +251,45 @@ def test_a_second_thread_running_keeps_the_process_running():
     t.join(5)
     threads.look()  # the other ended: the waiter alone is left, blocked
     assert _slot(conn) == (500, 0x77)
+
+
+def test_one_thread_on_several_connections_shows_blocked_only_where_it_waits():
+    """A single-threaded client holding three connections (a scenario's tenants): its
+    wait says blocked in that connection's slot alone, and every slot says running once
+    it runs again -- a slot left blocked would let the clock jump while it runs."""
+    threads, conns = _Threads(), [_Conn(), _Conn(), _Conn()]
+    for conn in conns:
+        threads.known(conn)
+    for k in (2, 0, 1, 1, 2):
+        threads.wait(conns[k], 500 + k, 0x70 + k)
+        assert _slot(conns[k]) == (500 + k, 0x70 + k), k
+        assert [_slot(c)[0] for i, c in enumerate(conns) if i != k] == [0, 0], k
+        threads.run()
+        assert [_slot(c)[0] for c in conns] == [0, 0, 0], k
+
+
+def test_the_slot_a_second_thread_left_blocked_is_cleared_once_one_thread_is_left():
+    """A wait published while another known thread lived (every slot walked), then that
+    thread ended: the single thread's next publishes still clear what was shown."""
+    threads, a, b = _Threads(), _Conn(), _Conn()
+    threads.known(a)
+    started, stop = threading.Event(), threading.Event()
+
+    def other() -> None:
+        threads.known(b)
+        started.set()
+        stop.wait(5)
+
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait(5)
+    threads.wait(a, 500, 0x77)
+    assert _slot(a)[0] == 0 and _slot(b)[0] == 0, "the other runs: nothing blocked"
+    stop.set()
+    t.join(5)
+    threads.look()  # the other ended: the waiter alone is left, blocked on ``a``
+    assert _slot(a) == (500, 0x77) and _slot(b)[0] == 0
+    threads.run()
+    assert _slot(a)[0] == 0 and _slot(b)[0] == 0
+    threads.wait(b, 600, 0x78)
+    assert _slot(b) == (600, 0x78) and _slot(a)[0] == 0

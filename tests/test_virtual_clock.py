@@ -431,6 +431,7 @@ def test_a_process_waits_only_when_every_thread_that_used_hetproc_waits():
     it: the clock stands still (the process is not waiting) until the main thread waits
     in hetproc too; then it jumps to the thread's wake, exactly."""
     with _platform("virtual", autojump_ms=60_000.0) as plat:
+        plat.metrics()  # a request: this thread has used hetproc (its hello alone had not)
         t0 = plat.now()
         woke: list[int] = []
 

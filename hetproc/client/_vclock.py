@@ -67,9 +67,9 @@ class _Threads:
         self.lock = threading.Lock()
         self.waits: dict[threading.Thread, tuple[Connection, int, int] | None] = {}
         self.conns: weakref.WeakSet[Connection] = weakref.WeakSet()
-        # The connection added last (``_publish``'s fast path: with one in ``conns``,
-        # this is it while it lives).
-        self._last: Callable[[], Connection | None] = lambda: None
+        # The one connection whose slot says blocked, as the last publish left them (None:
+        # none, or several: only while several threads are known; ``_publish``).
+        self._shown: Callable[[], Connection | None] = _nobody
 
     def known(self, conn: Connection) -> None:
         """The calling thread uses hetproc on ``conn`` (a request, a submit)."""
@@ -78,7 +78,6 @@ class _Threads:
             with self.lock:
                 self.waits.setdefault(me, None)
                 self.conns.add(conn)
-                self._last = weakref.ref(conn)
                 self._publish()
 
     def wait(self, conn: Connection, wake: int, fence: int = 0) -> None:
@@ -87,7 +86,6 @@ class _Threads:
         with self.lock:
             self.waits[threading.current_thread()] = (conn, wake, fence)
             self.conns.add(conn)
-            self._last = weakref.ref(conn)
             self._publish()
 
     def run(self) -> None:
@@ -107,24 +105,34 @@ class _Threads:
                 self._publish()
 
     def _publish(self) -> None:
-        if len(self.waits) == 1 and len(self.conns) == 1:
-            # The common case, a single-threaded client on one platform, without the
-            # walks below: the one known thread is the caller (so it is alive), and the
-            # one connection is the one added last (so while it lives).
+        if len(self.waits) == 1:
             ((thread, w),) = self.waits.items()
-            conn = self._last()
-            if thread is threading.current_thread() and conn is not None:
-                waiter = conn.waiter
-                if waiter is not None:
-                    if w is not None and w[0] is conn:
-                        waiter.block_on(w[1], (w[2],) if w[2] else ())
-                    else:
-                        waiter.clear()
+            if thread is threading.current_thread():
+                self._publish_one(w)
                 return
+        self._publish_all()
+
+    def _publish_one(self, w: tuple[Connection, int, int] | None) -> None:
+        """The common case, one known thread (the caller: so it is alive), without the
+        walks of ``_publish_all``: at most one slot says blocked, that of the connection
+        it waits on. (A client holding several connections -- multi_tenant's tenants --
+        published every wait and every end of one into each of them.)"""
+        shown = self._shown()
+        if shown is not None and shown.waiter is not None and (w is None or shown is not w[0]):
+            shown.waiter.clear()
+        waiter = w[0].waiter if w is not None else None
+        if w is None or waiter is None:
+            self._shown = _nobody
+            return
+        waiter.block_on(w[1], (w[2],) if w[2] else ())
+        self._shown = weakref.ref(w[0])
+
+    def _publish_all(self) -> None:
         for t in [t for t in self.waits if not t.is_alive()]:
             del self.waits[t]
         waits = list(self.waits.values())
         blocked = all(w is not None for w in waits)
+        shown: list[Connection] = []
         for conn in list(self.conns):
             waiter = conn.waiter
             if waiter is None:
@@ -133,8 +141,15 @@ class _Threads:
             fences = tuple(dict.fromkeys(w[2] for w in mine if w[2]))
             if blocked and mine and len(fences) <= clock.MAX_FENCES:
                 waiter.block_on(min(w[1] for w in mine), fences)
+                shown.append(conn)
             else:
                 waiter.clear()
+        # (Several shown: several threads wait, and the next publish walks them all again.)
+        self._shown = weakref.ref(shown[0]) if len(shown) == 1 else _nobody
+
+
+def _nobody() -> None:
+    return None
 
 
 THREADS = _Threads()

@@ -83,7 +83,7 @@ from ipc import Segment, clock, nudge_fence
 from ipc.errors import HetprocError
 
 from ._autojump import Holders, StoppedDevices
-from ._doorbell import HeldPosts, PokingDoorbell
+from ._doorbell import HeldPosts, PokingDoorbell, ring_all
 from ._preempt_timeout import waited_since
 from ._records import ClientRec, Registry
 from ._recovery import Recovery
@@ -514,8 +514,7 @@ class ClockOwner:
                 woken.append(dev)
         if len(woken) == 1 and after > t and not looking:
             self._lease(woken[0], after)
-        for dev in woken:
-            _ring(dev)
+        _ring(*woken)
         # Clients whose deadline came run now: each talks to us or pings when it blocks.
         self.jump_nudged = not woken and self._release_clients(t)
 
@@ -570,10 +569,11 @@ class ClockOwner:
                 "determinism_break_devices": dict(self.break_devices)}
 
 
-def _ring(dev: DeviceHandle) -> None:
-    """Wake ``dev`` now: the clock came to its wake (every client waits then)."""
-    bell = dev.doorbell
-    if isinstance(bell, PokingDoorbell):
-        bell.ring()
+def _ring(*devs: DeviceHandle) -> None:
+    """Wake ``devs`` now: the clock came to their wakes (every client waits then)."""
+    bells = [dev.doorbell for dev in devs]
+    if all(isinstance(bell, PokingDoorbell) for bell in bells):
+        ring_all(bells)
     else:
-        bell.release()
+        for bell in bells:
+            bell.release()

@@ -41,13 +41,34 @@ class PokingDoorbell(posix_ipc.Semaphore):
 
     def ring(self) -> None:
         """Post now: poke the slot, nudge the fence it sleeps on, post the semaphore."""
+        self.poke()
+        self.post()
+
+    def poke(self) -> None:
+        """Say there is news in the slot (``ring``'s first half)."""
+        if self.waiter is not None:
+            self.waiter.poke()
+
+    def post(self) -> None:
+        """Wake the device: nudge the fence it sleeps on, post the semaphore (``ring``'s
+        second half, after ``poke``)."""
         waiter = self.waiter
         if waiter is not None:
-            waiter.poke()
             fence = waiter.fence()
             if fence and self.fences is not None:
                 nudge_fence(self.fences, fence)
         super().release()
+
+
+def ring_all(bells: list[PokingDoorbell]) -> None:
+    """Ring several devices at one instant: every slot is poked before any device is
+    woken. Rung one by one, the first woken could block again before the next was poked,
+    find every other device blocked with no news, and wake the loop for nothing (a loop
+    turn per frame of a pipeline, whose three doorbells ring together)."""
+    for bell in bells:
+        bell.poke()
+    for bell in bells:
+        bell.post()
 
 
 class HeldPosts:
@@ -111,8 +132,7 @@ class HeldPosts:
         """Ring every held post, in device order."""
         bells = [self._bells[i] for i in sorted(self._bells)]
         self._bells.clear()
-        for bell in bells:
-            bell.ring()
+        ring_all(bells)
 
     def stop_holding(self) -> None:
         """Ring what is held, and every post from now on at once: the platform stops, and
