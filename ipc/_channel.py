@@ -9,6 +9,7 @@ the blocking, deadline-bound half a client uses.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import time
@@ -104,6 +105,15 @@ class Channel:
         """Frames already read off the socket and not yet taken: one ``recv`` may bring
         several, so a readable socket is not the only sign that one is waiting."""
         return bool(self._pending)
+
+    def ready(self) -> bool:
+        """A frame is read already or the socket holds bytes: ``recv`` will not wait."""
+        if self._pending:
+            return True
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
 
     def take_fds(self, n: int) -> list[int]:
         """The next ``n`` descriptors received; BadPacket if fewer came."""

@@ -55,11 +55,13 @@ from ._trace_ring import ClientTrace
 
 REQUEST_TIMEOUT = 10.0
 _RECORDS_KEPT = 4096    # failure records kept for waiters that have not woken yet
-# Fences asked for at once: FIRST_FENCE_BATCH on a connection's first ask, then twice the
-# last ask, up to FENCE_BATCH. Every fence slot the platform's table ever hands out costs
-# it a named semaphore (~40 us to create and remove), and a short-lived client (a test, a
-# drill, a tool) takes a few dozen fences; a pipeline reaches the full batch in a few asks.
-# Below half the next ask in the pool, it is asked for ahead (one way).
+# Fences asked for at once: FIRST_FENCE_BATCH on a connection's first ask, twice as many
+# after each time a submitter had to wait for fences, up to FENCE_BATCH. Every fence slot
+# the platform's table ever hands out costs it a named semaphore (~40 us to create and
+# remove): a short-lived client (a test, a drill, a tool) takes a few dozen fences, a
+# steady one (a camera, a voice model) keeps the size the ask ahead keeps up with, and a
+# pipeline submitting in bursts reaches the full batch in a few asks. Below half the
+# ask's size in the pool, the next is asked for ahead (one way).
 FIRST_FENCE_BATCH = 16
 FENCE_BATCH = 256
 _DOOR_WAIT_S = 0.2      # how long a refused hello looks for the supervisor's reason
@@ -67,17 +69,15 @@ _PING_FRAME = pack_frame(encode({"op": "ping", "id": 0}))
 
 
 class _Doubling:
-    """A size that doubles each time it is taken, up to a ceiling (the fence asks)."""
+    """A size that doubles when told, up to a ceiling (the fence asks)."""
 
     __slots__ = ("size", "ceiling")
 
     def __init__(self, first: int, ceiling: int) -> None:
         self.size, self.ceiling = first, ceiling
 
-    def take(self) -> int:
-        size = self.size
-        self.size = min(self.ceiling, 2 * size)
-        return size
+    def grow(self) -> None:
+        self.size = min(self.ceiling, 2 * self.size)
 
 
 class Connection:
@@ -234,7 +234,10 @@ class Connection:
         (it waits only when it takes more than the pool holds). ``PlatformClosed`` once
         closed: the pool's fences went with the connection."""
         with self._usable():
-            pool = self._fence_pool
+            pool, asks = self._fence_pool, self._fence_asks
+            # The submitter waits for fences (not only for the reading of a batch asked
+            # for ahead that came back already): the asks grow.
+            short = len(pool) < n and not (self._refill_id and self.channel.ready())
             while self._refill_id and len(pool) < n:
                 try:  # the refill on its way: its reply fills the pool
                     self._read(self.timeout)
@@ -242,17 +245,19 @@ class Connection:
                     ask = {"op": "fence_create", "id": self._refill_id}
                     raise self._failure(exc, ask, sent=True) from None
             while len(pool) < n:
-                want = min(1024, max(self._fence_asks.take(), n - len(pool)))
+                want = min(1024, max(asks.size, n - len(pool)))
                 msg: dict[str, Any] = {"op": "fence_create", "id": next(self._ids),
                                        "count": want}
                 pool += self._exchange(msg)["fences"]
+            if short:
+                asks.grow()
             taken = pool[:n]
             del pool[:n]
-            if len(pool) < self._fence_asks.size // 2 and not self._refill_id:
+            if len(pool) < asks.size // 2 and not self._refill_id:
                 req_id = next(self._ids)  # the next batch, asked for without waiting
                 self._last_id = max(self._last_id, req_id)
-                self._send({"op": "fence_create", "id": req_id,
-                            "count": self._fence_asks.take()}, flush=True)
+                self._send({"op": "fence_create", "id": req_id, "count": asks.size},
+                           flush=True)
                 self._refill_id = req_id
             return taken
 

@@ -139,7 +139,10 @@ class Failures:
 
     def tell_readers(self, rec: FenceRec, record: dict) -> None:
         """Step 3: ``rec``'s record (just set) to its owner and importers, nobody else."""
+        readers = [client for client in self.reg.clients.values()
+                   if client is rec.client or client.id in rec.importers]
+        if not readers:
+            return  # (a leaving client's pool: its owner is gone, nobody imported them)
         notice = _protocol.notice(record, fence=rec.handle)
-        for client in list(self.reg.clients.values()):
-            if client is rec.client or client.id in rec.importers:
-                self.tell(client, notice)
+        for client in readers:
+            self.tell(client, notice)
