@@ -191,7 +191,8 @@ class DeviceWaits:
         wait the clock waits for, and the supervisor looks at once (its eventfd) rather
         than at its next tick. A device that blocks while a peer runs leaves it be: the
         peer's block will ring (a client's wait rings when every device is blocked)."""
-        if self.vclock.all_blocked(self.devices, but=self.device.boot.index):
+        if self.vclock.all_blocked(self.devices, but=self.device.boot.index,
+                                   pending=self.device.fences.pending):
             self.device.outbox.poke()
 
     def input_slice(self, handle: int, deadline: int) -> int:

@@ -282,13 +282,19 @@ class VirtualClock:
         start = _HEADER_WORDS + GEN
         return self._q[start:start + slots * SLOT_WORDS:SLOT_WORDS].tolist()
 
-    def all_blocked(self, slots: range, but: int = -1) -> bool:
+    def all_blocked(self, slots: range, but: int = -1,
+                    pending: Callable[[int], bool] | None = None) -> bool:
         """Whether every waiter of ``slots`` (but ``but``) is blocked with no news: the
-        one that blocks now may be the platform's last, and wakes the supervisor."""
+        one that blocks now may be the platform's last, and wakes the supervisor.
+        ``pending``: whether a fence is still pending (``FenceTable.pending``); a waiter
+        asleep on one that completed is about to run, and says so itself when it blocks
+        again (the supervisor judges it so: waking it now would find it running)."""
         q = self._q
         for slot in slots:
             i = _HEADER_WORDS + slot * SLOT_WORDS
             if slot != but and (not q[i + WAKE] or q[i + SEEN] != q[i + POKED]):
+                return False
+            if pending is not None and slot != but and q[i + FENCE] and not pending(q[i + FENCE]):
                 return False
         return True
 

@@ -360,6 +360,8 @@ class FenceTable:
                 bool(self._u64[j + 5] & WATCHED))
 
     def pending(self, handle: int) -> bool:
+        """Still pending: False once it completed, and for a stale handle (its slot was
+        recycled; a waiter on it wakes to find out)."""
         slot, gen = handle & 0xFFFFFFFF, handle >> 32
         return self._owns(slot, gen) and self._u32[slot * _W32 + 1] == PENDING
 

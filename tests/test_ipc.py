@@ -451,3 +451,31 @@ def test_a_ring_s_words_say_what_its_depth_says():
     assert pending() and ring.depth() == 2
     ring.reset()
     assert not pending() and ring.depth() == 0
+
+
+def test_a_waiter_asleep_on_a_completed_fence_is_about_to_run(table):
+    """Who blocks last wakes the supervisor, once every other waiter is blocked; one
+    asleep on a fence that completed is about to run (it says so itself when it blocks
+    again), so a device that signalled its consumer's input and then blocked no longer
+    wakes the supervisor to find the consumer running. A stale handle counts as done:
+    its waiter wakes to find out."""
+    from ipc import clock
+    seg = Segment.create(table.prefix + "clock", clock.segment_bytes(3, 0))
+    try:
+        vclock = clock.VirtualClock(seg, create=True)
+        _, consumer, idle = (vclock.waiter(i) for i in range(3))  # 0: the producer
+        fence = table.allocate()
+        consumer.block(clock.NO_WAKE, fence)
+        idle.block(clock.NO_WAKE)
+        assert table.pending(fence)
+        assert vclock.all_blocked(range(3), but=0, pending=table.pending)
+        table.signal(fence)  # the producer signals the consumer's input, then blocks
+        assert not table.pending(fence)
+        assert not vclock.all_blocked(range(3), but=0, pending=table.pending)
+        assert vclock.all_blocked(range(3), but=0)  # (its slot alone still says blocked)
+        table.release(fence)
+        assert not table.pending(fence)  # stale
+        vclock.close()
+    finally:
+        seg.close()
+        seg.unlink()

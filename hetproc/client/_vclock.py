@@ -254,7 +254,8 @@ def _released(conn: Connection) -> Callable[[], int]:
 def _last_wait(conn: Connection) -> None:
     """A wait that begins with every device blocked may be the one the clock waits for:
     the supervisor is woken (a one-way ping) to look at once, not at its next tick."""
-    if isinstance(conn.clock, clock.VirtualClock) and conn.clock.all_blocked(conn.clock_devices):
+    if isinstance(conn.clock, clock.VirtualClock) and conn.clock.all_blocked(
+            conn.clock_devices, pending=conn.fences.pending):
         try:
             conn.notify("ping")
         except errors.HetprocError:

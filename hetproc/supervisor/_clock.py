@@ -292,7 +292,7 @@ class ClockOwner:
 
     def devices_blocked(self) -> bool:
         """Every device blocked with no news (as a device that blocks last sees it)."""
-        return self.clock.all_blocked(range(len(self.waiters)))
+        return self.clock.all_blocked(range(len(self.waiters)), pending=self.reg.fences.pending)
 
     def _quiet(self, now: int, stopped: frozenset[str] = frozenset(),
                ) -> tuple[list[int], list[ClientRec]] | None:
