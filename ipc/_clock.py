@@ -291,10 +291,13 @@ class VirtualClock:
         again (the supervisor judges it so: waking it now would find it running)."""
         q = self._q
         for slot in slots:
+            if slot == but:
+                continue
             i = _HEADER_WORDS + slot * SLOT_WORDS
-            if slot != but and (not q[i + WAKE] or q[i + SEEN] != q[i + POKED]):
+            if not q[i + WAKE] or q[i + SEEN] != q[i + POKED]:
                 return False
-            if pending is not None and slot != but and q[i + FENCE] and not pending(q[i + FENCE]):
+            fence = q[i + FENCE]
+            if fence and pending is not None and not pending(fence):
                 return False
         return True
 

@@ -9,10 +9,12 @@ client publishes its waits without walking its threads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -232,9 +234,9 @@ def test_one_thread_publishes_its_wait_and_its_run():
     assert _slot(conn) == (900, 0)
 
 
-def test_a_second_thread_running_keeps_the_process_running():
-    threads, conn = _Threads(), _Conn()
-    threads.known(conn)
+@contextlib.contextmanager
+def _another_thread_running(threads: _Threads, conn: _Conn) -> Iterator[None]:
+    """A second thread known on ``conn``, running until the block ends (then it ends)."""
     started, stop = threading.Event(), threading.Event()
 
     def other() -> None:
@@ -245,10 +247,19 @@ def test_a_second_thread_running_keeps_the_process_running():
     t = threading.Thread(target=other)
     t.start()
     started.wait(5)
-    threads.wait(conn, 500, 0x77)
-    assert _slot(conn)[0] == 0, "another known thread runs: the process is not blocked"
-    stop.set()
-    t.join(5)
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_a_second_thread_running_keeps_the_process_running():
+    threads, conn = _Threads(), _Conn()
+    threads.known(conn)
+    with _another_thread_running(threads, conn):
+        threads.wait(conn, 500, 0x77)
+        assert _slot(conn)[0] == 0, "another known thread runs: the process is not blocked"
     threads.look()  # the other ended: the waiter alone is left, blocked
     assert _slot(conn) == (500, 0x77)
 
@@ -273,20 +284,9 @@ def test_the_slot_a_second_thread_left_blocked_is_cleared_once_one_thread_is_lef
     thread ended: the single thread's next publishes still clear what was shown."""
     threads, a, b = _Threads(), _Conn(), _Conn()
     threads.known(a)
-    started, stop = threading.Event(), threading.Event()
-
-    def other() -> None:
-        threads.known(b)
-        started.set()
-        stop.wait(5)
-
-    t = threading.Thread(target=other)
-    t.start()
-    started.wait(5)
-    threads.wait(a, 500, 0x77)
-    assert _slot(a)[0] == 0 and _slot(b)[0] == 0, "the other runs: nothing blocked"
-    stop.set()
-    t.join(5)
+    with _another_thread_running(threads, b):
+        threads.wait(a, 500, 0x77)
+        assert _slot(a)[0] == 0 and _slot(b)[0] == 0, "the other runs: nothing blocked"
     threads.look()  # the other ended: the waiter alone is left, blocked on ``a``
     assert _slot(a) == (500, 0x77) and _slot(b)[0] == 0
     threads.run()

@@ -307,8 +307,7 @@ class Connection:
         with self._lock:
             if fence not in self._inbox and not self.closed:
                 try:
-                    channel = self.channel
-                    while channel.buffered or select.select([channel.sock], [], [], 0)[0]:
+                    while self.channel.ready():
                         _discard(self._read(self.timeout))  # a late reply
                 except (OSError, errors.HetprocError):
                     pass  # a broken channel is reported by the next request

@@ -431,15 +431,10 @@ class ClockOwner:
         return wakes, running
 
     def _any_done(self, fences: tuple[int, ...]) -> bool:
-        """Whether a fence a waiter sleeps on completed (it is about to run)."""
-        poll = self.reg.fences.poll
-        for fence in fences:
-            try:
-                if poll(fence)[0] != 0:
-                    return True
-            except HetprocError:
-                return True  # recycled: its waiter wakes and finds out
-        return False
+        """Whether a fence a waiter sleeps on completed, or was recycled (it is about to
+        run, or wakes to find out): as ``devices_blocked`` and the waiters judge it."""
+        pending = self.reg.fences.pending
+        return not all(pending(fence) for fence in fences)
 
     def _traffic(self) -> tuple[bool, bool]:
         """``(devices, clients)``: what is in flight that the slots cannot show. The
