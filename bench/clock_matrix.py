@@ -6,7 +6,9 @@ in a fresh interpreter as a user runs it (in one process the second matrix would
 the first one's imports and caches warm), and prints per cell and in total the wall
 seconds on each clock, the virtual one's share of the real one, and the seconds outside
 the scenario (platform start, stop and the checks: a cell's ``duration_s`` less its
-``wall_s``). The issue's target is the whole matrix five times faster on the virtual
+``wall_s``). A cell one clock skips (a scenario that needs the real clock) is shown but
+left out of both totals: its real seconds have no virtual counterpart, and counting
+them made the ratio look better than any run a user makes. The issue's target is the whole matrix five times faster on the virtual
 clock (virtual / real <= 0.2). ``clock`` (``bench_clock``) runs the quick matrix this
 way in a full run (``python -m bench --only clock``; it takes about 40 s), not with
 ``--quick``.
@@ -72,24 +74,29 @@ def _matrix(quick: bool, clock: str) -> dict[str, Any]:
                            f"(exit {done.returncode}): {done.stderr[-2000:]}") from None
 
 
-def _total(result: dict[str, Any], key: str) -> float:
-    return sum(r.get(key) or 0.0 for r in result["rows"])
+def _total(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(r.get(key) or 0.0 for r in rows)
 
 
 def compare(quick: bool = True) -> dict[str, Any]:
     """The matrix on the real clock, then on the virtual one: per cell and in total."""
     real, virt = _matrix(quick, "real"), _matrix(quick, "virtual")
-    cells = []
+    cells, both_real, both_virt = [], [], []
     for r, v in zip(real["rows"], virt["rows"], strict=True):
-        cells.append({"cell": r["name"], "ok": (r["ok"], v["ok"]),
+        skipped = bool(r.get("skipped") or v.get("skipped"))
+        cells.append({"cell": r["name"], "ok": (r["ok"], v["ok"]), "skipped": skipped,
                       "real_s": r.get("duration_s"), "virtual_s": v.get("duration_s"),
                       "virtual_outside_s": round((v.get("duration_s") or 0)
                                                  - (v.get("wall_s") or 0), 3)})
-    real_s, virt_s = _total(real, "duration_s"), _total(virt, "duration_s")
-    outside = _total(virt, "duration_s") - _total(virt, "wall_s")
+        if not skipped:
+            both_real.append(r)
+            both_virt.append(v)
+    real_s, virt_s = _total(both_real, "duration_s"), _total(both_virt, "duration_s")
+    outside = virt_s - _total(both_virt, "wall_s")
     return {"quick": quick, "ok": real["ok"] and virt["ok"], "real_s": round(real_s, 3),
             "virtual_s": round(virt_s, 3), "virtual_outside_s": round(outside, 3),
-            "ratio": round(virt_s / real_s, 3) if real_s else None, "cells": cells}
+            "ratio": round(virt_s / real_s, 3) if real_s else None,
+            "skipped": [c["cell"] for c in cells if c["skipped"]], "cells": cells}
 
 
 def matrix_rows(result: dict[str, Any]) -> list[dict]:
@@ -107,7 +114,8 @@ def _print(result: dict[str, Any]) -> None:
     for c in result["cells"]:
         ratio = c["virtual_s"] / c["real_s"] if c["real_s"] else float("nan")
         print(f"{c['cell']:24s} {c['real_s'] or 0:8.3f} {c['virtual_s'] or 0:10.3f} "
-              f"{ratio:6.2f} {c['virtual_outside_s']:12.3f}")
+              f"{ratio:6.2f} {c['virtual_outside_s']:12.3f}"
+              + ("   (skipped on one clock: not in the total)" if c["skipped"] else ""))
     print(f"{'total':24s} {result['real_s']:8.3f} {result['virtual_s']:10.3f} "
           f"{result['ratio'] or 0:6.2f} {result['virtual_outside_s']:12.3f}"
           f"   (target v/r <= {TARGET}; every cell passed on both clocks: {result['ok']})")

@@ -160,3 +160,23 @@ def test_fastpath_reports_every_figure_beside_its_floor_and_a_profile(tmp_path, 
     # The supervisor's profile names its own functions (its loop really ran profiled).
     sup = " ".join(fn for fn, _, _ in res["profile"]["supervisor"]["top"])
     assert "_validation.py" in sup or "_devices.py" in sup or "_requests.py" in sup
+
+
+def test_clock_matrix_leaves_a_cell_one_clock_skips_out_of_both_totals(monkeypatch):
+    """A scenario that needs the real clock is skipped on the virtual one: its real
+    seconds have no virtual counterpart and must not lower the ratio."""
+    from bench import clock_matrix
+
+    def rows(clock):
+        skipped = "needs the real clock" if clock == "virtual" else None
+        return {"ok": True, "rows": [
+            {"name": "a", "ok": True, "duration_s": 2.0 if clock == "real" else 1.0,
+             "wall_s": 0.5},
+            {"name": "stall", "ok": True, "skipped": skipped,
+             "duration_s": 8.0 if clock == "real" else 0.0, "wall_s": 0.0}]}
+    monkeypatch.setattr(clock_matrix, "_matrix", lambda quick, clock: rows(clock))
+    result = clock_matrix.compare(quick=True)
+    assert (result["real_s"], result["virtual_s"], result["ratio"]) == (2.0, 1.0, 0.5)
+    assert result["virtual_outside_s"] == 0.5
+    assert result["skipped"] == ["stall"]
+    assert [c["skipped"] for c in result["cells"]] == [False, True]
