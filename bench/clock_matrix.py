@@ -8,10 +8,10 @@ seconds on each clock, the virtual one's share of the real one, and the seconds 
 the scenario (platform start, stop and the checks: a cell's ``duration_s`` less its
 ``wall_s``). A cell one clock skips (a scenario that needs the real clock) is shown but
 left out of both totals: its real seconds have no virtual counterpart, and counting
-them made the ratio look better than any run a user makes. The issue's target is the whole matrix five times faster on the virtual
-clock (virtual / real <= 0.2). ``clock`` (``bench_clock``) runs the quick matrix this
-way in a full run (``python -m bench --only clock``; it takes about 40 s), not with
-``--quick``.
+them made the ratio look better than any run a user makes. The target is the whole
+matrix five times faster on the virtual clock (virtual / real <= 0.2). ``clock``
+(``bench_clock``) runs the quick matrix this way in a full run (``python -m bench --only
+clock``; it takes about 40 s), not with ``--quick``.
 
 ``component_rows`` splits one run's host CPU per command by process kind (the
 supervisor, the device processes, the clients), from the report's ``cpu_s`` (each

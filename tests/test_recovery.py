@@ -12,6 +12,8 @@ import pytest
 import hetproc
 from hetproc.drills._drills import DRILLS, run_drill
 
+from .helpers import wait_for
+
 
 @pytest.mark.parametrize("name", list(DRILLS))
 def test_drill_passes(name):
@@ -156,3 +158,38 @@ def test_timeout_falls_back_to_another_device_when_configured():
         assert history and history[-1]["fallback"] == "cpu0"
         with pytest.raises(hetproc.ContextLost):
             ctx.submit("relu", [x], [y])  # the gpu0 context itself is still lost
+
+
+def test_the_virtual_bystander_collects_the_jobs_that_arrived_and_drops_the_rest():
+    """On the virtual clock the camera's jobs are dated ahead; a drill that ends 25 ms in
+    waits for the three that arrived (0, 10, 20 ms), not for the 37 dated after it (they
+    had not begun: they go with the connection), and nothing of them is left."""
+    from hetproc.drills._bystander import Bystander
+
+    with hetproc.Platform(clock="virtual") as plat:
+        t0 = hetproc.now(plat.client)
+        cam = Bystander(plat, "isp0")
+        hetproc.sleep(25, plat.client)
+        cam.stop()
+        assert (cam.done, cam.failures) == (3, [])
+        assert hetproc.now(plat.client) - t0 < 50_000_000  # not 40 jobs' 400 ms
+
+        def counts():
+            m = plat.metrics()  # (the camera's leaving is read by the supervisor's loop)
+            return m["clients"], m["contexts"], m["in_flight"], m["live_fences"]
+        assert wait_for(lambda: counts() == (1, 0, 0, 0)), counts()
+
+
+@pytest.mark.parametrize("script, said", [("print('ready', flush=True)", True),
+                                          ("import time; time.sleep(30)", False),
+                                          ("raise SystemExit(3)", False)])
+def test_the_client_crash_drill_waits_a_bounded_time_for_its_doomed_client(script, said):
+    """A doomed client that hangs before it says ready must not hang the drill."""
+    from hetproc.drills._drills import _said_ready
+
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert _said_ready(proc, 2.0) is said
+    finally:
+        proc.kill()
+        proc.wait(5)

@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import gc
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -511,6 +512,18 @@ hetproc.sleep(60_000)  # a hetproc wait: on the virtual clock it holds nothing
 """
 
 
+DOOMED_START_S = 60.0  # a fresh interpreter's imports: ~0.3 s on an idle host
+
+
+def _said_ready(proc: subprocess.Popen, timeout: float) -> bool:
+    """Whether ``proc`` printed "ready" within ``timeout`` seconds (a client that hangs
+    in its start, or dies in it, must not hang the drill: a bounded wait for the line)."""
+    out = proc.stdout  # a pipe (stdout=PIPE), typed as maybe-None
+    if out is None or not select.select([out], [], [], timeout)[0]:
+        return False
+    return out.readline().strip() == "ready"
+
+
 @drill("client-crash", "a client dies with work in flight: its contexts go, its buffers are "
        "reclaimed once no device uses them")
 def _client_crash(d: Drill) -> None:
@@ -522,9 +535,7 @@ def _client_crash(d: Drill) -> None:
                             stdout=subprocess.PIPE, text=True, env=same_code_env())
     d.s.extra_pids.append(proc.pid)
     try:
-        out = proc.stdout  # a pipe (stdout=PIPE above), typed as maybe-None
-        ready = out is not None and out.readline().strip() == "ready"
-        d.s.check("the doomed client was running", ready)
+        d.s.check("the doomed client was running", _said_ready(proc, DOOMED_START_S))
         d.start_bystander()
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
