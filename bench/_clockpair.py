@@ -13,8 +13,12 @@ virtual clock, in the same bench run, with the same options. Per run the rows sa
   the raw semaphore round trip: how many fence round trips one modeled event costs;
 * ``loop turns per jump``: how many times the supervisor's loop looked whether the
   platform waits, per jump (1 is the least: each turn costs a wake-up and a look);
-* ``CPU per command`` of the virtual run's supervisor, devices and clients
-  (``clock_matrix.component_rows``): where that host time goes.
+* ``virtual host CPU / real host CPU``: the CPU the same work cost its platform's
+  processes and its client on each clock. Near or below 1, the virtual clock's own
+  bookkeeping costs little: what bounds its speed is the CPU every command costs on
+  either clock (hidden in modeled sleeps on the real one);
+* ``CPU per command`` of each run's supervisor, devices and clients
+  (``clock_matrix.component_rows``): where that host time goes, on both clocks.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from hetproc.drills import run_drill, run_scenario
 
 from ._registry import make_row
-from .clock_matrix import component_rows
+from .clock_matrix import component_rows, cpu_by_kind
 
 # (label, scenario or None for a drill, quick options, full options)
 PAIRS = (("video_pipeline", "video_pipeline", {"frames": 40}, {"frames": 1000}),
@@ -51,8 +55,13 @@ def _platform(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cpu_s(r: dict[str, Any]) -> float | None:
-    used = [v for v in (_platform(r).get("cpu_s") or {}).values() if isinstance(v, (int, float))]
-    return sum(used) if used else None
+    """CPU seconds of the run's platform processes and its client. The report's entry
+    for this process is its whole life (every run of the bench before this one): the
+    run's own share (``bench_client_cpu_s``) replaces it."""
+    kinds = cpu_by_kind(r)
+    if r.get("bench_client_cpu_s") is not None:
+        kinds["clients"] = r["bench_client_cpu_s"]
+    return sum(kinds.values()) or None
 
 
 def _speed(r: dict[str, Any]) -> float | None:
@@ -62,7 +71,7 @@ def _speed(r: dict[str, Any]) -> float | None:
 
 def _rows(label: str, real: dict[str, Any], virt: dict[str, Any], rtt_us: float) -> list[dict]:
     jumps = (_platform(virt).get("clock") or {}).get("jumps") or 0
-    wall_r, wall_v, cpu = real.get("wall_s"), virt.get("wall_s"), _cpu_s(virt)
+    wall_r, wall_v, cpu, cpu_r = real.get("wall_s"), virt.get("wall_s"), _cpu_s(virt), _cpu_s(real)
     rows = [make_row(f"{label}: modeled / wall, {clock} clock ({r.get('modeled_s') or 0:.3f} s "
                      f"in {r.get('wall_s') or 0:.3f} s)", None, value=_speed(r),
                      unit="x real time", ok=r["ok"])
@@ -71,6 +80,9 @@ def _rows(label: str, real: dict[str, Any], virt: dict[str, Any], rtt_us: float)
                          wall_v * 1e6 if wall_v else None, wall_r * 1e6 if wall_r else None,
                          ok=real["ok"] and virt["ok"],
                          digest=(virt.get("trace_digest") or "")[:12]))
+    rows.append(make_row(f"{label}: virtual host CPU / real host CPU (same work, all its "
+                         "processes)", cpu * 1e6 if cpu else None,
+                         cpu_r * 1e6 if cpu_r else None))
     rows.append(make_row(f"{label}: virtual wall per jump ({jumps} jumps) / sem rtt",
                          wall_v * 1e6 / jumps if wall_v and jumps else None, rtt_us))
     rows.append(make_row(f"{label}: virtual host CPU per jump (all its processes) / sem rtt",
@@ -81,7 +93,8 @@ def _rows(label: str, real: dict[str, Any], virt: dict[str, Any], rtt_us: float)
     moves = (_platform(virt).get("clock") or {}).get("jumps_by_devices") or 0
     rows.append(make_row(f"{label}: instants a device moved to on a lease, per jump", None,
                          value=round(moves / jumps, 3) if jumps else None, unit="moves"))
-    return rows + component_rows(f"{label}, virtual", virt, rtt_us)
+    return (rows + component_rows(f"{label}, virtual", virt, rtt_us)
+            + component_rows(f"{label}, real", real, rtt_us))
 
 
 def pair_rows(quick: bool, rtt_us: float) -> tuple[list[dict], dict[str, Any]]:
