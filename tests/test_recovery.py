@@ -185,11 +185,11 @@ def test_the_virtual_bystander_collects_the_jobs_that_arrived_and_drops_the_rest
                                           ("raise SystemExit(3)", False)])
 def test_the_client_crash_drill_waits_a_bounded_time_for_its_doomed_client(script, said):
     """A doomed client that hangs before it says ready must not hang the drill."""
-    from hetproc.drills._drills import _said_ready
+    from hetproc.drills._doomed import said_ready
 
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
-        assert _said_ready(proc, 2.0) is said
+        assert said_ready(proc, 2.0) is said
     finally:
         proc.kill()
         proc.wait(5)

@@ -15,10 +15,7 @@ import dataclasses
 import difflib
 import gc
 import os
-import select
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,9 +25,9 @@ import numpy as np
 from ipc import cleanup_dead, entries_with_prefix, errors
 
 from .._config import PlatformSpec, load_platform
-from ..client import now, same_code_env
+from ..client import now
 from ..client import sleep as platform_sleep  # modeled on the virtual clock
-from . import _realclock
+from . import _doomed, _realclock
 from ._bystander import Bystander
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
@@ -501,29 +498,6 @@ def _supervisor_crash(d: Drill) -> None:
     d.s.check("nothing of it remains in /dev/shm", not leftovers(plat.prefix)["objects"])
 
 
-DOOMED = """
-import sys, hetproc
-c = hetproc.connect(sys.argv[1], "doomed-app")
-ctx = c.context("gpu0", name="doomed")
-bufs = [c.alloc(1 << 14, "float32") for _ in range(4)]
-ctx.submit("work", bufs, [], ms=float(sys.argv[2]))
-print("ready", flush=True)
-hetproc.sleep(60_000)  # a hetproc wait: on the virtual clock it holds nothing
-"""
-
-
-DOOMED_START_S = 60.0  # a fresh interpreter's imports: ~0.3 s on an idle host
-
-
-def _said_ready(proc: subprocess.Popen, timeout: float) -> bool:
-    """Whether ``proc`` printed "ready" within ``timeout`` seconds (a client that hangs
-    in its start, or dies in it, must not hang the drill: a bounded wait for the line)."""
-    out = proc.stdout  # a pipe (stdout=PIPE), typed as maybe-None
-    if out is None or not select.select([out], [], [], timeout)[0]:
-        return False
-    return out.readline().strip() == "ready"
-
-
 @drill("client-crash", "a client dies with work in flight: its contexts go, its buffers are "
        "reclaimed once no device uses them")
 def _client_crash(d: Drill) -> None:
@@ -531,11 +505,10 @@ def _client_crash(d: Drill) -> None:
     # it outside hetproc (the pipe), its dated jobs would move the virtual clock anyway.
     base = d.counts()
     hold_ms = 300
-    proc = subprocess.Popen([sys.executable, "-c", DOOMED, d.plat.prefix, str(hold_ms)],
-                            stdout=subprocess.PIPE, text=True, env=same_code_env())
+    proc = _doomed.start(d.plat.prefix, hold_ms)
     d.s.extra_pids.append(proc.pid)
     try:
-        d.s.check("the doomed client was running", _said_ready(proc, DOOMED_START_S))
+        d.s.check("the doomed client was running", _doomed.said_ready(proc))
         d.start_bystander()
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
