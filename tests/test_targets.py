@@ -32,7 +32,6 @@ OVER: dict[tuple[str, str], tuple[str, int]] = {
     # One closure on purpose: every writer advances one write index in a cell, with no
     # attribute or item access per trace record (the trace is always on).
     ("ipc/_trace.py", "_bind"): ("function lines", 129),
-    ("hetproc/drills/_conformance_cases.py", "_conformance_cases.py"): ("module lines", 604),
 }
 
 USER_API = ("hetproc", "hetproc.trace", "hetproc.drills", "hetproc.delegate", "hetproc.ort")

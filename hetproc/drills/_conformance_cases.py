@@ -9,7 +9,6 @@ what it checks. ``_conformance`` adds the drill cases and runs them all.
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,8 @@ from typing import Any
 
 from ipc import errors
 
-from ..client import Fence, same_code_env, sleep
+from ..client import Fence, sleep
+from . import _children
 from ._drills import Drill
 from ._scenario import Scenario
 
@@ -70,25 +70,13 @@ class CaseRun(Drill):
 
     def spawn(self, code: str, *args: str) -> subprocess.Popen:
         """A client process of its own running ``code`` (argv[1] is the platform)."""
-        proc = subprocess.Popen([sys.executable, "-c", code, self.plat.prefix, *args],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                env=same_code_env())
+        proc = _children.spawn(code, self.plat.prefix, *args)
         self._procs.append(proc)
         self.s.extra_pids.append(proc.pid)
         return proc
 
-    @staticmethod
-    def hear(proc: subprocess.Popen) -> str:
-        """The next line the process printed (empty once it closed its output)."""
-        assert proc.stdout is not None
-        return proc.stdout.readline().strip()
-
-    @staticmethod
-    def tell(proc: subprocess.Popen) -> None:
-        """Let the process go on to its next step (it reads a line to know when)."""
-        assert proc.stdin is not None
-        proc.stdin.write("\n")
-        proc.stdin.flush()
+    hear = staticmethod(_children.read_line)  # its next line ("" once closed or silent)
+    tell = staticmethod(_children.tell)  # let it go on to its next step
 
     def expect_failure(self, name: str, fence, cls: type[errors.HetprocError],
                        timeout: float = 5.0) -> errors.HetprocError | None:

@@ -27,7 +27,7 @@ from ipc import cleanup_dead, entries_with_prefix, errors
 from .._config import PlatformSpec, load_platform
 from ..client import now
 from ..client import sleep as platform_sleep  # modeled on the virtual clock
-from . import _doomed, _realclock
+from . import _children, _realclock
 from ._bystander import Bystander
 from ._leaks import alive, leftovers
 from ._scenario import Scenario, run_on_platform
@@ -505,10 +505,10 @@ def _client_crash(d: Drill) -> None:
     # it outside hetproc (the pipe), its dated jobs would move the virtual clock anyway.
     base = d.counts()
     hold_ms = 300
-    proc = _doomed.start(d.plat.prefix, hold_ms)
+    proc = _children.spawn(_children.DOOMED, d.plat.prefix, str(hold_ms))
     d.s.extra_pids.append(proc.pid)
     try:
-        d.s.check("the doomed client was running", _doomed.said_ready(proc))
+        d.s.check("the doomed client was running", _children.read_line(proc) == "ready")
         d.start_bystander()
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
