@@ -197,7 +197,4 @@ def test_a_drill_reads_its_child_clients_lines_within_a_deadline(script, lines):
         if "sleep" in script:  # the silent child still sleeps: the read did not wait for it
             assert proc.poll() is None
     finally:
-        proc.kill()
-        proc.wait(5)
-        for pipe in (proc.stdin, proc.stdout):
-            pipe.close()
+        _children.end(proc)

@@ -59,3 +59,13 @@ def tell(proc: subprocess.Popen) -> None:
     """Let the process go on to its next step (it reads a line to know when)."""
     assert proc.stdin is not None
     proc.stdin.write(b"\n")
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` if it still runs, reap it, close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(5)
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()

@@ -111,11 +111,7 @@ class CaseRun(Drill):
             self.bystander.stop()
             self.bystander = None
         for proc in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(5)
-            for pipe in (p for p in (proc.stdin, proc.stdout) if p is not None):
-                pipe.close()
+            _children.end(proc)
         for other in self._clients:
             other.close()
         self.client.clear_faults()

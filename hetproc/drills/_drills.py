@@ -513,8 +513,7 @@ def _client_crash(d: Drill) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
     finally:
-        proc.kill()
-        proc.wait(5)
+        _children.end(proc)
     d.sleep(50)
     m = d.client.metrics()
     d.s.check("its buffers stay quarantined while the device still uses them",
