@@ -83,6 +83,7 @@ import numpy as np
 
 import hetproc
 from device_workers import checksum_of, read_checksum
+from hetproc.drills._children import end as end_child
 from tests.helpers import wait_for
 
 N = 256
@@ -535,14 +536,8 @@ def run(seed: int, *, on_prefix: Callable[[str], None] | None = None,
 
 def _end_process(proc: subprocess.Popen | None) -> None:
     """Kill (by pid, ours) and reap a helper process still running; close its pipes."""
-    if proc is None:
-        return
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
-    for stream in (proc.stdout, proc.stdin):
-        if stream is not None:
-            stream.close()
+    if proc is not None:
+        end_child(proc)
 
 
 class _Run:
